@@ -1,0 +1,1 @@
+"""The replicated GPU/job allocation store (HiveD's model) built on ``consensus``."""

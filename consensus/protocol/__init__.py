@@ -1,0 +1,1 @@
+"""Sans-I/O protocol cores. Nothing here imports asyncio, socket, time or global random."""

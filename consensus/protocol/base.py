@@ -1,0 +1,62 @@
+"""The interface every sans-I/O protocol core implements (SDPaxos, Multi-Paxos, Mencius).
+
+A driver (the simulator or the asyncio runtime) owns one core per replica and calls, in any
+interleaving, ``propose`` / ``step`` / ``tick``; after each burst of inputs (one "loop turn") it
+drains ``ready()``, carries the batch out in the documented order (see ``ready.py``) and calls
+``advance``. ``now`` is a monotonic integer clock in microseconds, supplied by the driver.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from consensus.config import ProtocolConfig
+from consensus.messages import Command, PeerMessage, Record
+from consensus.protocol.ready import Ready
+
+__all__ = ["CoreFactory", "ProtocolCore"]
+
+
+class ProtocolCore(Protocol):
+    me: int
+
+    def propose(self, command: Command, now: int) -> None:
+        """A client command arrived at this replica."""
+        ...
+
+    def step(self, message: PeerMessage, now: int) -> None:
+        """A peer message arrived. Invalid or stale messages are ignored, never raised."""
+        ...
+
+    def tick(self, now: int) -> None:
+        """Time passed: run timers (retransmissions, catch-up, and later failure detection)."""
+        ...
+
+    def ready(self) -> Ready:
+        """Everything produced since the last ``advance``."""
+        ...
+
+    def advance(self, ready: Ready) -> None:
+        """The driver carried ``ready`` out."""
+        ...
+
+    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+        """Global slot -> commands this replica knows are chosen for it (for checkers)."""
+        ...
+
+    def executed_through(self) -> int:
+        """The highest global slot applied (handed out in ``Ready.apply``), or -1."""
+        ...
+
+
+class CoreFactory(Protocol):
+    def __call__(
+        self,
+        config: ProtocolConfig,
+        me: int,
+        *,
+        recovered: Sequence[Record] = (),
+        rng: random.Random,
+    ) -> ProtocolCore: ...

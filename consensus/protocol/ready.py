@@ -1,0 +1,66 @@
+"""What a protocol core asks its driver to do: the ``Ready`` batch and its parts.
+
+The driver's loop, for every batch (etcd-raft's contract):
+
+1. make every record in ``persist`` durable (one fsync for the whole batch: group commit);
+2. only then send ``send_after_persist`` (acknowledgements that promise what was persisted);
+   ``send`` needs no durability and may leave at once;
+3. apply ``apply`` to the state machine in order (global-log order, no gaps);
+4. answer ``ready`` blind commands at once, and every other command led here after it applies;
+5. call ``core.advance(ready)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from consensus.messages import Command, PeerMessage, Record
+
+__all__ = ["SLOT_STRIDE", "Execution", "Outgoing", "Ready"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """``message`` for replica ``to``."""
+
+    to: int
+    message: PeerMessage
+
+
+#: Commands per global slot are numbered below this bound (a batch never exceeds it).
+SLOT_STRIDE = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """Apply ``command``, the ``offset``-th command of global slot ``slot``.
+
+    ``led_here`` is true on the replica that proposed it: that replica answers the client
+    (with the state machine's result) unless the command was blind and already acknowledged.
+    """
+
+    slot: int
+    offset: int
+    command: Command
+    led_here: bool
+
+    @property
+    def position(self) -> int:
+        """A number that grows along the global log and names this command's place in it
+        (the same on every replica): what the state machine's ``apply`` receives."""
+        return self.slot * SLOT_STRIDE + self.offset
+
+
+@dataclass(slots=True)
+class Ready:
+    persist: list[Record] = field(default_factory=list)
+    send_after_persist: list[Outgoing] = field(default_factory=list)
+    send: list[Outgoing] = field(default_factory=list)
+    apply: list[Execution] = field(default_factory=list)
+    #: commands led here that became ready (durably placed in the global order) this turn
+    ready: list[Command] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.persist or self.send_after_persist or self.send or self.apply or self.ready
+        )
