@@ -12,7 +12,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("consensus.sim.cli", "run the deterministic simulator over many seeds"),
     "lincheck": ("consensus.sim.lincheck", "check a recorded JSON-lines history"),
-    "bench": ("bench.core_throughput", "measure protocol throughput (see --help)"),
+    "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),
 }
 
 

@@ -49,7 +49,15 @@ SESSION_WINDOW = 256
 
 #: The result of a request older than everything its session still remembers: it was applied
 #: (the client has moved past it), but its result is gone.
-EXPIRED = msgpack.packb(["expired"])
+EXPIRED: bytes = msgpack.packb(["expired"])
+
+
+class _Session:
+    __slots__ = ("floor", "results")
+
+    def __init__(self, floor: int = -1) -> None:
+        self.floor = floor  # every seq <= floor has executed and its result is forgotten
+        self.results: dict[int, bytes] = {}  # insertion order = execution order
 
 
 class SessionTable:
@@ -58,50 +66,71 @@ class SessionTable:
     __slots__ = ("_sessions",)
 
     def __init__(self) -> None:
-        # client id -> {seq: result}; insertion order is seq order for a well-behaved client
-        self._sessions: dict[int, dict[int, bytes]] = {}
+        self._sessions: dict[int, _Session] = {}
 
     def lookup(self, client_id: int, seq: int) -> bytes | None:
         """The first result of ``(client_id, seq)`` if it already executed, else None."""
-        results = self._sessions.get(client_id)
-        if results is None:
+        session = self._sessions.get(client_id)
+        if session is None:
             return None
-        hit = results.get(seq)
-        if hit is not None:
-            return hit
-        if len(results) >= SESSION_WINDOW and seq < min(results):
+        hit: bytes | None = session.results.get(seq)
+        if hit is None and seq <= session.floor:
             return EXPIRED
-        return None
+        return hit
 
     def record(self, client_id: int, seq: int, result: bytes) -> None:
-        results = self._sessions.setdefault(client_id, {})
+        session = self._sessions.get(client_id)
+        if session is None:
+            session = self._sessions[client_id] = _Session()
+        results = session.results
         results[seq] = result
         if len(results) > SESSION_WINDOW:
-            del results[min(results)]
+            oldest = next(iter(results))
+            del results[oldest]
+            # Forget conservatively: a seq at or below the evicted one that is not remembered
+            # counts as executed (clients number requests increasingly and keep fewer than
+            # SESSION_WINDOW in flight, so it did).
+            session.floor = max(session.floor, oldest)
 
     def to_state(self) -> list[list[Any]]:
         return [
-            [client, sorted(results.items())] for client, results in sorted(self._sessions.items())
+            [client, s.floor, list(s.results.items())]
+            for client, s in sorted(self._sessions.items())
         ]
 
     def load_state(self, state: list[list[Any]]) -> None:
-        self._sessions = {int(c): {int(s): bytes(r) for s, r in items} for c, items in state}
+        self._sessions = {}
+        for client, floor, items in state:
+            session = self._sessions[int(client)] = _Session(int(floor))
+            session.results = {int(seq): bytes(result) for seq, result in items}
+
+
+def _pack(value: object) -> bytes:
+    packed: bytes = msgpack.packb(value)
+    return packed
+
+
+_OK = _pack(["ok"])
+
+
+def _error(reason: str) -> bytes:
+    return _pack(["error", reason])
 
 
 def kv_put(key: str, value: str) -> bytes:
-    return msgpack.packb(["put", key, value])
+    return _pack(["put", key, value])
 
 
 def kv_get(key: str) -> bytes:
-    return msgpack.packb(["get", key])
+    return _pack(["get", key])
 
 
 def kv_cas(key: str, expected: str | None, new: str) -> bytes:
-    return msgpack.packb(["cas", key, expected, new])
+    return _pack(["cas", key, expected, new])
 
 
 def kv_delete(key: str) -> bytes:
-    return msgpack.packb(["delete", key])
+    return _pack(["delete", key])
 
 
 class KVStore:
@@ -140,28 +169,30 @@ class KVStore:
         try:
             op = msgpack.unpackb(op_bytes)
         except Exception:
-            return msgpack.packb(["error", "op is not msgpack"])
-        if not isinstance(op, list) or not op or not all(isinstance(x, str) for x in op[:2]):
-            return msgpack.packb(["error", "op must be [name, key, ...]"])
-        match op:
-            case ["put", str(key), str(value)]:
-                self.data[key] = value
-                return msgpack.packb(["ok"])
-            case ["get", str(key)]:
-                return msgpack.packb(["value", self.data.get(key)])
-            case ["cas", str(key), (str() | None) as expected, str(new)]:
-                current = self.data.get(key)
-                if current == expected:
-                    self.data[key] = new
-                    return msgpack.packb(["cas", True, current])
-                return msgpack.packb(["cas", False, current])
-            case ["delete", str(key)]:
-                existed = self.data.pop(key, None) is not None
-                return msgpack.packb(["deleted", existed])
-        return msgpack.packb(["error", f"unknown or malformed op {op[0]!r}"])
+            return _error("op is not msgpack")
+        if not isinstance(op, list) or len(op) < 2 or not isinstance(op[1], str):
+            return _error("op must be [name, key, ...]")
+        name, key = op[0], op[1]
+        if name == "put" and len(op) == 3 and isinstance(op[2], str):
+            self.data[key] = op[2]
+            return _OK
+        if name == "get" and len(op) == 2:
+            return _pack(["value", self.data.get(key)])
+        if name == "cas" and len(op) == 4 and isinstance(op[3], str):
+            expected = op[2]
+            if expected is not None and not isinstance(expected, str):
+                return _error("cas expects a string or nil")
+            current = self.data.get(key)
+            if current == expected:
+                self.data[key] = op[3]
+                return _pack(["cas", True, current])
+            return _pack(["cas", False, current])
+        if name == "delete" and len(op) == 2:
+            return _pack(["deleted", self.data.pop(key, None) is not None])
+        return _error(f"unknown or malformed op {name!r}")
 
     def snapshot(self) -> bytes:
-        return msgpack.packb(
+        return _pack(
             [self.applied_position, sorted(self.data.items()), self.sessions.to_state()]
         )
 

@@ -1,4 +1,4 @@
-"""SDPaxos replica core (SoCC'18, §3.1–3.2, Figure 5): the failure-free protocol, sans-I/O.
+"""SDPaxos replica core (SoCC'18, §3.1-3.2, Figure 5): the failure-free protocol, sans-I/O.
 
 Theory of operation
 -------------------

@@ -1,0 +1,28 @@
+"""``sdpaxos bench``: the benchmark subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+#: benchmark -> (module with add_arguments/run, help)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "core": (
+        "bench.core_throughput",
+        "protocol-core throughput, all replicas in one process, no I/O",
+    ),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    benches = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        sub = benches.add_parser(name, help=help_text, description=help_text)
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub)
+        sub.set_defaults(_bench_run=module.run)
+
+
+def run(args: argparse.Namespace) -> int:
+    code: int = args._bench_run(args)
+    return code
