@@ -1,0 +1,1 @@
+"""Durable state: the file write-ahead log (the simulator models its own disk)."""
