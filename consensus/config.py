@@ -11,7 +11,7 @@ from typing import Final
 
 from consensus.errors import ConfigError
 
-__all__ = ["PAPER_RTT_MS", "SITES", "ProtocolConfig", "site_rtt_ms"]
+__all__ = ["PAPER_RTT_MS", "SITES", "UNSAFE_VARIANTS", "ProtocolConfig", "site_rtt_ms"]
 
 #: Replica ``i`` sits at ``SITES[i]`` in the paper's deployment (§5).
 SITES: Final = ("CA", "OR", "OH", "IRE", "SEL")
@@ -41,6 +41,18 @@ def site_rtt_ms(a: str, b: str) -> float:
         raise ConfigError(f"no RTT known between sites {a!r} and {b!r}") from None
 
 
+#: Deliberately broken protocol variants, for tests that prove the simulator catches them.
+#: Never set outside tests.
+UNSAFE_VARIANTS: Final = frozenset(
+    {
+        "no_hole_filling",  # N=5 view change fills holes with NO_CL only (Figure 7 removed)
+        "ack_before_persist",  # acknowledgements leave before their records are durable
+        "no_lease_check",  # the sequencer answers reads without a majority of leases
+        "go_ready_rule",  # N=5 sequencer is ready before any OAck (the Go prototype's rule)
+    }
+)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProtocolConfig:
     """Settings every replica of a cluster must agree on, plus local tuning knobs."""
@@ -58,15 +70,52 @@ class ProtocolConfig:
     #: peers in order of preference for thrifty quorums, per replica (nearest first);
     #: empty means "by id distance"
     preference: tuple[tuple[int, ...], ...] = ()
+    #: every replica sends a heartbeat to every other this often
+    heartbeat_us: int = 50_000
+    #: a peer not heard from for this long is suspected; the sequencer's suspicion is
+    #: randomized in [1, 1.5) times this to spread candidates apart
+    election_timeout_us: int = 300_000
+    #: a sequencer lease lasts this long from the grant (the granter's clock)
+    lease_us: int = 250_000
+    #: bound on how much faster or slower any replica's clock runs, parts per million
+    max_drift_ppm: int = 10_000
+    #: straggler detection: the window over which a replica compares the O-instances it got
+    #: with the C-instances it needed ordered, and how many slow windows in a row make it
+    #: suspect the sequencer; 0 windows turns detection off
+    straggler_window_us: int = 500_000
+    straggler_windows: int = 3
+    #: no straggler-triggered view change within this long of the last view change
+    straggler_cooldown_us: int = 5_000_000
+    #: test-only broken variants (see ``UNSAFE_VARIANTS``)
+    unsafe: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.replicas % 2 == 0:
             raise ConfigError(f"replicas must be odd and positive (2F+1), got {self.replicas}")
         if self.max_batch < 1:
             raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
-        for name in ("retransmit_us", "catchup_us"):
+        for name in (
+            "retransmit_us",
+            "catchup_us",
+            "heartbeat_us",
+            "election_timeout_us",
+            "lease_us",
+            "straggler_window_us",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lease_us > self.election_timeout_us:
+            raise ConfigError(
+                f"lease_us ({self.lease_us}) must not exceed election_timeout_us "
+                f"({self.election_timeout_us}): a granted lease would outlive the suspicion"
+            )
+        if not 0 <= self.max_drift_ppm < 500_000:
+            raise ConfigError(f"max_drift_ppm must be in [0, 500000), got {self.max_drift_ppm}")
+        if self.straggler_windows < 0:
+            raise ConfigError("straggler_windows must be >= 0")
+        unknown = self.unsafe - UNSAFE_VARIANTS
+        if unknown:
+            raise ConfigError(f"unknown unsafe variants: {sorted(unknown)}")
         if self.preference:
             if len(self.preference) != self.replicas:
                 raise ConfigError("preference needs one peer order per replica")

@@ -29,16 +29,33 @@ __all__ = [
     "CAcceptedRecord",
     "CAck",
     "CCommit",
+    "CNack",
+    "CPrepare",
+    "CPromise",
+    "CPromiseRecord",
     "CRequest",
+    "CVote",
     "Catchup",
     "Command",
+    "Heartbeat",
+    "LeaseGrant",
+    "NewView",
+    "NewViewAck",
+    "NewViewRecord",
     "OAccept",
     "OAcceptedRecord",
     "OAck",
     "OCommit",
     "OEntry",
+    "OVote",
     "PeerMessage",
+    "RReply",
+    "RRequest",
     "Record",
+    "Suspect",
+    "VRequest",
+    "ViewRecord",
+    "Vote",
 ]
 
 #: The value of an O-instance that places no command ("no command leader"): executes a no-op.
@@ -167,7 +184,189 @@ class Catchup:
     slot: int
 
 
-PeerMessage = CAccept | CAck | CCommit | CRequest | OAccept | OAck | OCommit | Catchup
+# --------------------------------------------------------------------------- failures (§3.3)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """Liveness, sent to every peer each ``heartbeat_us``.
+
+    ``executed`` is the sender's execution frontier (slots below it ran), so a peer that lost
+    the last commits learns it is behind. A sequencer sets ``lease_request`` to its own clock
+    reading (else -1); a peer that grants the lease echoes it in ``LeaseGrant``.
+    """
+
+    src: int
+    view: int
+    executed: int
+    lease_request: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaseGrant:
+    """``src`` promises to vote for nobody else for ``lease_us`` (its clock) from receipt of
+    the heartbeat that carried ``request``."""
+
+    src: int
+    view: int
+    request: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VRequest:
+    """Candidate ``src`` asks for votes in ``view`` (its O-prepare for slots >= ``from_slot``)."""
+
+    src: int
+    view: int
+    from_slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OVote:
+    """An O-instance a voter accepted: ``slot`` -> ``owner`` at ballot (view) ``ballot``."""
+
+    slot: int
+    owner: int
+    ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Vote:
+    """``src`` joined ``view`` and votes for its sequencer.
+
+    ``entries``: every O-instance it accepted from the candidate's ``from_slot`` on.
+    ``c_high[r]``: the highest index of replica r's C-instances it accepted (-1: none).
+    ``accepted_view``: the last view whose sequencer's proposals it accepted (-1: none).
+    """
+
+    src: int
+    view: int
+    accepted_view: int
+    executed: int
+    entries: tuple[OVote, ...]
+    c_high: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewView:
+    """The new sequencer's rebuilt assignment log: slot ``start + k`` -> ``owners[k]``.
+
+    Accepting it replaces every not-yet-executed O-instance at or after ``start``; slots at or
+    after ``start + len(owners)`` are empty in the new view until the sequencer fills them.
+    """
+
+    src: int
+    view: int
+    start: int
+    owners: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewViewAck:
+    """``src`` accepted the ``NewView`` of ``view``."""
+
+    src: int
+    view: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CPrepare:
+    """Prepare phase, at ``ballot``, of replica ``owner``'s C-instances from ``from_index`` on."""
+
+    src: int
+    view: int
+    owner: int
+    from_index: int
+    ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CVote:
+    """A C-instance value an acceptor accepted (in a ``CPromise``)."""
+
+    index: int
+    ballot: int
+    batch: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CPromise:
+    """``src`` promises ``ballot`` for ``owner``'s instances from ``from_index`` on and reports
+    what it accepted there (``accepted``) and the highest index it accepted (``high``)."""
+
+    src: int
+    view: int
+    owner: int
+    from_index: int
+    ballot: int
+    accepted: tuple[CVote, ...]
+    high: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CNack:
+    """``C[owner][index]`` was not accepted at the sender's ballot: ``src`` promised ``ballot``."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+
+
+# --------------------------------------------------------------------------- reads (§3.5)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RRequest:
+    """Which slot must a read of ``keys`` wait for? (to the sequencer)"""
+
+    src: int
+    view: int
+    read_id: int
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RReply:
+    """Serve read ``read_id`` once every slot up to ``slot`` has executed."""
+
+    src: int
+    view: int
+    read_id: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Suspect:
+    """``src`` finds the sequencer of ``view`` too slow (straggler detection, §4)."""
+
+    src: int
+    view: int
+
+
+PeerMessage = (
+    CAccept
+    | CAck
+    | CCommit
+    | CRequest
+    | OAccept
+    | OAck
+    | OCommit
+    | Catchup
+    | Heartbeat
+    | LeaseGrant
+    | VRequest
+    | Vote
+    | NewView
+    | NewViewAck
+    | CPrepare
+    | CPromise
+    | CNack
+    | RRequest
+    | RReply
+    | Suspect
+)
 
 
 # --------------------------------------------------------------------------- durable records
@@ -191,4 +390,29 @@ class OAcceptedRecord:
     entries: tuple[OEntry, ...]
 
 
-Record = CAcceptedRecord | OAcceptedRecord
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewRecord:
+    """This replica joined ``view``: it promises to reject O-instance proposals of lower views."""
+
+    view: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewViewRecord:
+    """This replica accepted the rebuilt assignment log of ``view`` (see ``NewView``)."""
+
+    view: int
+    start: int
+    owners: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CPromiseRecord:
+    """This replica promised ``ballot`` for ``owner``'s C-instances from ``from_index`` on."""
+
+    owner: int
+    from_index: int
+    ballot: int
+
+
+Record = CAcceptedRecord | OAcceptedRecord | ViewRecord | NewViewRecord | CPromiseRecord

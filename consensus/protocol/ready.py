@@ -7,6 +7,8 @@ The driver's loop, for every batch (etcd-raft's contract):
    ``send`` needs no durability and may leave at once;
 3. apply ``apply`` to the state machine in order (global-log order, no gaps);
 4. answer ``ready`` blind commands at once, and every other command led here after it applies;
+   serve ``reads`` from the state machine *after* applying this batch's ``apply``; answer
+   ``failed`` commands with their error;
 5. call ``core.advance(ready)``.
 """
 
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 from consensus.messages import Command, PeerMessage, Record
 
-__all__ = ["SLOT_STRIDE", "Execution", "Outgoing", "Ready"]
+__all__ = ["SLOT_STRIDE", "Execution", "Failure", "Outgoing", "Ready"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,19 @@ class Execution:
         return self.slot * SLOT_STRIDE + self.offset
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A command led here that did not complete.
+
+    ``definite``: it never took effect and never will (its instance was decided without it).
+    Otherwise the outcome is unknown; a retry with the same (client id, seq) is safe.
+    """
+
+    command: Command
+    definite: bool
+    reason: str
+
+
 @dataclass(slots=True)
 class Ready:
     persist: list[Record] = field(default_factory=list)
@@ -59,8 +74,18 @@ class Ready:
     apply: list[Execution] = field(default_factory=list)
     #: commands led here that became ready (durably placed in the global order) this turn
     ready: list[Command] = field(default_factory=list)
+    #: read requests (``core.read``) that may now be served from the state machine
+    reads: list[Command] = field(default_factory=list)
+    #: commands led here that failed
+    failed: list[Failure] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
-            self.persist or self.send_after_persist or self.send or self.apply or self.ready
+            self.persist
+            or self.send_after_persist
+            or self.send
+            or self.apply
+            or self.ready
+            or self.reads
+            or self.failed
         )

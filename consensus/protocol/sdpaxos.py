@@ -1,4 +1,4 @@
-"""SDPaxos replica core (SoCC'18, §3.1-3.2, Figure 5): the failure-free protocol, sans-I/O.
+"""SDPaxos replica core (SoCC'18 §3, Figures 5 and 7), sans-I/O.
 
 Theory of operation
 -------------------
@@ -9,8 +9,8 @@ instance is chosen when a majority (``n`` included) accepted it, and ``n`` broad
 ``CAccept(n, i)`` or ``CRequest(n, i)`` it proposes ``n`` in the next *O-instances* (global
 slots) until ``n`` owns ``i + 1`` of them. The ``k``-th O-instance naming ``n`` places
 ``C[n][k]`` in that slot; so duplicated and reordered requests cannot place anything twice.
-``OAccept`` goes to every replica (the command leader ``n`` included); acceptors answer the
-*learner* ``n`` with ``OAck`` — and, with five replicas, the sequencer too.
+``OAccept`` goes to every replica; acceptors answer the *learner* ``n`` with ``OAck`` — with
+five replicas, the sequencer instead.
 
 When is a command *ready* (may the leader acknowledge a blind write)? ``C[n][i]`` chosen, and:
 
@@ -23,29 +23,57 @@ When is a command *ready* (may the leader acknowledge a blind write)? ``C[n][i]`
   commands need every O-instance up to theirs accepted by a majority.
 
 Slot ``j`` executes when ``O[j]`` and the C-instance it places are chosen and every slot
-before ``j`` has executed. Execution is what every replica does; readiness is only the
-leader's early answer to blind writes.
+before ``j`` has executed.
+
+Failures (§3.3). Every replica heartbeats every other. A replica that has not heard from the
+sequencer for a (randomized) election timeout becomes a *candidate* for the next view it
+would lead: ``VRequest`` carries the O-prepare for every slot from the candidate's execution
+frontier; a ``Vote`` joins the view and reports the voter's accepted O-instances (with their
+ballots, which are views) and, per replica, the highest C-instance index it accepted. With a
+majority of votes the candidate rebuilds the assignment log — highest ballot per slot; with
+N = 5, Figure 7's rule re-assigns holes to the one replica ``m`` it cannot trace until ``m``
+owns as many O-instances as it may have ready commands; the remaining holes get ``NO_CL`` —
+and sends it as ``NewView``. Accepting a NewView replaces every unexecuted O-instance from its
+start (a stale commit from the old view included: that is how ``m`` gives up a slot it
+committed alone). Once a majority accepted it the sequencer commits it and serves; replicas
+re-send what the new view has not ordered. A replica executes nothing between joining a view
+and accepting its NewView, so it never runs a slot the new view may reassign.
+
+A suspected replica's unfinished C-instances are recovered by the next live replica (or by
+the owner itself once it learns it was overtaken): Prepare at a higher ballot, then
+re-propose the highest-ballot value found, or a no-op (empty batch) where nothing was
+accepted. The owner never reuses an index (its counter comes back from its records) and
+reports commands whose instance was decided without them as definite failures.
+
+Reads (§3.5): the sequencer answers ``RRequest`` with the last slot assigned to an update of
+the keys (a history table; the last slot overall when it has none), the replica serves the
+read once it executed through it. Only a sequencer holding unexpired leases from a majority
+answers; a replica that granted a lease votes for nobody else before it expires (also after
+a restart: it waits one lease period before voting at all).
+
+Straggler detection (§4): a replica that got less than half the ordering it needed for
+``straggler_windows`` windows in a row tells the others (``Suspect``); with a majority
+agreeing they stop renewing the sequencer's leases and elect another one.
 
 Rules that keep it safe
 -----------------------
-* Anything that reports an acceptance (``CAck``, ``OAck``, a ``CAccept``/``OAccept`` that
-  counts the sender as an acceptor, commits derived from them) leaves through
-  ``send_after_persist``: the driver makes the batch's records durable first.
-* A replica never reuses a C-instance index: its counter is rebuilt from its durable records.
+* Anything that reports an acceptance, a promise, a vote or a lease (``CAck``, ``OAck``,
+  ``Vote``, ``CPromise``, ``NewViewAck``, ``LeaseGrant``, accepts and commits derived from
+  them) leaves through ``send_after_persist``: the driver makes the batch's records durable
+  first. Only pure requests (``CRequest``, ``Catchup``, ``RRequest``) use ``send``.
+* O-phase messages are taken only from the sequencer of the receiver's current view, and only
+  once the receiver accepted that view's NewView. Messages from older views are dropped, except
+  facts (``CCommit``) and requests for help (``Catchup``).
 * Every map this core iterates to produce output is ordered (ints or sorted), so a seeded
   simulation replays exactly.
-
-Messages may be lost, duplicated and reordered: unacknowledged CAccepts are resent after
-``retransmit_us``; a leader whose committed instance still lacks its O-instance re-sends a
-``CRequest`` (which also repairs lost OAccepts); a replica that cannot execute its next slot
-for ``catchup_us`` asks a peer (``Catchup``), which answers with the commits it knows.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
@@ -56,37 +84,77 @@ from consensus.messages import (
     CAck,
     Catchup,
     CCommit,
+    CNack,
     Command,
+    CPrepare,
+    CPromise,
+    CPromiseRecord,
     CRequest,
+    CVote,
+    Heartbeat,
+    LeaseGrant,
+    NewView,
+    NewViewAck,
+    NewViewRecord,
     OAccept,
     OAcceptedRecord,
     OAck,
     OCommit,
     OEntry,
+    OVote,
     PeerMessage,
     Record,
+    RReply,
+    RRequest,
+    Suspect,
+    ViewRecord,
+    Vote,
+    VRequest,
 )
-from consensus.protocol.ready import Execution, Outgoing, Ready
+from consensus.protocol.ballot import next_ballot
+from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 
-__all__ = ["SDPaxosReplica"]
+__all__ = ["Role", "SDPaxosReplica"]
 
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
+
+Batch = tuple[Command, ...]
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"  # asked for votes for the current view
+    ESTABLISHING = "establishing"  # elected; waiting for a majority to accept its NewView
+    SEQUENCER = "sequencer"  # serving the current view
 
 
 class CInstance:
     """What one replica knows of one C-instance."""
 
-    __slots__ = ("acks", "ballot", "batch", "committed", "ready", "sent_at")
+    __slots__ = ("acks", "ballot", "batch", "committed", "leading", "sent_at")
 
-    def __init__(self, ballot: int, batch: tuple[Command, ...] | None) -> None:
+    def __init__(self, ballot: int, batch: Batch | None) -> None:
         self.ballot = ballot
         self.batch = batch
         self.committed = False
-        # leader-only bookkeeping
+        # bookkeeping of the replica proposing it at ``ballot`` (owner or recoverer)
+        self.leading = False
         self.acks: set[int] = set()
-        self.ready = False
         self.sent_at = 0
+
+
+class Recovery:
+    """A Prepare round over ``owner``'s C-instances from ``from_index`` on."""
+
+    __slots__ = ("ballot", "from_index", "owner", "promises", "started_at")
+
+    def __init__(self, owner: int, from_index: int, ballot: int, now: int) -> None:
+        self.owner = owner
+        self.from_index = from_index
+        self.ballot = ballot
+        self.started_at = now
+        self.promises: dict[int, CPromise] = {}
 
 
 class SDPaxosReplica:
@@ -107,33 +175,86 @@ class SDPaxosReplica:
         self.n = config.replicas
         self.q = config.quorum
         self.rng = rng
-        self.view = 0
         self.now = 0
         self._five = self.n == 5
+        self._unsafe = config.unsafe
         self._peers = tuple(r for r in range(self.n) if r != me)
         pref = config.peers_by_preference(me)
         self._thrifty_targets = pref[: self.q - 1] if config.thrifty else self._peers
 
+        # views
+        self.view = 0
+        self.accepted_view = 0  # view 0's (empty) assignment log is accepted by everyone
+        self.view_ready = True  # accepted the NewView of self.view
+        self.role = Role.SEQUENCER if me == 0 else Role.FOLLOWER
+        self._votes: dict[int, Vote] = {}
+        self._voted_in = -1
+        self._candidate_since = 0
+        self._candidate_from = 0
+        self._new_view: NewView | None = None  # the one we sent, while sequencer of its view
+        self._new_view_acks: set[int] = set()
+        self._new_view_sent_at = 0
+        self._deferred_orders: list[tuple[int, int, tuple[str, ...]]] = []
+        self._last_view_change_at = 0
+
+        # liveness and leases
+        self._started = False
+        self.last_heard: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        self._peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        self._next_heartbeat = 0
+        self._election_timeout = config.election_timeout_us
+        self._vote_block_until = 0
+        self.lease_granted_to = -1
+        self.lease_granted_until = 0
+        self._lease_from: dict[int, int] = {}
+        drift = config.max_drift_ppm / 1_000_000
+        self._lease_hold_us = int(config.lease_us * (1 - 2 * drift))
+
         # C-instances, by (owner, index)
         self.c: dict[tuple[int, int], CInstance] = {}
+        self.c_high: list[int] = [-1] * self.n  # highest index accepted, per owner
+        self._c_promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
+        self._ballot_seen = 0
         self.next_index = 0
         self._batch: list[Command] = []
-        self._unready: dict[int, CInstance] = {}  # own instances not yet ready, by index
+        self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
+        self._restart_pending: list[int] = []  # own indexes found in records at restart
+        self._recoveries: dict[int, Recovery] = {}
+        self._leading_others: set[tuple[int, int]] = set()  # others' instances we re-propose
 
-        # O-instances as accepted here: slot -> owner; committed slots
+        # O-instances: value known (accepted or learned from a commit), accepted ballot
         self.o_value: dict[int, int] = {}
+        self.o_ballot: dict[int, int] = {}
         self.o_committed: set[int] = set()
         self.o_acks: dict[int, set[int]] = {}  # learner side: slot -> acceptors
         self.o_prefix = 0  # slots [0, o_prefix) all accepted here
-        self._prefix_mine = 0  # O-instances for me within that prefix
+        self.o_high = 0  # one past the highest slot we know a value for
+        self._prefix_mine = 0  # O-instances for me within [0, o_prefix)
         self._my_committed_o = 0  # O-instances for me known chosen
 
-        # sequencer state (meaningful while self.is_sequencer)
+        # sequencer state (meaningful while self.role is SEQUENCER)
         self.seq_next_slot = 0
         self.seq_slots: dict[int, list[int]] = {r: [] for r in range(self.n)}
         self.seq_acked: dict[int, set[int]] = {r: set() for r in range(self.n)}
         self.seq_acked_prefix: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._seq_own_chosen = 0  # N=5: how many of our own O-instances are chosen
+        self.history: dict[str, int] = {}  # key -> last slot assigned to an update of it
+        self._history_floor = -1
+        self._unknown_keys: dict[tuple[int, int], int] = {}  # ordered before its keys known
+
+        # reads
+        self._read_ids = 0
+        self._pending_reads: dict[int, tuple[Command, int]] = {}  # id -> (read, sent at)
+        self._waiting_reads: list[tuple[int, int, Command]] = []  # (slot, id, read)
+
+        # straggler detection
+        self._window_start = 0
+        self._window_needed = 0
+        self._window_got = 0
+        self._slow_windows = 0
+        self._suspecting = False
+        self._suspects: set[int] = set()
+        self._force_election_at = -1
 
         # execution
         self.exec_slot = 0
@@ -141,7 +262,8 @@ class SDPaxosReplica:
         self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
         self._exec_progress_at = 0
         self._catchup_peer = 0
-        self.o_high = 0  # one past the highest slot we know a value for
+        self._last_catchup_at = -(1 << 62)
+        self._catchup_asked = -(1 << 62)
 
         # the turn's output
         self._out = Ready()
@@ -150,7 +272,8 @@ class SDPaxosReplica:
         self._ocommit_out: list[OEntry] = []
         self._handed_out: Ready | None = None
 
-        self._recover(recovered)
+        if recovered:
+            self._recover(recovered)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -163,15 +286,47 @@ class SDPaxosReplica:
 
     # ------------------------------------------------------------------ inputs
     def propose(self, command: Command, now: int) -> None:
-        self.now = now
+        self._enter(now)
         self._batch.append(command)
         if len(self._batch) >= self.config.max_batch:
             self._flush_batch()
 
-    def step(self, message: PeerMessage, now: int) -> None:
-        self.now = now
-        if message.view < self.view or not 0 <= message.src < self.n:
+    def read(self, command: Command, now: int) -> None:
+        """A linearizable read (``command.op`` is a query): served through ``Ready.reads``."""
+        self._enter(now)
+        if self.role is Role.SEQUENCER and self._lease_valid():
+            slot = self._read_slot(command.keys)
+            self._waiting_reads.append((slot, -1, command))
             return
+        self._read_ids += 1
+        self._pending_reads[self._read_ids] = (command, now)
+        self._send_rrequest(self._read_ids, command)
+
+    def read_stale(self, command: Command, now: int) -> None:
+        """A read served from local state at once: fast, possibly stale, never linearizable."""
+        self._enter(now)
+        self._out.reads.append(command)
+
+    def step(self, message: PeerMessage, now: int) -> None:
+        self._enter(now)
+        src = message.src
+        if not 0 <= src < self.n or src == self.me:
+            return
+        self.last_heard[src] = now
+        if isinstance(message, Heartbeat):
+            self._on_heartbeat(message)
+            return
+        if isinstance(message, VRequest):
+            self._on_vrequest(message)
+            return
+        if message.view < self.view:
+            if isinstance(message, CCommit):
+                self._on_ccommit(message)  # a chosen value is a fact in any view
+            elif isinstance(message, Catchup):
+                self._on_catchup(message)
+            return
+        if message.view > self.view:
+            self._join_view(message.view)
         match message:
             case CAccept():
                 self._on_caccept(message)
@@ -189,11 +344,38 @@ class SDPaxosReplica:
                 self._on_ocommit(message)
             case Catchup():
                 self._on_catchup(message)
+            case LeaseGrant():
+                self._on_lease_grant(message)
+            case Vote():
+                self._on_vote(message)
+            case NewView():
+                self._on_new_view(message)
+            case NewViewAck():
+                self._on_new_view_ack(message)
+            case CPrepare():
+                self._on_cprepare(message)
+            case CPromise():
+                self._on_cpromise(message)
+            case CNack():
+                self._on_cnack(message)
+            case RRequest():
+                self._on_rrequest(message)
+            case RReply():
+                self._on_rreply(message)
+            case Suspect():
+                self._on_suspect(message)
 
     def tick(self, now: int) -> None:
-        self.now = now
+        self._enter(now)
+        if now >= self._next_heartbeat:
+            self._next_heartbeat = now + self.config.heartbeat_us
+            self._send_heartbeats()
+        self._detect_failures()
         self._retransmit()
+        self._resume_after_restart()
         self._maybe_catch_up()
+        self._watch_ordering()
+        self._retry_reads()
 
     def ready(self) -> Ready:
         if self._handed_out is not None:
@@ -201,6 +383,7 @@ class SDPaxosReplica:
         self._flush_batch()
         self._flush_order_messages()
         self._try_execute()
+        self._serve_reads()
         out, self._out = self._out, Ready()
         self._handed_out = out
         return out
@@ -221,9 +404,39 @@ class SDPaxosReplica:
     def executed_through(self) -> int:
         return self.exec_slot - 1
 
+    # ------------------------------------------------------------------ plumbing
+    def _enter(self, now: int) -> None:
+        self.now = now
+        if not self._started:
+            # A fresh or restarted replica may have granted a lease it no longer remembers:
+            # it votes for nobody (itself included) until any such lease has expired.
+            self._started = True
+            self._vote_block_until = now + self.config.lease_us
+            self._exec_progress_at = now
+            self._window_start = now
+            self._next_heartbeat = now
+            for r in range(self.n):
+                self.last_heard[r] = now
+            self._roll_election_timeout()
+
     def _send(self, to: int, message: PeerMessage) -> None:
         """Queue a message that may report state persisted in this batch."""
-        self._out.send_after_persist.append(Outgoing(to, message))
+        if "ack_before_persist" in self._unsafe:
+            self._out.send.append(Outgoing(to, message))
+        else:
+            self._out.send_after_persist.append(Outgoing(to, message))
+
+    def _request(self, to: int, message: PeerMessage) -> None:
+        """Queue a message that promises nothing (it may leave before the batch is durable)."""
+        self._out.send.append(Outgoing(to, message))
+
+    def _broadcast(self, message: PeerMessage) -> None:
+        for peer in self._peers:
+            self._send(peer, message)
+
+    def _roll_election_timeout(self) -> None:
+        base = self.config.election_timeout_us
+        self._election_timeout = base + int(self.rng.random() * base / 2)
 
     # ------------------------------------------------------------------ C-phase (leader)
     def _flush_batch(self) -> None:
@@ -234,10 +447,13 @@ class SDPaxosReplica:
         index = self.next_index
         self.next_index += 1
         inst = CInstance(self.me, batch)
+        inst.leading = True
         inst.acks.add(self.me)
         inst.sent_at = self.now
         self.c[(self.me, index)] = inst
-        self._unready[index] = inst
+        self.c_high[self.me] = max(self.c_high[self.me], index)
+        self._unready[index] = batch
+        self._window_needed += 1
         self._out.persist.append(
             CAcceptedRecord(owner=self.me, index=index, ballot=self.me, batch=batch)
         )
@@ -247,75 +463,104 @@ class SDPaxosReplica:
         for peer in self._thrifty_targets:
             self._send(peer, accept)
         if self.is_sequencer:
-            self._order(self.me, index)
+            self._order(self.me, index, _keys_of(batch))
         elif self.sequencer not in self._thrifty_targets:
             self._send_crequest(index)
         if self.n == 1:
-            self._commit_own(index, inst)
+            self._commit_leading(self.me, index, inst)
 
     def _send_crequest(self, index: int) -> None:
-        keys = _keys_of(self.c[(self.me, index)].batch)
+        inst = self.c.get((self.me, index))
         request = CRequest(
             src=self.me,
             view=self.view,
             owner=self.me,
             index=index,
-            keys=keys,
+            keys=_keys_of(inst.batch if inst else None),
             o_prefix=self.o_prefix,
         )
-        self._out.send.append(Outgoing(self.sequencer, request))  # asks, promises nothing
+        if self.is_sequencer:
+            self._order(self.me, index, request.keys)
+        else:
+            self._request(self.sequencer, request)
 
     def _on_cack(self, msg: CAck) -> None:
-        if msg.owner != self.me:
-            return
-        inst = self.c.get((self.me, msg.index))
-        if inst is None or inst.ballot != msg.ballot or inst.committed:
+        inst = self.c.get((msg.owner, msg.index))
+        if inst is None or not inst.leading or inst.ballot != msg.ballot or inst.committed:
             return
         inst.acks.add(msg.src)
         if len(inst.acks) >= self.q:
-            self._commit_own(msg.index, inst)
+            self._commit_leading(msg.owner, msg.index, inst)
 
-    def _commit_own(self, index: int, inst: CInstance) -> None:
+    def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
         inst.committed = True
+        inst.leading = False
+        self._leading_others.discard((owner, index))
         for peer in self._peers:
             batch = None if peer in inst.acks else inst.batch
             commit = CCommit(
                 src=self.me,
                 view=self.view,
-                owner=self.me,
+                owner=owner,
                 index=index,
                 ballot=inst.ballot,
                 batch=batch,
             )
             self._send(peer, commit)
+        if owner == self.me:
+            self._own_decided(index, inst)
         self._check_ready()
 
+    def _own_decided(self, index: int, inst: CInstance) -> None:
+        """Our instance was chosen: if not with what we proposed, its commands failed."""
+        proposed = self._unready.get(index)
+        if proposed is None or inst.batch == proposed:
+            return
+        del self._unready[index]
+        chosen = set(inst.batch or ())
+        for command in proposed:
+            if command not in chosen:
+                self._out.failed.append(
+                    Failure(command, True, "its instance was recovered without it")
+                )
+
     # ------------------------------------------------------------------ C-phase (acceptor)
+    def _promised(self, owner: int, index: int) -> int:
+        promise = self._c_promised.get(owner)
+        if promise is not None and index >= promise[1]:
+            return promise[0]
+        return -1
+
     def _on_caccept(self, msg: CAccept) -> None:
         key = (msg.owner, msg.index)
+        self._ballot_seen = max(self._ballot_seen, msg.ballot)
         inst = self.c.get(key)
-        if inst is None:
-            inst = self.c[key] = CInstance(msg.ballot, msg.batch)
-            self._out.persist.append(
-                CAcceptedRecord(
-                    owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
-                )
+        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else -1)
+        if msg.ballot < floor:
+            self._send(
+                msg.src,
+                CNack(src=self.me, view=self.view, owner=msg.owner, index=msg.index, ballot=floor),
             )
-        elif msg.ballot > inst.ballot or (msg.ballot == inst.ballot and inst.batch is None):
-            if inst.committed:
-                return  # a chosen value never changes; a stale leader learns it on catch-up
-            inst.ballot, inst.batch = msg.ballot, msg.batch
-            self._out.persist.append(
-                CAcceptedRecord(
-                    owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
-                )
-            )
-        elif msg.ballot < inst.ballot:
             return
+        if inst is not None and inst.committed:
+            # Chosen already: acknowledging is harmless (it is the chosen value by Paxos).
+            pass
+        elif inst is None or msg.ballot > inst.ballot or inst.batch != msg.batch:
+            if inst is None:
+                inst = self.c[key] = CInstance(msg.ballot, msg.batch)
+            else:
+                inst.ballot, inst.batch = msg.ballot, msg.batch
+            self.c_high[msg.owner] = max(self.c_high[msg.owner], msg.index)
+            self._out.persist.append(
+                CAcceptedRecord(
+                    owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
+                )
+            )
         ack = CAck(src=self.me, view=self.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
         self._send(msg.src, ack)
         if self.is_sequencer:
-            self._order(msg.owner, msg.index)
+            self._order(msg.owner, msg.index, _keys_of(msg.batch))
+            self._learn_keys(msg.owner, msg.index, msg.batch)
 
     def _on_ccommit(self, msg: CCommit) -> None:
         key = (msg.owner, msg.index)
@@ -330,28 +575,171 @@ class SDPaxosReplica:
         else:
             inst.ballot, inst.batch = msg.ballot, msg.batch
         inst.committed = True
+        inst.leading = False
+        self._leading_others.discard(key)
+        if msg.owner == self.me:
+            if msg.index >= self.next_index:
+                self.next_index = msg.index + 1  # never reuse an index someone decided
+            self._own_decided(msg.index, inst)
+            self._check_ready()
+
+    def _on_cnack(self, msg: CNack) -> None:
+        self._ballot_seen = max(self._ballot_seen, msg.ballot)
+        inst = self.c.get((msg.owner, msg.index))
+        if inst is not None and inst.leading and inst.ballot < msg.ballot:
+            inst.leading = False  # overtaken: a recoverer owns the instance now
+            self._leading_others.discard((msg.owner, msg.index))
+        recovery = self._recoveries.get(msg.owner)
+        if recovery is not None and recovery.ballot < msg.ballot:
+            del self._recoveries[msg.owner]  # a higher Prepare is under way elsewhere
+
+    # ------------------------------------------------------------------ C-instance recovery
+    def _start_recovery(self, owner: int, from_index: int) -> None:
+        ballot = next_ballot(max(self._ballot_seen, self.me), self.me)
+        self._ballot_seen = ballot
+        recovery = Recovery(owner, from_index, ballot, self.now)
+        self._recoveries[owner] = recovery
+        prepare = CPrepare(
+            src=self.me, view=self.view, owner=owner, from_index=from_index, ballot=ballot
+        )
+        self._broadcast(prepare)
+        self._on_cprepare(prepare)  # our own promise
+
+    def _on_cprepare(self, msg: CPrepare) -> None:
+        self._ballot_seen = max(self._ballot_seen, msg.ballot)
+        promised = self._c_promised.get(msg.owner)
+        if promised is not None and promised[0] > msg.ballot:
+            if msg.src != self.me:
+                nack = CNack(
+                    src=self.me,
+                    view=self.view,
+                    owner=msg.owner,
+                    index=msg.from_index,
+                    ballot=promised[0],
+                )
+                self._send(msg.src, nack)
+            return
+        from_index = msg.from_index if promised is None else min(msg.from_index, promised[1])
+        self._c_promised[msg.owner] = (msg.ballot, from_index)
+        self._out.persist.append(
+            CPromiseRecord(owner=msg.owner, from_index=from_index, ballot=msg.ballot)
+        )
+        accepted = tuple(
+            CVote(index=index, ballot=inst.ballot, batch=inst.batch)
+            for index in range(msg.from_index, self.c_high[msg.owner] + 1)
+            if (inst := self.c.get((msg.owner, index))) is not None and inst.batch is not None
+        )
+        promise = CPromise(
+            src=self.me,
+            view=self.view,
+            owner=msg.owner,
+            from_index=msg.from_index,
+            ballot=msg.ballot,
+            accepted=accepted,
+            high=self.c_high[msg.owner],
+        )
+        if msg.src == self.me:
+            self._on_cpromise(promise)
+        else:
+            self._send(msg.src, promise)
+
+    def _on_cpromise(self, msg: CPromise) -> None:
+        recovery = self._recoveries.get(msg.owner)
+        if recovery is None or recovery.ballot != msg.ballot:
+            return
+        recovery.promises[msg.src] = msg
+        if len(recovery.promises) < self.q:
+            return
+        del self._recoveries[msg.owner]
+        # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
+        best: dict[int, CVote] = {}
+        high = max(p.high for p in recovery.promises.values())
+        for promise in recovery.promises.values():
+            for vote in promise.accepted:
+                if vote.index not in best or vote.ballot > best[vote.index].ballot:
+                    best[vote.index] = vote
+        high = max(high, self._known_o_count(msg.owner) - 1)
+        for index in range(recovery.from_index, high + 1):
+            inst = self.c.get((msg.owner, index))
+            if inst is not None and inst.committed:
+                continue
+            found = best.get(index)
+            batch: Batch = found.batch if found is not None else ()
+            self._propose_recovered(msg.owner, index, recovery.ballot, batch)
+
+    def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
+        inst = self.c.get((owner, index))
+        if inst is None:
+            inst = self.c[(owner, index)] = CInstance(ballot, batch)
+        else:
+            inst.ballot, inst.batch = ballot, batch
+        inst.leading = True
+        inst.acks = {self.me}
+        inst.sent_at = self.now
+        if owner != self.me:
+            self._leading_others.add((owner, index))
+        self.c_high[owner] = max(self.c_high[owner], index)
+        self._out.persist.append(
+            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
+        )
+        accept = CAccept(
+            src=self.me, view=self.view, owner=owner, index=index, ballot=ballot, batch=batch
+        )
+        self._broadcast(accept)
+        if self.is_sequencer:
+            self._order(owner, index, _keys_of(batch))
+
+    def _known_o_count(self, owner: int) -> int:
+        """O-instances for ``owner`` we know of (executed, then beyond the frontier)."""
+        count = self._exec_count[owner]
+        for slot in range(self.exec_slot, self.o_high):
+            if self.o_value.get(slot) == owner:
+                count += 1
+        return count
 
     # ------------------------------------------------------------------ O-phase (sequencer)
     def _on_crequest(self, msg: CRequest) -> None:
         if not self.is_sequencer:
             return
-        self._order(msg.owner, msg.index)
+        self._order(msg.owner, msg.index, msg.keys)
+        if self.role is not Role.SEQUENCER:
+            return
         # A CRequest for an instance already ordered is a retransmission: the requester lost
         # OAccepts. Re-send everything from its gap-free prefix through its instance's slot.
         slots = self.seq_slots[msg.owner]
         if msg.index < len(slots):
             self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
 
-    def _order(self, owner: int, index: int) -> None:
+    def _order(self, owner: int, index: int, keys: tuple[str, ...]) -> None:
         """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them."""
+        if self.role is not Role.SEQUENCER:
+            if self.is_sequencer:
+                self._deferred_orders.append((owner, index, keys))
+            return
         slots = self.seq_slots[owner]
         while len(slots) <= index:
             slot = self.seq_next_slot
             self.seq_next_slot += 1
+            k = len(slots)
             slots.append(slot)
             entry = OEntry(slot=slot, owner=owner)
             self._oaccept_out.append(entry)
-            self._accept_o(entry)
+            self._accept_o(entry, self.view)
+            inst = self.c.get((owner, k))
+            if k == index and keys:
+                for key in keys:
+                    self.history[key] = slot
+            elif inst is not None and inst.batch is not None:
+                for key in _keys_of(inst.batch):
+                    self.history[key] = slot
+            else:
+                self._unknown_keys[(owner, k)] = slot
+
+    def _learn_keys(self, owner: int, index: int, batch: Batch) -> None:
+        slot = self._unknown_keys.pop((owner, index), None)
+        if slot is not None:
+            for key in _keys_of(batch):
+                self.history[key] = max(self.history.get(key, -1), slot)
 
     def _resend_oaccepts(self, to: int, start: int, stop: int) -> None:
         stop = min(stop, self.seq_next_slot, start + CATCHUP_BATCH)
@@ -367,9 +755,7 @@ class SDPaxosReplica:
             entries = tuple(self._oaccept_out)
             self._oaccept_out.clear()
             self._out.persist.append(OAcceptedRecord(view=self.view, entries=entries))
-            accept = OAccept(src=self.me, view=self.view, entries=entries)
-            for peer in self._peers:
-                self._send(peer, accept)
+            self._broadcast(OAccept(src=self.me, view=self.view, entries=entries))
             self._after_seq_acks()
         for dest in sorted(self._oack_out):
             self._send(dest, OAck(src=self.me, view=self.view, slots=tuple(self._oack_out[dest])))
@@ -377,31 +763,36 @@ class SDPaxosReplica:
         if self._ocommit_out:
             commit = OCommit(src=self.me, view=self.view, entries=tuple(self._ocommit_out))
             self._ocommit_out.clear()
-            for peer in self._peers:
-                self._send(peer, commit)
+            self._broadcast(commit)
 
     # ------------------------------------------------------------------ O-phase (acceptor)
     def _on_oaccept(self, msg: OAccept) -> None:
-        if msg.src != self.sequencer:
+        if msg.src != self.sequencer or not self.view_ready:
             return
         fresh: list[OEntry] = []
         for entry in msg.entries:
-            known = self.o_value.get(entry.slot)
-            if known is None:
+            if self.o_ballot.get(entry.slot, -1) < msg.view or entry.slot not in self.o_value:
+                if entry.slot < self.exec_slot:
+                    continue  # executed: nothing to accept (the value is chosen)
                 fresh.append(entry)
-                self._accept_o(entry)
-            elif known != entry.owner:
+                self._accept_o(entry, msg.view)
+            elif self.o_value[entry.slot] != entry.owner:
                 continue  # two values for one slot in one view: impossible without a bug
             # a duplicate is acknowledged again below: its first OAck may have been lost
             self._queue_oack(entry)
         if fresh:
             self._out.persist.append(OAcceptedRecord(view=msg.view, entries=tuple(fresh)))
 
-    def _accept_o(self, entry: OEntry) -> None:
+    def _accept_o(self, entry: OEntry, ballot: int) -> None:
         """Record an O-instance accepted here (by the sequencer itself, or from an OAccept)."""
         slot, owner = entry.slot, entry.owner
         self.o_value[slot] = owner
+        self.o_ballot[slot] = ballot
+        self.accepted_view = max(self.accepted_view, ballot)
+        if slot >= self.o_high:
+            self.o_high = slot + 1
         if owner == self.me:
+            self._window_got += 1
             acks = self.o_acks.setdefault(slot, set())
             acks.add(self.me)
             acks.add(self.sequencer)
@@ -409,14 +800,15 @@ class SDPaxosReplica:
                 self._commit_o(slot)  # Figure 5, line 29
             elif not self._five and len(acks) >= self.q:
                 self._commit_o(slot)
-        if slot >= self.o_high:
-            self.o_high = slot + 1
-        while self.o_prefix in self.o_value:
+        self._advance_prefix()
+        if self._five and not self.is_sequencer:
+            self._check_ready()
+
+    def _advance_prefix(self) -> None:
+        while self.o_ballot.get(self.o_prefix, -1) >= 0:
             if self.o_value[self.o_prefix] == self.me:
                 self._prefix_mine += 1
             self.o_prefix += 1
-        if self._five and not self.is_sequencer:
-            self._check_ready()
 
     def _queue_oack(self, entry: OEntry) -> None:
         # N=5: the learner commits on the sequencer's OAccept alone, and the sequencer needs
@@ -427,18 +819,24 @@ class SDPaxosReplica:
             self._oack_out.setdefault(dest, []).append(entry.slot)
 
     def _on_oack(self, msg: OAck) -> None:
+        if not self.view_ready:
+            return
         if self._five:
-            if self.is_sequencer:
+            if self.role is Role.SEQUENCER:
                 for slot in msg.slots:
                     self._seq_record_ack(msg.src, slot)
                 self._after_seq_acks()
             return
         for slot in msg.slots:
-            if slot in self.o_committed:
+            if slot in self.o_committed or slot < self.exec_slot:
                 continue
             acks = self.o_acks.setdefault(slot, set())  # may precede our own OAccept
             acks.add(msg.src)
-            if self.o_value.get(slot) == self.me and len(acks) >= self.q:
+            if (
+                self.o_value.get(slot) == self.me
+                and self.o_ballot.get(slot) == self.view
+                and len(acks) >= self.q
+            ):
                 self._commit_o(slot)
 
     def _seq_record_ack(self, src: int, slot: int) -> None:
@@ -452,17 +850,19 @@ class SDPaxosReplica:
             prefix += 1
         self.seq_acked_prefix[src] = prefix
 
-    def _after_seq_acks(self) -> None:
-        """N=5 sequencer: its own O-instances inside the majority-accepted prefix are chosen."""
-        if not (self._five and self.is_sequencer):
-            return
+    def _majority_prefix(self) -> int:
         prefixes = sorted(
             (self.seq_next_slot if r == self.me else self.seq_acked_prefix[r])
             for r in range(self.n)
         )
-        majority_prefix = prefixes[self.n - self.q]
+        return prefixes[self.n - self.q]
+
+    def _after_seq_acks(self) -> None:
+        """N=5 sequencer: its own O-instances inside the majority-accepted prefix are chosen."""
+        if not (self._five and self.role is Role.SEQUENCER):
+            return
         mine = self.seq_slots[self.me]
-        chosen = bisect.bisect_left(mine, majority_prefix)
+        chosen = bisect.bisect_left(mine, self._majority_prefix())
         for i in range(self._seq_own_chosen, chosen):
             self._commit_o(mine[i])
         self._seq_own_chosen = max(self._seq_own_chosen, chosen)
@@ -480,19 +880,23 @@ class SDPaxosReplica:
             self._check_ready()
 
     def _on_ocommit(self, msg: OCommit) -> None:
-        fresh: list[OEntry] = []
+        if not self.view_ready:
+            return
         for entry in msg.entries:
+            if entry.slot < self.exec_slot or entry.slot in self.o_committed:
+                continue
             known = self.o_value.get(entry.slot)
             if known is None:
-                # The value is the sequencer's proposal for this view, relayed: accepting it
-                # is what its OAccept would have made us do (and is persisted like it).
-                fresh.append(entry)
-                self._accept_o(entry)
+                # learned, not accepted: usable to execute, never reported in a vote
+                self.o_value[entry.slot] = entry.owner
+                if entry.slot >= self.o_high:
+                    self.o_high = entry.slot + 1
             elif known != entry.owner:
-                continue  # only a view change may replace a value
+                continue  # a value our view replaced; the new one's commit will come
             self.o_committed.add(entry.slot)
-        if fresh:
-            self._out.persist.append(OAcceptedRecord(view=msg.view, entries=tuple(fresh)))
+            if entry.owner == self.me:
+                self._my_committed_o += 1
+        self._check_ready()
 
     # ------------------------------------------------------------------ readiness
     def _ordered_own(self) -> int:
@@ -500,11 +904,11 @@ class SDPaxosReplica:
         if not self._five:
             return self._my_committed_o
         if self.is_sequencer:
-            prefixes = sorted(
-                (self.seq_next_slot if r == self.me else self.seq_acked_prefix[r])
-                for r in range(self.n)
-            )
-            return bisect.bisect_left(self.seq_slots[self.me], prefixes[self.n - self.q])
+            if self.role is not Role.SEQUENCER:
+                return self._exec_count[self.me]
+            if "go_ready_rule" in self._unsafe:
+                return len(self.seq_slots[self.me])
+            return bisect.bisect_left(self.seq_slots[self.me], self._majority_prefix())
         return self._prefix_mine
 
     def _check_ready(self) -> None:
@@ -514,15 +918,16 @@ class SDPaxosReplica:
         for index in sorted(self._unready):
             if index >= ordered:
                 break
-            inst = self._unready[index]
+            inst = self.c[(self.me, index)]
             if inst.committed:
-                inst.ready = True
-                del self._unready[index]
-                assert inst.batch is not None
-                self._out.ready.extend(inst.batch)
+                batch = self._unready.pop(index)
+                if inst.batch == batch:
+                    self._out.ready.extend(batch)
 
     # ------------------------------------------------------------------ execution
     def _try_execute(self) -> None:
+        if not self.view_ready:
+            return
         while True:
             slot = self.exec_slot
             if slot not in self.o_committed:
@@ -540,73 +945,485 @@ class SDPaxosReplica:
                     self._out.apply.append(Execution(slot, offset, command, led_here))
                 self._exec_count[owner] = index + 1
                 self.log[slot] = (owner, index)
+            # the slot is done: forget what only the unexecuted part of the log needs
+            self.o_committed.discard(slot)
+            self.o_acks.pop(slot, None)
             self.exec_slot = slot + 1
             self._exec_progress_at = self.now
 
-    # ------------------------------------------------------------------ timers
-    def _retransmit(self) -> None:
-        deadline = self.now - self.config.retransmit_us
-        late: list[int] = []
+    # ------------------------------------------------------------------ views
+    def _join_view(self, view: int) -> None:
+        """Enter a higher view: promise to reject lower O-proposals; stop executing until
+        its NewView arrives."""
+        self.view = view
+        self._out.persist.append(ViewRecord(view=view))
+        self.view_ready = False
+        self.role = Role.FOLLOWER
+        self._votes.clear()
+        self._new_view = None
+        self._new_view_acks.clear()
+        self._deferred_orders.clear()
+        self._lease_from.clear()
+        self._suspects.clear()
+        self._suspecting = False
+        self._slow_windows = 0
+        self._force_election_at = -1
+        self._last_view_change_at = self.now
+        self._roll_election_timeout()
+
+    def _may_vote_for(self, candidate: int) -> bool:
+        if self.now < self._vote_block_until:
+            return False
+        bound = self.lease_granted_to not in (-1, candidate)
+        return not (bound and self.now < self.lease_granted_until)
+
+    def _start_candidacy(self) -> None:
+        view = self.view + 1
+        while view % self.n != self.me:
+            view += 1
+        self._join_view(view)
+        self.role = Role.CANDIDATE
+        self._candidate_since = self.now
+        self._candidate_from = self.exec_slot
+        self._voted_in = view
+        self._votes[self.me] = self._make_vote(self.exec_slot)
+        self._broadcast(VRequest(src=self.me, view=view, from_slot=self.exec_slot))
+        if len(self._votes) >= self.q:
+            self._rebuild()
+
+    def _make_vote(self, from_slot: int) -> Vote:
+        # Executed slots are chosen: report them at our current view (no ballot can beat a
+        # chosen value with another one). Then what we accepted, at its ballot; values we
+        # only learned from a commit are not ours to report.
+        executed = tuple(
+            OVote(slot=s, owner=self.log[s][0], ballot=self.view)
+            for s in range(from_slot, self.exec_slot)
+        )
+        accepted = tuple(
+            OVote(slot=s, owner=self.o_value[s], ballot=self.o_ballot[s])
+            for s in range(max(from_slot, self.exec_slot), self.o_high)
+            if self.o_ballot.get(s, -1) >= 0
+        )
+        entries = executed + accepted
+        return Vote(
+            src=self.me,
+            view=self.view,
+            accepted_view=self.accepted_view,
+            executed=self.exec_slot,
+            entries=entries,
+            c_high=tuple(self.c_high),
+        )
+
+    def _on_vrequest(self, msg: VRequest) -> None:
+        if msg.view < self.view or msg.src != msg.view % self.n:
+            return
+        if not self._may_vote_for(msg.src):
+            return
+        if msg.view > self.view:
+            self._join_view(msg.view)
+        elif self.role is not Role.FOLLOWER or self.view_ready:
+            return  # this view is already under way past its election
+        self._voted_in = msg.view
+        self._send(msg.src, self._make_vote(msg.from_slot))
+
+    def _on_vote(self, msg: Vote) -> None:
+        if self.role is not Role.CANDIDATE or len(msg.c_high) != self.n:
+            return
+        self._votes[msg.src] = msg
+        if len(self._votes) >= self.q:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Figure 7: rebuild the assignment log from a majority of votes."""
+        start = self._candidate_from
+        best: dict[int, OVote] = {}
+        for vote in self._votes.values():
+            for entry in vote.entries:
+                if entry.slot >= start and (
+                    entry.slot not in best or entry.ballot > best[entry.slot].ballot
+                ):
+                    best[entry.slot] = entry
+        end = max(best, default=start - 1) + 1
+        owners: list[int | None] = [None] * (end - start)
+        for slot, entry in best.items():
+            owners[slot - start] = entry.owner
+        if self._five and "no_hole_filling" not in self._unsafe:
+            old_sequencer = max(v.accepted_view for v in self._votes.values()) % self.n
+            untraced = [
+                r for r in range(self.n) if r not in self._votes and r != old_sequencer
+            ]
+            if old_sequencer not in self._votes and len(untraced) == 1:
+                m = untraced[0]
+                needed = max(v.c_high[m] for v in self._votes.values()) + 1
+                self._fill_for(m, needed, owners)
+        filled = tuple(NO_CL if owner is None else owner for owner in owners)
+        new_view = NewView(src=self.me, view=self.view, start=start, owners=filled)
+        self.role = Role.ESTABLISHING
+        self._votes.clear()
+        self._new_view = new_view
+        self._new_view_acks = {self.me}
+        self._new_view_sent_at = self.now
+        self._accept_new_view(new_view)
+        self._broadcast(new_view)
+        if len(self._new_view_acks) >= self.q:
+            self._become_sequencer()
+
+    def _fill_for(self, m: int, needed: int, owners: list[int | None]) -> None:
+        """Propose ``m`` in the first holes until it owns ``needed`` O-instances with no hole
+        before the last of them (Figure 7, lines 32-36)."""
+        before = self._exec_count[m]  # m's O-instances below start (all executed here)
+        while True:
+            count = before
+            last_needed = -1
+            for position, owner in enumerate(owners):
+                if owner == m:
+                    count += 1
+                    if count == needed:
+                        last_needed = position
+            if count >= needed and None not in owners[: max(last_needed, 0)]:
+                return
+            if None in owners:
+                owners[owners.index(None)] = m
+            else:
+                owners.append(m)
+
+    def _accept_new_view(self, msg: NewView) -> None:
+        start, owners = msg.start, msg.owners
+        self._out.persist.append(NewViewRecord(view=msg.view, start=start, owners=owners))
+        self._install_new_view(msg.view, start, owners)
+        self.view_ready = True
+        self._resend_own_after_view_change()
+
+    def _install_new_view(self, view: int, start: int, owners: tuple[int, ...]) -> None:
+        end = start + len(owners)
+        for slot in range(max(start, self.exec_slot), end):
+            self.o_value[slot] = owners[slot - start]
+            self.o_ballot[slot] = view
+            self.o_committed.discard(slot)
+        for slot in range(max(end, self.exec_slot), self.o_high):
+            if self.o_ballot.get(slot, -1) < view:
+                self.o_value.pop(slot, None)
+                self.o_ballot.pop(slot, None)
+                self.o_committed.discard(slot)
+        self.accepted_view = max(self.accepted_view, view)
+        self._recount_o_state()
+
+    def _recount_o_state(self) -> None:
+        """Recompute what is derived from the O-instances known (after a log was replaced)."""
+        self.o_acks.clear()
+        self.o_high = max(self.o_value, default=-1) + 1
+        self.o_prefix = self.exec_slot
+        self._prefix_mine = self._exec_count[self.me]
+        self._advance_prefix()
+        self._my_committed_o = self._exec_count[self.me] + sum(
+            1 for s in self.o_committed if s >= self.exec_slot and self.o_value.get(s) == self.me
+        )
+
+    def _resend_own_after_view_change(self) -> None:
+        """Re-send what the new view has not ordered or chosen yet."""
         for index in sorted(self._unready):
-            inst = self._unready[index]
-            if inst.sent_at > deadline:
-                continue
+            inst = self.c[(self.me, index)]
             inst.sent_at = self.now
-            late.append(index)
-            if not inst.committed:
-                assert inst.batch is not None
+            if not inst.committed and inst.leading:
                 accept = CAccept(
                     src=self.me,
                     view=self.view,
                     owner=self.me,
                     index=index,
                     ballot=inst.ballot,
-                    batch=inst.batch,
+                    batch=inst.batch or (),
                 )
                 for peer in self._peers:
                     if peer not in inst.acks:
                         self._send(peer, accept)
-        if not late:
+        if self._known_o_count(self.me) < self.next_index:
+            self._send_crequest(self.next_index - 1)
+        for read_id, (command, _) in sorted(self._pending_reads.items()):
+            self._pending_reads[read_id] = (command, self.now)
+            self._send_rrequest(read_id, command)
+
+    def _on_new_view(self, msg: NewView) -> None:
+        if msg.src != self.sequencer or self.role is not Role.FOLLOWER:
+            return
+        if not self.view_ready:
+            self._accept_new_view(msg)
+        self._send(msg.src, NewViewAck(src=self.me, view=self.view))
+
+    def _on_new_view_ack(self, msg: NewViewAck) -> None:
+        if self._new_view is None or msg.view != self._new_view.view:
+            return
+        self._new_view_acks.add(msg.src)
+        if self.role is Role.ESTABLISHING and len(self._new_view_acks) >= self.q:
+            self._become_sequencer()
+        elif self.role is Role.SEQUENCER:
+            self._send_new_view_commit(msg.src)  # a late acceptor needs the commits too
+
+    def _become_sequencer(self) -> None:
+        assert self._new_view is not None
+        new_view = self._new_view
+        start, end = new_view.start, new_view.start + len(new_view.owners)
+        self.role = Role.SEQUENCER
+        self._last_view_change_at = self.now
+        # our assignment log: the executed prefix, then the rebuilt range
+        self.seq_slots = {r: [] for r in range(self.n)}
+        for slot in sorted(self.log):
+            owner = self.log[slot][0]
+            if owner != NO_CL:
+                self.seq_slots[owner].append(slot)
+        for slot in range(self.exec_slot, end):
+            owner = self.o_value.get(slot, NO_CL)
+            if owner != NO_CL:
+                self.seq_slots[owner].append(slot)
+        self.seq_next_slot = max(end, self.exec_slot)
+        self.seq_acked = {r: set() for r in range(self.n)}
+        self.seq_acked_prefix = {
+            r: (end if r in self._new_view_acks else start) for r in range(self.n)
+        }
+        self._seq_own_chosen = bisect.bisect_left(self.seq_slots[self.me], end)
+        self.history.clear()
+        self._unknown_keys.clear()
+        self._history_floor = self.seq_next_slot - 1
+        for slot in range(max(start, self.exec_slot), end):
+            self.o_committed.add(slot)
+        self._recount_o_state()
+        for peer in sorted(self._new_view_acks - {self.me}):
+            self._send_new_view_commit(peer)
+        self._check_ready()
+        deferred, self._deferred_orders = self._deferred_orders, []
+        for owner, index, keys in deferred:
+            self._order(owner, index, keys)
+        if self._known_o_count(self.me) < self.next_index:
+            self._order(self.me, self.next_index - 1, ())
+
+    def _send_new_view_commit(self, peer: int) -> None:
+        assert self._new_view is not None
+        start = self._new_view.start
+        entries = tuple(
+            OEntry(slot=start + k, owner=owner) for k, owner in enumerate(self._new_view.owners)
+        )
+        if entries:
+            self._send(peer, OCommit(src=self.me, view=self.view, entries=entries))
+
+    # ------------------------------------------------------------------ liveness
+    def _send_heartbeats(self) -> None:
+        serving = self.role is Role.SEQUENCER
+        for peer in self._peers:
+            heartbeat = Heartbeat(
+                src=self.me,
+                view=self.view,
+                executed=self.exec_slot,
+                lease_request=self.now if serving else -1,
+            )
+            self._send(peer, heartbeat)
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        self._peer_executed[msg.src] = max(self._peer_executed[msg.src], msg.executed)
+        if msg.view < self.view:
+            return
+        if msg.view > self.view:
+            self._join_view(msg.view)
+        if (
+            msg.lease_request >= 0
+            and msg.src == self.sequencer
+            and self.role is Role.FOLLOWER
+            and not self._suspecting
+        ):
+            self.lease_granted_to = msg.src
+            self.lease_granted_until = self.now + self.config.lease_us
+            self._send(msg.src, LeaseGrant(src=self.me, view=self.view, request=msg.lease_request))
+        if (
+            self._new_view is not None
+            and self.role is Role.SEQUENCER
+            and msg.src not in self._new_view_acks
+        ):
+            self._send(msg.src, self._new_view)
+
+    def _on_lease_grant(self, msg: LeaseGrant) -> None:
+        if self.role is Role.SEQUENCER:
+            until = msg.request + self._lease_hold_us
+            self._lease_from[msg.src] = max(self._lease_from.get(msg.src, 0), until)
+
+    def _lease_valid(self) -> bool:
+        if self.role is not Role.SEQUENCER:
+            return False
+        if "no_lease_check" in self._unsafe:
+            return True
+        holders = 1 + sum(1 for until in self._lease_from.values() if until > self.now)
+        return holders >= self.q
+
+    def _detect_failures(self) -> None:
+        now = self.now
+        if self.role is Role.CANDIDATE:
+            if now - self._candidate_since > self._election_timeout:
+                self._start_candidacy()  # no majority in time: try a higher view
+            return
+        if self.role is Role.ESTABLISHING:
+            if now - self._candidate_since > 2 * self._election_timeout:
+                self._start_candidacy()
+            elif self._new_view is not None and now - self._new_view_sent_at >= (
+                self.config.retransmit_us
+            ):
+                self._new_view_sent_at = now
+                for peer in self._peers:
+                    if peer not in self._new_view_acks:
+                        self._send(peer, self._new_view)
+            return
+        sequencer_silent = (
+            not self.is_sequencer and now - self.last_heard[self.sequencer] > self._election_timeout
+        )
+        restarted_sequencer = self.is_sequencer and self.role is Role.FOLLOWER
+        forced = 0 <= self._force_election_at <= now
+        if (sequencer_silent or restarted_sequencer or forced) and self._may_vote_for(self.me):
+            self._start_candidacy()
+            return
+        self._recover_suspects()
+
+    def _suspected(self, replica: int) -> bool:
+        return self.now - self.last_heard[replica] > self.config.election_timeout_us
+
+    def _recover_suspects(self) -> None:
+        """Take over the unfinished C-instances of suspected replicas (the next live replica
+        after each one does it) — and our own, if a recoverer overtook us and went quiet."""
+        for owner in range(self.n):
+            if owner in self._recoveries:
+                recovery = self._recoveries[owner]
+                if self.now - recovery.started_at > self.config.election_timeout_us:
+                    del self._recoveries[owner]  # no majority in time: retry below
+                continue
+            if owner == self.me:
+                stalled = [
+                    i for i in self._unready if not self.c[(self.me, i)].leading
+                ]
+                if stalled and self.now - self._exec_progress_at > self._election_timeout:
+                    self._start_recovery(self.me, min(stalled))
+                continue
+            if not self._suspected(owner) or self._recoverer_of(owner) != self.me:
+                continue
+            from_index = self._exec_count[owner]
+            unfinished = self.c_high[owner] >= from_index or self._known_o_count(owner) > from_index
+            if unfinished and not self._all_committed(owner, from_index):
+                self._start_recovery(owner, from_index)
+
+    def _recoverer_of(self, owner: int) -> int:
+        for step in range(1, self.n):
+            candidate = (owner + step) % self.n
+            if candidate == self.me or not self._suspected(candidate):
+                return candidate
+        return self.me
+
+    def _all_committed(self, owner: int, from_index: int) -> bool:
+        high = max(self.c_high[owner], self._known_o_count(owner) - 1)
+        for index in range(from_index, high + 1):
+            inst = self.c.get((owner, index))
+            if inst is None or not inst.committed:
+                return False
+        return True
+
+    # ------------------------------------------------------------------ timers
+    def _retransmit(self) -> None:
+        deadline = self.now - self.config.retransmit_us
+        late: list[int] = []
+        for index in sorted(self._unready):
+            inst = self.c[(self.me, index)]
+            if inst.sent_at > deadline:
+                continue
+            inst.sent_at = self.now
+            late.append(index)
+            if not inst.committed and inst.leading:
+                accept = CAccept(
+                    src=self.me,
+                    view=self.view,
+                    owner=self.me,
+                    index=index,
+                    ballot=inst.ballot,
+                    batch=inst.batch or (),
+                )
+                for peer in self._peers:
+                    if peer not in inst.acks:
+                        self._send(peer, accept)
+        for owner, index in sorted(self._leading_others):
+            inst = self.c[(owner, index)]
+            if inst.sent_at <= deadline:
+                inst.sent_at = self.now
+                accept = CAccept(
+                    src=self.me,
+                    view=self.view,
+                    owner=owner,
+                    index=index,
+                    ballot=inst.ballot,
+                    batch=inst.batch or (),
+                )
+                for peer in self._peers:
+                    if peer not in inst.acks:
+                        self._send(peer, accept)
+        if not late or not self.view_ready:
             return
         if not self.is_sequencer:
             self._send_crequest(late[-1])  # one request covers every lower index
             return
+        if self.role is not Role.SEQUENCER:
+            return
         # Our own O-instances lack acknowledgements: re-send them to whoever has not acked.
         mine = self.seq_slots[self.me]
         for peer in self._peers:
-            if self._five:
-                stop = mine[late[-1]] + 1
-                if self.seq_acked_prefix[peer] < stop:
-                    self._resend_oaccepts(peer, self.seq_acked_prefix[peer], stop)
-                continue
             for index in late:
+                if index >= len(mine):
+                    continue
                 slot = mine[index]
-                if slot not in self.o_committed and peer not in self.o_acks.get(slot, ()):
+                if self._five:
+                    if self.seq_acked_prefix[peer] <= slot:
+                        self._resend_oaccepts(peer, self.seq_acked_prefix[peer], slot + 1)
+                elif slot not in self.o_committed and peer not in self.o_acks.get(slot, ()):
                     self._resend_oaccepts(peer, slot, slot + 1)
+        if len(mine) < self.next_index:
+            self._order(self.me, self.next_index - 1, ())
+
+    def _resume_after_restart(self) -> None:
+        """After a restart, drive our own instances found in the records once caught up."""
+        if not self._restart_pending or not self.view_ready:
+            return
+        if max(self._peer_executed.values()) > self.exec_slot:
+            return  # still catching up: most of them are probably decided
+        for index in self._restart_pending:
+            inst = self.c[(self.me, index)]
+            if index >= self._exec_count[self.me] and not inst.committed and inst.batch:
+                inst.leading = inst.ballot == self.me
+                inst.acks = {self.me}
+                inst.sent_at = -(1 << 62)  # retransmit at once
+                self._unready[index] = inst.batch
+        self._restart_pending = []
 
     def _maybe_catch_up(self) -> None:
-        idle_for = self.now - self._exec_progress_at
-        behind = bool(self._unready) or self.o_high > self.exec_slot
-        # Behind: ask soon. Seemingly idle: still probe now and then, since the commits we
-        # lost may be the last ones anybody sent (failure detection will carry this later).
-        if idle_for < (self.config.catchup_us if behind else 4 * self.config.catchup_us):
+        if not self.view_ready:
             return
-        self._exec_progress_at = self.now
-        peer = self._peers[self._catchup_peer % len(self._peers)] if self._peers else self.me
-        self._catchup_peer += 1
+        ahead = max(self._peer_executed.values())
+        behind = ahead > self.exec_slot
+        stuck = (bool(self._unready) or self.o_high > self.exec_slot) and (
+            self.now - self._exec_progress_at >= self.config.catchup_us
+        )
+        answered = self.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2
+        if not (behind or stuck) or (
+            not answered and self.now - self._last_catchup_at < self.config.catchup_us
+        ):
+            return
+        self._last_catchup_at = self.now
+        self._catchup_asked = self.exec_slot
+        if behind:
+            peer = max(self._peers, key=lambda r: (self._peer_executed[r], -r))
+        else:
+            peer = self._peers[self._catchup_peer % len(self._peers)] if self._peers else self.me
+            self._catchup_peer += 1
         if peer != self.me:
-            self._out.send.append(
-                Outgoing(peer, Catchup(src=self.me, view=self.view, slot=self.exec_slot))
-            )
+            self._request(peer, Catchup(src=self.me, view=self.view, slot=self.exec_slot))
 
     def _on_catchup(self, msg: Catchup) -> None:
         """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded)."""
         start = msg.slot
         stop = start + CATCHUP_BATCH
         entries = tuple(
-            OEntry(slot=s, owner=self.o_value[s])
+            OEntry(slot=s, owner=self.log[s][0] if s in self.log else self.o_value[s])
             for s in range(start, stop)
-            if s in self.o_committed
+            if s in self.log or s in self.o_committed
         )
         if entries:
             self._send(msg.src, OCommit(src=self.me, view=self.view, entries=entries))
@@ -635,10 +1452,94 @@ class SDPaxosReplica:
                 batch=inst.batch,
             )
             self._send(msg.src, commit_c)
+        if self._peer_executed[msg.src] < msg.slot:
+            self._peer_executed[msg.src] = msg.slot
+
+    # ------------------------------------------------------------------ reads
+    def _send_rrequest(self, read_id: int, command: Command) -> None:
+        if self.is_sequencer:
+            return  # we answer ourselves once serving with a lease (see _retry_reads)
+        request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=command.keys)
+        self._request(self.sequencer, request)
+
+    def _read_slot(self, keys: Iterable[str]) -> int:
+        keys = tuple(keys)
+        if not keys:
+            return self.seq_next_slot - 1
+        slot = max((self.history.get(key, -1) for key in keys), default=-1)
+        if self._unknown_keys:
+            slot = max(slot, max(self._unknown_keys.values()))
+        return max(slot, self._history_floor)
+
+    def _on_rrequest(self, msg: RRequest) -> None:
+        if self.role is Role.SEQUENCER and self._lease_valid():
+            slot = self._read_slot(msg.keys)
+            self._request(
+                msg.src, RReply(src=self.me, view=self.view, read_id=msg.read_id, slot=slot)
+            )
+
+    def _on_rreply(self, msg: RReply) -> None:
+        if msg.src != self.sequencer:
+            return
+        pending = self._pending_reads.pop(msg.read_id, None)
+        if pending is not None:
+            self._waiting_reads.append((msg.slot, msg.read_id, pending[0]))
+
+    def _retry_reads(self) -> None:
+        deadline = self.now - self.config.retransmit_us
+        for read_id, (command, sent_at) in sorted(self._pending_reads.items()):
+            if self.role is Role.SEQUENCER and self._lease_valid():
+                del self._pending_reads[read_id]
+                self._waiting_reads.append((self._read_slot(command.keys), read_id, command))
+            elif sent_at <= deadline:
+                self._pending_reads[read_id] = (command, self.now)
+                self._send_rrequest(read_id, command)
+
+    def _serve_reads(self) -> None:
+        if not self._waiting_reads:
+            return
+        still: list[tuple[int, int, Command]] = []
+        for slot, read_id, command in self._waiting_reads:
+            if slot < self.exec_slot:
+                self._out.reads.append(command)
+            else:
+                still.append((slot, read_id, command))
+        self._waiting_reads = still
+
+    # ------------------------------------------------------------------ straggler detection
+    def _watch_ordering(self) -> None:
+        windows = self.config.straggler_windows
+        if windows == 0 or self.now - self._window_start < self.config.straggler_window_us:
+            return
+        needed, got = self._window_needed, self._window_got
+        self._window_start = self.now
+        self._window_needed = self._window_got = 0
+        if self.is_sequencer or self.role is not Role.FOLLOWER or not self.view_ready:
+            self._slow_windows = 0
+            return
+        self._slow_windows = self._slow_windows + 1 if needed >= 2 and 2 * got < needed else 0
+        cooled = self.now - self._last_view_change_at >= self.config.straggler_cooldown_us
+        if self._slow_windows >= windows and cooled and not self._suspecting:
+            self._suspecting = True
+            self._suspects.add(self.me)
+            self._broadcast(Suspect(src=self.me, view=self.view))
+            self._maybe_replace_straggler()
+
+    def _on_suspect(self, msg: Suspect) -> None:
+        if msg.view == self.view and msg.src != self.sequencer:
+            self._suspects.add(msg.src)
+            self._maybe_replace_straggler()
+
+    def _maybe_replace_straggler(self) -> None:
+        if self._suspecting and len(self._suspects) >= self.q and self._force_election_at < 0:
+            # Stop renewing the lease (done: we are suspecting); once it lapses, run.
+            delay = int(self.rng.random() * self.config.election_timeout_us / 2)
+            self._force_election_at = max(self.lease_granted_until, self.now) + delay
 
     # ------------------------------------------------------------------ recovery
     def _recover(self, records: Sequence[Record]) -> None:
-        """Rebuild what this replica accepted from its durable records."""
+        """Rebuild what this replica promised and accepted from its durable records."""
+        own: set[int] = set()
         for record in records:
             match record:
                 case CAcceptedRecord():
@@ -646,14 +1547,31 @@ class SDPaxosReplica:
                     inst = self.c.get(key)
                     if inst is None or record.ballot >= inst.ballot:
                         self.c[key] = CInstance(record.ballot, record.batch)
+                    self.c_high[record.owner] = max(self.c_high[record.owner], record.index)
+                    self._ballot_seen = max(self._ballot_seen, record.ballot)
                     if record.owner == self.me:
                         self.next_index = max(self.next_index, record.index + 1)
+                        own.add(record.index)
                 case OAcceptedRecord():
                     for entry in record.entries:
-                        self.o_value[entry.slot] = entry.owner
+                        if self.o_ballot.get(entry.slot, -1) <= record.view:
+                            self.o_value[entry.slot] = entry.owner
+                            self.o_ballot[entry.slot] = record.view
+                    self.accepted_view = max(self.accepted_view, record.view)
+                case NewViewRecord():
+                    self._install_new_view(record.view, record.start, record.owners)
+                case ViewRecord():
+                    self.view = max(self.view, record.view)
+                case CPromiseRecord():
+                    self._c_promised[record.owner] = (record.ballot, record.from_index)
+                    self._ballot_seen = max(self._ballot_seen, record.ballot)
+        self.role = Role.FOLLOWER
+        self.view_ready = self.accepted_view >= self.view
+        self._recount_o_state()
+        self._restart_pending = sorted(own)
 
 
-def _keys_of(batch: tuple[Command, ...] | None) -> tuple[str, ...]:
+def _keys_of(batch: Batch | None) -> tuple[str, ...]:
     if not batch:
         return ()
     if len(batch) == 1:
