@@ -15,6 +15,7 @@ from consensus.errors import (
     RemoteProtocolError,
     RequestFailed,
     SDPaxosError,
+    UnsupportedVersion,
 )
 from consensus.messages import Command
 
@@ -29,4 +30,5 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "UnsupportedVersion",
 ]

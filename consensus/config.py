@@ -92,8 +92,8 @@ class ProtocolConfig:
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.replicas % 2 == 0:
             raise ConfigError(f"replicas must be odd and positive (2F+1), got {self.replicas}")
-        if self.max_batch < 1:
-            raise ConfigError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not 1 <= self.max_batch <= 65536:
+            raise ConfigError(f"max_batch must be in 1..65536, got {self.max_batch}")
         for name in (
             "retransmit_us",
             "catchup_us",

@@ -7,6 +7,7 @@
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
+    │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
@@ -23,6 +24,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "UnsupportedVersion",
 ]
 
 
@@ -44,6 +46,18 @@ class RemoteProtocolError(SDPaxosError):
 
 class DecodeError(RemoteProtocolError):
     """Bytes could not be decoded into a valid frame, message or record."""
+
+
+class UnsupportedVersion(DecodeError):
+    """The bytes carry a ``FORMAT_VERSION`` this build does not speak (``version`` says which)."""
+
+    def __init__(self, version: int, supported: int) -> None:
+        super().__init__(f"unsupported format version {version} (this build speaks {supported})")
+        self.version = version
+        self.supported = supported
+
+    def __reduce__(self) -> tuple[type[UnsupportedVersion], tuple[int, int]]:
+        return (type(self), (self.version, self.supported))
 
 
 class RequestFailed(SDPaxosError):

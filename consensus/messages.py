@@ -15,7 +15,8 @@ Naming follows the paper (SoCC'18, Figure 5):
   ``OAccept``/``OAck``/``OCommit`` carry one or more ``OEntry`` values at a time.
 
 Identifiers are plain non-negative ``int``s: replica ids are ``0..N-1``, indices and slots count
-from 0. Ballots are ints too (see ``consensus.protocol.ballot``).
+from 0. Ballots are ints too (see ``consensus.protocol.ballot``). A few fields use -1 for
+"none", each documented where it is declared (the codec accepts -1 exactly there).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class Command:
     ``(client_id, seq)`` identifies the request: a retry carries the same pair, and the
     replicated state machine's session table makes sure it takes effect once.
     ``keys`` names the objects the command updates (the sequencer's read history table uses
-    them). A ``blind`` command's result does not matter to its client (a plain write), so it is
-    acknowledged as soon as it is *ready*; any other command is answered after it executes.
+    them); a command naming no keys counts as updating every key. A ``blind`` command's
+    result does not matter to its client (a plain write), so it is acknowledged as soon as it
+    is *ready*; any other command is answered after it executes.
     """
 
     client_id: int
@@ -236,7 +238,8 @@ class Vote:
 
     ``entries``: every O-instance it accepted from the candidate's ``from_slot`` on.
     ``c_high[r]``: the highest index of replica r's C-instances it accepted (-1: none).
-    ``accepted_view``: the last view whose sequencer's proposals it accepted (-1: none).
+    ``accepted_view``: the last view whose sequencer's proposals it accepted (0 at the start:
+    view 0's empty assignment log counts as accepted by everyone).
     """
 
     src: int
@@ -292,7 +295,8 @@ class CVote:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CPromise:
     """``src`` promises ``ballot`` for ``owner``'s instances from ``from_index`` on and reports
-    what it accepted there (``accepted``) and the highest index it accepted (``high``)."""
+    what it accepted there (``accepted``) and the highest index it accepted (``high``, -1 for
+    none)."""
 
     src: int
     view: int
@@ -329,7 +333,7 @@ class RRequest:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RReply:
-    """Serve read ``read_id`` once every slot up to ``slot`` has executed."""
+    """Serve read ``read_id`` once every slot up to ``slot`` has executed (-1: at once)."""
 
     src: int
     view: int

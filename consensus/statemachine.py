@@ -34,6 +34,10 @@ class StateMachine(Protocol):
         the log, equal on every replica); return its result."""
         ...
 
+    def query(self, op: bytes) -> bytes:
+        """Answer a read-only ``op`` from the current state (changes nothing)."""
+        ...
+
     def snapshot(self) -> bytes:
         """Everything needed to rebuild the current state, deterministically encoded."""
         ...
@@ -164,6 +168,21 @@ class KVStore:
         result = self._execute(command.op)
         self.sessions.record(command.client_id, command.seq, result)
         return result
+
+    def query(self, op: bytes) -> bytes:
+        """Serve a read (``kv_get``) without touching the log or the session table."""
+        try:
+            decoded = msgpack.unpackb(op)
+        except Exception:
+            return _error("op is not msgpack")
+        if (
+            isinstance(decoded, list)
+            and len(decoded) == 2
+            and decoded[0] == "get"
+            and isinstance(decoded[1], str)
+        ):
+            return _pack(["value", self.data.get(decoded[1])])
+        return _error("only get is a read-only op")
 
     def _execute(self, op_bytes: bytes) -> bytes:
         try:

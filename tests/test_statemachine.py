@@ -81,3 +81,13 @@ def test_snapshot_restore_is_byte_identical() -> None:
     retry = cmd(4, 599, kv_put("k0", "x"))
     assert c.apply(700, retry) == a.apply(700, retry)
     assert c.data == a.data
+
+
+def test_query_reads_without_changing_state() -> None:
+    kv = KVStore()
+    kv.apply(0, cmd(1, 0, kv_put("k", "v")))
+    before = kv.snapshot()
+    assert msgpack.unpackb(kv.query(kv_get("k"))) == ["value", "v"]
+    assert msgpack.unpackb(kv.query(kv_get("missing"))) == ["value", None]
+    assert msgpack.unpackb(kv.query(kv_put("k", "x")))[0] == "error"
+    assert kv.snapshot() == before

@@ -75,6 +75,7 @@ import enum
 import random
 from collections.abc import Iterable, Mapping, Sequence
 
+from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES, MAX_REQUEST_KEYS
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
@@ -286,6 +287,9 @@ class SDPaxosReplica:
 
     # ------------------------------------------------------------------ inputs
     def propose(self, command: Command, now: int) -> None:
+        """A client command arrived. Raises ``LocalProtocolError`` (and changes nothing) for a
+        command no peer could decode: check client input before handing it over."""
+        _check_command(command)
         self._enter(now)
         self._batch.append(command)
         if len(self._batch) >= self.config.max_batch:
@@ -293,6 +297,7 @@ class SDPaxosReplica:
 
     def read(self, command: Command, now: int) -> None:
         """A linearizable read (``command.op`` is a query): served through ``Ready.reads``."""
+        _check_command(command)
         self._enter(now)
         if self.role is Role.SEQUENCER and self._lease_valid():
             slot = self._read_slot(command.keys)
@@ -726,20 +731,28 @@ class SDPaxosReplica:
             self._oaccept_out.append(entry)
             self._accept_o(entry, self.view)
             inst = self.c.get((owner, k))
-            if k == index and keys:
+            if inst is not None and inst.batch is not None:
+                self._note_update(slot, inst.batch)
+            elif k == index and keys:
                 for key in keys:
                     self.history[key] = slot
-            elif inst is not None and inst.batch is not None:
-                for key in _keys_of(inst.batch):
-                    self.history[key] = slot
             else:
-                self._unknown_keys[(owner, k)] = slot
+                self._unknown_keys[(owner, k)] = slot  # ordered before we saw it
+
+    def _note_update(self, slot: int, batch: Batch) -> None:
+        """History table: ``slot`` updates the keys of ``batch`` (a command naming no keys, or
+        a batch with too many to list, counts as updating every key)."""
+        keys = _keys_of(batch)
+        if keys:
+            for key in keys:
+                self.history[key] = max(self.history.get(key, -1), slot)
+        elif batch:
+            self._history_floor = max(self._history_floor, slot)
 
     def _learn_keys(self, owner: int, index: int, batch: Batch) -> None:
         slot = self._unknown_keys.pop((owner, index), None)
         if slot is not None:
-            for key in _keys_of(batch):
-                self.history[key] = max(self.history.get(key, -1), slot)
+            self._note_update(slot, batch)
 
     def _resend_oaccepts(self, to: int, start: int, stop: int) -> None:
         stop = min(stop, self.seq_next_slot, start + CATCHUP_BATCH)
@@ -941,6 +954,8 @@ class SDPaxosReplica:
                 if inst is None or not inst.committed or inst.batch is None:
                     return
                 led_here = owner == self.me
+                if self._unknown_keys:
+                    self._learn_keys(owner, index, inst.batch)
                 for offset, command in enumerate(inst.batch):
                     self._out.apply.append(Execution(slot, offset, command, led_here))
                 self._exec_count[owner] = index + 1
@@ -1572,8 +1587,25 @@ class SDPaxosReplica:
 
 
 def _keys_of(batch: Batch | None) -> tuple[str, ...]:
+    """The keys a batch updates; () when unknown or too many to send (the sequencer then
+    treats the batch's slot as touching every key until it learns better)."""
     if not batch:
         return ()
     if len(batch) == 1:
         return batch[0].keys
-    return tuple(sorted({key for command in batch for key in command.keys}))
+    keys = {key for command in batch for key in command.keys}
+    return tuple(sorted(keys)) if len(keys) <= MAX_REQUEST_KEYS else ()
+
+
+def _check_command(command: Command) -> None:
+    if len(command.op) > MAX_OP_BYTES:
+        raise LocalProtocolError(f"command op of {len(command.op)} bytes over {MAX_OP_BYTES}")
+    if len(command.keys) > MAX_KEYS_PER_COMMAND:
+        raise LocalProtocolError(
+            f"command names {len(command.keys)} keys, more than {MAX_KEYS_PER_COMMAND}"
+        )
+    for key in command.keys:
+        if len(key) * 4 > MAX_KEY_BYTES and len(key.encode()) > MAX_KEY_BYTES:
+            raise LocalProtocolError(f"command key of over {MAX_KEY_BYTES} bytes")
+    if command.client_id < 0 or command.seq < 0:
+        raise LocalProtocolError("command client_id and seq must be non-negative")

@@ -1,0 +1,804 @@
+"""Wire and write-ahead-log encoding of every message and record: msgpack, never pickle.
+
+Format (``FORMAT_VERSION`` 1)
+-----------------------------
+Everything is msgpack. A dataclass instance is an array of its fields in declaration order
+(see ``consensus.messages``), preceded by its type tag from ``TAGS`` wherever the type is not
+known statically::
+
+    frame    := [FORMAT_VERSION, [message, ...]]      encode_frame / decode_frame
+    single   := [FORMAT_VERSION, message]             encode_message / decode_message
+    logged   := [FORMAT_VERSION, record]              encode_record / decode_record (the WAL)
+    message  := [tag, field, ...]                     a peer message (tags 1..63)
+    record   := [tag, field, ...]                     a durable record (tags 64..95)
+    Command  := [client_id, seq, op, keys, blind]     nested values (tags 96..127 reserved):
+    OEntry   := [slot, owner]                         untagged, their type is known
+    OVote    := [slot, owner, ballot]
+    CVote    := [index, ballot, batch]
+
+Field types: ids, indices, slots, views, ballots, counters and clock readings are
+non-negative ints that fit in int64. ``-1`` is accepted only where ``consensus.messages``
+gives it a meaning: ``NO_CL`` as the owner of an order instance (``OEntry.owner``,
+``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``) and "none" in
+``Heartbeat.lease_request``, ``Vote.accepted_view``, ``Vote.c_high``, ``CPromise.high`` and
+``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys are str, ``blind`` is bool,
+``CCommit.batch`` is nil or an array, and every tuple is an array.
+
+Every future format keeps the ``[version, ...]`` envelope, so an old reader reports
+``UnsupportedVersion`` rather than garbage. Adding, removing or reordering a field of any class
+changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
+matches ``consensus.messages``, or a message class without a tag, fails at import).
+
+A frame is the unit of per-peer message merging: the transport sends one frame per peer per
+loop turn. On TCP each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length,
+then the payload) and ``FrameReader`` splits the byte stream back into payloads.
+
+Trust
+-----
+Decoding assumes hostile input: it returns a valid object or raises ``DecodeError`` (for an
+unknown version, its subclass ``UnsupportedVersion``) and nothing else. Sizes are bounded by the
+``MAX_*`` constants; the msgpack unpacker gets the same limits, and its array limit is also
+capped by the input's length, so a hostile length header cannot make it allocate much. (msgpack
+pre-allocates each array it opens; hostile nesting to msgpack's depth limit can still cost a
+transient ~5x the input's size, e.g. ~80 MB for a 16 MiB frame.)
+``MAX_OP_BYTES`` and ``MAX_KEY_BYTES`` are enforced by the unpacker itself (bin values occur
+only as ``op`` and str values only as keys), the other limits by the decoders.
+
+Encoding trusts its input, which comes from the local protocol core: it checks the class of
+each message (``TypeError`` otherwise) and the number of messages in a frame, not the fields.
+A message that breaks the field rules still encodes, and its receiver rejects it.
+
+Speed
+-----
+Per-class encoders and decoders are generated once, at import, from ``_LAYOUT`` (print
+``_GENERATED_SOURCE`` to read them). Decoders build the frozen dataclasses with
+``object.__new__`` and the slot descriptors, which is about 2x cheaper than calling the
+keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that gains one, or
+loses its slots, gets a plain keyword constructor instead).
+"""
+
+from __future__ import annotations
+
+import struct
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from types import MappingProxyType
+from typing import Any, Final, get_args
+
+import msgpack
+
+from consensus import messages
+from consensus.errors import ConfigError, DecodeError, LocalProtocolError, UnsupportedVersion
+from consensus.messages import (
+    CAccept,
+    CAcceptedRecord,
+    CAck,
+    Catchup,
+    CCommit,
+    CNack,
+    Command,
+    CPrepare,
+    CPromise,
+    CPromiseRecord,
+    CRequest,
+    CVote,
+    Heartbeat,
+    LeaseGrant,
+    NewView,
+    NewViewAck,
+    NewViewRecord,
+    OAccept,
+    OAcceptedRecord,
+    OAck,
+    OCommit,
+    OEntry,
+    OVote,
+    PeerMessage,
+    Record,
+    RReply,
+    RRequest,
+    Suspect,
+    ViewRecord,
+    Vote,
+    VRequest,
+)
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "FORMAT_VERSION",
+    "INT64_MAX",
+    "MAX_BATCH",
+    "MAX_ENTRIES",
+    "MAX_FRAME_MESSAGES",
+    "MAX_KEYS_PER_COMMAND",
+    "MAX_KEY_BYTES",
+    "MAX_OP_BYTES",
+    "MAX_REQUEST_KEYS",
+    "MAX_SLOTS",
+    "TAGS",
+    "FrameReader",
+    "decode_frame",
+    "decode_message",
+    "decode_record",
+    "encode_frame",
+    "encode_message",
+    "encode_record",
+    "frame_to_wire",
+]
+
+#: Version of the encoding; every frame, message and record carries it.
+FORMAT_VERSION: Final = 1
+
+# --------------------------------------------------------------------------- limits
+
+#: largest ``Command.op`` (bytes)
+MAX_OP_BYTES: Final = 1 << 20
+#: largest key, in UTF-8 bytes
+MAX_KEY_BYTES: Final = 1 << 10
+#: most keys in one ``Command``
+MAX_KEYS_PER_COMMAND: Final = 64
+#: most commands in one batch
+MAX_BATCH: Final = 65536
+#: most keys in one ``CRequest`` or ``RRequest`` (``CRequest.keys`` is a whole batch's keys)
+MAX_REQUEST_KEYS: Final = 65536
+#: most nested values (``OEntry``, ``OVote``, ``CVote``) in one message or record
+MAX_ENTRIES: Final = 65536
+#: most ints in one array (``OAck.slots``, ``NewView.owners``, ``Vote.c_high``, ...)
+MAX_SLOTS: Final = 65536
+#: most messages in one frame
+MAX_FRAME_MESSAGES: Final = 65536
+#: default largest frame payload on a stream (``frame_to_wire`` / ``FrameReader``)
+DEFAULT_MAX_FRAME: Final = 16 << 20
+#: every int on the wire fits in a signed 64-bit integer
+INT64_MAX: Final = (1 << 63) - 1
+
+_MAX_ARRAY: Final = max(
+    MAX_KEYS_PER_COMMAND, MAX_BATCH, MAX_REQUEST_KEYS, MAX_ENTRIES, MAX_SLOTS, MAX_FRAME_MESSAGES
+)
+
+# --------------------------------------------------------------------------- type tags
+
+#: The wire tag of every class: 1..63 peer messages, 64..95 records, 96..127 nested values.
+#: Never renumber or reuse a tag. Nested values only occur where their type is known, so
+#: their tags are reserved rather than written.
+TAGS: Final[Mapping[type, int]] = MappingProxyType(
+    {
+        # peer messages
+        CAccept: 1,
+        CAck: 2,
+        CCommit: 3,
+        CRequest: 4,
+        OAccept: 5,
+        OAck: 6,
+        OCommit: 7,
+        Catchup: 8,
+        Heartbeat: 9,
+        LeaseGrant: 10,
+        VRequest: 11,
+        Vote: 12,
+        NewView: 13,
+        NewViewAck: 14,
+        CPrepare: 15,
+        CPromise: 16,
+        CNack: 17,
+        RRequest: 18,
+        RReply: 19,
+        Suspect: 20,
+        # durable records
+        CAcceptedRecord: 64,
+        OAcceptedRecord: 65,
+        ViewRecord: 66,
+        NewViewRecord: 67,
+        CPromiseRecord: 68,
+        # nested values
+        Command: 96,
+        OEntry: 97,
+        OVote: 98,
+        CVote: 99,
+    }
+)
+
+_PEER_CLASSES: Final[tuple[type, ...]] = get_args(PeerMessage)
+_RECORD_CLASSES: Final[tuple[type, ...]] = get_args(Record)
+
+# --------------------------------------------------------------------------- field layout
+# A field's wire type: a scalar kind, an array of a scalar kind or of a nested class, or an
+# array that may also be nil.
+
+_UINT: Final = "uint"  # int in 0..INT64_MAX
+_NO_CL: Final = "no_cl"  # int in -1..INT64_MAX, -1 = NO_CL (an order instance's owner)
+_NONE: Final = "none"  # int in -1..INT64_MAX, -1 = none
+_BIN: Final = "bin"  # bytes
+_BOOL: Final = "bool"  # bool
+_STR: Final = "str"  # str
+
+
+@dataclass(frozen=True, slots=True)
+class _Array:
+    """A tuple of ``item`` (a scalar kind or a nested class) of at most ``limit`` values."""
+
+    item: str | type
+    limit: int
+    nullable: bool = False  # nil stands for None
+
+
+_FieldType = str | _Array
+_KEYS: Final = _Array(_STR, MAX_KEYS_PER_COMMAND)
+_REQUEST_KEYS: Final = _Array(_STR, MAX_REQUEST_KEYS)
+_BATCH: Final = _Array(Command, MAX_BATCH)
+
+#: Every class's fields, in wire order (= dataclass declaration order, checked at import).
+_LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
+    # nested values
+    Command: (
+        ("client_id", _UINT),
+        ("seq", _UINT),
+        ("op", _BIN),
+        ("keys", _KEYS),
+        ("blind", _BOOL),
+    ),
+    OEntry: (("slot", _UINT), ("owner", _NO_CL)),
+    OVote: (("slot", _UINT), ("owner", _NO_CL), ("ballot", _UINT)),
+    CVote: (("index", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
+    # peer messages
+    CAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+    ),
+    CAck: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+    ),
+    CCommit: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _Array(Command, MAX_BATCH, nullable=True)),
+    ),
+    CRequest: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("keys", _REQUEST_KEYS),
+        ("o_prefix", _UINT),
+    ),
+    OAccept: (("src", _UINT), ("view", _UINT), ("entries", _Array(OEntry, MAX_ENTRIES))),
+    OAck: (("src", _UINT), ("view", _UINT), ("slots", _Array(_UINT, MAX_SLOTS))),
+    OCommit: (("src", _UINT), ("view", _UINT), ("entries", _Array(OEntry, MAX_ENTRIES))),
+    Catchup: (("src", _UINT), ("view", _UINT), ("slot", _UINT)),
+    Heartbeat: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("executed", _UINT),
+        ("lease_request", _NONE),
+    ),
+    LeaseGrant: (("src", _UINT), ("view", _UINT), ("request", _UINT)),
+    VRequest: (("src", _UINT), ("view", _UINT), ("from_slot", _UINT)),
+    Vote: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("accepted_view", _NONE),
+        ("executed", _UINT),
+        ("entries", _Array(OVote, MAX_ENTRIES)),
+        ("c_high", _Array(_NONE, MAX_SLOTS)),
+    ),
+    NewView: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("start", _UINT),
+        ("owners", _Array(_NO_CL, MAX_SLOTS)),
+    ),
+    NewViewAck: (("src", _UINT), ("view", _UINT)),
+    CPrepare: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("from_index", _UINT),
+        ("ballot", _UINT),
+    ),
+    CPromise: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("from_index", _UINT),
+        ("ballot", _UINT),
+        ("accepted", _Array(CVote, MAX_ENTRIES)),
+        ("high", _NONE),
+    ),
+    CNack: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+    ),
+    RRequest: (("src", _UINT), ("view", _UINT), ("read_id", _UINT), ("keys", _REQUEST_KEYS)),
+    RReply: (("src", _UINT), ("view", _UINT), ("read_id", _UINT), ("slot", _NONE)),
+    Suspect: (("src", _UINT), ("view", _UINT)),
+    # durable records
+    CAcceptedRecord: (
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+    ),
+    OAcceptedRecord: (("view", _UINT), ("entries", _Array(OEntry, MAX_ENTRIES))),
+    ViewRecord: (("view", _UINT),),
+    NewViewRecord: (("view", _UINT), ("start", _UINT), ("owners", _Array(_NO_CL, MAX_SLOTS))),
+    CPromiseRecord: (("owner", _UINT), ("from_index", _UINT), ("ballot", _UINT)),
+}
+
+_NESTED_CLASSES: Final = tuple(
+    cls for cls in _LAYOUT if cls not in _PEER_CLASSES and cls not in _RECORD_CLASSES
+)
+
+
+def _check_tables() -> None:
+    """Fail at import if the tables drifted from ``consensus.messages``."""
+    defined = {
+        obj for obj in vars(messages).values() if isinstance(obj, type) and is_dataclass(obj)
+    }
+    for name, table in (("TAGS", set(TAGS)), ("_LAYOUT", set(_LAYOUT))):
+        if table != defined:
+            missing = sorted(c.__name__ for c in defined - table)
+            extra = sorted(c.__name__ for c in table - defined)
+            raise RuntimeError(f"codec: {name} is missing {missing}, has extra {extra}")
+    if len(set(TAGS.values())) != len(TAGS):
+        raise RuntimeError("codec: duplicate type tag")
+    for cls, tag in TAGS.items():
+        low, high = (
+            (1, 63) if cls in _PEER_CLASSES else (64, 95) if cls in _RECORD_CLASSES else (96, 127)
+        )
+        if not low <= tag <= high:
+            raise RuntimeError(f"codec: {cls.__name__}'s tag {tag} is outside {low}..{high}")
+    for cls, layout in _LAYOUT.items():
+        declared = tuple(f.name for f in fields(cls))
+        if declared != tuple(name for name, _ in layout):
+            raise RuntimeError(
+                f"codec: {cls.__name__} fields {declared} no longer match the wire layout "
+                f"{tuple(name for name, _ in layout)}: update _LAYOUT and bump FORMAT_VERSION"
+            )
+        # field names become locals of the generated code, next to `v`, `m`, `where`, `_*`
+        if any(name.startswith("_") or name in ("v", "m", "where") for name in declared):
+            raise RuntimeError(f"codec: {cls.__name__} has a field name the codec cannot use")
+
+
+_check_tables()
+
+# --------------------------------------------------------------------------- error helpers
+
+
+def _describe(value: object) -> str:
+    """A short description of a decoded value, safe for any size or nesting."""
+    t = type(value)
+    if value is None:
+        return "nil"
+    if t is int:
+        return repr(value)
+    if t is bool or t is float:
+        return f"{t.__name__} {value!r}"
+    if t is str:
+        text = repr(value)
+        return f"str {text[:40]}..." if len(text) > 40 else f"str {text}"
+    if t is bytes:
+        return f"bin of {len(value)} bytes"  # type: ignore[arg-type]
+    if t is tuple:
+        return f"array of {len(value)}"  # type: ignore[arg-type]
+    if t is dict:
+        return f"map of {len(value)}"  # type: ignore[arg-type]
+    return f"msgpack {t.__name__}"
+
+
+def _bad(where: str, expected: str, got: object) -> DecodeError:
+    return DecodeError(f"{where}: expected {expected}, got {_describe(got)}")
+
+
+def _at(where: str, index: int) -> str:
+    return f"{where}[{index}]"
+
+
+def _index_of(seq: tuple[Any, ...], item: object) -> int:
+    """Position of ``item`` (by identity) in ``seq``; only used to word an error."""
+    return next((i for i, x in enumerate(seq) if x is item), -1)
+
+
+def _field_count(name: str, expected: int, value: tuple[Any, ...]) -> DecodeError:
+    return DecodeError(f"{name}: expected {expected} fields, got {len(value) - 1}")
+
+
+# --------------------------------------------------------------------------- code generation
+# The generated functions are plain straight-line Python; `_GENERATED_SOURCE` holds them.
+
+#: scalar kind -> (condition that rejects local ``{x}``, what the error says was expected)
+_SCALAR_CHECKS: Final = {
+    _UINT: ("type({x}) is not int or not 0 <= {x} <= _I64", "non-negative int64"),
+    _NO_CL: ("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or NO_CL (-1)"),
+    _NONE: ("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or -1"),
+    _BIN: ("type({x}) is not bytes", "bin"),
+    _BOOL: ("type({x}) is not bool", "bool"),
+    _STR: ("type({x}) is not str", "str"),
+}
+
+
+def _scalar_check(kind: str, var: str, where: str) -> list[str]:
+    condition, expected = _SCALAR_CHECKS[kind]
+    return [
+        f"if {condition.format(x=var)}:",
+        f"    raise _bad({where}, {expected!r}, {var})",
+    ]
+
+
+def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
+    """Source lines that validate (and, for nested classes, decode) local ``var``.
+
+    ``where`` is a source expression naming the field; it is evaluated only on failure.
+    """
+    if isinstance(ftype, str):
+        return _scalar_check(ftype, var, where)
+    if isinstance(ftype.item, type):
+        decode = f"{var} = _dec_seq_{ftype.item.__name__}({var}, {where}, {ftype.limit})"
+        if ftype.nullable:
+            return [f"if {var} is not None:", f"    {decode}"]
+        return [decode]
+    if ftype.nullable:
+        raise AssertionError("nullable arrays of scalars are not needed yet")
+    expected = f"array of at most {ftype.limit} {_SCALAR_CHECKS[ftype.item][1]}"
+    return [
+        f"if type({var}) is not tuple or len({var}) > {ftype.limit}:",
+        f"    raise _bad({where}, {expected!r}, {var})",
+        f"for _k in {var}:",
+        *(
+            f"    {line}"
+            for line in _scalar_check(ftype.item, "_k", f"_at({where}, _index_of({var}, _k))")
+        ),
+    ]
+
+
+def _construct_lines(cls: type, result: str) -> list[str]:
+    """Source lines that build ``cls`` from same-named locals into local ``result``."""
+    names = [name for name, _ in _LAYOUT[cls]]
+    fast = not hasattr(cls, "__post_init__") and all(
+        isinstance(cls.__dict__.get(name), types.MemberDescriptorType) for name in names
+    )
+    if not fast:
+        args = ", ".join(f"{name}={name}" for name in names)
+        return [f"{result} = {cls.__name__}({args})"]
+    lines = [f"{result} = _new({cls.__name__})"]
+    lines += [f"_set_{cls.__name__}_{name}({result}, {name})" for name in names]
+    return lines
+
+
+def _unpack_line(layout: tuple[tuple[str, _FieldType], ...], source: str, tagged: bool) -> str:
+    names = [name for name, _ in layout]
+    targets = ", ".join(["_", *names] if tagged else names)
+    return f"{targets}{',' if len(names) + tagged == 1 else ''} = {source}"
+
+
+def _seq_decoder(cls: type) -> list[str]:
+    """``_dec_seq_<cls>(v, where, limit)``: a tuple of untagged ``cls`` arrays -> tuple."""
+    name = cls.__name__
+    layout = _LAYOUT[cls]
+    item_where = "_at(where, _index_of(v, _item))"
+    body = [
+        f"if type(_item) is not tuple or len(_item) != {len(layout)}:",
+        f"    raise _bad({item_where}, '{name} array of {len(layout)} fields', _item)",
+        _unpack_line(layout, "_item", tagged=False),
+    ]
+    for field, ftype in layout:
+        body += _check_lines(ftype, field, f"{item_where} + '.{field}'")
+    body += _construct_lines(cls, "_o")
+    body.append("_append(_o)")
+    return [
+        f"def _dec_seq_{name}(v, where, limit):",
+        "    if type(v) is not tuple or len(v) > limit:",
+        f"        raise _bad(where, f'array of at most {{limit}} {name}', v)",
+        "    _out = []",
+        "    _append = _out.append",
+        "    for _item in v:",
+        *(f"        {line}" for line in body),
+        "    return tuple(_out)",
+    ]
+
+
+def _decoder(cls: type) -> list[str]:
+    """``_dec_<cls>(v)``: a tagged array whose tag the caller matched -> ``cls``."""
+    name = cls.__name__
+    layout = _LAYOUT[cls]
+    body = [
+        f"if len(v) != {len(layout) + 1}:",
+        f"    raise _field_count({name!r}, {len(layout)}, v)",
+        _unpack_line(layout, "v", tagged=True),
+    ]
+    for field, ftype in layout:
+        body += _check_lines(ftype, field, repr(f"{name}.{field}"))
+    body += _construct_lines(cls, "_o")
+    body.append("return _o")
+    return [f"def _dec_{name}(v):", *(f"    {line}" for line in body)]
+
+
+def _encode_expr(ftype: _FieldType, value: str) -> str:
+    """Source expression that turns field value ``value`` into msgpack-ready data."""
+    if isinstance(ftype, _Array) and isinstance(ftype.item, type):
+        listed = f"_enc_seq_{ftype.item.__name__}({value})"
+        return f"None if {value} is None else {listed}" if ftype.nullable else listed
+    return value  # scalars and tuples of scalars go as they are
+
+
+def _seq_encoder(cls: type) -> list[str]:
+    """``_enc_seq_<cls>(values)``: tuple of ``cls`` -> list of untagged arrays."""
+    parts = [_encode_expr(ftype, f"_x.{name}") for name, ftype in _LAYOUT[cls]]
+    return [
+        f"def _enc_seq_{cls.__name__}(values):",
+        f"    return [({', '.join(parts)}{',' if len(parts) == 1 else ''}) for _x in values]",
+    ]
+
+
+def _encoder(cls: type) -> list[str]:
+    """``_enc_<cls>(m)``: ``cls`` -> ``(tag, field, ...)``."""
+    parts = [str(TAGS[cls])] + [_encode_expr(ftype, f"m.{n}") for n, ftype in _LAYOUT[cls]]
+    return [f"def _enc_{cls.__name__}(m):", f"    return ({', '.join(parts)})"]
+
+
+def _generate() -> tuple[str, dict[str, Any]]:
+    namespace: dict[str, Any] = {
+        "_I64": INT64_MAX,
+        "_bad": _bad,
+        "_at": _at,
+        "_index_of": _index_of,
+        "_field_count": _field_count,
+        "_new": object.__new__,
+    }
+    for cls, layout in _LAYOUT.items():
+        namespace[cls.__name__] = cls
+        for field, _ in layout:
+            descriptor = cls.__dict__.get(field)
+            if isinstance(descriptor, types.MemberDescriptorType):
+                namespace[f"_set_{cls.__name__}_{field}"] = descriptor.__set__
+    lines: list[str] = []
+    for cls in _NESTED_CLASSES:
+        lines += [*_seq_decoder(cls), "", *_seq_encoder(cls), ""]
+    for cls in (*_PEER_CLASSES, *_RECORD_CLASSES):
+        lines += [*_decoder(cls), "", *_encoder(cls), ""]
+    source = "\n".join(lines)
+    exec(compile(source, "<consensus.codec generated>", "exec"), namespace)
+    return source, namespace
+
+
+_GENERATED_SOURCE, _generated = _generate()
+
+_Encoder = Callable[[Any], tuple[Any, ...]]
+
+_PEER_ENCODERS: Final[dict[type, _Encoder]] = {
+    cls: _generated[f"_enc_{cls.__name__}"] for cls in _PEER_CLASSES
+}
+_RECORD_ENCODERS: Final[dict[type, _Encoder]] = {
+    cls: _generated[f"_enc_{cls.__name__}"] for cls in _RECORD_CLASSES
+}
+_PEER_DECODERS: Final[dict[int, Callable[[tuple[Any, ...]], PeerMessage]]] = {
+    TAGS[cls]: _generated[f"_dec_{cls.__name__}"] for cls in _PEER_CLASSES
+}
+_RECORD_DECODERS: Final[dict[int, Callable[[tuple[Any, ...]], Record]]] = {
+    TAGS[cls]: _generated[f"_dec_{cls.__name__}"] for cls in _RECORD_CLASSES
+}
+_TAG_NAMES: Final = {tag: cls.__name__ for cls, tag in TAGS.items()}
+
+# --------------------------------------------------------------------------- msgpack layer
+
+_packb: Final = msgpack.packb
+_unpackb: Final = msgpack.unpackb
+_UNPACK_ERRORS: Final = (
+    ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
+    TypeError,
+    OverflowError,
+    RecursionError,
+    msgpack.UnpackException,
+)
+
+
+def _unpack(data: bytes) -> object:
+    try:
+        return _unpackb(
+            data,
+            use_list=False,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_KEY_BYTES,
+            max_bin_len=MAX_OP_BYTES,
+            # an array of n values takes at least n bytes: no need to allocate for more
+            max_array_len=min(len(data), _MAX_ARRAY),
+            # no format has maps, but reading them lets a future one fail as UnsupportedVersion
+            max_map_len=min(len(data) // 2, _MAX_ARRAY),
+            max_ext_len=0,
+        )
+    except msgpack.ExtraData:
+        raise DecodeError("trailing bytes after the msgpack value") from None
+    except msgpack.StackError:
+        raise DecodeError("malformed msgpack: values nested too deeply") from None
+    except _UNPACK_ERRORS as e:
+        raise DecodeError(f"malformed msgpack: {e or type(e).__name__}") from None
+
+
+def _open(data: bytes, what: str) -> object:
+    """Unpack ``data`` and check the ``[version, body]`` envelope; returns ``body``."""
+    top = _unpack(data)
+    if type(top) is not tuple or not top:
+        raise _bad(what, "[version, ...] array", top)
+    version = top[0]
+    if type(version) is not int:
+        raise _bad(f"{what} version", "int", version)
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersion(version, FORMAT_VERSION)
+    if len(top) != 2:
+        raise _bad(what, "[version, body] array", top)
+    return top[1]
+
+
+def _decode_tagged(
+    value: object, decoders: Mapping[int, Callable[[tuple[Any, ...]], Any]], what: str
+) -> Any:
+    if type(value) is not tuple or not value or type(value[0]) is not int:
+        raise _bad(what, "[tag, field, ...] array", value)
+    decoder = decoders.get(value[0])
+    if decoder is None:
+        known = _TAG_NAMES.get(value[0])
+        suffix = f" ({known} is not a {what})" if known else ""
+        raise DecodeError(f"{what}: unknown tag {value[0]}{suffix}")
+    return decoder(value)
+
+
+def _wrong_class(value: object, expected: str) -> TypeError:
+    return TypeError(f"cannot encode {type(value).__name__} as a {expected}")
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def encode_message(msg: PeerMessage) -> bytes:
+    """Encode one peer message as ``[FORMAT_VERSION, message]``."""
+    encoder = _PEER_ENCODERS.get(type(msg))
+    if encoder is None:
+        raise _wrong_class(msg, "peer message")
+    result: bytes = _packb((FORMAT_VERSION, encoder(msg)), use_bin_type=True)
+    return result
+
+
+def decode_message(data: bytes) -> PeerMessage:
+    """Decode what ``encode_message`` made. Raises ``DecodeError`` for anything else."""
+    result: PeerMessage = _decode_tagged(_open(data, "message"), _PEER_DECODERS, "peer message")
+    return result
+
+
+def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
+    """Encode peer messages for one peer as one frame ``[FORMAT_VERSION, [message, ...]]``."""
+    if len(msgs) > MAX_FRAME_MESSAGES:
+        raise LocalProtocolError(
+            f"a frame holds at most {MAX_FRAME_MESSAGES} messages, got {len(msgs)}"
+        )
+    encoders = _PEER_ENCODERS
+    try:
+        body = [encoders[type(m)](m) for m in msgs]
+    except KeyError:
+        bad = next(m for m in msgs if type(m) not in encoders)
+        raise _wrong_class(bad, "peer message") from None
+    result: bytes = _packb((FORMAT_VERSION, body), use_bin_type=True)
+    return result
+
+
+def decode_frame(data: bytes) -> list[PeerMessage]:
+    """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else."""
+    body = _open(data, "frame")
+    if type(body) is not tuple or len(body) > MAX_FRAME_MESSAGES:
+        raise _bad("frame", f"array of at most {MAX_FRAME_MESSAGES} messages", body)
+    decoders = _PEER_DECODERS
+    out: list[PeerMessage] = []
+    append = out.append
+    try:
+        for item in body:
+            if type(item) is not tuple or not item or type(item[0]) is not int:
+                raise _bad("message", "[tag, field, ...] array", item)
+            decoder = decoders.get(item[0])
+            if decoder is None:
+                _decode_tagged(item, decoders, "peer message")  # raises, naming the tag
+            append(decoder(item))  # type: ignore[misc]
+    except DecodeError as e:
+        raise DecodeError(f"frame message {len(out)}: {e}") from None
+    return out
+
+
+def encode_record(rec: Record) -> bytes:
+    """Encode one durable record as ``[FORMAT_VERSION, record]`` (a WAL payload)."""
+    encoder = _RECORD_ENCODERS.get(type(rec))
+    if encoder is None:
+        raise _wrong_class(rec, "record")
+    result: bytes = _packb((FORMAT_VERSION, encoder(rec)), use_bin_type=True)
+    return result
+
+
+def decode_record(data: bytes) -> Record:
+    """Decode what ``encode_record`` made. Raises ``DecodeError`` for anything else."""
+    result: Record = _decode_tagged(_open(data, "record"), _RECORD_DECODERS, "record")
+    return result
+
+
+# --------------------------------------------------------------------------- stream framing
+
+_LENGTH: Final = struct.Struct(">I")
+
+
+def frame_to_wire(payload: bytes, *, max_frame: int = DEFAULT_MAX_FRAME) -> bytes:
+    """``payload`` with its 4-byte big-endian length in front, for a byte stream.
+
+    Raises ``LocalProtocolError`` if the payload is over ``max_frame`` (the receiving
+    ``FrameReader`` would drop the connection).
+    """
+    if len(payload) > max_frame:
+        raise LocalProtocolError(f"frame of {len(payload)} bytes is over {max_frame}")
+    return _LENGTH.pack(len(payload)) + payload
+
+
+class FrameReader:
+    """Splits a byte stream of ``frame_to_wire`` frames back into payloads.
+
+    Feed it whatever the socket returns; it buffers partial frames across calls. A declared
+    length over ``max_frame`` raises ``DecodeError`` as soon as the 4-byte header arrives,
+    before anything is buffered for it. That leaves the stream position unknown, so the reader
+    is then *poisoned*: it drops its buffer (and any payload completed by the same ``feed``
+    call) and every later ``feed`` raises ``DecodeError`` again. The caller should close the
+    connection.
+    """
+
+    __slots__ = ("_buffer", "_error", "max_frame")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if type(max_frame) is not int or not 0 <= max_frame <= 0xFFFFFFFF:
+            raise ConfigError(f"max_frame must be an int in 0..2**32-1, got {max_frame!r}")
+        self.max_frame: Final = max_frame
+        self._buffer = bytearray()
+        self._error: str | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned (a partial frame)."""
+        return len(self._buffer)
+
+    @property
+    def poisoned(self) -> bool:
+        """True once ``feed`` has raised: the connection should be closed."""
+        return self._error is not None
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Add ``data`` from the stream; return every payload it completes, in order."""
+        if self._error is not None:
+            raise DecodeError(f"stream already failed: {self._error}")
+        buffer = self._buffer
+        buffer += data
+        end = len(buffer)
+        out: list[bytes] = []
+        pos = 0
+        with memoryview(buffer) as view:
+            while end - pos >= 4:
+                (length,) = _LENGTH.unpack_from(view, pos)
+                if length > self.max_frame:
+                    self._error = f"frame length {length} is over the limit {self.max_frame}"
+                    break
+                if end - pos - 4 < length:
+                    break
+                out.append(bytes(view[pos + 4 : pos + 4 + length]))
+                pos += 4 + length
+        if self._error is not None:
+            self._buffer = bytearray()
+            raise DecodeError(self._error)
+        if pos:
+            del buffer[:pos]
+        return out

@@ -1,0 +1,774 @@
+"""Tests of ``consensus.codec``: round trips, hostile input, limits and stream framing."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pickle
+import types
+from collections.abc import Callable
+from typing import Any, get_args, get_origin, get_type_hints
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consensus import codec, messages
+from consensus.codec import (
+    DEFAULT_MAX_FRAME,
+    FORMAT_VERSION,
+    INT64_MAX,
+    MAX_BATCH,
+    MAX_FRAME_MESSAGES,
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
+    TAGS,
+    FrameReader,
+    decode_frame,
+    decode_message,
+    decode_record,
+    encode_frame,
+    encode_message,
+    encode_record,
+    frame_to_wire,
+)
+from consensus.errors import ConfigError, DecodeError, LocalProtocolError, UnsupportedVersion
+from consensus.messages import (
+    NO_CL,
+    CAccept,
+    CAcceptedRecord,
+    CAck,
+    Catchup,
+    CCommit,
+    Command,
+    CRequest,
+    OAccept,
+    OAcceptedRecord,
+    OAck,
+    OCommit,
+    OEntry,
+)
+
+PEER_CLASSES: tuple[type, ...] = get_args(messages.PeerMessage)
+RECORD_CLASSES: tuple[type, ...] = get_args(messages.Record)
+NESTED_CLASSES: tuple[type, ...] = (Command, OEntry, messages.OVote, messages.CVote)
+ALL_CLASSES = (*PEER_CLASSES, *RECORD_CLASSES, *NESTED_CLASSES)
+
+#: the int fields that may be -1 (NO_CL, or "none"), as documented in consensus.messages
+MINUS_ONE_ALLOWED = {
+    (OEntry, "owner"),
+    (messages.OVote, "owner"),
+    (messages.NewView, "owners"),
+    (messages.NewViewRecord, "owners"),
+    (messages.Heartbeat, "lease_request"),
+    (messages.Vote, "accepted_view"),
+    (messages.Vote, "c_high"),
+    (messages.CPromise, "high"),
+    (messages.RReply, "slot"),
+}
+
+# --------------------------------------------------------------------------- strategies
+# Built from the dataclasses' own type hints, not from the codec's tables.
+
+uints = st.one_of(st.integers(0, 3), st.integers(0, INT64_MAX), st.just(INT64_MAX))
+minus_one_or_uints = st.one_of(st.just(-1), uints)
+
+
+def field_strategy(cls: type, name: str, hint: Any) -> st.SearchStrategy[Any]:
+    if (cls, name) not in MINUS_ONE_ALLOWED:
+        return strategy_for_hint(hint)
+    if hint is int:
+        return minus_one_or_uints
+    return st.lists(minus_one_or_uints, max_size=4).map(tuple)
+
+
+def strategy_for_hint(hint: Any) -> st.SearchStrategy[Any]:
+    if hint is int:
+        return uints
+    if hint is bool:
+        return st.booleans()
+    if hint is bytes:
+        return st.binary(max_size=40)
+    if hint is str:
+        return st.text(max_size=8)
+    if hint is type(None):
+        return st.none()
+    if dataclasses.is_dataclass(hint):
+        return strategy_for(hint)  # type: ignore[arg-type]
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return st.lists(strategy_for_hint(args[0]), max_size=4).map(tuple)
+    if origin is types.UnionType:
+        return st.one_of(*(strategy_for_hint(arg) for arg in args))
+    raise NotImplementedError(f"no strategy for {hint!r}")
+
+
+def strategy_for(cls: type) -> st.SearchStrategy[Any]:
+    hints = get_type_hints(cls)
+    return st.builds(
+        cls,
+        **{f.name: field_strategy(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls)},
+    )
+
+
+peer_messages = st.one_of(*(strategy_for(cls) for cls in PEER_CLASSES))
+records = st.one_of(*(strategy_for(cls) for cls in RECORD_CLASSES))
+
+#: msgpack-able junk, for structure-aware fuzzing
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=6),
+    st.binary(max_size=6),
+)
+junk = st.recursive(
+    leaves,
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=3), children, max_size=2)
+    ),
+    max_leaves=12,
+)
+
+DECODERS: list[Callable[[bytes], object]] = [decode_frame, decode_message, decode_record]
+
+
+def decode_or_reject(decode: Callable[[bytes], Any], data: bytes) -> Any:
+    """Decode ``data``; a DecodeError gives None, any other exception fails the test."""
+    try:
+        return decode(data)
+    except DecodeError:
+        return None
+
+
+def check_reencodes(decode: Callable[[bytes], Any], result: Any) -> None:
+    """Something that decoded must survive a clean round trip unchanged."""
+    if decode is decode_frame:
+        assert decode_frame(encode_frame(result)) == result
+    elif decode is decode_message:
+        assert decode_message(encode_message(result)) == result
+    else:
+        assert decode_record(encode_record(result)) == result
+
+
+def pack(obj: object) -> bytes:
+    data: bytes = msgpack.packb(obj, use_bin_type=True)
+    return data
+
+
+def raw_frame(*msgs: object) -> bytes:
+    return pack([FORMAT_VERSION, list(msgs)])
+
+
+CMD = Command(client_id=7, seq=8, op=b"0123456789abcdef", keys=("k1",), blind=True)
+RAW_CMD = [7, 8, b"0123456789abcdef", ["k1"], True]
+
+
+def raw_caccept(**changes: object) -> list[object]:
+    fields: dict[str, object] = {
+        "src": 0, "view": 1, "owner": 2, "index": 3, "ballot": 4, "batch": [RAW_CMD]
+    }  # fmt: skip
+    fields.update(changes)
+    return [TAGS[CAccept], *fields.values()]
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+def test_every_message_class_has_a_pinned_tag() -> None:
+    defined = {
+        obj
+        for obj in vars(messages).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+    }
+    assert set(TAGS) == defined == set(ALL_CLASSES)
+    # the wire tags are part of the format: changing one breaks every peer and every log
+    pinned = {
+        "CAccept": 1,
+        "CAck": 2,
+        "CCommit": 3,
+        "CRequest": 4,
+        "OAccept": 5,
+        "OAck": 6,
+        "OCommit": 7,
+        "Catchup": 8,
+        "Heartbeat": 9,
+        "LeaseGrant": 10,
+        "VRequest": 11,
+        "Vote": 12,
+        "NewView": 13,
+        "NewViewAck": 14,
+        "CPrepare": 15,
+        "CPromise": 16,
+        "CNack": 17,
+        "RRequest": 18,
+        "RReply": 19,
+        "Suspect": 20,
+        "CAcceptedRecord": 64,
+        "OAcceptedRecord": 65,
+        "ViewRecord": 66,
+        "NewViewRecord": 67,
+        "CPromiseRecord": 68,
+        "Command": 96,
+        "OEntry": 97,
+        "OVote": 98,
+        "CVote": 99,
+    }
+    assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
+    assert FORMAT_VERSION == 1
+
+
+def test_golden_encodings() -> None:
+    # pins the byte format of version 1
+    ack = CAck(src=1, view=2, owner=3, index=4, ballot=5)
+    assert encode_message(ack).hex() == "920196020102030405"
+    assert encode_frame([ack]).hex() == "92019196020102030405"
+    accept = CAccept(src=0, view=0, owner=0, index=1, ballot=0, batch=(CMD,))
+    assert encode_frame([accept]) == pack(
+        [1, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
+    )
+    rec = OAcceptedRecord(view=3, entries=(OEntry(slot=9, owner=NO_CL),))
+    assert encode_record(rec) == pack([1, [65, 3, [[9, -1]]]])
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("cls", PEER_CLASSES, ids=lambda c: c.__name__)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_message_round_trip(cls: type, data: st.DataObject) -> None:
+    msg = data.draw(strategy_for(cls))
+    decoded = decode_message(encode_message(msg))
+    assert type(decoded) is cls
+    assert decoded == msg
+    assert hash(decoded) == hash(msg)
+
+
+@pytest.mark.parametrize("cls", RECORD_CLASSES, ids=lambda c: c.__name__)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_record_round_trip(cls: type, data: st.DataObject) -> None:
+    rec = data.draw(strategy_for(cls))
+    decoded = decode_record(encode_record(rec))
+    assert type(decoded) is cls
+    assert decoded == rec
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(peer_messages, max_size=8))
+def test_frame_round_trip(msgs: list[Any]) -> None:
+    decoded = decode_frame(encode_frame(msgs))
+    assert decoded == msgs
+    assert [type(m) for m in decoded] == [type(m) for m in msgs]
+
+
+def test_decoded_objects_are_ordinary_frozen_dataclasses() -> None:
+    msg = CCommit(src=1, view=2, owner=3, index=4, ballot=5, batch=(CMD, CMD))
+    (decoded,) = decode_frame(encode_frame([msg]))
+    assert isinstance(decoded, CCommit)
+    assert decoded.batch is not None
+    assert dataclasses.replace(decoded, src=9) == dataclasses.replace(msg, src=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded.src = 3  # type: ignore[misc]
+    assert type(decoded.batch) is tuple
+    assert type(decoded.batch[0].keys) is tuple
+    assert repr(decoded) == repr(msg)
+
+
+def test_ccommit_batch_none_and_empty_are_distinct() -> None:
+    for batch in (None, ()):
+        msg = CCommit(src=0, view=0, owner=0, index=0, ballot=0, batch=batch)
+        decoded = decode_message(encode_message(msg))
+        assert isinstance(decoded, CCommit)
+        assert decoded.batch == batch
+
+
+def test_extreme_values_round_trip() -> None:
+    big = INT64_MAX
+    msgs: list[messages.PeerMessage] = [
+        CAccept(
+            src=big,
+            view=big,
+            owner=big,
+            index=big,
+            ballot=big,
+            batch=(
+                Command(
+                    client_id=big,
+                    seq=0,
+                    op=b"x" * MAX_OP_BYTES,
+                    keys=("é" * (MAX_KEY_BYTES // 2),) * MAX_KEYS_PER_COMMAND,
+                ),
+            ),
+        ),
+        OAccept(src=0, view=0, entries=(OEntry(slot=big, owner=NO_CL), OEntry(slot=0, owner=big))),
+        OAck(src=0, view=0, slots=(0, big)),
+        CRequest(src=0, view=0, owner=0, index=0, keys=(), o_prefix=big),
+    ]
+    assert decode_frame(encode_frame(msgs)) == msgs
+
+
+def test_largest_batch_and_frame_decode() -> None:
+    batch = (CMD,) * MAX_BATCH
+    msg = CAccept(src=0, view=0, owner=0, index=0, ballot=0, batch=batch)
+    assert decode_frame(encode_frame([msg]))[0] == msg
+    ack = Catchup(src=0, view=0, slot=0)
+    assert decode_frame(encode_frame([ack] * MAX_FRAME_MESSAGES)) == [ack] * MAX_FRAME_MESSAGES
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+
+@pytest.mark.parametrize("decode", DECODERS, ids=lambda f: f.__name__)
+@settings(max_examples=150, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_random_bytes_decode_or_raise_decode_error(
+    decode: Callable[[bytes], Any], data: bytes
+) -> None:
+    result = decode_or_reject(decode, data)
+    if result is not None:
+        check_reencodes(decode, result)
+
+
+@pytest.mark.parametrize("decode", DECODERS, ids=lambda f: f.__name__)
+@settings(max_examples=100, deadline=None)
+@given(
+    tag=st.one_of(st.sampled_from(sorted(TAGS.values())), st.integers(-5, 40)),
+    fields=st.lists(junk, max_size=8),
+    wrap_in_frame=st.booleans(),
+)
+def test_random_structures_decode_or_raise_decode_error(
+    decode: Callable[[bytes], Any], tag: int, fields: list[object], wrap_in_frame: bool
+) -> None:
+    body = [tag, *fields]
+    data = pack([FORMAT_VERSION, [body] if wrap_in_frame else body])
+    result = decode_or_reject(decode, data)
+    if result is not None:
+        check_reencodes(decode, result)
+
+
+Mutation = tuple[str, int, int]
+mutations = st.lists(
+    st.tuples(
+        st.sampled_from(["flip", "insert", "delete", "truncate", "set"]),
+        st.integers(0, 1 << 16),
+        st.integers(0, 255),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def mutate(data: bytes, ops: list[Mutation]) -> bytes:
+    buf = bytearray(data)
+    for op, where, value in ops:
+        pos = where % (len(buf) + 1)
+        if op == "flip" and buf:
+            buf[pos % len(buf)] ^= 1 << (value % 8)
+        elif op == "set" and buf:
+            buf[pos % len(buf)] = value
+        elif op == "insert":
+            buf[pos:pos] = bytes([value])
+        elif op == "delete" and buf:
+            del buf[pos % len(buf)]
+        elif op == "truncate":
+            del buf[pos:]
+    return bytes(buf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(msgs=st.lists(peer_messages, min_size=1, max_size=4), ops=mutations)
+def test_mutated_frames_decode_or_raise_decode_error(msgs: list[Any], ops: list[Mutation]) -> None:
+    data = mutate(encode_frame(msgs), ops)
+    result = decode_or_reject(decode_frame, data)
+    if result is not None:
+        check_reencodes(decode_frame, result)
+
+
+@settings(max_examples=150, deadline=None)
+@given(msg=peer_messages, rec=records, ops=mutations)
+def test_mutated_messages_and_records(msg: Any, rec: Any, ops: list[Mutation]) -> None:
+    for decode, data in (
+        (decode_message, encode_message(msg)),
+        (decode_record, encode_record(rec)),
+        (decode_frame, encode_record(rec)),  # a record is never a frame
+        (decode_record, encode_message(msg)),
+    ):
+        result = decode_or_reject(decode, mutate(data, ops))
+        if result is not None:
+            check_reencodes(decode, result)
+
+
+def leaf_paths(obj: object, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Every position in a nested list structure (containers included)."""
+    found = [path]
+    if isinstance(obj, list):
+        for i, item in enumerate(obj):
+            found += leaf_paths(item, (*path, i))
+    return found
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=st.lists(peer_messages, min_size=1, max_size=3), data=st.data())
+def test_one_value_replaced_in_a_valid_frame(msgs: list[Any], data: st.DataObject) -> None:
+    """Structure-aware mutation: swap one value (any depth) of a valid frame for junk."""
+    tree = msgpack.unpackb(encode_frame(msgs), use_list=True, raw=False)
+    paths = leaf_paths(tree)
+    path = data.draw(st.sampled_from(paths))
+    replacement = data.draw(junk)
+    if not path:
+        tree = replacement
+    else:
+        parent = tree
+        for i in path[:-1]:
+            parent = parent[i]
+        parent[path[-1]] = replacement
+    result = decode_or_reject(decode_frame, pack(tree))
+    if result is not None:
+        check_reencodes(decode_frame, result)
+
+
+# --------------------------------------------------------------------------- targeted rejects
+
+
+def reject(
+    data: bytes, match: str | None = None, decode: Callable[[bytes], Any] = decode_frame
+) -> str:
+    with pytest.raises(DecodeError, match=match) as info:
+        decode(data)
+    return str(info.value)
+
+
+def test_every_truncation_is_rejected() -> None:
+    data = encode_frame(
+        [
+            CAccept(src=1, view=2, owner=3, index=4, ballot=5, batch=(CMD, CMD)),
+            OAck(src=1, view=2, slots=(1, 2, 3)),
+        ]
+    )
+    for cut in range(len(data)):
+        reject(data[:cut])
+
+
+def test_trailing_garbage_is_rejected() -> None:
+    data = encode_frame([Catchup(src=0, view=0, slot=0)])
+    reject(data + b"\x00", "trailing bytes")
+    reject(encode_message(Catchup(src=0, view=0, slot=0)) + b"\xc0", decode=decode_message)
+
+
+def test_unknown_tags_are_rejected() -> None:
+    reject(raw_frame([99, 0, 0, 0]), "unknown tag 99")
+    reject(raw_frame([TAGS[Command], 0, 0, b"", [], False]), "unknown tag 96")
+    # records and peer messages do not mix
+    rec = CAcceptedRecord(owner=0, index=0, ballot=0, batch=())
+    reject(raw_frame(msgpack.unpackb(encode_record(rec))[1]), "CAcceptedRecord is not a peer")
+    reject(encode_record(rec), "unknown tag 64", decode=decode_message)
+    reject(encode_message(CAck(src=0, view=0, owner=0, index=0, ballot=0)), decode=decode_record)
+    # a tag must be an int, not a bool that happens to equal one
+    reject(raw_frame([True, 0, 0, 0]), r"expected \[tag")
+
+
+@pytest.mark.parametrize("version", [0, 2, 255, -1, 2**63])
+def test_unknown_versions_raise_unsupported_version(version: int) -> None:
+    for decode, data in (
+        (decode_frame, pack([version, []])),
+        (decode_message, pack([version, [8, 0, 0, 0]])),
+        (decode_record, pack([version, [17, 0, []]])),
+        (decode_frame, pack([version, "a future layout", {"x": 1}])),
+    ):
+        with pytest.raises(UnsupportedVersion) as info:
+            decode(data)
+        assert info.value.version == version
+        assert info.value.supported == FORMAT_VERSION
+        assert isinstance(info.value, DecodeError)
+
+
+def test_unsupported_version_pickles() -> None:
+    error = pickle.loads(pickle.dumps(UnsupportedVersion(3, 1)))
+    assert (error.version, error.supported, str(error)) == (3, 1, str(UnsupportedVersion(3, 1)))
+
+
+@pytest.mark.parametrize("envelope", [[True, []], ["1", []], [1.0, []], [None, []], [], {}, 1])
+def test_malformed_envelope_is_a_plain_decode_error(envelope: object) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode_frame(pack(envelope))
+    assert not isinstance(info.value, UnsupportedVersion)
+
+
+def test_wrong_field_count_is_rejected() -> None:
+    reject(raw_frame([TAGS[Catchup], 0, 0]), "Catchup: expected 3 fields, got 2")
+    reject(raw_frame([TAGS[Catchup], 0, 0, 0, 0]), "Catchup: expected 3 fields, got 4")
+    reject(raw_frame(raw_caccept(batch=[[7, 8, b"op", ["k"]]])), r"CAccept.batch\[0\]: expected")
+    reject(raw_frame([TAGS[OAccept], 0, 0, [[1, 2, 3]]]), r"OAccept.entries\[0\]: expected")
+
+
+def test_bool_and_int_are_not_interchangeable() -> None:
+    message = reject(raw_frame([TAGS[Catchup], True, 0, 0]))
+    assert "Catchup.src: expected non-negative int64, got bool True" in message
+    reject(raw_frame(raw_caccept(index=False)), "CAccept.index")
+    reject(raw_frame(raw_caccept(batch=[[7, 8, b"op", ["k"], 1]])), r"batch\[0\].blind.*got 1")
+    reject(raw_frame([TAGS[OAck], 0, 0, [1, True]]), r"OAck.slots\[1\].*got bool True")
+
+
+def test_bytes_and_str_are_not_interchangeable() -> None:
+    reject(raw_frame(raw_caccept(batch=[[7, 8, "op", ["k"], True]])), r"\.op: expected bin")
+    reject(raw_frame(raw_caccept(batch=[[7, 8, b"op", [b"k"], True]])), r"\.keys\[0\]: expected")
+    reject(raw_frame([TAGS[CRequest], 0, 0, 0, 0, ["a", b"b"], 0]), r"CRequest.keys\[1\]")
+    reject(raw_frame([TAGS[CRequest], 0, 0, 0, 0, "ab", 0]), "CRequest.keys: expected array")
+
+
+def test_other_wrong_types_are_rejected() -> None:
+    reject(raw_frame(raw_caccept(index=1.0)), "got float 1.0")
+    reject(raw_frame(raw_caccept(index=None)), "got nil")
+    reject(raw_frame(raw_caccept(batch={"a": 1})), "CAccept.batch: expected array")
+    reject(raw_frame(raw_caccept(batch=None)), "CAccept.batch: expected array")
+    reject(raw_frame(raw_caccept(batch=[RAW_CMD, "x"])), r"CAccept.batch\[1\]")
+    reject(pack([FORMAT_VERSION, {"a": 1}]), "frame: expected array")
+    reject(pack([FORMAT_VERSION, [5]]), r"message: expected \[tag")
+    reject(pack({1: 2}))  # non-str map key (strict_map_key)
+    reject(b"\x92\x01\x91\xd6\xff\x00\x00\x00\x01")  # a msgpack timestamp extension
+    reject(b"\x92\x01\x91\xa2\xff\xfe")  # invalid UTF-8
+    reject(b"\xc1")  # never-used type byte
+
+
+def test_negative_and_oversized_ints_are_rejected() -> None:
+    message = reject(raw_frame(raw_caccept(index=-3)))
+    assert message == "frame message 0: CAccept.index: expected non-negative int64, got -3"
+    reject(raw_frame(raw_caccept(ballot=2**63)), "CAccept.ballot.*9223372036854775808")
+    reject(raw_frame(raw_caccept(src=2**64 - 1)), "CAccept.src")
+    reject(raw_frame(raw_caccept(batch=[[7, -1, b"", [], True]])), r"CAccept.batch\[0\].seq")
+    reject(raw_frame([TAGS[OAck], 0, 0, [1, -1]]), r"OAck.slots\[1\]")
+    reject(raw_frame([TAGS[Catchup], 0, -1, 0]), "Catchup.view")
+    (accept,) = decode_frame(raw_frame(raw_caccept(ballot=INT64_MAX)))
+    assert isinstance(accept, CAccept)
+    assert accept.ballot == INT64_MAX
+
+
+def test_no_cl_is_accepted_only_as_oentry_owner() -> None:
+    for cls in (OAccept, OCommit):
+        (msg,) = decode_frame(raw_frame([TAGS[cls], 0, 0, [[5, NO_CL], [6, 1]]]))
+        assert isinstance(msg, OAccept | OCommit)
+        assert msg.entries[0] == OEntry(slot=5, owner=NO_CL)
+    rec = decode_record(pack([1, [TAGS[OAcceptedRecord], 0, [[5, NO_CL]]]]))
+    assert rec == OAcceptedRecord(view=0, entries=(OEntry(slot=5, owner=NO_CL),))
+    reject(raw_frame([TAGS[OAccept], 0, 0, [[5, -2]]]), r"entries\[0\].owner")
+    reject(raw_frame([TAGS[OAccept], 0, 0, [[NO_CL, 1]]]), r"entries\[0\].slot")
+    # everywhere else -1 is just a negative number
+    reject(raw_frame(raw_caccept(owner=NO_CL)), "CAccept.owner")
+    reject(raw_frame([TAGS[CAck], 0, 0, NO_CL, 0, 0]), "CAck.owner")
+    reject(raw_frame([TAGS[CCommit], 0, 0, NO_CL, 0, 0, None]), "CCommit.owner")
+    reject(raw_frame([TAGS[CRequest], 0, 0, NO_CL, 0, [], 0]), "CRequest.owner")
+    reject(pack([1, [TAGS[CAcceptedRecord], NO_CL, 0, 0, []]]), "owner", decode=decode_record)
+
+
+def test_size_limits() -> None:
+    def caccept_with(cmd: list[object]) -> bytes:
+        return raw_frame(raw_caccept(batch=[cmd]))
+
+    decode_frame(caccept_with([0, 0, b"x" * MAX_OP_BYTES, [], True]))
+    reject(caccept_with([0, 0, b"x" * (MAX_OP_BYTES + 1), [], True]), "max_bin_len")
+    decode_frame(caccept_with([0, 0, b"", ["é" * (MAX_KEY_BYTES // 2)], True]))
+    reject(caccept_with([0, 0, b"", ["é" * (MAX_KEY_BYTES // 2) + "x"], True]), "max_str_len")
+    decode_frame(caccept_with([0, 0, b"", ["k"] * MAX_KEYS_PER_COMMAND, True]))
+    reject(caccept_with([0, 0, b"", ["k"] * (MAX_KEYS_PER_COMMAND + 1), True]), "at most 64")
+    reject(raw_frame(raw_caccept(batch=[RAW_CMD] * (MAX_BATCH + 1))), "max_array_len")
+    catchup = [TAGS[Catchup], 0, 0, 0]
+    reject(raw_frame(*[catchup] * (MAX_FRAME_MESSAGES + 1)), "max_array_len")
+
+
+def test_hostile_length_headers_allocate_little() -> None:
+    # an array32 header claiming 2**32-1 elements, then nothing
+    reject(b"\x92\x01\xdd\xff\xff\xff\xff", "max_array_len")
+    # str and bin headers: msgpack wants the bytes present before it allocates
+    reject(b"\x92\x01\x91\xdb\xff\xff\xff\xff", "incomplete")
+    reject(b"\x92\x01\x91\xc6\xff\xff\xff\xff", "incomplete")
+    reject(b"\x92\x01\xdf\xff\xff\xff\xff", "max_map_len")
+    # nested arrays each claiming 65536 elements: limited by the input's own length
+    reject(b"\x92\x01" + b"\xdd\x00\x01\x00\x00" * 200, "max_array_len")
+
+
+def test_deeply_nested_garbage() -> None:
+    reject(b"\x91" * 100_000, "nested too deeply")
+    reject(b"\x92\x01\x91" + b"\x91" * 100_000 + b"\x01")
+    nested: object = 1
+    for _ in range(100):  # deep, but within msgpack's stack
+        nested = [nested]
+    reject(raw_frame(raw_caccept(batch=nested)), r"CAccept.batch\[0\]")
+    reject(raw_frame(nested), "frame message 0")
+    # error messages describe values without printing them whole
+    assert len(reject(raw_frame(raw_caccept(index=nested)))) < 100
+
+
+def test_decode_accepts_buffer_types() -> None:
+    data = encode_frame([Catchup(src=0, view=0, slot=1)])
+    assert decode_frame(memoryview(data)) == decode_frame(bytearray(data)) == decode_frame(data)  # type: ignore[arg-type]
+
+
+def minimal_instance(cls: type) -> Any:
+    """An instance with every field at its smallest valid value (one item per tuple)."""
+    hints = get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        values[f.name] = minimal_value(hints[f.name])
+    return cls(**values)
+
+
+def minimal_value(hint: Any) -> Any:
+    if hint in (int, bool, bytes, str):
+        return {int: 0, bool: False, bytes: b"", str: ""}[hint]
+    if dataclasses.is_dataclass(hint):
+        return minimal_instance(hint)  # type: ignore[arg-type]
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is tuple:
+        return (minimal_value(args[0]),)
+    if origin is types.UnionType:
+        return minimal_value(args[0])
+    raise NotImplementedError(hint)
+
+
+def int_field_cases() -> list[tuple[type, str, bool]]:
+    """(class, field, is a tuple of ints) for every int-valued field of every tagged class."""
+    cases = []
+    for cls in (*PEER_CLASSES, *RECORD_CLASSES):
+        hints = get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if hints[f.name] is int:
+                cases.append((cls, f.name, False))
+            elif hints[f.name] == tuple[int, ...]:
+                cases.append((cls, f.name, True))
+    return cases
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "in_tuple"),
+    int_field_cases(),
+    ids=lambda v: v.__name__ if isinstance(v, type) else str(v),
+)
+def test_every_int_field_checks_sign_range_and_type(cls: type, name: str, in_tuple: bool) -> None:
+    is_record = cls in RECORD_CLASSES
+    encode: Callable[[Any], bytes] = encode_record if is_record else encode_message
+    decode: Callable[[bytes], Any] = decode_record if is_record else decode_message
+    base = minimal_instance(cls)
+    position = [f.name for f in dataclasses.fields(cls)].index(name) + 1
+
+    def with_value(value: object) -> bytes:
+        version, body = msgpack.unpackb(encode(base), use_list=True)
+        body[position] = [value] if in_tuple else value
+        return pack([version, body])
+
+    where = f"{cls.__name__}.{name}" + (r"\[0\]" if in_tuple else "")
+    assert decode(with_value(INT64_MAX)) == dataclasses.replace(
+        base, **{name: (INT64_MAX,) if in_tuple else INT64_MAX}
+    )
+    for bad in (True, False, 2**63, 2**64 - 1, -2, 1.0, "0", None):
+        reject(with_value(bad), where, decode=decode)
+    if (cls, name) in MINUS_ONE_ALLOWED:
+        assert getattr(decode(with_value(-1)), name) == ((-1,) if in_tuple else -1)
+    else:
+        reject(with_value(-1), f"{where}: expected non-negative int64, got -1", decode=decode)
+
+
+def test_nested_values_report_their_path() -> None:
+    promise = minimal_instance(messages.CPromise)
+    version, body = msgpack.unpackb(encode_message(promise), use_list=True)
+    body[6][0][2][0][1] = -5  # accepted[0].batch[0].seq
+    reject(
+        pack([version, body]), r"CPromise.accepted\[0\].batch\[0\].seq: .* got -5", decode_message
+    )
+
+
+# --------------------------------------------------------------------------- encoding misuse
+
+
+def test_encoding_the_wrong_class_is_a_type_error() -> None:
+    rec = OAcceptedRecord(view=0, entries=())
+    ack = CAck(src=0, view=0, owner=0, index=0, ballot=0)
+    with pytest.raises(TypeError, match="OAcceptedRecord"):
+        encode_message(rec)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Command"):
+        encode_frame([ack, CMD])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="CAck"):
+        encode_record(ack)  # type: ignore[arg-type]
+
+
+def test_encode_frame_limits_messages() -> None:
+    catchup = Catchup(src=0, view=0, slot=0)
+    with pytest.raises(LocalProtocolError):
+        encode_frame([catchup] * (MAX_FRAME_MESSAGES + 1))
+    assert decode_frame(encode_frame([])) == []
+
+
+# --------------------------------------------------------------------------- stream framing
+
+
+def wire(*payloads: bytes) -> bytes:
+    return b"".join(frame_to_wire(p) for p in payloads)
+
+
+def test_frame_to_wire_prefixes_big_endian_length() -> None:
+    assert frame_to_wire(b"abc") == b"\x00\x00\x00\x03abc"
+    assert frame_to_wire(b"") == b"\x00\x00\x00\x00"
+    with pytest.raises(LocalProtocolError):
+        frame_to_wire(b"x" * 11, max_frame=10)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=50), max_size=6),
+    cuts=st.lists(st.integers(0, 400), max_size=10),
+)
+def test_frame_reader_reassembles_any_chunking(payloads: list[bytes], cuts: list[int]) -> None:
+    stream = wire(*payloads)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    reader = FrameReader()
+    got: list[bytes] = []
+    for start, end in itertools.pairwise(points):
+        got += reader.feed(stream[start:end])
+    assert got == payloads
+    assert reader.buffered == 0
+    assert all(type(p) is bytes for p in got)
+
+
+def test_frame_reader_byte_by_byte_and_merged() -> None:
+    payloads = [encode_frame([Catchup(src=0, view=0, slot=i)]) for i in range(3)]
+    stream = wire(*payloads)
+    reader = FrameReader()
+    got: list[bytes] = []
+    for i in range(len(stream)):
+        got += reader.feed(stream[i : i + 1])
+    assert got == payloads
+    assert FrameReader().feed(stream) == payloads  # all merged into one read
+    reader = FrameReader()
+    assert reader.feed(stream[:-1]) == payloads[:2]
+    assert reader.buffered == len(frame_to_wire(payloads[2])) - 1
+    assert reader.feed(stream[-1:]) == payloads[2:]
+
+
+def test_frame_reader_rejects_an_over_limit_length_and_stays_poisoned() -> None:
+    reader = FrameReader(max_frame=10)
+    assert reader.feed(wire(b"x" * 10)) == [b"x" * 10]
+    with pytest.raises(DecodeError, match="frame length 11 is over the limit 10"):
+        reader.feed(b"\x00\x00\x00\x0b")  # rejected from the header alone
+    assert reader.poisoned
+    assert reader.buffered == 0
+    with pytest.raises(DecodeError, match="already failed"):
+        reader.feed(wire(b"ok"))
+    with pytest.raises(DecodeError):
+        FrameReader().feed(b"\xff\xff\xff\xff")  # default limit: 16 MiB
+    assert (
+        FrameReader().feed(frame_to_wire(b"y" * DEFAULT_MAX_FRAME))[0] == b"y" * DEFAULT_MAX_FRAME
+    )
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32, 1.5, True])
+def test_frame_reader_checks_its_limit(bad: Any) -> None:
+    with pytest.raises(ConfigError):
+        FrameReader(max_frame=bad)
+
+
+def test_generated_code_is_inspectable() -> None:
+    assert "def _dec_CAccept(v):" in codec._GENERATED_SOURCE
