@@ -1,0 +1,110 @@
+"""The client wire protocol: length-prefixed msgpack frames (``codec.frame_to_wire``).
+
+Request ``[req_id, kind, client_id, seq, op, keys, blind]``:
+
+* ``kind`` is ``"cmd"`` (a command through the log), ``"read"`` (a linearizable read through
+  the sequencer) or ``"stale"`` (a read of the replica's local state, possibly stale);
+* ``req_id`` is the connection's own number for matching answers (pipelining);
+* ``(client_id, seq)`` identifies the request across retries and replicas.
+
+Response ``[req_id, status, payload, position]``:
+
+* ``"ok"``: ``payload`` is the state machine's result (bytes; empty for a blind write acked
+  when ready) and ``position`` its place in the global log (-1 when not executed yet or a read);
+* ``"definite"``: it did not and will not take effect, ``payload`` says why (str);
+* ``"indefinite"``: it may or may not take effect; retry with the same ``(client_id, seq)``;
+* ``"error"``: the request itself was invalid (str reason); nothing was done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import msgpack
+
+from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
+from consensus.errors import DecodeError
+from consensus.messages import Command
+
+__all__ = ["ClientRequest", "ClientResponse", "decode_request", "decode_response"]
+
+Kind = Literal["cmd", "read", "stale"]
+Status = Literal["ok", "definite", "indefinite", "error"]
+KINDS = ("cmd", "read", "stale")
+STATUSES = ("ok", "definite", "indefinite", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequest:
+    req_id: int
+    kind: Kind
+    command: Command
+
+    def encode(self) -> bytes:
+        c = self.command
+        packed: bytes = msgpack.packb(
+            [self.req_id, self.kind, c.client_id, c.seq, c.op, list(c.keys), c.blind]
+        )
+        return packed
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResponse:
+    req_id: int
+    status: Status
+    payload: bytes | str
+    position: int = -1
+
+    def encode(self) -> bytes:
+        packed: bytes = msgpack.packb([self.req_id, self.status, self.payload, self.position])
+        return packed
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def decode_request(payload: bytes) -> ClientRequest:
+    try:
+        fields = msgpack.unpackb(
+            payload,
+            max_bin_len=MAX_OP_BYTES,
+            max_str_len=MAX_KEY_BYTES,
+            max_array_len=max(MAX_KEYS_PER_COMMAND, 7),
+            max_map_len=0,
+        )
+    except Exception as exc:
+        raise DecodeError(f"request is not valid msgpack: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 7:
+        raise DecodeError("request must be [req_id, kind, client_id, seq, op, keys, blind]")
+    req_id, kind, client_id, seq, op, keys, blind = fields
+    if not (_is_int(req_id) and _is_int(client_id) and _is_int(seq)):
+        raise DecodeError("req_id, client_id and seq must be integers")
+    if min(req_id, client_id, seq) < 0 or max(req_id, client_id, seq) >= 1 << 63:
+        raise DecodeError("req_id, client_id and seq must be non-negative int64")
+    if kind not in KINDS:
+        raise DecodeError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not isinstance(op, bytes):
+        raise DecodeError("op must be bytes")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise DecodeError("keys must be a list of strings")
+    if not isinstance(blind, bool):
+        raise DecodeError("blind must be a boolean")
+    command = Command(client_id=client_id, seq=seq, op=op, keys=tuple(keys), blind=blind)
+    return ClientRequest(req_id, kind, command)
+
+
+def decode_response(payload: bytes) -> ClientResponse:
+    try:
+        fields = msgpack.unpackb(payload, max_array_len=4, max_map_len=0)
+    except Exception as exc:
+        raise DecodeError(f"response is not valid msgpack: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 4:
+        raise DecodeError("response must be [req_id, status, payload, position]")
+    req_id, status, body, position = fields
+    if not _is_int(req_id) or not _is_int(position) or status not in STATUSES:
+        raise DecodeError("malformed response")
+    if not isinstance(body, bytes | str):
+        raise DecodeError("response payload must be bytes or str")
+    return ClientResponse(req_id, status, body, position)

@@ -1,0 +1,202 @@
+"""The cluster file: a TOML document describing replicas, timeouts, batching and WAN delays.
+
+Example (``sdpaxos cluster init`` writes one like it)::
+
+    cluster_id = "demo"
+    data_dir = "data"              # relative to the file; one sub-directory per replica
+
+    [[replica]]
+    id = 0
+    address = "127.0.0.1:7000"     # peer port
+    client_address = "127.0.0.1:7100"
+    metrics_address = "127.0.0.1:7200"   # optional Prometheus endpoint
+    site = "CA"
+
+    [protocol]                     # any ProtocolConfig field except replicas; µs
+    heartbeat_us = 50000
+    election_timeout_us = 300000
+
+    [wan]
+    emulate = true                 # delay every frame by the one-way delay of its link
+    # either per-site round trips (ms; the paper's table is built in) ...
+    rtt_ms = { "CA-OR" = 20 }      # optional overrides, "A-B" = ms
+    # ... or an explicit one-way delay matrix in ms, by replica id:
+    # one_way_ms = [[0, 10], [10, 0]]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from consensus.config import ProtocolConfig, site_rtt_ms
+from consensus.errors import ConfigError
+
+__all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
+
+
+def parse_address(text: str, what: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what}: expected host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaSpec:
+    id: int
+    address: tuple[str, int]
+    client_address: tuple[str, int]
+    metrics_address: tuple[str, int] | None
+    site: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    cluster_id: str
+    replicas: tuple[ReplicaSpec, ...]
+    protocol: ProtocolConfig
+    data_dir: Path
+    #: one-way delay per directed link in µs (0 when WAN emulation is off)
+    one_way_us: tuple[tuple[int, ...], ...]
+
+    def replica(self, replica_id: int) -> ReplicaSpec:
+        if not 0 <= replica_id < len(self.replicas):
+            raise ConfigError(f"no replica with id {replica_id} (0..{len(self.replicas) - 1})")
+        return self.replicas[replica_id]
+
+    def replica_dir(self, replica_id: int) -> Path:
+        return self.data_dir / f"replica-{replica_id}"
+
+
+def load_cluster_config(path: str | Path) -> ClusterConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_cluster_config(raw, base=path.parent, source=str(path))
+
+
+def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> ClusterConfig:
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"{source}: {message}")
+
+    known = {"cluster_id", "data_dir", "replica", "protocol", "wan"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise fail(f"unknown top-level keys {unknown}")
+    cluster_id = raw.get("cluster_id")
+    if not isinstance(cluster_id, str) or not cluster_id:
+        raise fail("cluster_id must be a non-empty string")
+    entries = raw.get("replica")
+    if not isinstance(entries, list) or not entries:
+        raise fail("at least one [[replica]] table is required")
+    specs: list[ReplicaSpec] = []
+    seen_addresses: set[tuple[str, int]] = set()
+    for position, entry in enumerate(sorted(entries, key=lambda e: e.get("id", -1))):
+        where = f"replica #{position}"
+        if entry.get("id") != position:
+            raise fail(
+                f"replica ids must be 0..N-1 without gaps; {where} has id {entry.get('id')!r}"
+            )
+        extra = sorted(set(entry) - {"id", "address", "client_address", "metrics_address", "site"})
+        if extra:
+            raise fail(f"{where}: unknown keys {extra}")
+        for key in ("address", "client_address", "site"):
+            if not isinstance(entry.get(key), str):
+                raise fail(f"{where}: {key} must be a string")
+        address = parse_address(entry["address"], f"{where}.address")
+        client = parse_address(entry["client_address"], f"{where}.client_address")
+        metrics_text = entry.get("metrics_address")
+        metrics = parse_address(metrics_text, f"{where}.metrics_address") if metrics_text else None
+        for addr in (address, client, metrics):
+            if addr is None:
+                continue
+            if addr in seen_addresses:
+                raise fail(f"{where}: address {addr[0]}:{addr[1]} is used twice")
+            seen_addresses.add(addr)
+        specs.append(
+            ReplicaSpec(
+                id=position,
+                address=address,
+                client_address=client,
+                metrics_address=metrics,
+                site=entry["site"],
+            )
+        )
+    protocol_raw = raw.get("protocol", {})
+    if not isinstance(protocol_raw, dict):
+        raise fail("[protocol] must be a table")
+    allowed = {f.name for f in fields(ProtocolConfig)} - {"replicas", "unsafe", "preference"}
+    bad = sorted(set(protocol_raw) - allowed)
+    if bad:
+        raise fail(f"[protocol]: unknown keys {bad} (allowed: {sorted(allowed)})")
+    for key, value in protocol_raw.items():
+        if key != "thrifty" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise fail(f"[protocol].{key} must be an integer")
+    try:
+        protocol = ProtocolConfig(replicas=len(specs), **protocol_raw)
+    except ConfigError as exc:
+        raise fail(f"[protocol]: {exc}") from None
+    one_way = _parse_wan(raw.get("wan", {}), specs, fail)
+    data_dir = Path(raw.get("data_dir", "data"))
+    if not data_dir.is_absolute():
+        data_dir = base / data_dir
+    return ClusterConfig(
+        cluster_id=cluster_id,
+        replicas=tuple(specs),
+        protocol=protocol,
+        data_dir=data_dir,
+        one_way_us=one_way,
+    )
+
+
+def _parse_wan(
+    wan: Any, specs: list[ReplicaSpec], fail: Any
+) -> tuple[tuple[int, ...], ...]:
+    n = len(specs)
+    if not isinstance(wan, dict):
+        raise fail("[wan] must be a table")
+    extra = sorted(set(wan) - {"emulate", "rtt_ms", "one_way_ms"})
+    if extra:
+        raise fail(f"[wan]: unknown keys {extra}")
+    if not wan.get("emulate", False):
+        return tuple((0,) * n for _ in range(n))
+    if "one_way_ms" in wan:
+        matrix = wan["one_way_ms"]
+        if not (isinstance(matrix, list) and len(matrix) == n and all(
+            isinstance(row, list) and len(row) == n for row in matrix
+        )):
+            raise fail(f"[wan].one_way_ms must be a {n}x{n} matrix")
+        return tuple(
+            tuple(int(float(v) * 1000) for v in row) for row in matrix
+        )
+    overrides: dict[frozenset[str], float] = {}
+    for pair, ms in dict(wan.get("rtt_ms", {})).items():
+        site_a, sep, site_b = str(pair).partition("-")
+        if not sep or not isinstance(ms, int | float) or ms < 0:
+            raise fail(f"[wan].rtt_ms: expected \"SITE-SITE\" = milliseconds, got {pair!r}")
+        overrides[frozenset((site_a, site_b))] = float(ms)
+    rows = []
+    for a in specs:
+        row = []
+        for b in specs:
+            if a.id == b.id or a.site == b.site:
+                row.append(0)
+                continue
+            rtt = overrides.get(frozenset((a.site, b.site)))
+            if rtt is None:
+                try:
+                    rtt = site_rtt_ms(a.site, b.site)
+                except ConfigError:
+                    raise fail(
+                        f"[wan]: no RTT for {a.site}-{b.site}; add it to [wan].rtt_ms"
+                    ) from None
+            row.append(int(rtt * 1000) // 2)
+        rows.append(tuple(row))
+    return tuple(rows)

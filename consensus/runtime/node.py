@@ -1,0 +1,333 @@
+"""One replica as an asyncio service: the thin driver around a sans-I/O core.
+
+Every loop turn: hand the core everything that arrived (peer frames, client requests), tick it
+when due, take its ``Ready``, then — in this order — send what needs no durability, append the
+records to the write-ahead log and fsync once (group commit; the loop keeps receiving while
+the fsync runs in a thread, so the next turn batches whatever came in meanwhile), send the
+acknowledgements, apply committed commands to the state machine, answer clients, ``advance``.
+
+Clients reach the node through ``submit`` / ``read`` (in-process, for embedding) or the client
+port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from consensus.codec import (
+    FrameReader,
+    decode_frame,
+    decode_record,
+    encode_frame,
+    encode_record,
+    frame_to_wire,
+)
+from consensus.errors import (
+    DecodeError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    LocalProtocolError,
+    SDPaxosError,
+)
+from consensus.messages import Command, PeerMessage
+from consensus.protocol.ready import Outgoing, Ready
+from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.runtime.client_protocol import ClientRequest, ClientResponse, decode_request
+from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.transport import PeerTransport
+from consensus.statemachine import StateMachine
+from consensus.storage.wal import WriteAheadLog
+
+__all__ = ["NodeStats", "ReplicaNode", "Result"]
+
+log = logging.getLogger("sdpaxos.node")
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """A completed command: the state machine's answer and the command's log position
+    (-1 for a blind write acknowledged when ready, before it executed)."""
+
+    value: bytes
+    position: int
+
+
+@dataclass(slots=True)
+class NodeStats:
+    turns: int = 0
+    commands_applied: int = 0
+    fsyncs: int = 0
+    fsync_seconds: float = 0.0
+    bad_frames: int = 0
+    #: latencies (µs) of commands led here, from proposal to answer
+    latencies_us: list[int] = field(default_factory=list)
+
+
+class ReplicaNode:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        me: int,
+        state_machine: StateMachine,
+        *,
+        fsync: bool = True,
+        tick_us: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.config = config
+        self.me = me
+        self.state_machine = state_machine
+        self.fsync = fsync
+        self.stats = NodeStats()
+        self.wal = WriteAheadLog(config.replica_dir(me) / "wal")
+        records = [decode_record(payload) for payload in self.wal.recovered]
+        rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
+        self.core = SDPaxosReplica(config.protocol, me, recovered=records, rng=rng)
+        protocol = config.protocol
+        self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
+        self.transport = PeerTransport(
+            cluster_id=config.cluster_id,
+            me=me,
+            addresses={r.id: r.address for r in config.replicas},
+            one_way_us=dict(enumerate(config.one_way_us[me])),
+            on_frame=self._on_frame,
+        )
+        self._events: list[tuple[str, object]] = []
+        self._wakeup = asyncio.Event()
+        self._commands: dict[tuple[int, int], list[asyncio.Future[Result]]] = defaultdict(list)
+        self._reads: dict[tuple[int, int], list[asyncio.Future[bytes]]] = defaultdict(list)
+        self._proposed_at: dict[tuple[int, int], int] = {}
+        self._client_server: asyncio.Server | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        #: called with (position, command, result) after each command applies (watchers)
+        self.on_apply: list[Callable[[int, Command, bytes], None]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await self.transport.start()
+        host, port = self.config.replica(self.me).client_address
+        self._client_server = await asyncio.start_server(self._serve_client, host, port)
+        self._loop_task = asyncio.create_task(self._run(), name=f"replica-{self.me}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._client_server is not None:
+            self._client_server.close()
+        if self._loop_task is not None:
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+        await self.transport.close()
+        self.wal.close()
+        for key in list(self._commands):
+            self._fail(key, IndefiniteFailure("replica shutting down"), reads=False)
+        for key in list(self._reads):
+            self._fail(key, IndefiniteFailure("replica shutting down"), reads=True)
+
+    # ------------------------------------------------------------------ embedded API
+    async def submit(self, command: Command) -> Result:
+        """Propose ``command``; its result once executed (blind: once ready)."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        self._commands[(command.client_id, command.seq)].append(future)
+        self._post("cmd", command)
+        return await future
+
+    async def read(self, command: Command, *, stale: bool = False) -> bytes:
+        """A linearizable read through the sequencer (``stale=True``: local, possibly old)."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._reads[(command.client_id, command.seq)].append(future)
+        self._post("stale" if stale else "read", command)
+        return await future
+
+    def _post(self, kind: str, item: object) -> None:
+        self._events.append((kind, item))
+        self._wakeup.set()
+
+    # ------------------------------------------------------------------ network input
+    def _on_frame(self, peer: int, payload: bytes) -> None:
+        try:
+            messages = decode_frame(payload)
+        except DecodeError as exc:
+            self.stats.bad_frames += 1
+            log.warning("dropping a bad frame from replica %d: %s", peer, exc)
+            return
+        genuine = [m for m in messages if m.src == peer]
+        if len(genuine) != len(messages):
+            self.stats.bad_frames += 1
+        if genuine:
+            self._post("msgs", genuine)
+
+    # ------------------------------------------------------------------ the loop
+    async def _run(self) -> None:
+        next_tick = 0
+        while not self._stopping:
+            if not self._events:
+                timeout = max(0.0, (next_tick - _now_us()) / 1e6)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+            self._wakeup.clear()
+            now = _now_us()
+            events, self._events = self._events, []
+            self._feed(events, now)
+            if now >= next_tick:
+                self.core.tick(now)
+                next_tick = now + self.tick_us
+            await self._carry_out(self.core.ready(), now)
+
+    def _feed(self, events: list[tuple[str, object]], now: int) -> None:
+        core = self.core
+        for kind, item in events:
+            if kind == "msgs":
+                assert isinstance(item, list)
+                for message in item:
+                    core.step(message, now)
+                continue
+            command = item
+            assert isinstance(command, Command)
+            key = (command.client_id, command.seq)
+            try:
+                if kind == "cmd":
+                    self._proposed_at.setdefault(key, now)
+                    core.propose(command, now)
+                elif kind == "read":
+                    core.read(command, now)
+                else:
+                    core.read_stale(command, now)
+            except LocalProtocolError as exc:
+                self._fail(key, DefiniteFailure(str(exc)), reads=kind != "cmd")
+
+    async def _carry_out(self, ready: Ready, now: int) -> None:
+        self.stats.turns += 1
+        self._send(ready.send)
+        if ready.persist:
+            for record in ready.persist:
+                self.wal.append(encode_record(record))
+            if self.fsync:
+                await asyncio.to_thread(self.wal.sync)
+            else:
+                self.wal.sync(fsync=False)
+            self.stats.fsyncs += 1
+            self.stats.fsync_seconds += self.wal.last_sync_seconds
+        self._send(ready.send_after_persist)
+        machine = self.state_machine
+        for execution in ready.apply:
+            result = machine.apply(execution.position, execution.command)
+            self.stats.commands_applied += 1
+            for hook in self.on_apply:
+                hook(execution.position, execution.command, result)
+            if execution.led_here and not execution.command.blind:
+                key = (execution.command.client_id, execution.command.seq)
+                self._complete(key, Result(result, execution.position), now)
+        for command in ready.ready:
+            if command.blind:
+                self._complete((command.client_id, command.seq), Result(b"", -1), now)
+        for command in ready.reads:
+            for future in self._reads.pop((command.client_id, command.seq), ()):
+                if not future.done():
+                    future.set_result(machine.query(command.op))
+        for failure in ready.failed:
+            key = (failure.command.client_id, failure.command.seq)
+            error = DefiniteFailure if failure.definite else IndefiniteFailure
+            self._fail(key, error(failure.reason), reads=False)
+        self.core.advance(ready)
+
+    def _send(self, outgoing: list[Outgoing]) -> None:
+        if not outgoing:
+            return
+        by_peer: dict[int, list[PeerMessage]] = defaultdict(list)
+        for out in outgoing:
+            by_peer[out.to].append(out.message)
+        for peer, messages in by_peer.items():
+            self.transport.send(peer, encode_frame(messages))
+
+    def _complete(self, key: tuple[int, int], result: Result, now: int) -> None:
+        started = self._proposed_at.pop(key, None)
+        if started is not None and len(self.stats.latencies_us) < 1_000_000:
+            self.stats.latencies_us.append(now - started)
+        for future in self._commands.pop(key, ()):
+            if not future.done():
+                future.set_result(result)
+
+    def _fail(self, key: tuple[int, int], error: SDPaxosError, *, reads: bool) -> None:
+        self._proposed_at.pop(key, None)
+        table = self._reads if reads else self._commands
+        for future in table.pop(key, ()):
+            if not future.done():
+                future.set_exception(error)
+
+    # ------------------------------------------------------------------ client port
+    async def _serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        frames = FrameReader()
+
+        def answer(response: ClientResponse) -> None:
+            if not writer.is_closing():
+                writer.write(frame_to_wire(response.encode()))
+
+        try:
+            while not self._stopping:
+                data = await reader.read(1 << 16)
+                if not data:
+                    return
+                for payload in frames.feed(data):
+                    try:
+                        request = decode_request(payload)
+                    except DecodeError as exc:
+                        answer(ClientResponse(0, "error", str(exc)))
+                        continue
+                    self._handle_request(request, answer)
+        except DecodeError as exc:
+            log.warning("closing client connection: %s", exc)
+        except (OSError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _handle_request(
+        self, request: ClientRequest, answer: Callable[[ClientResponse], None]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        key = (request.command.client_id, request.command.seq)
+        if request.kind == "cmd":
+            future: asyncio.Future[Result] = loop.create_future()
+            self._commands[key].append(future)
+
+            def done(f: asyncio.Future[Result]) -> None:
+                answer(_response_for(request.req_id, f))
+
+            future.add_done_callback(done)
+        else:
+            read_future: asyncio.Future[bytes] = loop.create_future()
+            self._reads[key].append(read_future)
+
+            def read_done(f: asyncio.Future[bytes]) -> None:
+                answer(_response_for(request.req_id, f))
+
+            read_future.add_done_callback(read_done)
+        self._post(request.kind, request.command)
+
+
+def _response_for(
+    req_id: int, future: asyncio.Future[Result] | asyncio.Future[bytes]
+) -> ClientResponse:
+    error = future.exception()
+    if error is None:
+        value = future.result()
+        if isinstance(value, Result):
+            return ClientResponse(req_id, "ok", value.value, value.position)
+        return ClientResponse(req_id, "ok", value, -1)
+    if isinstance(error, DefiniteFailure):
+        return ClientResponse(req_id, "definite", str(error))
+    return ClientResponse(req_id, "indefinite", str(error))
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000
