@@ -1,5 +1,5 @@
 """``sdpaxos``: the command line. Each subcommand lives with the code it drives; this module
-only assembles them."""
+only assembles them, importing the module of the subcommand being run and no other."""
 
 from __future__ import annotations
 
@@ -8,29 +8,39 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-#: subcommand -> (module with ``add_arguments(parser)`` and ``run(args) -> int``, help)
+#: subcommand -> (where its ``add_arguments(parser)`` and ``run(args) -> int`` live, help).
+#: ``module:name`` means ``add_<name>_arguments`` and ``run_<name>`` in that module.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("consensus.sim.cli", "run the deterministic simulator over many seeds"),
     "lincheck": ("consensus.sim.lincheck", "check a recorded JSON-lines history"),
+    "serve": ("consensus.runtime.cli:serve", "run one replica from a cluster file"),
+    "cluster": ("consensus.runtime.cli:cluster", "init / up / down a local cluster"),
     "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdpaxos", description="SDPaxos replication library and GPU allocation store"
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
+    for name, (location, help_text) in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub)
-        sub.set_defaults(_run=module.run)
+        if name != only:
+            continue
+        module_path, _, suffix = location.partition(":")
+        module = importlib.import_module(module_path)
+        add = getattr(module, f"add_{suffix}_arguments" if suffix else "add_arguments")
+        run = getattr(module, f"run_{suffix}" if suffix else "run")
+        add(sub)
+        sub.set_defaults(_run=run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(chosen if chosen in SUBCOMMANDS else None).parse_args(argv)
     code: int = args._run(args)
     return code
 

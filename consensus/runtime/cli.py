@@ -1,0 +1,233 @@
+"""``sdpaxos serve`` (one replica) and ``sdpaxos cluster init|up|down`` (a local cluster)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from consensus.config import SITES
+from consensus.errors import ConfigError, SDPaxosError
+
+__all__ = ["add_cluster_arguments", "add_serve_arguments", "run_cluster", "run_serve"]
+
+CONFIG_NAME = "cluster.toml"
+PIDS_NAME = "pids.json"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line: structured logs a collector can parse."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="cluster TOML file")
+    parser.add_argument("--id", type=int, required=True, help="this replica's id")
+    parser.add_argument("--no-fsync", action="store_true", help="unsafe: skip fsync")
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    try:
+        config = load_cluster_config(args.config)
+        config.replica(args.id)
+    except ConfigError as exc:
+        print(f"sdpaxos serve: {exc}", file=sys.stderr)
+        return 2
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    try:
+        asyncio.run(_serve(config, args.id, fsync=not args.no_fsync))
+    except SDPaxosError as exc:
+        logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
+        return 1
+    return 0
+
+
+async def _serve(config: object, me: int, *, fsync: bool) -> None:
+    from consensus.runtime.cluster_config import ClusterConfig
+    from consensus.runtime.metrics import serve_metrics
+    from consensus.runtime.node import ReplicaNode
+    from consensus.statemachine import KVStore
+
+    assert isinstance(config, ClusterConfig)
+    log = logging.getLogger("sdpaxos.serve")
+    node = ReplicaNode(config, me, KVStore(), fsync=fsync)
+    await node.start()
+    metrics = None
+    spec = config.replica(me)
+    if spec.metrics_address is not None:
+        metrics = await serve_metrics(node, *spec.metrics_address)
+    log.info("replica %d serving peers on %s:%d, clients on %s:%d", me, *spec.address,
+             *spec.client_address)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("replica %d shutting down", me)
+    if metrics is not None:
+        metrics.close()
+    await node.stop()
+
+
+# ---------------------------------------------------------------------------- cluster
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = actions.add_parser("init", help="write a ready-to-run local cluster config")
+    init.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    init.add_argument("--dir", required=True)
+    init.add_argument("--base-port", type=int, default=7000)
+    init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
+    up = actions.add_parser("up", help="start the cluster in --dir as background processes")
+    up.add_argument("--dir", required=True)
+    up.add_argument("--timeout", type=float, default=30.0)
+    down = actions.add_parser("down", help="stop the processes started by 'up'")
+    down.add_argument("--dir", required=True)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    directory = Path(args.dir)
+    if args.action == "init":
+        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan)
+    if args.action == "up":
+        return _up(directory, args.timeout)
+    return _down(directory)
+
+
+def cluster_toml(replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local") -> str:
+    lines = [f'cluster_id = "{cluster_id}"', 'data_dir = "data"', ""]
+    for i in range(replicas):
+        lines += [
+            "[[replica]]",
+            f"id = {i}",
+            f'address = "127.0.0.1:{base_port + i}"',
+            f'client_address = "127.0.0.1:{base_port + 100 + i}"',
+            f'metrics_address = "127.0.0.1:{base_port + 200 + i}"',
+            f'site = "{SITES[i]}"',
+            "",
+        ]
+    lines += ["[protocol]", "heartbeat_us = 50000", "election_timeout_us = 300000", ""]
+    if wan:
+        lines += ["[wan]", "emulate = true", ""]
+    return "\n".join(lines)
+
+
+def _init(directory: Path, replicas: int, base_port: int, *, wan: bool) -> int:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / CONFIG_NAME
+    path.write_text(cluster_toml(replicas, base_port, wan=wan))
+    print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
+    return 0
+
+
+def _up(directory: Path, timeout: float) -> int:
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    path = directory / CONFIG_NAME
+    try:
+        config = load_cluster_config(path)
+    except ConfigError as exc:
+        print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
+        return 2
+    pids: dict[str, int] = {}
+    for spec in config.replicas:
+        log_file = open(directory / f"replica-{spec.id}.log", "ab")  # noqa: SIM115
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path), "--id",
+             str(spec.id)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        pids[str(spec.id)] = process.pid
+    (directory / PIDS_NAME).write_text(json.dumps(pids))
+    addresses = [spec.client_address for spec in config.replicas]
+    if asyncio.run(_wait_serving(addresses, timeout)):
+        print(f"cluster up: {len(pids)} replicas serving (pids {sorted(pids.values())})")
+        return 0
+    print("cluster up: replicas did not start serving in time; see the replica logs",
+          file=sys.stderr)
+    _down(directory)
+    return 1
+
+
+async def _wait_serving(addresses: list[tuple[str, int]], timeout: float) -> bool:
+    from consensus.runtime.client import Client
+    from consensus.statemachine import kv_get
+
+    deadline = time.monotonic() + timeout
+    for replica, _ in enumerate(addresses):
+        while time.monotonic() < deadline:
+            client = Client(1 << 40, addresses, home=replica, timeout_s=1.0, attempts=1)
+            try:
+                await client.read(kv_get("__probe__"), ("__probe__",))
+                break
+            except SDPaxosError:
+                await asyncio.sleep(0.2)
+            finally:
+                await client.close()
+        else:
+            return False
+    return True
+
+
+def _down(directory: Path) -> int:
+    path = directory / PIDS_NAME
+    if not path.exists():
+        print(f"cluster down: no {PIDS_NAME} in {directory}", file=sys.stderr)
+        return 1
+    pids = [int(pid) for pid in json.loads(path.read_text()).values()]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for pid in pids:
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    path.unlink()
+    print(f"cluster down: stopped {len(pids)} replicas")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,149 @@
+"""Native async client: msgpack over TCP to the replica at the client's own site.
+
+Requests are pipelined on one connection. A request not answered within ``timeout_s`` is sent
+again with the same ``(client_id, seq)`` to the next replica (the session table on the
+replicated state machine executes it at most once and returns its first result); after
+``attempts`` tries it fails with ``IndefiniteFailure``. A ``DefiniteFailure`` from a replica
+is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Sequence
+
+from consensus.codec import FrameReader, frame_to_wire
+from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure
+from consensus.messages import Command
+from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
+
+__all__ = ["Client", "Reply"]
+
+Reply = ClientResponse
+
+
+class _Connection:
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address = address
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+        self.pending: dict[int, asyncio.Future[ClientResponse]] = {}
+
+    async def ensure(self) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            return
+        reader, self.writer = await asyncio.open_connection(*self.address)
+        self.reader_task = asyncio.create_task(self._read(reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        frames = FrameReader()
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                for payload in frames.feed(data):
+                    response = decode_response(payload)
+                    future = self.pending.pop(response.req_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(response)
+        except (OSError, ConnectionError, DecodeError):
+            pass
+        finally:
+            for future in self.pending.values():
+                if not future.done():
+                    future.set_exception(ConnectionError("connection to replica lost"))
+            self.pending.clear()
+            if self.writer is not None:
+                self.writer.close()
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reader_task
+
+
+class Client:
+    """A session with the cluster. Not safe to share between event loops."""
+
+    def __init__(
+        self,
+        client_id: int,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        home: int = 0,
+        timeout_s: float = 2.0,
+        attempts: int = 3,
+    ) -> None:
+        if not addresses:
+            raise ValueError("a client needs at least one replica address")
+        self.client_id = client_id
+        self._connections = [_Connection(address) for address in addresses]
+        self._home = home % len(addresses)
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+        self._seq = itertools.count()
+        self._req_ids = itertools.count(1)
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    async def execute(
+        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None
+    ) -> Reply:
+        """Run a command through the log; returns the replica's ``ok`` reply."""
+        command = Command(
+            client_id=self.client_id,
+            seq=self.next_seq() if seq is None else seq,
+            op=op,
+            keys=tuple(keys),
+            blind=blind,
+        )
+        return await self._call("cmd", command)
+
+    async def read(self, op: bytes, keys: Sequence[str] = (), *, stale: bool = False) -> Reply:
+        command = Command(client_id=self.client_id, seq=self.next_seq(), op=op, keys=tuple(keys))
+        return await self._call("stale" if stale else "read", command)
+
+    async def _call(self, kind: Kind, command: Command) -> Reply:
+        last_error: BaseException | None = None
+        for attempt in range(self.attempts):
+            connection = self._connections[(self._home + attempt) % len(self._connections)]
+            try:
+                await connection.ensure()
+                assert connection.writer is not None
+                req_id = next(self._req_ids)
+                future: asyncio.Future[ClientResponse] = (
+                    asyncio.get_running_loop().create_future()
+                )
+                connection.pending[req_id] = future
+                request = ClientRequest(req_id, kind, command)
+                connection.writer.write(frame_to_wire(request.encode()))
+                reply = await asyncio.wait_for(future, self.timeout_s)
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last_error = exc
+                continue
+            if reply.status == "ok":
+                return reply
+            if reply.status in ("definite", "error"):
+                raise DefiniteFailure(str(reply.payload))
+            last_error = IndefiniteFailure(str(reply.payload))
+        raise IndefiniteFailure(
+            f"no answer for ({command.client_id}, {command.seq}) after {self.attempts} tries: "
+            f"{last_error}"
+        )
+
+    async def close(self) -> None:
+        for connection in self._connections:
+            await connection.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,77 @@
+"""A Prometheus text endpoint (``GET /metrics``) for one replica node, on plain asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from consensus.runtime.node import ReplicaNode
+
+__all__ = ["LATENCY_BUCKETS_S", "render", "serve_metrics"]
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def render(node: ReplicaNode) -> str:
+    core, stats, transport = node.core, node.stats, node.transport.stats
+    lines = [
+        "# TYPE sdpaxos_view gauge",
+        f"sdpaxos_view {core.view}",
+        "# TYPE sdpaxos_is_sequencer gauge",
+        f"sdpaxos_is_sequencer {int(core.role.value == 'sequencer')}",
+        "# TYPE sdpaxos_lease_valid gauge",
+        f"sdpaxos_lease_valid {int(core._lease_valid())}",
+        "# TYPE sdpaxos_executed_slots gauge",
+        f"sdpaxos_executed_slots {core.exec_slot}",
+        "# TYPE sdpaxos_commands_applied_total counter",
+        f"sdpaxos_commands_applied_total {stats.commands_applied}",
+        "# TYPE sdpaxos_loop_turns_total counter",
+        f"sdpaxos_loop_turns_total {stats.turns}",
+        "# TYPE sdpaxos_fsyncs_total counter",
+        f"sdpaxos_fsyncs_total {stats.fsyncs}",
+        "# TYPE sdpaxos_fsync_seconds_total counter",
+        f"sdpaxos_fsync_seconds_total {stats.fsync_seconds:.6f}",
+        "# TYPE sdpaxos_frames_sent_total counter",
+        f"sdpaxos_frames_sent_total {transport.frames_sent}",
+        "# TYPE sdpaxos_frames_dropped_total counter",
+        f"sdpaxos_frames_dropped_total {transport.frames_dropped}",
+        "# TYPE sdpaxos_bad_frames_total counter",
+        f"sdpaxos_bad_frames_total {stats.bad_frames + transport.bad_connections}",
+        "# TYPE sdpaxos_commit_latency_seconds histogram",
+    ]
+    counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
+    total = 0.0
+    for latency_us in stats.latencies_us:
+        seconds = latency_us / 1e6
+        total += seconds
+        counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+    cumulative = 0
+    for bound, count in zip(LATENCY_BUCKETS_S, counts, strict=False):
+        cumulative += count
+        lines.append(f'sdpaxos_commit_latency_seconds_bucket{{le="{bound}"}} {cumulative}')
+    lines.append(f'sdpaxos_commit_latency_seconds_bucket{{le="+Inf"}} {len(stats.latencies_us)}')
+    lines.append(f"sdpaxos_commit_latency_seconds_sum {total:.6f}")
+    lines.append(f"sdpaxos_commit_latency_seconds_count {len(stats.latencies_us)}")
+    return "\n".join(lines) + "\n"
+
+
+async def serve_metrics(node: ReplicaNode, host: str, port: int) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            if request.startswith(b"GET /metrics"):
+                body = render(node).encode()
+                head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+            else:
+                body = b"not found\n"
+                head = b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n"
+            writer.write(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+        except (TimeoutError, OSError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
