@@ -95,6 +95,8 @@ from consensus.messages import (
     OEntry,
     OVote,
     PeerMessage,
+    PreVote,
+    PreVoteReply,
     Record,
     RReply,
     RRequest,
@@ -185,6 +187,8 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         RRequest: 18,
         RReply: 19,
         Suspect: 20,
+        PreVote: 21,
+        PreVoteReply: 22,
         # durable records
         CAcceptedRecord: 64,
         OAcceptedRecord: 65,
@@ -285,6 +289,8 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ),
     LeaseGrant: (("src", _UINT), ("view", _UINT), ("request", _UINT)),
     VRequest: (("src", _UINT), ("view", _UINT), ("from_slot", _UINT)),
+    PreVote: (("src", _UINT), ("view", _UINT)),
+    PreVoteReply: (("src", _UINT), ("view", _UINT), ("granted", _BOOL)),
     Vote: (
         ("src", _UINT),
         ("view", _UINT),

@@ -50,6 +50,8 @@ __all__ = [
     "OEntry",
     "OVote",
     "PeerMessage",
+    "PreVote",
+    "PreVoteReply",
     "RReply",
     "RRequest",
     "Record",
@@ -215,6 +217,24 @@ class LeaseGrant:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PreVote:
+    """Would ``src`` get your vote as sequencer of ``view``? Asked before a candidacy, so a
+    replica that cannot win (everyone still hears a live sequencer) never bumps the view."""
+
+    src: int
+    view: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PreVoteReply:
+    """The answer to ``PreVote`` for ``view``. Promises nothing (nothing is persisted)."""
+
+    src: int
+    view: int
+    granted: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VRequest:
     """Candidate ``src`` asks for votes in ``view`` (its O-prepare for slots >= ``from_slot``)."""
 
@@ -370,6 +390,8 @@ PeerMessage = (
     | RRequest
     | RReply
     | Suspect
+    | PreVote
+    | PreVoteReply
 )
 
 

@@ -207,6 +207,8 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "RRequest": 18,
         "RReply": 19,
         "Suspect": 20,
+        "PreVote": 21,
+        "PreVoteReply": 22,
         "CAcceptedRecord": 64,
         "OAcceptedRecord": 65,
         "ViewRecord": 66,

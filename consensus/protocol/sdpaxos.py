@@ -104,6 +104,8 @@ from consensus.messages import (
     OEntry,
     OVote,
     PeerMessage,
+    PreVote,
+    PreVoteReply,
     Record,
     RReply,
     RRequest,
@@ -197,10 +199,15 @@ class SDPaxosReplica:
         self._new_view_sent_at = 0
         self._deferred_orders: list[tuple[int, int, tuple[str, ...]]] = []
         self._last_view_change_at = 0
+        self._prevote_view = -1  # the view a pre-vote round is asking about, or -1
+        self._prevotes: set[int] = set()
+        self._prevote_at = 0
+        self._higher_view_seen = 0  # a higher view some peer is stuck in (see _on_heartbeat)
 
         # liveness and leases
         self._started = False
         self.last_heard: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        self._seq_alive_at = 0  # last sign that the sequencer of our view is serving
         self._peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._next_heartbeat = 0
         self._election_timeout = config.election_timeout_us
@@ -324,6 +331,12 @@ class SDPaxosReplica:
         if isinstance(message, VRequest):
             self._on_vrequest(message)
             return
+        if isinstance(message, PreVote):
+            self._on_prevote(message)
+            return
+        if isinstance(message, PreVoteReply):
+            self._on_prevote_reply(message)
+            return
         if message.view < self.view:
             if isinstance(message, CCommit):
                 self._on_ccommit(message)  # a chosen value is a fact in any view
@@ -331,7 +344,13 @@ class SDPaxosReplica:
                 self._on_catchup(message)
             return
         if message.view > self.view:
+            # Only the new view's sequencer (or voting) brings us into a higher view: a
+            # replica stuck in a view nobody won must not drag a healthy cluster into it.
+            if src != message.view % self.n:
+                return
             self._join_view(message.view)
+        if src == self.sequencer and isinstance(message, OAccept | OCommit | NewView):
+            self._seq_alive_at = now
         match message:
             case CAccept():
                 self._on_caccept(message)
@@ -422,6 +441,7 @@ class SDPaxosReplica:
             self._next_heartbeat = now
             for r in range(self.n):
                 self.last_heard[r] = now
+            self._seq_alive_at = now
             self._roll_election_timeout()
 
     def _send(self, to: int, message: PeerMessage) -> None:
@@ -984,6 +1004,9 @@ class SDPaxosReplica:
         self._slow_windows = 0
         self._force_election_at = -1
         self._last_view_change_at = self.now
+        self._seq_alive_at = self.now
+        self._higher_view_seen = 0
+        self._prevote_view = -1
         self._roll_election_timeout()
 
     def _may_vote_for(self, candidate: int) -> bool:
@@ -993,9 +1016,8 @@ class SDPaxosReplica:
         return not (bound and self.now < self.lease_granted_until)
 
     def _start_candidacy(self) -> None:
-        view = self.view + 1
-        while view % self.n != self.me:
-            view += 1
+        view = max(self._target_view(), self._prevote_view)
+        self._prevote_view = -1
         self._join_view(view)
         self.role = Role.CANDIDATE
         self._candidate_since = self.now
@@ -1233,10 +1255,24 @@ class SDPaxosReplica:
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         self._peer_executed[msg.src] = max(self._peer_executed[msg.src], msg.executed)
+        if (
+            self._new_view is not None
+            and self.role is Role.SEQUENCER
+            and msg.src not in self._new_view_acks
+            and msg.view <= self.view
+        ):
+            self._send(msg.src, self._new_view)  # it missed our view change
         if msg.view < self.view:
             return
         if msg.view > self.view:
+            if msg.src != msg.view % self.n:
+                # A peer sits in a view nobody won. If we serve, move everyone above it.
+                if self.role is Role.SEQUENCER:
+                    self._higher_view_seen = max(self._higher_view_seen, msg.view)
+                return
             self._join_view(msg.view)
+        if msg.src == self.sequencer and msg.lease_request >= 0:
+            self._seq_alive_at = self.now
         if (
             msg.lease_request >= 0
             and msg.src == self.sequencer
@@ -1246,12 +1282,6 @@ class SDPaxosReplica:
             self.lease_granted_to = msg.src
             self.lease_granted_until = self.now + self.config.lease_us
             self._send(msg.src, LeaseGrant(src=self.me, view=self.view, request=msg.lease_request))
-        if (
-            self._new_view is not None
-            and self.role is Role.SEQUENCER
-            and msg.src not in self._new_view_acks
-        ):
-            self._send(msg.src, self._new_view)
 
     def _on_lease_grant(self, msg: LeaseGrant) -> None:
         if self.role is Role.SEQUENCER:
@@ -1270,11 +1300,11 @@ class SDPaxosReplica:
         now = self.now
         if self.role is Role.CANDIDATE:
             if now - self._candidate_since > self._election_timeout:
-                self._start_candidacy()  # no majority in time: try a higher view
+                self._pre_vote()  # no majority in time: try a higher view
             return
         if self.role is Role.ESTABLISHING:
             if now - self._candidate_since > 2 * self._election_timeout:
-                self._start_candidacy()
+                self._pre_vote()
             elif self._new_view is not None and now - self._new_view_sent_at >= (
                 self.config.retransmit_us
             ):
@@ -1283,15 +1313,59 @@ class SDPaxosReplica:
                     if peer not in self._new_view_acks:
                         self._send(peer, self._new_view)
             return
-        sequencer_silent = (
-            not self.is_sequencer and now - self.last_heard[self.sequencer] > self._election_timeout
+        # The sequencer of our view shows no sign of serving (a restarted replica that was the
+        # sequencer counts itself as silent too), the straggler detector asks for a change,
+        # or we serve but some peer is stuck in a higher view nobody won.
+        silent = (
+            self.role is not Role.SEQUENCER and now - self._seq_alive_at > self._election_timeout
         )
-        restarted_sequencer = self.is_sequencer and self.role is Role.FOLLOWER
         forced = 0 <= self._force_election_at <= now
-        if (sequencer_silent or restarted_sequencer or forced) and self._may_vote_for(self.me):
-            self._start_candidacy()
-            return
+        lifted = self.role is Role.SEQUENCER and self._higher_view_seen > self.view
+        if (silent or forced or lifted) and self._may_vote_for(self.me):
+            self._pre_vote()
         self._recover_suspects()
+
+    def _target_view(self) -> int:
+        view = max(self.view, self._higher_view_seen) + 1
+        while view % self.n != self.me:
+            view += 1
+        return view
+
+    def _pre_vote(self) -> None:
+        """Ask whether a majority would vote for us before bumping any view (Raft's pre-vote),
+        so a replica that cannot win never disturbs a working sequencer."""
+        if self._prevote_view >= 0 and self.now - self._prevote_at < self._election_timeout:
+            return
+        self._prevote_view = self._target_view()
+        self._prevote_at = self.now
+        self._prevotes = {self.me}
+        self._roll_election_timeout()
+        for peer in self._peers:
+            self._request(peer, PreVote(src=self.me, view=self._prevote_view))
+        if len(self._prevotes) >= self.q:
+            self._start_candidacy()
+
+    def _on_prevote(self, msg: PreVote) -> None:
+        serving_here = self.role is Role.SEQUENCER and msg.src != self.me
+        sequencer_gone = (
+            self.now - self._seq_alive_at > self.config.election_timeout_us
+            or msg.src == self.sequencer  # the sequencer itself asks to move up
+            or self._suspecting
+        )
+        granted = (
+            msg.view > self.view
+            and not serving_here
+            and sequencer_gone
+            and self._may_vote_for(msg.src)
+        )
+        self._request(msg.src, PreVoteReply(src=self.me, view=msg.view, granted=granted))
+
+    def _on_prevote_reply(self, msg: PreVoteReply) -> None:
+        if msg.view != self._prevote_view or not msg.granted:
+            return
+        self._prevotes.add(msg.src)
+        if len(self._prevotes) >= self.q:
+            self._start_candidacy()
 
     def _suspected(self, replica: int) -> bool:
         return self.now - self.last_heard[replica] > self.config.election_timeout_us

@@ -88,11 +88,15 @@ async def _serve(config: object, me: int, *, fsync: bool) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    failed = asyncio.create_task(node.wait_failed())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait([failed, stopping], return_when=asyncio.FIRST_COMPLETED)
     log.info("replica %d shutting down", me)
     if metrics is not None:
         metrics.close()
     await node.stop()
+    if failed.done():
+        failed.result()  # re-raise: the process exits non-zero
 
 
 # ---------------------------------------------------------------------------- cluster

@@ -35,6 +35,8 @@ def render(node: ReplicaNode) -> str:
         f"sdpaxos_fsync_seconds_total {stats.fsync_seconds:.6f}",
         "# TYPE sdpaxos_frames_sent_total counter",
         f"sdpaxos_frames_sent_total {transport.frames_sent}",
+        "# TYPE sdpaxos_frames_received_total counter",
+        f"sdpaxos_frames_received_total {transport.frames_received}",
         "# TYPE sdpaxos_frames_dropped_total counter",
         f"sdpaxos_frames_dropped_total {transport.frames_dropped}",
         "# TYPE sdpaxos_bad_frames_total counter",

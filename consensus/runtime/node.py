@@ -107,6 +107,7 @@ class ReplicaNode:
         self._client_server: asyncio.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._last_seen_view: tuple[int, object] = (-1, None)
         #: called with (position, command, result) after each command applies (watchers)
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
 
@@ -165,7 +166,20 @@ class ReplicaNode:
             self._post("msgs", genuine)
 
     # ------------------------------------------------------------------ the loop
+    async def wait_failed(self) -> None:
+        """Returns (raising its error) only if the replica's loop died: the caller must stop
+        the process rather than keep a replica that accepts connections and does nothing."""
+        assert self._loop_task is not None
+        await asyncio.shield(self._loop_task)
+
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception:
+            log.exception("replica %d: event loop failed", self.me)
+            raise
+
+    async def _loop(self) -> None:
         next_tick = 0
         while not self._stopping:
             if not self._events:
@@ -180,6 +194,14 @@ class ReplicaNode:
                 self.core.tick(now)
                 next_tick = now + self.tick_us
             await self._carry_out(self.core.ready(), now)
+            seen = (self.core.view, self.core.role)
+            if seen != self._last_seen_view:
+                self._last_seen_view = seen
+                log.info(
+                    "replica %d: view %d, role %s, sequencer %d, executed through slot %d",
+                    self.me, seen[0], seen[1].value, self.core.sequencer,
+                    self.core.executed_through(),
+                )
 
     def _feed(self, events: list[tuple[str, object]], now: int) -> None:
         core = self.core

@@ -73,10 +73,11 @@ class TransportStats:
 
 
 class _Link:
-    __slots__ = ("bytes_queued", "delay_us", "queue", "wakeup")
+    __slots__ = ("bytes_queued", "connected", "delay_us", "queue", "wakeup")
 
     def __init__(self, delay_us: int) -> None:
         self.delay_us = delay_us
+        self.connected = False
         self.queue: collections.deque[tuple[int, int, bytes]] = collections.deque()
         self.bytes_queued = 0
         self.wakeup = asyncio.Event()
@@ -134,7 +135,9 @@ class PeerTransport:
         link = self._links.get(peer)
         if link is None:
             return
-        if link.bytes_queued + len(payload) > self.max_queue_bytes:
+        if not link.connected or link.bytes_queued + len(payload) > self.max_queue_bytes:
+            # a peer we cannot reach gets nothing queued: by the time it is back it would all
+            # be stale, and the protocol retransmits what matters
             self.stats.frames_dropped += 1
             return
         now = _now_us()
@@ -149,6 +152,7 @@ class PeerTransport:
     async def _dial(self, peer: int) -> None:
         backoff = RECONNECT_MIN_S
         host, port = self.addresses[peer]
+        link = self._links[peer]
         while not self._closing:
             try:
                 _, writer = await asyncio.open_connection(host, port)
@@ -157,14 +161,22 @@ class PeerTransport:
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
                 continue
             backoff = RECONNECT_MIN_S
+            link.connected = True
             try:
                 writer.write(Handshake(self.cluster_id, self.me, FORMAT_VERSION).encode())
-                await self._pump(self._links[peer], writer)
-            except (OSError, ConnectionError):
-                pass
+                await self._pump(link, writer)
+            except asyncio.CancelledError:
+                raise
+            except (OSError, ConnectionError, RuntimeError) as exc:
+                log.info("connection to replica %d lost (%s); reconnecting", peer, exc)
+            except Exception:
+                log.exception("sending to replica %d failed; reconnecting", peer)
             finally:
+                link.connected = False
                 writer.close()
-            log.info("connection to replica %d lost; reconnecting", peer)
+            # What was queued for the dead connection is stale: the protocol retransmits.
+            link.queue.clear()
+            link.bytes_queued = 0
             await asyncio.sleep(backoff)
 
     async def _pump(self, link: _Link, writer: asyncio.StreamWriter) -> None:

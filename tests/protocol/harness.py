@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from consensus.config import SITES, ProtocolConfig, site_rtt_ms
-from consensus.messages import Command, PeerMessage
+from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.ready import Execution
 from consensus.protocol.sdpaxos import SDPaxosReplica
 
@@ -33,6 +33,7 @@ class Cluster:
     ready_at: dict[tuple[int, int], int] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
     drop: Callable[[int, int, PeerMessage], bool] = lambda src, dst, msg: False
+    durable: list[list[Record]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.config.replicas
@@ -40,6 +41,14 @@ class Cluster:
             SDPaxosReplica(self.config, r, rng=random.Random(r)) for r in range(n)
         ]
         self.executed = [[] for _ in range(n)]
+        self.durable = [[] for _ in range(n)]
+
+    def restart(self, replica: int, seed: int = 99) -> None:
+        """Replace a replica by a fresh core rebuilt from its durable records."""
+        self.cores[replica] = SDPaxosReplica(
+            self.config, replica, recovered=list(self.durable[replica]), rng=random.Random(seed)
+        )
+        self.executed[replica] = []
 
     def _push(self, at: int, replica: int, item: object) -> None:
         heapq.heappush(self.queue, (at, self.seq, replica, item))
@@ -51,6 +60,7 @@ class Cluster:
     def _flush(self, replica: int) -> None:
         core = self.cores[replica]
         ready = core.ready()
+        self.durable[replica].extend(ready.persist)
         for out in ready.send_after_persist + ready.send:
             self.trace.append(f"{self.now} {replica}->{out.to} {type(out.message).__name__}")
             if not self.drop(replica, out.to, out.message):

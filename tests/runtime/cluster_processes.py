@@ -1,0 +1,98 @@
+"""Start, kill, pause and restart real replica processes on loopback (test helper)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from consensus.runtime.cli import cluster_toml
+from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
+
+
+def free_base_port(span: int = 300) -> int:
+    """A base port whose [base, base + span) range looks free right now."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + span >= 65000:
+            continue
+        ok = True
+        for offset in (0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 200, 201, 202, 203, 204):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", base + offset))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+class ProcessCluster:
+    def __init__(self, directory: Path, replicas: int = 3, *, protocol: str = "") -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        text = cluster_toml(replicas, free_base_port(), wan=False)
+        if protocol:
+            text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
+        self.config_path = directory / "cluster.toml"
+        self.config_path.write_text(text)
+        self.config: ClusterConfig = load_cluster_config(self.config_path)
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def client_addresses(self) -> list[tuple[str, int]]:
+        return [spec.client_address for spec in self.config.replicas]
+
+    def start(self, replica: int) -> None:
+        log = open(self.directory / f"replica-{replica}.log", "ab")  # noqa: SIM115
+        self.processes[replica] = subprocess.Popen(
+            [sys.executable, "-m", "bench.cli", "serve", "--config", str(self.config_path),
+             "--id", str(replica)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def start_all(self) -> None:
+        for spec in self.config.replicas:
+            self.start(spec.id)
+
+    def kill(self, replica: int) -> None:
+        process = self.processes.pop(replica)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+    def pause(self, replica: int) -> None:
+        self.processes[replica].send_signal(signal.SIGSTOP)
+
+    def resume(self, replica: int) -> None:
+        self.processes[replica].send_signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGCONT)
+            process.terminate()
+        deadline = time.monotonic() + 10
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- replica {spec.id}\n"
+            + (self.directory / f"replica-{spec.id}.log").read_text()[-3000:]
+            for spec in self.config.replicas
+            if (self.directory / f"replica-{spec.id}.log").exists()
+        )
