@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.core_throughput",
         "protocol-core throughput, all replicas in one process, no I/O",
     ),
+    "wan": ("bench.wan_accuracy", "accuracy of the transport's emulated WAN delays"),
 }
 
 
