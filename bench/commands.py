@@ -12,6 +12,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "protocol-core throughput, all replicas in one process, no I/O",
     ),
     "wan": ("bench.wan_accuracy", "accuracy of the transport's emulated WAN delays"),
+    "runtime": ("bench.runtime_bench", "replicas as processes with fsync: throughput, latency"),
 }
 
 

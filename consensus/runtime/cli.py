@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -60,6 +61,9 @@ def run_serve(args: argparse.Namespace) -> int:
         import uvloop
 
         uvloop.install()
+    # The replica keeps many long-lived objects (its logs); full collections of them cost
+    # pauses of tens of ms. Collect young objects as usual, old ones rarely.
+    gc.set_threshold(50_000, 50, 1_000)
     try:
         asyncio.run(_serve(config, args.id, fsync=not args.no_fsync))
     except SDPaxosError as exc:

@@ -13,13 +13,13 @@ port (``client_protocol``). A request waits on a future keyed by ``(client_id, s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from consensus.codec import (
     FrameReader,
@@ -39,7 +39,7 @@ from consensus.errors import (
 from consensus.messages import Command, PeerMessage
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.runtime.client_protocol import ClientRequest, ClientResponse, decode_request
+from consensus.runtime.client_protocol import ClientResponse, decode_request
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
@@ -68,6 +68,20 @@ class NodeStats:
     bad_frames: int = 0
     #: latencies (µs) of commands led here, from proposal to answer
     latencies_us: list[int] = field(default_factory=list)
+
+
+class _ClientConnection:
+    """Answers for one client connection, written once per loop turn."""
+
+    __slots__ = ("out", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.out: list[bytes] = []
+
+
+#: Who waits for a request: an in-process caller's future, or (connection, request id).
+Waiter = asyncio.Future[Any] | tuple[_ClientConnection, int]
 
 
 class ReplicaNode:
@@ -101,8 +115,9 @@ class ReplicaNode:
         )
         self._events: list[tuple[str, object]] = []
         self._wakeup = asyncio.Event()
-        self._commands: dict[tuple[int, int], list[asyncio.Future[Result]]] = defaultdict(list)
-        self._reads: dict[tuple[int, int], list[asyncio.Future[bytes]]] = defaultdict(list)
+        self._commands: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
+        self._reads: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
+        self._dirty: set[_ClientConnection] = set()
         self._proposed_at: dict[tuple[int, int], int] = {}
         self._client_server: asyncio.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -142,10 +157,10 @@ class ReplicaNode:
 
     async def read(self, command: Command, *, stale: bool = False) -> bytes:
         """A linearizable read through the sequencer (``stale=True``: local, possibly old)."""
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._reads[(command.client_id, command.seq)].append(future)
         self._post("stale" if stale else "read", command)
-        return await future
+        return (await future).value
 
     def _post(self, kind: str, item: object) -> None:
         self._events.append((kind, item))
@@ -180,12 +195,14 @@ class ReplicaNode:
             raise
 
     async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
         next_tick = 0
         while not self._stopping:
             if not self._events:
                 timeout = max(0.0, (next_tick - _now_us()) / 1e6)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                timer = loop.call_later(timeout, self._wakeup.set)
+                await self._wakeup.wait()
+                timer.cancel()
             self._wakeup.clear()
             now = _now_us()
             events, self._events = self._events, []
@@ -251,14 +268,21 @@ class ReplicaNode:
             if command.blind:
                 self._complete((command.client_id, command.seq), Result(b"", -1), now)
         for command in ready.reads:
-            for future in self._reads.pop((command.client_id, command.seq), ()):
-                if not future.done():
-                    future.set_result(machine.query(command.op))
+            waiters = self._reads.pop((command.client_id, command.seq), ())
+            if waiters:
+                answer = machine.query(command.op)
+                for waiter in waiters:
+                    self._resolve(waiter, Result(answer, -1))
         for failure in ready.failed:
             key = (failure.command.client_id, failure.command.seq)
             error = DefiniteFailure if failure.definite else IndefiniteFailure
             self._fail(key, error(failure.reason), reads=False)
         self.core.advance(ready)
+        for connection in self._dirty:
+            if not connection.writer.is_closing():
+                connection.writer.write(b"".join(connection.out))
+            connection.out.clear()
+        self._dirty.clear()
 
     def _send(self, outgoing: list[Outgoing]) -> None:
         if not outgoing:
@@ -273,27 +297,38 @@ class ReplicaNode:
         started = self._proposed_at.pop(key, None)
         if started is not None and len(self.stats.latencies_us) < 1_000_000:
             self.stats.latencies_us.append(now - started)
-        for future in self._commands.pop(key, ()):
-            if not future.done():
-                future.set_result(result)
+        for waiter in self._commands.pop(key, ()):
+            self._resolve(waiter, result)
 
     def _fail(self, key: tuple[int, int], error: SDPaxosError, *, reads: bool) -> None:
         self._proposed_at.pop(key, None)
         table = self._reads if reads else self._commands
-        for future in table.pop(key, ()):
-            if not future.done():
-                future.set_exception(error)
+        for waiter in table.pop(key, ()):
+            self._resolve(waiter, error)
+
+    def _resolve(self, waiter: Waiter, outcome: Result | SDPaxosError) -> None:
+        if isinstance(waiter, tuple):
+            connection, req_id = waiter
+            if isinstance(outcome, Result):
+                response = ClientResponse(req_id, "ok", outcome.value, outcome.position)
+            elif isinstance(outcome, DefiniteFailure):
+                response = ClientResponse(req_id, "definite", str(outcome))
+            else:
+                response = ClientResponse(req_id, "indefinite", str(outcome))
+            connection.out.append(frame_to_wire(response.encode()))
+            self._dirty.add(connection)
+        elif not waiter.done():
+            if isinstance(outcome, Result):
+                waiter.set_result(outcome)
+            else:
+                waiter.set_exception(outcome)
 
     # ------------------------------------------------------------------ client port
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         frames = FrameReader()
-
-        def answer(response: ClientResponse) -> None:
-            if not writer.is_closing():
-                writer.write(frame_to_wire(response.encode()))
-
+        connection = _ClientConnection(writer)
         try:
             while not self._stopping:
                 data = await reader.read(1 << 16)
@@ -303,52 +338,19 @@ class ReplicaNode:
                     try:
                         request = decode_request(payload)
                     except DecodeError as exc:
-                        answer(ClientResponse(0, "error", str(exc)))
+                        writer.write(frame_to_wire(ClientResponse(0, "error", str(exc)).encode()))
                         continue
-                    self._handle_request(request, answer)
+                    key = (request.command.client_id, request.command.seq)
+                    table = self._commands if request.kind == "cmd" else self._reads
+                    table[key].append((connection, request.req_id))
+                    self._events.append((request.kind, request.command))
+                self._wakeup.set()
         except DecodeError as exc:
             log.warning("closing client connection: %s", exc)
         except (OSError, ConnectionError):
             pass
         finally:
             writer.close()
-
-    def _handle_request(
-        self, request: ClientRequest, answer: Callable[[ClientResponse], None]
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        key = (request.command.client_id, request.command.seq)
-        if request.kind == "cmd":
-            future: asyncio.Future[Result] = loop.create_future()
-            self._commands[key].append(future)
-
-            def done(f: asyncio.Future[Result]) -> None:
-                answer(_response_for(request.req_id, f))
-
-            future.add_done_callback(done)
-        else:
-            read_future: asyncio.Future[bytes] = loop.create_future()
-            self._reads[key].append(read_future)
-
-            def read_done(f: asyncio.Future[bytes]) -> None:
-                answer(_response_for(request.req_id, f))
-
-            read_future.add_done_callback(read_done)
-        self._post(request.kind, request.command)
-
-
-def _response_for(
-    req_id: int, future: asyncio.Future[Result] | asyncio.Future[bytes]
-) -> ClientResponse:
-    error = future.exception()
-    if error is None:
-        value = future.result()
-        if isinstance(value, Result):
-            return ClientResponse(req_id, "ok", value.value, value.position)
-        return ClientResponse(req_id, "ok", value, -1)
-    if isinstance(error, DefiniteFailure):
-        return ClientResponse(req_id, "definite", str(error))
-    return ClientResponse(req_id, "indefinite", str(error))
 
 
 def _now_us() -> int:

@@ -13,9 +13,8 @@ import pytest
 
 from consensus.errors import SDPaxosError
 from consensus.runtime.client import Client
+from consensus.runtime.local_cluster import LocalCluster as ProcessCluster
 from consensus.statemachine import kv_cas, kv_get, kv_put
-
-from .cluster_processes import ProcessCluster
 
 KEYS = [f"k{i}" for i in range(6)]
 

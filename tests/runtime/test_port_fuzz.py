@@ -13,11 +13,10 @@ from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
 from consensus.messages import Heartbeat
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import parse_cluster_config
+from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.transport import Handshake
 from consensus.statemachine import KVStore, kv_get, kv_put
-
-from .cluster_processes import free_base_port
 
 
 def cluster(tmp_path: Path) -> tuple[list[ReplicaNode], list[tuple[str, int]]]:

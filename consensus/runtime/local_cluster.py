@@ -1,4 +1,9 @@
-"""Start, kill, pause and restart real replica processes on loopback (test helper)."""
+"""Start, kill, pause and restart real replica processes on loopback (tests and benchmarks).
+
+``LocalCluster`` writes a cluster file for free loopback ports, runs each replica as
+``python -m bench.cli serve``, and can kill -9, SIGSTOP/SIGCONT and restart any of them.
+Use it as a context manager so every process is stopped, also on failure or Ctrl-C.
+"""
 
 from __future__ import annotations
 
@@ -13,13 +18,15 @@ from pathlib import Path
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 
+__all__ = ["LocalCluster", "free_base_port"]
+
 
 def free_base_port(span: int = 300) -> int:
     """A base port whose [base, base + span) range looks free right now."""
     for _ in range(50):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+            base: int = probe.getsockname()[1]
         if base + span >= 65000:
             continue
         ok = True
@@ -35,11 +42,20 @@ def free_base_port(span: int = 300) -> int:
     raise RuntimeError("no free port range")
 
 
-class ProcessCluster:
-    def __init__(self, directory: Path, replicas: int = 3, *, protocol: str = "") -> None:
+class LocalCluster:
+    def __init__(
+        self,
+        directory: Path,
+        replicas: int = 3,
+        *,
+        protocol: str = "",
+        wan: bool = False,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.directory = directory
+        self.extra_args = extra_args
         directory.mkdir(parents=True, exist_ok=True)
-        text = cluster_toml(replicas, free_base_port(), wan=False)
+        text = cluster_toml(replicas, free_base_port(), wan=wan)
         if protocol:
             text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
         self.config_path = directory / "cluster.toml"
@@ -55,7 +71,7 @@ class ProcessCluster:
         log = open(self.directory / f"replica-{replica}.log", "ab")  # noqa: SIM115
         self.processes[replica] = subprocess.Popen(
             [sys.executable, "-m", "bench.cli", "serve", "--config", str(self.config_path),
-             "--id", str(replica)],
+             "--id", str(replica), *self.extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -88,6 +104,12 @@ class ProcessCluster:
                 process.kill()
                 process.wait()
         self.processes.clear()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
 
     def logs(self) -> str:
         return "\n".join(

@@ -1,0 +1,195 @@
+"""``sdpaxos bench runtime``: replicas as real processes on loopback, fsync on, clients here.
+
+Modes (all 16-byte blind writes unless ``--reads``):
+
+* ``peak``: closed loop, ``--clients`` connections with ``--outstanding`` pipelined requests
+  each; reports throughput and latency percentiles;
+* ``single``: one client, one request at a time: the latency floor;
+* ``rate``: open loop at ``--rate`` requests/s (Poisson), e.g. half the measured peak.
+
+Every process started is stopped on exit, also on Ctrl-C or failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from consensus.codec import FrameReader, frame_to_wire
+from consensus.messages import Command
+from consensus.runtime.client_protocol import ClientRequest, decode_response
+from consensus.statemachine import kv_put
+
+__all__ = ["add_arguments", "run"]
+
+
+class PipelinedConnection:
+    """A raw pipelined client connection (the bench's own, to keep client CPU low)."""
+
+    def __init__(self, client_id: int) -> None:
+        self.client_id = client_id
+        self.seq = 0
+        self.waiting: dict[int, tuple[float, asyncio.Future[float]]] = {}
+
+    async def open(self, address: tuple[str, int]) -> None:
+        self.reader, self.writer = await asyncio.open_connection(*address)
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        frames = FrameReader()
+        while True:
+            data = await self.reader.read(1 << 16)
+            if not data:
+                return
+            now = time.perf_counter()
+            for payload in frames.feed(data):
+                response = decode_response(payload)
+                started, future = self.waiting.pop(response.req_id)
+                if not future.done():
+                    future.set_result(now - started)
+
+    def send(self, op: bytes, key: str) -> asyncio.Future[float]:
+        self.seq += 1
+        command = Command(client_id=self.client_id, seq=self.seq, op=op, keys=(key,), blind=True)
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.waiting[self.seq] = (time.perf_counter(), future)
+        self.writer.write(frame_to_wire(ClientRequest(self.seq, "cmd", command).encode()))
+        return future
+
+    async def close(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    if not ordered:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan")}
+    return {
+        "p50_ms": round(ordered[len(ordered) // 2] * 1000, 3),
+        "p99_ms": round(ordered[max(0, int(len(ordered) * 0.99) - 1)] * 1000, 3),
+    }
+
+
+async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> dict[str, object]:
+    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]  # 16-byte ops
+    latencies: list[float] = []
+    done = 0
+    connections: list[PipelinedConnection] = []
+    clients = 1 if args.mode == "single" else args.clients
+    for i in range(clients):
+        connection = PipelinedConnection(1000 + i)
+        await connection.open(addresses[i % len(addresses)])
+        connections.append(connection)
+    await asyncio.sleep(0.2)
+    deadline = time.perf_counter() + args.warmup + args.duration
+    measure_from = time.perf_counter() + args.warmup
+
+    async def closed_loop(connection: PipelinedConnection, outstanding: int) -> None:
+        nonlocal done
+        rng = random.Random(connection.client_id)
+
+        async def one() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                i = rng.randrange(8192)
+                latency = await connection.send(ops[i], f"k{i % 4096:05d}")
+                if time.perf_counter() >= measure_from:
+                    latencies.append(latency)
+                    done += 1
+
+        await asyncio.gather(*(one() for _ in range(outstanding)))
+
+    started = time.perf_counter()
+    if args.mode == "rate":
+        # Poisson arrivals; every ~0.5 ms, send whatever is due (one sleep per request would
+        # cost the generator more CPU than the replicas it measures).
+        rng = random.Random(1)
+        pending: list[asyncio.Future[float]] = []
+        next_at = time.perf_counter()
+        while next_at < deadline:
+            now = time.perf_counter()
+            while next_at <= now:
+                connection = connections[rng.randrange(len(connections))]
+                i = rng.randrange(8192)
+                future = connection.send(ops[i], f"k{i % 4096:05d}")
+                if next_at >= measure_from:
+                    pending.append(future)
+                next_at += rng.expovariate(args.rate)
+            await asyncio.sleep(0.0005)
+        results = await asyncio.gather(*pending)
+        latencies.extend(results)
+        done = len(results)
+    else:
+        outstanding = 1 if args.mode == "single" else args.outstanding
+        await asyncio.gather(*(closed_loop(c, outstanding) for c in connections))
+    elapsed = time.perf_counter() - max(started, measure_from)
+    for connection in connections:
+        await connection.close()
+    return {
+        "mode": args.mode,
+        "replicas": len(addresses),
+        "completed": done,
+        "throughput_per_s": round(done / elapsed),
+        **percentiles(latencies),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mode", choices=("peak", "single", "rate"), default="peak")
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--outstanding", type=int, default=200, help="per client (peak)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="requests/s (rate mode)")
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--no-fsync", action="store_true")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from consensus.runtime.local_cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="sdpaxos-bench-") as tmp:
+        extra = ("--no-fsync",) if args.no_fsync else ()
+        with LocalCluster(Path(tmp), args.replicas, extra_args=extra) as cluster:
+            cluster.start_all()
+            addresses = cluster.client_addresses
+            asyncio.run(_wait_ready(addresses))
+            result = asyncio.run(drive(args, addresses))
+    result["fsync"] = not args.no_fsync
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{result['mode']}: {result['completed']} writes, {result['throughput_per_s']:,}/s, "
+            f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
+            f"({result['replicas']} replicas as processes, "
+            f"fsync {'on' if result['fsync'] else 'off'})"
+        )
+    return 0
+
+
+async def _wait_ready(addresses: list[tuple[str, int]], timeout: float = 30.0) -> None:
+    from consensus.errors import SDPaxosError
+    from consensus.runtime.client import Client
+    from consensus.statemachine import kv_get
+
+    deadline = time.monotonic() + timeout
+    for home in range(len(addresses)):
+        while True:
+            client = Client(1 << 40, addresses, home=home, timeout_s=1.0, attempts=1)
+            try:
+                await client.read(kv_get("probe"), ["probe"])
+                break
+            except SDPaxosError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+            finally:
+                await client.close()
