@@ -42,7 +42,8 @@ capped by the input's length, so a hostile length header cannot make it allocate
 pre-allocates each array it opens; hostile nesting to msgpack's depth limit can still cost a
 transient ~5x the input's size, e.g. ~80 MB for a 16 MiB frame.)
 ``MAX_OP_BYTES`` and ``MAX_KEY_BYTES`` are enforced by the unpacker itself (bin values occur
-only as ``op`` and str values only as keys), the other limits by the decoders.
+only as ``op`` and ``SnapshotChunk.data``, str values only as keys), the other limits by the
+decoders.
 
 Encoding trusts its input, which comes from the local protocol core: it checks the class of
 each message (``TypeError`` otherwise) and the number of messages in a frame, not the fields.
@@ -100,6 +101,7 @@ from consensus.messages import (
     Record,
     RReply,
     RRequest,
+    SnapshotChunk,
     Suspect,
     ViewRecord,
     Vote,
@@ -189,6 +191,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         Suspect: 20,
         PreVote: 21,
         PreVoteReply: 22,
+        SnapshotChunk: 23,
         # durable records
         CAcceptedRecord: 64,
         OAcceptedRecord: 65,
@@ -291,6 +294,14 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     VRequest: (("src", _UINT), ("view", _UINT), ("from_slot", _UINT)),
     PreVote: (("src", _UINT), ("view", _UINT)),
     PreVoteReply: (("src", _UINT), ("view", _UINT), ("granted", _BOOL)),
+    SnapshotChunk: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("slot", _UINT),
+        ("offset", _UINT),
+        ("total", _UINT),
+        ("data", _BIN),
+    ),
     Vote: (
         ("src", _UINT),
         ("view", _UINT),

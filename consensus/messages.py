@@ -55,6 +55,7 @@ __all__ = [
     "RReply",
     "RRequest",
     "Record",
+    "SnapshotChunk",
     "Suspect",
     "VRequest",
     "ViewRecord",
@@ -338,6 +339,19 @@ class CNack:
     ballot: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotChunk:
+    """Bytes ``[offset, offset + len(data))`` of an encoded snapshot of ``total`` bytes, for a
+    peer behind the sender's compaction point (see ``consensus.storage.snapshot``)."""
+
+    src: int
+    view: int
+    slot: int
+    offset: int
+    total: int
+    data: bytes
+
+
 # --------------------------------------------------------------------------- reads (§3.5)
 
 
@@ -392,6 +406,7 @@ PeerMessage = (
     | Suspect
     | PreVote
     | PreVoteReply
+    | SnapshotChunk
 )
 
 

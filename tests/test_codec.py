@@ -209,6 +209,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "Suspect": 20,
         "PreVote": 21,
         "PreVoteReply": 22,
+        "SnapshotChunk": 23,
         "CAcceptedRecord": 64,
         "OAcceptedRecord": 65,
         "ViewRecord": 66,

@@ -78,6 +78,8 @@ class Ready:
     reads: list[Command] = field(default_factory=list)
     #: commands led here that failed
     failed: list[Failure] = field(default_factory=list)
+    #: peers that need our latest snapshot (they are behind our compaction point)
+    snapshot_requests: list[int] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -88,4 +90,5 @@ class Ready:
             or self.ready
             or self.reads
             or self.failed
+            or self.snapshot_requests
         )

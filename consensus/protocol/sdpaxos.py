@@ -74,6 +74,7 @@ import bisect
 import enum
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES, MAX_REQUEST_KEYS
 from consensus.config import ProtocolConfig
@@ -117,7 +118,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import next_ballot
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 
-__all__ = ["Role", "SDPaxosReplica"]
+__all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
@@ -147,6 +148,45 @@ class CInstance:
         self.sent_at = 0
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Where a state-machine snapshot stands in the log: every slot below ``slot`` applied,
+    and ``exec_counts[r]`` of replica r's C-instances among them."""
+
+    slot: int
+    exec_counts: tuple[int, ...]
+
+
+class OwnerSlots:
+    """The global slots of one replica's O-instances, in order, minus a compacted prefix:
+    ``self[k]`` is the slot of its ``k``-th O-instance (``k >= base``)."""
+
+    __slots__ = ("base", "slots")
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.slots: list[int] = []
+
+    def __len__(self) -> int:
+        return self.base + len(self.slots)
+
+    def __getitem__(self, index: int) -> int:
+        if index < self.base:
+            raise IndexError(f"O-instance {index} was compacted away (base {self.base})")
+        return self.slots[index - self.base]
+
+    def append(self, slot: int) -> None:
+        self.slots.append(slot)
+
+    def count_below(self, slot: int) -> int:
+        return self.base + bisect.bisect_left(self.slots, slot)
+
+    def trim_below(self, slot: int) -> None:
+        k = bisect.bisect_left(self.slots, slot)
+        del self.slots[:k]
+        self.base += k
+
+
 class Recovery:
     """A Prepare round over ``owner``'s C-instances from ``from_index`` on."""
 
@@ -170,6 +210,7 @@ class SDPaxosReplica:
         *,
         recovered: Sequence[Record] = (),
         rng: random.Random,
+        snapshot: SnapshotMeta | None = None,
     ) -> None:
         if not 0 <= me < config.replicas:
             raise LocalProtocolError(f"replica id {me} outside 0..{config.replicas - 1}")
@@ -242,7 +283,7 @@ class SDPaxosReplica:
 
         # sequencer state (meaningful while self.role is SEQUENCER)
         self.seq_next_slot = 0
-        self.seq_slots: dict[int, list[int]] = {r: [] for r in range(self.n)}
+        self.seq_slots: dict[int, OwnerSlots] = {r: OwnerSlots() for r in range(self.n)}
         self.seq_acked: dict[int, set[int]] = {r: set() for r in range(self.n)}
         self.seq_acked_prefix: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._seq_own_chosen = 0  # N=5: how many of our own O-instances are chosen
@@ -268,6 +309,8 @@ class SDPaxosReplica:
         self.exec_slot = 0
         self._exec_count: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
+        self._compacted = 0  # slots below this were compacted into a snapshot
+        self._base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._exec_progress_at = 0
         self._catchup_peer = 0
         self._last_catchup_at = -(1 << 62)
@@ -280,7 +323,9 @@ class SDPaxosReplica:
         self._ocommit_out: list[OEntry] = []
         self._handed_out: Ready | None = None
 
-        if recovered:
+        if snapshot is not None:
+            self._set_base(snapshot)
+        if recovered or snapshot is not None:
             self._recover(recovered)
 
     # ------------------------------------------------------------------ properties
@@ -732,7 +777,7 @@ class SDPaxosReplica:
         # A CRequest for an instance already ordered is a retransmission: the requester lost
         # OAccepts. Re-send everything from its gap-free prefix through its instance's slot.
         slots = self.seq_slots[msg.owner]
-        if msg.index < len(slots):
+        if slots.base <= msg.index < len(slots):
             self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
 
     def _order(self, owner: int, index: int, keys: tuple[str, ...]) -> None:
@@ -895,8 +940,8 @@ class SDPaxosReplica:
         if not (self._five and self.role is Role.SEQUENCER):
             return
         mine = self.seq_slots[self.me]
-        chosen = bisect.bisect_left(mine, self._majority_prefix())
-        for i in range(self._seq_own_chosen, chosen):
+        chosen = mine.count_below(self._majority_prefix())
+        for i in range(max(self._seq_own_chosen, mine.base), chosen):
             self._commit_o(mine[i])
         self._seq_own_chosen = max(self._seq_own_chosen, chosen)
         self._check_ready()
@@ -941,7 +986,7 @@ class SDPaxosReplica:
                 return self._exec_count[self.me]
             if "go_ready_rule" in self._unsafe:
                 return len(self.seq_slots[self.me])
-            return bisect.bisect_left(self.seq_slots[self.me], self._majority_prefix())
+            return self.seq_slots[self.me].count_below(self._majority_prefix())
         return self._prefix_mine
 
     def _check_ready(self) -> None:
@@ -1201,8 +1246,9 @@ class SDPaxosReplica:
         start, end = new_view.start, new_view.start + len(new_view.owners)
         self.role = Role.SEQUENCER
         self._last_view_change_at = self.now
-        # our assignment log: the executed prefix, then the rebuilt range
-        self.seq_slots = {r: [] for r in range(self.n)}
+        # our assignment log: the compacted prefix (counts only), the executed slots we still
+        # hold, then the rebuilt range
+        self.seq_slots = {r: OwnerSlots(self._base_counts[r]) for r in range(self.n)}
         for slot in sorted(self.log):
             owner = self.log[slot][0]
             if owner != NO_CL:
@@ -1216,7 +1262,7 @@ class SDPaxosReplica:
         self.seq_acked_prefix = {
             r: (end if r in self._new_view_acks else start) for r in range(self.n)
         }
-        self._seq_own_chosen = bisect.bisect_left(self.seq_slots[self.me], end)
+        self._seq_own_chosen = self.seq_slots[self.me].count_below(end)
         self.history.clear()
         self._unknown_keys.clear()
         self._history_floor = self.seq_next_slot - 1
@@ -1456,7 +1502,7 @@ class SDPaxosReplica:
         mine = self.seq_slots[self.me]
         for peer in self._peers:
             for index in late:
-                if index >= len(mine):
+                if not mine.base <= index < len(mine):
                     continue
                 slot = mine[index]
                 if self._five:
@@ -1507,6 +1553,10 @@ class SDPaxosReplica:
 
     def _on_catchup(self, msg: Catchup) -> None:
         """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded)."""
+        if msg.slot < self._compacted:
+            # what it misses is only in our snapshot now: the driver sends it
+            self._out.snapshot_requests.append(msg.src)
+            return
         start = msg.slot
         stop = start + CATCHUP_BATCH
         entries = tuple(
@@ -1625,6 +1675,80 @@ class SDPaxosReplica:
             delay = int(self.rng.random() * self.config.election_timeout_us / 2)
             self._force_election_at = max(self.lease_granted_until, self.now) + delay
 
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_meta(self) -> SnapshotMeta:
+        """Where a snapshot of the state machine, taken now (after applying the last
+        ``Ready``), stands in the log."""
+        return SnapshotMeta(self.exec_slot, tuple(self._exec_count[r] for r in range(self.n)))
+
+    def compact(self, meta: SnapshotMeta) -> list[Record]:
+        """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
+        Returns the records a rewritten write-ahead log must hold (with that snapshot, they
+        rebuild this replica exactly as its full log would)."""
+        if meta.slot > self.exec_slot:
+            raise LocalProtocolError("compact() beyond the execution frontier")
+        self._drop_below(meta)
+        return self.durable_records()
+
+    def install_snapshot(self, meta: SnapshotMeta) -> list[Record]:
+        """A peer's snapshot was applied to our state machine: continue from ``meta``.
+        Returns the records for a rewritten write-ahead log, like ``compact``."""
+        if meta.slot <= self.exec_slot:
+            return self.durable_records()
+        self._set_base(meta)
+        self._recount_o_state()
+        self._exec_progress_at = self.now
+        return self.durable_records()
+
+    def _set_base(self, meta: SnapshotMeta) -> None:
+        self.exec_slot = max(self.exec_slot, meta.slot)
+        for r in range(self.n):
+            self._exec_count[r] = max(self._exec_count[r], meta.exec_counts[r])
+        self._drop_below(meta)
+        self.next_index = max(self.next_index, self._exec_count[self.me])
+        self.o_prefix = max(self.o_prefix, meta.slot)
+        self.o_high = max(self.o_high, meta.slot)
+
+    def _drop_below(self, meta: SnapshotMeta) -> None:
+        for slot in [s for s in self.log if s < meta.slot]:
+            owner, index = self.log.pop(slot)
+            if owner != NO_CL:
+                self.c.pop((owner, index), None)
+        for key in [k for k in self.c if k[1] < meta.exec_counts[k[0]]]:
+            del self.c[key]
+        for table in (self.o_value, self.o_ballot, self.o_acks):
+            for slot in [s for s in table if s < meta.slot]:
+                del table[slot]
+        self.o_committed = {s for s in self.o_committed if s >= meta.slot}
+        for r, slots in self.seq_slots.items():
+            slots.trim_below(meta.slot)
+            slots.base = max(slots.base, meta.exec_counts[r])
+        self._compacted = max(self._compacted, meta.slot)
+        self._base_counts = dict(enumerate(meta.exec_counts))
+
+    def durable_records(self) -> list[Record]:
+        """Everything this replica promised and accepted beyond its compaction point."""
+        records: list[Record] = [
+            ViewRecord(view=self.view),
+            # "accepted this view's log, nothing of it beyond here": restores accepted_view
+            NewViewRecord(view=self.accepted_view, start=self.exec_slot, owners=()),
+        ]
+        by_ballot: dict[int, list[OEntry]] = {}
+        for slot in sorted(self.o_ballot):
+            if slot >= self.exec_slot and self.o_ballot[slot] >= 0:
+                entry = OEntry(slot=slot, owner=self.o_value[slot])
+                by_ballot.setdefault(self.o_ballot[slot], []).append(entry)
+        for ballot in sorted(by_ballot):
+            records.append(OAcceptedRecord(view=ballot, entries=tuple(by_ballot[ballot])))
+        for (owner, index), inst in sorted(self.c.items()):
+            if inst.batch is not None:
+                records.append(
+                    CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
+                )
+        for owner, (ballot, from_index) in sorted(self._c_promised.items()):
+            records.append(CPromiseRecord(owner=owner, from_index=from_index, ballot=ballot))
+        return records
+
     # ------------------------------------------------------------------ recovery
     def _recover(self, records: Sequence[Record]) -> None:
         """Rebuild what this replica promised and accepted from its durable records."""
@@ -1632,6 +1756,8 @@ class SDPaxosReplica:
         for record in records:
             match record:
                 case CAcceptedRecord():
+                    if record.index < self._exec_count[record.owner]:
+                        continue  # executed: in the snapshot
                     key = (record.owner, record.index)
                     inst = self.c.get(key)
                     if inst is None or record.ballot >= inst.ballot:
@@ -1643,6 +1769,8 @@ class SDPaxosReplica:
                         own.add(record.index)
                 case OAcceptedRecord():
                     for entry in record.entries:
+                        if entry.slot < self.exec_slot:
+                            continue
                         if self.o_ballot.get(entry.slot, -1) <= record.view:
                             self.o_value[entry.slot] = entry.owner
                             self.o_ballot[entry.slot] = record.view

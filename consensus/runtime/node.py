@@ -36,14 +36,23 @@ from consensus.errors import (
     LocalProtocolError,
     SDPaxosError,
 )
-from consensus.messages import Command, PeerMessage
+from consensus.messages import Command, PeerMessage, SnapshotChunk
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.client_protocol import ClientResponse, decode_request
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
+from consensus.storage.snapshot import (
+    decode_snapshot,
+    encode_snapshot,
+    latest_snapshot,
+    write_snapshot,
+)
 from consensus.storage.wal import WriteAheadLog
+
+#: bytes of snapshot per SnapshotChunk (the codec caps a bin field at 1 MiB)
+SNAPSHOT_CHUNK = 512 << 10
 
 __all__ = ["NodeStats", "ReplicaNode", "Result"]
 
@@ -66,6 +75,8 @@ class NodeStats:
     fsyncs: int = 0
     fsync_seconds: float = 0.0
     bad_frames: int = 0
+    snapshots_taken: int = 0
+    snapshots_installed: int = 0
     #: latencies (µs) of commands led here, from proposal to answer
     latencies_us: list[int] = field(default_factory=list)
 
@@ -94,16 +105,29 @@ class ReplicaNode:
         fsync: bool = True,
         tick_us: int | None = None,
         seed: int | None = None,
+        snapshot_every: int = 100_000,
     ) -> None:
         self.config = config
         self.me = me
         self.state_machine = state_machine
         self.fsync = fsync
         self.stats = NodeStats()
+        self.snapshot_every = snapshot_every
+        self.snapshot_dir = config.replica_dir(me) / "snapshots"
+        self._snapshot_bytes: bytes | None = None
+        self._applied_since_snapshot = 0
+        self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
         self.wal = WriteAheadLog(config.replica_dir(me) / "wal")
         records = [decode_record(payload) for payload in self.wal.recovered]
+        meta = None
+        found = latest_snapshot(self.snapshot_dir)
+        if found is not None:
+            self._snapshot_bytes, meta, state = found
+            state_machine.restore(state)
         rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
-        self.core = SDPaxosReplica(config.protocol, me, recovered=records, rng=rng)
+        self.core = SDPaxosReplica(
+            config.protocol, me, recovered=records, rng=rng, snapshot=meta
+        )
         protocol = config.protocol
         self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
         self.transport = PeerTransport(
@@ -177,6 +201,11 @@ class ReplicaNode:
         genuine = [m for m in messages if m.src == peer]
         if len(genuine) != len(messages):
             self.stats.bad_frames += 1
+        chunks = [m for m in genuine if isinstance(m, SnapshotChunk)]
+        for chunk in chunks:
+            self._on_snapshot_chunk(chunk)
+        if chunks:
+            genuine = [m for m in genuine if not isinstance(m, SnapshotChunk)]
         if genuine:
             self._post("msgs", genuine)
 
@@ -228,6 +257,10 @@ class ReplicaNode:
                 for message in item:
                     core.step(message, now)
                 continue
+            if kind == "snapshot":
+                assert isinstance(item, bytes)
+                self._install_snapshot(item)
+                continue
             command = item
             assert isinstance(command, Command)
             key = (command.client_id, command.seq)
@@ -277,12 +310,79 @@ class ReplicaNode:
             key = (failure.command.client_id, failure.command.seq)
             error = DefiniteFailure if failure.definite else IndefiniteFailure
             self._fail(key, error(failure.reason), reads=False)
+        for peer in sorted(set(ready.snapshot_requests)):
+            self._send_snapshot(peer)
         self.core.advance(ready)
+        self._applied_since_snapshot += len(ready.apply)
+        if self._applied_since_snapshot >= self.snapshot_every:
+            self._take_snapshot()
         for connection in self._dirty:
             if not connection.writer.is_closing():
                 connection.writer.write(b"".join(connection.out))
             connection.out.clear()
         self._dirty.clear()
+
+    # ------------------------------------------------------------------ snapshots
+    def _take_snapshot(self) -> None:
+        """Snapshot the state machine at the execution frontier, then compact the core and
+        rewrite the write-ahead log down to what the snapshot does not cover."""
+        meta = self.core.snapshot_meta()
+        data = encode_snapshot(meta, self.state_machine.snapshot())
+        write_snapshot(self.snapshot_dir, data, meta.slot)
+        self._snapshot_bytes = data
+        records = self.core.compact(meta)
+        self.wal.rewrite([encode_record(record) for record in records])
+        self._applied_since_snapshot = 0
+        self.stats.snapshots_taken += 1
+        log.info("replica %d: snapshot at slot %d, log compacted", self.me, meta.slot)
+
+    def _send_snapshot(self, peer: int) -> None:
+        data = self._snapshot_bytes
+        if data is None:
+            return
+        meta, _ = decode_snapshot(data)
+        for offset in range(0, len(data), SNAPSHOT_CHUNK):
+            chunk = SnapshotChunk(
+                src=self.me,
+                view=self.core.view,
+                slot=meta.slot,
+                offset=offset,
+                total=len(data),
+                data=data[offset : offset + SNAPSHOT_CHUNK],
+            )
+            self.transport.send(peer, encode_frame([chunk]))
+
+    def _on_snapshot_chunk(self, chunk: SnapshotChunk) -> None:
+        slot, got, buffer = self._incoming.get(chunk.src, (-1, 0, bytearray()))
+        if chunk.offset == 0:
+            slot, got, buffer = chunk.slot, 0, bytearray()
+        if chunk.slot != slot or chunk.offset != got or chunk.total > (1 << 34):
+            self._incoming.pop(chunk.src, None)  # out of order: wait for the next offer
+            return
+        buffer += chunk.data
+        got += len(chunk.data)
+        if got >= chunk.total:
+            self._incoming.pop(chunk.src, None)
+            self._post("snapshot", bytes(buffer))
+        else:
+            self._incoming[chunk.src] = (slot, got, buffer)
+
+    def _install_snapshot(self, data: bytes) -> None:
+        try:
+            meta, state = decode_snapshot(data)
+        except DecodeError as exc:
+            log.warning("replica %d: ignoring a bad snapshot: %s", self.me, exc)
+            return
+        replicas = self.config.protocol.replicas
+        if meta.slot <= self.core.exec_slot or len(meta.exec_counts) != replicas:
+            return
+        self.state_machine.restore(state)
+        write_snapshot(self.snapshot_dir, data, meta.slot)
+        self._snapshot_bytes = data
+        records = self.core.install_snapshot(meta)
+        self.wal.rewrite([encode_record(record) for record in records])
+        self.stats.snapshots_installed += 1
+        log.info("replica %d: installed a snapshot at slot %d", self.me, meta.slot)
 
     def _send(self, outgoing: list[Outgoing]) -> None:
         if not outgoing:

@@ -1,6 +1,6 @@
 """A crash-safe write-ahead log of opaque records, with group commit.
 
-File format (one segment file ``wal-<first record number, 20 digits>.log`` after another)::
+File format (segment files ``wal-<generation, 20 digits>.log``, read in generation order)::
 
     segment := header record*
     header  := b"SDPXWAL1"
@@ -18,6 +18,11 @@ Recovery (``open``) reads every segment in order:
 * anything else that does not check out — a bad record followed by more data, a bad header,
   damage in a segment that is not the last — is corruption of acknowledged data:
   ``WALCorruption`` names the file and byte offset, and nothing is silently dropped.
+
+Compaction: ``rewrite(payloads)`` writes the records still needed (after a snapshot) to a new
+segment, fsyncs it and the directory, then deletes the older segments. A crash in between
+leaves old and new segments; reading both replays a superset, which the records' meaning
+(later ones win) makes harmless.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class WriteAheadLog:
         self.recovered: list[bytes] = []
         self._count = 0  # durable records, recovered and appended
         self._pending: list[bytes] = []
-        self._segments: list[tuple[int, Path]] = []  # (first record number, path)
+        self._segments: list[tuple[int, Path]] = []  # (generation, path)
         self._load()
         self._count = len(self.recovered)
         self._file = open(self._segments[-1][1], "ab")  # noqa: SIM115 - held open for appends
@@ -84,12 +89,11 @@ class WriteAheadLog:
             return
         for number, path in enumerate(paths):
             last = number == len(paths) - 1
-            first = int(path.stem.split("-")[1])
-            if first != len(self.recovered):
-                raise WALCorruption(
-                    path, 0, f"segment starts at record {first}, expected {len(self.recovered)}"
-                )
-            self._segments.append((first, path))
+            try:
+                generation = int(path.stem.split("-")[1])
+            except ValueError:
+                raise WALCorruption(path, 0, "segment name is not wal-<number>.log") from None
+            self._segments.append((generation, path))
             good_end = self._read_segment(path, last)
             if last and good_end < path.stat().st_size:
                 with open(path, "r+b") as f:
@@ -180,10 +184,26 @@ class WriteAheadLog:
         self._count += len(self._pending)
         self._pending.clear()
         if self._size >= self.segment_bytes:
-            self._file.close()
-            self._new_segment(self._count)
-            self._file = open(self._segments[-1][1], "ab")  # noqa: SIM115
-            self._size = self._file.tell()
+            self._roll()
+
+    def _roll(self) -> None:
+        self._file.close()
+        self._new_segment(self._segments[-1][0] + 1)
+        self._file = open(self._segments[-1][1], "ab")  # noqa: SIM115 - held open for appends
+        self._size = self._file.tell()
+
+    def rewrite(self, payloads: list[bytes]) -> None:
+        """Replace the whole log by ``payloads`` (durably), dropping every older segment."""
+        self.sync()
+        old = list(self._segments)
+        self._roll()
+        self._pending = list(payloads)
+        self._count = 0
+        self.sync()
+        for _, path in old:
+            path.unlink()
+        self._segments = self._segments[-1:]
+        self._fsync_dir()
 
     def __len__(self) -> int:
         """Durable records (recovered at open plus synced since)."""

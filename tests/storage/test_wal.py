@@ -1,5 +1,6 @@
 import os
 import struct
+import zlib
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consensus.storage.wal import MAGIC, WALCorruption, WriteAheadLog
+
+
+def record_bytes(payload: bytes) -> bytes:
+    head = struct.pack(">I", len(payload))
+    return head + struct.pack(">I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
 def write(path: Path, payloads: list[bytes], segment_bytes: int = 1 << 20) -> None:
@@ -122,3 +128,23 @@ def test_any_truncation_recovers_a_prefix(
     os.truncate(segment, max(0, segment.stat().st_size - cut))
     recovered = WriteAheadLog(path).recovered
     assert recovered == payloads[: len(recovered)]
+
+
+def test_rewrite_keeps_only_the_new_records(tmp_path: Path) -> None:
+    wal = WriteAheadLog(tmp_path, segment_bytes=200)
+    for i in range(30):
+        wal.append(f"old {i}".encode())
+        wal.sync()
+    wal.rewrite([b"live 1", b"live 2"])
+    wal.append(b"after")
+    wal.sync()
+    wal.close()
+    assert len(list(tmp_path.glob("wal-*.log"))) == 1
+    assert WriteAheadLog(tmp_path).recovered == [b"live 1", b"live 2", b"after"]
+
+
+def test_crash_during_rewrite_replays_a_superset(tmp_path: Path) -> None:
+    write(tmp_path, [b"a", b"b"])
+    # the new segment is complete, the old one not deleted yet
+    (tmp_path / "wal-00000000000000000009.log").write_bytes(MAGIC + record_bytes(b"b"))
+    assert WriteAheadLog(tmp_path).recovered == [b"a", b"b", b"b"]
