@@ -5,7 +5,9 @@ Modes (all 16-byte blind writes unless ``--reads``):
 * ``peak``: closed loop, ``--clients`` connections with ``--outstanding`` pipelined requests
   each; reports throughput and latency percentiles;
 * ``single``: one client, one request at a time: the latency floor;
-* ``rate``: open loop at ``--rate`` requests/s (Poisson), e.g. half the measured peak.
+* ``rate``: open loop at ``--rate`` requests/s (Poisson), e.g. half the measured peak;
+* ``restart``: ``--writes`` writes at peak, then kill -9 one replica, restart it from its
+  snapshot and log, and time until it has caught up and answers a linearizable read.
 
 Every process started is stopped on exit, also on Ctrl-C or failure.
 """
@@ -140,8 +142,94 @@ async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> d
     }
 
 
+async def restart(args: argparse.Namespace, cluster: object) -> dict[str, object]:
+    from consensus.errors import SDPaxosError
+    from consensus.runtime.client import Client
+    from consensus.runtime.local_cluster import LocalCluster
+    from consensus.statemachine import kv_get
+
+    assert isinstance(cluster, LocalCluster)
+    addresses = cluster.client_addresses
+    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
+    connections = [PipelinedConnection(2000 + i) for i in range(args.clients)]
+    for i, connection in enumerate(connections):
+        await connection.open(addresses[i % len(addresses)])
+    written = 0
+    started = time.perf_counter()
+
+    async def load(connection: PipelinedConnection) -> None:
+        nonlocal written
+        rng = random.Random(connection.client_id)
+
+        async def one() -> None:
+            nonlocal written
+            while written < args.writes:
+                written += 1
+                i = rng.randrange(8192)
+                await connection.send(ops[i], f"k{i % 4096:05d}")
+
+        await asyncio.gather(*(one() for _ in range(args.outstanding)))
+
+    await asyncio.gather(*(load(c) for c in connections))
+    load_seconds = time.perf_counter() - started
+    for connection in connections:
+        await connection.close()
+    victim = len(addresses) - 1
+    cluster.kill(victim)
+    target = _executed_slots(cluster, 0)
+    cluster.start(victim)
+    restarted = time.perf_counter()
+    caught_up = None
+    while time.perf_counter() - restarted < 60:
+        if caught_up is None and _executed_slots(cluster, victim) >= target:
+            caught_up = time.perf_counter() - restarted
+        if caught_up is not None:
+            client = Client(1 << 42, [addresses[victim]], timeout_s=1.0, attempts=1)
+            try:
+                await client.read(kv_get("k00001"), ["k00001"])
+                break
+            except SDPaxosError:
+                pass
+            finally:
+                await client.close()
+        await asyncio.sleep(0.02)
+    serving = time.perf_counter() - restarted
+    return {
+        "mode": "restart",
+        "replicas": len(addresses),
+        "writes": written,
+        "load_seconds": round(load_seconds, 1),
+        "completed": written,
+        "throughput_per_s": round(written / load_seconds),
+        "caught_up_s": None if caught_up is None else round(caught_up, 2),
+        "serving_s": round(serving, 2),
+        "p50_ms": float("nan"),
+        "p99_ms": float("nan"),
+    }
+
+
+def _executed_slots(cluster: object, replica: int) -> int:
+    import urllib.request
+
+    from consensus.runtime.local_cluster import LocalCluster
+
+    assert isinstance(cluster, LocalCluster)
+    metrics = cluster.config.replica(replica).metrics_address
+    assert metrics is not None
+    try:
+        with urllib.request.urlopen(f"http://{metrics[0]}:{metrics[1]}/metrics", timeout=1) as r:
+            body = r.read().decode()
+    except OSError:
+        return -1
+    for line in body.splitlines():
+        if line.startswith("sdpaxos_executed_slots "):
+            return int(line.split()[1])
+    return -1
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=("peak", "single", "rate"), default="peak")
+    parser.add_argument("--mode", choices=("peak", "single", "rate", "restart"), default="peak")
+    parser.add_argument("--writes", type=int, default=1_000_000, help="before the restart")
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--outstanding", type=int, default=200, help="per client (peak)")
@@ -161,10 +249,19 @@ def run(args: argparse.Namespace) -> int:
             cluster.start_all()
             addresses = cluster.client_addresses
             asyncio.run(_wait_ready(addresses))
-            result = asyncio.run(drive(args, addresses))
+            if args.mode == "restart":
+                result = asyncio.run(restart(args, cluster))
+            else:
+                result = asyncio.run(drive(args, addresses))
     result["fsync"] = not args.no_fsync
     if args.json:
         print(json.dumps(result))
+    elif args.mode == "restart":
+        print(
+            f"restart after {result['writes']:,} writes ({result['throughput_per_s']:,}/s): "
+            f"caught up in {result['caught_up_s']} s, serving linearizable reads after "
+            f"{result['serving_s']} s"
+        )
     else:
         print(
             f"{result['mode']}: {result['completed']} writes, {result['throughput_per_s']:,}/s, "
