@@ -1,0 +1,1 @@
+"""Deterministic simulation of protocol cores, and the linearizability checker."""
