@@ -115,7 +115,7 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
-from consensus.protocol.ballot import next_ballot
+from consensus.protocol.ballot import BALLOT_STRIDE, next_ballot
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 
 __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
@@ -265,6 +265,10 @@ class SDPaxosReplica:
         self._c_promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
         self._ballot_seen = 0
         self.next_index = 0
+        # Our instances start pre-prepared at (0, me); once a Prepare (ours or a recoverer's)
+        # promised a higher ballot over our instance space, we propose at the ballot of our
+        # own last successful Prepare instead — one phase 1 for all later instances.
+        self._own_ballot = me
         self._batch: list[Command] = []
         self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self._restart_pending: list[int] = []  # own indexes found in records at restart
@@ -516,7 +520,8 @@ class SDPaxosReplica:
         self._batch.clear()
         index = self.next_index
         self.next_index += 1
-        inst = CInstance(self.me, batch)
+        ballot = self._own_ballot
+        inst = CInstance(ballot, batch)
         inst.leading = True
         inst.acks.add(self.me)
         inst.sent_at = self.now
@@ -525,10 +530,10 @@ class SDPaxosReplica:
         self._unready[index] = batch
         self._window_needed += 1
         self._out.persist.append(
-            CAcceptedRecord(owner=self.me, index=index, ballot=self.me, batch=batch)
+            CAcceptedRecord(owner=self.me, index=index, ballot=ballot, batch=batch)
         )
         accept = CAccept(
-            src=self.me, view=self.view, owner=self.me, index=index, ballot=self.me, batch=batch
+            src=self.me, view=self.view, owner=self.me, index=index, ballot=ballot, batch=batch
         )
         for peer in self._thrifty_targets:
             self._send(peer, accept)
@@ -721,6 +726,8 @@ class SDPaxosReplica:
         if len(recovery.promises) < self.q:
             return
         del self._recoveries[msg.owner]
+        if msg.owner == self.me:
+            self._own_ballot = max(self._own_ballot, recovery.ballot)
         # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
         best: dict[int, CVote] = {}
         high = max(p.high for p in recovery.promises.values())
@@ -856,6 +863,8 @@ class SDPaxosReplica:
                 self._accept_o(entry, msg.view)
             elif self.o_value[entry.slot] != entry.owner:
                 continue  # two values for one slot in one view: impossible without a bug
+            elif entry.owner == self.me and entry.slot not in self.o_committed:
+                self._learn_own(entry.slot)  # e.g. we restarted and forgot the commit
             # a duplicate is acknowledged again below: its first OAck may have been lost
             self._queue_oack(entry)
         if fresh:
@@ -871,13 +880,7 @@ class SDPaxosReplica:
             self.o_high = slot + 1
         if owner == self.me:
             self._window_got += 1
-            acks = self.o_acks.setdefault(slot, set())
-            acks.add(self.me)
-            acks.add(self.sequencer)
-            if self._five and not self.is_sequencer:
-                self._commit_o(slot)  # Figure 5, line 29
-            elif not self._five and len(acks) >= self.q:
-                self._commit_o(slot)
+            self._learn_own(slot)
         self._advance_prefix()
         if self._five and not self.is_sequencer:
             self._check_ready()
@@ -896,26 +899,36 @@ class SDPaxosReplica:
         if entry.owner != NO_CL and dest != self.me:
             self._oack_out.setdefault(dest, []).append(entry.slot)
 
+    def _learn_own(self, slot: int) -> None:
+        """We (the learner) accepted our own O-instance ``slot``: is it committed yet?"""
+        if self._five and not self.is_sequencer:
+            self._commit_o(slot)  # Figure 5, line 29
+        elif not self._five:
+            self._learn_chosen(slot)
+
+    def _learn_chosen(self, slot: int) -> None:
+        """O[slot] is chosen once a majority accepted it at this view's ballot: the
+        sequencer (it proposed it), us, and the acknowledgements we collected."""
+        if self.o_ballot.get(slot) != self.view or slot in self.o_committed:
+            return
+        acks = self.o_acks.get(slot, set()) | {self.me, self.sequencer}
+        if len(acks) >= self.q:
+            self._commit_o(slot)
+
     def _on_oack(self, msg: OAck) -> None:
         if not self.view_ready:
             return
-        if self._five:
-            if self.role is Role.SEQUENCER:
-                for slot in msg.slots:
-                    self._seq_record_ack(msg.src, slot)
-                self._after_seq_acks()
-            return
+        if self._five and self.role is Role.SEQUENCER:
+            for slot in msg.slots:
+                self._seq_record_ack(msg.src, slot)
+            self._after_seq_acks()
+        # Any replica may learn a slot from acknowledgements: the learner in the normal case,
+        # anyone stuck on a slot whose learner forgot it (they come with a Catchup answer).
         for slot in msg.slots:
             if slot in self.o_committed or slot < self.exec_slot:
                 continue
-            acks = self.o_acks.setdefault(slot, set())  # may precede our own OAccept
-            acks.add(msg.src)
-            if (
-                self.o_value.get(slot) == self.me
-                and self.o_ballot.get(slot) == self.view
-                and len(acks) >= self.q
-            ):
-                self._commit_o(slot)
+            self.o_acks.setdefault(slot, set()).add(msg.src)  # may precede our OAccept
+            self._learn_chosen(slot)
 
     def _seq_record_ack(self, src: int, slot: int) -> None:
         prefix = self.seq_acked_prefix[src]
@@ -1019,6 +1032,11 @@ class SDPaxosReplica:
                 if inst is None or not inst.committed or inst.batch is None:
                     return
                 led_here = owner == self.me
+                # executed implies chosen and ordered for good: whatever the ready rule still
+                # waits for (a lost OAck, say), the command is ready now
+                proposed = self._unready.pop(index, None) if led_here else None
+                if proposed is not None and proposed == inst.batch:
+                    self._out.ready.extend(inst.batch)
                 if self._unknown_keys:
                     self._learn_keys(owner, index, inst.batch)
                 for offset, command in enumerate(inst.batch):
@@ -1566,6 +1584,15 @@ class SDPaxosReplica:
         )
         if entries:
             self._send(msg.src, OCommit(src=self.me, view=self.view, entries=entries))
+        # What we accepted in this view but never saw committed: with these acknowledgements
+        # the asker can learn what a majority accepted even if every learner forgot it.
+        accepted = tuple(
+            s
+            for s in range(max(start, self.exec_slot), min(stop, self.o_high))
+            if s not in self.o_committed and self.o_ballot.get(s) == self.view
+        )
+        if accepted and self.view_ready:
+            self._send(msg.src, OAck(src=self.me, view=self.view, slots=accepted))
         # C-instances placed in slots we executed, then chosen ones we have not executed yet
         wanted: list[tuple[int, int]] = [
             self.log[s] for s in range(start, min(stop, self.exec_slot)) if s in self.log
@@ -1767,6 +1794,8 @@ class SDPaxosReplica:
                     if record.owner == self.me:
                         self.next_index = max(self.next_index, record.index + 1)
                         own.add(record.index)
+                        if record.ballot % BALLOT_STRIDE == self.me:
+                            self._own_ballot = max(self._own_ballot, record.ballot)
                 case OAcceptedRecord():
                     for entry in record.entries:
                         if entry.slot < self.exec_slot:

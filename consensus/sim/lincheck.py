@@ -102,11 +102,21 @@ def _check_key(ops: list[Operation], deadline: float) -> tuple[Verdict, list[Ope
         steps += 1
         if steps % _CHECK_CLOCK_EVERY == 0 and time.monotonic() > deadline:
             return Verdict.UNKNOWN, _unwind(ops, best)
-        # the earliest return among unlinearized operations bounds who may go next
-        min_ret = min((rets[i] for i in range(n) if not mask >> i & 1), default=INFINITY)
-        for i in range(n - 1, -1, -1):
-            if mask >> i & 1 or calls[i] > min_ret:
-                continue
+        # The earliest return among unlinearized operations bounds who may go next. Ops are
+        # sorted by call, so only a window from the first unlinearized one can matter: an op
+        # called after that return can neither go next nor return earlier.
+        lo = (~mask & (mask + 1)).bit_length() - 1
+        min_ret = INFINITY
+        hi = lo
+        while hi < n and calls[hi] <= min_ret:
+            if not mask >> hi & 1 and rets[hi] < min_ret:
+                min_ret = rets[hi]
+            hi += 1
+        # try the operation that returned first first (pushed last): in real histories it
+        # usually took effect first, which keeps the search on a good path
+        window = [i for i in range(lo, hi) if not mask >> i & 1 and calls[i] <= min_ret]
+        window.sort(key=rets.__getitem__, reverse=True)
+        for i in window:
             after = _step(ops[i], state)  # type: ignore[arg-type]
             if after is _MISSING:
                 continue

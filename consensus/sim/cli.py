@@ -1,0 +1,171 @@
+"""``sdpaxos sim``: run the deterministic simulator over many seeds and report as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+from consensus.config import SITES, UNSAFE_VARIANTS
+from consensus.sim.simulator import FAULT_CLASSES, PROTOCOLS, RunResult, SimOptions, Simulation
+
+__all__ = ["add_arguments", "parse_faults", "replay_command", "run", "sweep"]
+
+
+def parse_faults(text: str) -> frozenset[str]:
+    """``none``, ``all`` or a comma list of fault classes (unknown names are an error)."""
+    text = text.strip()
+    if text == "none":
+        return frozenset()
+    if text == "all":
+        return frozenset(FAULT_CLASSES)
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - set(FAULT_CLASSES))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown fault classes {unknown}; choose from {', '.join(FAULT_CLASSES)}, "
+            "or none / all"
+        )
+    return frozenset(names)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="sdpaxos")
+    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=20, help="how many runs")
+    parser.add_argument("--start-seed", type=int, default=1)
+    parser.add_argument(
+        "--faults", type=parse_faults, default=frozenset(),
+        help=f"none, all, or a comma list of: {', '.join(FAULT_CLASSES)}",
+    )
+    parser.add_argument("--network", choices=("wan", "lan"), default="wan",
+                        help="wan: the paper's RTTs between sites; lan: 0.2 ms")
+    parser.add_argument("--ops", type=int, default=200, help="client operations per run")
+    parser.add_argument("--concurrency", type=int, default=2, help="clients per site")
+    parser.add_argument("--reads", choices=("log", "lease", "mixed"), default="mixed")
+    parser.add_argument("--no-codec", action="store_true", help="skip encoding messages")
+    parser.add_argument("--unsafe", default="", help="test only: comma list of broken variants "
+                        f"({', '.join(sorted(UNSAFE_VARIANTS))})")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--verbose", action="store_true", help="print each failing run's trace")
+
+
+def options_from(args: argparse.Namespace) -> SimOptions:
+    unsafe = frozenset(v for v in args.unsafe.split(",") if v)
+    return SimOptions(
+        protocol=args.protocol,
+        replicas=args.replicas,
+        faults=args.faults,
+        ops=args.ops,
+        concurrency=args.concurrency,
+        network=args.network,
+        reads=args.reads,
+        use_codec=not args.no_codec,
+        unsafe=unsafe,
+    )
+
+
+def replay_command(options: SimOptions, seed: int) -> str:
+    faults = ",".join(sorted(options.faults)) or "none"
+    parts = [
+        "sdpaxos sim", f"--protocol {options.protocol}", f"--replicas {options.replicas}",
+        "--seeds 1", f"--start-seed {seed}", f"--faults {faults}",
+        f"--network {options.network}", f"--ops {options.ops}",
+        f"--concurrency {options.concurrency}", f"--reads {options.reads}",
+    ]
+    if not options.use_codec:
+        parts.append("--no-codec")
+    if options.unsafe:
+        parts.append(f"--unsafe {','.join(sorted(options.unsafe))}")
+    return " ".join(parts)
+
+
+def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
+    started = time.perf_counter()
+    violations: list[dict[str, Any]] = []
+    liveness: list[dict[str, Any]] = []
+    ready: dict[str, list[int]] = {}
+    executed: dict[str, list[int]] = {}
+    messages: dict[str, int] = {}
+    completed = 0
+    unchecked = 0
+    for seed in seeds:
+        result: RunResult = Simulation(options, seed).run()
+        completed += result.ops_completed
+        unchecked += 0 if result.checked else 1
+        for site, values in result.ready_latency_us.items():
+            ready.setdefault(site, []).extend(values)
+        for site, values in result.executed_latency_us.items():
+            executed.setdefault(site, []).extend(values)
+        for name, count in result.messages.items():
+            messages[name] = messages.get(name, 0) + count
+        entry = {
+            "seed": seed,
+            "time_ms": round(result.violation_time_us / 1000, 3),
+            "replay": replay_command(options, seed),
+            "trace": result.trace_tail,
+        }
+        if result.violation is not None:
+            violations.append({**entry, "message": result.violation})
+        elif result.liveness is not None:
+            liveness.append({**entry, "time_ms": round(result.sim_time_us / 1000, 3),
+                             "message": result.liveness})
+    order = [site for site in SITES if site in ready] + sorted(set(ready) - set(SITES))
+    return {
+        "protocol": options.protocol,
+        "replicas": options.replicas,
+        "faults": sorted(options.faults),
+        "runs": len(seeds),
+        "violations": violations,
+        "liveness_failures": liveness,
+        "ops_completed": completed,
+        "histories_unchecked": unchecked,
+        "site_latency_ms": {site: _percentiles(ready[site]) for site in order},
+        "executed_latency_ms": {
+            site: _percentiles(executed[site]) for site in order if site in executed
+        },
+        "messages": dict(sorted(messages.items())),
+        "elapsed_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def _percentiles(values_us: list[int]) -> dict[str, float]:
+    ordered = sorted(values_us)
+    if not ordered:
+        return {"p50": float("nan"), "p99": float("nan")}
+    return {
+        "p50": round(statistics.median(ordered) / 1000, 3),
+        "p99": round(ordered[max(0, int(len(ordered) * 0.99 + 0.5) - 1)] / 1000, 3),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    options = options_from(args)
+    report = sweep(options, range(args.start_seed, args.start_seed + args.seeds))
+    failed = bool(report["violations"] or report["liveness_failures"])
+    if args.json:
+        if not args.verbose:
+            for entry in report["violations"] + report["liveness_failures"]:
+                entry.pop("trace")
+        print(json.dumps(report))
+    else:
+        print(
+            f"{report['runs']} runs of {options.protocol} with {options.replicas} replicas, "
+            f"faults: {', '.join(report['faults']) or 'none'}: "
+            f"{len(report['violations'])} violations, "
+            f"{len(report['liveness_failures'])} liveness failures, "
+            f"{report['ops_completed']} operations, {report['elapsed_s']} s"
+        )
+        for site, p in report["site_latency_ms"].items():
+            print(f"  {site:4} ready latency p50 {p['p50']} ms, p99 {p['p99']} ms")
+        for entry in report["violations"] + report["liveness_failures"]:
+            print(f"FAILED seed {entry['seed']} at {entry['time_ms']} ms: {entry['message']}",
+                  file=sys.stderr)
+            print(f"  replay: {entry['replay']}", file=sys.stderr)
+            if args.verbose:
+                for line in entry["trace"]:
+                    print(f"    {line}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,665 @@
+"""Deterministic simulation of a cluster of protocol cores, with faults and checkers.
+
+Everything random comes from one ``random.Random(seed)`` (sub-generators are derived from
+it); time is an integer clock in µs driven by an event heap ``(time, seq, ...)`` whose ``seq``
+breaks ties; nothing iterates an unordered container. The same seed and options therefore
+replay the same run exactly — a failing run prints the command line that replays it.
+
+A replica's loop turn mirrors the asyncio driver: everything that arrived at one instant is
+fed to the core, then its ``Ready`` is carried out — records persisted, then (after
+``fsync_us``) the acknowledgements sent, commands applied to a ``KVStore`` and clients
+answered; events arriving while the "fsync" runs wait for the next turn (group commit).
+
+Faults: message loss, duplication and reordering; crash (the records not yet durable are lost,
+except a random prefix: a torn tail) and restart from the durable records; symmetric,
+asymmetric and flapping partitions (isolating the sequencer, splitting off a minority);
+paused replicas; clock drift within the configured bound. A chaos phase injects them, then a
+heal phase removes every fault and requires each client operation to complete and every
+replica to converge to the same state.
+
+Checked after every loop turn: every replica executes the same commands in the same global
+order (a replica restarted from scratch re-executes and is checked again from the start); no
+acknowledgement leaves before the records it relies on are durable (by construction of the
+turn). At the end: ``committed_log`` agreement, linearizability of the client history
+(``consensus.sim.lincheck``) and convergence.
+"""
+
+from __future__ import annotations
+
+import heapq
+import importlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgpack
+
+from consensus.config import SITES, ProtocolConfig, site_rtt_ms
+from consensus.messages import Command, PeerMessage, Record
+from consensus.protocol.base import ProtocolCore
+from consensus.protocol.ready import Outgoing, Ready
+from consensus.sim.history import Operation
+from consensus.sim.lincheck import Verdict, check_history
+from consensus.sim.network import LinkFaults, Network
+from consensus.statemachine import KVStore, kv_cas, kv_get, kv_put
+
+__all__ = ["FAULT_CLASSES", "PROTOCOLS", "RunResult", "SimOptions", "Simulation"]
+
+#: protocol name -> "module:factory" (imported when used)
+PROTOCOLS: dict[str, str] = {"sdpaxos": "consensus.protocol.sdpaxos:SDPaxosReplica"}
+
+#: every fault class the simulator implements (``--faults all``)
+FAULT_CLASSES = ("loss", "dup", "reorder", "crash", "partition", "pause", "drift")
+
+#: about this many clients share a key (the checker's cost grows with per-key concurrency)
+CLIENTS_PER_KEY = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimOptions:
+    protocol: str = "sdpaxos"
+    replicas: int = 3
+    faults: frozenset[str] = frozenset()
+    ops: int = 200  # client operations per run
+    concurrency: int = 2  # clients per site, one operation open each
+    network: str = "wan"  # "wan": the paper's RTTs; "lan": 0.2 ms RTT
+    reads: str = "mixed"  # gets through "log", the "lease" read path, or "mixed"
+    think_us: int = 0
+    use_codec: bool = True
+    unsafe: frozenset[str] = frozenset()
+    fsync_us: int | None = None  # default: 0 without crash faults, else 1 ms
+    chaos_us: int | None = None  # length of the fault phase (default from the network)
+    heal_us: int | None = None  # how long the heal phase may take
+    tick_us: int | None = None
+    protocol_overrides: tuple[tuple[str, Any], ...] = ()
+    lincheck_timeout_s: float = 10.0
+
+
+@dataclass
+class RunResult:
+    seed: int
+    violation: str | None = None
+    violation_time_us: int = 0
+    liveness: str | None = None
+    ops_completed: int = 0
+    ready_latency_us: dict[str, list[int]] = field(default_factory=dict)
+    executed_latency_us: dict[str, list[int]] = field(default_factory=dict)
+    history: list[Operation] = field(default_factory=list)
+    trace_tail: list[str] = field(default_factory=list)
+    messages: dict[str, int] = field(default_factory=dict)  # sent, by message type
+    elapsed_s: float = 0.0
+    sim_time_us: int = 0
+    #: False when the linearizability check ran out of its time budget (verdict unknown)
+    checked: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.violation is None and self.liveness is None
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class _Replica:
+    rid: int
+    core: ProtocolCore
+    store: KVStore
+    durable: list[Record] = field(default_factory=list)
+    alive: bool = True
+    incarnation: int = 0
+    busy_until: int = -1  # a "fsync" in progress
+    paused_until: int = -1
+    inbox: list[tuple[str, Any]] = field(default_factory=list)
+    canon_position: int = 0  # how many executions of the canonical order it has done
+    rate: float = 1.0  # clock drift
+    offset: int = 0
+    turn_pending: bool = False
+
+
+@dataclass
+class _Client:
+    cid: int
+    home: int
+    seq: int = 0
+    op: dict[str, Any] | None = None  # the open operation
+
+
+class Simulation:
+    def __init__(self, options: SimOptions, seed: int) -> None:
+        self.options = options
+        self.seed = seed
+        root = random.Random(seed)
+        self.rng_net = random.Random(root.getrandbits(64))
+        self.rng_work = random.Random(root.getrandbits(64))
+        self.rng_fault = random.Random(root.getrandbits(64))
+        core_seeds = [root.getrandbits(64) for _ in range(options.replicas)]
+        self.rng_core = [random.Random(s) for s in core_seeds]
+        n = options.replicas
+        self.n = n
+        self.f = n // 2
+        wan = options.network == "wan"
+        if wan:
+            delays = [
+                [int(site_rtt_ms(SITES[a], SITES[b]) * 1000) // 2 for b in range(n)]
+                for a in range(n)
+            ]
+            timing: dict[str, Any] = {
+                "heartbeat_us": 100_000,
+                "election_timeout_us": 1_000_000,
+                "lease_us": 800_000,
+                "retransmit_us": 400_000,
+                "catchup_us": 500_000,
+                "straggler_window_us": 1_000_000,
+            }
+        else:
+            delays = [[0 if a == b else 100 for b in range(n)] for a in range(n)]
+            timing = {
+                "heartbeat_us": 50_000,
+                "election_timeout_us": 300_000,
+                "lease_us": 250_000,
+                "retransmit_us": 100_000,
+                "catchup_us": 150_000,
+                "straggler_window_us": 500_000,
+            }
+        timing.update(dict(options.protocol_overrides))
+        self.config = ProtocolConfig(replicas=n, unsafe=options.unsafe, **timing)
+        faults = options.faults
+        self.tick_us = options.tick_us or (20_000 if wan else 5_000)
+        self.fsync_us = (
+            options.fsync_us
+            if options.fsync_us is not None
+            else (1_000 if "crash" in faults else 0)
+        )
+        self.chaos_us = options.chaos_us or (8_000_000 if wan else 3_000_000)
+        self.heal_us = options.heal_us or (30_000_000 if wan else 15_000_000)
+        r = self.rng_fault
+        link = LinkFaults(
+            loss=r.uniform(0, 0.08) if "loss" in faults else 0.0,
+            duplicate=r.uniform(0, 0.08) if "dup" in faults else 0.0,
+            reorder=r.uniform(0, 0.2) if "reorder" in faults else 0.0,
+            reorder_us=int(delays[0][-1] * 1.5) + 2_000 if "reorder" in faults else 0,
+        )
+        self.link_faults = link
+        self.network = Network(delays, self.rng_net, link)
+        module_name, _, name = PROTOCOLS[options.protocol].partition(":")
+        self.factory: Callable[..., ProtocolCore] = getattr(
+            importlib.import_module(module_name), name
+        )
+        self.replicas = [self._new_replica(i) for i in range(n)]
+        if "drift" in faults:
+            bound = self.config.max_drift_ppm / 1_000_000 * 0.9
+            for rep in self.replicas:
+                rep.rate = 1 + r.uniform(-bound, bound)
+                rep.offset = r.randrange(0, 1_000_000)
+        if options.use_codec:
+            from consensus.codec import decode_frame, encode_frame
+
+            self._encode: Callable[[list[PeerMessage]], Any] = encode_frame
+            self._decode: Callable[[Any], list[PeerMessage]] = decode_frame
+        else:
+            self._encode = list
+            self._decode = list
+        self.clients = [
+            _Client(1000 + i, i % n) for i in range(n * options.concurrency)
+        ]
+        self.keys = tuple(f"k{i}" for i in range(max(4, len(self.clients) // CLIENTS_PER_KEY)))
+        self.heap: list[tuple[int, int, str, int, Any]] = []
+        self.seq = 0
+        self.now = 0
+        self.canon: list[tuple[int, int, int, int]] = []
+        self.issued = 0
+        self.result = RunResult(seed=seed)
+        self.trace: list[str] = []
+        self.chaos_over = False
+        self.down_since: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ plumbing
+    def _new_replica(self, rid: int, durable: list[Record] | None = None) -> _Replica:
+        core = self.factory(
+            self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid]
+        )
+        rep = _Replica(rid=rid, core=core, store=KVStore())
+        if durable:
+            rep.durable = list(durable)
+        return rep
+
+    def _push(self, at: int, kind: str, target: int, payload: Any = None) -> None:
+        heapq.heappush(self.heap, (at, self.seq, kind, target, payload))
+        self.seq += 1
+
+    def _log(self, text: str) -> None:
+        self.trace.append(f"{self.now / 1000:10.3f} {text}")
+        if len(self.trace) > 200:
+            del self.trace[:100]
+
+    def _local(self, rep: _Replica) -> int:
+        return int(self.now * rep.rate) + rep.offset
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> RunResult:
+        started = time.perf_counter()
+        for rep in self.replicas:
+            self._push(0, "tick", rep.rid)
+        for client in self.clients:
+            self._push(1_000 + self.rng_work.randrange(1_000), "issue", client.cid)
+        chaotic = self.options.faults & {"crash", "partition", "pause"}
+        link_faults = self.options.faults & {"loss", "dup", "reorder"}
+        if chaotic:
+            self._push(self.rng_fault.randrange(200_000, 600_000), "chaos", -1)
+        heal_at = self.chaos_us if chaotic or link_faults else 0
+        self._push(heal_at, "heal", -1)
+        deadline = heal_at + self.heal_us
+        try:
+            while self.heap:
+                at, _, kind, target, payload = heapq.heappop(self.heap)
+                if at > deadline:
+                    self.now = deadline
+                    break
+                self.now = at
+                self._dispatch(kind, target, payload)
+                if kind == "check" and self.chaos_over and self._finished():
+                    break
+            self._final_checks()
+        except Violation as exc:
+            self.result.violation = str(exc)
+            self.result.violation_time_us = self.now
+        self.result.trace_tail = self.trace[-20:]
+        self.result.elapsed_s = time.perf_counter() - started
+        self.result.sim_time_us = self.now
+        return self.result
+
+    def _dispatch(self, kind: str, target: int, payload: Any) -> None:
+        if kind == "issue":
+            self._issue(self._client(target))
+        elif kind == "timeout":
+            self._client_timeout(self._client(target), payload)
+        elif kind == "chaos":
+            self._chaos()
+        elif kind == "heal":
+            self._heal()
+        elif kind == "check":
+            if not self._finished():
+                self._push(self.now + 50_000, "check", -1)
+        elif kind == "durable":
+            self._durable(self.replicas[target], payload)
+        elif kind == "turn":
+            rep = self.replicas[target]
+            rep.turn_pending = False
+            ready_to_run = rep.busy_until <= self.now and rep.paused_until <= self.now
+            if rep.alive and payload == rep.incarnation and rep.inbox and ready_to_run:
+                self._turn(rep)
+        elif kind == "resume":
+            rep = self.replicas[target]
+            if rep.alive and rep.paused_until <= self.now and rep.inbox:
+                self._schedule_turn(rep)
+        else:
+            rep = self.replicas[target]
+            if kind == "tick":
+                self._push(self.now + self.tick_us, "tick", target)
+                item: tuple[str, Any] = ("tick", None)
+            elif kind == "frame":
+                if payload[0] != rep.incarnation:
+                    return  # sent to a replica that crashed since: the connection broke
+                item = ("frame", payload[1])
+            else:
+                item = (kind, payload)
+            if not rep.alive:
+                return
+            rep.inbox.append(item)
+            self._schedule_turn(rep)
+
+    def _schedule_turn(self, rep: _Replica) -> None:
+        """Everything that arrives at one instant makes one turn (busy or paused: later)."""
+        if rep.turn_pending or rep.busy_until > self.now or rep.paused_until > self.now:
+            return
+        rep.turn_pending = True
+        self._push(self.now, "turn", rep.rid, rep.incarnation)
+
+    def _client(self, cid: int) -> _Client:
+        return self.clients[cid - 1000]
+
+    # ------------------------------------------------------------------ a loop turn
+    def _turn(self, rep: _Replica) -> None:
+        items, rep.inbox = rep.inbox, []
+        core = rep.core
+        local = self._local(rep)
+        for kind, payload in items:
+            if kind == "frame":
+                for message in self._decode(payload):
+                    core.step(message, local)
+            elif kind == "propose":
+                core.propose(payload, local)
+            elif kind == "read":
+                core.read(payload, local)  # type: ignore[attr-defined]
+            else:
+                core.tick(local)
+        ready = core.ready()
+        self._count_messages(ready)
+        self._send(rep, ready.send)
+        if ready.persist and self.fsync_us > 0:
+            rep.busy_until = self.now + self.fsync_us
+            self._push(rep.busy_until, "durable", rep.rid, (rep.incarnation, ready))
+            return
+        rep.durable.extend(ready.persist)
+        self._after_persist(rep, ready)
+
+    def _durable(self, rep: _Replica, payload: tuple[int, Ready]) -> None:
+        incarnation, ready = payload
+        if incarnation != rep.incarnation or not rep.alive:
+            return
+        rep.busy_until = -1
+        rep.durable.extend(ready.persist)
+        self._after_persist(rep, ready)
+        if rep.inbox:
+            self._schedule_turn(rep)
+
+    def _after_persist(self, rep: _Replica, ready: Ready) -> None:
+        self._send(rep, ready.send_after_persist)
+        for execution in ready.apply:
+            identity = (
+                execution.slot,
+                execution.offset,
+                execution.command.client_id,
+                execution.command.seq,
+            )
+            position = rep.canon_position
+            if position < len(self.canon):
+                if self.canon[position] != identity:
+                    raise Violation(
+                        f"replica {rep.rid} executed {identity} at position {position}, "
+                        f"others executed {self.canon[position]}"
+                    )
+            else:
+                self.canon.append(identity)
+            rep.canon_position += 1
+            result = rep.store.apply(execution.position, execution.command)
+            if execution.led_here:
+                self._executed(rep, execution.command, result)
+        for command in ready.ready:
+            self._ready(rep, command)
+        for command in ready.reads:
+            self._read_done(rep, command, rep.store.query(command.op))
+        for failure in ready.failed:
+            self._failed(failure.command, failure.definite)
+        rep.core.advance(ready)
+
+    def _send(self, rep: _Replica, outgoing: list[Outgoing]) -> None:
+        if not outgoing:
+            return
+        frames: dict[int, list[PeerMessage]] = {}
+        for out in outgoing:
+            frames.setdefault(out.to, []).append(out.message)
+        for to in sorted(frames):
+            payload = self._encode(frames[to])
+            for at in self.network.arrivals(rep.rid, to, self.now):
+                self._push(at, "frame", to, (self.replicas[to].incarnation, payload))
+
+    def _count_messages(self, ready: Ready) -> None:
+        counts = self.result.messages
+        for out in ready.send_after_persist + ready.send:
+            name = type(out.message).__name__
+            counts[name] = counts.get(name, 0) + 1
+
+    # ------------------------------------------------------------------ clients
+    def _issue(self, client: _Client) -> None:
+        if self.issued >= self.options.ops:
+            return
+        self.issued += 1
+        client.seq += 1
+        rng = self.rng_work
+        key = rng.choice(self.keys)
+        value = f"{client.cid}-{client.seq}"
+        choice = rng.random()
+        reads = self.options.reads
+        op: dict[str, Any]
+        if choice < 0.4:
+            op = {"kind": "write", "input": value, "bytes": kv_put(key, value), "blind": True}
+        elif choice < 0.75:
+            via_lease = reads == "lease" or (reads == "mixed" and rng.random() < 0.5)
+            op = {"kind": "read", "input": None, "bytes": kv_get(key), "blind": False,
+                  "lease": via_lease}
+        else:
+            expected = rng.choice([None, *[f"{c.cid}-{c.seq}" for c in self.clients[:3]]])
+            op = {"kind": "cas", "input": (expected, value), "bytes": kv_cas(key, expected, value),
+                  "blind": False}
+        command = Command(
+            client_id=client.cid, seq=client.seq, op=op["bytes"], keys=(key,), blind=op["blind"]
+        )
+        op.update(key=key, command=command, call=self.now, attempt=0, site=client.home)
+        client.op = op
+        self._submit(client)
+
+    def _submit(self, client: _Client) -> None:
+        op = client.op
+        assert op is not None
+        target = (client.home + op["attempt"]) % self.n
+        kind = "read" if op.get("lease") else "propose"
+        self._push(self.now, kind, target, op["command"])
+        op["proposed_at"] = op.get("proposed_at", self.now)
+        timeout = 3 * self.config.election_timeout_us
+        self._push(self.now + timeout, "timeout", client.cid, (client.seq, op["attempt"]))
+
+    def _client_timeout(self, client: _Client, payload: tuple[int, int]) -> None:
+        seq, attempt = payload
+        op = client.op
+        if op is None or client.seq != seq or op["attempt"] != attempt:
+            return
+        op["attempt"] += 1  # same (client id, seq), next replica
+        self._submit(client)
+
+    def _open(self, command: Command) -> tuple[_Client, dict[str, Any]] | None:
+        if not 1000 <= command.client_id < 1000 + len(self.clients):
+            return None
+        client = self._client(command.client_id)
+        if client.op is None or client.seq != command.seq:
+            return None
+        return client, client.op
+
+    def _ready(self, rep: _Replica, command: Command) -> None:
+        opened = self._open(command)
+        if opened is None:
+            return
+        client, op = opened
+        if "ready_at" not in op:
+            op["ready_at"] = self.now
+            site = SITES[rep.rid] if rep.rid < len(SITES) else str(rep.rid)
+            self.result.ready_latency_us.setdefault(site, []).append(self.now - op["call"])
+        if command.blind:
+            self._complete(client, op, None)
+
+    def _executed(self, rep: _Replica, command: Command, result: bytes) -> None:
+        opened = self._open(command)
+        if opened is None or command.blind:
+            return
+        client, op = opened
+        decoded = msgpack.unpackb(result)
+        if decoded[0] == "expired":
+            raise Violation(f"session expired for {command.client_id}:{command.seq}")
+        output = decoded[1]  # get: value; cas: swapped
+        site = SITES[rep.rid] if rep.rid < len(SITES) else str(rep.rid)
+        self.result.executed_latency_us.setdefault(site, []).append(self.now - op["call"])
+        self._complete(client, op, output)
+
+    def _read_done(self, rep: _Replica, command: Command, result: bytes) -> None:
+        opened = self._open(command)
+        if opened is None:
+            return
+        client, op = opened
+        self._complete(client, op, msgpack.unpackb(result)[1])
+
+    def _failed(self, command: Command, definite: bool) -> None:
+        opened = self._open(command)
+        if opened is None:
+            return
+        client, op = opened
+        if definite and op["attempt"] == 0:
+            # it never took effect (and was never sent anywhere else): no operation in the
+            # history, move on. After a retry, another copy may still take effect.
+            client.op = None
+            self._push(self.now + self.options.think_us, "issue", client.cid)
+        else:
+            op["attempt"] += 1
+            self._submit(client)
+
+    def _complete(self, client: _Client, op: dict[str, Any], output: Any) -> None:
+        self.result.history.append(
+            Operation(
+                client=client.cid,
+                key=op["key"],
+                op=op["kind"],
+                input=op["input"],
+                output=output,
+                call=op["call"],
+                ret=self.now,
+            )
+        )
+        self.result.ops_completed += 1
+        client.op = None
+        self._push(self.now + self.options.think_us, "issue", client.cid)
+
+    # ------------------------------------------------------------------ faults
+    def _chaos(self) -> None:
+        if self.chaos_over:
+            return
+        rng, faults = self.rng_fault, self.options.faults
+        actions = []
+        unavailable = sum(1 for r in self.replicas if not r.alive or r.paused_until > self.now)
+        if "crash" in faults:
+            if unavailable < self.f:
+                actions += ["crash", "crash_sequencer"]
+            if any(not r.alive for r in self.replicas):
+                actions += ["restart", "restart"]
+        if "partition" in faults:
+            actions += ["isolate_sequencer", "split", "one_way", "heal_links", "heal_links"]
+        if "pause" in faults and unavailable < self.f:
+            actions.append("pause")
+        if actions:
+            self._apply_fault(rng.choice(actions))
+        self._push(self.now + rng.randrange(100_000, 1_000_000), "chaos", -1)
+
+    def _sequencer_guess(self) -> int:
+        views = [r.core.view for r in self.replicas if r.alive]  # type: ignore[attr-defined]
+        return max(views, default=0) % self.n
+
+    def _apply_fault(self, action: str) -> None:
+        rng, n = self.rng_fault, self.n
+        alive = [r.rid for r in self.replicas if r.alive]
+        if action in ("crash", "crash_sequencer"):
+            victim = self._sequencer_guess() if action == "crash_sequencer" else rng.choice(alive)
+            if victim in alive:
+                self._crash(self.replicas[victim])
+        elif action == "restart":
+            down = [r.rid for r in self.replicas if not r.alive]
+            self._restart(self.replicas[rng.choice(down)])
+        elif action == "isolate_sequencer":
+            self.network.isolate(self._sequencer_guess(), n)
+            self._log(f"fault: isolate replica {self._sequencer_guess()}")
+        elif action == "split":
+            side = set(rng.sample(range(n), rng.randrange(1, self.f + 1)))
+            self.network.split(side, n)
+            self._log(f"fault: split off {sorted(side)}")
+        elif action == "one_way":
+            a, b = rng.sample(range(n), 2)
+            self.network.cut(a, b)
+            self._log(f"fault: cut {a}->{b}")
+        elif action == "heal_links":
+            self.network.heal()
+            self._log("fault: links healed")
+        elif action == "pause":
+            paused = self.replicas[rng.choice(alive)]
+            paused.paused_until = self.now + rng.randrange(100_000, 1_500_000)
+            self._push(paused.paused_until, "resume", paused.rid)
+            self._log(f"fault: pause replica {paused.rid} until {paused.paused_until / 1000:.0f}")
+
+    def _crash(self, rep: _Replica) -> None:
+        self._log(f"fault: crash replica {rep.rid}")
+        if rep.busy_until > self.now:
+            # the fsync in flight did not finish: a random prefix of its records made it
+            for _, _, kind, target, payload in self.heap:
+                if kind == "durable" and target == rep.rid and payload[0] == rep.incarnation:
+                    records = payload[1].persist
+                    rep.durable.extend(records[: self.rng_fault.randrange(len(records) + 1)])
+        rep.alive = False
+        rep.incarnation += 1
+        rep.inbox.clear()
+        rep.busy_until = -1
+        rep.turn_pending = False
+        self.down_since[rep.rid] = self.now
+
+    def _restart(self, rep: _Replica) -> None:
+        self._log(f"fault: restart replica {rep.rid} from {len(rep.durable)} durable records")
+        fresh = self._new_replica(rep.rid, rep.durable)
+        fresh.incarnation = rep.incarnation
+        fresh.rate, fresh.offset = rep.rate, rep.offset
+        self.replicas[rep.rid] = fresh
+        self.down_since.pop(rep.rid, None)
+        self._push(self.now, "tick", rep.rid)
+
+    def _heal(self) -> None:
+        self.chaos_over = True
+        self._push(self.now + 50_000, "check", -1)
+        self._log("heal: all faults off")
+        self.network.heal()
+        self.network.faults = LinkFaults()
+        for rep in list(self.replicas):
+            if not rep.alive:
+                self._restart(rep)
+            elif rep.paused_until > self.now:
+                rep.paused_until = self.now
+                self._push(self.now, "resume", rep.rid)
+        for client in self.clients:  # waiting on a replica that was down: go again now
+            if client.op is not None:
+                client.op["attempt"] += 1
+                self._submit(client)
+
+    # ------------------------------------------------------------------ the end
+    def _finished(self) -> bool:
+        if self.issued < self.options.ops or any(c.op is not None for c in self.clients):
+            return False
+        if not all(r.alive and not r.inbox for r in self.replicas):
+            return False
+        executed = {r.core.executed_through() for r in self.replicas}
+        if len(executed) != 1:
+            return False
+        snapshots = {r.store.snapshot() for r in self.replicas}
+        return len(snapshots) == 1
+
+    def _final_checks(self) -> None:
+        logs = [r.core.committed_log() for r in self.replicas]
+        for slot in sorted(set().union(*logs)):
+            values = {tuple((c.client_id, c.seq) for c in log[slot]) for log in logs if slot in log}
+            if len(values) > 1:
+                raise Violation(f"slot {slot} holds different commands on different replicas")
+        pending = [c for c in self.clients if c.op is not None]
+        history = list(self.result.history)
+        for client in pending:
+            op = client.op
+            assert op is not None
+            history.append(
+                Operation(client=client.cid, key=op["key"], op=op["kind"], input=op["input"],
+                          output=None, call=op["call"], ret=None)
+            )
+        verdict = check_history(history, timeout_s=self.options.lincheck_timeout_s)
+        if verdict.verdict is Verdict.ILLEGAL:
+            raise Violation(f"history not linearizable: {verdict.detail}")
+        self.result.checked = verdict.verdict is Verdict.OK
+        if pending or self.issued < self.options.ops:
+            self.result.liveness = (
+                f"{len(pending)} client operations still open and "
+                f"{self.options.ops - self.issued} never issued after the heal phase"
+            )
+        elif not self._finished():
+            states = [(r.rid, r.core.executed_through(), r.alive) for r in self.replicas]
+            self.result.liveness = f"replicas did not converge after the heal phase: {states}"
+
+
+def run_one(options: SimOptions, seed: int) -> RunResult:
+    return Simulation(options, seed).run()
+
+
+def with_options(options: SimOptions, **changes: Any) -> SimOptions:
+    return replace(options, **changes)
