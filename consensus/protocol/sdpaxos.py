@@ -631,6 +631,8 @@ class SDPaxosReplica:
                     owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
                 )
             )
+            if msg.owner == self.me and msg.index >= self.next_index:
+                self.next_index = msg.index + 1  # a recoverer used it: never reuse it
         ack = CAck(src=self.me, view=self.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
         self._send(msg.src, ack)
         if self.is_sequencer:
@@ -755,6 +757,10 @@ class SDPaxosReplica:
         inst.sent_at = self.now
         if owner != self.me:
             self._leading_others.add((owner, index))
+        elif index >= self.next_index:
+            # an index of ours that was referenced but never proposed: it is used now, by
+            # this no-op, and never again (same ballot, two values would break Paxos)
+            self.next_index = index + 1
         self.c_high[owner] = max(self.c_high[owner], index)
         self._out.persist.append(
             CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
@@ -960,7 +966,8 @@ class SDPaxosReplica:
         self._check_ready()
 
     def _commit_o(self, slot: int) -> None:
-        if slot in self.o_committed:
+        # executed slots leave o_committed: never count one of them again
+        if slot in self.o_committed or slot < self.exec_slot:
             return
         self.o_committed.add(slot)
         self.o_acks.pop(slot, None)
