@@ -892,7 +892,13 @@ class SDPaxosReplica:
             self._check_ready()
 
     def _advance_prefix(self) -> None:
-        while self.o_ballot.get(self.o_prefix, -1) >= 0:
+        """The gap-free prefix of O-instances we accepted (N=5's ready rule): executed slots,
+        then those accepted in this view. An entry from an older view may be stale, so it
+        stops the prefix until it executes."""
+        if self.o_prefix < self.exec_slot:
+            self.o_prefix = self.exec_slot
+            self._prefix_mine = self._exec_count[self.me]
+        while self.o_ballot.get(self.o_prefix, -1) == self.view:
             if self.o_value[self.o_prefix] == self.me:
                 self._prefix_mine += 1
             self.o_prefix += 1
@@ -990,7 +996,12 @@ class SDPaxosReplica:
                 if entry.slot >= self.o_high:
                     self.o_high = entry.slot + 1
             elif known != entry.owner:
-                continue  # a value our view replaced; the new one's commit will come
+                if self.o_ballot.get(entry.slot, -1) >= self.view:
+                    continue  # one proposer per view: a conflict here would be a bug
+                # we hold a value accepted in an older view that a later view replaced; the
+                # chosen one wins (learned, not accepted: it is not ours to report in a vote)
+                self.o_value[entry.slot] = entry.owner
+                self.o_ballot.pop(entry.slot, None)
             self.o_committed.add(entry.slot)
             if entry.owner == self.me:
                 self._my_committed_o += 1
@@ -1055,6 +1066,8 @@ class SDPaxosReplica:
             self.o_acks.pop(slot, None)
             self.exec_slot = slot + 1
             self._exec_progress_at = self.now
+            if self.o_prefix < self.exec_slot:
+                self._advance_prefix()
 
     # ------------------------------------------------------------------ views
     def _join_view(self, view: int) -> None:
@@ -1063,6 +1076,12 @@ class SDPaxosReplica:
         self.view = view
         self._out.persist.append(ViewRecord(view=view))
         self.view_ready = False
+        # A commit learned in an older view may be one the new view replaces (with N=5 a
+        # command leader commits on the sequencer's OAccept alone). Forget them all: in the
+        # new view they come back from its NewView or, as executed facts, from Catchup.
+        self.o_committed.clear()
+        self.o_acks.clear()
+        self._my_committed_o = self._exec_count[self.me]
         self.role = Role.FOLLOWER
         self._votes.clear()
         self._new_view = None
