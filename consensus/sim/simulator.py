@@ -209,6 +209,11 @@ class Simulation:
             _Client(1000 + i, i % n) for i in range(n * options.concurrency)
         ]
         self.keys = tuple(f"k{i}" for i in range(max(4, len(self.clients) // CLIENTS_PER_KEY)))
+        # With faults, spread the operations over the whole chaos phase: faults that hit an
+        # idle cluster test little.
+        self.think_us = options.think_us or (
+            self.chaos_us * len(self.clients) // max(1, options.ops) if faults else 0
+        )
         self.heap: list[tuple[int, int, str, int, Any]] = []
         self.seq = 0
         self.now = 0
@@ -218,6 +223,7 @@ class Simulation:
         self.trace: list[str] = []
         self.chaos_over = False
         self.down_since: dict[int, int] = {}
+        self._isolated_until = 0
 
     # ------------------------------------------------------------------ plumbing
     def _new_replica(self, rid: int, durable: list[Record] | None = None) -> _Replica:
@@ -510,7 +516,7 @@ class Simulation:
             # it never took effect (and was never sent anywhere else): no operation in the
             # history, move on. After a retry, another copy may still take effect.
             client.op = None
-            self._push(self.now + self.options.think_us, "issue", client.cid)
+            self._push(self.now + self.rng_work.randrange(self.think_us + 1), "issue", client.cid)
         else:
             op["attempt"] += 1
             self._submit(client)
@@ -529,7 +535,7 @@ class Simulation:
         )
         self.result.ops_completed += 1
         client.op = None
-        self._push(self.now + self.options.think_us, "issue", client.cid)
+        self._push(self.now + self.rng_work.randrange(self.think_us + 1), "issue", client.cid)
 
     # ------------------------------------------------------------------ faults
     def _chaos(self) -> None:
@@ -544,7 +550,9 @@ class Simulation:
             if any(not r.alive for r in self.replicas):
                 actions += ["restart", "restart"]
         if "partition" in faults:
-            actions += ["isolate_sequencer", "split", "one_way", "heal_links", "heal_links"]
+            actions += ["isolate_sequencer", "split", "one_way"]
+            if self.now >= self._isolated_until:
+                actions += ["heal_links", "heal_links"]
             if "crash" in faults and unavailable == 0 and self.f >= 2:
                 actions.append("split_sequencer_pair")
         if "pause" in faults and unavailable < self.f:
@@ -568,7 +576,10 @@ class Simulation:
             down = [r.rid for r in self.replicas if not r.alive]
             self._restart(self.replicas[rng.choice(down)])
         elif action == "isolate_sequencer":
+            # long enough for the rest to elect a new sequencer and write, while clients of
+            # the old one still talk to it (the case sequencer leases exist for)
             self.network.isolate(self._sequencer_guess(), n)
+            self._isolated_until = self.now + rng.randrange(1_000_000, 2_500_000)
             self._log(f"fault: isolate replica {self._sequencer_guess()}")
         elif action == "split":
             side = set(rng.sample(range(n), rng.randrange(1, self.f + 1)))
