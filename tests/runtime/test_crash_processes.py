@@ -14,6 +14,8 @@ import pytest
 from consensus.errors import SDPaxosError
 from consensus.runtime.client import Client
 from consensus.runtime.local_cluster import LocalCluster as ProcessCluster
+from consensus.sim.history import Operation
+from consensus.sim.lincheck import Verdict, check_history
 from consensus.statemachine import kv_cas, kv_get, kv_put
 
 KEYS = [f"k{i}" for i in range(6)]
@@ -62,10 +64,12 @@ async def worker(
                     output: object = None
                 elif op == "cas":
                     expected = acked[key][-1] if acked.get(key) else None
-                    reply = await client.execute(kv_cas(key, expected, value), [key])
+                    new = value
+                    value = (expected, new)  # type: ignore[assignment]
+                    reply = await client.execute(kv_cas(key, expected, new), [key])
                     output = msgpack.unpackb(reply.payload)[1]
                     if output:
-                        acked.setdefault(key, []).append(value)
+                        acked.setdefault(key, []).append(new)
                 else:
                     reply = await client.read(kv_get(key), [key])
                     output = msgpack.unpackb(reply.payload)[1]
@@ -139,6 +143,22 @@ async def _scenario(cluster: ProcessCluster) -> None:
             break
         await asyncio.sleep(0.5)
     assert all(s == states[0] for s in states), "replicas differ"
+    # the recorded client history is linearizable (unknown outcomes may or may not apply)
+    kinds = {"unique": "write", "put": "write", "cas": "cas", "get": "read"}
+    operations = [
+        Operation(
+            client=int(h["client"]),  # type: ignore[call-overload]
+            key=str(h["key"]),
+            op=kinds[str(h["op"])],  # type: ignore[arg-type]
+            input=None if h["op"] == "get" else h["value"],
+            output=h["output"],
+            call=int(float(h["call"]) * 1e6),  # type: ignore[arg-type]
+            ret=None if h["return"] is None else int(float(h["return"]) * 1e6),  # type: ignore[arg-type]
+        )
+        for h in history
+    ]
+    verdict = check_history(operations, timeout_s=30)
+    assert verdict.verdict is not Verdict.ILLEGAL, verdict.detail
     # every acknowledged write is on every replica: unique keys keep their value; a shared
     # key holds an acknowledged value or one whose answer was lost (indefinite), never None
     indefinite = {h["value"] for h in history if h["return"] is None}
