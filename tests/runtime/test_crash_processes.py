@@ -161,7 +161,11 @@ async def _scenario(cluster: ProcessCluster) -> None:
     assert verdict.verdict is not Verdict.ILLEGAL, verdict.detail
     # every acknowledged write is on every replica: unique keys keep their value; a shared
     # key holds an acknowledged value or one whose answer was lost (indefinite), never None
-    indefinite = {h["value"] for h in history if h["return"] is None}
+    indefinite = {
+        h["value"][1] if isinstance(h["value"], tuple) else h["value"]
+        for h in history
+        if h["return"] is None
+    }
     for key, values in acked.items():
         final = states[0][key]
         if key.startswith("u"):
