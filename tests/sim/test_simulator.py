@@ -113,3 +113,13 @@ def test_ci_sweep_loss_dup_reorder() -> None:
         report = sweep(options, seeds)
         assert report["violations"] == [], report["violations"][:1]
         assert report["liveness_failures"] == [], report["liveness_failures"][:1]
+
+
+def test_seven_replicas_take_one_and_a_half_round_trips() -> None:
+    # with N >= 7 an O-instance needs a majority of OAcks: half a round trip more than N=3/5
+    result = Simulation(SimOptions(replicas=7, network="lan", concurrency=1, ops=140), 5).run()
+    assert result.ok
+    measured = {site: p50_ms(v) for site, v in result.ready_latency_us.items()}
+    assert measured["CA"] == pytest.approx(0.2)  # the sequencer: one round trip
+    for site in ("OR", "OH", "IRE", "SEL", "5", "6"):
+        assert measured[site] == pytest.approx(0.3), site  # 1.5 round trips of 0.2 ms
