@@ -1245,23 +1245,27 @@ class SDPaxosReplica:
             1 for s in self.o_committed if s >= self.exec_slot and self.o_value.get(s) == self.me
         )
 
+    def _resend_accept(self, owner: int, index: int, inst: CInstance) -> None:
+        """Send ``C[owner][index]``'s Accept again to the peers that did not acknowledge it."""
+        accept = CAccept(
+            src=self.me,
+            view=self.view,
+            owner=owner,
+            index=index,
+            ballot=inst.ballot,
+            batch=inst.batch or (),
+        )
+        for peer in self._peers:
+            if peer not in inst.acks:
+                self._send(peer, accept)
+
     def _resend_own_after_view_change(self) -> None:
         """Re-send what the new view has not ordered or chosen yet."""
         for index in sorted(self._unready):
             inst = self.c[(self.me, index)]
             inst.sent_at = self.now
             if not inst.committed and inst.leading:
-                accept = CAccept(
-                    src=self.me,
-                    view=self.view,
-                    owner=self.me,
-                    index=index,
-                    ballot=inst.ballot,
-                    batch=inst.batch or (),
-                )
-                for peer in self._peers:
-                    if peer not in inst.acks:
-                        self._send(peer, accept)
+                self._resend_accept(self.me, index, inst)
         if self._known_o_count(self.me) < self.next_index:
             self._send_crequest(self.next_index - 1)
         for read_id, (command, _) in sorted(self._pending_reads.items()):
@@ -1509,32 +1513,12 @@ class SDPaxosReplica:
             inst.sent_at = self.now
             late.append(index)
             if not inst.committed and inst.leading:
-                accept = CAccept(
-                    src=self.me,
-                    view=self.view,
-                    owner=self.me,
-                    index=index,
-                    ballot=inst.ballot,
-                    batch=inst.batch or (),
-                )
-                for peer in self._peers:
-                    if peer not in inst.acks:
-                        self._send(peer, accept)
+                self._resend_accept(self.me, index, inst)
         for owner, index in sorted(self._leading_others):
             inst = self.c[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = self.now
-                accept = CAccept(
-                    src=self.me,
-                    view=self.view,
-                    owner=owner,
-                    index=index,
-                    ballot=inst.ballot,
-                    batch=inst.batch or (),
-                )
-                for peer in self._peers:
-                    if peer not in inst.acks:
-                        self._send(peer, accept)
+                self._resend_accept(owner, index, inst)
         if not late or not self.view_ready:
             return
         if not self.is_sequencer:
