@@ -248,12 +248,16 @@ class Simulation:
         return int(self.now * rep.rate) + rep.offset
 
     # ------------------------------------------------------------------ the run
-    def run(self) -> RunResult:
-        started = time.perf_counter()
+    def start(self) -> None:
+        """Schedule the first events: every replica's timer, every client's first request."""
         for rep in self.replicas:
             self._push(0, "tick", rep.rid)
         for client in self.clients:
             self._push(1_000 + self.rng_work.randrange(1_000), "issue", client.cid)
+
+    def run(self) -> RunResult:
+        started = time.perf_counter()
+        self.start()
         chaotic = self.options.faults & {"crash", "partition", "pause"}
         link_faults = self.options.faults & {"loss", "dup", "reorder"}
         if chaotic:
