@@ -312,6 +312,8 @@ class SDPaxosReplica:
         # execution
         self.exec_slot = 0
         self._exec_count: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        # N=3/N>=7 sequencer: when its own O-instances were last checked for re-sending
+        self._own_checked_at = 0
         self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
         self._compacted = 0  # slots below this were compacted into a snapshot
         self._base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
@@ -784,14 +786,16 @@ class SDPaxosReplica:
     def _on_crequest(self, msg: CRequest) -> None:
         if not self.is_sequencer:
             return
-        self._order(msg.owner, msg.index, msg.keys)
-        if self.role is not Role.SEQUENCER:
-            return
-        # A CRequest for an instance already ordered is a retransmission: the requester lost
-        # OAccepts. Re-send everything from its gap-free prefix through its instance's slot.
         slots = self.seq_slots[msg.owner]
-        if slots.base <= msg.index < len(slots):
-            self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
+        # Checked before ordering: a CRequest for an instance already ordered is a
+        # retransmission (the requester lost OAccepts); a fresh one is answered by the
+        # OAccept broadcast that ordering it produces.
+        already = slots.base <= msg.index < len(slots)
+        self._order(msg.owner, msg.index, msg.keys)
+        if self.role is not Role.SEQUENCER or not already:
+            return
+        # Re-send everything from the requester's gap-free prefix through its instance's slot.
+        self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
 
     def _order(self, owner: int, index: int, keys: tuple[str, ...]) -> None:
         """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them."""
@@ -1082,6 +1086,10 @@ class SDPaxosReplica:
         self.o_committed.clear()
         self.o_acks.clear()
         self._my_committed_o = self._exec_count[self.me]
+        # Likewise the N=5 ready rule's prefix counts only acceptances in the current view:
+        # ours from an older view (as a deposed sequencer's own proposals, say) prove nothing.
+        self.o_prefix = self.exec_slot
+        self._prefix_mine = self._exec_count[self.me]
         self.role = Role.FOLLOWER
         self._votes.clear()
         self._new_view = None
@@ -1519,10 +1527,11 @@ class SDPaxosReplica:
             if inst.sent_at <= deadline:
                 inst.sent_at = self.now
                 self._resend_accept(owner, index, inst)
-        if not late or not self.view_ready:
+        if not self.view_ready:
             return
         if not self.is_sequencer:
-            self._send_crequest(late[-1])  # one request covers every lower index
+            if late:
+                self._send_crequest(late[-1])  # one request covers every lower index
             return
         if self.role is not Role.SEQUENCER:
             return
@@ -1538,6 +1547,22 @@ class SDPaxosReplica:
                         self._resend_oaccepts(peer, self.seq_acked_prefix[peer], slot + 1)
                 elif slot not in self.o_committed and peer not in self.o_acks.get(slot, ()):
                     self._resend_oaccepts(peer, slot, slot + 1)
+        if not self._five and self._own_checked_at <= deadline:
+            # With N=3 or N>=7 an own C-instance can be ready (by the count rule) while its own
+            # O-instance is not chosen, so it is not late: re-send every own unchosen,
+            # unexecuted slot at least one retransmission period old, each to the peers that
+            # did not acknowledge it (checked once per period).
+            self._own_checked_at = self.now
+            for index in range(max(mine.base, self._exec_count[self.me]), len(mine)):
+                slot = mine[index]
+                if index in self._unready or slot < self.exec_slot or slot in self.o_committed:
+                    continue  # late ones were handled above
+                own = self.c.get((self.me, index))
+                if own is None or own.sent_at > deadline:
+                    continue
+                for peer in self._peers:
+                    if peer not in self.o_acks.get(slot, ()):
+                        self._resend_oaccepts(peer, slot, slot + 1)
         if len(mine) < self.next_index:
             self._order(self.me, self.next_index - 1, ())
 

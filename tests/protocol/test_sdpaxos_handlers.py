@@ -1,0 +1,868 @@
+"""Paper-style unit tests of the SDPaxos core's message handlers, one core at a time.
+
+Each test builds ``SDPaxosReplica`` directly, feeds it ``propose`` / ``step`` / ``tick``,
+drains ``ready()`` + ``advance()`` and asserts the exact outputs against SoCC'18 §3.2 and
+Figure 5. View 0's sequencer is replica 0 throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sdp_util import Net, cmd, core, drain, msgs
+
+from consensus.config import ProtocolConfig
+from consensus.errors import LocalProtocolError
+from consensus.messages import (
+    CAccept,
+    CAcceptedRecord,
+    CAck,
+    Catchup,
+    CCommit,
+    CNack,
+    CRequest,
+    NewView,
+    NewViewRecord,
+    OAccept,
+    OAcceptedRecord,
+    OAck,
+    OCommit,
+    OEntry,
+    PeerMessage,
+    ViewRecord,
+    Vote,
+    VRequest,
+)
+from consensus.protocol.ballot import ballot_of
+from consensus.protocol.ready import Execution, Ready
+from consensus.protocol.sdpaxos import SDPaxosReplica
+
+A = cmd(7, 0)
+B = cmd(7, 1)
+C = cmd(8, 0)
+D = cmd(9, 0)
+
+
+def caccept(src: int, owner: int, index: int, batch: tuple, *, ballot: int | None = None,
+            view: int = 0) -> CAccept:
+    return CAccept(src=src, view=view, owner=owner, index=index,
+                   ballot=owner if ballot is None else ballot, batch=batch)
+
+
+def cack(src: int, owner: int, index: int, *, ballot: int | None = None,
+         view: int = 0) -> CAck:
+    return CAck(src=src, view=view, owner=owner, index=index,
+                ballot=owner if ballot is None else ballot)
+
+
+def ccommit(src: int, owner: int, index: int, batch: tuple | None, *,
+            ballot: int | None = None, view: int = 0) -> CCommit:
+    return CCommit(src=src, view=view, owner=owner, index=index,
+                   ballot=owner if ballot is None else ballot, batch=batch)
+
+
+def crequest(src: int, index: int, *, o_prefix: int = 0, view: int = 0) -> CRequest:
+    return CRequest(src=src, view=view, owner=src, index=index, keys=(), o_prefix=o_prefix)
+
+
+def oaccept(*entries: tuple[int, int], view: int = 0, src: int = 0) -> OAccept:
+    return OAccept(src=src, view=view, entries=tuple(OEntry(slot=s, owner=o) for s, o in entries))
+
+
+def ocommit(src: int, *entries: tuple[int, int], view: int = 0) -> OCommit:
+    return OCommit(src=src, view=view, entries=tuple(OEntry(slot=s, owner=o) for s, o in entries))
+
+
+def oack(src: int, *slots: int) -> OAck:
+    return OAck(src=src, view=0, slots=slots)
+
+
+def o_entries(ready: Ready) -> list[tuple[int, int]]:
+    """(slot, owner) of every O-instance persisted in ``ready``."""
+    return [
+        (e.slot, e.owner)
+        for r in ready.persist
+        if isinstance(r, OAcceptedRecord)
+        for e in r.entries
+    ]
+
+
+def all_out(ready: Ready) -> list[tuple[int, PeerMessage]]:
+    return msgs(ready.send_after_persist) + msgs(ready.send)
+
+
+# =========================================================================== C-phase, leader
+
+
+def test_proposal_at_non_sequencer_persists_then_sends_caccepts() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,))]
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist) == [(0, accept), (2, accept)]
+    assert ready.send == []  # the sequencer gets the CAccept: no CRequest (line 4)
+    assert ready.ready == ready.apply == ready.failed == []
+
+
+def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
+    r0 = core(3, 0)
+    r0.propose(A, 0)
+    ready = drain(r0)
+    assert ready.persist == [
+        CAcceptedRecord(owner=0, index=0, ballot=0, batch=(A,)),
+        OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=0),)),
+    ]
+    accept = caccept(0, 0, 0, (A,))
+    order = oaccept((0, 0))
+    assert msgs(ready.send_after_persist) == [(1, accept), (2, accept), (1, order), (2, order)]
+    assert ready.send == []
+
+
+def test_proposals_in_one_turn_form_one_c_instance() -> None:
+    r1 = core(3, 1)
+    for command in (A, B, C):
+        r1.propose(command, 0)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A, B, C))]
+    sent = [m for _, m in msgs(ready.send_after_persist) if isinstance(m, CAccept)]
+    assert [m.index for m in sent] == [0, 0]
+    r1.propose(D, 1)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=1, ballot=1, batch=(D,))]
+
+
+def test_max_batch_splits_a_turn_into_several_instances() -> None:
+    r1 = core(3, 1, max_batch=2)
+    commands = [cmd(1, s) for s in range(5)]
+    for command in commands:
+        r1.propose(command, 0)
+    ready = drain(r1)
+    assert ready.persist == [
+        CAcceptedRecord(owner=1, index=0, ballot=1, batch=tuple(commands[0:2])),
+        CAcceptedRecord(owner=1, index=1, ballot=1, batch=tuple(commands[2:4])),
+        CAcceptedRecord(owner=1, index=2, ballot=1, batch=tuple(commands[4:5])),
+    ]
+    assert len(msgs(ready.send_after_persist, CAccept)) == 3 * 2
+
+
+def test_thrifty_sends_caccept_to_q_minus_1_and_crequest_when_sequencer_missed() -> None:
+    # N=3, replica 1: nearest by id distance is 2; the sequencer (0) is not in the quorum
+    r1 = core(3, 1, thrifty=True)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist) == [(2, caccept(1, 1, 0, (A,)))]
+    # a CRequest promises nothing: it is in ``send``
+    assert msgs(ready.send) == [(0, crequest(1, 0))]
+    # N=5, replica 1: nearest are 2 and 3
+    r1 = core(5, 1, thrifty=True)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist) == [(2, accept), (3, accept)]
+    assert msgs(ready.send) == [(0, crequest(1, 0))]
+
+
+def test_thrifty_sends_no_crequest_when_sequencer_is_in_quorum() -> None:
+    r2 = core(3, 2, thrifty=True)  # nearest of 2 by id distance: 0, the sequencer
+    r2.propose(A, 0)
+    ready = drain(r2)
+    assert msgs(ready.send_after_persist) == [(0, caccept(2, 2, 0, (A,)))]
+    assert ready.send == []
+    r4 = core(5, 4, thrifty=True)  # nearest of 4: 0 and 1
+    r4.propose(A, 0)
+    ready = drain(r4)
+    assert [to for to, _ in msgs(ready.send_after_persist)] == [0, 1]
+    assert ready.send == []
+
+
+def test_thrifty_follows_configured_preference() -> None:
+    r1 = core(5, 1, thrifty=True, preference=((1, 2, 3, 4), (4, 0, 2, 3), (0, 1, 3, 4),
+                                              (0, 1, 2, 4), (0, 1, 2, 3)))
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert [to for to, _ in msgs(ready.send_after_persist)] == [4, 0]
+    assert ready.send == []
+
+
+def test_commit_after_majority_of_cacks_and_ccommit_carries_batch_only_when_needed() -> None:
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(3, 1, 0), 1)
+    assert drain(r1).is_empty()  # 2 of 5
+    r1.step(cack(3, 1, 0), 1)  # a duplicate CAck counts once
+    assert drain(r1).is_empty()
+    r1.step(cack(2, 1, 0, ballot=99), 1)  # an ack for another ballot does not count
+    assert drain(r1).is_empty()
+    r1.step(cack(4, 1, 0), 1)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist) == [
+        (0, ccommit(1, 1, 0, (A,))),
+        (2, ccommit(1, 1, 0, (A,))),
+        (3, ccommit(1, 1, 0, None)),
+        (4, ccommit(1, 1, 0, None)),
+    ]
+    assert ready.ready == []  # not ordered yet
+    r1.step(cack(0, 1, 0), 1)  # late: the instance is chosen already
+    assert drain(r1).is_empty()
+
+
+# =========================================================================== C-phase, acceptor
+
+
+def test_acceptor_persists_and_acks_to_sender() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 5)
+    ready = drain(r2)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,))]
+    assert msgs(ready.send_after_persist) == [(1, cack(2, 1, 0))]
+    assert ready.send == []
+    # a duplicate is acknowledged again (its first CAck may be lost) without a new record
+    r2.step(caccept(1, 1, 0, (A,)), 6)
+    ready = drain(r2)
+    assert ready.persist == []
+    assert msgs(ready.send_after_persist) == [(1, cack(2, 1, 0))]
+
+
+def test_acceptor_rejects_lower_ballot() -> None:
+    high = ballot_of(1, 2)  # a recoverer (replica 2) took over C[1][0]
+    r0 = core(3, 0)
+    r0.step(caccept(2, 1, 0, (), ballot=high), 1)
+    drain(r0)
+    r0.step(caccept(1, 1, 0, (A,)), 2)  # the owner's original, at ballot (0, 1)
+    ready = drain(r0)
+    assert ready.persist == []
+    assert msgs(ready.send_after_persist, CAck) == []
+    assert msgs(ready.send_after_persist, CNack) == [
+        (1, CNack(src=0, view=0, owner=1, index=0, ballot=high))
+    ]
+    assert o_entries(ready) == []  # the sequencer does not order on a rejected CAccept
+
+
+def test_acceptor_higher_ballot_replaces_value() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    drain(r2)
+    high = ballot_of(1, 0)
+    r2.step(caccept(0, 1, 0, (B,), ballot=high), 2)
+    ready = drain(r2)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=high, batch=(B,))]
+    assert msgs(ready.send_after_persist) == [(0, cack(2, 1, 0, ballot=high))]
+
+
+# =========================================================================== O-phase, sequencer
+
+
+def test_sequencer_orders_on_caccept() -> None:
+    r0 = core(3, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 1)
+    ready = drain(r0)
+    assert ready.persist == [
+        CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,)),
+        OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=1),)),
+    ]
+    assert msgs(ready.send_after_persist) == [
+        (1, cack(0, 1, 0)),
+        (1, oaccept((0, 1))),
+        (2, oaccept((0, 1))),
+    ]
+
+
+def test_sequencer_orders_on_crequest() -> None:
+    r0 = core(3, 0)
+    r0.step(crequest(2, 0), 1)
+    ready = drain(r0)
+    assert o_entries(ready) == [(0, 2)]
+    assert (1, oaccept((0, 2))) in msgs(ready.send_after_persist)
+    assert (2, oaccept((0, 2))) in msgs(ready.send_after_persist)
+
+
+def test_sequencer_turn_batches_entries_into_one_oaccept_per_peer() -> None:
+    r0 = core(3, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 1)
+    r0.step(caccept(2, 2, 0, (B,)), 1)
+    r0.propose(C, 1)
+    ready = drain(r0)
+    # the own proposal is flushed at ready(): its slot comes last
+    assert o_entries(ready) == [(0, 1), (1, 2), (2, 0)]
+    assert msgs(ready.send_after_persist, OAccept) == [
+        (1, oaccept((0, 1), (1, 2), (2, 0))),
+        (2, oaccept((0, 1), (1, 2), (2, 0))),
+    ]
+
+
+def test_duplicated_and_reordered_crequests_are_idempotent() -> None:
+    r0 = core(5, 0)
+    r0.step(crequest(2, 2), 1)  # index 2 first: replica 2 needs three O-instances
+    first = drain(r0)
+    assert o_entries(first) == [(0, 2), (1, 2), (2, 2)]
+    created: list[tuple[int, int]] = []
+    for message in (crequest(2, 0), crequest(2, 2), crequest(2, 1), crequest(2, 2),
+                    caccept(2, 2, 1, (A,)), caccept(2, 2, 0, (B,))):
+        r0.step(message, 2)
+        created += o_entries(drain(r0))
+    assert created == []
+    r0.step(crequest(3, 0), 3)  # another replica gets the next slot
+    assert o_entries(drain(r0)) == [(3, 3)]
+
+
+def test_crequest_for_ordered_instance_resends_from_requester_prefix() -> None:
+    r0 = core(3, 0)
+    r0.step(caccept(2, 2, 0, (A,)), 1)  # slot 0 => 2
+    r0.step(caccept(1, 1, 0, (B,)), 1)  # slot 1 => 1
+    r0.step(caccept(1, 1, 1, (C,)), 1)  # slot 2 => 1
+    r0.propose(D, 1)  # slot 3 => 0
+    drain(r0)
+    # replica 1 accepted slot 0 only and asks again for its index 0 (slot 1)
+    r0.step(crequest(1, 0, o_prefix=1), 2)
+    ready = drain(r0)
+    assert o_entries(ready) == []
+    assert msgs(ready.send_after_persist) == [(1, oaccept((1, 1)))]
+    # with a gap from slot 0 and a request for index 1 (slot 2): slots 0..2
+    r0.step(crequest(1, 1, o_prefix=0), 3)
+    ready = drain(r0)
+    assert msgs(ready.send_after_persist) == [(1, oaccept((0, 2), (1, 1), (2, 1)))]
+
+
+def test_fresh_crequest_sends_one_oaccept() -> None:
+    r0 = core(5, 0)
+    r0.step(crequest(1, 0), 1)
+    ready = drain(r0)
+    assert o_entries(ready) == [(0, 1)]
+    # one OAccept to each replica (the requester included) — not two to the requester
+    assert msgs(ready.send_after_persist, OAccept) == [
+        (p, oaccept((0, 1))) for p in (1, 2, 3, 4)
+    ]
+
+
+def test_o_phase_messages_only_from_sequencer() -> None:
+    r2 = core(3, 2)
+    r2.step(oaccept((0, 1), src=1), 1)  # replica 1 is not the sequencer of view 0
+    assert drain(r2).is_empty()
+    r1 = core(3, 1)
+    r1.step(crequest(2, 0), 1)  # only the sequencer orders
+    assert drain(r1).is_empty()
+
+
+# =========================================================================== O-phase, acceptor
+
+
+def test_oack_goes_to_learner_n3_and_to_sequencer_n5() -> None:
+    r2 = core(3, 2)
+    r2.step(oaccept((0, 1)), 1)
+    ready = drain(r2)
+    assert ready.persist == [OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=1),))]
+    assert msgs(ready.send_after_persist) == [(1, oack(2, 0))]
+    r2 = core(5, 2)
+    r2.step(oaccept((0, 1)), 1)
+    ready = drain(r2)
+    assert msgs(ready.send_after_persist) == [(0, oack(2, 0))]
+
+
+# =========================================================================== ready rules
+
+
+def test_ready_n3_needs_commit_and_oaccept_cack_first() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    ready = drain(r1)
+    assert ready.ready == []  # C chosen, not ordered
+    r1.step(oaccept((0, 1)), 2)
+    ready = drain(r1)
+    assert ready.ready == [A]
+    assert msgs(ready.send_after_persist, OCommit) == [
+        (0, ocommit(1, (0, 1))),
+        (2, ocommit(1, (0, 1))),
+    ]
+    assert ready.apply == [Execution(0, 0, A, True)]
+
+
+def test_ready_n3_needs_commit_and_oaccept_oaccept_first() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(oaccept((0, 1)), 1)
+    ready = drain(r1)
+    assert ready.ready == []  # ordered (O chosen: sequencer + us), C not chosen yet
+    assert msgs(ready.send_after_persist, OCommit) == [
+        (0, ocommit(1, (0, 1))),
+        (2, ocommit(1, (0, 1))),
+    ]
+    assert ready.apply == []
+    r1.step(cack(0, 1, 0), 2)
+    ready = drain(r1)
+    assert ready.ready == [A]
+    assert ready.apply == [Execution(0, 0, A, True)]
+
+
+def test_ready_n3_needs_i_plus_1_o_instances() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.propose(B, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(cack(2, 1, 1), 1)
+    r1.step(oaccept((0, 1)), 1)  # one O-instance for 1: only C[1][0] is placed
+    assert drain(r1).ready == [A]
+    r1.step(oaccept((1, 1)), 2)
+    assert drain(r1).ready == [B]
+
+
+def test_ready_n5_non_sequencer_waits_for_gap_free_prefix() -> None:
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(cack(3, 1, 0), 1)
+    assert drain(r1).ready == []  # C chosen
+    r1.step(oaccept((1, 1)), 2)  # our slot, but slot 0 (for replica 2) is withheld
+    ready = drain(r1)
+    assert ready.ready == []
+    # committed on the OAccept alone (line 29): OCommit broadcast, OAck to the sequencer
+    assert msgs(ready.send_after_persist, OAck) == [(0, oack(1, 1))]
+    assert len(msgs(ready.send_after_persist, OCommit)) == 4
+    r1.step(oaccept((0, 2)), 3)
+    ready = drain(r1)
+    assert ready.ready == [A]
+    assert ready.apply == []  # slot 0's C-instance (replica 2's) is unknown here
+
+
+def test_ready_n5_prefix_from_an_older_view_proves_nothing_after_joining_a_newer() -> None:
+    # (found by the simulator: N=5 seed 54 with all faults) an O-instance accepted in view 0
+    # may be replaced by view 2's rebuild if our vote is not among the majority it uses, so a
+    # command chosen after we joined view 2 is not ready on the strength of it
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(oaccept((0, 2), (1, 1)), 1)  # our slot 1 in view 0; slot 0's instance unknown
+    drain(r1)
+    later = 10_000_000  # past any lease r1 granted
+    r1.step(VRequest(src=2, view=2, from_slot=0), later)  # replica 2 stands for view 2
+    assert msgs(drain(r1).send_after_persist, Vote)
+    r1.step(cack(2, 1, 0, view=2), later)
+    r1.step(cack(3, 1, 0, view=2), later)  # C chosen now, in view 2
+    ready = drain(r1)
+    assert len(msgs(ready.send_after_persist, CCommit)) == 4
+    assert ready.ready == []
+
+
+def test_ready_n5_non_sequencer_not_before_c_chosen() -> None:
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(oaccept((0, 1)), 1)
+    r1.step(cack(2, 1, 0), 1)
+    assert drain(r1).ready == []  # 2 of 5 accepted C[1][0]
+    r1.step(cack(4, 1, 0), 2)
+    assert drain(r1).ready == [A]
+
+
+def test_ready_n5_sequencer_needs_majority_accepted_prefix() -> None:
+    r0 = core(5, 0)
+    r0.step(caccept(1, 1, 0, (B,)), 0)  # slot 0 => 1
+    drain(r0)
+    r0.propose(A, 0)  # slot 1 => 0
+    ready = drain(r0)
+    assert o_entries(ready) == [(1, 0)]
+    r0.step(cack(1, 0, 0), 1)
+    r0.step(cack(2, 0, 0), 1)
+    assert drain(r0).ready == []  # C[0][0] chosen (3 of 5), O not
+    r0.step(oack(1, 1), 2)
+    r0.step(oack(2, 1), 2)
+    ready = drain(r0)
+    # O[1] is accepted by a majority (0, 1, 2): committed and broadcast (line 25) ...
+    assert msgs(ready.send_after_persist, OCommit) == [
+        (p, ocommit(0, (1, 0))) for p in (1, 2, 3, 4)
+    ]
+    # ... but not ready: slot 0, before ours, is not majority-accepted (line 26)
+    assert ready.ready == []
+    r0.step(oack(1, 0), 3)
+    assert drain(r0).ready == []  # prefix [0, 2) accepted by 0 and 1 only
+    r0.step(oack(3, 0), 3)
+    assert drain(r0).ready == []  # replica 3 covers slot 0 but not slot 1
+    r0.step(oack(2, 0), 4)
+    ready = drain(r0)
+    assert ready.ready == [A]  # 0, 1 and 2 accepted every slot through 1
+    assert msgs(ready.send_after_persist, OCommit) == []  # O[1] was committed already
+
+
+def test_ready_n5_sequencer_not_before_c_chosen() -> None:
+    r0 = core(5, 0)
+    r0.propose(A, 0)
+    drain(r0)
+    r0.step(oack(1, 0), 1)
+    r0.step(oack(2, 0), 1)
+    ready = drain(r0)
+    assert ready.ready == []  # O chosen, C[0][0] only at 0
+    assert len(msgs(ready.send_after_persist, OCommit)) == 4
+    r0.step(cack(3, 0, 0), 2)
+    assert drain(r0).ready == []
+    r0.step(cack(4, 0, 0), 2)
+    assert drain(r0).ready == [A]
+
+
+def test_ready_n7_non_sequencer_needs_oacks_from_a_majority() -> None:
+    r1 = core(7, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    for src in (2, 3, 4):
+        r1.step(cack(src, 1, 0), 1)
+    assert drain(r1).ready == []  # C chosen (4 of 7)
+    r1.step(oaccept((0, 1)), 2)
+    ready = drain(r1)
+    assert ready.ready == []  # the sequencer and us: 2 of 7
+    assert msgs(ready.send_after_persist, OCommit) == []
+    r1.step(oack(5, 0), 3)
+    assert drain(r1).ready == []  # 3 of 7
+    r1.step(oack(6, 0), 3)
+    ready = drain(r1)
+    assert ready.ready == [A]  # 4 of 7
+    assert len(msgs(ready.send_after_persist, OCommit)) == 6
+
+
+def test_ready_n7_oacks_before_oaccept_count() -> None:
+    r1 = core(7, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    for src in (2, 3, 4):
+        r1.step(cack(src, 1, 0), 1)
+    r1.step(oack(5, 0), 2)
+    r1.step(oack(6, 0), 2)
+    assert drain(r1).ready == []  # slot 0's value is not known here yet
+    r1.step(oaccept((0, 1)), 3)
+    assert drain(r1).ready == [A]
+
+
+def test_ready_n7_sequencer_needs_oacks_from_a_majority() -> None:
+    r0 = core(7, 0)
+    r0.propose(A, 0)
+    drain(r0)
+    for src in (1, 2, 3):
+        r0.step(cack(src, 0, 0), 1)
+    assert drain(r0).ready == []
+    r0.step(oack(1, 0), 2)
+    r0.step(oack(2, 0), 2)
+    assert drain(r0).ready == []  # 3 of 7
+    r0.step(oack(3, 0), 2)
+    assert drain(r0).ready == [A]
+
+
+# =========================================================================== execution
+
+
+def test_execution_follows_global_log_order() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(oaccept((0, 0), (1, 1)), 1)  # slot 0 => sequencer, slot 1 => us
+    ready = drain(r1)
+    assert ready.ready == [A]  # C chosen and one O-instance for us chosen
+    assert ready.apply == []  # but slot 0 is not committed here
+    assert msgs(ready.send_after_persist, OCommit) == [
+        (0, ocommit(1, (1, 1))), (2, ocommit(1, (1, 1)))
+    ]
+    r1.step(ocommit(0, (0, 0)), 2)  # slot 0 committed; C[0][0] still unknown
+    assert drain(r1).apply == []
+    r1.step(ccommit(0, 0, 0, (B,)), 3)
+    ready = drain(r1)
+    assert ready.apply == [Execution(0, 0, B, False), Execution(1, 0, A, True)]
+    assert r1.executed_through() == 1
+    assert r1.committed_log() == {0: (B,), 1: (A,)}
+
+
+def test_ocommit_out_of_order_at_follower() -> None:
+    r2 = core(3, 2)
+    r2.step(ccommit(0, 0, 0, (A, B)), 1)
+    r2.step(ccommit(1, 1, 0, (C,)), 1)
+    r2.step(ocommit(1, (1, 1)), 2)
+    assert drain(r2).apply == []
+    r2.step(ocommit(0, (0, 0)), 3)
+    assert drain(r2).apply == [
+        Execution(0, 0, A, False),
+        Execution(0, 1, B, False),
+        Execution(1, 0, C, False),
+    ]
+    r2.step(ocommit(0, (0, 0)), 4)  # a duplicate commit executes nothing again
+    assert drain(r2).is_empty()
+
+
+def test_kth_o_instance_places_kth_c_instance() -> None:
+    r2 = core(3, 2)
+    r2.step(ccommit(1, 1, 1, (B,)), 1)  # C[1][1] first
+    r2.step(ccommit(1, 1, 0, (A,)), 1)
+    r2.step(ocommit(1, (0, 1), (1, 0), (2, 1)), 2)
+    r2.step(ccommit(0, 0, 0, (C,)), 2)
+    ready = drain(r2)
+    assert [(e.slot, e.command) for e in ready.apply] == [(0, A), (1, C), (2, B)]
+
+
+def test_ccommit_without_batch_needs_matching_ballot() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # accepted at ballot (0, 1)
+    drain(r2)
+    r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
+    other = ballot_of(1, 0)  # chosen at a recoverer's ballot, perhaps with another value
+    r2.step(ccommit(0, 1, 0, None, ballot=other), 3)
+    assert drain(r2).apply == []  # not applied: our value may not be the chosen one
+    r2.step(ccommit(0, 1, 0, (B,), ballot=other), 4)
+    assert drain(r2).apply == [Execution(0, 0, B, False)]
+
+
+def test_ccommit_without_batch_at_matching_ballot_applies() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(ocommit(1, (0, 1)), 2)
+    r2.step(ccommit(1, 1, 0, None), 3)
+    assert drain(r2).apply == [Execution(0, 0, A, False)]
+
+
+def test_ccommit_without_batch_for_unknown_instance_is_ignored() -> None:
+    r2 = core(3, 2)
+    r2.step(ccommit(1, 1, 0, None), 1)
+    r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
+
+
+# =========================================================================== views
+
+
+def _in_view_1(me: int) -> SDPaxosReplica:
+    """A replica that joined view 1 (sequencer: replica 1) and accepted its NewView."""
+    r = core(3, me)
+    r.step(NewView(src=1, view=1, start=0, owners=()), 0)
+    ready = drain(r)
+    assert ready.persist == [
+        ViewRecord(view=1),
+        NewViewRecord(view=1, start=0, owners=()),
+    ]
+    assert r.view == 1
+    return r
+
+
+def test_messages_from_an_older_view_are_ignored() -> None:
+    r2 = _in_view_1(2)
+    r2.propose(B, 1)  # C[2][0], leading it in view 1
+    drain(r2)
+    for message in (
+        oaccept((0, 0), view=0, src=0),  # view 0's sequencer
+        ocommit(0, (0, 0), view=0),
+        caccept(0, 0, 0, (A,), view=0),
+        crequest(0, 0, view=0),
+        CAck(src=0, view=0, owner=2, index=0, ballot=2),  # would choose C[2][0] in view 1
+        OAck(src=0, view=0, slots=(0,)),
+    ):
+        r2.step(message, 2)
+        assert drain(r2).is_empty(), message
+    # the same acknowledgement in the current view counts
+    r2.step(CAck(src=0, view=1, owner=2, index=0, ballot=2), 3)
+    assert len(msgs(drain(r2).send_after_persist, CCommit)) == 2
+    # and the sequencer of view 1 is heard
+    r2.step(oaccept((0, 0), view=1, src=1), 3)
+    assert o_entries(drain(r2)) == [(0, 0)]
+
+
+def test_older_view_ccommit_is_still_a_fact() -> None:
+    r2 = _in_view_1(2)
+    r2.step(ccommit(0, 0, 0, (A,), view=0), 1)  # a chosen value is a fact in any view
+    assert drain(r2).is_empty()
+    r2.step(ocommit(1, (0, 0), view=1), 2)  # slot 0 => 0 committed in view 1
+    assert drain(r2).apply == [Execution(0, 0, A, False)]
+
+
+def test_old_sequencer_does_not_order_after_view_change() -> None:
+    r0 = _in_view_1(0)
+    r0.step(crequest(2, 0, view=1), 1)
+    assert drain(r0).is_empty()  # replica 0 is not the sequencer of view 1
+
+
+# =========================================================================== driver contract
+
+
+def test_ready_twice_without_advance_raises() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    first = r1.ready()
+    with pytest.raises(LocalProtocolError):
+        r1.ready()
+    with pytest.raises(LocalProtocolError):
+        r1.advance(Ready())
+    r1.advance(first)
+    with pytest.raises(LocalProtocolError):
+        r1.advance(first)
+    assert r1.ready().is_empty()
+
+
+# =========================================================================== retransmission
+
+
+def test_retransmission_resends_caccept_to_non_ackers_and_crequest_with_prefix() -> None:
+    r1 = core(5, 1)
+    r1.step(oaccept((0, 2)), 0)  # slot 0 => 2 accepted: our o_prefix is 1
+    drain(r1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 10)
+    drain(r1)
+    r1.tick(199_999)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
+    r1.tick(200_000)
+    ready = drain(r1)
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist, CAccept) == [(0, accept), (3, accept), (4, accept)]
+    assert msgs(ready.send, CRequest) == [(0, crequest(1, 0, o_prefix=1))]
+    # not again until another retransmit_us has passed
+    r1.tick(300_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
+    r1.tick(400_000)
+    ready = drain(r1)
+    assert len(msgs(ready.send_after_persist, CAccept)) == 3
+
+
+def test_retransmission_after_commit_sends_only_crequest() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.propose(B, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(cack(2, 1, 1), 1)
+    drain(r1)
+    r1.tick(200_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    # one request for the highest late index covers the lower ones
+    assert msgs(ready.send, CRequest) == [(0, crequest(1, 1, o_prefix=0))]
+
+
+def test_ready_instance_is_not_retransmitted() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(oaccept((0, 1)), 1)
+    assert drain(r1).ready == [A]
+    r1.tick(500_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
+
+
+# =========================================================================== catch-up
+
+
+def _executed_sequencer() -> SDPaxosReplica:
+    """Replica 0 (N=3) that executed slot 0 => 1 (C[1][0] = [A]) and slot 1 => 0 ([B, C])."""
+    r0 = core(3, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 0)
+    r0.step(ccommit(1, 1, 0, None), 0)
+    r0.step(ocommit(1, (0, 1)), 0)
+    r0.propose(B, 0)
+    r0.propose(C, 0)
+    applied = list(drain(r0).apply)
+    r0.step(cack(2, 0, 0), 1)
+    r0.step(oack(2, 1), 1)
+    applied += drain(r0).apply
+    assert [(e.slot, e.command) for e in applied] == [(0, A), (1, B), (1, C)]
+    return r0
+
+
+def test_catchup_answer_carries_ocommit_and_ccommits_with_batches() -> None:
+    r0 = _executed_sequencer()
+    r0.step(Catchup(src=2, view=0, slot=0), 2)
+    ready = drain(r0)
+    out = all_out(ready)
+    assert (2, ocommit(0, (0, 1), (1, 0))) in out
+    assert (2, ccommit(0, 1, 0, (A,))) in out
+    assert (2, ccommit(0, 0, 0, (B, C), ballot=0)) in out
+    assert all(to == 2 for to, _ in out)
+    # a lagging replica that knew nothing executes both slots from the answer alone
+    r2 = core(3, 2)
+    for _, message in out:
+        r2.step(message, 3)
+    assert [(e.slot, e.offset, e.command, e.led_here) for e in drain(r2).apply] == [
+        (0, 0, A, False),
+        (1, 0, B, False),
+        (1, 1, C, False),
+    ]
+
+
+def test_catchup_from_a_later_slot() -> None:
+    r0 = _executed_sequencer()
+    r0.step(Catchup(src=1, view=0, slot=1), 2)
+    out = all_out(drain(r0))
+    assert (1, ocommit(0, (1, 0))) in out
+    assert (1, ccommit(0, 0, 0, (B, C), ballot=0)) in out
+    assert not any(isinstance(m, OCommit) and m.entries[0].slot == 0 for _, m in out)
+
+
+def test_stuck_replica_asks_for_catchup() -> None:
+    r2 = core(3, 2)
+    r2.step(oaccept((0, 1)), 0)  # knows slot 0's owner, never hears of C[1][0]
+    drain(r2)
+    r2.tick(299_999)
+    assert msgs(drain(r2).send, Catchup) == []
+    r2.tick(300_000)
+    requests = msgs(drain(r2).send, Catchup)
+    assert len(requests) == 1
+    assert requests[0][1] == Catchup(src=2, view=0, slot=0)
+
+
+# =========================================================================== known liveness bug
+
+
+_LOST_OWN_OACCEPT = (
+    "N=3/N>=7 sequencer: once C[0][k] is reported ready by the count rule (i+1 O-instances "
+    "for 0 chosen) while its own slot is not chosen, _retransmit only re-sends the slots of "
+    "*late* indexes, so an own O-instance lost to every peer is never re-sent"
+)
+
+
+def test_n3_sequencer_resends_unchosen_own_oaccept() -> None:
+    r0 = core(3, 0)
+    r0.propose(A, 0)  # C[0][0] in slot 0
+    drain(r0)
+    r0.propose(B, 0)  # C[0][1] in slot 1
+    drain(r0)
+    # both C-instances chosen; the OAccepts for slot 0 were lost, slot 1 was accepted by 1
+    r0.step(cack(1, 0, 0), 1)
+    r0.step(cack(1, 0, 1), 1)
+    r0.step(oack(1, 1), 1)
+    ready = drain(r0)
+    # Figure 5 line 21 counts O-instances: one is chosen (slot 1), so C[0][0] is ready
+    assert ready.ready == [A]
+    assert ready.apply == []  # slot 0 is not chosen: nothing can execute anywhere
+    r0.tick(200_000)
+    ready = drain(r0)
+    resent = {
+        to
+        for to, m in msgs(ready.send_after_persist, OAccept)
+        if isinstance(m, OAccept) and OEntry(slot=0, owner=0) in m.entries
+    }
+    assert resent == {1, 2}  # actual: no OAccept at all, on this or any later tick
+
+
+def test_n3_cluster_recovers_sequencer_slot_lost_to_every_peer() -> None:
+    net = Net(ProtocolConfig(replicas=3))  # heartbeats flow: the sequencer is never suspected
+    net.propose(0, A)
+    net.propose(0, B)
+    first = net.matching("0", "*", "OAccept")[:2]
+    assert [f.message.entries for f in first] == [(OEntry(slot=0, owner=0),)] * 2
+    for flight in first:
+        net.drop(flight)
+    net.deliver_all()
+    assert net.ready_cmds[0] == [A]  # reported ready (blind writes are acknowledged now)
+    for round_ in range(1, 16):  # three seconds of timers, with every message delivered
+        for replica in range(3):
+            net.tick(replica, at=round_ * 200_000)
+        net.deliver_all()
+    # actual: nobody executes anything, ever; B never becomes ready
+    assert [[e.command for e in executed] for executed in net.executed] == [[A, B]] * 3
