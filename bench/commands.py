@@ -14,6 +14,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "wan": ("bench.wan_accuracy", "accuracy of the transport's emulated WAN delays"),
     "runtime": ("bench.runtime_bench", "replicas as processes with fsync: throughput, latency"),
     "sim-failover": ("bench.sim_failover", "sequencer failover time in the simulator"),
+    "msg-cost": ("bench.msg_cost", "messages per read and per write in the simulator"),
 }
 
 

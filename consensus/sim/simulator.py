@@ -66,6 +66,7 @@ class SimOptions:
     concurrency: int = 2  # clients per site, one operation open each
     network: str = "wan"  # "wan": the paper's RTTs; "lan": 0.2 ms RTT
     reads: str = "mixed"  # gets through "log", the "lease" read path, or "mixed"
+    workload: str = "mixed"  # "mixed" writes, reads and CAS; or only "writes" or only "reads"
     think_us: int = 0
     use_codec: bool = True
     unsafe: frozenset[str] = frozenset()
@@ -434,6 +435,8 @@ class Simulation:
         key = rng.choice(self.keys)
         value = f"{client.cid}-{client.seq}"
         choice = rng.random()
+        if self.options.workload != "mixed":
+            choice = 0.0 if self.options.workload == "writes" else 0.5
         reads = self.options.reads
         op: dict[str, Any]
         if choice < 0.35:

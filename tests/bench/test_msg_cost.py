@@ -1,0 +1,18 @@
+"""Message cost of reads and writes in the simulator (paper §3.5)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.msg_cost import measure
+
+
+@pytest.mark.parametrize("replicas", [3, 5])
+def test_a_read_away_from_the_sequencer_costs_two_messages(replicas: int) -> None:
+    cost = measure(replicas, ops=120)
+    assert cost["reads_remote"] > 30 and cost["reads_at_sequencer"] > 10
+    # one RRequest and one RReply (a rare retransmission aside); local reads cost nothing
+    assert 2.0 <= cost["per_read_remote"] < 2.1
+    # a write's C-phase: an accept, an acknowledgement and a commit to every peer
+    assert cost["per_write_c_phase"] == 3 * (replicas - 1)
+    assert cost["per_write"] > 5 * cost["per_read_remote"]
