@@ -43,6 +43,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="cluster TOML file")
     parser.add_argument("--id", type=int, required=True, help="this replica's id")
     parser.add_argument("--no-fsync", action="store_true", help="unsafe: skip fsync")
+    parser.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="test only: accept partition requests on the client port",
+    )
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -65,14 +70,16 @@ def run_serve(args: argparse.Namespace) -> int:
     # pauses of tens of ms. Collect young objects as usual, old ones rarely.
     gc.set_threshold(50_000, 50, 1_000)
     try:
-        asyncio.run(_serve(config, args.id, fsync=not args.no_fsync))
+        asyncio.run(
+            _serve(config, args.id, fsync=not args.no_fsync, faults=args.fault_injection)
+        )
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
         return 1
     return 0
 
 
-async def _serve(config: object, me: int, *, fsync: bool) -> None:
+async def _serve(config: object, me: int, *, fsync: bool, faults: bool) -> None:
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.metrics import serve_metrics
     from consensus.runtime.node import ReplicaNode
@@ -80,7 +87,7 @@ async def _serve(config: object, me: int, *, fsync: bool) -> None:
 
     assert isinstance(config, ClusterConfig)
     log = logging.getLogger("sdpaxos.serve")
-    node = ReplicaNode(config, me, KVStore(), fsync=fsync)
+    node = ReplicaNode(config, me, KVStore(), fsync=fsync, fault_injection=faults)
     await node.start()
     metrics = None
     spec = config.replica(me)

@@ -14,12 +14,14 @@ import contextlib
 import itertools
 from collections.abc import Sequence
 
+import msgpack
+
 from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure
 from consensus.messages import Command
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
 
-__all__ = ["Client", "Reply"]
+__all__ = ["Client", "Reply", "cut_off"]
 
 Reply = ClientResponse
 
@@ -147,3 +149,25 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def cut_off(address: tuple[str, int], peers: Sequence[int], timeout_s: float = 5.0) -> None:
+    """Test only: tell the replica at client ``address`` (run with ``--fault-injection``) to
+    drop every frame to and from ``peers`` from now on; ``[]`` heals it."""
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        command = Command(client_id=0, seq=0, op=msgpack.packb(list(peers)), keys=(), blind=False)
+        writer.write(frame_to_wire(ClientRequest(1, "partition", command).encode()))
+        frames = FrameReader()
+        while True:
+            data = await asyncio.wait_for(reader.read(1 << 16), timeout_s)
+            if not data:
+                raise ConnectionError("the replica closed the connection")
+            payloads = frames.feed(data)
+            if payloads:
+                response = decode_response(payloads[0])
+                if response.status != "ok":
+                    raise DefiniteFailure(str(response.payload))
+                return
+    finally:
+        writer.close()

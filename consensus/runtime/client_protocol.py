@@ -4,6 +4,9 @@ Request ``[req_id, kind, client_id, seq, op, keys, blind]``:
 
 * ``kind`` is ``"cmd"`` (a command through the log), ``"read"`` (a linearizable read through
   the sequencer) or ``"stale"`` (a read of the replica's local state, possibly stale);
+  ``"partition"`` is the test-only fault layer (refused unless the replica runs with
+  ``--fault-injection``): ``op`` is a msgpack array of the peer ids to cut off from now on, in
+  both directions (empty: heal), and ``client_id``, ``seq``, ``keys`` are ignored;
 * ``req_id`` is the connection's own number for matching answers (pipelining);
 * ``(client_id, seq)`` identifies the request across retries and replicas.
 
@@ -27,11 +30,17 @@ from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
 from consensus.errors import DecodeError
 from consensus.messages import Command
 
-__all__ = ["ClientRequest", "ClientResponse", "decode_request", "decode_response"]
+__all__ = [
+    "ClientRequest",
+    "ClientResponse",
+    "decode_partition",
+    "decode_request",
+    "decode_response",
+]
 
-Kind = Literal["cmd", "read", "stale"]
+Kind = Literal["cmd", "read", "stale", "partition"]
 Status = Literal["ok", "definite", "indefinite", "error"]
-KINDS = ("cmd", "read", "stale")
+KINDS = ("cmd", "read", "stale", "partition")
 STATUSES = ("ok", "definite", "indefinite", "error")
 
 
@@ -108,3 +117,14 @@ def decode_response(payload: bytes) -> ClientResponse:
     if not isinstance(body, bytes | str):
         raise DecodeError("response payload must be bytes or str")
     return ClientResponse(req_id, status, body, position)
+
+
+def decode_partition(op: bytes, replicas: int) -> frozenset[int]:
+    """The peer ids of a ``"partition"`` request's ``op``."""
+    try:
+        peers = msgpack.unpackb(op, max_array_len=replicas, max_map_len=0)
+    except Exception as exc:
+        raise DecodeError(f"partition op is not a msgpack array of ids: {exc}") from None
+    if not isinstance(peers, list) or not all(_is_int(p) and 0 <= p < replicas for p in peers):
+        raise DecodeError(f"partition op must be a list of replica ids in [0, {replicas})")
+    return frozenset(peers)

@@ -39,7 +39,12 @@ from consensus.errors import (
 from consensus.messages import Command, PeerMessage, SnapshotChunk
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.runtime.client_protocol import ClientResponse, decode_request
+from consensus.runtime.client_protocol import (
+    ClientRequest,
+    ClientResponse,
+    decode_partition,
+    decode_request,
+)
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
@@ -106,8 +111,10 @@ class ReplicaNode:
         tick_us: int | None = None,
         seed: int | None = None,
         snapshot_every: int = 100_000,
+        fault_injection: bool = False,
     ) -> None:
         self.config = config
+        self.fault_injection = fault_injection
         self.me = me
         self.state_machine = state_machine
         self.fsync = fsync
@@ -424,6 +431,19 @@ class ReplicaNode:
                 waiter.set_exception(outcome)
 
     # ------------------------------------------------------------------ client port
+    def _partition(self, request: ClientRequest) -> ClientResponse:
+        """The test-only fault layer: cut this replica off from some peers."""
+        if not self.fault_injection:
+            return ClientResponse(request.req_id, "error", "fault injection is disabled "
+                                  "(sdpaxos serve --fault-injection)")
+        try:
+            blocked = decode_partition(request.command.op, len(self.config.replicas))
+        except DecodeError as exc:
+            return ClientResponse(request.req_id, "error", str(exc))
+        log.warning("fault injection: cut off from replicas %s", sorted(blocked))
+        self.transport.blocked = blocked - {self.me}
+        return ClientResponse(request.req_id, "ok", b"")
+
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -439,6 +459,9 @@ class ReplicaNode:
                         request = decode_request(payload)
                     except DecodeError as exc:
                         writer.write(frame_to_wire(ClientResponse(0, "error", str(exc)).encode()))
+                        continue
+                    if request.kind == "partition":
+                        writer.write(frame_to_wire(self._partition(request).encode()))
                         continue
                     key = (request.command.client_id, request.command.seq)
                     table = self._commands if request.kind == "cmd" else self._reads

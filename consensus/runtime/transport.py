@@ -111,6 +111,9 @@ class PeerTransport:
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
+        #: test-only fault layer: peers cut off in both directions (frames to and from them
+        #: are dropped, connections stay up), like a partition that loses packets
+        self.blocked: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -135,7 +138,11 @@ class PeerTransport:
         link = self._links.get(peer)
         if link is None:
             return
-        if not link.connected or link.bytes_queued + len(payload) > self.max_queue_bytes:
+        if (
+            not link.connected
+            or peer in self.blocked
+            or link.bytes_queued + len(payload) > self.max_queue_bytes
+        ):
             # a peer we cannot reach gets nothing queued: by the time it is back it would all
             # be stale, and the protocol retransmits what matters
             self.stats.frames_dropped += 1
@@ -218,7 +225,8 @@ class PeerTransport:
                     return
                 for payload in frames.feed(data):
                     self.stats.frames_received += 1
-                    self.on_frame(peer, payload)
+                    if peer not in self.blocked:
+                        self.on_frame(peer, payload)
         except DecodeError as exc:
             self.stats.bad_connections += 1
             log.warning("closing connection from %s: %s", peername, exc)
@@ -253,7 +261,8 @@ class PeerTransport:
             return None
         for payload in payloads[1:]:
             self.stats.frames_received += 1
-            self.on_frame(hello.replica_id, payload)
+            if hello.replica_id not in self.blocked:
+                self.on_frame(hello.replica_id, payload)
         return hello.replica_id
 
 

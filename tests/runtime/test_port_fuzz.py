@@ -8,10 +8,12 @@ import random
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
+from consensus.errors import DefiniteFailure
 from consensus.messages import Heartbeat
-from consensus.runtime.client import Client
+from consensus.runtime.client import Client, cut_off
 from consensus.runtime.cluster_config import parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -132,6 +134,22 @@ def test_oversized_length_header_closes_only_that_connection(tmp_path: Path) -> 
             client = Client(9, clients, timeout_s=2.0)
             assert (await client.execute(kv_put("a", "b"), ["a"])).status == "ok"
             await client.close()
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_partition_requests_are_refused_without_fault_injection(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes, clients = cluster(tmp_path)
+        for node in nodes:
+            await node.start()
+        try:
+            with pytest.raises(DefiniteFailure, match="fault injection is disabled"):
+                await cut_off(clients[0], [1, 2])
+            assert nodes[0].transport.blocked == frozenset()
         finally:
             for node in nodes:
                 await node.stop()
