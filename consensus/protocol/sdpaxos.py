@@ -273,7 +273,8 @@ class SDPaxosReplica:
         self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self._restart_pending: list[int] = []  # own indexes found in records at restart
         self._recoveries: dict[int, Recovery] = {}
-        self._leading_others: set[tuple[int, int]] = set()  # others' instances we re-propose
+        # instances we re-propose (a recovery's), retransmitted like our own client batches
+        self._reproposing: set[tuple[int, int]] = set()
 
         # O-instances: value known (accepted or learned from a commit), accepted ballot
         self.o_value: dict[int, int] = {}
@@ -572,7 +573,7 @@ class SDPaxosReplica:
     def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
         inst.committed = True
         inst.leading = False
-        self._leading_others.discard((owner, index))
+        self._reproposing.discard((owner, index))
         for peer in self._peers:
             batch = None if peer in inst.acks else inst.batch
             commit = CCommit(
@@ -655,7 +656,7 @@ class SDPaxosReplica:
             inst.ballot, inst.batch = msg.ballot, msg.batch
         inst.committed = True
         inst.leading = False
-        self._leading_others.discard(key)
+        self._reproposing.discard(key)
         if msg.owner == self.me:
             if msg.index >= self.next_index:
                 self.next_index = msg.index + 1  # never reuse an index someone decided
@@ -667,7 +668,7 @@ class SDPaxosReplica:
         inst = self.c.get((msg.owner, msg.index))
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
-            self._leading_others.discard((msg.owner, msg.index))
+            self._reproposing.discard((msg.owner, msg.index))
         recovery = self._recoveries.get(msg.owner)
         if recovery is not None and recovery.ballot < msg.ballot:
             del self._recoveries[msg.owner]  # a higher Prepare is under way elsewhere
@@ -757,9 +758,8 @@ class SDPaxosReplica:
         inst.leading = True
         inst.acks = {self.me}
         inst.sent_at = self.now
-        if owner != self.me:
-            self._leading_others.add((owner, index))
-        elif index >= self.next_index:
+        self._reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
+        if owner == self.me and index >= self.next_index:
             # an index of ours that was referenced but never proposed: it is used now, by
             # this no-op, and never again (same ballot, two values would break Paxos)
             self.next_index = index + 1
@@ -1077,6 +1077,10 @@ class SDPaxosReplica:
     def _join_view(self, view: int) -> None:
         """Enter a higher view: promise to reject lower O-proposals; stop executing until
         its NewView arrives."""
+        # O-phase messages queued this turn belong to the view they were made in: stamped
+        # with the new one, a deposed sequencer's proposals would become the new view's
+        # (in its records too, so a restart would bring back a second value for a slot).
+        self._flush_order_messages()
         self.view = view
         self._out.persist.append(ViewRecord(view=view))
         self.view_ready = False
@@ -1485,6 +1489,13 @@ class SDPaxosReplica:
                 stalled = [
                     i for i in self._unready if not self.c[(self.me, i)].leading
                 ]
+                # Execution may also wait on an instance of ours nobody drives any more: a
+                # no-op a recovery of ours proposed before we restarted, say.
+                blocking = self._blocking_instance()
+                if blocking is not None and blocking[0] == self.me:
+                    inst = self.c.get(blocking)
+                    if inst is None or not inst.leading:
+                        stalled.append(blocking[1])
                 if stalled and self.now - self._exec_progress_at > self._election_timeout:
                     self._start_recovery(self.me, min(stalled))
                 continue
@@ -1494,6 +1505,20 @@ class SDPaxosReplica:
             unfinished = self.c_high[owner] >= from_index or self._known_o_count(owner) > from_index
             if unfinished and not self._all_committed(owner, from_index):
                 self._start_recovery(owner, from_index)
+
+    def _blocking_instance(self) -> tuple[int, int] | None:
+        """The C-instance execution waits for, if its slot is decided but it is not."""
+        slot = self.exec_slot
+        if slot not in self.o_committed:
+            return None
+        owner = self.o_value[slot]
+        if owner == NO_CL:
+            return None
+        key = (owner, self._exec_count[owner])
+        inst = self.c.get(key)
+        if inst is not None and inst.committed:
+            return None
+        return key
 
     def _recoverer_of(self, owner: int) -> int:
         for step in range(1, self.n):
@@ -1522,7 +1547,7 @@ class SDPaxosReplica:
             late.append(index)
             if not inst.committed and inst.leading:
                 self._resend_accept(self.me, index, inst)
-        for owner, index in sorted(self._leading_others):
+        for owner, index in sorted(self._reproposing):
             inst = self.c[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = self.now

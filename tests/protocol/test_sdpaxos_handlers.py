@@ -19,6 +19,8 @@ from consensus.messages import (
     Catchup,
     CCommit,
     CNack,
+    CPrepare,
+    CPromise,
     CRequest,
     NewView,
     NewViewRecord,
@@ -866,3 +868,50 @@ def test_n3_cluster_recovers_sequencer_slot_lost_to_every_peer() -> None:
         net.deliver_all()
     # actual: nobody executes anything, ever; B never becomes ready
     assert [[e.command for e in executed] for executed in net.executed] == [[A, B]] * 3
+
+
+# =========================================================================== found by the sweeps
+
+
+def test_deposed_sequencer_records_its_last_orders_under_their_own_view() -> None:
+    # (N=3 seed 1466, all faults) a sequencer that orders and then joins a higher view in
+    # the same turn must not stamp those orders with the new view: a restart would read them
+    # back as the new view's, a second value for a slot the new sequencer assigns
+    r0 = core(3, 0)
+    r0.tick(0)
+    drain(r0)
+    later = 10_000_000  # past any lease
+    r0.step(crequest(2, 0), later)  # ordered at once: slot 0 -> 2, OAccept queued
+    r0.step(VRequest(src=1, view=1, from_slot=0), later)
+    ready = drain(r0)
+    assert r0.view == 1
+    records = [r for r in ready.persist if isinstance(r, OAcceptedRecord)]
+    assert records == [OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=2),))]
+    assert {m.view for _, m in msgs(ready.send_after_persist, OAccept)} <= {0}
+
+
+def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop() -> None:
+    # (N=3 seeds 354, 1472, all faults) slot 0 is chosen for replica 1's index 0, which it
+    # does not hold (proposed before a crash and never made durable, say): it must recover
+    # the index itself, and keep re-sending the no-op it proposes until a majority has it
+    r1 = core(3, 1)
+    r1.step(oaccept((0, 1)), 1)
+    drain(r1)
+    prepare: CPrepare | None = None
+    now = 0
+    while prepare is None:
+        now += 50_000
+        assert now < 2_000_000, "no recovery of the instance execution waits for"
+        r1.tick(now)
+        ready = drain(r1)
+        found = msgs(ready.send_after_persist + ready.send, CPrepare)
+        prepare = found[0][1] if found else None  # type: ignore[assignment]
+    assert (prepare.owner, prepare.from_index) == (1, 0)
+    r1.step(CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
+                     accepted=(), high=-1), now)
+    ready = drain(r1)
+    noop = CAccept(src=1, view=0, owner=1, index=0, ballot=prepare.ballot, batch=())
+    assert msgs(ready.send_after_persist, CAccept) == [(0, noop), (2, noop)]
+    # both lost: the no-op is sent again after the retransmission timeout
+    r1.tick(now + 250_000)
+    assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
