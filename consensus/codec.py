@@ -27,7 +27,9 @@ gives it a meaning: ``NO_CL`` as the owner of an order instance (``OEntry.owner`
 Every future format keeps the ``[version, ...]`` envelope, so an old reader reports
 ``UnsupportedVersion`` rather than garbage. Adding, removing or reordering a field of any class
 changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
-matches ``consensus.messages``, or a message class without a tag, fails at import).
+matches ``consensus.messages``, or a message class without a tag, fails at import). A new
+class takes a new, never used tag and needs no bump (an old reader rejects it as an unknown
+tag): the baselines' messages use tags 32..42 and records 80..81.
 
 A frame is the unit of per-peer message merging: the transport sends one frame per peer per
 loop turn. On TCP each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length,
@@ -86,6 +88,9 @@ from consensus.messages import (
     CVote,
     Heartbeat,
     LeaseGrant,
+    MenciusAccept,
+    MenciusAck,
+    MenciusSkip,
     NewView,
     NewViewAck,
     NewViewRecord,
@@ -95,12 +100,18 @@ from consensus.messages import (
     OCommit,
     OEntry,
     OVote,
+    PaxosAccept,
+    PaxosAck,
+    PaxosCommit,
+    PaxosForward,
     PeerMessage,
     PreVote,
     PreVoteReply,
     Record,
     RReply,
     RRequest,
+    SkipRecord,
+    SlotAcceptedRecord,
     SnapshotChunk,
     Suspect,
     ViewRecord,
@@ -192,12 +203,23 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         PreVote: 21,
         PreVoteReply: 22,
         SnapshotChunk: 23,
+        # peer messages of the baselines (consensus.protocol.multipaxos, .mencius)
+        PaxosForward: 32,
+        PaxosAccept: 33,
+        PaxosAck: 34,
+        PaxosCommit: 35,
+        MenciusAccept: 40,
+        MenciusAck: 41,
+        MenciusSkip: 42,
         # durable records
         CAcceptedRecord: 64,
         OAcceptedRecord: 65,
         ViewRecord: 66,
         NewViewRecord: 67,
         CPromiseRecord: 68,
+        # durable records of the baselines
+        SlotAcceptedRecord: 80,
+        SkipRecord: 81,
         # nested values
         Command: 96,
         OEntry: 97,
@@ -343,6 +365,50 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     RRequest: (("src", _UINT), ("view", _UINT), ("read_id", _UINT), ("keys", _REQUEST_KEYS)),
     RReply: (("src", _UINT), ("view", _UINT), ("read_id", _UINT), ("slot", _NONE)),
     Suspect: (("src", _UINT), ("view", _UINT)),
+    PaxosForward: (("src", _UINT), ("view", _UINT), ("commands", _BATCH)),
+    PaxosAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("slot", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+    ),
+    PaxosAck: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("ballot", _UINT),
+        ("slots", _Array(_UINT, MAX_SLOTS)),
+    ),
+    PaxosCommit: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("slot", _UINT),
+        ("ballot", _UINT),
+        ("batch", _Array(Command, MAX_BATCH, nullable=True)),
+    ),
+    MenciusAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("slot", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+        ("skip_start", _UINT),
+        ("skip_stop", _UINT),
+    ),
+    MenciusAck: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("ballot", _UINT),
+        ("slots", _Array(_UINT, MAX_SLOTS)),
+        ("skip_start", _UINT),
+        ("skip_stop", _UINT),
+    ),
+    MenciusSkip: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("skip_start", _UINT),
+        ("skip_stop", _UINT),
+    ),
     # durable records
     CAcceptedRecord: (
         ("owner", _UINT),
@@ -354,6 +420,8 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ViewRecord: (("view", _UINT),),
     NewViewRecord: (("view", _UINT), ("start", _UINT), ("owners", _Array(_NO_CL, MAX_SLOTS))),
     CPromiseRecord: (("owner", _UINT), ("from_index", _UINT), ("ballot", _UINT)),
+    SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
+    SkipRecord: (("start", _UINT), ("stop", _UINT)),
 }
 
 _NESTED_CLASSES: Final = tuple(

@@ -86,6 +86,8 @@ class ProtocolConfig:
     straggler_windows: int = 3
     #: no straggler-triggered view change within this long of the last view change
     straggler_cooldown_us: int = 5_000_000
+    #: Multi-Paxos only: the stable leader's replica id (the other protocols ignore it)
+    leader: int = 0
     #: test-only broken variants (see ``UNSAFE_VARIANTS``)
     unsafe: frozenset[str] = frozenset()
 
@@ -113,6 +115,8 @@ class ProtocolConfig:
             raise ConfigError(f"max_drift_ppm must be in [0, 500000), got {self.max_drift_ppm}")
         if self.straggler_windows < 0:
             raise ConfigError("straggler_windows must be >= 0")
+        if not 0 <= self.leader < self.replicas:
+            raise ConfigError(f"leader must be a replica id in 0..{self.replicas - 1}")
         unknown = self.unsafe - UNSAFE_VARIANTS
         if unknown:
             raise ConfigError(f"unknown unsafe variants: {sorted(unknown)}")

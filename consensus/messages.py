@@ -14,6 +14,12 @@ Naming follows the paper (SoCC'18, Figure 5):
   of the replica whose next C-instance takes slot ``j`` (or ``NO_CL``: a no-op slot).
   ``OAccept``/``OAck``/``OCommit`` carry one or more ``OEntry`` values at a time.
 
+The baselines (``consensus.protocol.multipaxos`` and ``.mencius``) run one Paxos instance per
+global slot, whose value is a batch of commands: ``PaxosAccept``/``PaxosAck``/``PaxosCommit``
+(Multi-Paxos; ``PaxosCommit`` also serves Mencius), ``PaxosForward`` (a command for the
+leader), ``MenciusAccept``/``MenciusAck``/``MenciusSkip`` (Mencius, with skips piggybacked).
+They reuse ``Heartbeat`` (``view`` 0, ``lease_request`` -1) and ``Catchup``.
+
 Identifiers are plain non-negative ``int``s: replica ids are ``0..N-1``, indices and slots count
 from 0. Ballots are ints too (see ``consensus.protocol.ballot``). A few fields use -1 for
 "none", each documented where it is declared (the codec accepts -1 exactly there).
@@ -40,6 +46,9 @@ __all__ = [
     "Command",
     "Heartbeat",
     "LeaseGrant",
+    "MenciusAccept",
+    "MenciusAck",
+    "MenciusSkip",
     "NewView",
     "NewViewAck",
     "NewViewRecord",
@@ -49,12 +58,18 @@ __all__ = [
     "OCommit",
     "OEntry",
     "OVote",
+    "PaxosAccept",
+    "PaxosAck",
+    "PaxosCommit",
+    "PaxosForward",
     "PeerMessage",
     "PreVote",
     "PreVoteReply",
     "RReply",
     "RRequest",
     "Record",
+    "SkipRecord",
+    "SlotAcceptedRecord",
     "SnapshotChunk",
     "Suspect",
     "VRequest",
@@ -383,6 +398,97 @@ class Suspect:
     view: int
 
 
+# --------------------------------------------------------------------------- baselines (§4)
+# One Paxos instance per global slot; its value is a batch of commands (``()``: a no-op).
+# In the normal case every instance runs at its proposer's pre-prepared ballot
+# ``ballot_of(0, proposer)``: the leader's (Multi-Paxos) or the slot owner's (Mencius).
+# The baselines have no views: ``view`` is always 0 (kept like every peer message's, so any
+# core can read it; an SDPaxos replica ignores these messages).
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosForward:
+    """Multi-Paxos: client commands that arrived at ``src``, for the leader to propose."""
+
+    src: int
+    view: int
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosAccept:
+    """Multi-Paxos: Accept phase of global slot ``slot`` at ``ballot`` with value ``batch``."""
+
+    src: int
+    view: int
+    slot: int
+    ballot: int
+    batch: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosAck:
+    """Multi-Paxos: ``src`` accepted ``slots`` at ``ballot`` (sent to their proposer)."""
+
+    src: int
+    view: int
+    ballot: int
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosCommit:
+    """Multi-Paxos and Mencius: global slot ``slot`` is chosen at ``ballot``. ``batch`` is None
+    when the receiver holds the value (it acknowledged it); ``()`` is a chosen no-op."""
+
+    src: int
+    view: int
+    slot: int
+    ballot: int
+    batch: tuple[Command, ...] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusAccept:
+    """Mencius: Accept phase of ``slot`` (owned by ``src``) at ``ballot`` with ``batch``.
+
+    Carries a skip, like every Mencius message from a slot owner: ``src``'s own slots in
+    ``[skip_start, skip_stop)`` are no-ops (``skip_start == skip_stop``: no skip).
+    """
+
+    src: int
+    view: int
+    slot: int
+    ballot: int
+    batch: tuple[Command, ...]
+    skip_start: int
+    skip_stop: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusAck:
+    """Mencius: ``src`` accepted ``slots`` (all owned by the receiver) at ``ballot``, and
+    skipped its own slots in ``[skip_start, skip_stop)``."""
+
+    src: int
+    view: int
+    ballot: int
+    slots: tuple[int, ...]
+    skip_start: int
+    skip_stop: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusSkip:
+    """Mencius: ``src``'s own slots in ``[skip_start, skip_stop)`` are no-ops (sent when no
+    accept or acknowledgement goes to the receiver to carry the skip)."""
+
+    src: int
+    view: int
+    skip_start: int
+    skip_stop: int
+
+
 PeerMessage = (
     CAccept
     | CAck
@@ -407,6 +513,13 @@ PeerMessage = (
     | PreVote
     | PreVoteReply
     | SnapshotChunk
+    | PaxosForward
+    | PaxosAccept
+    | PaxosAck
+    | PaxosCommit
+    | MenciusAccept
+    | MenciusAck
+    | MenciusSkip
 )
 
 
@@ -456,4 +569,29 @@ class CPromiseRecord:
     ballot: int
 
 
-Record = CAcceptedRecord | OAcceptedRecord | ViewRecord | NewViewRecord | CPromiseRecord
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotAcceptedRecord:
+    """Baselines: this replica accepted global slot ``slot`` at ``ballot`` with ``batch``."""
+
+    slot: int
+    ballot: int
+    batch: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SkipRecord:
+    """Mencius: this replica skipped its own slots in ``[start, stop)`` (no-ops, for good)."""
+
+    start: int
+    stop: int
+
+
+Record = (
+    CAcceptedRecord
+    | OAcceptedRecord
+    | ViewRecord
+    | NewViewRecord
+    | CPromiseRecord
+    | SlotAcceptedRecord
+    | SkipRecord
+)

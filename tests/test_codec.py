@@ -210,11 +210,20 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "PreVote": 21,
         "PreVoteReply": 22,
         "SnapshotChunk": 23,
+        "PaxosForward": 32,
+        "PaxosAccept": 33,
+        "PaxosAck": 34,
+        "PaxosCommit": 35,
+        "MenciusAccept": 40,
+        "MenciusAck": 41,
+        "MenciusSkip": 42,
         "CAcceptedRecord": 64,
         "OAcceptedRecord": 65,
         "ViewRecord": 66,
         "NewViewRecord": 67,
         "CPromiseRecord": 68,
+        "SlotAcceptedRecord": 80,
+        "SkipRecord": 81,
         "Command": 96,
         "OEntry": 97,
         "OVote": 98,
@@ -267,6 +276,50 @@ def test_frame_round_trip(msgs: list[Any]) -> None:
     decoded = decode_frame(encode_frame(msgs))
     assert decoded == msgs
     assert [type(m) for m in decoded] == [type(m) for m in msgs]
+
+
+BASELINE_MESSAGES = (
+    messages.PaxosForward,
+    messages.PaxosAccept,
+    messages.PaxosAck,
+    messages.PaxosCommit,
+    messages.MenciusAccept,
+    messages.MenciusAck,
+    messages.MenciusSkip,
+)
+BASELINE_RECORDS = (messages.SlotAcceptedRecord, messages.SkipRecord)
+
+
+def test_the_strategies_cover_the_baselines_messages() -> None:
+    # the round-trip tests above are parametrized over these tuples: the baselines' types
+    # (Multi-Paxos, Mencius) must be in them, with tags outside SDPaxos's
+    assert set(BASELINE_MESSAGES) <= set(PEER_CLASSES)
+    assert set(BASELINE_RECORDS) <= set(RECORD_CLASSES)
+    assert all(32 <= TAGS[cls] <= 42 for cls in BASELINE_MESSAGES)
+    assert all(80 <= TAGS[cls] <= 81 for cls in BASELINE_RECORDS)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.one_of(*(strategy_for(cls) for cls in BASELINE_MESSAGES)), min_size=1, max_size=6),
+    st.one_of(*(strategy_for(cls) for cls in BASELINE_RECORDS)),
+)
+def test_baseline_messages_and_records_round_trip(msgs: list[Any], rec: Any) -> None:
+    assert decode_frame(encode_frame(msgs)) == msgs
+    assert decode_record(encode_record(rec)) == rec
+
+
+def test_baseline_golden_encodings() -> None:
+    accept = messages.MenciusAccept(
+        src=1, view=0, slot=4, ballot=1, batch=(CMD,), skip_start=1, skip_stop=4
+    )
+    assert encode_message(accept) == pack([1, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
+    commit = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=None)
+    assert encode_message(commit) == pack([1, [35, 0, 0, 7, 0, None]])
+    noop = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=())
+    assert decode_message(encode_message(noop)) == noop
+    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([1, [81, 2, 11]])
+    reject(raw_frame([TAGS[messages.MenciusSkip], 0, 0, 3, -1]), "MenciusSkip.skip_stop")
 
 
 def test_decoded_objects_are_ordinary_frozen_dataclasses() -> None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from consensus.config import ProtocolConfig
 from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.ready import Ready
 
-__all__ = ["CoreFactory", "ProtocolCore"]
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos import SnapshotMeta
+
+__all__ = ["CoreFactory", "DrivenCore", "ProtocolCore"]
 
 
 class ProtocolCore(Protocol):
@@ -60,3 +63,34 @@ class CoreFactory(Protocol):
         recovered: Sequence[Record] = (),
         rng: random.Random,
     ) -> ProtocolCore: ...
+
+
+class DrivenCore(ProtocolCore, Protocol):
+    """What the asyncio driver (``consensus.runtime.node``) needs of a core besides
+    ``ProtocolCore``: reads, snapshots and log compaction. Every registered core
+    (``consensus.protocol.registry``) provides it."""
+
+    #: the current view (0 for cores without views)
+    view: int
+    #: every global slot below this has been applied (handed out in ``Ready.apply``)
+    exec_slot: int
+
+    def read(self, command: Command, now: int) -> None:
+        """A linearizable read, served through ``Ready.reads``."""
+        ...
+
+    def read_stale(self, command: Command, now: int) -> None:
+        """A read served from local state at once (``Ready.reads``), possibly stale."""
+        ...
+
+    def snapshot_meta(self) -> SnapshotMeta:
+        """Where a state-machine snapshot taken now stands in the log."""
+        ...
+
+    def compact(self, meta: SnapshotMeta) -> list[Record]:
+        """Forget the log below ``meta``; the records a rewritten WAL must hold."""
+        ...
+
+    def install_snapshot(self, meta: SnapshotMeta) -> list[Record]:
+        """Continue from a peer's snapshot at ``meta``; the records for a rewritten WAL."""
+        ...

@@ -13,6 +13,7 @@ Example (``sdpaxos cluster init`` writes one like it)::
     site = "CA"
 
     [protocol]                     # any ProtocolConfig field except replicas; µs
+    name = "sdpaxos"               # optional: the core to run (see consensus.protocol.registry)
     heartbeat_us = 50000
     election_timeout_us = 300000
 
@@ -33,6 +34,7 @@ from typing import Any
 
 from consensus.config import ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError
+from consensus.protocol.registry import PROTOCOLS
 
 __all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
 
@@ -61,6 +63,8 @@ class ClusterConfig:
     data_dir: Path
     #: one-way delay per directed link in µs (0 when WAN emulation is off)
     one_way_us: tuple[tuple[int, ...], ...]
+    #: which core the replicas run (``[protocol] name``): a ``consensus.protocol.registry`` key
+    protocol_name: str = "sdpaxos"
 
     def replica(self, replica_id: int) -> ReplicaSpec:
         if not 0 <= replica_id < len(self.replicas):
@@ -132,10 +136,14 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     protocol_raw = raw.get("protocol", {})
     if not isinstance(protocol_raw, dict):
         raise fail("[protocol] must be a table")
+    protocol_raw = dict(protocol_raw)
+    protocol_name = protocol_raw.pop("name", "sdpaxos")
+    if not isinstance(protocol_name, str) or protocol_name not in PROTOCOLS:
+        raise fail(f"[protocol].name must be one of {sorted(PROTOCOLS)}, got {protocol_name!r}")
     allowed = {f.name for f in fields(ProtocolConfig)} - {"replicas", "unsafe", "preference"}
     bad = sorted(set(protocol_raw) - allowed)
     if bad:
-        raise fail(f"[protocol]: unknown keys {bad} (allowed: {sorted(allowed)})")
+        raise fail(f"[protocol]: unknown keys {bad} (allowed: {sorted(allowed | {'name'})})")
     for key, value in protocol_raw.items():
         if key != "thrifty" and (not isinstance(value, int) or isinstance(value, bool)):
             raise fail(f"[protocol].{key} must be an integer")
@@ -153,6 +161,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         protocol=protocol,
         data_dir=data_dir,
         one_way_us=one_way,
+        protocol_name=protocol_name,
     )
 
 

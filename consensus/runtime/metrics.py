@@ -6,6 +6,8 @@ import asyncio
 import bisect
 from typing import TYPE_CHECKING
 
+from consensus.protocol.sdpaxos import SDPaxosReplica
+
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
@@ -16,13 +18,15 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.
 
 def render(node: ReplicaNode) -> str:
     core, stats, transport = node.core, node.stats, node.transport.stats
+    # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0
+    sdpaxos = core if isinstance(core, SDPaxosReplica) else None
     lines = [
         "# TYPE sdpaxos_view gauge",
         f"sdpaxos_view {core.view}",
         "# TYPE sdpaxos_is_sequencer gauge",
-        f"sdpaxos_is_sequencer {int(core.role.value == 'sequencer')}",
+        f"sdpaxos_is_sequencer {int(sdpaxos is not None and sdpaxos.role.value == 'sequencer')}",
         "# TYPE sdpaxos_lease_valid gauge",
-        f"sdpaxos_lease_valid {int(core._lease_valid())}",
+        f"sdpaxos_lease_valid {int(sdpaxos is not None and sdpaxos._lease_valid())}",
         "# TYPE sdpaxos_executed_slots gauge",
         f"sdpaxos_executed_slots {core.exec_slot}",
         "# TYPE sdpaxos_commands_applied_total counter",

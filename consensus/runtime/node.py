@@ -37,7 +37,9 @@ from consensus.errors import (
     SDPaxosError,
 )
 from consensus.messages import Command, PeerMessage, SnapshotChunk
+from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
+from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.client_protocol import (
     ClientRequest,
@@ -132,7 +134,8 @@ class ReplicaNode:
             self._snapshot_bytes, meta, state = found
             state_machine.restore(state)
         rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
-        self.core = SDPaxosReplica(
+        factory = load_core(config.protocol_name)  # SDPaxos unless [protocol] name says
+        self.core: DrivenCore = factory(
             config.protocol, me, recovered=records, rng=rng, snapshot=meta
         )
         protocol = config.protocol
@@ -247,13 +250,13 @@ class ReplicaNode:
                 self.core.tick(now)
                 next_tick = now + self.tick_us
             await self._carry_out(self.core.ready(), now)
-            seen = (self.core.view, self.core.role)
-            if seen != self._last_seen_view:
-                self._last_seen_view = seen
+            core = self.core
+            if isinstance(core, SDPaxosReplica) and (core.view, core.role) != self._last_seen_view:
+                self._last_seen_view = (core.view, core.role)
                 log.info(
                     "replica %d: view %d, role %s, sequencer %d, executed through slot %d",
-                    self.me, seen[0], seen[1].value, self.core.sequencer,
-                    self.core.executed_through(),
+                    self.me, core.view, core.role.value, core.sequencer,
+                    core.executed_through(),
                 )
 
     def _feed(self, events: list[tuple[str, object]], now: int) -> None:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from consensus.config import SITES, UNSAFE_VARIANTS
+from consensus.errors import ConfigError
 from consensus.sim.simulator import FAULT_CLASSES, PROTOCOLS, RunResult, SimOptions, Simulation
 
 __all__ = ["add_arguments", "parse_faults", "replay_command", "run", "sweep"]
@@ -144,7 +145,11 @@ def _percentiles(values_us: list[int]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> int:
     options = options_from(args)
-    report = sweep(options, range(args.start_seed, args.start_seed + args.seeds))
+    try:
+        report = sweep(options, range(args.start_seed, args.start_seed + args.seeds))
+    except ConfigError as exc:  # e.g. an --unsafe variant the chosen protocol lacks
+        print(f"sdpaxos sim: error: {exc}", file=sys.stderr)
+        return 2
     failed = bool(report["violations"] or report["liveness_failures"])
     if args.json:
         if not args.verbose:

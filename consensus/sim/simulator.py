@@ -40,15 +40,13 @@ from consensus.config import SITES, ProtocolConfig, site_rtt_ms
 from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.base import ProtocolCore
 from consensus.protocol.ready import Outgoing, Ready
+from consensus.protocol.registry import PROTOCOLS
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.sim.network import LinkFaults, Network
 from consensus.statemachine import KVStore, kv_cas, kv_get, kv_put
 
 __all__ = ["FAULT_CLASSES", "PROTOCOLS", "RunResult", "SimOptions", "Simulation"]
-
-#: protocol name -> "module:factory" (imported when used)
-PROTOCOLS: dict[str, str] = {"sdpaxos": "consensus.protocol.sdpaxos:SDPaxosReplica"}
 
 #: every fault class the simulator implements (``--faults all``)
 FAULT_CLASSES = ("loss", "dup", "reorder", "crash", "partition", "pause", "drift")
@@ -569,7 +567,12 @@ class Simulation:
         self._push(self.now + rng.randrange(100_000, 1_000_000), "chaos", -1)
 
     def _sequencer_guess(self) -> int:
-        views = [r.core.view for r in self.replicas if r.alive]  # type: ignore[attr-defined]
+        """The replica the protocol leans on most: the stable leader of a core that has one
+        (Multi-Paxos), else the sequencer of the highest view (SDPaxos; 0 for Mencius)."""
+        leader = getattr(self.replicas[0].core, "leader", None)
+        if isinstance(leader, int):
+            return leader
+        views = [getattr(r.core, "view", 0) for r in self.replicas if r.alive]
         return max(views, default=0) % self.n
 
     def _apply_fault(self, action: str) -> None:
