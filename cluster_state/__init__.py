@@ -1,1 +1,135 @@
-"""The replicated GPU/job allocation store (HiveD's model) built on ``consensus``."""
+"""The replicated GPU/job allocation store (HiveD's model) built on ``consensus``.
+
+Modules, one job each:
+
+* ``config``    — HiveD's YAML configuration: parse, validate, synthesise;
+* ``cells``     — the static cell tree, chains and the VCs' preassigned cells (``Topology``);
+* ``index``     — per-cell counters and free-capacity indexes;
+* ``buddy``     — free lists, binding VC cells to physical cells, safety, doomed bad cells;
+* ``placement`` — packing a gang's pods and picking leaves (lowest common ancestor);
+* ``allocator`` — groups, priorities, preemption, node health, conditional bind;
+* ``ops``       — operation/result encoding and builders;
+* ``events``    — the bounded watch stream;
+* ``store``     — ``ClusterStore``, the ``consensus`` ``StateMachine``;
+* ``errors``    — the exception hierarchy.
+"""
+
+from cluster_state.allocator import Allocator, Group
+from cluster_state.cells import ChainInfo, Item, LevelInfo, Topology
+from cluster_state.config import (
+    CellTypeSpec,
+    ClusterConfig,
+    PhysicalCellSpec,
+    VirtualCellSpec,
+    VirtualClusterSpec,
+    load_config,
+    parse_config,
+    synthetic_config,
+)
+from cluster_state.errors import (
+    ClusterStateError,
+    ConfigError,
+    EventsCompacted,
+    RequestError,
+    SnapshotError,
+)
+from cluster_state.events import ChangeEvent, EventLog
+from cluster_state.ops import (
+    MAX_PRIORITY,
+    OPPORTUNISTIC,
+    Bind,
+    Conflict,
+    Error,
+    GetGroup,
+    GetSummary,
+    GetVC,
+    GroupSpec,
+    ListGroups,
+    Member,
+    NodeHealthSet,
+    Op,
+    Placed,
+    PodPlacement,
+    Preempting,
+    Query,
+    Release,
+    Released,
+    Result,
+    SetNodeHealth,
+    Submit,
+    Waiting,
+    bind,
+    decode_op,
+    decode_query,
+    decode_result,
+    encode_result,
+    get_group,
+    get_summary,
+    get_vc,
+    list_groups,
+    release,
+    set_node_health,
+    submit,
+)
+from cluster_state.store import SNAPSHOT_FORMAT, ClusterStore
+
+__all__ = [
+    "MAX_PRIORITY",
+    "OPPORTUNISTIC",
+    "SNAPSHOT_FORMAT",
+    "Allocator",
+    "Bind",
+    "CellTypeSpec",
+    "ChainInfo",
+    "ChangeEvent",
+    "ClusterConfig",
+    "ClusterStateError",
+    "ClusterStore",
+    "ConfigError",
+    "Conflict",
+    "Error",
+    "EventLog",
+    "EventsCompacted",
+    "GetGroup",
+    "GetSummary",
+    "GetVC",
+    "Group",
+    "GroupSpec",
+    "Item",
+    "LevelInfo",
+    "ListGroups",
+    "Member",
+    "NodeHealthSet",
+    "Op",
+    "PhysicalCellSpec",
+    "Placed",
+    "PodPlacement",
+    "Preempting",
+    "Query",
+    "Release",
+    "Released",
+    "RequestError",
+    "Result",
+    "SetNodeHealth",
+    "SnapshotError",
+    "Submit",
+    "Topology",
+    "VirtualCellSpec",
+    "VirtualClusterSpec",
+    "Waiting",
+    "bind",
+    "decode_op",
+    "decode_query",
+    "decode_result",
+    "encode_result",
+    "get_group",
+    "get_summary",
+    "get_vc",
+    "list_groups",
+    "load_config",
+    "parse_config",
+    "release",
+    "set_node_health",
+    "submit",
+    "synthetic_config",
+]

@@ -1,0 +1,214 @@
+"""Apply-time cost of the allocation store (``cluster_state``) on a large synthetic cluster.
+
+One ``ClusterStore`` on a ``synthetic_config`` cluster (DGX-like 8-GPU nodes in racks, VCs with
+rack, node and half-node cells, a quarter of them with a pinned node) receives a seeded stream
+of commands exactly as a replica would apply them: ``store.apply(position, Command)``, msgpack
+decoding and encoding and the session table included. The stream first fills the cluster to
+``fill`` of its leaves, then keeps it there: each step either releases a random live group or
+submits a new one — gangs of 1 to 32 leaves (several pod sizes), guaranteed priorities 0..1000
+in a random VC, one in ten opportunistic. A submit that preempts is followed by releases of its
+victims (what their schedulers would do), which may place the preemptor.
+
+Reported: p50/p99/max apply time of submits and of releases (µs), outcome counts, and for the
+final state the snapshot size, ``snapshot()`` time and ``restore()`` time into a fresh store
+(plus one ``snapshot()`` of the restored store, which must give the same bytes).
+
+By default the garbage collector's view of the loaded store is frozen (``gc.freeze()`` after
+building it), as a long-running replica would do after loading its configuration: otherwise a
+full collection walks the whole cell tree and shows up as multi-millisecond outliers in the
+maximum (not in p99). ``--no-gc-freeze`` measures without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import time
+from typing import Any
+
+import msgpack
+
+from cluster_state import ClusterStore, release, submit, synthetic_config
+from consensus.messages import Command
+
+__all__ = ["run"]
+
+SHAPES: list[list[tuple[int, int]]] = [
+    [(1, 1)],
+    [(1, 1)],
+    [(1, 2)],
+    [(1, 4)],
+    [(1, 8)],
+    [(1, 8)],
+    [(2, 8)],
+    [(4, 8)],
+    [(2, 8), (1, 4)],
+    [(4, 2)],
+    [(2, 4), (2, 2)],
+]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "count": len(values),
+        "p50_us": round(_percentile(values, 0.50) * 1e6, 1),
+        "p99_us": round(_percentile(values, 0.99) * 1e6, 1),
+        "max_us": round(max(values, default=0.0) * 1e6, 1),
+    }
+
+
+def run(
+    nodes: int = 1024,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 8,
+    vcs: int = 16,
+    ops: int = 20_000,
+    fill: float = 0.8,
+    seed: int = 1,
+    freeze_gc: bool = True,
+) -> dict[str, Any]:
+    """Run the workload; return the measurements as a JSON-able dict."""
+    rng = random.Random(seed)
+    config = synthetic_config(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        nodes_per_rack=nodes_per_rack,
+        vcs=vcs,
+        pinned=vcs // 4,
+    )
+    started = time.perf_counter()
+    store = ClusterStore(config)
+    build_s = time.perf_counter() - started
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+    names = [vc.name for vc in config.virtual_clusters]
+    capacity = nodes * gpus_per_node
+    live: dict[str, int] = {}  # group -> leaves
+    used = 0
+    position = 0
+    submit_times: list[float] = []
+    release_times: list[float] = []
+    outcomes: dict[str, int] = {}
+
+    def apply(op: bytes) -> tuple[list[Any], float]:
+        nonlocal position
+        position += 1
+        command = Command(client_id=1 + position % 7, seq=position, op=op)
+        t0 = time.perf_counter()
+        out = store.apply(position, command)
+        elapsed = time.perf_counter() - t0
+        return msgpack.unpackb(out), elapsed
+
+    def do_release(name: str) -> list[Any]:
+        nonlocal used
+        result, elapsed = apply(release(name))
+        release_times.append(elapsed)
+        used -= live.pop(name, 0)
+        for promoted in result[2] if result[0] == "released" else []:
+            live[promoted] = pending.pop(promoted)
+            used += live[promoted]
+        return result
+
+    pending: dict[str, int] = {}  # preempting group -> leaves
+    counter = 0
+    for _ in range(ops):
+        if used < fill * capacity or not live or rng.random() < 0.5:
+            counter += 1
+            name = f"job{counter:07d}"
+            members = rng.choice(SHAPES)
+            leaves = sum(p * n for p, n in members)
+            priority = -1 if rng.random() < 0.1 else rng.randint(0, 1000)
+            op = submit(name, rng.choice(names), priority, members)
+            result, elapsed = apply(op)
+            submit_times.append(elapsed)
+            kind = result[0]
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+            if kind == "placed":
+                live[name] = leaves
+                used += leaves
+            elif kind == "preempting":
+                pending[name] = leaves
+                for victim in result[2]:
+                    if victim in live:
+                        do_release(victim)
+        else:
+            do_release(rng.choice(sorted(live)))
+    started = time.perf_counter()
+    snap = store.snapshot()
+    snapshot_s = time.perf_counter() - started
+    fresh = ClusterStore(store.topology)
+    started = time.perf_counter()
+    fresh.restore(snap)
+    restore_s = time.perf_counter() - started
+    assert fresh.snapshot() == snap, "restore must reproduce the snapshot byte for byte"
+    if freeze_gc:
+        gc.unfreeze()
+    summary = msgpack.unpackb(store.query(msgpack.packb(["summary"])))[2]
+    chain = summary["chains"][0]
+    return {
+        "cluster": {
+            "nodes": nodes,
+            "gpus": capacity,
+            "racks": nodes // nodes_per_rack,
+            "vcs": vcs,
+            "build_s": round(build_s, 3),
+        },
+        "ops": ops,
+        "gc_frozen": freeze_gc,
+        "submit": _summary(submit_times),
+        "release": _summary(release_times),
+        "outcomes": outcomes,
+        "final": {
+            "groups": summary["groups"],
+            "guaranteed_leaves": chain["guaranteed"],
+            "opportunistic_leaves": chain["opportunistic"],
+            "free_leaves": chain["free"],
+        },
+        "snapshot": {
+            "bytes": len(snap),
+            "snapshot_s": round(snapshot_s, 4),
+            "restore_s": round(restore_s, 4),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--nodes-per-rack", type=int, default=8)
+    parser.add_argument("--vcs", type=int, default=16)
+    parser.add_argument("--ops", type=int, default=20_000)
+    parser.add_argument("--fill", type=float, default=0.8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-gc-freeze", dest="freeze_gc", action="store_false")
+    args = parser.parse_args(argv)
+    print(
+        json.dumps(
+            run(
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                nodes_per_rack=args.nodes_per_rack,
+                vcs=args.vcs,
+                ops=args.ops,
+                fill=args.fill,
+                seed=args.seed,
+                freeze_gc=args.freeze_gc,
+            ),
+            indent=2,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,925 @@
+"""The allocation state machine: affinity groups, priorities, preemption, node health.
+
+Theory of operation
+-------------------
+Everything here is deterministic: no clock, no randomness, and every choice is made in a
+sorted order, so replicas applying the same log end up byte-identical. The state that matters
+is small — the groups (who holds which leaves, at what priority, who preempts whom), which VC
+item is bound to which physical cell, node health — and everything else (free lists, counters,
+indexes, doomed bindings) is a function of it (see ``buddy``), which is what snapshots store.
+
+**Groups.** A group is *placed* (it uses its leaves) or *preempting* (it reserves them while
+its victims wind down). Guaranteed groups (priority 0..1000) live inside their VC's items;
+opportunistic ones (-1) take any free leaf of a chain and bind nothing.
+
+**Submitting a guaranteed group** (HiveD's two passes, inside the VC's view):
+
+1. *Free leaves only.* Levels are tried bottom-up from the smallest that can hold the whole
+   gang; at each level, first the cells of items the VC already holds (fewest free leaves
+   first: packing), then a fresh item bound by buddy allocation to an untouched physical cell.
+   The first level that works gives the lowest common ancestor. A gang that fits in no single
+   cell is spread over the VC's items (bound ones first). The gang never leaves one chain.
+2. *Preemptible leaves too* (effective priority strictly below the group's). Victims are the
+   users of the chosen leaves (whole gangs); lower preemptors holding reservations there are
+   cancelled. With victims the group becomes *preempting* and reserves its leaves, so nobody
+   but a still higher priority can take them; once its last victim is released it is placed.
+   Without victims it is placed at once.
+3. *Lazy preemption*: victims that opted in are first downgraded to opportunistic (they keep
+   running, their items are released) and the group is planned again; only a victim that the
+   new plan still overlaps is preempted. If the new plan fails the downgrade is undone.
+
+**Releasing** removes a group's leaves; items no guaranteed group uses any more are unbound,
+so their physical cells return to the free lists and merge. Releasing a group that something
+preempts may complete that preemption.
+
+**Node health** marks leaves bad (used ones stay with their group: the decision is kept);
+preempting groups touching the node are cancelled, and doomed bindings are recomputed.
+
+**Conditional bind** places a group at an explicit placement chosen by an outside scheduler,
+provided none of its leaves changed after a revision the scheduler read.
+
+Requests that are invalid raise ``RequestError`` before anything changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster_state.buddy import CLEAN, HEALTHY, Buddy
+from cluster_state.cells import Topology
+from cluster_state.errors import RequestError
+from cluster_state.index import FREE, CellState
+from cluster_state.ops import (
+    OPPORTUNISTIC,
+    Conflict,
+    GroupSpec,
+    Member,
+    NodeHealthSet,
+    Placed,
+    PodPlacement,
+    Preempting,
+    Released,
+    Result,
+    Waiting,
+)
+from cluster_state.placement import Picker
+
+__all__ = ["Allocator", "Group"]
+
+
+class Group:
+    """One affinity group the store knows: placed or preempting."""
+
+    __slots__ = (
+        "chain",
+        "downgraded",
+        "pods",
+        "preempting",
+        "preemptors",
+        "spec",
+        "token",
+        "victims",
+    )
+
+    def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...]) -> None:
+        self.spec = spec
+        self.chain = chain
+        self.pods = pods  # leaf ids per pod, pods in ``spec.pod_sizes`` order
+        self.preempting = False
+        self.downgraded = False  # lazily preempted: now runs as opportunistic
+        self.token = -1  # log position it was placed at
+        self.victims: set[str] = set()  # preempting: groups it waits for
+        self.preemptors: set[str] = set()  # placed: preempting groups waiting for it
+
+    @property
+    def priority(self) -> int:
+        return OPPORTUNISTIC if self.downgraded else self.spec.priority
+
+    @property
+    def guaranteed(self) -> bool:
+        return self.priority >= 0
+
+    def leaves(self) -> list[int]:
+        return [leaf for pod in self.pods for leaf in pod]
+
+
+@dataclass(slots=True)
+class _Plan:
+    chain: int
+    pods: list[tuple[int, ...]]
+    fresh: list[int] = field(default_factory=list)  # items bound while planning
+
+
+class Allocator:
+    """The allocation state of one store; see the module docstring."""
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        self.cells = CellState(topo)
+        self.buddy = Buddy(topo, self.cells)
+        self.groups: dict[str, Group] = {}
+        self.bad_nodes: set[str] = set()
+        #: (kind, subject, data) of the changes made by the current operation
+        self.events: list[tuple[str, str, list[Any]]] = []
+        self._maybe_free: set[int] = set()  # items whose usage dropped to 0
+        self._dirty: set[int] = set()  # chains touched by the current operation
+
+    # ================================================================== validation
+    def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
+        """The chains ``spec`` may be placed in, in order (static checks raise)."""
+        topo = self.topo
+        if spec.vc not in topo.vc_pinned:
+            raise RequestError(f"unknown virtual cluster {spec.vc!r}")
+        if spec.leaf_type and spec.leaf_type not in topo.chains_for_leaf:
+            raise RequestError(f"unknown leaf cell type {spec.leaf_type!r}")
+        if spec.pinned:
+            item = topo.vc_pinned[spec.vc].get(spec.pinned)
+            if item is None:
+                raise RequestError(f"pinned cell {spec.pinned!r} is not one of {spec.vc}'s")
+            chains: tuple[int, ...] = (topo.items[item].chain,)
+        elif spec.priority == OPPORTUNISTIC:
+            chains = tuple(sorted(range(len(topo.chains)), key=lambda c: topo.chains[c].name))
+        else:
+            chains = tuple(c for c in topo.vc_chains[spec.vc] if (spec.vc, c) in topo.key_of)
+        if spec.leaf_type:
+            chains = tuple(c for c in chains if topo.chains[c].leaf_type == spec.leaf_type)
+        if not chains:
+            what = f"leaf type {spec.leaf_type}" if spec.leaf_type else "floating cells"
+            raise RequestError(f"virtual cluster {spec.vc} has no {what}")
+        biggest = max(spec.pod_sizes)
+        fits = tuple(c for c in chains if self._unit_size(spec, c) >= biggest)
+        if not fits:
+            raise RequestError(
+                f"a pod of {biggest} leaf cells does not fit in one node of "
+                + ", ".join(topo.chains[c].name for c in chains)
+            )
+        return fits
+
+    def _unit_size(self, spec: GroupSpec, chain: int) -> int:
+        """The most leaves one pod can get in ``chain`` (a node, or a smaller pinned cell)."""
+        info = self.topo.chains[chain]
+        size = info.info(info.node_level).leaf_number
+        if spec.pinned:
+            cell = self.topo.pinned_cells[spec.pinned]
+            size = min(size, self.topo.leaf_number(cell))
+        return size
+
+    def _existing(self, spec: GroupSpec) -> Group | None:
+        group = self.groups.get(spec.name)
+        if group is not None and group.spec != spec:
+            raise RequestError(
+                f"group {spec.name!r} already exists with a different spec", static=False
+            )
+        return group
+
+    # ================================================================== submit
+    def submit(self, spec: GroupSpec, position: int) -> Result:
+        chains = self._chains_for(spec)
+        group = self._existing(spec)
+        if group is not None:
+            return self._status(group)
+        sizes = spec.pod_sizes
+        if spec.priority == OPPORTUNISTIC:
+            plan = self._plan_opportunistic(chains, sizes)
+            if plan is None:
+                reason = "no free leaf cells for the group in " + self._names(chains)
+                return Waiting(spec.name, reason)
+            return self._place(spec, plan, position)
+        plan = self._plan_guaranteed(spec, chains, sizes, None)
+        if plan is not None:
+            return self._place(spec, plan, position)
+        plan = self._plan_guaranteed(spec, chains, sizes, spec.priority)
+        if plan is None:
+            return Waiting(
+                spec.name,
+                f"virtual cluster {spec.vc} has no room for {sum(sizes)} leaf cells "
+                f"at priority {spec.priority} in {self._names(chains)}",
+            )
+        lazy = sorted(
+            {
+                owner
+                for leaf in (leaf for pod in plan.pods for leaf in pod)
+                if (owner := self.cells.owner[leaf]) is not None
+                and self.groups[owner].spec.lazy
+                and self.groups[owner].guaranteed
+            }
+        )
+        if lazy:
+            self._rollback(plan)
+            undo = [self._downgrade(self.groups[name], position) for name in lazy]
+            plan = self._plan_guaranteed(spec, chains, sizes, None) or self._plan_guaranteed(
+                spec, chains, sizes, spec.priority
+            )
+            if plan is None:  # give the victims their guarantee back; preempt them normally
+                for name, items in zip(reversed(lazy), reversed(undo), strict=True):
+                    self._upgrade(self.groups[name], items, position)
+                plan = self._plan_guaranteed(spec, chains, sizes, spec.priority)
+                assert plan is not None, "the plan found before the downgrade must come back"
+            else:
+                for name in lazy:
+                    self.events.append(("downgraded", name, [spec.name]))
+        return self._preempt_or_place(spec, plan, position)
+
+    def _names(self, chains: tuple[int, ...]) -> str:
+        return ", ".join(self.topo.chains[c].name for c in chains)
+
+    def _status(self, group: Group) -> Result:
+        if group.preempting:
+            return Preempting(group.spec.name, tuple(sorted(group.victims)))
+        return self._placed(group)
+
+    def _placed(self, group: Group) -> Placed:
+        topo = self.topo
+        pods = tuple(
+            (len(pod), topo.node_name[pod[0]], tuple(topo.device[leaf] for leaf in pod))
+            for pod in group.pods
+        )
+        return Placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
+
+    # ------------------------------------------------------------------ planning
+    def _plan_guaranteed(
+        self, spec: GroupSpec, chains: tuple[int, ...], sizes: list[int], threshold: int | None
+    ) -> _Plan | None:
+        for chain in chains:
+            if spec.pinned:
+                key = self.topo.items[self.topo.vc_pinned[spec.vc][spec.pinned]].key
+                plan = self._search(key, "", chain, sizes, threshold)
+            else:
+                key = self.topo.key_of[(spec.vc, chain)]
+                plan = self._search(key, spec.vc, chain, sizes, threshold)
+            if plan is not None:
+                return plan
+        return None
+
+    def _search(
+        self, key: int, vc: str, chain: int, sizes: list[int], threshold: int | None
+    ) -> _Plan | None:
+        """Place ``sizes`` inside the items of placement key ``key`` (binding more of
+        ``vc``'s items if ``vc`` is given): lowest common ancestor first, then packing."""
+        topo, buddy = self.topo, self.buddy
+        info = topo.chains[chain]
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        total = sum(sizes)
+        top = info.node_level if len(sizes) == 1 else info.top_level
+        low = next((i.level for i in info.levels if i.leaf_number >= total), top + 1)
+        index = self.cells.n_chains + key
+        # Cells the VC already holds come first (packing), lowest level first (affinity) ...
+        for level in range(low, top + 1):
+            candidates = (
+                self.cells.candidates(index, level, total)
+                if threshold is None
+                else self._scan(key, level, total, threshold)
+            )
+            for c in candidates:
+                picker = Picker(topo, self.cells, threshold)
+                pods = picker.pack(picker.nodes([c], info.node_level), sizes, order)
+                if pods is not None:
+                    return _Plan(chain, pods)
+        if not vc:
+            return None
+        # ... then a fresh item, the smallest that gives the lowest common ancestor ...
+        for level in range(low, top + 1):
+            for slot in topo.vc_slots[(vc, chain)]:
+                if topo.slots[slot][2] < level or not buddy.unbound[slot]:
+                    continue
+                plan = self._fresh(buddy.unbound[slot][0], chain, level, sizes, order, threshold)
+                if plan is not None:
+                    return plan
+        # ... and a gang that fits in no single cell is spread over several.
+        if len(sizes) > 1:
+            return self._spread(key, vc, chain, sizes, order, threshold)
+        return None
+
+    def _scan(self, key: int, level: int, need: int, threshold: int) -> list[int]:
+        """Second-pass candidates: cells at ``level`` in the key's bound items that have
+        ``need`` leaves at priority below ``threshold``; fewest preemptions, then best fit."""
+        topo, cells = self.topo, self.cells
+        found = []
+        for item in topo.key_items[key]:
+            c = self.buddy.item_cell[item]
+            if c < 0 or topo.level[c] < level:
+                continue
+            for d in topo.desc[c][level - 1]:
+                a = cells.avail(d, threshold)
+                if a >= need:
+                    found.append((max(0, need - cells.free_n[d]), a, d))
+        found.sort()
+        return [d for _, _, d in found]
+
+    def _fresh(
+        self,
+        item: int,
+        chain: int,
+        level: int,
+        sizes: list[int],
+        order: list[int],
+        threshold: int | None,
+    ) -> _Plan | None:
+        """Bind ``item`` to a new physical cell and place the gang in one of its cells at
+        ``level``; unbind again if that does not work."""
+        topo, cells = self.topo, self.cells
+        item_level = topo.items[item].level
+        c = self.buddy.find_cell(chain, item_level, CLEAN if threshold is None else HEALTHY)
+        if c < 0:
+            return None
+        self.buddy.bind(item, c)
+        total = sum(sizes)
+        inner = [
+            (max(0, total - cells.free_n[d]) if threshold is not None else 0, a, d)
+            for d in topo.desc[c][level - 1]
+            if (a := cells.avail(d, threshold)) >= total
+        ]
+        node_level = topo.chains[chain].node_level
+        for _, _, d in sorted(inner):
+            picker = Picker(topo, cells, threshold)
+            pods = picker.pack(picker.nodes([d], node_level), sizes, order)
+            if pods is not None:
+                return _Plan(chain, pods, [item])
+        self.buddy.unbind(item)
+        return None
+
+    def _spread(
+        self,
+        key: int,
+        vc: str,
+        chain: int,
+        sizes: list[int],
+        order: list[int],
+        threshold: int | None,
+    ) -> _Plan | None:
+        """A gang no single cell holds: best-fit its pods over all the VC's units (items it
+        holds first), binding more items as needed."""
+        topo, buddy = self.topo, self.buddy
+        node_level = topo.chains[chain].node_level
+        picker = Picker(topo, self.cells, threshold)
+        held = [buddy.item_cell[i] for i in topo.key_items[key] if buddy.item_cell[i] >= 0]
+        nodes = picker.nodes(sorted(held), node_level)
+        fresh: list[int] = []
+        out: list[tuple[int, ...]] = [() for _ in sizes]
+        mode = CLEAN if threshold is None else HEALTHY
+        for i in order:
+            need = sizes[i]
+            node = picker.best_node(nodes, need)
+            while node < 0:
+                for slot in topo.vc_slots[(vc, chain)]:
+                    level = topo.slots[slot][2]
+                    unit = topo.chains[chain].info(min(level, node_level)).leaf_number
+                    if unit < need or not buddy.unbound[slot]:
+                        continue
+                    c = buddy.find_cell(chain, level, mode)
+                    if c >= 0:
+                        item = buddy.unbound[slot][0]
+                        buddy.bind(item, c)
+                        fresh.append(item)
+                        nodes.extend(picker.nodes([c], node_level))
+                        break
+                else:
+                    for item in reversed(fresh):
+                        buddy.unbind(item)
+                    return None
+                node = picker.best_node(nodes, need)
+            out[i] = picker.pick(node, need)
+        return _Plan(chain, out, fresh)
+
+    def _plan_opportunistic(self, chains: tuple[int, ...], sizes: list[int]) -> _Plan | None:
+        """Free leaves anywhere in one chain; cells no VC holds are preferred so the group is
+        less likely to be preempted (HiveD keeps opportunistic work away from guaranteed)."""
+        topo, cells = self.topo, self.cells
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        total = sum(sizes)
+        for chain in chains:
+            info = topo.chains[chain]
+            if info.info(info.node_level).leaf_number < max(sizes):
+                continue
+            top = info.node_level if len(sizes) == 1 else info.top_level
+            low = next((i.level for i in info.levels if i.leaf_number >= total), top + 1)
+            for index in (cells.region(chain), chain):
+                for level in range(low, top + 1):
+                    for c in cells.candidates(index, level, total):
+                        picker = Picker(topo, cells, None)
+                        pods = picker.pack(picker.nodes([c], info.node_level), sizes, order)
+                        if pods is not None:
+                            return _Plan(chain, pods)
+            if len(sizes) > 1:
+                picker = Picker(topo, cells, None)
+                out: list[tuple[int, ...]] = [() for _ in sizes]
+                for i in order:
+                    node = next(
+                        (
+                            n
+                            for n in cells.candidates(chain, info.node_level, sizes[i])
+                            if picker.avail(n) >= sizes[i]
+                        ),
+                        -1,
+                    )
+                    if node < 0:
+                        break
+                    out[i] = picker.pick(node, sizes[i])
+                else:
+                    return _Plan(chain, out)
+        return None
+
+    def _rollback(self, plan: _Plan) -> None:
+        for item in reversed(plan.fresh):
+            self.buddy.unbind(item)
+
+    # ------------------------------------------------------------------ committing
+    def _place(self, spec: GroupSpec, plan: _Plan, position: int) -> Placed:
+        group = Group(spec, plan.chain, tuple(plan.pods))
+        group.token = position
+        self.groups[spec.name] = group
+        leaves = group.leaves()
+        for leaf in leaves:
+            self.cells.owner[leaf] = spec.name
+        self._hold(group, leaves, position)
+        placed = self._placed(group)
+        self.events.append(("placed", spec.name, self._placed_data(placed)))
+        return placed
+
+    @staticmethod
+    def _placed_data(placed: Placed) -> list[Any]:
+        return [placed.chain, [[n, node, list(d)] for n, node, d in placed.pods], placed.token]
+
+    def _hold(self, group: Group, leaves: list[int], position: int) -> None:
+        """Count ``leaves`` as held by ``group`` (used or reserved) and update priorities."""
+        self._dirty.add(group.chain)
+        if group.guaranteed:
+            buddy, item_of = self.buddy, self.cells.item_of
+            for leaf in leaves:
+                item = item_of[leaf]
+                buddy.item_used[item] += 1
+                buddy.mark_used(item)
+        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+
+    def _unhold(self, group: Group, leaves: list[int], position: int) -> None:
+        """Inverse of ``_hold`` after the caller cleared owner/reserver."""
+        self._dirty.add(group.chain)
+        if group.guaranteed:
+            buddy, item_of = self.buddy, self.cells.item_of
+            for leaf in leaves:
+                item = item_of[leaf]
+                buddy.item_used[item] -= 1
+                if not buddy.item_used[item]:
+                    self._maybe_free.add(item)
+        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+
+    def _eff(self, leaf: int) -> int:
+        eff = FREE
+        owner, reserver = self.cells.owner[leaf], self.cells.reserver[leaf]
+        if owner is not None:
+            eff = self.groups[owner].priority
+        if reserver is not None:
+            eff = max(eff, self.groups[reserver].priority)
+        return eff
+
+    def _preempt_or_place(self, spec: GroupSpec, plan: _Plan, position: int) -> Result:
+        """Commit a second-pass plan: reserve its leaves, cancel lower preemptors that held
+        reservations there, and either wait for the victims or, with none, be placed."""
+        cells = self.cells
+        leaves = [leaf for pod in plan.pods for leaf in pod]
+        lower = sorted({r for leaf in leaves if (r := cells.reserver[leaf]) is not None})
+        group = Group(spec, plan.chain, tuple(plan.pods))
+        group.preempting = True
+        self.groups[spec.name] = group
+        for leaf in leaves:
+            cells.reserver[leaf] = spec.name
+        # Hold our leaves' items before cancelling, so that cannot unbind what we stand on.
+        self._hold(group, leaves, position)
+        for name in lower:
+            self._cancel(self.groups[name], position, f"preempted by {spec.name}")
+        victims = sorted({o for leaf in leaves if (o := cells.owner[leaf]) is not None})
+        if not victims:
+            self._promote(group, position)
+            return self._placed(group)
+        group.victims = set(victims)
+        for name in victims:
+            self.groups[name].preemptors.add(spec.name)
+        self.events.append(("preempting", spec.name, victims))
+        return Preempting(spec.name, tuple(victims))
+
+    def _cancel(self, group: Group, position: int, reason: str) -> None:
+        """Drop preempting ``group`` and its reservations (leaves a higher preemptor took
+        over already carry that preemptor's name and stay reserved)."""
+        cells = self.cells
+        name = group.spec.name
+        leaves = group.leaves()
+        for leaf in leaves:
+            if cells.reserver[leaf] == name:
+                cells.reserver[leaf] = None
+        for victim in sorted(group.victims):
+            self.groups[victim].preemptors.discard(name)
+        self._unhold(group, leaves, position)
+        del self.groups[name]
+        self.events.append(("cancelled", name, [reason]))
+
+    def _downgrade(self, group: Group, position: int) -> dict[int, int]:
+        """Lazy preemption: ``group`` keeps its leaves at priority -1 and its VC items are
+        released. Returns item -> cell so ``_upgrade`` can bind exactly the same again."""
+        buddy, item_of = self.buddy, self.cells.item_of
+        leaves = group.leaves()
+        items = {item_of[leaf]: buddy.item_cell[item_of[leaf]] for leaf in leaves}
+        for leaf in leaves:
+            buddy.item_used[item_of[leaf]] -= 1
+        group.downgraded = True
+        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        for item in sorted(items):
+            if not buddy.item_used[item] and not self.topo.items[item].pinned_id:
+                buddy.unbind(item)
+        self._dirty.add(group.chain)
+        return items
+
+    def _upgrade(self, group: Group, items: dict[int, int], position: int) -> None:
+        buddy = self.buddy
+        for item, cell in sorted(items.items()):
+            if buddy.item_cell[item] < 0:
+                buddy.bind(item, cell)
+        group.downgraded = False
+        self._hold(group, group.leaves(), position)
+
+    # ================================================================== bind
+    def bind(
+        self, spec: GroupSpec, pods: tuple[PodPlacement, ...], since: int, position: int
+    ) -> Result:
+        topo, cells, buddy = self.topo, self.cells, self.buddy
+        chains = self._chains_for(spec)
+        sizes = spec.pod_sizes
+        if len(pods) != len(sizes):
+            raise RequestError(f"placement lists {len(pods)} pods, the members have {len(sizes)}")
+        chain = -1
+        resolved: list[tuple[int, ...]] = []
+        for i, (pod, size) in enumerate(zip(pods, sizes, strict=True)):
+            if len(pod.devices) != size:
+                raise RequestError(
+                    f"placement pod {i} has {len(pod.devices)} leaf cells, its member needs {size}"
+                )
+            node_cells = [n for n in topo.nodes.get(pod.node, ()) if topo.chain_of[n] in chains]
+            if not node_cells:
+                raise RequestError(f"node {pod.node!r} has no leaf cells this group may use")
+            if chain < 0:
+                if len(node_cells) > 1:
+                    raise RequestError(f"node {pod.node} has several leaf types: name leaf_type")
+                chain = topo.chain_of[node_cells[0]]
+            node = next((n for n in node_cells if topo.chain_of[n] == chain), -1)
+            if node < 0:
+                raise RequestError("a group's pods must all be in one chain")
+            leaves = []
+            for device in pod.devices:
+                leaf = topo.device_leaf.get((node, device), -1)
+                if leaf < 0:
+                    raise RequestError(f"node {pod.node} has no device {device}")
+                leaves.append(leaf)
+            resolved.append(tuple(sorted(leaves)))
+        every = sorted(leaf for pod in resolved for leaf in pod)
+        if len(set(every)) != len(every):
+            raise RequestError("placement names a leaf cell twice")
+        group = self._existing(spec)
+        if group is not None:
+            raise RequestError(f"group {spec.name!r} already exists", static=False)
+        for leaf in every:
+            if cells.rev[leaf] > since:
+                return Conflict(
+                    spec.name,
+                    f"{topo.address[leaf]} changed at revision {cells.rev[leaf]} > {since}",
+                )
+            if cells.bad[leaf] or cells.eff[leaf] != FREE:
+                state = "bad" if cells.bad[leaf] else "not free"
+                return Conflict(spec.name, f"{topo.address[leaf]} is {state}")
+        fresh: list[int] = []
+        if spec.priority != OPPORTUNISTIC:
+            key = (
+                topo.items[topo.vc_pinned[spec.vc][spec.pinned]].key
+                if spec.pinned
+                else topo.key_of.get((spec.vc, chain), -1)
+            )
+            for leaf in every:
+                item = cells.item_of[leaf]
+                if item >= 0 and cells.key_of_item[item] == key:
+                    continue
+                if item < 0 and not spec.pinned and self._bind_around(spec.vc, chain, leaf, fresh):
+                    continue
+                for item in reversed(fresh):
+                    buddy.unbind(item)
+                return Conflict(
+                    spec.name, f"{topo.address[leaf]} is outside what {spec.vc} can hold there"
+                )
+        return self._place(spec, _Plan(chain, resolved, fresh), position)
+
+    def _bind_around(self, vc: str, chain: int, leaf: int, fresh: list[int]) -> bool:
+        """Bind one of ``vc``'s unbound items (lowest level first) to the free cell of that
+        level around ``leaf``, if safety allows."""
+        topo, buddy = self.topo, self.buddy
+        for slot in topo.vc_slots.get((vc, chain), ()):
+            if not buddy.unbound[slot]:
+                continue
+            level = topo.slots[slot][2]
+            cell = topo.ancestors[leaf][level - 1]
+            root = buddy.region_root(cell)
+            if root >= 0 and buddy.safe_take(chain, level, topo.level[root]):
+                item = buddy.unbound[slot][0]
+                buddy.bind(item, cell)
+                fresh.append(item)
+                return True
+        return False
+
+    # ================================================================== release
+    def release(self, name: str, position: int) -> Result:
+        group = self.groups.get(name)
+        if group is None:
+            raise RequestError(f"no group {name!r}", static=False)
+        if group.preempting:
+            self._cancel(group, position, "released")
+            return Released(name, ())
+        cells = self.cells
+        leaves = group.leaves()
+        for leaf in leaves:
+            cells.owner[leaf] = None
+        self._unhold(group, leaves, position)
+        del self.groups[name]
+        self.events.append(("released", name, []))
+        promoted = []
+        for preemptor_name in sorted(group.preemptors):
+            preemptor = self.groups[preemptor_name]
+            preemptor.victims.discard(name)
+            if not preemptor.victims:
+                self._promote(preemptor, position)
+                promoted.append(preemptor_name)
+        return Released(name, tuple(promoted))
+
+    def _promote(self, group: Group, position: int) -> None:
+        """Every victim is gone: the reserved leaves become used."""
+        cells = self.cells
+        leaves = group.leaves()
+        for leaf in leaves:
+            cells.reserver[leaf] = None
+            cells.owner[leaf] = group.spec.name
+        cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        group.preempting = False
+        group.token = position
+        self.events.append(("placed", group.spec.name, self._placed_data(self._placed(group))))
+
+    # ================================================================== node health
+    def set_node_health(self, node: str, healthy: bool, position: int) -> Result:
+        node_cells = self.topo.nodes.get(node)
+        if node_cells is None:
+            raise RequestError(f"unknown node {node!r}")
+        changed = (node in self.bad_nodes) == healthy
+        cancelled: list[str] = []
+        if changed:
+            leaves = [leaf for n in node_cells for leaf in self.topo.leaves[n]]
+            self.cells.set_bad(leaves, not healthy, position)
+            if healthy:
+                self.bad_nodes.discard(node)
+            else:
+                self.bad_nodes.add(node)
+                on_node = set(leaves)
+                cancelled = sorted(
+                    name
+                    for name, g in self.groups.items()
+                    if g.preempting and not on_node.isdisjoint(g.leaves())
+                )
+                for name in cancelled:
+                    self._cancel(self.groups[name], position, f"node {node} is bad")
+            self._dirty.update(self.topo.chain_of[n] for n in node_cells)
+            self.events.append(("node_health", node, [healthy]))
+        return NodeHealthSet(node, healthy, changed, tuple(cancelled))
+
+    # ================================================================== end of an op
+    def finish(self) -> list[tuple[str, str, list[Any]]]:
+        """Settle the operation: unbind items nobody uses, recompute doomed bindings of the
+        chains it touched; return (and forget) its events."""
+        buddy, items = self.buddy, self.topo.items
+        for item in sorted(self._maybe_free):
+            if (
+                buddy.item_cell[item] >= 0
+                and not buddy.item_used[item]
+                and not buddy.doomed[item]
+                and not items[item].pinned_id
+            ):
+                buddy.unbind(item)
+        self._maybe_free.clear()
+        for chain in sorted(self._dirty):
+            buddy.reconcile_doomed(chain)
+        self._dirty.clear()
+        events, self.events = self.events, []
+        return events
+
+    # ================================================================== reads
+    def group_info(self, name: str) -> dict[str, Any] | None:
+        group = self.groups.get(name)
+        if group is None:
+            return None
+        spec = group.spec
+        placed = self._placed(group)
+        return {
+            "name": spec.name,
+            "vc": spec.vc,
+            "priority": spec.priority,
+            "members": [[m.pods, m.leaves] for m in spec.members],
+            "leaf_type": spec.leaf_type,
+            "pinned": spec.pinned,
+            "lazy": spec.lazy,
+            "state": "preempting" if group.preempting else "placed",
+            "downgraded": group.downgraded,
+            "chain": placed.chain,
+            "pods": [[n, node, list(d)] for n, node, d in placed.pods],
+            "token": group.token,
+            "victims": sorted(group.victims),
+            "preempted_by": sorted(group.preemptors),
+        }
+
+    def list_groups(self, vc: str = "") -> list[dict[str, Any]]:
+        return [
+            {
+                "name": name,
+                "vc": g.spec.vc,
+                "priority": g.priority,
+                "state": "preempting" if g.preempting else "placed",
+                "leaves": sum(len(p) for p in g.pods),
+                "chain": self.topo.chains[g.chain].name,
+                "token": g.token,
+            }
+            for name, g in sorted(self.groups.items())
+            if not vc or g.spec.vc == vc
+        ]
+
+    def vc_info(self, vc: str) -> dict[str, Any]:
+        topo, buddy, bad_n = self.topo, self.buddy, self.cells.bad_n
+        if vc not in topo.vc_pinned:
+            raise RequestError(f"unknown virtual cluster {vc!r}")
+        levels = []
+        total = 0
+        for slot, (slot_vc, chain, level) in enumerate(topo.slots):
+            if slot_vc != vc:
+                continue
+            items = topo.slot_items[slot]
+            cells = [buddy.item_cell[i] for i in items if buddy.item_cell[i] >= 0]
+            used = sum(1 for i in items if buddy.item_used[i])
+            info = topo.chains[chain].info(level)
+            total += len(items) * info.leaf_number
+            levels.append(
+                {
+                    "chain": topo.chains[chain].name,
+                    "level": level,
+                    "cell_type": info.cell_type,
+                    "cells": len(items),
+                    "bound": len(cells),
+                    "used": used,
+                    "free": len(items) - used,
+                    "doomed": sum(1 for i in items if buddy.doomed[i]),
+                    "bad": sum(1 for c in cells if bad_n[c]),
+                }
+            )
+        pinned = []
+        for pin, item in sorted(topo.vc_pinned[vc].items()):
+            c = topo.items[item].pinned_cell
+            total += topo.leaf_number(c)
+            pinned.append(
+                {
+                    "id": pin,
+                    "chain": topo.chains[topo.chain_of[c]].name,
+                    "level": topo.level[c],
+                    "address": topo.address[c],
+                    "used": buddy.item_used[item] > 0,
+                    "bad": bad_n[c] > 0,
+                }
+            )
+        mine = [g for g in self.groups.values() if g.spec.vc == vc]
+        return {
+            "name": vc,
+            "cells": levels,
+            "pinned": pinned,
+            "leaves": {
+                "total": total,
+                "used": sum(len(g.leaves()) for g in mine if g.guaranteed),
+                "bad_held": sum(
+                    bad_n[buddy.item_cell[i]]
+                    for i in range(len(topo.items))
+                    if topo.items[i].vc == vc and buddy.item_cell[i] >= 0
+                ),
+            },
+            "groups": len(mine),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        topo, cells, buddy = self.topo, self.cells, self.buddy
+        chains = []
+        for info in topo.chains:
+            tops = info.tops
+            used: dict[int, int] = {}
+            for t in tops:
+                for prio, n in cells.hist[t].items():
+                    used[prio] = used.get(prio, 0) + n
+            chains.append(
+                {
+                    "name": info.name,
+                    "leaf_type": info.leaf_type,
+                    "leaves": sum(topo.leaf_number(t) for t in tops),
+                    "free": sum(cells.free_n[t] for t in tops),
+                    "opportunistic": used.get(OPPORTUNISTIC, 0),
+                    "guaranteed": sum(n for p, n in used.items() if p >= 0),
+                    "bad": sum(cells.bad_n[t] for t in tops),
+                    "free_cells": [len(fl) for fl in buddy.free[info.index]],
+                    "demand": list(buddy.demand[info.index]),
+                    "surplus": buddy.surplus(info.index),
+                }
+            )
+        return {
+            "chains": chains,
+            "nodes": len(topo.nodes),
+            "bad_nodes": sorted(self.bad_nodes),
+            "groups": len(self.groups),
+            "preempting": sum(1 for g in self.groups.values() if g.preempting),
+            "vcs": list(topo.vcs),
+        }
+
+    # ================================================================== state transfer
+    def export_state(self) -> list[Any]:
+        """The facts everything else is derived from, canonically ordered."""
+        buddy, cells, topo = self.buddy, self.cells, self.topo
+        groups = [
+            [
+                g.spec.to_wire(),
+                g.chain,
+                g.preempting,
+                g.downgraded,
+                [list(p) for p in g.pods],
+                g.token,
+                sorted(g.victims),
+            ]
+            for _, g in sorted(self.groups.items())
+        ]
+        bindings = [
+            [item, buddy.item_cell[item]]
+            for item in range(len(topo.items))
+            if buddy.item_cell[item] >= 0
+            and not buddy.doomed[item]
+            and not topo.items[item].pinned_id
+        ]
+        revs = [[leaf, rev] for leaf, rev in enumerate(cells.rev) if rev >= 0]
+        return [groups, bindings, sorted(self.bad_nodes), revs]
+
+    def import_state(self, state: list[Any]) -> None:
+        """Rebuild from ``export_state`` output (on a fresh allocator of the same topology)."""
+        groups_raw, bindings, bad_nodes, revs = state
+        topo, cells, buddy = self.topo, self.cells, self.buddy
+        for item, cell in bindings:
+            buddy.bind(int(item), int(cell))
+        for node in bad_nodes:
+            self.set_node_health(str(node), False, -1)
+        held: list[tuple[Group, list[int]]] = []
+        for spec_raw, chain, preempting, downgraded, pods, token, victims in groups_raw:
+            name, vc, priority, members, leaf_type, pinned, lazy = spec_raw
+            spec = GroupSpec(
+                name=name,
+                vc=vc,
+                priority=priority,
+                members=tuple(Member(p, n) for p, n in members),
+                leaf_type=leaf_type,
+                pinned=pinned,
+                lazy=lazy,
+            )
+            group = Group(spec, chain, tuple(tuple(p) for p in pods))
+            group.preempting, group.downgraded, group.token = preempting, downgraded, token
+            group.victims = set(victims)
+            self.groups[name] = group
+            leaves = group.leaves()
+            for leaf in leaves:
+                if preempting:
+                    cells.reserver[leaf] = name
+                else:
+                    cells.owner[leaf] = name
+            held.append((group, leaves))
+        for group in self.groups.values():
+            for victim in group.victims:
+                self.groups[victim].preemptors.add(group.spec.name)
+        for group, leaves in held:
+            self._hold(group, leaves, -1)
+        for leaf, rev in revs:
+            cells.rev[leaf] = rev
+        self._dirty.update(range(len(topo.chains)))
+        self.finish()
+
+    def debug_state(self, *, revisions: bool = False) -> list[Any]:
+        """Every piece of state, derived or not, canonically ordered (for tests)."""
+        buddy, cells = self.buddy, self.cells
+        state = self.export_state()
+        if not revisions:
+            state[-1] = []
+        return [
+            state,
+            [[list(fl) for fl in chain] for chain in buddy.free],
+            list(buddy.item_cell),
+            list(buddy.item_used),
+            list(buddy.doomed),
+            [list(u) for u in buddy.unbound],
+            [list(d) for d in buddy.demand],
+            list(cells.free_n),
+            [sorted(h.items()) for h in cells.hist],
+            list(cells.bad_n),
+            list(cells.item_of),
+            list(cells.owner),
+            list(cells.reserver),
+            list(cells.eff),
+            [[[list(b) for b in level] for level in index] for index in cells.buckets],
+        ]

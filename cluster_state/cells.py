@@ -1,0 +1,290 @@
+"""The static shape of the cluster: physical cells, chains and the VCs' preassigned cells.
+
+Built once from a ``ClusterConfig`` and never changed, so replicas (and a store restored from a
+snapshot) can share one ``Topology``. Everything is numbered:
+
+* **cells** get ids in depth-first pre-order over ``physicalCells`` in configured order, so
+  "sorted by id" is the deterministic address order used for every tie-break. Per-cell facts
+  live in parallel lists (``level[c]``, ``parent[c]``, ...) because the allocator reads them
+  in its hottest loops.
+* **items** are the VCs' preassigned virtual cells (HiveD's ``preassignedCells``): ``number``
+  floating items per ``virtualCells`` entry, plus one item per pinned cell. Floating items of
+  one VC, chain and level form a *slot*; within a slot, items are interchangeable and the
+  allocator always binds the lowest id first, which keeps the state a function of the
+  history-free facts (what is bound where) rather than of the order things happened in.
+* **keys** partition items for placement: all floating items of one VC in one chain share a
+  key; every pinned item has a key of its own (only requests naming it may use it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import msgpack
+
+from cluster_state.config import ClusterConfig, PhysicalCellSpec
+
+__all__ = ["ChainInfo", "Item", "LevelInfo", "Topology"]
+
+
+@dataclass(frozen=True, slots=True)
+class LevelInfo:
+    """One level of a chain. ``leaf_number`` is how many leaves a cell of this level holds."""
+
+    level: int
+    cell_type: str
+    child_number: int  # 0 at the leaf level
+    leaf_number: int
+    is_node: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ChainInfo:
+    index: int
+    name: str
+    leaf_type: str
+    node_level: int
+    top_level: int
+    levels: tuple[LevelInfo, ...]  # levels[l - 1] describes level l
+    tops: tuple[int, ...]  # the top-level cell ids
+
+    def info(self, level: int) -> LevelInfo:
+        return self.levels[level - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """A preassigned virtual cell of ``vc``: floating (``pinned_id == ""``) or pinned."""
+
+    id: int
+    vc: str
+    chain: int
+    level: int
+    index: int  # ordinal within its slot (floating) or 0 (pinned)
+    slot: int  # floating: the (vc, chain, level) slot; pinned: -1
+    key: int
+    pinned_id: str = ""
+    pinned_cell: int = -1
+
+
+class Topology:
+    """Immutable cell tree plus lookup tables; see the module docstring."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.digest: bytes = hashlib.sha256(
+            msgpack.packb(config.to_dict(), use_bin_type=True)
+        ).digest()
+        types = config.type_table()
+        self._node_types = frozenset(t.name for t in config.cell_types if t.is_node_level)
+        # ------------------------------------------------------------ chains
+        chain_names = sorted({c.cell_type for c in config.physical_cells})
+        self.chains: list[ChainInfo] = []
+        self.chain_index: dict[str, int] = {}
+        chain_levels: dict[str, list[LevelInfo]] = {}
+        for name in chain_names:
+            path = [name]
+            while path[-1] in types:
+                path.append(types[path[-1]].child_type)
+            path.reverse()  # leaf first
+            infos: list[LevelInfo] = []
+            leaves = 1
+            for level, type_name in enumerate(path, start=1):
+                spec = types.get(type_name)
+                if spec is not None:
+                    leaves *= spec.child_number
+                infos.append(
+                    LevelInfo(
+                        level=level,
+                        cell_type=type_name,
+                        child_number=spec.child_number if spec else 0,
+                        leaf_number=leaves,
+                        is_node=bool(spec and spec.is_node_level),
+                    )
+                )
+            chain_levels[name] = infos
+        # ------------------------------------------------------------ cells
+        self.level: list[int] = []
+        self.parent: list[int] = []
+        self.children: list[tuple[int, ...]] = []
+        self.chain_of: list[int] = []
+        self.cell_type: list[str] = []
+        self.address: list[str] = []  # full '/'-joined address
+        self.node_name: list[str] = []  # "" above the node level
+        self.node_cell: list[int] = []  # the node-level ancestor-or-self, -1 above the node
+        self.device: list[int] = []  # leaves: device index; others -1
+        self.pinned_of: list[str] = []
+        self.leaves: list[tuple[int, ...]] = []
+        self.desc: list[tuple[tuple[int, ...], ...]] = []  # desc[c][l - 1]: level-l cells under c
+        self.ancestors: list[tuple[int, ...]] = []  # self first, then up to the top
+        tops: dict[str, list[int]] = {name: [] for name in chain_names}
+        for index, name in enumerate(chain_names):
+            self.chain_index[name] = index
+        for cell_spec in config.physical_cells:
+            top_type = cell_spec.cell_type
+            top = self._add(cell_spec, self.chain_index[top_type], len(chain_levels[top_type]))
+            tops[top_type].append(top)
+        for name in chain_names:
+            infos = chain_levels[name]
+            node_level = next(i.level for i in infos if i.is_node)
+            self.chains.append(
+                ChainInfo(
+                    index=self.chain_index[name],
+                    name=name,
+                    leaf_type=infos[0].cell_type,
+                    node_level=node_level,
+                    top_level=len(infos),
+                    levels=tuple(infos),
+                    tops=tuple(tops[name]),
+                )
+            )
+        self.size = len(self.level)
+        self.chains_for_leaf: dict[str, tuple[int, ...]] = {}
+        for chain_info in self.chains:
+            previous = self.chains_for_leaf.get(chain_info.leaf_type, ())
+            self.chains_for_leaf[chain_info.leaf_type] = (*previous, chain_info.index)
+        # node name -> its node-level cells (one per chain it belongs to), by chain index
+        nodes: dict[str, list[int]] = {}
+        for c in range(self.size):
+            if self.node_cell[c] == c:
+                nodes.setdefault(self.node_name[c], []).append(c)
+        self.nodes: dict[str, tuple[int, ...]] = {
+            name: tuple(sorted(cells, key=lambda c: self.chain_of[c]))
+            for name, cells in sorted(nodes.items())
+        }
+        self.device_leaf: dict[tuple[int, int], int] = {
+            (self.node_cell[c], self.device[c]): c for c in range(self.size) if self.level[c] == 1
+        }
+        self.pinned_cells: dict[str, int] = {
+            self.pinned_of[c]: c for c in range(self.size) if self.pinned_of[c]
+        }
+        # ------------------------------------------------------------ VC items
+        self.vcs: tuple[str, ...] = tuple(vc.name for vc in config.virtual_clusters)
+        self.items: list[Item] = []
+        self.slots: list[tuple[str, int, int]] = []  # slot -> (vc, chain, level)
+        self.slot_items: list[tuple[int, ...]] = []
+        self.slot_of: dict[tuple[str, int, int], int] = {}
+        self.key_of: dict[tuple[str, int], int] = {}  # (vc, chain) -> floating key
+        self.key_chain: list[int] = []
+        self.key_vc: list[str] = []
+        self.vc_slots: dict[tuple[str, int], tuple[int, ...]] = {}  # (vc, chain) -> slots by level
+        self.vc_pinned: dict[str, dict[str, int]] = {}  # vc -> pinned id -> item
+        self.vc_chains: dict[str, tuple[int, ...]] = {}
+        for vc in config.virtual_clusters:
+            wanted: dict[tuple[int, int], int] = {}
+            for v in vc.virtual_cells:
+                chain = self.chain_index[v.chain]
+                wanted[(chain, len(chain_levels[v.chain]) - len(v.path) + 1)] = v.number
+            for chain, level in sorted(wanted):
+                if (vc.name, chain) not in self.key_of:
+                    self.key_of[(vc.name, chain)] = len(self.key_chain)
+                    self.key_chain.append(chain)
+                    self.key_vc.append(vc.name)
+                slot = len(self.slots)
+                self.slots.append((vc.name, chain, level))
+                self.slot_of[(vc.name, chain, level)] = slot
+                ids = []
+                for i in range(wanted[(chain, level)]):
+                    item = Item(
+                        id=len(self.items),
+                        vc=vc.name,
+                        chain=chain,
+                        level=level,
+                        index=i,
+                        slot=slot,
+                        key=self.key_of[(vc.name, chain)],
+                    )
+                    self.items.append(item)
+                    ids.append(item.id)
+                self.slot_items.append(tuple(ids))
+            self.vc_pinned[vc.name] = {}
+            for pin in vc.pinned_cells:
+                cell = self.pinned_cells[pin]
+                key = len(self.key_chain)
+                self.key_chain.append(self.chain_of[cell])
+                self.key_vc.append(vc.name)
+                item = Item(
+                    id=len(self.items),
+                    vc=vc.name,
+                    chain=self.chain_of[cell],
+                    level=self.level[cell],
+                    index=0,
+                    slot=-1,
+                    key=key,
+                    pinned_id=pin,
+                    pinned_cell=cell,
+                )
+                self.items.append(item)
+                self.vc_pinned[vc.name][pin] = item.id
+            chains = {chain for chain, _ in wanted} | {
+                self.chain_of[self.pinned_cells[p]] for p in vc.pinned_cells
+            }
+            self.vc_chains[vc.name] = tuple(sorted(chains, key=lambda c: self.chains[c].name))
+        for (vc_name, chain), _key in sorted(self.key_of.items()):
+            self.vc_slots[(vc_name, chain)] = tuple(
+                sorted(
+                    (s for s, (v, c, _) in enumerate(self.slots) if v == vc_name and c == chain),
+                    key=lambda s: self.slots[s][2],
+                )
+            )
+        self.key_items: list[tuple[int, ...]] = [
+            tuple(i.id for i in self.items if i.key == key) for key in range(len(self.key_chain))
+        ]
+        self.chain_slots: list[tuple[int, ...]] = [
+            tuple(s for s, (_, c, _) in enumerate(self.slots) if c == chain.index)
+            for chain in self.chains
+        ]
+
+    def _add(
+        self,
+        spec: PhysicalCellSpec,
+        chain: int,
+        level: int,
+        parent: int = -1,
+        parent_address: str = "",
+        node_cell: int = -1,
+        node_name: str = "",
+    ) -> int:
+        c = len(self.level)
+        address = f"{parent_address}/{spec.address}" if parent_address else spec.address
+        self.level.append(level)
+        self.parent.append(parent)
+        self.children.append(())
+        self.chain_of.append(chain)
+        self.cell_type.append(spec.cell_type)
+        self.address.append(address)
+        if node_cell < 0 and spec.cell_type in self._node_types:
+            node_cell, node_name = c, spec.address
+        self.node_name.append(node_name)
+        self.node_cell.append(node_cell)
+        self.device.append(int(spec.address) if not spec.children else -1)
+        self.pinned_of.append(spec.pinned_id)
+        self.leaves.append(())
+        self.desc.append(())
+        self.ancestors.append(((c,) + self.ancestors[parent]) if parent >= 0 else (c,))
+        kids = tuple(
+            self._add(child, chain, level - 1, c, address, node_cell, node_name)
+            for child in spec.children
+        )
+        self.children[c] = kids
+        if kids:
+            self.leaves[c] = tuple(leaf for k in kids for leaf in self.leaves[k])
+            self.desc[c] = (
+                *(tuple(d for k in kids for d in self.desc[k][i]) for i in range(level - 1)),
+                (c,),
+            )
+        else:
+            self.leaves[c] = (c,)
+            self.desc[c] = ((c,),)
+        return c
+
+    # ------------------------------------------------------------------ helpers
+    def leaf_number(self, c: int) -> int:
+        return len(self.leaves[c])
+
+    def item_label(self, item: int) -> str:
+        it = self.items[item]
+        if it.pinned_id:
+            return it.pinned_id
+        return f"{it.vc}/{self.chains[it.chain].info(it.level).cell_type}/{it.index}"

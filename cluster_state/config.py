@@ -1,0 +1,568 @@
+"""Cluster configuration in HiveD's YAML format: cell types, physical cells, virtual clusters.
+
+Accepted shape (unknown keys, e.g. ``skuTypes``, are ignored as HiveD does)::
+
+    physicalCluster:
+      cellTypes:
+        K80-2GPU:   {childCellType: K80, childCellNumber: 2}
+        K80-NODE:   {childCellType: K80-2GPU, childCellNumber: 2, isNodeLevel: true}
+        3-K80-NODE: {childCellType: K80-NODE, childCellNumber: 3}
+      physicalCells:
+      - cellType: 3-K80-NODE
+        cellChildren:
+        - cellAddress: 10.151.41.20
+        - {cellAddress: 10.151.41.21, pinnedCellId: VC2-K80}
+        - cellAddress: 10.151.41.22
+    virtualClusters:
+      VC1: {virtualCells: [{cellType: 3-K80-NODE.K80-NODE, cellNumber: 1}]}
+      VC2:
+        virtualCells: [{cellType: 3-K80-NODE.K80-NODE, cellNumber: 1}]
+        pinnedCells: [{pinnedCellId: VC2-K80}]
+
+A type name used as a ``childCellType`` but not defined is a *leaf* type (one device). Levels
+count from the leaf (level 1). A *chain* is the type of a top-level physical cell; a virtual cell
+type ``CHAIN.T1.T2`` names the type ``T2`` inside that chain. Omitted children are inferred;
+their addresses follow HiveD: below a node the default child address is
+``parent_default * childCellNumber + i`` restarting at the node (so a leaf's address is its
+device index), above a node the same restarting at the top-level cell, and a top-level cell
+defaults to its index in ``physicalCells``. A node-level cell's address is its node name and
+must be given.
+
+``parse_config`` checks everything HiveD checks at start (plus a few things it does not) and
+raises ``ConfigError`` naming the offending item. ``synthetic_config`` builds DGX-like clusters
+of any size for tests, benchmarks and demos.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster_state.errors import ConfigError
+
+__all__ = [
+    "CellTypeSpec",
+    "ClusterConfig",
+    "PhysicalCellSpec",
+    "VirtualCellSpec",
+    "VirtualClusterSpec",
+    "load_config",
+    "parse_config",
+    "synthetic_config",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellTypeSpec:
+    """One ``cellTypes`` entry: a cell of this type holds ``child_number`` cells of
+    ``child_type``."""
+
+    name: str
+    child_type: str
+    child_number: int
+    is_node_level: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhysicalCellSpec:
+    """One physical cell with its whole (inferred) subtree. ``address`` is this cell's own
+    address component; ``pinned_id`` is "" unless the cell is pinned."""
+
+    cell_type: str
+    address: str
+    pinned_id: str = ""
+    children: tuple[PhysicalCellSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VirtualCellSpec:
+    """``number`` preassigned cells of type ``path[-1]`` in chain ``path[0]``."""
+
+    path: tuple[str, ...]
+    number: int
+
+    @property
+    def chain(self) -> str:
+        return self.path[0]
+
+    @property
+    def cell_type(self) -> str:
+        return self.path[-1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VirtualClusterSpec:
+    name: str
+    virtual_cells: tuple[VirtualCellSpec, ...]
+    pinned_cells: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """A validated configuration. ``cell_types`` and ``virtual_clusters`` are sorted by name;
+    ``physical_cells`` keeps the configured order (it decides default addresses)."""
+
+    cell_types: tuple[CellTypeSpec, ...]
+    physical_cells: tuple[PhysicalCellSpec, ...]
+    virtual_clusters: tuple[VirtualClusterSpec, ...]
+
+    def type_table(self) -> dict[str, CellTypeSpec]:
+        return {t.name: t for t in self.cell_types}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The configuration in HiveD's format, every cell written out (canonical)."""
+
+        def cell(spec: PhysicalCellSpec, top: bool) -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            if top:
+                out["cellType"] = spec.cell_type
+            out["cellAddress"] = spec.address
+            if spec.pinned_id:
+                out["pinnedCellId"] = spec.pinned_id
+            if spec.children:
+                out["cellChildren"] = [cell(child, False) for child in spec.children]
+            return out
+
+        types: dict[str, Any] = {}
+        for t in self.cell_types:
+            entry: dict[str, Any] = {
+                "childCellType": t.child_type,
+                "childCellNumber": t.child_number,
+            }
+            if t.is_node_level:
+                entry["isNodeLevel"] = True
+            types[t.name] = entry
+        vcs: dict[str, Any] = {}
+        for vc in self.virtual_clusters:
+            entry = {
+                "virtualCells": [
+                    {"cellType": ".".join(v.path), "cellNumber": v.number}
+                    for v in vc.virtual_cells
+                ]
+            }
+            if vc.pinned_cells:
+                entry["pinnedCells"] = [{"pinnedCellId": p} for p in vc.pinned_cells]
+            vcs[vc.name] = entry
+        return {
+            "physicalCluster": {
+                "cellTypes": types,
+                "physicalCells": [cell(c, True) for c in self.physical_cells],
+            },
+            "virtualClusters": vcs,
+        }
+
+    def to_yaml(self) -> str:
+        text: str = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        return text
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    """Read and validate a HiveD-format YAML file."""
+    return parse_config(Path(path).read_text())
+
+
+def parse_config(source: str | Mapping[str, Any]) -> ClusterConfig:
+    """Validate a HiveD-format configuration given as YAML text or as the parsed mapping."""
+    if isinstance(source, str):
+        try:
+            source = yaml.safe_load(source)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"configuration is not valid YAML: {exc}") from None
+    root = _mapping(source, "configuration")
+    physical = _mapping(root.get("physicalCluster"), "physicalCluster")
+    types = _parse_cell_types(physical.get("cellTypes"))
+    levels = _check_forest(types)
+    raw_cells = physical.get("physicalCells")
+    if not isinstance(raw_cells, list) or not raw_cells:
+        raise ConfigError("physicalCluster.physicalCells must be a non-empty list")
+    for index, top_raw in enumerate(raw_cells):  # check each chain before building its cells
+        top_type = _mapping(top_raw, f"physicalCells[{index}]").get("cellType")
+        if isinstance(top_type, str) and top_type in types:
+            _check_node_level(top_type, types)
+    builder = _CellBuilder(types)
+    cells = tuple(builder.top(raw, index) for index, raw in enumerate(raw_cells))
+    chains = sorted({c.cell_type for c in cells})
+    vcs = _parse_vcs(root.get("virtualClusters"), types, set(chains), builder.pinned)
+    config = ClusterConfig(
+        cell_types=tuple(types[name] for name in sorted(types)),
+        physical_cells=cells,
+        virtual_clusters=vcs,
+    )
+    for chain in chains:
+        _check_fit(config, chain, types, levels)
+    return config
+
+
+def _mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a mapping")
+    return value
+
+
+def _int(value: object, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _name(value: object, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
+        raise ConfigError(f"{where} must be a non-empty name, not {value!r}")
+    return str(value)
+
+
+def _parse_cell_types(raw: object) -> dict[str, CellTypeSpec]:
+    table = _mapping(raw, "physicalCluster.cellTypes")
+    types: dict[str, CellTypeSpec] = {}
+    for name_raw, spec_raw in table.items():
+        name = _name(name_raw, "a cell type name")
+        where = f"cell type {name}"
+        spec = _mapping(spec_raw, where)
+        node = spec.get("isNodeLevel", False)
+        if not isinstance(node, bool):
+            raise ConfigError(f"{where}: isNodeLevel must be true or false")
+        types[name] = CellTypeSpec(
+            name=name,
+            child_type=_name(spec.get("childCellType"), f"{where}: childCellType"),
+            child_number=_int(spec.get("childCellNumber"), f"{where}: childCellNumber", 1),
+            is_node_level=node,
+        )
+    return types
+
+
+def _check_forest(types: Mapping[str, CellTypeSpec]) -> dict[str, int]:
+    """Every type must reach a leaf type by following child types: no cycles. Returns the
+    level of every type (leaf types are level 1)."""
+    levels: dict[str, int] = {}
+    for name in sorted(types):
+        path = [name]
+        current = name
+        while current in types and current not in levels:
+            current = types[current].child_type
+            if current in path:
+                cycle = " -> ".join([*path[path.index(current):], current])
+                raise ConfigError(f"cell types are not a forest: cycle {cycle}")
+            path.append(current)
+        level = levels.get(current, 1)  # a leaf type, or a type already measured
+        for t in reversed(path[:-1]):
+            level += 1
+            levels[t] = level
+    return levels
+
+
+def _chain_path(chain: str, types: Mapping[str, CellTypeSpec]) -> list[str]:
+    path = [chain]
+    while path[-1] in types:
+        path.append(types[path[-1]].child_type)
+    return path
+
+
+def _check_node_level(chain: str, types: Mapping[str, CellTypeSpec]) -> None:
+    path = _chain_path(chain, types)
+    nodes = [t for t in path if t in types and types[t].is_node_level]
+    if len(nodes) != 1:
+        raise ConfigError(
+            f"physical cell chain {chain}: {len(nodes)} node-level types on "
+            f"{' -> '.join(path)} (need exactly one isNodeLevel type)"
+        )
+
+
+class _CellBuilder:
+    """Infers omitted children and addresses, and checks addresses and pinned ids."""
+
+    def __init__(self, types: Mapping[str, CellTypeSpec]) -> None:
+        self.types = types
+        self.pinned: dict[str, tuple[str, str]] = {}  # pinned id -> (chain, full address)
+        self.nodes: dict[tuple[str, str], str] = {}  # (leaf type, node name) -> full address
+        self.addresses: set[str] = set()
+
+    def top(self, raw: object, index: int) -> PhysicalCellSpec:
+        where = f"physicalCells[{index}]"
+        spec = _mapping(raw, where)
+        cell_type = spec.get("cellType")
+        if cell_type is None:
+            raise ConfigError(f"{where}: cellType is required for a top-level physical cell")
+        cell_type = _name(cell_type, f"{where}: cellType")
+        if cell_type not in self.types:
+            raise ConfigError(f"{where}: unknown cell type {cell_type!r}")
+        return self._cell(spec, cell_type, cell_type, index, (), where, below_node=False)
+
+    def _cell(
+        self,
+        spec: Mapping[str, Any],
+        cell_type: str,
+        chain: str,
+        default: int,
+        parents: tuple[str, ...],
+        where: str,
+        below_node: bool,
+    ) -> PhysicalCellSpec:
+        raw_address = spec.get("cellAddress")
+        address = (
+            str(default) if raw_address is None else _name(raw_address, f"{where}: cellAddress")
+        )
+        if "/" in address:
+            raise ConfigError(f"{where}: cellAddress {address!r} must not contain '/'")
+        path = (*parents, address)
+        full = "/".join(path)
+        declared = spec.get("cellType")
+        if declared is not None and str(declared) != cell_type:
+            raise ConfigError(
+                f"physical cell {full}: cellType {declared!r} is not the child type "
+                f"{cell_type!r} of its parent (unknown child type)"
+            )
+        where = f"physical cell {full} ({cell_type})"
+        if full in self.addresses:
+            raise ConfigError(f"{where}: duplicate cell address {full}")
+        self.addresses.add(full)
+        pinned = spec.get("pinnedCellId")
+        pinned_id = "" if pinned is None else _name(pinned, f"{where}: pinnedCellId")
+        if pinned_id:
+            if pinned_id in self.pinned:
+                raise ConfigError(
+                    f"{where}: duplicate pinnedCellId {pinned_id!r} "
+                    f"(also on {self.pinned[pinned_id][1]})"
+                )
+            self.pinned[pinned_id] = (chain, full)
+        children_raw = spec.get("cellChildren")
+        if cell_type not in self.types:  # a leaf: one device; its address is the device index
+            if children_raw:
+                raise ConfigError(f"{where}: a leaf cell has no cellChildren")
+            if not address.isdigit():
+                raise ConfigError(f"{where}: a leaf cell's address must be its device index")
+            return PhysicalCellSpec(cell_type=cell_type, address=address, pinned_id=pinned_id)
+        type_spec = self.types[cell_type]
+        if type_spec.is_node_level:
+            if raw_address is None:
+                raise ConfigError(f"{where}: a node-level cell needs a cellAddress (its node name)")
+            leaf = _chain_path(cell_type, self.types)[-1]
+            key = (leaf, address)
+            if key in self.nodes:
+                raise ConfigError(
+                    f"{where}: duplicate node address {address} for leaf type {leaf} "
+                    f"(also {self.nodes[key]})"
+                )
+            self.nodes[key] = full
+        number = type_spec.child_number
+        if children_raw is None:
+            children_raw = [{}] * number
+        if not isinstance(children_raw, list) or len(children_raw) != number:
+            raise ConfigError(
+                f"{where}: cellChildren must list exactly {number} cells "
+                f"(childCellNumber of {cell_type})"
+            )
+        # Default child addresses restart at the top-level cell and at the node.
+        base = 0 if (not parents or type_spec.is_node_level) else default
+        children = []
+        seen: set[str] = set()
+        for i, child_raw in enumerate(children_raw):
+            child_spec = _mapping({} if child_raw is None else child_raw, f"{where}: child {i}")
+            child = self._cell(
+                child_spec,
+                type_spec.child_type,
+                chain,
+                base * number + i,
+                path,
+                f"{where}: child {i}",
+                below_node or type_spec.is_node_level,
+            )
+            if child.address in seen:
+                raise ConfigError(f"{where}: duplicate child address {child.address}")
+            seen.add(child.address)
+            children.append(child)
+        return PhysicalCellSpec(
+            cell_type=cell_type, address=address, pinned_id=pinned_id, children=tuple(children)
+        )
+
+
+def _parse_vcs(
+    raw: object,
+    types: Mapping[str, CellTypeSpec],
+    chains: set[str],
+    pinned: Mapping[str, tuple[str, str]],
+) -> tuple[VirtualClusterSpec, ...]:
+    table = _mapping({} if raw is None else raw, "virtualClusters")
+    owner: dict[str, str] = {}
+    out = []
+    for name_raw in table:
+        name = _name(name_raw, "a virtual cluster name")
+        where = f"virtual cluster {name}"
+        spec = _mapping(table[name_raw] if table[name_raw] is not None else {}, where)
+        merged: dict[tuple[str, ...], int] = {}
+        cells_raw = spec.get("virtualCells") or []
+        if not isinstance(cells_raw, list):
+            raise ConfigError(f"{where}: virtualCells must be a list")
+        for i, cell_raw in enumerate(cells_raw):
+            cell = _mapping(cell_raw, f"{where}: virtualCells[{i}]")
+            type_name = _name(cell.get("cellType"), f"{where}: virtualCells[{i}].cellType")
+            path = tuple(type_name.split("."))
+            if path[0] not in chains:
+                raise ConfigError(
+                    f"{where}: virtual cell type {type_name!r} must begin with a chain "
+                    f"(a top-level physical cell type: {', '.join(sorted(chains))})"
+                )
+            for parent, child in itertools.pairwise(path):
+                if parent not in types or types[parent].child_type != child:
+                    raise ConfigError(
+                        f"{where}: virtual cell type {type_name!r} is not a path of the cell "
+                        f"hierarchy ({child} is not the child type of {parent})"
+                    )
+            number = _int(cell.get("cellNumber"), f"{where}: {type_name} cellNumber", 0)
+            if number:
+                merged[path] = merged.get(path, 0) + number
+        pins_raw = spec.get("pinnedCells") or []
+        if not isinstance(pins_raw, list):
+            raise ConfigError(f"{where}: pinnedCells must be a list")
+        pins = []
+        for i, pin_raw in enumerate(pins_raw):
+            pin = _name(
+                _mapping(pin_raw, f"{where}: pinnedCells[{i}]").get("pinnedCellId"),
+                f"{where}: pinnedCells[{i}].pinnedCellId",
+            )
+            if pin not in pinned:
+                raise ConfigError(f"{where}: unknown pinnedCellId {pin!r}")
+            if pin in owner:
+                raise ConfigError(
+                    f"{where}: pinnedCellId {pin!r} is already used by virtual cluster {owner[pin]}"
+                )
+            owner[pin] = name
+            pins.append(pin)
+        cells = tuple(
+            VirtualCellSpec(path=path, number=number) for path, number in sorted(merged.items())
+        )
+        out.append(
+            VirtualClusterSpec(name=name, virtual_cells=cells, pinned_cells=tuple(sorted(pins)))
+        )
+    return tuple(sorted(out, key=lambda vc: vc.name))
+
+
+def _check_fit(
+    config: ClusterConfig, chain: str, types: Mapping[str, CellTypeSpec], levels: Mapping[str, int]
+) -> None:
+    """HiveD's initial feasibility check (``initCellNums``), after binding pinned cells:
+    going down the chain, the cells left over at a level are split for the levels below."""
+    top = levels[chain]
+    free = [0] * (top + 1)  # free[l]: maximal cells at level l that hold no pinned cell
+    pinned_ids = {p for vc in config.virtual_clusters for p in vc.pinned_cells}
+
+    def walk(cell: PhysicalCellSpec, level: int) -> bool:
+        """Counts the maximal pin-free pieces under ``cell``; True if it holds a pinned cell."""
+        if cell.pinned_id in pinned_ids:
+            return True
+        pins = [walk(child, level - 1) for child in cell.children]
+        if not any(pins):
+            return False
+        free[level - 1] += pins.count(False)
+        return True
+
+    for cell in config.physical_cells:
+        if cell.cell_type == chain and not walk(cell, top):
+            free[top] += 1
+    demand = [0] * (top + 1)
+    for vc in config.virtual_clusters:
+        for v in vc.virtual_cells:
+            if v.chain == chain:
+                demand[levels.get(v.cell_type, 1)] += v.number
+    path = _chain_path(chain, types)  # path[i] has level top - i
+    surplus = 0
+    for level in range(top, 0, -1):
+        child_number = types[path[top - level - 1]].child_number if level < top else 0
+        available = free[level] + surplus * child_number
+        surplus = available - demand[level]
+        if surplus < 0:
+            raise ConfigError(
+                f"virtual clusters do not fit in chain {chain} at level {level} "
+                f"({path[top - level]}): they claim {demand[level]} cells, "
+                f"{available} are obtainable"
+            )
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def synthetic_config(
+    *,
+    nodes: int = 1024,
+    gpus_per_node: int = 8,
+    nodes_per_rack: int = 8,
+    vcs: int = 16,
+    pinned: int = 0,
+    leaf_type: str = "V100",
+) -> ClusterConfig:
+    """A DGX-like cluster: ``nodes`` nodes of ``gpus_per_node`` leaves in racks of
+    ``nodes_per_rack``, one chain ``<leaf>-RACK``, shared by ``vcs`` virtual clusters.
+
+    Inside a node the leaves are paired up level by level while the count stays even (8 GPUs:
+    2-GPU switches, 4-GPU sockets, node). Each VC is promised an equal share of the nodes
+    (``nodes // vcs``): about half of it as whole racks, the rest as single nodes, one of which
+    is given as two half-node cells where the hierarchy has them. The first ``pinned`` VCs get
+    one node of their share as a pinned cell ``<vc>-PIN`` (taken from the last racks).
+    """
+    if min(nodes, gpus_per_node, nodes_per_rack, vcs) < 1 or pinned < 0:
+        raise ConfigError("synthetic_config: sizes must be positive")
+    if nodes % nodes_per_rack:
+        raise ConfigError(f"synthetic_config: {nodes} nodes do not fill racks of {nodes_per_rack}")
+    share = nodes // vcs
+    if share < 1 or pinned > vcs or pinned > share * vcs:
+        raise ConfigError(f"synthetic_config: {nodes} nodes cannot be shared by {vcs} VCs")
+    types: dict[str, Any] = {}
+    child, size, half = leaf_type, 1, ""
+    while gpus_per_node % (size * 2) == 0 and size * 2 < gpus_per_node:
+        name = f"{leaf_type}-{size * 2}GPU"
+        types[name] = {"childCellType": child, "childCellNumber": 2}
+        child, size = name, size * 2
+    if size * 2 == gpus_per_node:
+        half = child
+    node_type, rack_type = f"{leaf_type}-NODE", f"{leaf_type}-RACK"
+    types[node_type] = {
+        "childCellType": child,
+        "childCellNumber": gpus_per_node // size,
+        "isNodeLevel": True,
+    }
+    types[rack_type] = {"childCellType": node_type, "childCellNumber": nodes_per_rack}
+    names = [f"vc{k:02d}" for k in range(vcs)]
+    pins = {nodes - 1 - k: names[k] for k in range(pinned)}
+    racks = []
+    for r in range(nodes // nodes_per_rack):
+        children = []
+        for i in range(nodes_per_rack):
+            n = r * nodes_per_rack + i
+            node: dict[str, Any] = {"cellAddress": f"node{n:04d}"}
+            if n in pins:
+                node["pinnedCellId"] = f"{pins[n]}-PIN"
+            children.append(node)
+        racks.append(
+            {"cellType": rack_type, "cellAddress": f"rack{r:03d}", "cellChildren": children}
+        )
+    virtual: dict[str, Any] = {}
+    for k, name in enumerate(names):
+        remaining = share - (1 if k < pinned else 0)
+        whole_racks = remaining // nodes_per_rack // 2
+        remaining -= whole_racks * nodes_per_rack
+        halves = 2 if half and remaining >= 2 else 0
+        remaining -= halves // 2
+        cells = []
+        if whole_racks:
+            cells.append({"cellType": rack_type, "cellNumber": whole_racks})
+        if remaining:
+            cells.append({"cellType": f"{rack_type}.{node_type}", "cellNumber": remaining})
+        if halves:
+            cells.append({"cellType": f"{rack_type}.{node_type}.{half}", "cellNumber": halves})
+        entry: dict[str, Any] = {"virtualCells": cells}
+        if k < pinned:
+            entry["pinnedCells"] = [{"pinnedCellId": f"{name}-PIN"}]
+        virtual[name] = entry
+    return parse_config(
+        {
+            "physicalCluster": {"cellTypes": types, "physicalCells": racks},
+            "virtualClusters": virtual,
+        }
+    )

@@ -1,0 +1,68 @@
+"""The exception hierarchy of the ``cluster_state`` package.
+
+::
+
+    ClusterStateError
+    ├── ConfigError         the cluster configuration is invalid (the message names the item)
+    ├── RequestError        an operation is invalid; the store answers ``["error", reason]``
+    │                       and changes nothing
+    ├── SnapshotError       snapshot bytes that this store cannot restore
+    └── EventsCompacted     a watcher asked for events older than the store still keeps
+
+A replicated state machine must never raise out of ``apply``: ``RequestError`` is raised
+inside the allocator and turned into an error result by the store, and nothing else is
+expected to escape (anything that does is a bug, not a user error).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterStateError",
+    "ConfigError",
+    "EventsCompacted",
+    "RequestError",
+    "SnapshotError",
+]
+
+
+class ClusterStateError(Exception):
+    """Base class of every error this package raises."""
+
+
+class ConfigError(ClusterStateError, ValueError):
+    """The cluster configuration is invalid; the message names the offending item."""
+
+
+class RequestError(ClusterStateError, ValueError):
+    """An operation is malformed or names something that does not exist.
+
+    ``static`` is true when the verdict depends only on the op bytes and the configuration
+    (not on the allocation state), so re-executing a retry yields the same error; the store
+    then does not spend a session slot on it.
+    """
+
+    def __init__(self, reason: str, *, static: bool = True) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.static = static
+
+
+class SnapshotError(ClusterStateError, ValueError):
+    """Snapshot bytes are malformed or were taken with a different configuration."""
+
+
+class EventsCompacted(ClusterStateError):
+    """The events after ``revision`` are partly gone; the watcher must re-read the state.
+
+    ``oldest`` is the smallest revision a watcher may still resume from.
+    """
+
+    def __init__(self, revision: int, oldest: int) -> None:
+        super().__init__(
+            f"events after revision {revision} were compacted (resume from >= {oldest})"
+        )
+        self.revision = revision
+        self.oldest = oldest
+
+    def __reduce__(self) -> tuple[type[EventsCompacted], tuple[int, int]]:
+        return (type(self), (self.revision, self.oldest))

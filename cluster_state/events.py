@@ -1,0 +1,91 @@
+"""The watch stream: a bounded, in-memory list of change events with revisions.
+
+Each event records one change an applied operation made, tagged with the operation's global
+log position (its *revision*); one operation may emit several events with the same revision.
+``events_since(r)`` returns every kept event with revision > ``r``; once older events have
+been dropped to respect the bound, a watcher that is further behind gets ``EventsCompacted``
+and must re-read the state (as with etcd's compacted watch revisions).
+
+Kinds and data:
+
+=================  =======================  ===============================================
+kind               subject                  data
+=================  =======================  ===============================================
+``placed``         group                    ``[chain, pods, token]`` (as the placed result)
+``preempting``     group                    ``[victim, ...]``
+``downgraded``     group (lazily preempted) ``[preemptor]``
+``cancelled``      group (a preemptor)      ``[reason]``
+``released``       group                    ``[]``
+``node_health``    node                     ``[healthy]``
+=================  =======================  ===============================================
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from cluster_state.errors import EventsCompacted
+
+__all__ = ["ChangeEvent", "EventLog"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    revision: int
+    kind: str
+    subject: str
+    data: tuple[Any, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.revision, self.kind, self.subject, list(self.data)]
+
+    @classmethod
+    def from_wire(cls, wire: list[Any]) -> ChangeEvent:
+        revision, kind, subject, data = wire
+        return cls(int(revision), str(kind), str(subject), tuple(data))
+
+
+class EventLog:
+    """At most ``limit`` events; ``floor`` is the revision a watcher must have seen at least
+    (every event with a revision above it is still here)."""
+
+    __slots__ = ("events", "floor", "limit")
+
+    def __init__(self, limit: int = 4096) -> None:
+        if limit < 1:
+            raise ValueError("the event log needs room for at least one event")
+        self.limit = limit
+        self.events: deque[ChangeEvent] = deque()
+        self.floor = -1
+
+    def append(self, event: ChangeEvent) -> None:
+        self.events.append(event)
+        while len(self.events) > self.limit:
+            dropped = self.events.popleft()
+            # A watcher that saw revision R needs nothing at or below R; one still behind
+            # the dropped event's revision would miss it.
+            self.floor = dropped.revision
+
+    def since(self, revision: int) -> list[ChangeEvent]:
+        if revision < self.floor:
+            raise EventsCompacted(revision, self.floor)
+        if not self.events or self.events[-1].revision <= revision:
+            return []
+        # Events are in revision order; scan back from the newest (watchers are usually near).
+        out = []
+        for event in reversed(self.events):
+            if event.revision <= revision:
+                break
+            out.append(event)
+        out.reverse()
+        return out
+
+    def to_state(self) -> list[Any]:
+        return [self.floor, [e.to_wire() for e in self.events]]
+
+    def load_state(self, state: list[Any]) -> None:
+        floor, events = state
+        self.floor = int(floor)
+        self.events = deque(ChangeEvent.from_wire(e) for e in events)

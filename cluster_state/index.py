@@ -1,0 +1,251 @@
+"""Per-cell counters and the free-capacity indexes, kept exact on every leaf change.
+
+A leaf is in exactly one *category*: bad (its node is unhealthy), free (healthy, no user, no
+reservation), or used at its *effective priority* ``eff`` (the higher of its user's and its
+reserving preemptor's priority; -1 for opportunistic use). Every cell keeps, over its leaves:
+
+* ``free_n[c]``  — free leaves (what a request that preempts nothing may take);
+* ``hist[c]``    — effective priority -> count of used healthy leaves (what a request at
+  priority p may take on top: counts with key < p);
+* ``bad_n[c]``   — bad leaves (a cell is bad iff this is non-zero).
+
+The **indexes** answer "which cells at level l have at least n free leaves, fewest first, then
+lowest id" without scanning: per index and level, ``buckets[count]`` is a sorted list of the
+cells with exactly that many free leaves (cells with none are not listed). Index ``chain`` holds
+every cell of a chain at level >= 2 (opportunistic placement); index ``n_chains + key`` holds
+the cells inside the items bound under placement key ``key`` (guaranteed placement inside a
+VC), including a bound item's own cell even at level 1; index ``region(chain)`` holds the
+cells of the chain's *free region* (no item bound in, under or above them), where opportunistic
+groups go first. Buckets are sorted lists, not insertion ordered, so the order is a function of
+the state alone and a store rebuilt from a snapshot makes the same choices as one that never
+restarted.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from itertools import chain as iterate_all
+
+from cluster_state.cells import Topology
+
+__all__ = ["FREE", "CellState"]
+
+#: The effective priority of a free leaf (HiveD's "free" priority).
+FREE = -2
+
+
+class CellState:
+    __slots__ = (
+        "bad",
+        "bad_n",
+        "buckets",
+        "chain_bad",
+        "eff",
+        "free_n",
+        "hist",
+        "in_region",
+        "item_of",
+        "key_of_item",
+        "n_chains",
+        "n_keys",
+        "owner",
+        "reserver",
+        "rev",
+        "topo",
+    )
+
+    def __init__(self, topo: Topology) -> None:
+        self.topo = topo
+        n = topo.size
+        self.free_n: list[int] = [len(leaves) for leaves in topo.leaves]
+        self.hist: list[dict[int, int]] = [{} for _ in range(n)]
+        self.bad_n: list[int] = [0] * n
+        self.item_of: list[int] = [-1] * n  # the bound item whose cell holds c, or -1
+        self.key_of_item: list[int] = [item.key for item in topo.items]
+        # leaf state (indexed by cell id; meaningful for leaves only)
+        self.owner: list[str | None] = [None] * n
+        self.reserver: list[str | None] = [None] * n
+        self.eff: list[int] = [FREE] * n
+        self.bad: list[bool] = [False] * n
+        self.rev: list[int] = [-1] * n  # revision of the leaf's last change
+        self.chain_bad: list[int] = [0] * len(topo.chains)  # bad leaves per chain
+        self.in_region: list[bool] = [True] * n  # in the free region (see the docstring)
+        self.n_chains = len(topo.chains)
+        self.n_keys = len(topo.key_chain)
+        self.buckets: list[list[list[list[int]]]] = []
+        index_chains = [*range(self.n_chains), *topo.key_chain, *range(self.n_chains)]
+        for chain in index_chains:
+            levels = topo.chains[chain].levels
+            self.buckets.append([[[] for _ in range(i.leaf_number + 1)] for i in levels])
+        level, chain_of = topo.level, topo.chain_of
+        for c in range(n):  # ids ascend, so appending keeps every bucket sorted
+            if level[c] >= 2:
+                self.buckets[chain_of[c]][level[c] - 1][self.free_n[c]].append(c)
+                self.buckets[self.region(chain_of[c])][level[c] - 1][self.free_n[c]].append(c)
+
+    # ------------------------------------------------------------------ queries
+    def region(self, chain: int) -> int:
+        """The index of ``chain``'s free region."""
+        return self.n_chains + self.n_keys + chain
+
+    def avail(self, c: int, threshold: int | None) -> int:
+        """Leaves of ``c`` a request may take: free ones, plus (``threshold`` = its priority)
+        healthy ones whose effective priority is strictly lower."""
+        n = self.free_n[c]
+        if threshold is not None:
+            for prio, count in self.hist[c].items():
+                if prio < threshold:
+                    n += count
+        return n
+
+    def candidates(self, index: int, level: int, need: int) -> Iterator[int]:
+        """Cells of ``index`` at ``level`` with at least ``need`` free leaves: fewest free
+        first (best fit), then lowest id. Do not change the state while iterating."""
+        buckets = self.buckets[index][level - 1]
+        for count in range(max(need, 1), len(buckets)):
+            yield from buckets[count]
+
+    # ------------------------------------------------------------------ updates
+    def _move(self, c: int, old: int, new: int) -> None:
+        topo = self.topo
+        level = topo.level[c]
+        if level >= 2:
+            chain = topo.chain_of[c]
+            self._rebucket(self.buckets[chain][level - 1], c, old, new)
+            if self.in_region[c]:
+                self._rebucket(self.buckets[self.region(chain)][level - 1], c, old, new)
+        item = self.item_of[c]
+        if item >= 0 and (level >= 2 or topo.parent[c] < 0 or self.item_of[topo.parent[c]] != item):
+            index = self.n_chains + self.key_of_item[item]
+            self._rebucket(self.buckets[index][level - 1], c, old, new)
+
+    @staticmethod
+    def _rebucket(buckets: list[list[int]], c: int, old: int, new: int) -> None:
+        if old:
+            bucket = buckets[old]
+            del bucket[bisect_left(bucket, c)]
+        if new:
+            insort(buckets[new], c)
+
+    def set_leaves(self, leaves: Sequence[int], effs: Sequence[int], rev: int) -> None:
+        """Give ``leaves[i]`` effective priority ``effs[i]`` (``FREE`` for free) and stamp
+        them with ``rev``; counters and indexes of every ancestor follow, each moved once."""
+        eff, bad, ancestors, stamp = self.eff, self.bad, self.topo.ancestors, self.rev
+        moves: dict[tuple[int, int], list[int]] = {}  # (old, new) -> healthy leaves
+        for leaf, new in zip(leaves, effs, strict=True):
+            stamp[leaf] = rev
+            old = eff[leaf]
+            if old != new:
+                eff[leaf] = new
+                if not bad[leaf]:  # a bad leaf counts only in bad_n, whatever its priority
+                    moves.setdefault((old, new), []).append(leaf)
+        if not moves:
+            return
+        free_delta: dict[int, int] = {}
+        hist = self.hist
+        for (old, new), moved in moves.items():
+            # How many moved leaves each ancestor holds (counted in C, not leaf by leaf).
+            under = Counter(iterate_all.from_iterable(ancestors[leaf] for leaf in moved))
+            for a, n in under.items():
+                if old == FREE:
+                    free_delta[a] = free_delta.get(a, 0) - n
+                else:
+                    h = hist[a]
+                    left = h[old] - n
+                    if left:
+                        h[old] = left
+                    else:
+                        del h[old]
+                if new == FREE:
+                    free_delta[a] = free_delta.get(a, 0) + n
+                else:
+                    h = hist[a]
+                    h[new] = h.get(new, 0) + n
+        free_n = self.free_n
+        for c, d in free_delta.items():
+            if d:
+                old_free = free_n[c]
+                free_n[c] = old_free + d
+                self._move(c, old_free, old_free + d)
+
+    def set_bad(self, leaves: Sequence[int], is_bad: bool, rev: int) -> None:
+        """Mark ``leaves`` bad (or healthy again); their priorities are kept."""
+        free_delta: dict[int, int] = {}
+        hist_delta: dict[int, dict[int, int]] = {}
+        sign = 1 if is_bad else -1
+        for leaf in leaves:
+            if self.bad[leaf] == is_bad:
+                continue
+            self.bad[leaf] = is_bad
+            self.rev[leaf] = rev
+            self.chain_bad[self.topo.chain_of[leaf]] += sign
+            prio = self.eff[leaf]
+            for a in self.topo.ancestors[leaf]:
+                self.bad_n[a] += sign
+                if prio == FREE:
+                    free_delta[a] = free_delta.get(a, 0) - sign
+                else:
+                    h = hist_delta.setdefault(a, {})
+                    h[prio] = h.get(prio, 0) - sign
+        self._apply(free_delta, hist_delta)
+
+    def _apply(self, free_delta: dict[int, int], hist_delta: dict[int, dict[int, int]]) -> None:
+        free_n = self.free_n
+        for c, d in free_delta.items():
+            if d:
+                old = free_n[c]
+                free_n[c] = old + d
+                self._move(c, old, old + d)
+        hist = self.hist
+        for c, changes in hist_delta.items():
+            h = hist[c]
+            for prio, d in changes.items():
+                if d:
+                    v = h.get(prio, 0) + d
+                    if v:
+                        h[prio] = v
+                    else:
+                        del h[prio]
+
+    def set_region(self, cells: Sequence[int], inside: bool) -> None:
+        """``cells`` enter (or leave) the free region."""
+        in_region, free_n, level, chain_of = (
+            self.in_region,
+            self.free_n,
+            self.topo.level,
+            self.topo.chain_of,
+        )
+        for c in cells:
+            if in_region[c] == inside:
+                continue
+            in_region[c] = inside
+            if level[c] >= 2 and free_n[c]:
+                bucket = self.buckets[self.region(chain_of[c])][level[c] - 1][free_n[c]]
+                if inside:
+                    insort(bucket, c)
+                else:
+                    del bucket[bisect_left(bucket, c)]
+
+    def mark_item(self, root: int, item: int) -> None:
+        """The cells under ``root`` now belong to bound item ``item``: list them in its key's
+        index (a level-1 cell only when it is the item's own cell)."""
+        buckets = self.buckets[self.n_chains + self.key_of_item[item]]
+        free_n, item_of = self.free_n, self.item_of
+        for level, cells in enumerate(self.topo.desc[root], start=1):
+            for c in cells:
+                item_of[c] = item
+                if (level >= 2 or c == root) and free_n[c]:
+                    insort(buckets[level - 1][free_n[c]], c)
+
+    def unmark_item(self, root: int) -> None:
+        item = self.item_of[root]
+        buckets = self.buckets[self.n_chains + self.key_of_item[item]]
+        free_n, item_of = self.free_n, self.item_of
+        for level, cells in enumerate(self.topo.desc[root], start=1):
+            for c in cells:
+                item_of[c] = -1
+                if (level >= 2 or c == root) and free_n[c]:
+                    bucket = buckets[level - 1][free_n[c]]
+                    del bucket[bisect_left(bucket, c)]

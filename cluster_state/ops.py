@@ -1,0 +1,477 @@
+"""Operations and results of the allocation store: msgpack arrays, builders, typed views.
+
+Writes (``Command.op`` of a logged command; build them with the functions below):
+
+=============================================================  ===================================
+op                                                             result
+=============================================================  ===================================
+``["submit", group]``                                          ``placed`` | ``preempting`` |
+                                                               ``waiting`` | ``error``
+``["bind", group, [[node, [device, ...]], ...], revision]``    ``placed`` | ``conflict`` |
+                                                               ``error``
+``["release", name]``                                          ``["released", name, [promoted]]``
+``["node_health", node, healthy]``                             ``["node_health", node, healthy,
+                                                               changed, [cancelled]]``
+=============================================================  ===================================
+
+where ``group`` is ``[name, vc, priority, [[pod_number, leaf_cell_number], ...], leaf_type,
+pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" for "any" /
+"none"). Results:
+
+* ``["placed", name, chain, [[leaf_cell_number, node, [device, ...]], ...], token]`` — one
+  entry per pod, members in the order given, ``pod_number`` pods each; ``token`` is the global
+  log position the allocation took effect at (a fencing token: it only grows).
+* ``["preempting", name, [victim, ...]]`` — the group reserved its cells; it is placed (an
+  event, and a ``placed`` answer to a repeated submit) once every victim is released.
+* ``["waiting", name, reason]`` — nothing changed; submit again later.
+* ``["conflict", name, reason]`` — a ``bind`` whose cells changed after ``revision`` or are
+  not free; nothing changed.
+* ``["error", reason]`` — invalid request; nothing changed.
+
+Reads (``ClusterStore.query``): ``["group", name]``, ``["vc", name]``, ``["summary"]``,
+``["groups", vc_or_empty]``; each answers ``[kind, revision, info]`` with ``info`` a map
+(``None`` for an unknown group).
+
+The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
+``encode_result``/``decode_result`` pair converts the typed results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from cluster_state.errors import RequestError
+
+__all__ = [
+    "MAX_NAME",
+    "MAX_PODS",
+    "MAX_PRIORITY",
+    "OPPORTUNISTIC",
+    "Bind",
+    "Conflict",
+    "Error",
+    "GetGroup",
+    "GetSummary",
+    "GetVC",
+    "GroupSpec",
+    "ListGroups",
+    "Member",
+    "NodeHealthSet",
+    "Op",
+    "Placed",
+    "PodPlacement",
+    "Preempting",
+    "Query",
+    "Release",
+    "Released",
+    "Result",
+    "SetNodeHealth",
+    "Submit",
+    "Waiting",
+    "bind",
+    "decode_op",
+    "decode_query",
+    "decode_result",
+    "encode_result",
+    "get_group",
+    "get_summary",
+    "get_vc",
+    "list_groups",
+    "release",
+    "set_node_health",
+    "submit",
+]
+
+#: Priority of an opportunistic group; guaranteed groups use 0..MAX_PRIORITY.
+OPPORTUNISTIC = -1
+MAX_PRIORITY = 1000
+#: Upper bounds that keep one op's work bounded.
+MAX_PODS = 4096
+MAX_NAME = 256
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """``pods`` pods of ``leaves`` leaf cells each (HiveD: podNumber, leafCellNumber)."""
+
+    pods: int
+    leaves: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupSpec:
+    """An affinity group (gang): every member pod is placed at once, in one chain."""
+
+    name: str
+    vc: str
+    priority: int
+    members: tuple[Member, ...]
+    leaf_type: str = ""
+    pinned: str = ""
+    lazy: bool = False
+
+    @property
+    def pod_sizes(self) -> list[int]:
+        """Leaf cells per pod, members in order, each repeated ``pods`` times."""
+        return [m.leaves for m in self.members for _ in range(m.pods)]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.name,
+            self.vc,
+            self.priority,
+            [[m.pods, m.leaves] for m in self.members],
+            self.leaf_type,
+            self.pinned,
+            self.lazy,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    node: str
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    spec: GroupSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Place ``spec`` exactly at ``pods`` (one per pod, in ``pod_sizes`` order), provided no
+    leaf involved changed after ``revision``."""
+
+    spec: GroupSpec
+    pods: tuple[PodPlacement, ...]
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetNodeHealth:
+    node: str
+    healthy: bool
+
+
+Op = Submit | Bind | Release | SetNodeHealth
+
+
+@dataclass(frozen=True, slots=True)
+class GetGroup:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetVC:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetSummary:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroups:
+    vc: str = ""
+
+
+Query = GetGroup | GetVC | GetSummary | ListGroups
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    group: str
+    chain: str
+    pods: tuple[tuple[int, str, tuple[int, ...]], ...]  # (leaf cells, node, devices)
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempting:
+    group: str
+    victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    group: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    group: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    group: str
+    promoted: tuple[str, ...]  # preemptors that got placed because this group left
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealthSet:
+    node: str
+    healthy: bool
+    changed: bool
+    cancelled: tuple[str, ...]  # preempting groups cancelled because the node went bad
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    reason: str
+
+
+Result = Placed | Preempting | Waiting | Conflict | Released | NodeHealthSet | Error
+
+
+def encode_result(result: Result) -> bytes:
+    wire: list[Any]
+    match result:
+        case Placed(group, chain, pods, token):
+            placement = [[n, node, list(devs)] for n, node, devs in pods]
+            wire = ["placed", group, chain, placement, token]
+        case Preempting(group, victims):
+            wire = ["preempting", group, list(victims)]
+        case Waiting(group, reason):
+            wire = ["waiting", group, reason]
+        case Conflict(group, reason):
+            wire = ["conflict", group, reason]
+        case Released(group, promoted):
+            wire = ["released", group, list(promoted)]
+        case NodeHealthSet(node, healthy, changed, cancelled):
+            wire = ["node_health", node, healthy, changed, list(cancelled)]
+        case Error(reason):
+            wire = ["error", reason]
+    return _pack(wire)
+
+
+def decode_result(data: bytes) -> Result:
+    """The typed result of ``ClusterStore.apply`` bytes (for clients)."""
+    r = msgpack.unpackb(data)
+    match r:
+        case ["placed", str(group), str(chain), list(pods), int(token)]:
+            return Placed(group, chain, tuple((n, node, tuple(d)) for n, node, d in pods), token)
+        case ["preempting", str(group), list(victims)]:
+            return Preempting(group, tuple(victims))
+        case ["waiting", str(group), str(reason)]:
+            return Waiting(group, reason)
+        case ["conflict", str(group), str(reason)]:
+            return Conflict(group, reason)
+        case ["released", str(group), list(promoted)]:
+            return Released(group, tuple(promoted))
+        case ["node_health", str(node), bool(healthy), bool(changed), list(cancelled)]:
+            return NodeHealthSet(node, healthy, changed, tuple(cancelled))
+        case ["error", str(reason)]:
+            return Error(reason)
+        case ["expired"]:
+            return Error("expired: the request ran long ago and its result is forgotten")
+    raise ValueError(f"not a cluster_state result: {r!r}")
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _pack(value: object) -> bytes:
+    packed: bytes = msgpack.packb(value)
+    return packed
+
+
+def _spec(
+    name: str,
+    vc: str,
+    priority: int,
+    members: list[tuple[int, int]] | tuple[tuple[int, int], ...] | tuple[Member, ...],
+    leaf_type: str,
+    pinned: str,
+    lazy: bool,
+) -> list[Any]:
+    pairs = [[m.pods, m.leaves] if isinstance(m, Member) else [m[0], m[1]] for m in members]
+    return [name, vc, priority, pairs, leaf_type, pinned, lazy]
+
+
+def submit(
+    name: str,
+    vc: str,
+    priority: int,
+    members: list[tuple[int, int]] | tuple[tuple[int, int], ...] | tuple[Member, ...],
+    *,
+    leaf_type: str = "",
+    pinned: str = "",
+    lazy: bool = False,
+) -> bytes:
+    """Submit affinity group ``name``: ``members`` are ``(pod_number, leaf_cell_number)``."""
+    return _pack(["submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)])
+
+
+def bind(
+    name: str,
+    vc: str,
+    priority: int,
+    members: list[tuple[int, int]] | tuple[tuple[int, int], ...] | tuple[Member, ...],
+    pods: list[tuple[str, list[int]]] | tuple[PodPlacement, ...],
+    revision: int,
+    *,
+    leaf_type: str = "",
+    pinned: str = "",
+    lazy: bool = False,
+) -> bytes:
+    """Place group ``name`` exactly at ``pods`` (``(node, [device, ...])`` per pod) unless a
+    leaf involved changed after ``revision`` (read it from a query)."""
+    placement = [
+        [p.node, list(p.devices)] if isinstance(p, PodPlacement) else [p[0], list(p[1])]
+        for p in pods
+    ]
+    spec = _spec(name, vc, priority, members, leaf_type, pinned, lazy)
+    return _pack(["bind", spec, placement, revision])
+
+
+def release(name: str) -> bytes:
+    return _pack(["release", name])
+
+
+def set_node_health(node: str, healthy: bool) -> bytes:
+    return _pack(["node_health", node, healthy])
+
+
+def get_group(name: str) -> bytes:
+    return _pack(["group", name])
+
+
+def get_vc(name: str) -> bytes:
+    return _pack(["vc", name])
+
+
+def get_summary() -> bytes:
+    return _pack(["summary"])
+
+
+def list_groups(vc: str = "") -> bytes:
+    return _pack(["groups", vc])
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _unpack(data: bytes) -> list[Any]:
+    try:
+        value = msgpack.unpackb(data)
+    except Exception:
+        raise RequestError("op is not msgpack") from None
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        raise RequestError("op must be an array [name, ...]")
+    return value
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: object, what: str, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or len(value) > MAX_NAME or (not value and not empty):
+        raise RequestError(f"{what} must be a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def _decode_spec(raw: object) -> GroupSpec:
+    if not isinstance(raw, list) or len(raw) != 7:
+        raise RequestError(
+            "group must be [name, vc, priority, members, leaf_type, pinned, lazy]"
+        )
+    name_raw, vc_raw, priority, members_raw, leaf_raw, pinned_raw, lazy = raw
+    name = _text(name_raw, "group name")
+    vc = _text(vc_raw, "virtual cluster")
+    if not _is_int(priority) or not OPPORTUNISTIC <= priority <= MAX_PRIORITY:
+        raise RequestError(
+            f"priority must be an integer in [{OPPORTUNISTIC}, {MAX_PRIORITY}], not {priority!r}"
+        )
+    if not isinstance(members_raw, list) or not members_raw:
+        raise RequestError("members must be a non-empty list of [pod_number, leaf_cell_number]")
+    merged: dict[int, int] = {}
+    for m in members_raw:
+        if (
+            not isinstance(m, list)
+            or len(m) != 2
+            or not all(_is_int(x) and x >= 1 for x in m)
+        ):
+            raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
+        # HiveD merges members that ask for the same number of leaf cells per pod.
+        merged[m[1]] = merged.get(m[1], 0) + m[0]
+    members = tuple(Member(pods, leaves) for leaves, pods in merged.items())
+    if sum(m.pods for m in members) > MAX_PODS:
+        raise RequestError(f"a group may have at most {MAX_PODS} pods")
+    leaf_type = _text(leaf_raw, "leaf_type", empty=True)
+    pinned = _text(pinned_raw, "pinned cell id", empty=True)
+    if not isinstance(lazy, bool):
+        raise RequestError("lazy must be true or false")
+    if pinned and priority == OPPORTUNISTIC:
+        raise RequestError("an opportunistic group (priority -1) cannot use a pinned cell")
+    return GroupSpec(
+        name=name,
+        vc=vc,
+        priority=priority,
+        members=members,
+        leaf_type=leaf_type,
+        pinned=pinned,
+        lazy=lazy,
+    )
+
+
+def decode_op(data: bytes) -> Op:
+    """The typed write operation in ``data``; ``RequestError`` if it is not one."""
+    op = _unpack(data)
+    name = op[0]
+    if name == "submit" and len(op) == 2:
+        return Submit(_decode_spec(op[1]))
+    if name == "bind" and len(op) == 4:
+        spec = _decode_spec(op[1])
+        if not isinstance(op[2], list) or not _is_int(op[3]):
+            raise RequestError("bind must be [bind, group, [[node, [device, ...]], ...], revision]")
+        pods = []
+        for p in op[2]:
+            if (
+                not isinstance(p, list)
+                or len(p) != 2
+                or not isinstance(p[1], list)
+                or not all(_is_int(d) and d >= 0 for d in p[1])
+            ):
+                raise RequestError(f"pod placement {p!r} must be [node, [device, ...]]")
+            pods.append(PodPlacement(_text(p[0], "node"), tuple(p[1])))
+        return Bind(spec, tuple(pods), op[3])
+    if name == "release" and len(op) == 2:
+        return Release(_text(op[1], "group name"))
+    if name == "node_health" and len(op) == 3 and isinstance(op[2], bool):
+        return SetNodeHealth(_text(op[1], "node"), op[2])
+    raise RequestError(f"unknown or malformed op {name!r}")
+
+
+def decode_query(data: bytes) -> Query:
+    """The typed read-only query in ``data``; ``RequestError`` if it is not one."""
+    op = _unpack(data)
+    name = op[0]
+    if name == "group" and len(op) == 2:
+        return GetGroup(_text(op[1], "group name"))
+    if name == "vc" and len(op) == 2:
+        return GetVC(_text(op[1], "virtual cluster"))
+    if name == "summary" and len(op) == 1:
+        return GetSummary()
+    if name == "groups" and len(op) == 2:
+        return ListGroups(_text(op[1], "virtual cluster", empty=True))
+    raise RequestError(f"unknown or malformed query {name!r}")

@@ -1,0 +1,121 @@
+"""Choosing leaves: pack a gang's pods into nodes and pick each pod's leaves with the lowest
+common ancestor possible. Pure planning: reads the cell state, changes nothing.
+
+A plan is built against an availability *threshold*: ``None`` takes free leaves only (no
+preemption, HiveD's first pass); a priority ``p`` also takes healthy leaves whose effective
+priority is below ``p`` (the second pass), preferring free ones wherever there is a choice so
+as few groups as possible are preempted.
+
+* ``pack``: pods in decreasing size (ties: pod order) go to the node with the fewest available
+  leaves that still fits (best-fit decreasing: packs, leaves big holes for big pods).
+* ``pick``: inside a node, descend into the child with the fewest available leaves that holds
+  the whole pod; when no child does, this cell is the pod's lowest common ancestor and the
+  pod takes the fullest children first (touching as few as possible). Ties go to lower ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cluster_state.cells import Topology
+from cluster_state.index import FREE, CellState
+
+__all__ = ["Picker"]
+
+
+class Picker:
+    """One planning attempt: remembers the leaves it already chose for earlier pods."""
+
+    __slots__ = ("cells", "taken", "taken_free", "threshold", "topo")
+
+    def __init__(self, topo: Topology, cells: CellState, threshold: int | None) -> None:
+        self.topo = topo
+        self.cells = cells
+        self.threshold = threshold
+        self.taken: dict[int, int] = {}  # cell -> leaves chosen under it so far
+        self.taken_free: dict[int, int] = {}  # ... of which were free
+
+    def avail(self, c: int) -> int:
+        return self.cells.avail(c, self.threshold) - self.taken.get(c, 0)
+
+    def cost(self, c: int, need: int) -> int:
+        """How many non-free (preempted) leaves ``need`` leaves from ``c`` take at least."""
+        if self.threshold is None:
+            return 0
+        free = self.cells.free_n[c] - self.taken_free.get(c, 0)
+        return need - free if need > free else 0
+
+    def nodes(self, roots: Sequence[int], node_level: int) -> list[int]:
+        """The placement units under ``roots``: node-level cells, or a root itself when it
+        lies at or below the node level (a sub-node VC cell is its own unit, as in HiveD)."""
+        level, desc = self.topo.level, self.topo.desc
+        out: list[int] = []
+        for r in roots:
+            if level[r] <= node_level:
+                out.append(r)
+            else:
+                out.extend(desc[r][node_level - 1])
+        return out
+
+    def best_node(self, nodes: Sequence[int], need: int) -> int:
+        best, best_key = -1, (0, 0, 0)
+        for n in nodes:
+            a = self.avail(n)
+            if a >= need:
+                key = (self.cost(n, need), a, n)
+                if best < 0 or key < best_key:
+                    best, best_key = n, key
+        return best
+
+    def pack(
+        self, nodes: Sequence[int], sizes: Sequence[int], order: Sequence[int]
+    ) -> list[tuple[int, ...]] | None:
+        """Leaves for every pod (indexed like ``sizes``), or None if they do not all fit."""
+        out: list[tuple[int, ...]] = [() for _ in sizes]
+        for i in order:
+            node = self.best_node(nodes, sizes[i])
+            if node < 0:
+                return None
+            out[i] = self.pick(node, sizes[i])
+        return out
+
+    def pick(self, root: int, need: int) -> tuple[int, ...]:
+        chosen: list[int] = []
+        self._descend(root, need, chosen)
+        eff, bad, ancestors = self.cells.eff, self.cells.bad, self.topo.ancestors
+        taken, taken_free = self.taken, self.taken_free
+        for leaf in chosen:
+            free = eff[leaf] == FREE and not bad[leaf]
+            for a in ancestors[leaf]:
+                taken[a] = taken.get(a, 0) + 1
+                if free:
+                    taken_free[a] = taken_free.get(a, 0) + 1
+        chosen.sort()
+        return tuple(chosen)
+
+    def _descend(self, c: int, need: int, out: list[int]) -> None:
+        if self.topo.level[c] == 1:
+            out.append(c)
+            return
+        kids = []
+        best, best_key = -1, (0, 0, 0)
+        for k in self.topo.children[c]:
+            a = self.avail(k)
+            if a <= 0:
+                continue
+            kids.append((a, k))
+            if a >= need:
+                key = (self.cost(k, need), a, k)
+                if best < 0 or key < best_key:
+                    best, best_key = k, key
+        if best >= 0:
+            self._descend(best, need, out)
+            return
+        kids.sort(key=lambda ak: (-ak[0], self.cost(ak[1], ak[0]), ak[1]))
+        for a, k in kids:
+            n = a if a < need else need
+            self._descend(k, n, out)
+            need -= n
+            if not need:
+                return
+        raise AssertionError("pick: fewer leaves available than counted")

@@ -1,0 +1,118 @@
+import msgpack
+import pytest
+
+from cluster_state import (
+    Bind,
+    Conflict,
+    Error,
+    GetGroup,
+    GetSummary,
+    GetVC,
+    GroupSpec,
+    ListGroups,
+    Member,
+    NodeHealthSet,
+    Placed,
+    PodPlacement,
+    Preempting,
+    Release,
+    Released,
+    RequestError,
+    SetNodeHealth,
+    Submit,
+    Waiting,
+    bind,
+    decode_op,
+    decode_query,
+    decode_result,
+    encode_result,
+    get_group,
+    get_summary,
+    get_vc,
+    list_groups,
+    release,
+    set_node_health,
+    submit,
+)
+
+
+def test_builders_decode_to_typed_ops() -> None:
+    spec = GroupSpec(
+        name="g",
+        vc="VC1",
+        priority=7,
+        members=(Member(2, 8), Member(1, 4)),
+        leaf_type="V100",
+        pinned="",
+        lazy=True,
+    )
+    op = submit("g", "VC1", 7, [(2, 8), (1, 4)], leaf_type="V100", lazy=True)
+    assert msgpack.unpackb(op) == ["submit", ["g", "VC1", 7, [[2, 8], [1, 4]], "V100", "", True]]
+    assert decode_op(op) == Submit(spec)
+    assert spec.pod_sizes == [8, 8, 4]
+    placement = [("n1", [0, 1]), ("n1", [2, 3]), ("n2", [0, 1, 2, 3])]
+    assert decode_op(bind("g", "VC1", 7, [(2, 8), (1, 4)], placement, 12, lazy=True)) == Bind(
+        GroupSpec(name="g", vc="VC1", priority=7, members=spec.members, lazy=True),
+        (PodPlacement("n1", (0, 1)), PodPlacement("n1", (2, 3)), PodPlacement("n2", (0, 1, 2, 3))),
+        12,
+    )
+    assert decode_op(release("g")) == Release("g")
+    assert decode_op(set_node_health("n1", False)) == SetNodeHealth("n1", False)
+    assert decode_query(get_group("g")) == GetGroup("g")
+    assert decode_query(get_vc("VC1")) == GetVC("VC1")
+    assert decode_query(get_summary()) == GetSummary()
+    assert decode_query(list_groups()) == ListGroups("")
+
+
+def test_members_with_the_same_pod_size_are_merged_like_hived() -> None:
+    op = decode_op(submit("g", "VC1", 1, [(1, 8), (2, 4), (3, 8)]))
+    assert isinstance(op, Submit)
+    assert op.spec.members == (Member(4, 8), Member(2, 4))
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b"\xc1", "not msgpack"),
+        (msgpack.packb({"op": "submit"}), "must be an array"),
+        (msgpack.packb(["submit", "g"]), "group must be"),
+        (submit("g", "VC1", 1001, [(1, 1)]), "priority must be an integer in [-1, 1000]"),
+        (submit("g", "VC1", -1, [(1, 1)], pinned="P"), "cannot use a pinned cell"),
+        (submit("g", "VC1", 1, [(1, -1)]), "member [1, -1] must be"),
+        (submit("g", "VC1", 1, []), "members must be a non-empty list"),
+        (msgpack.packb(["release"]), "unknown or malformed op 'release'"),
+        (msgpack.packb(["bind", ["g", "v", 1, [[1, 1]], "", "", False], [["n", 0]], 1]), "pod"),
+    ],
+)
+def test_malformed_ops_are_request_errors(data: bytes, fragment: str) -> None:
+    with pytest.raises(RequestError) as info:
+        decode_op(data)
+    assert fragment in info.value.reason and info.value.static
+
+
+def test_malformed_queries_are_request_errors() -> None:
+    for data in (msgpack.packb(["group"]), msgpack.packb(["summary", 1]), release("g")):
+        with pytest.raises(RequestError):
+            decode_query(data)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        Placed("g", "V100-RACK", ((8, "n1", (0, 1, 2, 3, 4, 5, 6, 7)), (1, "n2", (3,))), 42),
+        Preempting("g", ("a", "b")),
+        Waiting("g", "no room"),
+        Conflict("g", "changed"),
+        Released("g", ("p",)),
+        NodeHealthSet("n1", False, True, ("p",)),
+        Error("bad"),
+    ],
+)
+def test_results_round_trip(result: object) -> None:
+    assert decode_result(encode_result(result)) == result  # type: ignore[arg-type]
+
+
+def test_expired_session_answer_decodes_as_an_error() -> None:
+    assert isinstance(decode_result(msgpack.packb(["expired"])), Error)
+    with pytest.raises(ValueError):
+        decode_result(msgpack.packb(["what"]))
