@@ -94,10 +94,10 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
     ("replicas", "unsafe", "faults", "seed"),
     [
         (3, "no_lease_check", "partition", 7),
-        (3, "ack_before_persist", "crash", 123),
+        (3, "ack_before_persist", "crash", 215),
         (5, "ack_before_persist", "crash", 90),
-        (5, "no_hole_filling", "crash,partition", 2),
-        (5, "go_ready_rule", "crash,partition", 46),
+        (5, "no_hole_filling", "all", 49),
+        (5, "go_ready_rule", "crash,partition", 35),
     ],
 )
 def test_broken_variants_are_caught(replicas: int, unsafe: str, faults: str, seed: int) -> None:
