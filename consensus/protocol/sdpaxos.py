@@ -389,10 +389,14 @@ class SDPaxosReplica:
         if isinstance(message, PreVoteReply):
             self._on_prevote_reply(message)
             return
+        if isinstance(message, _C_PHASE):
+            # C-instances belong to their owners, not to a sequencer's view: ballots alone
+            # order their proposals. Filtering them by view would, for one, drop the promises
+            # of a recovery that crossed a view change and stall it until it times out.
+            self._on_c_phase(message)
+            return
         if message.view < self.view:
-            if isinstance(message, CCommit):
-                self._on_ccommit(message)  # a chosen value is a fact in any view
-            elif isinstance(message, Catchup):
+            if isinstance(message, Catchup):
                 self._on_catchup(message)
             return
         if message.view > self.view:
@@ -404,12 +408,6 @@ class SDPaxosReplica:
         if src == self.sequencer and isinstance(message, OAccept | OCommit | NewView):
             self._seq_alive_at = now
         match message:
-            case CAccept():
-                self._on_caccept(message)
-            case CAck():
-                self._on_cack(message)
-            case CCommit():
-                self._on_ccommit(message)
             case CRequest():
                 self._on_crequest(message)
             case OAccept():
@@ -428,18 +426,27 @@ class SDPaxosReplica:
                 self._on_new_view(message)
             case NewViewAck():
                 self._on_new_view_ack(message)
-            case CPrepare():
-                self._on_cprepare(message)
-            case CPromise():
-                self._on_cpromise(message)
-            case CNack():
-                self._on_cnack(message)
             case RRequest():
                 self._on_rrequest(message)
             case RReply():
                 self._on_rreply(message)
             case Suspect():
                 self._on_suspect(message)
+
+    def _on_c_phase(self, message: CAccept | CAck | CCommit | CPrepare | CPromise | CNack) -> None:
+        match message:
+            case CAccept():
+                self._on_caccept(message)
+            case CAck():
+                self._on_cack(message)
+            case CCommit():
+                self._on_ccommit(message)
+            case CPrepare():
+                self._on_cprepare(message)
+            case CPromise():
+                self._on_cpromise(message)
+            case CNack():
+                self._on_cnack(message)
 
     def tick(self, now: int) -> None:
         self._enter(now)
@@ -1875,6 +1882,9 @@ class SDPaxosReplica:
         self.view_ready = self.accepted_view >= self.view
         self._recount_o_state()
         self._restart_pending = sorted(own)
+
+
+_C_PHASE = (CAccept, CAck, CCommit, CPrepare, CPromise, CNack)
 
 
 def _keys_of(batch: Batch | None) -> tuple[str, ...]:
