@@ -1188,6 +1188,21 @@ class SDPaxosReplica:
                     entry.slot not in best or entry.ballot > best[entry.slot].ballot
                 ):
                     best[entry.slot] = entry
+        # A value accepted in a view older than the newest one a voter accepted (V) cannot
+        # have been chosen if that voter has nothing in its slot: chosen before V's election,
+        # V's NewView would have carried it to the voter; after it, a majority had promised V.
+        # Such a leftover of a deposed sequencer must not come back: it would give its owner
+        # a slot, before commands already ready, for an index the owner never proposed — and
+        # the owner's next command would land there.
+        newest = max(vote.accepted_view for vote in self._votes.values())
+        witnesses = [
+            {entry.slot for entry in vote.entries}
+            for vote in self._votes.values()
+            if vote.accepted_view == newest
+        ]
+        for slot in [s for s, e in best.items() if e.ballot < newest]:
+            if any(slot not in seen for seen in witnesses):
+                del best[slot]
         end = max(best, default=start - 1) + 1
         owners: list[int | None] = [None] * (end - start)
         for slot, entry in best.items():

@@ -29,7 +29,10 @@ from consensus.messages import (
     OAck,
     OCommit,
     OEntry,
+    OVote,
     PeerMessage,
+    PreVote,
+    PreVoteReply,
     ViewRecord,
     Vote,
     VRequest,
@@ -924,3 +927,29 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     # both lost: the no-op is sent again after the retransmission timeout
     r1.tick(now + 250_000)
     assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
+
+
+def test_new_sequencer_drops_a_deposed_sequencers_leftover_order() -> None:
+    # (N=3 seeds 490 LAN, 1044 WAN, all faults) replica 0, deposed sequencer of view 0, ordered
+    # slot 5 for replica 2 after view 2 was elected without it. Slot 5 cannot have been chosen
+    # (view 2's NewView, which replica 1 installed, would hold it), so view 4 must not revive
+    # it: replica 2's next command would land there, before commands already ready
+    r1 = core(3, 1)
+    r1.tick(0)
+    drain(r1)
+    r1.step(NewView(src=2, view=2, start=0, owners=(0, 0, 0, 0, 0)), 1_000)
+    drain(r1)
+    now, prevote = 1_000, None
+    while prevote is None:  # view 2's sequencer falls silent: replica 1 stands for view 4
+        now += 50_000
+        r1.tick(now)
+        found = msgs(drain(r1).send, PreVote)
+        prevote = found[0][1] if found else None
+    assert prevote.view == 4
+    r1.step(PreVoteReply(src=0, view=4, granted=True), now)
+    drain(r1)
+    stale = OVote(slot=5, owner=2, ballot=0)
+    r1.step(Vote(src=0, view=4, accepted_view=0, executed=0, entries=(stale,),
+                 c_high=(-1, -1, 9)), now)
+    new_views = msgs(drain(r1).send_after_persist, NewView)
+    assert new_views and all(m.owners == (0, 0, 0, 0, 0) for _, m in new_views)
