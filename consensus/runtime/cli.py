@@ -125,9 +125,26 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--timeout", type=float, default=30.0)
     down = actions.add_parser("down", help="stop the processes started by 'up'")
     down.add_argument("--dir", required=True)
+    health = actions.add_parser("health", help="exit 0 if a replica serves linearizable reads")
+    health.add_argument("--config", required=True, help="cluster TOML file")
+    health.add_argument("--id", type=int, required=True)
+    health.add_argument("--timeout", type=float, default=3.0)
+    netem = actions.add_parser(
+        "netem", help="print (--apply: run) tc netem commands for a replica's WAN delays"
+    )
+    netem.add_argument("--config", required=True, help="cluster TOML file")
+    netem.add_argument("--id", type=int, required=True)
+    netem.add_argument("--device", default="eth0")
+    netem.add_argument("--apply", action="store_true")
 
 
 def run_cluster(args: argparse.Namespace) -> int:
+    if args.action in ("health", "netem"):
+        from consensus.runtime import cluster_ops
+
+        if args.action == "health":
+            return cluster_ops.run_health(args.config, args.id, args.timeout)
+        return cluster_ops.run_netem(args.config, args.id, args.device, args.apply)
     directory = Path(args.dir)
     if args.action == "init":
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan)
