@@ -1,6 +1,6 @@
 """Wire and write-ahead-log encoding of every message and record: msgpack, never pickle.
 
-Format (``FORMAT_VERSION`` 1)
+Format (``FORMAT_VERSION`` 2)
 -----------------------------
 Everything is msgpack. A dataclass instance is an array of its fields in declaration order
 (see ``consensus.messages``), preceded by its type tag from ``TAGS`` wherever the type is not
@@ -143,7 +143,7 @@ __all__ = [
 ]
 
 #: Version of the encoding; every frame, message and record carries it.
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
 
 # --------------------------------------------------------------------------- limits
 
@@ -328,6 +328,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("src", _UINT),
         ("view", _UINT),
         ("accepted_view", _NONE),
+        ("accepted_from", _UINT),
         ("executed", _UINT),
         ("entries", _Array(OVote, MAX_ENTRIES)),
         ("c_high", _Array(_NONE, MAX_SLOTS)),

@@ -275,12 +275,14 @@ class Vote:
     ``entries``: every O-instance it accepted from the candidate's ``from_slot`` on.
     ``c_high[r]``: the highest index of replica r's C-instances it accepted (-1: none).
     ``accepted_view``: the last view whose sequencer's proposals it accepted (0 at the start:
-    view 0's empty assignment log counts as accepted by everyone).
+    view 0's empty assignment log counts as accepted by everyone); ``accepted_from``: the first
+    slot of that view's NewView (a lower bound on what the voter holds from that view on).
     """
 
     src: int
     view: int
     accepted_view: int
+    accepted_from: int
     executed: int
     entries: tuple[OVote, ...]
     c_high: tuple[int, ...]

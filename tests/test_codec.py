@@ -230,20 +230,20 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "CVote": 99,
     }
     assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
-    assert FORMAT_VERSION == 1
+    assert FORMAT_VERSION == 2
 
 
 def test_golden_encodings() -> None:
-    # pins the byte format of version 1
+    # pins the byte format of version 2 (2: Vote.accepted_from)
     ack = CAck(src=1, view=2, owner=3, index=4, ballot=5)
-    assert encode_message(ack).hex() == "920196020102030405"
-    assert encode_frame([ack]).hex() == "92019196020102030405"
+    assert encode_message(ack).hex() == "920296020102030405"
+    assert encode_frame([ack]).hex() == "92029196020102030405"
     accept = CAccept(src=0, view=0, owner=0, index=1, ballot=0, batch=(CMD,))
     assert encode_frame([accept]) == pack(
-        [1, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
+        [2, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
     )
     rec = OAcceptedRecord(view=3, entries=(OEntry(slot=9, owner=NO_CL),))
-    assert encode_record(rec) == pack([1, [65, 3, [[9, -1]]]])
+    assert encode_record(rec) == pack([2, [65, 3, [[9, -1]]]])
 
 
 # --------------------------------------------------------------------------- round trips
@@ -313,12 +313,12 @@ def test_baseline_golden_encodings() -> None:
     accept = messages.MenciusAccept(
         src=1, view=0, slot=4, ballot=1, batch=(CMD,), skip_start=1, skip_stop=4
     )
-    assert encode_message(accept) == pack([1, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
+    assert encode_message(accept) == pack([2, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
     commit = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=None)
-    assert encode_message(commit) == pack([1, [35, 0, 0, 7, 0, None]])
+    assert encode_message(commit) == pack([2, [35, 0, 0, 7, 0, None]])
     noop = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=())
     assert decode_message(encode_message(noop)) == noop
-    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([1, [81, 2, 11]])
+    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([2, [81, 2, 11]])
     reject(raw_frame([TAGS[messages.MenciusSkip], 0, 0, 3, -1]), "MenciusSkip.skip_stop")
 
 
@@ -528,7 +528,7 @@ def test_unknown_tags_are_rejected() -> None:
     reject(raw_frame([True, 0, 0, 0]), r"expected \[tag")
 
 
-@pytest.mark.parametrize("version", [0, 2, 255, -1, 2**63])
+@pytest.mark.parametrize("version", [0, 1, 3, 255, -1, 2**63])
 def test_unknown_versions_raise_unsupported_version(version: int) -> None:
     for decode, data in (
         (decode_frame, pack([version, []])),
@@ -609,7 +609,7 @@ def test_no_cl_is_accepted_only_as_oentry_owner() -> None:
         (msg,) = decode_frame(raw_frame([TAGS[cls], 0, 0, [[5, NO_CL], [6, 1]]]))
         assert isinstance(msg, OAccept | OCommit)
         assert msg.entries[0] == OEntry(slot=5, owner=NO_CL)
-    rec = decode_record(pack([1, [TAGS[OAcceptedRecord], 0, [[5, NO_CL]]]]))
+    rec = decode_record(pack([FORMAT_VERSION, [TAGS[OAcceptedRecord], 0, [[5, NO_CL]]]]))
     assert rec == OAcceptedRecord(view=0, entries=(OEntry(slot=5, owner=NO_CL),))
     reject(raw_frame([TAGS[OAccept], 0, 0, [[5, -2]]]), r"entries\[0\].owner")
     reject(raw_frame([TAGS[OAccept], 0, 0, [[NO_CL, 1]]]), r"entries\[0\].slot")
@@ -618,7 +618,7 @@ def test_no_cl_is_accepted_only_as_oentry_owner() -> None:
     reject(raw_frame([TAGS[CAck], 0, 0, NO_CL, 0, 0]), "CAck.owner")
     reject(raw_frame([TAGS[CCommit], 0, 0, NO_CL, 0, 0, None]), "CCommit.owner")
     reject(raw_frame([TAGS[CRequest], 0, 0, NO_CL, 0, [], 0]), "CRequest.owner")
-    reject(pack([1, [TAGS[CAcceptedRecord], NO_CL, 0, 0, []]]), "owner", decode=decode_record)
+    reject(pack([FORMAT_VERSION, [TAGS[CAcceptedRecord], NO_CL, 0, 0, []]]), "owner", decode=decode_record)
 
 
 def test_size_limits() -> None:

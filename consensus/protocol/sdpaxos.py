@@ -229,6 +229,7 @@ class SDPaxosReplica:
         # views
         self.view = 0
         self.accepted_view = 0  # view 0's (empty) assignment log is accepted by everyone
+        self.accepted_from = 0  # the first slot of accepted_view's NewView (see Vote)
         self.view_ready = True  # accepted the NewView of self.view
         self.role = Role.SEQUENCER if me == 0 else Role.FOLLOWER
         self._votes: dict[int, Vote] = {}
@@ -892,7 +893,8 @@ class SDPaxosReplica:
         slot, owner = entry.slot, entry.owner
         self.o_value[slot] = owner
         self.o_ballot[slot] = ballot
-        self.accepted_view = max(self.accepted_view, ballot)
+        if ballot > self.accepted_view:  # (only after its NewView: this bound is a safe one)
+            self.accepted_view, self.accepted_from = ballot, slot
         if slot >= self.o_high:
             self.o_high = slot + 1
         if owner == self.me:
@@ -1154,6 +1156,7 @@ class SDPaxosReplica:
             src=self.me,
             view=self.view,
             accepted_view=self.accepted_view,
+            accepted_from=self.accepted_from,
             executed=self.exec_slot,
             entries=entries,
             c_high=tuple(self.c_high),
@@ -1189,19 +1192,19 @@ class SDPaxosReplica:
                 ):
                     best[entry.slot] = entry
         # A value accepted in a view older than the newest one a voter accepted (V) cannot
-        # have been chosen if that voter has nothing in its slot: chosen before V's election,
-        # V's NewView would have carried it to the voter; after it, a majority had promised V.
-        # Such a leftover of a deposed sequencer must not come back: it would give its owner
-        # a slot, before commands already ready, for an index the owner never proposed — and
-        # the owner's next command would land there.
+        # have been chosen if, at or after the start of V's NewView, that voter has nothing
+        # in its slot: chosen before V's election, V's NewView would have carried it to the
+        # voter; after it, a majority had promised V. Such a leftover of a deposed sequencer
+        # must not come back: it would give its owner a slot, before commands already ready,
+        # for an index the owner never proposed — and the owner's next command would land there.
         newest = max(vote.accepted_view for vote in self._votes.values())
         witnesses = [
-            {entry.slot for entry in vote.entries}
+            (vote.accepted_from, {entry.slot for entry in vote.entries})
             for vote in self._votes.values()
             if vote.accepted_view == newest
         ]
         for slot in [s for s, e in best.items() if e.ballot < newest]:
-            if any(slot not in seen for seen in witnesses):
+            if any(slot >= since and slot not in seen for since, seen in witnesses):
                 del best[slot]
         end = max(best, default=start - 1) + 1
         owners: list[int | None] = [None] * (end - start)
@@ -1265,7 +1268,10 @@ class SDPaxosReplica:
                 self.o_value.pop(slot, None)
                 self.o_ballot.pop(slot, None)
                 self.o_committed.discard(slot)
-        self.accepted_view = max(self.accepted_view, view)
+        if view > self.accepted_view:
+            self.accepted_view, self.accepted_from = view, start
+        elif view == self.accepted_view:
+            self.accepted_from = max(self.accepted_from, start)  # a replay: never lower it
         self._recount_o_state()
 
     def _recount_o_state(self) -> None:

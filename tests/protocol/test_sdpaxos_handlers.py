@@ -929,18 +929,17 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
 
 
-def test_new_sequencer_drops_a_deposed_sequencers_leftover_order() -> None:
-    # (N=3 seeds 490 LAN, 1044 WAN, all faults) replica 0, deposed sequencer of view 0, ordered
-    # slot 5 for replica 2 after view 2 was elected without it. Slot 5 cannot have been chosen
-    # (view 2's NewView, which replica 1 installed, would hold it), so view 4 must not revive
-    # it: replica 2's next command would land there, before commands already ready
+def _candidate_of_view_4_after_view_2(
+    new_view_start: int, owners: tuple[int, ...]
+) -> SDPaxosReplica:
+    """Replica 1 installed view 2's NewView, then stands for view 4 (replica 0 pre-votes)."""
     r1 = core(3, 1)
     r1.tick(0)
     drain(r1)
-    r1.step(NewView(src=2, view=2, start=0, owners=(0, 0, 0, 0, 0)), 1_000)
+    r1.step(NewView(src=2, view=2, start=new_view_start, owners=owners), 1_000)
     drain(r1)
     now, prevote = 1_000, None
-    while prevote is None:  # view 2's sequencer falls silent: replica 1 stands for view 4
+    while prevote is None:  # view 2's sequencer falls silent
         now += 50_000
         r1.tick(now)
         found = msgs(drain(r1).send, PreVote)
@@ -948,8 +947,28 @@ def test_new_sequencer_drops_a_deposed_sequencers_leftover_order() -> None:
     assert prevote.view == 4
     r1.step(PreVoteReply(src=0, view=4, granted=True), now)
     drain(r1)
+    return r1
+
+
+def test_new_sequencer_drops_a_deposed_sequencers_leftover_order() -> None:
+    # (N=3 seeds 490 LAN, 1044 WAN, all faults) replica 0, deposed sequencer of view 0, ordered
+    # slot 5 for replica 2 after view 2 was elected without it. Slot 5 cannot have been chosen
+    # (view 2's NewView, which replica 1 installed, would hold it), so view 4 must not revive
+    # it: replica 2's next command would land there, before commands already ready
+    r1 = _candidate_of_view_4_after_view_2(0, (0, 0, 0, 0, 0))
     stale = OVote(slot=5, owner=2, ballot=0)
-    r1.step(Vote(src=0, view=4, accepted_view=0, executed=0, entries=(stale,),
-                 c_high=(-1, -1, 9)), now)
+    r1.step(Vote(src=0, view=4, accepted_view=0, accepted_from=0, executed=0, entries=(stale,),
+                 c_high=(-1, -1, 9)), 10_000_000)
     new_views = msgs(drain(r1).send_after_persist, NewView)
     assert new_views and all(m.owners == (0, 0, 0, 0, 0) for _, m in new_views)
+
+
+def test_new_sequencer_keeps_old_values_below_the_newest_views_start() -> None:
+    # below the start of view 2's NewView, replica 1 holding nothing proves nothing: those
+    # slots were decided before view 2 (executed by its sequencer), maybe as replica 0 says
+    r1 = _candidate_of_view_4_after_view_2(3, (0, 0))
+    old = OVote(slot=1, owner=2, ballot=0)
+    r1.step(Vote(src=0, view=4, accepted_view=0, accepted_from=0, executed=0, entries=(old,),
+                 c_high=(-1, -1, 9)), 10_000_000)
+    new_views = msgs(drain(r1).send_after_persist, NewView)
+    assert new_views and all(m.owners[1] == 2 for _, m in new_views)
