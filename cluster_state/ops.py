@@ -30,7 +30,9 @@ pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" 
 
 Reads (``ClusterStore.query``): ``["group", name]``, ``["vc", name]``, ``["summary"]``,
 ``["groups", vc_or_empty]``; each answers ``[kind, revision, info]`` with ``info`` a map
-(``None`` for an unknown group).
+(``None`` for an unknown group). ``["events", since]`` answers ``["events", revision,
+[[revision, kind, subject, data], ...]]`` (a page of the watch stream after ``since``, whole
+revisions only) or ``["compacted", since, oldest]`` when events after ``since`` are gone.
 
 The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
 ``encode_result``/``decode_result`` pair converts the typed results.
@@ -53,6 +55,7 @@ __all__ = [
     "Bind",
     "Conflict",
     "Error",
+    "GetEvents",
     "GetGroup",
     "GetSummary",
     "GetVC",
@@ -76,6 +79,7 @@ __all__ = [
     "decode_query",
     "decode_result",
     "encode_result",
+    "get_events",
     "get_group",
     "get_summary",
     "get_vc",
@@ -188,7 +192,14 @@ class ListGroups:
     vc: str = ""
 
 
-Query = GetGroup | GetVC | GetSummary | ListGroups
+@dataclass(frozen=True, slots=True)
+class GetEvents:
+    """Change events after revision ``since`` (the watch stream, read in pages)."""
+
+    since: int
+
+
+Query = GetGroup | GetVC | GetSummary | ListGroups | GetEvents
 
 
 # --------------------------------------------------------------------------- results
@@ -363,6 +374,10 @@ def get_summary() -> bytes:
     return _pack(["summary"])
 
 
+def get_events(since: int) -> bytes:
+    return _pack(["events", since])
+
+
 def list_groups(vc: str = "") -> bytes:
     return _pack(["groups", vc])
 
@@ -474,4 +489,6 @@ def decode_query(data: bytes) -> Query:
         return GetSummary()
     if name == "groups" and len(op) == 2:
         return ListGroups(_text(op[1], "virtual cluster", empty=True))
+    if name == "events" and len(op) == 2 and _is_int(op[1]) and op[1] >= -1:
+        return GetEvents(op[1])
     raise RequestError(f"unknown or malformed query {name!r}")

@@ -29,11 +29,12 @@ import msgpack
 from cluster_state.allocator import Allocator
 from cluster_state.cells import Topology
 from cluster_state.config import ClusterConfig
-from cluster_state.errors import RequestError, SnapshotError
+from cluster_state.errors import EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.ops import (
     Bind,
     Error,
+    GetEvents,
     GetGroup,
     GetSummary,
     GetVC,
@@ -54,6 +55,18 @@ __all__ = ["SNAPSHOT_FORMAT", "ClusterStore"]
 
 #: Bumped whenever the snapshot layout changes.
 SNAPSHOT_FORMAT = 1
+
+#: about this many events per page of the watch stream (whole revisions only)
+EVENTS_PAGE = 512
+
+
+def _page(events: list[ChangeEvent]) -> list[ChangeEvent]:
+    if len(events) <= EVENTS_PAGE:
+        return events
+    end = EVENTS_PAGE
+    while end < len(events) and events[end].revision == events[end - 1].revision:
+        end += 1
+    return events[:end]
 
 
 def _pack(value: object) -> bytes:
@@ -124,6 +137,12 @@ class ClusterStore:
                     if vc and vc not in self.topology.vc_pinned:
                         raise RequestError(f"unknown virtual cluster {vc!r}")
                     kind, info = "groups", allocator.list_groups(vc)
+                case GetEvents(since):
+                    try:
+                        events = self.events.since(since)
+                    except EventsCompacted as exc:
+                        return _pack(["compacted", since, exc.oldest])
+                    kind, info = "events", [e.to_wire() for e in _page(events)]
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from consensus.config import SITES
 from consensus.errors import ConfigError, SDPaxosError
+from consensus.runtime.cluster_config import ClusterConfig
+from consensus.statemachine import StateMachine
 
 __all__ = ["add_cluster_arguments", "add_serve_arguments", "run_cluster", "run_serve"]
 
@@ -44,6 +47,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--id", type=int, required=True, help="this replica's id")
     parser.add_argument("--no-fsync", action="store_true", help="unsafe: skip fsync")
     parser.add_argument(
+        "--no-wan-emulation",
+        action="store_true",
+        help="ignore the file's [wan] delays (the network delays packets itself, e.g. netem)",
+    )
+    parser.add_argument(
         "--fault-injection",
         action="store_true",
         help="test only: accept partition requests on the client port",
@@ -59,9 +67,13 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_cluster_config(args.config)
         config.replica(args.id)
+        machine = _state_machine(config)
     except ConfigError as exc:
         print(f"sdpaxos serve: {exc}", file=sys.stderr)
         return 2
+    if args.no_wan_emulation:
+        n = len(config.replicas)
+        config = dataclasses.replace(config, one_way_us=tuple((0,) * n for _ in range(n)))
     with contextlib.suppress(ImportError):
         import uvloop
 
@@ -71,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
     gc.set_threshold(50_000, 50, 1_000)
     try:
         asyncio.run(
-            _serve(config, args.id, fsync=not args.no_fsync, faults=args.fault_injection)
+            _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection)
         )
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
@@ -79,15 +91,34 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(config: object, me: int, *, fsync: bool, faults: bool) -> None:
-    from consensus.runtime.cluster_config import ClusterConfig
+def _state_machine(config: ClusterConfig) -> StateMachine:
+    """The configured state machine, loaded (a bad GPU config is a ConfigError)."""
+    if config.state_machine == "kv":
+        from consensus.statemachine import KVStore
+
+        return KVStore()
+    from cluster_state.config import load_config
+    from cluster_state.errors import ClusterStateError
+    from cluster_state.store import ClusterStore
+
+    assert config.gpu_config is not None
+    try:
+        return ClusterStore(load_config(config.gpu_config))
+    except (ClusterStateError, OSError) as exc:
+        raise ConfigError(f"{config.gpu_config}: {exc}") from None
+
+
+async def _serve(
+    config: ClusterConfig, me: int, machine: StateMachine, *, fsync: bool, faults: bool
+) -> None:
     from consensus.runtime.metrics import serve_metrics
     from consensus.runtime.node import ReplicaNode
-    from consensus.statemachine import KVStore
 
-    assert isinstance(config, ClusterConfig)
     log = logging.getLogger("sdpaxos.serve")
-    node = ReplicaNode(config, me, KVStore(), fsync=fsync, fault_injection=faults)
+    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults)
+    # Everything loaded so far (the cell tree, a restored snapshot, the log) lives as long as
+    # the process: keep it out of the collector's way, full collections of it cost pauses.
+    gc.freeze()
     await node.start()
     metrics = None
     spec = config.replica(me)
@@ -120,6 +151,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--dir", required=True)
     init.add_argument("--base-port", type=int, default=7000)
     init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
+    init.add_argument(
+        "--gpu-store",
+        action="store_true",
+        help="serve the GPU allocation store on a generated HiveD-style cluster (gpu.yaml)",
+    )
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
     up.add_argument("--dir", required=True)
     up.add_argument("--timeout", type=float, default=30.0)
@@ -147,7 +183,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         return cluster_ops.run_netem(args.config, args.id, args.device, args.apply)
     directory = Path(args.dir)
     if args.action == "init":
-        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan)
+        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan,
+                     gpu_store=args.gpu_store)
     if args.action == "up":
         return _up(directory, args.timeout)
     return _down(directory)
@@ -171,10 +208,19 @@ def cluster_toml(replicas: int, base_port: int, *, wan: bool, cluster_id: str = 
     return "\n".join(lines)
 
 
-def _init(directory: Path, replicas: int, base_port: int, *, wan: bool) -> int:
+def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_store: bool) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CONFIG_NAME
-    path.write_text(cluster_toml(replicas, base_port, wan=wan))
+    text = cluster_toml(replicas, base_port, wan=wan)
+    if gpu_store:
+        from cluster_state.config import synthetic_config
+
+        (directory / "gpu.yaml").write_text(
+            synthetic_config(nodes=64, vcs=4, pinned=2).to_yaml()
+        )
+        text += '\n[state_machine]\nkind = "cluster_state"\ngpu_config = "gpu.yaml"\n'
+        print(f"wrote {directory / 'gpu.yaml'} (64 nodes x 8 GPUs, 4 virtual clusters)")
+    path.write_text(text)
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
     return 0
 

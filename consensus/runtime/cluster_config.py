@@ -10,12 +10,17 @@ Example (``sdpaxos cluster init`` writes one like it)::
     address = "127.0.0.1:7000"     # peer port
     client_address = "127.0.0.1:7100"
     metrics_address = "127.0.0.1:7200"   # optional Prometheus endpoint
+    grpc_address = "127.0.0.1:7300"      # optional gRPC endpoint of the allocation store
     site = "CA"
 
     [protocol]                     # any ProtocolConfig field except replicas; µs
     name = "sdpaxos"               # optional: the core to run (see consensus.protocol.registry)
     heartbeat_us = 50000
     election_timeout_us = 300000
+
+    [state_machine]                # optional; default: the key-value store
+    kind = "cluster_state"         # the GPU allocation store ...
+    gpu_config = "gpu.yaml"        # ... on this HiveD-style cluster (relative to this file)
 
     [wan]
     emulate = true                 # delay every frame by the one-way delay of its link
@@ -53,6 +58,7 @@ class ReplicaSpec:
     client_address: tuple[str, int]
     metrics_address: tuple[str, int] | None
     site: str
+    grpc_address: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +71,10 @@ class ClusterConfig:
     one_way_us: tuple[tuple[int, ...], ...]
     #: which core the replicas run (``[protocol] name``): a ``consensus.protocol.registry`` key
     protocol_name: str = "sdpaxos"
+    #: the replicated state machine: "kv" (consensus.statemachine.KVStore) or "cluster_state"
+    state_machine: str = "kv"
+    #: the HiveD-style GPU cluster file of a "cluster_state" store
+    gpu_config: Path | None = None
 
     def replica(self, replica_id: int) -> ReplicaSpec:
         if not 0 <= replica_id < len(self.replicas):
@@ -90,7 +100,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    known = {"cluster_id", "data_dir", "replica", "protocol", "wan"}
+    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise fail(f"unknown top-level keys {unknown}")
@@ -108,7 +118,10 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
             raise fail(
                 f"replica ids must be 0..N-1 without gaps; {where} has id {entry.get('id')!r}"
             )
-        extra = sorted(set(entry) - {"id", "address", "client_address", "metrics_address", "site"})
+        extra = sorted(
+            set(entry) - {"id", "address", "client_address", "metrics_address", "grpc_address",
+                          "site"}
+        )
         if extra:
             raise fail(f"{where}: unknown keys {extra}")
         for key in ("address", "client_address", "site"):
@@ -118,7 +131,9 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         client = parse_address(entry["client_address"], f"{where}.client_address")
         metrics_text = entry.get("metrics_address")
         metrics = parse_address(metrics_text, f"{where}.metrics_address") if metrics_text else None
-        for addr in (address, client, metrics):
+        grpc_text = entry.get("grpc_address")
+        grpc = parse_address(grpc_text, f"{where}.grpc_address") if grpc_text else None
+        for addr in (address, client, metrics, grpc):
             if addr is None:
                 continue
             if addr in seen_addresses:
@@ -130,6 +145,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
                 address=address,
                 client_address=client,
                 metrics_address=metrics,
+                grpc_address=grpc,
                 site=entry["site"],
             )
         )
@@ -152,6 +168,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     except ConfigError as exc:
         raise fail(f"[protocol]: {exc}") from None
     one_way = _parse_wan(raw.get("wan", {}), specs, fail)
+    kind, gpu_config = _parse_state_machine(raw.get("state_machine", {}), base, fail)
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
         data_dir = base / data_dir
@@ -162,7 +179,29 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         data_dir=data_dir,
         one_way_us=one_way,
         protocol_name=protocol_name,
+        state_machine=kind,
+        gpu_config=gpu_config,
     )
+
+
+def _parse_state_machine(table: Any, base: Path, fail: Any) -> tuple[str, Path | None]:
+    if not isinstance(table, dict):
+        raise fail("[state_machine] must be a table")
+    extra = sorted(set(table) - {"kind", "gpu_config"})
+    if extra:
+        raise fail(f"[state_machine]: unknown keys {extra}")
+    kind = table.get("kind", "kv")
+    if kind not in ("kv", "cluster_state"):
+        raise fail(f'[state_machine].kind must be "kv" or "cluster_state", got {kind!r}')
+    gpu = table.get("gpu_config")
+    if kind == "kv":
+        if gpu is not None:
+            raise fail("[state_machine].gpu_config is only for kind = \"cluster_state\"")
+        return kind, None
+    if not isinstance(gpu, str) or not gpu:
+        raise fail("[state_machine].gpu_config (the GPU cluster YAML file) is required")
+    path = Path(gpu)
+    return kind, path if path.is_absolute() else base / path
 
 
 def _parse_wan(

@@ -50,6 +50,7 @@ class LocalCluster:
         *,
         protocol: str = "",
         wan: bool = False,
+        state_machine: str = "",
         extra_args: tuple[str, ...] = (),
     ) -> None:
         self.directory = directory
@@ -58,6 +59,8 @@ class LocalCluster:
         text = cluster_toml(replicas, free_base_port(), wan=wan)
         if protocol:
             text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
+        if state_machine:  # the body of a [state_machine] table
+            text += f"\n[state_machine]\n{state_machine}\n"
         self.config_path = directory / "cluster.toml"
         self.config_path.write_text(text)
         self.config: ClusterConfig = load_cluster_config(self.config_path)
