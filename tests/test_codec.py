@@ -618,7 +618,8 @@ def test_no_cl_is_accepted_only_as_oentry_owner() -> None:
     reject(raw_frame([TAGS[CAck], 0, 0, NO_CL, 0, 0]), "CAck.owner")
     reject(raw_frame([TAGS[CCommit], 0, 0, NO_CL, 0, 0, None]), "CCommit.owner")
     reject(raw_frame([TAGS[CRequest], 0, 0, NO_CL, 0, [], 0]), "CRequest.owner")
-    reject(pack([FORMAT_VERSION, [TAGS[CAcceptedRecord], NO_CL, 0, 0, []]]), "owner", decode=decode_record)
+    bad_owner = pack([FORMAT_VERSION, [TAGS[CAcceptedRecord], NO_CL, 0, 0, []]])
+    reject(bad_owner, "owner", decode=decode_record)
 
 
 def test_size_limits() -> None:
