@@ -738,6 +738,7 @@ class Allocator:
                 "leaves": sum(len(p) for p in g.pods),
                 "chain": self.topo.chains[g.chain].name,
                 "token": g.token,
+                "pods": [[n, node, list(d)] for n, node, d in self._placed(g).pods],
             }
             for name, g in sorted(self.groups.items())
             if not vc or g.spec.vc == vc

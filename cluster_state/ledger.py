@@ -56,10 +56,12 @@ class GpuLedger:
 
 
 def double_allocations(groups: Iterable[dict[str, Any]]) -> list[str]:
-    """GPUs held by two groups in one state (the ``list_groups`` query's answer)."""
+    """GPUs used by two placed groups in one state (the ``list_groups`` query's answer)."""
     seen: dict[tuple[str, int], str] = {}
     problems = []
     for group in groups:
+        if group.get("state") == "preempting":
+            continue  # its pods are reserved, not used: the victims still hold them
         for _, node, devices in group.get("pods") or []:
             for device in devices:
                 gpu = (str(node), int(device))

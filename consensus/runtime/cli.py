@@ -124,6 +124,11 @@ async def _serve(
     spec = config.replica(me)
     if spec.metrics_address is not None:
         metrics = await serve_metrics(node, *spec.metrics_address)
+    grpc_server = None
+    if spec.grpc_address is not None and config.state_machine == "cluster_state":
+        from cluster_state.grpc_api.service import serve_grpc
+
+        grpc_server = await serve_grpc(node, me, *spec.grpc_address)
     log.info("replica %d serving peers on %s:%d, clients on %s:%d", me, *spec.address,
              *spec.client_address)
     stop = asyncio.Event()
@@ -136,6 +141,8 @@ async def _serve(
     log.info("replica %d shutting down", me)
     if metrics is not None:
         metrics.close()
+    if grpc_server is not None:
+        await grpc_server.stop(1.0)
     await node.stop()
     if failed.done():
         failed.result()  # re-raise: the process exits non-zero

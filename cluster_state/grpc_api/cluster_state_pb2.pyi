@@ -1,0 +1,147 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Member(_message.Message):
+    __slots__ = ("pods", "leaves")
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    LEAVES_FIELD_NUMBER: _ClassVar[int]
+    pods: int
+    leaves: int
+    def __init__(self, pods: _Optional[int] = ..., leaves: _Optional[int] = ...) -> None: ...
+
+class GroupSpec(_message.Message):
+    __slots__ = ("name", "vc", "priority", "members", "leaf_type", "pinned", "lazy")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VC_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEAF_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    LAZY_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    vc: str
+    priority: int
+    members: _containers.RepeatedCompositeFieldContainer[Member]
+    leaf_type: str
+    pinned: str
+    lazy: bool
+    def __init__(self, name: _Optional[str] = ..., vc: _Optional[str] = ..., priority: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., leaf_type: _Optional[str] = ..., pinned: _Optional[str] = ..., lazy: _Optional[bool] = ...) -> None: ...
+
+class Pod(_message.Message):
+    __slots__ = ("leaves", "node", "devices")
+    LEAVES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    leaves: int
+    node: str
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, leaves: _Optional[int] = ..., node: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SubmitRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: GroupSpec
+    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("placed", "preempting", "waiting")
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    placed: Placed
+    preempting: Preempting
+    waiting: Waiting
+    def __init__(self, placed: _Optional[_Union[Placed, _Mapping]] = ..., preempting: _Optional[_Union[Preempting, _Mapping]] = ..., waiting: _Optional[_Union[Waiting, _Mapping]] = ...) -> None: ...
+
+class Placed(_message.Message):
+    __slots__ = ("group", "chain", "pods", "token")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHAIN_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    chain: str
+    pods: _containers.RepeatedCompositeFieldContainer[Pod]
+    token: int
+    def __init__(self, group: _Optional[str] = ..., chain: _Optional[str] = ..., pods: _Optional[_Iterable[_Union[Pod, _Mapping]]] = ..., token: _Optional[int] = ...) -> None: ...
+
+class Preempting(_message.Message):
+    __slots__ = ("group", "victims")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    VICTIMS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    victims: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., victims: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Waiting(_message.Message):
+    __slots__ = ("group", "reason")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    reason: str
+    def __init__(self, group: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class ReleaseReply(_message.Message):
+    __slots__ = ("promoted",)
+    PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    promoted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, promoted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeHealthRequest(_message.Message):
+    __slots__ = ("node", "healthy")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    healthy: bool
+    def __init__(self, node: _Optional[str] = ..., healthy: _Optional[bool] = ...) -> None: ...
+
+class NodeHealthReply(_message.Message):
+    __slots__ = ("changed", "cancelled")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    changed: bool
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, changed: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("name", "stale")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stale: bool
+    def __init__(self, name: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...
+
+class JsonReply(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("since",)
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    since: int
+    def __init__(self, since: _Optional[int] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("revision", "kind", "subject", "data_json")
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    revision: int
+    kind: str
+    subject: str
+    data_json: str
+    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
