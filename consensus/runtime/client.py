@@ -32,14 +32,20 @@ class _Connection:
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         self.pending: dict[int, asyncio.Future[ClientResponse]] = {}
+        # Concurrent first calls must share one connection: each opening its own would
+        # replace the writer under the others, and a replaced connection's reader, on
+        # closing, would fail every pending call.
+        self._connecting = asyncio.Lock()
 
     async def ensure(self) -> None:
-        if self.writer is not None and not self.writer.is_closing():
-            return
-        reader, self.writer = await asyncio.open_connection(*self.address)
-        self.reader_task = asyncio.create_task(self._read(reader))
+        async with self._connecting:
+            if self.writer is not None and not self.writer.is_closing():
+                return
+            reader, writer = await asyncio.open_connection(*self.address)
+            self.writer = writer
+            self.reader_task = asyncio.create_task(self._read(reader, writer))
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameReader()
         try:
             while True:
@@ -58,8 +64,7 @@ class _Connection:
                 if not future.done():
                     future.set_exception(ConnectionError("connection to replica lost"))
             self.pending.clear()
-            if self.writer is not None:
-                self.writer.close()
+            writer.close()
 
     async def close(self) -> None:
         if self.writer is not None:
