@@ -11,11 +11,15 @@ Modules, one job each:
 * ``ops``       — operation/result encoding and builders;
 * ``events``    — the bounded watch stream;
 * ``store``     — ``ClusterStore``, the ``consensus`` ``StateMachine``;
-* ``errors``    — the exception hierarchy.
+* ``errors``    — the exception hierarchy;
+* ``client``    — ``AllocationStore``, the schedulers' API (embedded or remote);
+* ``grpc_api``  — the gRPC service; ``ctl`` — ``sdpaxos ctl``;
+* ``workload``, ``ledger``, ``demo`` — ``sdpaxos demo``'s job mix, GPU ownership witness, and run.
 """
 
 from cluster_state.allocator import Allocator, Group
 from cluster_state.cells import ChainInfo, Item, LevelInfo, Topology
+from cluster_state.client import AllocationStore
 from cluster_state.config import (
     CellTypeSpec,
     ClusterConfig,
@@ -30,6 +34,7 @@ from cluster_state.errors import (
     ClusterStateError,
     ConfigError,
     EventsCompacted,
+    InvalidRequest,
     RequestError,
     SnapshotError,
 )
@@ -77,6 +82,7 @@ __all__ = [
     "MAX_PRIORITY",
     "OPPORTUNISTIC",
     "SNAPSHOT_FORMAT",
+    "AllocationStore",
     "Allocator",
     "Bind",
     "CellTypeSpec",
@@ -95,6 +101,7 @@ __all__ = [
     "GetVC",
     "Group",
     "GroupSpec",
+    "InvalidRequest",
     "Item",
     "LevelInfo",
     "ListGroups",

@@ -33,19 +33,11 @@ from typing import Any
 import msgpack
 
 from cluster_state import ops
-from cluster_state.errors import ClusterStateError, EventsCompacted
+from cluster_state.errors import EventsCompacted, InvalidRequest
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, PodPlacement
 
 __all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement"]
-
-
-class InvalidRequest(ClusterStateError):
-    """The store refused a request (unknown VC, priority out of range, ...): nothing changed."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class _Remote:

@@ -7,7 +7,9 @@
     ├── RequestError        an operation is invalid; the store answers ``["error", reason]``
     │                       and changes nothing
     ├── SnapshotError       snapshot bytes that this store cannot restore
-    └── EventsCompacted     a watcher asked for events older than the store still keeps
+    ├── EventsCompacted     a watcher asked for events older than the store still keeps
+    └── InvalidRequest      a client's request was refused by the store (the client side of
+                            ``RequestError``: nothing changed)
 
 A replicated state machine must never raise out of ``apply``: ``RequestError`` is raised
 inside the allocator and turned into an error result by the store, and nothing else is
@@ -20,6 +22,7 @@ __all__ = [
     "ClusterStateError",
     "ConfigError",
     "EventsCompacted",
+    "InvalidRequest",
     "RequestError",
     "SnapshotError",
 ]
@@ -66,3 +69,11 @@ class EventsCompacted(ClusterStateError):
 
     def __reduce__(self) -> tuple[type[EventsCompacted], tuple[int, int]]:
         return (type(self), (self.revision, self.oldest))
+
+
+class InvalidRequest(ClusterStateError):
+    """The store refused a request (unknown VC, priority out of range, ...): nothing changed."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
