@@ -15,6 +15,14 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "runtime": ("bench.runtime_bench", "replicas as processes with fsync: throughput, latency"),
     "sim-failover": ("bench.sim_failover", "sequencer failover time in the simulator"),
     "msg-cost": ("bench.msg_cost", "messages per read and per write in the simulator"),
+    "alloc-e2e": ("bench.alloc_e2e", "GPU allocations/s through replicated store processes"),
+    "throughput": (
+        "bench.throughput",
+        "peak throughput per protocol, replicas as processes with CPU limits",
+    ),
+    "latency": ("bench.latency", "per-site latency on the emulated WAN, open-loop clients"),
+    "failover": ("bench.failover", "throughput timeline per site when the sequencer is killed"),
+    "reads": ("bench.reads", "linearizable read throughput and latency, uniform and Zipf keys"),
 }
 
 

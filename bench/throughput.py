@@ -1,0 +1,245 @@
+"""``sdpaxos bench throughput``: peak throughput of the protocols, replicas as processes.
+
+N replicas (fsync on) on loopback, each in its own cgroup with ``--cpu`` CPUs (equal machines;
+``--straggler F`` gives one replica F times that share, the paper's §5.1 straggler); closed-loop
+clients in ``--client-procs`` separate processes keep ``--outstanding`` requests in flight on
+each of ``--clients`` connections. Connections are spread over the replicas, except for
+Multi-Paxos, where they all go to the leader (as in the paper: a follower would only forward).
+Commands are ``--size``-byte puts, or with ``--reads`` percent linearizable reads, over
+uniformly random keys. Writes are blind (acknowledged when ready).
+
+Several protocols in one run are interleaved: round r runs them in an order rotated by r, each on
+a fresh cluster, so machine noise spreads over all of them. Reported per configuration and
+protocol: median (min-max) throughput over the rounds, write and read latency percentiles (all
+rounds' HDR histograms merged) and each process's CPU use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+from typing import Any
+
+from bench.harness import (
+    BenchProgress,
+    BenchSession,
+    LoadPlan,
+    add_common_arguments,
+    interrupts_to_exit_code,
+    machine_info,
+    parse_protocols,
+    print_table,
+    run_load,
+    spread,
+    summary_ms,
+    write_json,
+)
+from bench.loadgen import new_histogram
+from consensus.config import SITES
+from consensus.statemachine import SESSION_WINDOW
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--protocols",
+        type=parse_protocols,
+        default=parse_protocols("sdpaxos,multipaxos,mencius"),
+        help="comma-separated, interleaved round by round",
+    )
+    parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3])
+    parser.add_argument(
+        "--size",
+        type=int,
+        nargs="+",
+        default=[16],
+        help="command bytes (16 and 1024 are the paper's)",
+    )
+    parser.add_argument(
+        "--reads",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="percent of linearizable reads (0-100)",
+    )
+    parser.add_argument("--clients", type=int, default=12, help="client connections in all")
+    parser.add_argument(
+        "--outstanding",
+        type=int,
+        default=32,
+        help=f"requests in flight per connection (at most {SESSION_WINDOW})",
+    )
+    parser.add_argument("--client-procs", type=int, default=2, help="load-generator processes")
+    parser.add_argument(
+        "--cpu", type=float, default=0.3, help="CPUs per replica through a cgroup (0: unlimited)"
+    )
+    parser.add_argument(
+        "--straggler",
+        type=float,
+        default=None,
+        metavar="F",
+        help="one replica gets F times the others' CPU share (e.g. 0.33)",
+    )
+    parser.add_argument(
+        "--straggler-replica",
+        type=int,
+        default=0,
+        help="which replica straggles (0: the SDPaxos sequencer and the Multi-Paxos leader)",
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=1.5)
+    add_common_arguments(
+        parser, "short settings, only the first replica count, size and read share: under a minute"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.outstanding <= SESSION_WINDOW:
+        raise SystemExit(f"--outstanding must be in 1..{SESSION_WINDOW}")
+    if any(not 0 <= r <= 100 for r in args.reads):
+        raise SystemExit("--reads is a percentage (0-100)")
+    if args.quick:
+        args.replicas, args.size, args.reads = args.replicas[:1], args.size[:1], args.reads[:1]
+        args.rounds, args.duration, args.warmup = 1, 1.5, 0.5
+    configs = list(itertools.product(args.replicas, args.size, args.reads))
+    with interrupts_to_exit_code("throughput") as code:
+        report = measure(args, configs)
+        write_json(args.json, report)
+        show(report)
+        if args.plot:
+            from bench.plots import throughput_figure
+
+            throughput_figure(report, args.plot)
+    return code[0]
+
+
+def measure(args: argparse.Namespace, configs: list[tuple[int, int, float]]) -> dict[str, Any]:
+    machine = machine_info()
+    protocols: list[str] = args.protocols
+    with BenchSession("throughput", args.workdir, fsync=not args.no_fsync) as session:
+        limiter = session.limiter
+        if not limiter.available and (args.cpu > 0 or args.straggler is not None):
+            print(f"CPU limits unavailable, running unlimited: {limiter.reason}")
+        steps = len(configs) * args.rounds * len(protocols)
+        results = []
+        with BenchProgress("throughput", steps) as progress:
+            for replicas, size, reads in configs:
+                cpus = [args.cpu] * replicas
+                straggler = None
+                if args.straggler is not None:
+                    victim = args.straggler_replica % replicas
+                    cpus[victim] = (args.cpu or 1.0) * args.straggler
+                    quota, period = limiter.quota_for(cpus[victim])
+                    straggler = {
+                        "replica": victim, "site": SITES[victim], "cpus": cpus[victim],
+                        "effective_cpus": round(quota / period, 4) if limiter.available else None,
+                    }  # fmt: skip
+                trials: dict[str, list[dict[str, Any]]] = {p: [] for p in protocols}
+                histograms = {p: (new_histogram(), new_histogram()) for p in protocols}
+                for round_ in range(args.rounds):
+                    shift = round_ % len(protocols)
+                    for protocol in protocols[shift:] + protocols[:shift]:
+                        progress.begin(
+                            f"N={replicas} {size} B {reads:g}% reads, {protocol}, "
+                            f"round {round_ + 1}/{args.rounds}"
+                        )
+                        trial, writes, read_hist = _trial(
+                            session, progress, args, protocol, replicas, size, reads, cpus
+                        )
+                        trials[protocol].append(trial)
+                        histograms[protocol][0].add(writes)
+                        histograms[protocol][1].add(read_hist)
+                        progress.end()
+                for protocol in protocols:
+                    rates = [t["throughput_per_s"] for t in trials[protocol]]
+                    results.append({
+                        "protocol": protocol, "replicas": replicas, "size": size,
+                        "reads_pct": reads, "straggler": straggler,
+                        "throughput_per_s": round(statistics.median(rates)),
+                        "throughput_min": round(min(rates)),
+                        "throughput_max": round(max(rates)),
+                        "write_latency_ms": summary_ms(histograms[protocol][0]),
+                        "read_latency_ms": summary_ms(histograms[protocol][1]),
+                        "rounds": trials[protocol],
+                    })  # fmt: skip
+        return {
+            "bench": "throughput",
+            "machine": machine,
+            "settings": {
+                "protocols": protocols, "clients": args.clients,
+                "outstanding": args.outstanding, "client_procs": args.client_procs,
+                "duration_s": args.duration, "warmup_s": args.warmup, "rounds": args.rounds,
+                "fsync": not args.no_fsync, "seed": args.seed, "quick": args.quick,
+                "multipaxos_clients": "all to the leader",
+            },
+            "cpu_limit": {
+                "mechanism": limiter.kind, "detail": limiter.reason,
+                "per_replica_cpus": args.cpu if limiter.available else None,
+            },
+            "results": results,
+        }  # fmt: skip
+
+
+def _trial(
+    session: BenchSession,
+    progress: BenchProgress,
+    args: argparse.Namespace,
+    protocol: str,
+    replicas: int,
+    size: int,
+    reads: float,
+    cpus: list[float],
+) -> tuple[dict[str, Any], Any, Any]:
+    cluster = session.start_cluster(f"{protocol}-n{replicas}", replicas, protocol, cpus=cpus)
+    try:
+        targets = [0] if protocol == "multipaxos" else list(range(replicas))
+        plan = LoadPlan(
+            mode="closed",
+            sites=spread(targets, SITES, args.clients, args.outstanding, args.client_procs),
+            warmup=args.warmup, duration=args.duration, size=size, reads=reads / 100,
+            seed=args.seed,
+        )  # fmt: skip
+        result = run_load(session, cluster, plan, progress)
+    finally:
+        session.stop_cluster(cluster)
+    trial = {
+        "throughput_per_s": round(result.throughput()),
+        "write_throughput_per_s": round(result.throughput("ready")),
+        "read_throughput_per_s": round(result.throughput("read")),
+        "cpu": result.cpu,
+        **result.problems(),
+    }
+    return trial, result.histogram("ready"), result.histogram("read")
+
+
+def show(report: dict[str, Any]) -> None:
+    limit = report["cpu_limit"]
+    title = (
+        f"Throughput (closed loop, {report['settings']['clients']} connections x "
+        f"{report['settings']['outstanding']} outstanding; CPU limit: "
+        f"{limit['per_replica_cpus'] or 'none'} per replica via {limit['mechanism']})"
+    )
+    rows = []
+    for r in report["results"]:
+        cpu = [
+            statistics.fmean(t["cpu"].get(f"replica-{i}", 0.0) for t in r["rounds"])
+            for i in range(r["replicas"])
+        ]
+        straggler = r["straggler"]
+        rows.append([
+            r["protocol"], r["replicas"], r["size"], r["reads_pct"],
+            f"{straggler['site']} @ {straggler['cpus']:.2f}" if straggler else "-",
+            r["throughput_per_s"], f"{r['throughput_min']:,}-{r['throughput_max']:,}",
+            r["write_latency_ms"]["p50_ms"], r["write_latency_ms"]["p99_ms"],
+            r["read_latency_ms"]["p50_ms"], r["read_latency_ms"]["p99_ms"],
+            " ".join(f"{c:.2f}" for c in cpu),
+        ])  # fmt: skip
+    print_table(
+        title,
+        ["protocol", "N", "bytes", "reads %", "straggler", "ops/s (median)", "min-max",
+         "write p50 ms", "write p99", "read p50 ms", "read p99", "replica CPUs used"],
+        rows,
+    )  # fmt: skip

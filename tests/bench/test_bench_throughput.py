@@ -1,0 +1,83 @@
+"""``sdpaxos bench throughput``: a smoke run (not a timed test: no performance asserted), and
+teardown of every process it started when interrupted."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from bench_procs import (
+    ROOT,
+    BenchRunner,
+    assert_nothing_left,
+    bench_command,
+    processes_mentioning,
+)
+
+LATENCY_FIELDS = {"count", "p50_ms", "mean_ms", "p95_ms", "p99_ms", "max_ms"}
+
+
+@pytest.mark.timeout(120)
+def test_quick_run_reports_every_protocol_with_a_straggler(run_bench: BenchRunner) -> None:
+    report = run_bench(
+        "throughput", "--quick", "--protocols", "sdpaxos,multipaxos", "--reads", "20",
+        "--straggler", "0.5", "--clients", "4", "--outstanding", "8",
+    )  # fmt: skip
+    assert report["bench"] == "throughput"
+    assert report["cpu_limit"]["mechanism"] in ("cgroup-v2", "cgroup-v1", "none")
+    assert [r["protocol"] for r in report["results"]] == ["sdpaxos", "multipaxos"]
+    for result in report["results"]:
+        assert result["replicas"] == 3 and result["size"] == 16 and result["reads_pct"] == 20
+        assert result["straggler"]["replica"] == 0 and result["straggler"]["site"] == "CA"
+        assert result["throughput_per_s"] > 0
+        assert set(result["write_latency_ms"]) == LATENCY_FIELDS
+        assert result["write_latency_ms"]["count"] > 0
+        assert result["read_latency_ms"]["count"] > 0
+        (trial,) = result["rounds"]
+        assert trial["write_throughput_per_s"] > 0 and trial["read_throughput_per_s"] > 0
+        assert {"replica-0", "replica-1", "replica-2", "loadgen-0"} <= set(trial["cpu"])
+    assert "sdpaxos" in report["_stdout"] and "multipaxos" in report["_stdout"]
+
+
+@pytest.mark.timeout(120)
+def test_runs_unlimited_with_a_clear_message_when_cgroups_are_unavailable(
+    run_bench: BenchRunner,
+) -> None:
+    report = run_bench(
+        "throughput", "--quick", "--protocols", "mencius", "--clients", "2",
+        "--outstanding", "4", env={"SDPAXOS_BENCH_CGROUP": "off"},
+    )  # fmt: skip
+    assert report["cpu_limit"]["mechanism"] == "none"
+    assert report["cpu_limit"]["per_replica_cpus"] is None
+    assert "CPU limits unavailable" in report["_stdout"]
+    assert report["results"][0]["throughput_per_s"] > 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_bench_stops_every_process_it_started(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    workdir = tmp_path / "work"
+    process = subprocess.Popen(
+        bench_command("throughput", workdir, "--protocols", "sdpaxos", "--duration", "60"),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        # wait for the load generators: replicas and clients are all running then
+        while not any("bench.loadgen" in cmd for _, cmd in processes_mentioning(str(workdir))):
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            assert time.monotonic() < deadline, "the bench never started its load"
+            time.sleep(0.1)
+        assert len(processes_mentioning(str(workdir))) >= 4  # 3 replicas + load generators
+        process.send_signal(sig)
+        assert process.wait(30) == 130
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert_nothing_left(workdir, process.pid)
