@@ -6,17 +6,29 @@ One class, two ways in, the same calls:
   client protocol to the replica at the scheduler's own site (retried on another replica with
   the same (client id, sequence number) after a timeout, so a retry takes effect once);
 * ``AllocationStore.embedded(node, client_id=...)`` — a scheduler process that hosts a replica
-  (``consensus.runtime.node.ReplicaNode`` serving a ``ClusterStore``) calls it directly.
+  (``consensus.runtime.node.ReplicaNode`` serving a ``ClusterStore``) calls it directly; a
+  request that times out is proposed again with the same (client id, sequence number).
 
 Updates (``submit``, ``bind``, ``release``, ``set_node_health``) go through the log and are
 linearizable; queries (``status``, ``vc``, ``summary``, ``allocations``) are linearizable reads
-through the sequencer unless ``stale=True`` asks for the local replica's state. ``watch(r)``
-yields every change event after revision ``r`` in order, exactly once, by reading pages of the
-store's event log; if the store no longer has them it raises ``EventsCompacted``. A store
-answer ``["error", reason]`` raises ``InvalidRequest``; an answer that may or may not have
-taken effect raises ``consensus.errors.IndefiniteFailure`` (retry: it takes effect once).
+through the sequencer unless ``stale=True`` asks for the local replica's state.
 
-    store = AllocationStore.connect([("10.0.0.1", 7100), ...], client_id=17, home=0)
+``watch(r)`` yields every change event after revision ``r`` in order, exactly once. Embedded,
+it is fed by the node's apply hook and the store's own event log (no polling); remote, it reads
+pages of the event log with linearizable reads, waiting ``poll_s`` when there is nothing new.
+Either way a watcher that lost its connection resumes with ``watch(last.revision)`` — at any
+replica, since every replica holds the same events — and if the store no longer keeps them it
+raises ``EventsCompacted`` (re-read the state with ``allocations()``, then watch from the
+revision it reports).
+
+A store answer ``["error", reason]`` raises ``InvalidRequest`` (nothing changed); an answer
+that may or may not have taken effect raises ``consensus.errors.IndefiniteFailure``.
+
+A session is one ``client_id``: the replicated session table remembers its recent results by
+sequence number, so a client id must not be reused by another session (a restarted scheduler
+included). Leave it out to get a random one.
+
+    store = AllocationStore.connect([("10.0.0.1", 7100), ...], home=0)
     result = await store.submit(GroupSpec(name="job-1", vc="vc00", priority=100,
                                           members=(Member(pods=2, leaves=8),)))
     if isinstance(result, Placed):
@@ -26,118 +38,250 @@ taken effect raises ``consensus.errors.IndefiniteFailure`` (retry: it takes effe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import secrets
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
 from cluster_state import ops
-from cluster_state.errors import EventsCompacted, InvalidRequest
+from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, PodPlacement
+from cluster_state.store import ClusterStore
+from consensus.errors import IndefiniteFailure
+from consensus.messages import Command
 
-__all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement"]
+if TYPE_CHECKING:
+    from consensus.runtime.node import ReplicaNode
+
+__all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "new_client_id"]
+
+#: the codec's bound on a client id (and a sequence number)
+_MAX_ID = (1 << 63) - 1
+
+
+def new_client_id() -> int:
+    """A fresh random client id. The top half of the id space is left to random ids, so
+    they never meet the small hand-picked ones that tests and demos use."""
+    return (1 << 62) + secrets.randbelow(1 << 62)
+
+
+class _Channel(Protocol):
+    """How a store reaches the log: the remote client or a node in this process."""
+
+    async def update(self, op: bytes, seq: int | None) -> bytes: ...
+
+    async def query(self, op: bytes, stale: bool) -> bytes: ...
+
+    def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]: ...
+
+    async def close(self) -> None: ...
 
 
 class _Remote:
     def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, attempts: int) -> None:
         from consensus.runtime.client import Client
 
-        self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s)
+        self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
+                             attempts=attempts)
 
-    async def update(self, op: bytes) -> tuple[bytes, int]:
-        reply = await self.client.execute(op)
-        return bytes(reply.payload), reply.position  # type: ignore[arg-type]
+    async def update(self, op: bytes, seq: int | None) -> bytes:
+        reply = await self.client.execute(op, seq=seq)
+        return bytes(reply.payload)  # type: ignore[arg-type]
 
     async def query(self, op: bytes, stale: bool) -> bytes:
         reply = await self.client.read(op, stale=stale)
         return bytes(reply.payload)  # type: ignore[arg-type]
+
+    async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+        # A page of events per linearizable read: a page is never older than what the
+        # watcher already saw, whichever replica answers, so resuming anywhere is exact.
+        while True:
+            answer = msgpack.unpackb(await self.query(ops.get_events(since), False))
+            if answer[0] == "compacted":
+                raise EventsCompacted(answer[1], answer[2])
+            events = [ChangeEvent.from_wire(wire) for wire in answer[2]]
+            if events:
+                yield events
+                since = events[-1].revision
+            else:
+                await asyncio.sleep(poll_s)
 
     async def close(self) -> None:
         await self.client.close()
 
 
 class _Embedded:
-    def __init__(self, node: Any, client_id: int) -> None:
+    def __init__(self, node: ReplicaNode, client_id: int, timeout_s: float,
+                 attempts: int) -> None:
+        if not isinstance(node.state_machine, ClusterStore):
+            raise TypeError("AllocationStore.embedded needs a node serving a ClusterStore, not "
+                            f"{type(node.state_machine).__name__}")
         self.node = node
+        self.store: ClusterStore = node.state_machine
         self.client_id = client_id
+        self.timeout_s = timeout_s
+        self.attempts = attempts
         self._seq = itertools.count()
 
-    def _command(self, op: bytes) -> Any:
-        from consensus.messages import Command
+    def _command(self, op: bytes, seq: int | None = None) -> Command:
+        return Command(client_id=self.client_id, seq=next(self._seq) if seq is None else seq,
+                       op=op)
 
-        return Command(client_id=self.client_id, seq=next(self._seq), op=op)
-
-    async def update(self, op: bytes) -> tuple[bytes, int]:
-        result = await self.node.submit(self._command(op))
-        return result.value, result.position
+    async def update(self, op: bytes, seq: int | None) -> bytes:
+        command = self._command(op, seq)
+        for _ in range(self.attempts):
+            # After a timeout (a failover, say) the command may or may not be in the log:
+            # proposing the same (client id, seq) again is safe, the session table applies it
+            # once. A DefiniteFailure is final, as with the remote client.
+            with contextlib.suppress(TimeoutError):
+                result = await asyncio.wait_for(self.node.submit(command), self.timeout_s)
+                return result.value
+        raise IndefiniteFailure(
+            f"no result for ({command.client_id}, {command.seq}) within {self.timeout_s}s, "
+            f"{self.attempts} tries"
+        )
 
     async def query(self, op: bytes, stale: bool) -> bytes:
-        answer: bytes = await self.node.read(self._command(op), stale=stale)
-        return answer
+        for _ in range(self.attempts):
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(
+                    self.node.read(self._command(op), stale=stale), self.timeout_s
+                )
+        raise IndefiniteFailure(
+            f"no answer to a read within {self.timeout_s}s, {self.attempts} tries"
+        )
+
+    async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+        # The node calls its apply hooks on its own loop, right after each command applies:
+        # a set flag is all a waiting watcher needs, and it reads the events locally.
+        changed = asyncio.Event()
+
+        def wake(position: int, command: Command, result: bytes) -> None:
+            changed.set()
+
+        self.node.on_apply.append(wake)
+        try:
+            while True:
+                changed.clear()
+                events = self.store.events_since(since)  # EventsCompacted if gone
+                if events:
+                    yield events
+                    since = events[-1].revision
+                    continue
+                # A snapshot installed from a peer calls no hook: look again now and then.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), max(poll_s, 1.0))
+        finally:
+            self.node.on_apply.remove(wake)
 
     async def close(self) -> None:
         return None
 
 
 class AllocationStore:
-    def __init__(self, channel: _Remote | _Embedded) -> None:
+    """One session with the allocation store (see the module documentation)."""
+
+    __slots__ = ("_channel", "client_id")
+
+    def __init__(self, channel: _Channel, client_id: int) -> None:
         self._channel = channel
+        self.client_id = client_id
 
     @classmethod
     def connect(
-        cls, addresses: Sequence[tuple[str, int]], *, client_id: int, home: int = 0,
+        cls,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        client_id: int | None = None,
+        home: int = 0,
         timeout_s: float = 2.0,
+        attempts: int = 3,
     ) -> AllocationStore:
         """Talk to the replicas at ``addresses`` (client ports), ``addresses[home]`` first.
-        ``client_id`` must be unique among the store's clients."""
-        return cls(_Remote(addresses, client_id, home, timeout_s))
+        A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times."""
+        client_id = _checked_id(client_id)
+        return cls(_Remote(addresses, client_id, home, timeout_s, attempts), client_id)
 
     @classmethod
-    def embedded(cls, node: Any, *, client_id: int) -> AllocationStore:
-        """Use the replica ``node`` (a ``ReplicaNode`` serving a ``ClusterStore``) hosted in
-        this process."""
-        return cls(_Embedded(node, client_id))
+    def embedded(
+        cls,
+        node: ReplicaNode,
+        *,
+        client_id: int | None = None,
+        timeout_s: float = 5.0,
+        attempts: int = 3,
+    ) -> AllocationStore:
+        """Use the replica ``node`` (a started ``ReplicaNode`` serving a ``ClusterStore``)
+        hosted in this process. A request with no outcome after ``timeout_s`` is proposed
+        again, ``attempts`` times."""
+        client_id = _checked_id(client_id)
+        return cls(_Embedded(node, client_id, timeout_s, attempts), client_id)
 
     async def close(self) -> None:
         await self._channel.close()
 
+    async def __aenter__(self) -> AllocationStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     # ------------------------------------------------------------------ updates
-    async def submit(self, spec: GroupSpec) -> ops.Placed | ops.Preempting | ops.Waiting:
-        result = await self._update(ops.submit(
-            spec.name, spec.vc, spec.priority, spec.members,
-            leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
-        ))
-        assert isinstance(result, ops.Placed | ops.Preempting | ops.Waiting), result
-        return result
+    # ``seq`` is for callers that number their own requests (so they can retry one after
+    # they restart, say); by default the session numbers them. Don't mix the two.
+
+    async def submit(
+        self, spec: GroupSpec, *, seq: int | None = None
+    ) -> ops.Placed | ops.Preempting | ops.Waiting:
+        """Place the gang ``spec``: placed, reserving cells from lower-priority victims
+        (placed once they are released), or waiting (nothing changed; try again later)."""
+        op = ops.submit(spec.name, spec.vc, spec.priority, spec.members,
+                        leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+        result = await self._update(op, seq)
+        if isinstance(result, ops.Placed | ops.Preempting | ops.Waiting):
+            return result
+        raise _unexpected(result)
 
     async def bind(
-        self, spec: GroupSpec, pods: Sequence[PodPlacement], revision: int
+        self, spec: GroupSpec, pods: Sequence[PodPlacement], revision: int, *,
+        seq: int | None = None,
     ) -> ops.Placed | ops.Conflict:
-        """Place ``spec`` exactly at ``pods`` unless one of their GPUs changed after
-        ``revision`` (a scheduler with its own placement policy)."""
-        result = await self._update(ops.bind(
-            spec.name, spec.vc, spec.priority, spec.members, tuple(pods), revision,
-            leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
-        ))
-        assert isinstance(result, ops.Placed | ops.Conflict), result
-        return result
+        """Place ``spec`` exactly at ``pods`` (one per pod, members in order) unless one of
+        their GPUs changed after ``revision`` (a scheduler with its own placement policy)."""
+        op = ops.bind(spec.name, spec.vc, spec.priority, spec.members, tuple(pods), revision,
+                      leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+        result = await self._update(op, seq)
+        if isinstance(result, ops.Placed | ops.Conflict):
+            return result
+        raise _unexpected(result)
 
-    async def release(self, name: str) -> ops.Released:
-        result = await self._update(ops.release(name))
-        assert isinstance(result, ops.Released), result
-        return result
+    async def release(self, name: str, *, seq: int | None = None) -> ops.Released:
+        """Free the group's GPUs (or cancel its reservation); ``promoted`` lists the
+        preemptors that are placed now."""
+        result = await self._update(ops.release(name), seq)
+        if isinstance(result, ops.Released):
+            return result
+        raise _unexpected(result)
 
-    async def set_node_health(self, node: str, healthy: bool) -> ops.NodeHealthSet:
-        result = await self._update(ops.set_node_health(node, healthy))
-        assert isinstance(result, ops.NodeHealthSet), result
-        return result
+    async def set_node_health(
+        self, node: str, healthy: bool, *, seq: int | None = None
+    ) -> ops.NodeHealthSet:
+        """Mark a node healthy or bad (bad GPUs are not allocated; reservations on them are
+        cancelled, listed in ``cancelled``)."""
+        result = await self._update(ops.set_node_health(node, healthy), seq)
+        if isinstance(result, ops.NodeHealthSet):
+            return result
+        raise _unexpected(result)
 
-    async def _update(self, op: bytes) -> ops.Result:
-        payload, _ = await self._channel.update(op)
-        result = ops.decode_result(payload)
+    async def _update(self, op: bytes, seq: int | None) -> ops.Result:
+        if seq is not None and not 0 <= seq <= _MAX_ID:
+            raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")
+        result = ops.decode_result(await self._channel.update(op, seq))
         if isinstance(result, ops.Error):
             raise InvalidRequest(result.reason)
         return result
@@ -154,12 +298,21 @@ class AllocationStore:
         return info
 
     async def summary(self, *, stale: bool = False) -> dict[str, Any]:
+        """Cluster-wide GPU use, per chain and per virtual cluster."""
         info: dict[str, Any] = await self._query(ops.get_summary(), stale)
         return info
 
-    async def allocations(self, vc: str = "", *, stale: bool = False) -> list[dict[str, Any]]:
+    async def allocations(
+        self, vc: str | None = None, *, stale: bool = False
+    ) -> list[dict[str, Any]]:
         """Every group (of ``vc``), in name order."""
-        info: list[dict[str, Any]] = await self._query(ops.list_groups(vc), stale)
+        info: list[dict[str, Any]] = await self._query(ops.list_groups(vc or ""), stale)
+        return info
+
+    async def digest(self, *, stale: bool = False) -> dict[str, Any]:
+        """``{"revision": r, "sha256": hex}``: the hash of the store's snapshot. Replicas that
+        applied the same log agree; ask each one with ``stale=True`` to compare them."""
+        info: dict[str, Any] = await self._query(ops.get_digest(), stale)
         return info
 
     async def _query(self, op: bytes, stale: bool) -> Any:
@@ -171,17 +324,30 @@ class AllocationStore:
     # ------------------------------------------------------------------ watch
     async def watch(
         self, since: int = -1, *, poll_s: float = 0.05
-    ) -> AsyncIterator[ChangeEvent]:
+    ) -> AsyncGenerator[ChangeEvent, None]:
         """Every change event with a revision above ``since``, in order, once each; new ones
-        as they happen. Raises ``EventsCompacted`` if the store dropped some of them."""
-        while True:
-            answer = msgpack.unpackb(await self._channel.query(ops.get_events(since), False))
-            if answer[0] == "compacted":
-                raise EventsCompacted(answer[1], answer[2])
-            events = [ChangeEvent.from_wire(wire) for wire in answer[2]]
-            for event in events:
-                yield event
-            if events:
-                since = events[-1].revision
-            else:
-                await asyncio.sleep(poll_s)
+        as they happen. Raises ``EventsCompacted`` if the store dropped some of them.
+
+        One operation may emit several events with the same revision (a release that places
+        its preemptors, say); they come one after the other. To resume exactly after the
+        last event seen, watch from that revision minus one and skip the events of that
+        revision already seen (every replica emits the same events in the same order)."""
+        # Closing this generator closes the channel's too (and so unhooks an embedded one).
+        async with contextlib.aclosing(self._channel.watch(since, poll_s)) as pages:
+            async for events in pages:
+                for event in events:
+                    yield event
+
+
+def _checked_id(client_id: int | None) -> int:
+    if client_id is None:
+        return new_client_id()
+    if not 0 <= client_id <= _MAX_ID:
+        raise ValueError(f"client_id must be in 0..{_MAX_ID}, got {client_id}")
+    return client_id
+
+
+def _unexpected(result: ops.Result) -> ClusterStateError:
+    # The store answered an update with the result of another kind of operation: a bug, not
+    # a request the caller could fix.
+    return ClusterStateError(f"unexpected answer {result!r}")

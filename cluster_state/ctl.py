@@ -2,10 +2,16 @@
 
     sdpaxos ctl --server HOST:PORT submit NAME --vc VC --priority P --pods 2x8,1x4
     sdpaxos ctl --config cluster.toml release NAME
-    sdpaxos ctl ... status NAME | vc NAME | watch [--from REV] | node NAME --bad|--healthy
+    sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV] | node NAME --bad
+    sdpaxos ctl ... bind NAME --vc VC --pods 1x8 --on node-0003:0-7 --revision R
+
+With ``--config`` every replica's ``grpc_address`` is a candidate, in the file's order: a call
+that finds a replica unavailable moves on to the next. Updates carry a session (a random client
+id and sequence number 0), so an update re-sent to another replica takes effect once; a watch
+that loses its replica resumes at the next one from the last revision it printed.
 
 Tables on the terminal (rich); ``--json`` prints JSON instead. Exit status 1 with a message on
-an error (invalid request, unavailable replica), 2 on bad usage.
+an error (invalid request, no replica reachable), 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -13,9 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["add_arguments", "parse_pods", "run"]
+__all__ = ["add_arguments", "parse_devices", "parse_pods", "run"]
+
+#: gRPC codes after which the same request may go to another replica
+_RETRY_ELSEWHERE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
 def parse_pods(text: str) -> list[tuple[int, int]]:
@@ -29,30 +39,58 @@ def parse_pods(text: str) -> list[tuple[int, int]]:
     return members
 
 
+def parse_devices(text: str) -> tuple[str, list[int]]:
+    """``"node-7:0-3,6"`` -> ``("node-7", [0, 1, 2, 3, 6])``: one pod's node and GPUs."""
+    node, sep, spec = text.rpartition(":")
+    devices: list[int] = []
+    for part in spec.split(","):
+        low, dash, high = part.partition("-")
+        if not low.isdigit() or (dash and not high.isdigit()):
+            devices = []
+            break
+        devices += range(int(low), int(high if dash else low) + 1)
+    if not sep or not node or not devices:
+        raise argparse.ArgumentTypeError(f"--on: expected NODE:DEVICES (0-3,6), got {text!r}")
+    return node, devices
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--server", help="a replica's gRPC address, host:port")
-    where.add_argument("--config", help="a cluster file: use its first grpc_address")
+    where.add_argument("--config", help="a cluster file: use its replicas' grpc_address")
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--timeout", type=float, default=10.0)
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    submit = verbs.add_parser("submit", help="submit a gang (affinity group)")
-    submit.add_argument("name")
-    submit.add_argument("--vc", required=True)
-    submit.add_argument("--priority", type=int, default=0, help="0..1000, or -1 opportunistic")
-    submit.add_argument("--pods", type=parse_pods, required=True, help="e.g. 2x8,1x4")
-    submit.add_argument("--leaf-type", default="")
-    submit.add_argument("--pinned", default="")
-    submit.add_argument("--lazy", action="store_true", help="lazy preemption")
+
+    def gang(verb: argparse.ArgumentParser) -> None:
+        verb.add_argument("name")
+        verb.add_argument("--vc", required=True)
+        verb.add_argument("--priority", type=int, default=0,
+                          help="0..1000, or -1 opportunistic")
+        verb.add_argument("--pods", type=parse_pods, required=True, help="e.g. 2x8,1x4")
+        verb.add_argument("--leaf-type", default="")
+        verb.add_argument("--pinned", default="", help="a pinned cell id of the VC")
+        verb.add_argument("--lazy", action="store_true", help="lazy preemption")
+
+    gang(verbs.add_parser("submit", help="submit a gang (affinity group)"))
+    bind = verbs.add_parser("bind", help="place a gang at GPUs of your choice")
+    gang(bind)
+    bind.add_argument("--on", type=parse_devices, action="append", required=True,
+                      metavar="NODE:DEVICES", help="one pod's GPUs; once per pod, in order")
+    bind.add_argument("--revision", type=int, required=True,
+                      help="conflict if one of these GPUs changed after this revision")
     release = verbs.add_parser("release", help="release a group's GPUs")
     release.add_argument("name")
     status = verbs.add_parser("status", help="one group, or every allocation")
     status.add_argument("name", nargs="?", default="")
+    status.add_argument("--vc", default="", help="only this virtual cluster's allocations")
     status.add_argument("--stale", action="store_true", help="local read, possibly old")
     vc = verbs.add_parser("vc", help="a virtual cluster's cells and GPU use")
     vc.add_argument("name")
+    verbs.add_parser("summary", help="GPU use per chain")
     watch = verbs.add_parser("watch", help="stream change events")
-    watch.add_argument("--from", dest="since", type=int, default=-1)
+    watch.add_argument("--from", dest="since", type=int, default=-1,
+                       help="events after this revision (default: all the store keeps)")
     watch.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
     node = verbs.add_parser("node", help="mark a node healthy or bad")
     node.add_argument("name")
@@ -64,22 +102,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    from cluster_state.grpc_api import cluster_state_pb2 as pb
-    from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
-
-    target = args.server or _from_config(args.config)
-    if target is None:
+    targets = [args.server] if args.server else _from_config(args.config)
+    if not targets:
         return 2
-    with grpc.insecure_channel(target) as channel:
-        stub = pb_grpc.AllocationServiceStub(channel)  # type: ignore[no-untyped-call]
-        try:
-            return _verb(args, stub, pb)
-        except grpc.RpcError as exc:
-            print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
-            return 1
+    replicas = _Replicas(targets, args.timeout)
+    try:
+        return _verb(args, replicas)
+    except grpc.RpcError as exc:
+        print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        replicas.close()
 
 
-def _from_config(path: str) -> str | None:
+def _from_config(path: str) -> list[str]:
     from consensus.errors import ConfigError
     from consensus.runtime.cluster_config import load_cluster_config
 
@@ -87,81 +125,203 @@ def _from_config(path: str) -> str | None:
         config = load_cluster_config(path)
     except ConfigError as exc:
         print(f"sdpaxos ctl: {exc}", file=sys.stderr)
-        return None
-    for spec in config.replicas:
-        if spec.grpc_address is not None:
-            return f"{spec.grpc_address[0]}:{spec.grpc_address[1]}"
-    print(f"sdpaxos ctl: no replica in {path} has a grpc_address", file=sys.stderr)
-    return None
+        return []
+    targets = [f"{spec.grpc_address[0]}:{spec.grpc_address[1]}"
+               for spec in config.replicas if spec.grpc_address is not None]
+    if not targets:
+        print(f"sdpaxos ctl: no replica in {path} has a grpc_address", file=sys.stderr)
+    return targets
 
 
-def _verb(args: argparse.Namespace, stub: Any, pb: Any) -> int:
-    timeout = args.timeout
-    if args.verb == "submit":
-        group = pb.GroupSpec(
-            name=args.name, vc=args.vc, priority=args.priority,
-            members=[pb.Member(pods=p, leaves=g) for p, g in args.pods],
-            leaf_type=args.leaf_type, pinned=args.pinned, lazy=args.lazy,
-        )
-        reply = stub.Submit(pb.SubmitRequest(group=group), timeout=timeout)
-        outcome = reply.WhichOneof("outcome")
-        if outcome == "placed":
-            placed = reply.placed
-            pods = [[p.leaves, p.node, list(p.devices)] for p in placed.pods]
-            doc: Any = {"placed": placed.group, "chain": placed.chain, "token": placed.token,
-                        "pods": pods}
-            rows = [[str(n), node, ",".join(map(str, d))] for n, node, d in pods]
-            _show(args, doc, f"{placed.group} placed (fencing token {placed.token})",
-                  ["GPUs", "node", "devices"], rows)
-        elif outcome == "preempting":
-            doc = {"preempting": reply.preempting.group,
-                   "victims": list(reply.preempting.victims)}
-            _show(args, doc, f"{args.name} preempting", ["victim"],
-                  [[v] for v in reply.preempting.victims])
-        else:
-            doc = {"waiting": reply.waiting.group, "reason": reply.waiting.reason}
-            _show(args, doc, f"{args.name} waiting: {reply.waiting.reason}", [], [])
-    elif args.verb == "release":
-        released = stub.Release(pb.ReleaseRequest(group=args.name), timeout=timeout)
-        doc = {"released": args.name, "promoted": list(released.promoted)}
-        _show(args, doc, f"{args.name} released", ["placed now (was preempting)"],
-              [[g] for g in released.promoted])
-    elif args.verb == "status":
-        query = pb.QueryRequest(name=args.name, stale=args.stale)
-        if args.name:
-            info = json.loads(stub.GetGroup(query, timeout=timeout).json)
-            rows = [[k, json.dumps(v)] for k, v in info.items()]
-            _show(args, info, f"group {args.name}", ["field", "value"], rows)
-        else:
-            groups = json.loads(stub.ListAllocations(query, timeout=timeout).json)
-            rows = [[g["name"], g["vc"], str(g["priority"]), g["state"], str(g["token"]),
-                     str(g["leaves"])] for g in groups]
-            _show(args, groups, "allocations",
-                  ["group", "vc", "priority", "state", "token", "GPUs"], rows)
-    elif args.verb == "vc":
-        info = json.loads(stub.GetVC(pb.QueryRequest(name=args.name), timeout=timeout).json)
-        rows = [[c["cell_type"], str(c["cells"]), str(c["used"]), str(c["free"]), str(c["bad"])]
-                for c in info["cells"]]
-        leaves = info["leaves"]
-        _show(args, info, f"{args.name}: {leaves['used']} of {leaves['total']} GPUs used",
-              ["cell type", "cells", "used", "free", "bad"], rows)
-    elif args.verb == "watch":
-        for seen, event in enumerate(stub.Watch(pb.WatchRequest(since=args.since)), start=1):
-            doc = {"revision": event.revision, "kind": event.kind, "subject": event.subject,
-                   "data": json.loads(event.data_json)}
-            print(json.dumps(doc) if args.json
-                  else f"{event.revision:>8}  {event.kind:<11} {event.subject}", flush=True)
-            if args.count and seen >= args.count:
-                break
-    else:
-        reply = stub.SetNodeHealth(pb.NodeHealthRequest(node=args.name, healthy=args.healthy),
-                                   timeout=timeout)
-        doc = {"node": args.name, "healthy": args.healthy, "changed": reply.changed,
-               "cancelled": list(reply.cancelled)}
-        _show(args, doc, f"{args.name} {'healthy' if args.healthy else 'bad'}"
-              f"{'' if reply.changed else ' (unchanged)'}", ["cancelled preemptor"],
-              [[g] for g in reply.cancelled])
+class _Replicas:
+    """Stubs for the candidate replicas; ``call`` tries them in turn."""
+
+    def __init__(self, targets: list[str], timeout: float) -> None:
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+
+        self.timeout = timeout
+        self.channels = [grpc.insecure_channel(target) for target in targets]
+        self.stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
+                      for c in self.channels]
+
+    def call(self, method: str, request: Any) -> Any:
+        import grpc
+
+        for k, stub in enumerate(self.stubs):
+            try:
+                return getattr(stub, method)(request, timeout=self.timeout)
+            except grpc.RpcError as exc:
+                if exc.code().name not in _RETRY_ELSEWHERE or k == len(self.stubs) - 1:
+                    raise
+        raise AssertionError("no stubs")
+
+    def watch(self, since: int) -> Iterator[Any]:
+        """Events after ``since``, moving on to the next replica when one becomes unavailable;
+        gives up once every replica failed in a row.
+
+        One operation's events share a revision, so resuming "after the last revision seen"
+        could drop the rest of a revision cut short: the next replica is asked from the
+        revision before, and the events of the last revision already shown are skipped
+        (every replica has the same events in the same order)."""
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+        last, seen = since, 0  # ``seen`` events of revision ``last`` were yielded
+        failures = 0
+        k = 0
+        while True:
+            skip = seen
+            try:
+                request = pb.WatchRequest(since=last - 1 if seen else last)
+                for event in self.stubs[k].Watch(request):
+                    if skip and event.revision == last:
+                        skip -= 1
+                        continue
+                    failures = 0
+                    if event.revision == last:
+                        seen += 1
+                    else:
+                        last, seen = event.revision, 1
+                    yield event
+                return
+            except grpc.RpcError as exc:
+                failures += 1
+                if exc.code().name not in _RETRY_ELSEWHERE or failures >= len(self.stubs):
+                    raise
+                k = (k + 1) % len(self.stubs)
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+
+def _session() -> Any:
+    from cluster_state.client import new_client_id
+    from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+    return pb.Session(client_id=new_client_id(), seq=0)
+
+
+def _group(args: argparse.Namespace, pb: Any) -> Any:
+    return pb.GroupSpec(
+        name=args.name, vc=args.vc, priority=args.priority,
+        members=[pb.Member(pods=p, leaves=g) for p, g in args.pods],
+        leaf_type=args.leaf_type, pinned=args.pinned, lazy=args.lazy,
+    )
+
+
+def _verb(args: argparse.Namespace, replicas: _Replicas) -> int:
+    from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+    verbs: dict[str, Callable[[argparse.Namespace, _Replicas, Any], None]] = {
+        "submit": _submit, "bind": _bind, "release": _release, "status": _status,
+        "vc": _vc, "summary": _summary, "watch": _watch, "node": _node,
+    }
+    verbs[args.verb](args, replicas, pb)
     return 0
+
+
+def _show_placed(args: argparse.Namespace, placed: Any) -> None:
+    pods = [[p.leaves, p.node, list(p.devices)] for p in placed.pods]
+    doc = {"placed": placed.group, "chain": placed.chain, "token": placed.token, "pods": pods}
+    rows = [[str(n), node, ",".join(map(str, d))] for n, node, d in pods]
+    _show(args, doc, f"{placed.group} placed (fencing token {placed.token})",
+          ["GPUs", "node", "devices"], rows)
+
+
+def _submit(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    request = pb.SubmitRequest(group=_group(args, pb), session=_session())
+    reply = replicas.call("Submit", request)
+    outcome = reply.WhichOneof("outcome")
+    if outcome == "placed":
+        _show_placed(args, reply.placed)
+    elif outcome == "preempting":
+        victims = list(reply.preempting.victims)
+        _show(args, {"preempting": reply.preempting.group, "victims": victims},
+              f"{args.name} preempting: placed once these are released", ["victim"],
+              [[v] for v in victims])
+    else:
+        _show(args, {"waiting": reply.waiting.group, "reason": reply.waiting.reason},
+              f"{args.name} waiting: {reply.waiting.reason}", [], [])
+
+
+def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    pods = [pb.PodPlacement(node=node, devices=devices) for node, devices in args.on]
+    request = pb.BindRequest(group=_group(args, pb), pods=pods, revision=args.revision,
+                             session=_session())
+    reply = replicas.call("Bind", request)
+    if reply.WhichOneof("outcome") == "placed":
+        _show_placed(args, reply.placed)
+    else:
+        _show(args, {"conflict": reply.conflict.group, "reason": reply.conflict.reason},
+              f"{args.name} not bound: {reply.conflict.reason}", [], [])
+
+
+def _release(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    reply = replicas.call("Release", pb.ReleaseRequest(group=args.name, session=_session()))
+    doc = {"released": args.name, "promoted": list(reply.promoted)}
+    _show(args, doc, f"{args.name} released", ["placed now (was preempting)"],
+          [[g] for g in reply.promoted])
+
+
+def _status(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    if args.name:
+        query = pb.QueryRequest(name=args.name, stale=args.stale)
+        info = json.loads(replicas.call("GetGroup", query).json)
+        rows = [[k, json.dumps(v)] for k, v in info.items()]
+        _show(args, info, f"group {args.name}", ["field", "value"], rows)
+        return
+    query = pb.QueryRequest(name=args.vc, stale=args.stale)
+    groups = json.loads(replicas.call("ListAllocations", query).json)
+    rows = [[g["name"], g["vc"], str(g["priority"]), g["state"], str(g["token"]),
+             str(g["leaves"])] for g in groups]
+    _show(args, groups, f"{len(groups)} allocations",
+          ["group", "vc", "priority", "state", "token", "GPUs"], rows)
+
+
+def _vc(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    info = json.loads(replicas.call("GetVC", pb.QueryRequest(name=args.name)).json)
+    rows = [[c["cell_type"], str(c["cells"]), str(c["used"]), str(c["free"]), str(c["bad"])]
+            for c in info["cells"]]
+    rows += [[f"pinned {p['id']} ({p['address']})", "1", str(int(p["used"])),
+              str(1 - int(p["used"])), str(int(p["bad"]))] for p in info["pinned"]]
+    leaves = info["leaves"]
+    _show(args, info, f"{args.name}: {leaves['used']} of {leaves['total']} GPUs used",
+          ["cell type", "cells", "used", "free", "bad"], rows)
+
+
+def _summary(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    info = json.loads(replicas.call("GetSummary", pb.QueryRequest()).json)
+    rows = [[c["name"], c["leaf_type"], str(c["leaves"]), str(c["free"]), str(c["guaranteed"]),
+             str(c["opportunistic"]), str(c["bad"])] for c in info["chains"]]
+    _show(args, info, f"{info['nodes']} nodes, {info['groups']} group(s) "
+          f"({info['preempting']} preempting), {len(info['bad_nodes'])} bad node(s)",
+          ["chain", "leaf type", "GPUs", "free", "guaranteed", "opportunistic", "bad"], rows)
+
+
+def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    for seen, event in enumerate(replicas.watch(args.since), start=1):
+        if args.json:
+            print(json.dumps({"revision": event.revision, "kind": event.kind,
+                              "subject": event.subject, "data": json.loads(event.data_json)}),
+                  flush=True)
+        else:
+            print(f"{event.revision:>8}  {event.kind:<11} {event.subject}", flush=True)
+        if args.count and seen >= args.count:
+            break
+
+
+def _node(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+    request = pb.NodeHealthRequest(node=args.name, healthy=args.healthy, session=_session())
+    reply = replicas.call("SetNodeHealth", request)
+    doc = {"node": args.name, "healthy": args.healthy, "changed": reply.changed,
+           "cancelled": list(reply.cancelled)}
+    _show(args, doc, f"{args.name} {'healthy' if args.healthy else 'bad'}"
+          f"{'' if reply.changed else ' (unchanged)'}", ["cancelled preemptor"],
+          [[g] for g in reply.cancelled])
 
 
 def _show(args: argparse.Namespace, doc: Any, title: str, columns: list[str],

@@ -33,6 +33,8 @@ Reads (``ClusterStore.query``): ``["group", name]``, ``["vc", name]``, ``["summa
 (``None`` for an unknown group). ``["events", since]`` answers ``["events", revision,
 [[revision, kind, subject, data], ...]]`` (a page of the watch stream after ``since``, whole
 revisions only) or ``["compacted", since, oldest]`` when events after ``since`` are gone.
+``["digest"]`` answers ``["digest", revision, {"revision": r, "sha256": hex}]``, the hash of the
+replica's snapshot: replicas that applied the same log answer the same (a divergence check).
 
 The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
 ``encode_result``/``decode_result`` pair converts the typed results.
@@ -55,6 +57,7 @@ __all__ = [
     "Bind",
     "Conflict",
     "Error",
+    "GetDigest",
     "GetEvents",
     "GetGroup",
     "GetSummary",
@@ -79,6 +82,7 @@ __all__ = [
     "decode_query",
     "decode_result",
     "encode_result",
+    "get_digest",
     "get_events",
     "get_group",
     "get_summary",
@@ -199,7 +203,12 @@ class GetEvents:
     since: int
 
 
-Query = GetGroup | GetVC | GetSummary | ListGroups | GetEvents
+@dataclass(frozen=True, slots=True)
+class GetDigest:
+    """The hash of the store's snapshot (replicas at the same point of the log agree)."""
+
+
+Query = GetGroup | GetVC | GetSummary | ListGroups | GetEvents | GetDigest
 
 
 # --------------------------------------------------------------------------- results
@@ -378,6 +387,10 @@ def get_events(since: int) -> bytes:
     return _pack(["events", since])
 
 
+def get_digest() -> bytes:
+    return _pack(["digest"])
+
+
 def list_groups(vc: str = "") -> bytes:
     return _pack(["groups", vc])
 
@@ -491,4 +504,6 @@ def decode_query(data: bytes) -> Query:
         return ListGroups(_text(op[1], "virtual cluster", empty=True))
     if name == "events" and len(op) == 2 and _is_int(op[1]) and op[1] >= -1:
         return GetEvents(op[1])
+    if name == "digest" and len(op) == 1:
+        return GetDigest()
     raise RequestError(f"unknown or malformed query {name!r}")

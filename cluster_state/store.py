@@ -22,6 +22,7 @@ replicas that applied the same log produce identical bytes, and ``restore(s).sna
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgpack
@@ -34,6 +35,7 @@ from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.ops import (
     Bind,
     Error,
+    GetDigest,
     GetEvents,
     GetGroup,
     GetSummary,
@@ -143,6 +145,9 @@ class ClusterStore:
                     except EventsCompacted as exc:
                         return _pack(["compacted", since, exc.oldest])
                     kind, info = "events", [e.to_wire() for e in _page(events)]
+                case GetDigest():
+                    digest = hashlib.sha256(self.snapshot()).hexdigest()
+                    kind, info = "digest", {"revision": self.revision, "sha256": digest}
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])

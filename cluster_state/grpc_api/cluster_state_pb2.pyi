@@ -42,11 +42,21 @@ class Pod(_message.Message):
     devices: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, leaves: _Optional[int] = ..., node: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class Session(_message.Message):
+    __slots__ = ("client_id", "seq")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    client_id: int
+    seq: int
+    def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "session")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     group: GroupSpec
-    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ...) -> None: ...
+    session: Session
+    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("placed", "preempting", "waiting")
@@ -86,11 +96,49 @@ class Waiting(_message.Message):
     reason: str
     def __init__(self, group: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
-class ReleaseRequest(_message.Message):
-    __slots__ = ("group",)
+class PodPlacement(_message.Message):
+    __slots__ = ("node", "devices")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    devices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[str] = ..., devices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class BindRequest(_message.Message):
+    __slots__ = ("group", "pods", "revision", "session")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    PODS_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    group: GroupSpec
+    pods: _containers.RepeatedCompositeFieldContainer[PodPlacement]
+    revision: int
+    session: Session
+    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ..., pods: _Optional[_Iterable[_Union[PodPlacement, _Mapping]]] = ..., revision: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class Conflict(_message.Message):
+    __slots__ = ("group", "reason")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     group: str
-    def __init__(self, group: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, group: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class BindReply(_message.Message):
+    __slots__ = ("placed", "conflict")
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    placed: Placed
+    conflict: Conflict
+    def __init__(self, placed: _Optional[_Union[Placed, _Mapping]] = ..., conflict: _Optional[_Union[Conflict, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("group", "session")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    session: Session
+    def __init__(self, group: _Optional[str] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class ReleaseReply(_message.Message):
     __slots__ = ("promoted",)
@@ -99,12 +147,14 @@ class ReleaseReply(_message.Message):
     def __init__(self, promoted: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeHealthRequest(_message.Message):
-    __slots__ = ("node", "healthy")
+    __slots__ = ("node", "healthy", "session")
     NODE_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     node: str
     healthy: bool
-    def __init__(self, node: _Optional[str] = ..., healthy: _Optional[bool] = ...) -> None: ...
+    session: Session
+    def __init__(self, node: _Optional[str] = ..., healthy: _Optional[bool] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class NodeHealthReply(_message.Message):
     __slots__ = ("changed", "cancelled")

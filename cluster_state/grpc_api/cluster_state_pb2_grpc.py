@@ -39,6 +39,11 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitReply.FromString,
                 _registered_method=True)
+        self.Bind = channel.unary_unary(
+                '/sdpaxos.cluster_state.v1.AllocationService/Bind',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindReply.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/Release',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseRequest.SerializeToString,
@@ -80,6 +85,12 @@ class AllocationServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Submit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Bind(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -134,6 +145,11 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitReply.SerializeToString,
+            ),
+            'Bind': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bind,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindReply.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -198,6 +214,33 @@ class AllocationService:
             '/sdpaxos.cluster_state.v1.AllocationService/Submit',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitRequest.SerializeToString,
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.SubmitReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bind(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/Bind',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.BindReply.FromString,
             options,
             channel_credentials,
             insecure,

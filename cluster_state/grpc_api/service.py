@@ -4,16 +4,16 @@ Every replica serving the store runs it (``sdpaxos serve`` with a ``grpc_address
 its own node, embedded: a call is one update through the log or one read. Errors map to
 status codes: an invalid request is ``INVALID_ARGUMENT`` (nothing changed), an outcome the
 replica cannot vouch for (a failover while the update was in flight) is ``UNAVAILABLE``
-(retrying with the same request is safe only for reads and releases; a retried submit of the
-same group name returns its current state), compacted watch history is ``OUT_OF_RANGE``.
+(retrying an update is safe when it carries a ``Session``: the same (client id, seq) takes
+effect once, at any replica), compacted watch history is ``OUT_OF_RANGE``.
 """
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -24,10 +24,19 @@ from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from consensus.errors import DefiniteFailure, SDPaxosError
 
-__all__ = ["AllocationServicer", "serve_grpc", "spec_from_pb", "spec_to_pb"]
+if TYPE_CHECKING:
+    from consensus.runtime.node import ReplicaNode
 
-#: client ids the servicers use for their log entries (one per call: calls are concurrent)
-_SERVICE_CLIENT_BASE = 1 << 48
+__all__ = [
+    "AllocationServicer",
+    "placed_to_pb",
+    "serve_grpc",
+    "spec_from_pb",
+    "spec_to_pb",
+]
+
+_T = TypeVar("_T")
+_MAX_ID = (1 << 63) - 1
 
 
 def spec_to_pb(spec: ops.GroupSpec) -> pb.GroupSpec:
@@ -46,74 +55,129 @@ def spec_from_pb(group: pb.GroupSpec) -> ops.GroupSpec:
     )
 
 
-class AllocationServicer(pb_grpc.AllocationServiceServicer):
-    def __init__(self, node: Any, replica_id: int) -> None:
+def placed_to_pb(result: ops.Placed) -> pb.Placed:
+    pods = [pb.Pod(leaves=n, node=node, devices=list(d)) for n, node, d in result.pods]
+    return pb.Placed(group=result.group, chain=result.chain, pods=pods, token=result.token)
+
+
+class _Pool:
+    """Sessions for calls that bring none, one call at a time each.
+
+    The replicated session table keeps an entry per client id for good, so one id per call
+    would grow every replica's state (and snapshot) with every call ever made; reusing idle
+    ids bounds it by the number of calls ever in flight at once.
+    """
+
+    __slots__ = ("_idle", "_node")
+
+    def __init__(self, node: ReplicaNode) -> None:
         self._node = node
-        # Each call gets its own client id, so the replicated session table never confuses
-        # two calls; ids are unique per replica and per process start (the counter starts
-        # from the clock's microseconds: a restarted replica does not reuse them).
-        import time
+        self._idle: list[AllocationStore] = []
 
-        base = _SERVICE_CLIENT_BASE + (replica_id << 40)
-        self._ids = itertools.count(base + (time.time_ns() // 1000) % (1 << 39))
+    @contextlib.contextmanager
+    def store(self) -> Iterator[AllocationStore]:
+        store = self._idle.pop() if self._idle else AllocationStore.embedded(self._node)
+        try:
+            yield store
+        finally:
+            self._idle.append(store)
 
-    def _store(self) -> AllocationStore:
-        return AllocationStore.embedded(self._node, client_id=next(self._ids))
 
+class AllocationServicer(pb_grpc.AllocationServiceServicer):
+    def __init__(self, node: ReplicaNode) -> None:
+        self._node = node
+        self._pool = _Pool(node)
+
+    # ------------------------------------------------------------------ updates
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitReply:
-        result = await self._call(context, self._store().submit(spec_from_pb(request.group)))
+        spec = spec_from_pb(request.group)
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.submit(spec, seq=seq))
         if isinstance(result, ops.Placed):
-            pods = [pb.Pod(leaves=n, node=node, devices=list(d)) for n, node, d in result.pods]
-            return pb.SubmitReply(placed=pb.Placed(group=result.group, chain=result.chain,
-                                                   pods=pods, token=result.token))
+            return pb.SubmitReply(placed=placed_to_pb(result))
         if isinstance(result, ops.Preempting):
             return pb.SubmitReply(preempting=pb.Preempting(group=result.group,
                                                            victims=list(result.victims)))
         return pb.SubmitReply(waiting=pb.Waiting(group=result.group, reason=result.reason))
 
+    async def Bind(self, request: pb.BindRequest, context: Any) -> pb.BindReply:
+        spec = spec_from_pb(request.group)
+        pods = [ops.PodPlacement(p.node, tuple(p.devices)) for p in request.pods]
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.bind(spec, pods, request.revision, seq=seq))
+        if isinstance(result, ops.Placed):
+            return pb.BindReply(placed=placed_to_pb(result))
+        return pb.BindReply(conflict=pb.Conflict(group=result.group, reason=result.reason))
+
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
-        result = await self._call(context, self._store().release(request.group))
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.release(request.group, seq=seq))
         return pb.ReleaseReply(promoted=list(result.promoted))
 
     async def SetNodeHealth(
         self, request: pb.NodeHealthRequest, context: Any
     ) -> pb.NodeHealthReply:
-        result = await self._call(
-            context, self._store().set_node_health(request.node, request.healthy)
-        )
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(
+                context, store.set_node_health(request.node, request.healthy, seq=seq)
+            )
         return pb.NodeHealthReply(changed=result.changed, cancelled=list(result.cancelled))
 
+    @contextlib.asynccontextmanager
+    async def _session(
+        self, session: pb.Session, context: Any
+    ) -> AsyncIterator[tuple[AllocationStore, int | None]]:
+        if not session.client_id:
+            with self._pool.store() as store:
+                yield store, None
+            return
+        if session.client_id > _MAX_ID or session.seq > _MAX_ID:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"session client_id and seq must be below 2^63, got ({session.client_id}, "
+                f"{session.seq})",
+            )
+        yield AllocationStore.embedded(self._node, client_id=session.client_id), session.seq
+
+    # ------------------------------------------------------------------ queries
     async def GetGroup(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        info = await self._call(context, self._store().status(request.name, stale=request.stale))
+        with self._pool.store() as store:
+            info = await self._call(context, store.status(request.name, stale=request.stale))
         if info is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no group {request.name!r}")
         return pb.JsonReply(json=json.dumps(info))
 
     async def GetVC(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        info = await self._call(context, self._store().vc(request.name, stale=request.stale))
+        with self._pool.store() as store:
+            info = await self._call(context, store.vc(request.name, stale=request.stale))
         return pb.JsonReply(json=json.dumps(info))
 
     async def GetSummary(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        info = await self._call(context, self._store().summary(stale=request.stale))
+        with self._pool.store() as store:
+            info = await self._call(context, store.summary(stale=request.stale))
         return pb.JsonReply(json=json.dumps(info))
 
     async def ListAllocations(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        info = await self._call(
-            context, self._store().allocations(request.name, stale=request.stale)
-        )
+        with self._pool.store() as store:
+            info = await self._call(
+                context, store.allocations(request.name, stale=request.stale)
+            )
         return pb.JsonReply(json=json.dumps(info))
 
+    # ------------------------------------------------------------------ watch
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.Event]:
+        # Fed by this replica's own apply hook: the stream is the replica's event log, which
+        # is the same on every replica, so a client resumes anywhere from its last revision.
+        store = AllocationStore.embedded(self._node)
         try:
-            async for event in self._store().watch(request.since):
+            async for event in store.watch(request.since):
                 yield pb.Event(revision=event.revision, kind=event.kind, subject=event.subject,
                                data_json=json.dumps(list(event.data)))
         except EventsCompacted as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
-        except SDPaxosError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
-    async def _call(self, context: Any, call: Any) -> Any:
+    # ------------------------------------------------------------------ errors
+    async def _call(self, context: Any, call: Awaitable[_T]) -> _T:
         try:
             return await call
         except InvalidRequest as exc:
@@ -122,13 +186,17 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except SDPaxosError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("context.abort returned")  # it raises
 
 
-async def serve_grpc(node: Any, replica_id: int, host: str, port: int) -> Any:
-    """Start the service for ``node`` on host:port; returns the grpc.aio server."""
+async def serve_grpc(node: ReplicaNode, host: str, port: int) -> grpc.aio.Server:
+    """Start the service for ``node`` on host:port; returns the grpc.aio server (the caller
+    stops it)."""
     server = grpc.aio.server()
-    servicer = AllocationServicer(node, replica_id)
-    pb_grpc.add_AllocationServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    server.add_insecure_port(f"{host}:{port}")
+    pb_grpc.add_AllocationServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        AllocationServicer(node), server
+    )
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot listen on {host}:{port} for gRPC")
     await server.start()
     return server

@@ -128,7 +128,9 @@ async def _serve(
     if spec.grpc_address is not None and config.state_machine == "cluster_state":
         from cluster_state.grpc_api.service import serve_grpc
 
-        grpc_server = await serve_grpc(node, me, *spec.grpc_address)
+        grpc_server = await serve_grpc(node, *spec.grpc_address)
+        log.info("replica %d serving the allocation store over gRPC on %s:%d", me,
+                 *spec.grpc_address)
     log.info("replica %d serving peers on %s:%d, clients on %s:%d", me, *spec.address,
              *spec.client_address)
     stop = asyncio.Event()
@@ -158,10 +160,16 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--dir", required=True)
     init.add_argument("--base-port", type=int, default=7000)
     init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
-    init.add_argument(
+    store = init.add_mutually_exclusive_group()
+    store.add_argument(
         "--gpu-store",
         action="store_true",
         help="serve the GPU allocation store on a generated HiveD-style cluster (gpu.yaml)",
+    )
+    store.add_argument(
+        "--gpu-config",
+        metavar="FILE",
+        help="serve the GPU allocation store on this HiveD-style cluster file",
     )
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
     up.add_argument("--dir", required=True)
@@ -191,13 +199,19 @@ def run_cluster(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if args.action == "init":
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan,
-                     gpu_store=args.gpu_store)
+                     gpu_store=args.gpu_store, gpu_config=args.gpu_config)
     if args.action == "up":
         return _up(directory, args.timeout)
     return _down(directory)
 
 
-def cluster_toml(replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local") -> str:
+def cluster_toml(
+    replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local",
+    gpu_config: str | None = None,
+) -> str:
+    """A loopback cluster file: replica i listens on base_port + i (peers), + 100 + i
+    (clients), + 200 + i (metrics) and, serving the GPU store on ``gpu_config``, + 300 + i
+    (gRPC)."""
     lines = [f'cluster_id = "{cluster_id}"', 'data_dir = "data"', ""]
     for i in range(replicas):
         lines += [
@@ -206,29 +220,44 @@ def cluster_toml(replicas: int, base_port: int, *, wan: bool, cluster_id: str = 
             f'address = "127.0.0.1:{base_port + i}"',
             f'client_address = "127.0.0.1:{base_port + 100 + i}"',
             f'metrics_address = "127.0.0.1:{base_port + 200 + i}"',
-            f'site = "{SITES[i]}"',
-            "",
         ]
+        if gpu_config is not None:
+            lines.append(f'grpc_address = "127.0.0.1:{base_port + 300 + i}"')
+        lines += [f'site = "{SITES[i]}"', ""]
     lines += ["[protocol]", "heartbeat_us = 50000", "election_timeout_us = 300000", ""]
     if wan:
         lines += ["[wan]", "emulate = true", ""]
+    if gpu_config is not None:
+        lines += ["[state_machine]", 'kind = "cluster_state"',
+                  f"gpu_config = {json.dumps(gpu_config)}", ""]
     return "\n".join(lines)
 
 
-def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_store: bool) -> int:
+def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_store: bool,
+          gpu_config: str | None) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / CONFIG_NAME
-    text = cluster_toml(replicas, base_port, wan=wan)
-    if gpu_store:
+    gpu: str | None = None
+    if gpu_config is not None:
+        from cluster_state.config import load_config
+        from cluster_state.errors import ClusterStateError
+
+        try:  # refuse a bad file now rather than when the replicas start
+            load_config(gpu_config)
+        except (ClusterStateError, OSError) as exc:
+            print(f"sdpaxos cluster init: {gpu_config}: {exc}", file=sys.stderr)
+            return 2
+        gpu = str(Path(gpu_config).resolve())
+    elif gpu_store:
         from cluster_state.config import synthetic_config
 
-        (directory / "gpu.yaml").write_text(
-            synthetic_config(nodes=64, vcs=4, pinned=2).to_yaml()
-        )
-        text += '\n[state_machine]\nkind = "cluster_state"\ngpu_config = "gpu.yaml"\n'
-        print(f"wrote {directory / 'gpu.yaml'} (64 nodes x 8 GPUs, 4 virtual clusters)")
-    path.write_text(text)
+        gpu = "gpu.yaml"
+        (directory / gpu).write_text(synthetic_config(nodes=64, vcs=4, pinned=2).to_yaml())
+        print(f"wrote {directory / gpu} (64 nodes x 8 GPUs, 4 virtual clusters)")
+    path.write_text(cluster_toml(replicas, base_port, wan=wan, gpu_config=gpu))
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
+    if gpu is not None:
+        print(f"the GPU allocation store: sdpaxos ctl --config {path} status")
     return 0
 
 

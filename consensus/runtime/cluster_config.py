@@ -169,6 +169,9 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         raise fail(f"[protocol]: {exc}") from None
     one_way = _parse_wan(raw.get("wan", {}), specs, fail)
     kind, gpu_config = _parse_state_machine(raw.get("state_machine", {}), base, fail)
+    if kind != "cluster_state" and any(spec.grpc_address for spec in specs):
+        raise fail('grpc_address serves the GPU allocation store: it needs [state_machine] '
+                   'kind = "cluster_state"')
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
         data_dir = base / data_dir

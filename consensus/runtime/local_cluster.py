@@ -21,7 +21,7 @@ from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 __all__ = ["LocalCluster", "free_base_port"]
 
 
-def free_base_port(span: int = 300) -> int:
+def free_base_port(span: int = 400) -> int:
     """A base port whose [base, base + span) range looks free right now."""
     for _ in range(50):
         with socket.socket() as probe:
@@ -30,7 +30,7 @@ def free_base_port(span: int = 300) -> int:
         if base + span >= 65000:
             continue
         ok = True
-        for offset in (0, 1, 2, 3, 4, 100, 101, 102, 103, 104, 200, 201, 202, 203, 204):
+        for offset in (hundreds + i for hundreds in (0, 100, 200, 300) for i in range(5)):
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", base + offset))
@@ -51,12 +51,16 @@ class LocalCluster:
         protocol: str = "",
         wan: bool = False,
         state_machine: str = "",
+        gpu_config: str | None = None,
         extra_args: tuple[str, ...] = (),
     ) -> None:
+        """``gpu_config`` (a path relative to ``directory``): serve the GPU allocation store
+        on that cluster, with gRPC on every replica; ``state_machine``: the body of a
+        ``[state_machine]`` table instead (no gRPC)."""
         self.directory = directory
         self.extra_args = extra_args
         directory.mkdir(parents=True, exist_ok=True)
-        text = cluster_toml(replicas, free_base_port(), wan=wan)
+        text = cluster_toml(replicas, free_base_port(), wan=wan, gpu_config=gpu_config)
         if protocol:
             text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
         if state_machine:  # the body of a [state_machine] table
@@ -69,6 +73,10 @@ class LocalCluster:
     @property
     def client_addresses(self) -> list[tuple[str, int]]:
         return [spec.client_address for spec in self.config.replicas]
+
+    @property
+    def grpc_addresses(self) -> list[tuple[str, int] | None]:
+        return [spec.grpc_address for spec in self.config.replicas]
 
     def start(self, replica: int) -> None:
         log = open(self.directory / f"replica-{replica}.log", "ab")  # noqa: SIM115

@@ -1,25 +1,31 @@
 """``AllocationStore`` against three in-process replicas serving a ``ClusterStore``: embedded
-and remote calls, linearizable queries, the watch stream, clear errors for bad requests."""
+and remote calls, linearizable queries, the watch stream (resumed across replicas, pushed by
+the apply hook, compacted), idempotent retries, bind, clear errors for bad requests."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cluster_state.client import AllocationStore, InvalidRequest
 from cluster_state.config import synthetic_config
+from cluster_state.errors import EventsCompacted
 from cluster_state.events import ChangeEvent
-from cluster_state.ops import GroupSpec, Member, Placed
+from cluster_state.ops import Conflict, GroupSpec, Member, Placed, PodPlacement
 from cluster_state.store import ClusterStore
+from consensus.errors import IndefiniteFailure
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
+from consensus.statemachine import KVStore
 
-GPU = dict(nodes=16, gpus_per_node=8, nodes_per_rack=4, vcs=2, pinned=1)
+GPU: dict[str, Any] = dict(nodes=16, gpus_per_node=8, nodes_per_rack=4, vcs=2, pinned=1)
 
 
 def gang(name: str, vc: str = "vc00", priority: int = 100, *sizes: tuple[int, int]) -> GroupSpec:
@@ -27,7 +33,7 @@ def gang(name: str, vc: str = "vc00", priority: int = 100, *sizes: tuple[int, in
                      members=tuple(Member(p, g) for p, g in (sizes or ((1, 8),))))
 
 
-async def start(tmp_path: Path) -> list[ReplicaNode]:
+async def start(tmp_path: Path, event_limit: int = 4096) -> list[ReplicaNode]:
     (tmp_path / "gpu.yaml").write_text(synthetic_config(**GPU).to_yaml())
     text = cluster_toml(3, free_base_port(), wan=False)
     text += '\n[state_machine]\nkind = "cluster_state"\ngpu_config = "gpu.yaml"\n'
@@ -35,7 +41,8 @@ async def start(tmp_path: Path) -> list[ReplicaNode]:
     config = load_cluster_config(tmp_path / "cluster.toml")
     assert config.gpu_config is not None
     nodes = [
-        ReplicaNode(config, i, ClusterStore(synthetic_config(**GPU)), fsync=False)
+        ReplicaNode(config, i, ClusterStore(synthetic_config(**GPU), event_limit=event_limit),
+                    fsync=False)
         for i in range(3)
     ]
     for node in nodes:
@@ -134,6 +141,208 @@ def test_invalid_requests_raise_clear_errors_and_change_nothing(tmp_path: Path) 
             assert await store.allocations() == before
         finally:
             await store.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_watch_resumes_at_other_replicas_exactly_once_while_updates_run(
+    tmp_path: Path,
+) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        addresses = [spec.client_address for spec in nodes[0].config.replicas]
+        writer = AllocationStore.connect(addresses, home=1)
+        expected = []
+        for k in range(20):
+            expected.append(("placed", f"c{k}"))
+            if k % 3 == 0:
+                expected.append(("released", f"c{k}"))
+
+        async def churn() -> None:
+            for k in range(20):
+                await writer.submit(gang(f"c{k}", f"vc0{k % 2}", 100, (1, 2)))
+                if k % 3 == 0:
+                    await writer.release(f"c{k}")
+
+        churning = asyncio.ensure_future(churn())
+        try:
+            first = AllocationStore.connect(addresses, home=0)
+            part1 = await take(first.watch(-1), 8)
+            await first.close()  # the watcher's connection is gone ...
+            second = AllocationStore.connect(addresses, home=2)  # ... it resumes elsewhere
+            part2 = await take(second.watch(part1[-1].revision), 8)
+            await second.close()
+            await churning
+            embedded = AllocationStore.embedded(nodes[1])  # ... and at a replica in-process
+            part3 = await take(embedded.watch(part2[-1].revision), len(expected) - 16)
+            everything = await take(AllocationStore.embedded(nodes[2]).watch(-1), len(expected))
+            assert part1 + part2 + part3 == everything
+            assert [(e.kind, e.subject) for e in everything] == expected
+            assert [e.revision for e in everything] == sorted({e.revision for e in everything})
+            with pytest.raises(TimeoutError):  # and nothing more
+                await asyncio.wait_for(take(embedded.watch(everything[-1].revision), 1), 0.3)
+        finally:
+            await writer.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_the_embedded_watch_is_woken_by_the_apply_hook_and_unhooks(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        hooks = len(nodes[2].on_apply)
+        try:
+            watcher = AllocationStore.embedded(nodes[2]).watch(-1)
+            waiting = asyncio.ensure_future(anext(watcher))
+            await asyncio.sleep(0.2)
+            assert len(nodes[2].on_apply) == hooks + 1
+            began = time.monotonic()
+            await AllocationStore.embedded(nodes[0]).submit(gang("pushed"))
+            event = await asyncio.wait_for(waiting, 5)
+            # not the one-second fallback look: the apply at replica 2 woke it
+            assert time.monotonic() - began < 0.6
+            assert (event.kind, event.subject) == ("placed", "pushed")
+            await watcher.aclose()
+            assert len(nodes[2].on_apply) == hooks
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_watch_behind_the_kept_events_is_told_so(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path, event_limit=4)
+        addresses = [spec.client_address for spec in nodes[0].config.replicas]
+        embedded = AllocationStore.embedded(nodes[0])
+        remote = AllocationStore.connect(addresses, home=1)
+        try:
+            for k in range(6):
+                await embedded.submit(gang(f"k{k}", "vc01", 100, (1, 1)))
+            for store in (embedded, remote):
+                with pytest.raises(EventsCompacted) as caught:
+                    await take(store.watch(-1), 1)
+                assert caught.value.oldest >= 0 and "compacted" in str(caught.value)
+                kept = await take(store.watch(caught.value.oldest), 4)
+                assert [e.subject for e in kept] == ["k2", "k3", "k4", "k5"]
+        finally:
+            await remote.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_a_retry_with_the_same_session_and_seq_takes_effect_once(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        addresses = [spec.client_address for spec in nodes[0].config.replicas]
+        first = AllocationStore.embedded(nodes[0], client_id=77)
+        # the same session after its scheduler lost the answers, at another replica
+        again = AllocationStore.connect(addresses, client_id=77, home=2)
+        try:
+            spec = gang("once", "vc00", 100, (1, 8))
+            placed = await first.submit(spec, seq=5)
+            assert isinstance(placed, Placed)
+            assert await again.submit(spec, seq=5) == placed
+            assert await AllocationStore.embedded(nodes[1], client_id=77).submit(
+                spec, seq=5) == placed
+            released = await first.release("once", seq=6)
+            assert await again.release("once", seq=6) == released  # not "no group 'once'"
+            assert await first.allocations() == []
+            events = await take(first.watch(-1), 2)
+            assert [(e.kind, e.subject) for e in events] == [("placed", "once"),
+                                                             ("released", "once")]
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(take(first.watch(events[-1].revision), 1), 0.3)
+            # sessions pick random ids unless told
+            ids = {AllocationStore.connect(addresses).client_id for _ in range(3)}
+            assert len(ids) == 3 and min(ids) >= 1 << 62
+        finally:
+            await again.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_bind_places_at_chosen_gpus_unless_they_changed(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        store = AllocationStore.embedded(nodes[0])
+        try:
+            first = await store.submit(gang("a", "vc00", 100, (1, 8)))
+            assert isinstance(first, Placed)
+            ((_, host, devices),) = first.pods
+            await store.release("a")
+            revision = (await store.digest())["revision"]
+            at = [PodPlacement(host, devices)]
+            with pytest.raises(InvalidRequest, match="placement lists 2 pods"):
+                await store.bind(gang("b", "vc00", 100, (1, 8)), at * 2, revision)
+            stale = await store.bind(gang("b", "vc00", 100, (1, 8)), at, first.token)
+            assert isinstance(stale, Conflict)  # the GPUs changed (released) since then
+            bound = await store.bind(gang("b", "vc00", 100, (1, 8)), at, revision)
+            assert isinstance(bound, Placed) and bound.pods == first.pods
+            assert bound.token > revision
+            # every replica converges on the same state
+            deadline = time.monotonic() + 10
+            while True:
+                digests = [await AllocationStore.embedded(n).digest(stale=True) for n in nodes]
+                if len({d["sha256"] for d in digests}) == 1 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert len({d["sha256"] for d in digests}) == 1
+            assert digests[0]["revision"] == bound.token
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_embedding_needs_a_node_serving_the_store(tmp_path: Path) -> None:
+    (tmp_path / "cluster.toml").write_text(cluster_toml(3, free_base_port(), wan=False))
+    node = ReplicaNode(load_cluster_config(tmp_path / "cluster.toml"), 0, KVStore(),
+                       fsync=False)
+    try:
+        with pytest.raises(TypeError, match="ClusterStore"):
+            AllocationStore.embedded(node)
+    finally:
+        node.wal.close()
+    with pytest.raises(ValueError, match="client_id"):
+        AllocationStore.embedded(node, client_id=-1)
+
+
+def test_an_update_without_an_outcome_is_retried_to_take_effect_once(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        store = AllocationStore.embedded(nodes[0], client_id=31, timeout_s=0.3, attempts=2)
+        try:
+            await store.submit(gang("before"))
+            for node in nodes[1:]:  # no majority: nothing can commit
+                await node.stop()
+            spec = gang("during", "vc01", 100, (1, 4))
+            with pytest.raises(IndefiniteFailure, match=r"within 0\.3s, 2 tries"):
+                await store.submit(spec, seq=9)
+            config = nodes[0].config
+            nodes[1:] = [ReplicaNode(config, i, ClusterStore(synthetic_config(**GPU)),
+                                     fsync=False) for i in (1, 2)]
+            for node in nodes[1:]:
+                await node.start()
+            patient = AllocationStore.embedded(nodes[0], client_id=31, timeout_s=10)
+            placed = await patient.submit(spec, seq=9)  # the same request, again
+            assert isinstance(placed, Placed)
+            assert [g["name"] for g in await patient.allocations()] == ["before", "during"]
+            events = await take(patient.watch(-1), 2)
+            assert [e.subject for e in events] == ["before", "during"]
+            with pytest.raises(TimeoutError):  # placed once
+                await asyncio.wait_for(take(patient.watch(events[-1].revision), 1), 0.3)
+        finally:
             for node in nodes:
                 await node.stop()
 

@@ -1,5 +1,7 @@
 """The gRPC service and ``sdpaxos ctl``: generated code is current; every verb works against
-replicas serving the store; invalid requests fail clearly and change nothing."""
+replicas serving the store; sessions make retries take effect once; bind; compacted watches;
+ctl moves past dead replicas (a watch resumes exactly); invalid requests fail clearly and
+change nothing."""
 
 from __future__ import annotations
 
@@ -11,11 +13,16 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
+import grpc
 import pytest
 
 from bench.cli import main
 from cluster_state.config import synthetic_config
+from cluster_state.ctl import _Replicas
+from cluster_state.grpc_api import cluster_state_pb2 as pb
+from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from cluster_state.grpc_api.service import serve_grpc
 from cluster_state.store import ClusterStore
 from consensus.runtime.cli import cluster_toml
@@ -42,25 +49,26 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
-    """Three in-process replicas serving the store; gRPC on replica 1. Yields host:port."""
+    """Three in-process replicas serving the store (16 events kept); gRPC on replica 1.
+    Yields host:port."""
     (tmp_path / "gpu.yaml").write_text(synthetic_config(nodes=16, vcs=2, pinned=1).to_yaml())
     base = free_base_port()
     (tmp_path / "cluster.toml").write_text(cluster_toml(3, base, wan=False))
     config = load_cluster_config(tmp_path / "cluster.toml")
     loop = asyncio.new_event_loop()
-    grpc_port = base + 250
+    grpc_port = base + 300
     ready = threading.Event()
     stopping: list[asyncio.Event] = []
 
     async def host() -> None:
         nodes = [
-            ReplicaNode(config, i, ClusterStore(synthetic_config(nodes=16, vcs=2, pinned=1)),
-                        fsync=False)
+            ReplicaNode(config, i, ClusterStore(synthetic_config(nodes=16, vcs=2, pinned=1),
+                                                event_limit=16), fsync=False)
             for i in range(3)
         ]
         for node in nodes:
             await node.start()
-        grpc_server = await serve_grpc(nodes[1], 1, "127.0.0.1", grpc_port)
+        grpc_server = await serve_grpc(nodes[1], "127.0.0.1", grpc_port)
         stop = asyncio.Event()
         stopping.append(stop)
         ready.set()
@@ -107,6 +115,9 @@ def test_every_verb_over_grpc(server: str, capsys: pytest.CaptureFixture[str]) -
     # the table output, too
     assert main(["ctl", "--server", server, "status"]) == 0
     assert "allocations" in capsys.readouterr().out
+    assert main(["ctl", "--server", server, "vc", "vc00"]) == 0
+    out = capsys.readouterr().out
+    assert "vc00: 0 of" in out and "pinned vc00-PIN" in out
 
 
 def test_invalid_requests_fail_clearly_and_change_nothing(
@@ -128,3 +139,130 @@ def test_invalid_requests_fail_clearly_and_change_nothing(
     assert code == 1 and "NOT_FOUND" in err
     with pytest.raises(SystemExit):
         main(["ctl", "--server", server, "submit", "x", "--vc", "vc00", "--pods", "2y8"])
+
+
+def stub_for(server: str) -> Any:
+    return pb_grpc.AllocationServiceStub(grpc.insecure_channel(server))  # type: ignore[no-untyped-call]
+
+
+def group(name: str, pods: int = 1, gpus: int = 8) -> pb.GroupSpec:
+    return pb.GroupSpec(name=name, vc="vc00", priority=100,
+                        members=[pb.Member(pods=pods, leaves=gpus)])
+
+
+def test_a_session_makes_a_retried_update_take_effect_once(server: str) -> None:
+    stub = stub_for(server)
+    session = pb.Session(client_id=4242, seq=0)
+    first = stub.Submit(pb.SubmitRequest(group=group("job"), session=session), timeout=10)
+    again = stub.Submit(pb.SubmitRequest(group=group("job"), session=session), timeout=10)
+    assert first == again and first.WhichOneof("outcome") == "placed"
+    release = pb.ReleaseRequest(group="job", session=pb.Session(client_id=4242, seq=1))
+    assert stub.Release(release, timeout=10) == stub.Release(release, timeout=10)
+    assert json.loads(stub.ListAllocations(pb.QueryRequest(), timeout=10).json) == []
+    # without a session a repeated release is a new request: the group is gone
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Release(pb.ReleaseRequest(group="job"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.Submit(pb.SubmitRequest(group=group("x"), session=pb.Session(client_id=1 << 63)),
+                    timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "below 2^63" in (caught.value.details() or "")
+
+
+def test_bind_over_grpc_and_ctl(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    stub = stub_for(server)
+    placed = stub.Submit(pb.SubmitRequest(group=group("a")), timeout=10).placed
+    (pod,) = placed.pods
+    stub.Release(pb.ReleaseRequest(group="a"), timeout=10)
+    code, out, _ = ctl(capsys, server, "watch", "--count", "2")
+    revision = [json.loads(line)["revision"] for line in out.splitlines()][-1]
+    at = f"{pod.node}:{min(pod.devices)}-{max(pod.devices)}"
+    # a gang that does not match its placement: refused, nothing changes
+    code, _, err = ctl(capsys, server, "bind", "b", "--vc", "vc00", "--priority", "100",
+                       "--pods", "2x8", "--on", at, "--revision", str(revision))
+    assert code == 1 and "INVALID_ARGUMENT" in err and "placement lists 1 pods" in err, err
+    stale = stub.Bind(pb.BindRequest(group=group("b"), revision=placed.token,
+                                     pods=[pb.PodPlacement(node=pod.node,
+                                                           devices=list(pod.devices))]),
+                      timeout=10)
+    assert stale.WhichOneof("outcome") == "conflict" and stale.conflict.group == "b"
+    code, out, _ = ctl(capsys, server, "bind", "b", "--vc", "vc00", "--priority", "100",
+                       "--pods", "1x8", "--on", at, "--revision", str(revision))
+    assert code == 0, out
+    bound = json.loads(out)
+    assert bound["placed"] == "b" and bound["token"] > revision
+    assert bound["pods"] == [[8, pod.node, list(pod.devices)]]
+    code, out, _ = ctl(capsys, server, "status", "--vc", "vc00")
+    assert [g["name"] for g in json.loads(out)] == ["b"]
+    code, out, _ = ctl(capsys, server, "summary")
+    assert code == 0 and json.loads(out)["groups"] == 1
+    assert main(["ctl", "--server", server, "summary"]) == 0
+    assert "nodes" in capsys.readouterr().out
+
+
+def test_a_watch_behind_the_kept_events_fails_clearly(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = stub_for(server)
+    for k in range(10):  # 20 events; the store keeps 16
+        stub.Submit(pb.SubmitRequest(group=group(f"w{k}", 1, 1)), timeout=10)
+        stub.Release(pb.ReleaseRequest(group=f"w{k}"), timeout=10)
+    with pytest.raises(grpc.RpcError) as caught:
+        next(iter(stub.Watch(pb.WatchRequest(since=-1), timeout=10)))
+    assert caught.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    code, _, err = ctl(capsys, server, "watch")
+    assert code == 1 and "OUT_OF_RANGE" in err and "compacted" in err
+
+
+def test_ctl_with_a_cluster_file_moves_past_a_dead_replica(
+    server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = free_base_port()
+    text = cluster_toml(3, base, wan=False, gpu_config="gpu.yaml")
+    live_port = int(server.rsplit(":", 1)[1])
+    text = text.replace(f"127.0.0.1:{base + 301}", server)  # replica 1: the live service
+    (tmp_path / "c.toml").write_text(text)  # replica 0's gRPC port: nobody listens
+    config = str(tmp_path / "c.toml")
+    assert load_cluster_config(config).replica(1).grpc_address == ("127.0.0.1", live_port)
+    assert main(["ctl", "--config", config, "--json", "submit", "via-config", "--vc", "vc01",
+                 "--pods", "1x2"]) == 0
+    assert json.loads(capsys.readouterr().out)["placed"] == "via-config"
+    assert main(["ctl", "--config", config, "--json", "status", "via-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["vc"] == "vc01"
+    (tmp_path / "kv.toml").write_text(cluster_toml(3, base, wan=False))
+    assert main(["ctl", "--config", str(tmp_path / "kv.toml"), "status"]) == 2
+    assert "no replica" in capsys.readouterr().err
+
+
+class _Down(grpc.RpcError):  # type: ignore[misc]
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_ctl_watch_resumes_at_the_next_replica_exactly_after_the_last_event() -> None:
+    # Three events at revision 7 (a release that placed two preemptors); the first replica
+    # dies after two of them. The next one is asked from revision 6 and its first two
+    # events are skipped: none is lost or repeated.
+    events = [pb.Event(revision=r, kind="placed", subject=s)
+              for r, s in ((5, "a"), (7, "released"), (7, "p1"), (7, "p2"), (9, "b"))]
+    asked = []
+
+    class Stub:
+        def __init__(self, dies_after: int | None) -> None:
+            self.dies_after = dies_after
+
+        def Watch(self, request: pb.WatchRequest) -> Iterator[pb.Event]:
+            asked.append(request.since)
+            sent = 0
+            for event in events:
+                if event.revision > request.since:
+                    if sent == self.dies_after:
+                        raise _Down()
+                    sent += 1
+                    yield event
+
+    replicas = _Replicas.__new__(_Replicas)
+    replicas.stubs = cast(Any, [Stub(dies_after=3), Stub(dies_after=None)])
+    assert list(replicas.watch(-1)) == events
+    assert asked == [-1, 6]
