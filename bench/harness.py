@@ -124,7 +124,7 @@ class BenchSession:
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> BenchSession:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._saved[sig] = signal.signal(sig, _interrupt)
         return self
 
@@ -181,7 +181,8 @@ class BenchSession:
             extra_args=extra,
         )  # fmt: skip
         self.clusters.append(cluster)
-        cluster.start_all()
+        with _interrupts_deferred():
+            cluster.start_all()
         try:
             asyncio.run(wait_ready(cluster.client_addresses, ready_timeout))
         except Exception as exc:
@@ -201,14 +202,15 @@ class BenchSession:
     # ------------------------------------------------------------------ load generators
     def spawn_loadgen(self, spec_path: Path) -> subprocess.Popen[bytes]:
         log = open(spec_path.with_suffix(".log"), "ab")  # noqa: SIM115
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.loadgen", str(spec_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        with _interrupts_deferred():
+            process = subprocess.Popen(
+                [sys.executable, "-m", "bench.loadgen", str(spec_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            self.processes.append(process)
         log.close()
-        self.processes.append(process)
         return process
 
     def reap(self, process: subprocess.Popen[bytes], timeout: float) -> int:
@@ -222,8 +224,30 @@ class BenchSession:
         return code
 
 
+_pending_interrupt: list[int] = []  # a signal that arrived inside _interrupts_deferred()
+_deferring = [0]
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    if _deferring[0]:
+        _pending_interrupt.append(signum)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold an interrupt until a started process is on record: raised between ``Popen``
+    returning and the bookkeeping, it would leave that process running after teardown."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+        if not _deferring[0] and _pending_interrupt:
+            signum = _pending_interrupt.pop()
+            _pending_interrupt.clear()
+            raise KeyboardInterrupt(f"signal {signum}")
 
 
 async def wait_ready(addresses: Sequence[tuple[str, int]], timeout: float) -> None:

@@ -44,7 +44,8 @@ def assert_nothing_left(workdir: Path, bench_pid: int) -> None:
     deadline = time.monotonic() + 5
     while processes_mentioning(str(workdir)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert processes_mentioning(str(workdir)) == []
+    left = processes_mentioning(str(workdir))
+    assert left == [], f"still running after the bench ended: {left}"
     assert leftover_cgroups(bench_pid) == []
 
 
