@@ -6,7 +6,8 @@ FORMAT_VERSION]``; a listener refuses (and logs why) a peer of another cluster, 
 or another wire version. After that every frame is ``codec.frame_to_wire(payload)``.
 
 WAN emulation: ``send`` stamps each frame with ``now + one_way_delay`` of its link and the
-link's writer releases it at that time (delays are constant per link, so the link stays FIFO).
+link's writer releases it at that time, woken by a kernel timer (``PreciseTimer``: the loop's
+own timers are millisecond-grained); delays are constant per link, so the link stays FIFO.
 All frames due at once leave in one write. A link's queue is bounded: beyond ``max_queue_bytes``
 new frames to that peer are dropped (the protocol retransmits) and ``congested`` reports it so
 the node can stop taking client requests (backpressure).
@@ -27,6 +28,7 @@ import msgpack
 
 from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import DecodeError
+from consensus.runtime.precise_timer import PreciseTimer
 
 __all__ = ["Handshake", "PeerTransport", "TransportStats"]
 
@@ -111,6 +113,7 @@ class PeerTransport:
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
+        self._timer: PreciseTimer | None = None
         #: test-only fault layer: peers cut off in both directions (frames to and from them
         #: are dropped, connections stay up), like a partition that loses packets
         self.blocked: frozenset[int] = frozenset()
@@ -118,6 +121,8 @@ class PeerTransport:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         host, port = self.addresses[self.me]
+        if any(link.delay_us for link in self._links.values()):
+            self._timer = PreciseTimer()
         self._server = await asyncio.start_server(self._accept, host, port)
         for peer in self._links:
             self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
@@ -131,6 +136,8 @@ class PeerTransport:
         await asyncio.gather(*self._tasks, *self._readers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+        if self._timer is not None:
+            self._timer.close()
 
     # ------------------------------------------------------------------ sending
     def send(self, peer: int, payload: bytes) -> None:
@@ -193,9 +200,9 @@ class PeerTransport:
                 await link.wakeup.wait()
                 continue
             due = link.queue[0][0]
-            wait_us = due - _now_us()
-            if wait_us > 0:
-                await asyncio.sleep(wait_us / 1e6)
+            if due > _now_us():
+                assert self._timer is not None  # only delayed links queue frames for later
+                await self._timer.sleep_until(due)
             now = _now_us()
             chunks = []
             while link.queue and link.queue[0][0] <= now:
