@@ -51,7 +51,8 @@ read once it executed through it. Only a sequencer holding unexpired leases from
 answers; a replica that granted a lease votes for nobody else before it expires (also after
 a restart: it waits one lease period before voting at all).
 
-Straggler detection (§4): a replica that got less than half the ordering it needed for
+Straggler detection (§4): a replica that got less than half the ordering it needed, or whose
+commands waited ``ORDER_LAG_FACTOR`` times longer for their order than for their C-phase, for
 ``straggler_windows`` windows in a row tells the others (``Suspect``); with a majority
 agreeing they stop renewing the sequencer's leases and elect another one.
 
@@ -122,6 +123,11 @@ __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
+#: Straggler detection samples its own commands' waits this many times per window ...
+WAIT_SAMPLES = 20
+#: ... and a window is slow when they waited this many times longer for their order than
+#: for their C-phase
+ORDER_LAG_FACTOR = 4
 
 Batch = tuple[Command, ...]
 
@@ -306,6 +312,9 @@ class SDPaxosReplica:
         self._window_start = 0
         self._window_needed = 0
         self._window_got = 0
+        self._wait_c = 0  # samples of own unready instances still in their C-phase
+        self._wait_o = 0  # ... and of those not ordered yet
+        self._next_wait_sample = 0
         self._slow_windows = 0
         self._suspecting = False
         self._suspects: set[int] = set()
@@ -1763,21 +1772,45 @@ class SDPaxosReplica:
     # ------------------------------------------------------------------ straggler detection
     def _watch_ordering(self) -> None:
         windows = self.config.straggler_windows
-        if windows == 0 or self.now - self._window_start < self.config.straggler_window_us:
+        if windows == 0:
+            return
+        if self.now >= self._next_wait_sample:
+            self._next_wait_sample = self.now + self.config.straggler_window_us // WAIT_SAMPLES
+            self._sample_waits()
+        if self.now - self._window_start < self.config.straggler_window_us:
             return
         needed, got = self._window_needed, self._window_got
+        wait_c, wait_o = self._wait_c, self._wait_o
         self._window_start = self.now
-        self._window_needed = self._window_got = 0
+        self._window_needed = self._window_got = self._wait_c = self._wait_o = 0
         if self.is_sequencer or self.role is not Role.FOLLOWER or not self.view_ready:
             self._slow_windows = 0
             return
-        self._slow_windows = self._slow_windows + 1 if needed >= 2 and 2 * got < needed else 0
+        # Starved: the sequencer ordered less than half of what we asked for. Lagging: our
+        # commands waited far longer for their order than for their C-phase (by Little's law
+        # the ratio of the sampled queue lengths is the ratio of the mean waits): with
+        # closed-loop clients demand shrinks to a slow sequencer's pace, so only the second
+        # shows it. On the paper's WANs ordering takes at most ~1.2x the C-phase.
+        starved = needed >= 2 and 2 * got < needed
+        lagging = wait_o >= WAIT_SAMPLES and wait_o > ORDER_LAG_FACTOR * max(wait_c, 1)
+        self._slow_windows = self._slow_windows + 1 if starved or lagging else 0
         cooled = self.now - self._last_view_change_at >= self.config.straggler_cooldown_us
         if self._slow_windows >= windows and cooled and not self._suspecting:
             self._suspecting = True
             self._suspects.add(self.me)
             self._broadcast(Suspect(src=self.me, view=self.view))
             self._maybe_replace_straggler()
+
+    def _sample_waits(self) -> None:
+        if not self._unready or self.is_sequencer:
+            return
+        ordered = self._ordered_own()
+        for index in self._unready:
+            if index >= ordered:
+                self._wait_o += 1
+            inst = self.c.get((self.me, index))
+            if inst is None or not inst.committed:
+                self._wait_c += 1
 
     def _on_suspect(self, msg: Suspect) -> None:
         if msg.view == self.view and msg.src != self.sequencer:

@@ -33,13 +33,14 @@ from consensus.messages import (
     PeerMessage,
     PreVote,
     PreVoteReply,
+    Suspect,
     ViewRecord,
     Vote,
     VRequest,
 )
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.ready import Execution, Ready
-from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.protocol.sdpaxos import Role, SDPaxosReplica
 
 A = cmd(7, 0)
 B = cmd(7, 1)
@@ -972,3 +973,71 @@ def test_new_sequencer_keeps_old_values_below_the_newest_views_start() -> None:
                  c_high=(-1, -1, 9)), 10_000_000)
     new_views = msgs(drain(r1).send_after_persist, NewView)
     assert new_views and all(m.owners[1] == 2 for _, m in new_views)
+
+
+# ------------------------------------------------------------------ straggler detection (§4)
+def _steady_load(c_wait_ms: int, o_wait_ms: int, *, seconds: float = 3.0,
+                 **config: object) -> tuple[SDPaxosReplica, list[tuple[int, int, Suspect]]]:
+    """Replica 1 of three leads a command every 5 ms, as closed-loop clients would at the
+    pace the cluster allows; its C-phase takes ``c_wait_ms`` and its order ``o_wait_ms``.
+    Returns the core and every Suspect it sent (time in ms, destination, message)."""
+    r1 = core(3, 1, straggler_cooldown_us=0, election_timeout_us=10_000_000, **config)
+    due: dict[int, list[PeerMessage]] = {}
+    suspects = []
+    index = 0
+    for ms in range(int(seconds * 1000)):
+        now = ms * 1000
+        if ms % 5 == 0:
+            r1.propose(cmd(7, index), now)
+            due.setdefault(ms + c_wait_ms, []).append(cack(2, 1, index))
+            due.setdefault(ms + o_wait_ms, []).append(oaccept((index, 1)))
+            index += 1
+        for message in due.pop(ms, []):
+            r1.step(message, now)
+        r1.tick(now)
+        ready = drain(r1)
+        suspects += [(ms, to, m) for to, m in msgs(ready.send_after_persist, Suspect)]
+    return r1, suspects
+
+
+
+def test_a_sequencer_ordering_far_slower_than_the_c_phase_is_suspected() -> None:
+    # the sequencer orders 40 ms after the C-phase took 1 ms, steadily: demand never
+    # outruns supply by 2x (closed loop), only the waits show the straggler
+    r1, suspects = _steady_load(1, 40)
+    assert suspects, "a lagging sequencer went unsuspected"
+    first = suspects[0][0]
+    # three slow 500 ms windows in a row, the first one from start-up
+    assert 1500 <= first < 2000
+    assert {(to, m) for ms, to, m in suspects if ms == first} == {
+        (0, Suspect(src=1, view=0)), (2, Suspect(src=1, view=0))}
+    assert len({ms for ms, _, _ in suspects}) == 1  # once per view
+    # alone it changes nothing; with replica 2 agreeing (a majority) it stops renewing the
+    # lease and runs for the sequencer once the lease has lapsed (plus a random part of half
+    # the election timeout, 10 s here)
+    r1.step(Suspect(src=2, view=0), first * 1000 + 1)
+    drain(r1)
+    for ms in range(first + 1, first + 6000):
+        r1.tick(ms * 1000)
+        if msgs(drain(r1).send, PreVote) or r1.role is not Role.FOLLOWER:
+            break
+    else:
+        raise AssertionError("a majority of suspects did not start an election")
+
+
+@pytest.mark.parametrize(("c_wait_ms", "o_wait_ms"), [
+    (1, 1),      # LAN, idle
+    (1, 3),      # LAN, the sequencer busier than the rest
+    (20, 20),    # paper's WAN, 3 replicas: OR
+    (125, 146),  # paper's WAN, 5 replicas: the sites far from the sequencer
+])
+def test_ordering_in_step_with_the_c_phase_is_never_suspected(
+    c_wait_ms: int, o_wait_ms: int
+) -> None:
+    _, suspects = _steady_load(c_wait_ms, o_wait_ms, seconds=5.0)
+    assert suspects == []
+
+
+def test_detection_can_be_configured_off() -> None:
+    _, suspects = _steady_load(1, 40, straggler_windows=0)
+    assert suspects == []
