@@ -52,29 +52,34 @@ def throughput_figure(report: dict[str, Any], path: str) -> None:
     results = report["results"]
     groups: list[str] = []
     for r in results:
-        label = f"N={r['replicas']}\n{r['size']} B\n{r['reads_pct']:g}% reads"
+        label = _throughput_group(r)
         if label not in groups:
             groups.append(label)
     protocols = list(dict.fromkeys(r["protocol"] for r in results))
     series: dict[str, list[float | None]] = {p: [None] * len(groups) for p in protocols}
     errors: dict[str, list[tuple[float, float]]] = {p: [(0, 0)] * len(groups) for p in protocols}
     for r in results:
-        g = groups.index(f"N={r['replicas']}\n{r['size']} B\n{r['reads_pct']:g}% reads")
+        g = groups.index(_throughput_group(r))
         series[r["protocol"]][g] = r["throughput_per_s"]
         errors[r["protocol"]][g] = (r["throughput_min"], r["throughput_max"])
     fig, ax = plt.subplots(figsize=(max(5, 2.2 * len(groups)), 4))
     _bars(ax, groups, series, errors)
-    straggler = results[0]["straggler"] if results else None
     limit = report["cpu_limit"]["per_replica_cpus"]
-    title = f"Throughput ({limit} CPU per replica" if limit else "Throughput (no CPU limit"
-    if straggler:
-        title += f", straggler {straggler['site']} at {straggler['cpus']:.2f} CPU"
-    ax.set_title(title + ")")
+    title = f"Throughput ({limit} CPU per replica)" if limit else "Throughput (no CPU limit)"
+    ax.set_title(title)
     ax.set_ylabel("requests / s (median, min-max over rounds)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _throughput_group(r: dict[str, Any]) -> str:
+    label = f"N={r['replicas']}\n{r['size']} B\n{r['reads_pct']:g}% reads"
+    straggler = r["straggler"]
+    if straggler:
+        label += f"\nstraggler {straggler['site']} @ {straggler['cpus']:.2f}"
+    return label
 
 
 def latency_figure(report: dict[str, Any], path: str) -> None:

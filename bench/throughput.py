@@ -1,7 +1,9 @@
 """``sdpaxos bench throughput``: peak throughput of the protocols, replicas as processes.
 
 N replicas (fsync on) on loopback, each in its own cgroup with ``--cpu`` CPUs (equal machines;
-``--straggler F`` gives one replica F times that share, the paper's §5.1 straggler); closed-loop
+``--straggler F`` gives one replica F times that share, the paper's §5.1 straggler: each of the
+``--straggler-replica`` choices is a configuration of its own, run beside the same one without
+a straggler so that each protocol's loss is measured in the same run); closed-loop
 clients in ``--client-procs`` separate processes keep ``--outstanding`` requests in flight on
 each of ``--clients`` connections. Connections are spread over the replicas, except for
 Multi-Paxos, where they all go to the leader (as in the paper: a follower would only forward).
@@ -85,8 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--straggler-replica",
         type=int,
-        default=0,
-        help="which replica straggles (0: the SDPaxos sequencer and the Multi-Paxos leader)",
+        nargs="+",
+        default=[0],
+        help="which replicas straggle, one configuration each (0: the SDPaxos sequencer, the "
+        "Multi-Paxos leader)",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
@@ -103,8 +107,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--reads is a percentage (0-100)")
     if args.quick:
         args.replicas, args.size, args.reads = args.replicas[:1], args.size[:1], args.reads[:1]
+        args.straggler_replica = args.straggler_replica[:1]
         args.rounds, args.duration, args.warmup = 1, 1.5, 0.5
-    configs = list(itertools.product(args.replicas, args.size, args.reads))
+    stragglers: list[int | None] = [None]
+    if args.straggler is not None:
+        stragglers += args.straggler_replica
+    configs = list(itertools.product(args.replicas, args.size, args.reads, stragglers))
     with interrupts_to_exit_code("throughput") as code:
         report = measure(args, configs)
         write_json(args.json, report)
@@ -116,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
     return code[0]
 
 
-def measure(args: argparse.Namespace, configs: list[tuple[int, int, float]]) -> dict[str, Any]:
+def measure(
+    args: argparse.Namespace, configs: list[tuple[int, int, float, int | None]]
+) -> dict[str, Any]:
     machine = machine_info()
     protocols: list[str] = args.protocols
     with BenchSession("throughput", args.workdir, fsync=not args.no_fsync) as session:
@@ -126,11 +136,11 @@ def measure(args: argparse.Namespace, configs: list[tuple[int, int, float]]) -> 
         steps = len(configs) * args.rounds * len(protocols)
         results = []
         with BenchProgress("throughput", steps) as progress:
-            for replicas, size, reads in configs:
+            for replicas, size, reads, straggling in configs:
                 cpus = [args.cpu] * replicas
                 straggler = None
-                if args.straggler is not None:
-                    victim = args.straggler_replica % replicas
+                if straggling is not None:
+                    victim = straggling % replicas
                     cpus[victim] = (args.cpu or 1.0) * args.straggler
                     quota, period = limiter.quota_for(cpus[victim])
                     straggler = {
@@ -165,6 +175,7 @@ def measure(args: argparse.Namespace, configs: list[tuple[int, int, float]]) -> 
                         "read_latency_ms": summary_ms(histograms[protocol][1]),
                         "rounds": trials[protocol],
                     })  # fmt: skip
+        _losses(results)
         return {
             "bench": "throughput",
             "machine": machine,
@@ -215,6 +226,20 @@ def _trial(
     return trial, result.histogram("ready"), result.histogram("read")
 
 
+def _losses(results: list[dict[str, Any]]) -> None:
+    """Each straggler result's throughput loss against the same configuration without one."""
+    baseline = {
+        (r["protocol"], r["replicas"], r["size"], r["reads_pct"]): r["throughput_per_s"]
+        for r in results if r["straggler"] is None
+    }  # fmt: skip
+    for r in results:
+        base = baseline.get((r["protocol"], r["replicas"], r["size"], r["reads_pct"]))
+        r["loss_pct"] = (
+            round(100 * (1 - r["throughput_per_s"] / base), 1)
+            if r["straggler"] is not None and base else None
+        )  # fmt: skip
+
+
 def show(report: dict[str, Any]) -> None:
     limit = report["cpu_limit"]
     title = (
@@ -233,13 +258,14 @@ def show(report: dict[str, Any]) -> None:
             r["protocol"], r["replicas"], r["size"], r["reads_pct"],
             f"{straggler['site']} @ {straggler['cpus']:.2f}" if straggler else "-",
             r["throughput_per_s"], f"{r['throughput_min']:,}-{r['throughput_max']:,}",
+            "-" if r["loss_pct"] is None else f"{r['loss_pct']:g} %",
             r["write_latency_ms"]["p50_ms"], r["write_latency_ms"]["p99_ms"],
             r["read_latency_ms"]["p50_ms"], r["read_latency_ms"]["p99_ms"],
             " ".join(f"{c:.2f}" for c in cpu),
         ])  # fmt: skip
     print_table(
         title,
-        ["protocol", "N", "bytes", "reads %", "straggler", "ops/s (median)", "min-max",
+        ["protocol", "N", "bytes", "reads %", "straggler", "ops/s (median)", "min-max", "loss",
          "write p50 ms", "write p99", "read p50 ms", "read p99", "replica CPUs used"],
         rows,
     )  # fmt: skip

@@ -305,7 +305,9 @@ class SDPaxosReplica:
 
         # reads
         self._read_ids = 0
-        self._pending_reads: dict[int, tuple[Command, int]] = {}  # id -> (read, sent at)
+        # reads asked of the sequencer, one RRequest per turn: id -> (reads, sent at)
+        self._pending_reads: dict[int, tuple[tuple[Command, ...], int]] = {}
+        self._unasked_reads: list[Command] = []  # this turn's, asked in ready()
         self._waiting_reads: list[tuple[int, int, Command]] = []  # (slot, id, read)
 
         # straggler detection
@@ -372,9 +374,7 @@ class SDPaxosReplica:
             slot = self._read_slot(command.keys)
             self._waiting_reads.append((slot, -1, command))
             return
-        self._read_ids += 1
-        self._pending_reads[self._read_ids] = (command, now)
-        self._send_rrequest(self._read_ids, command)
+        self._unasked_reads.append(command)
 
     def read_stale(self, command: Command, now: int) -> None:
         """A read served from local state at once: fast, possibly stale, never linearizable."""
@@ -474,6 +474,7 @@ class SDPaxosReplica:
         if self._handed_out is not None:
             raise LocalProtocolError("ready() called again before advance()")
         self._flush_batch()
+        self._flush_read_requests()
         self._flush_order_messages()
         self._try_execute()
         self._serve_reads()
@@ -1317,9 +1318,9 @@ class SDPaxosReplica:
                 self._resend_accept(self.me, index, inst)
         if self._known_o_count(self.me) < self.next_index:
             self._send_crequest(self.next_index - 1)
-        for read_id, (command, _) in sorted(self._pending_reads.items()):
-            self._pending_reads[read_id] = (command, self.now)
-            self._send_rrequest(read_id, command)
+        for read_id, (reads, _) in sorted(self._pending_reads.items()):
+            self._pending_reads[read_id] = (reads, self.now)
+            self._send_rrequest(read_id, reads)
 
     def _on_new_view(self, msg: NewView) -> None:
         if msg.src != self.sequencer or self.role is not Role.FOLLOWER:
@@ -1719,10 +1720,25 @@ class SDPaxosReplica:
             self._peer_executed[msg.src] = msg.slot
 
     # ------------------------------------------------------------------ reads
-    def _send_rrequest(self, read_id: int, command: Command) -> None:
+    def _flush_read_requests(self) -> None:
+        """Ask the sequencer once for all of this turn's reads: its answer for the union of
+        their keys (the latest slot any of them needs) serves every one of them, so a read
+        costs the sequencer a share of one message instead of two messages."""
+        if not self._unasked_reads:
+            return
+        self._read_ids += 1
+        reads = tuple(self._unasked_reads)
+        self._unasked_reads.clear()
+        self._pending_reads[self._read_ids] = (reads, self.now)
+        self._send_rrequest(self._read_ids, reads)
+
+    def _send_rrequest(self, read_id: int, reads: tuple[Command, ...]) -> None:
         if self.is_sequencer:
             return  # we answer ourselves once serving with a lease (see _retry_reads)
-        request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=command.keys)
+        # no keys means "the last slot overall": one such read makes the whole batch wait so
+        keys = () if any(not r.keys for r in reads) else tuple(sorted({k for r in reads
+                                                                     for k in r.keys}))
+        request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=keys)
         self._request(self.sequencer, request)
 
     def _read_slot(self, keys: Iterable[str]) -> int:
@@ -1746,17 +1762,19 @@ class SDPaxosReplica:
             return
         pending = self._pending_reads.pop(msg.read_id, None)
         if pending is not None:
-            self._waiting_reads.append((msg.slot, msg.read_id, pending[0]))
+            self._waiting_reads.extend((msg.slot, msg.read_id, read) for read in pending[0])
 
     def _retry_reads(self) -> None:
         deadline = self.now - self.config.retransmit_us
-        for read_id, (command, sent_at) in sorted(self._pending_reads.items()):
+        for read_id, (reads, sent_at) in sorted(self._pending_reads.items()):
             if self.role is Role.SEQUENCER and self._lease_valid():
                 del self._pending_reads[read_id]
-                self._waiting_reads.append((self._read_slot(command.keys), read_id, command))
+                self._waiting_reads.extend(
+                    (self._read_slot(read.keys), read_id, read) for read in reads
+                )
             elif sent_at <= deadline:
-                self._pending_reads[read_id] = (command, self.now)
-                self._send_rrequest(read_id, command)
+                self._pending_reads[read_id] = (reads, self.now)
+                self._send_rrequest(read_id, reads)
 
     def _serve_reads(self) -> None:
         if not self._waiting_reads:

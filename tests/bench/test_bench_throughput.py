@@ -21,17 +21,21 @@ LATENCY_FIELDS = {"count", "p50_ms", "mean_ms", "p95_ms", "p99_ms", "max_ms"}
 
 
 @pytest.mark.timeout(120)
-def test_quick_run_reports_every_protocol_with_a_straggler(run_bench: BenchRunner) -> None:
+def test_quick_run_reports_every_protocol_with_and_without_a_straggler(
+    run_bench: BenchRunner,
+) -> None:
     report = run_bench(
         "throughput", "--quick", "--protocols", "sdpaxos,multipaxos", "--reads", "20",
         "--straggler", "0.5", "--clients", "4", "--outstanding", "8",
     )  # fmt: skip
     assert report["bench"] == "throughput"
     assert report["cpu_limit"]["mechanism"] in ("cgroup-v2", "cgroup-v1", "none")
-    assert [r["protocol"] for r in report["results"]] == ["sdpaxos", "multipaxos"]
-    for result in report["results"]:
+    results = report["results"]
+    # the configuration without a straggler first, then the straggler at replica 0
+    assert [(r["protocol"], r["straggler"] and r["straggler"]["site"]) for r in results] == [
+        ("sdpaxos", None), ("multipaxos", None), ("sdpaxos", "CA"), ("multipaxos", "CA")]
+    for result in results:
         assert result["replicas"] == 3 and result["size"] == 16 and result["reads_pct"] == 20
-        assert result["straggler"]["replica"] == 0 and result["straggler"]["site"] == "CA"
         assert result["throughput_per_s"] > 0
         assert set(result["write_latency_ms"]) == LATENCY_FIELDS
         assert result["write_latency_ms"]["count"] > 0
@@ -39,6 +43,10 @@ def test_quick_run_reports_every_protocol_with_a_straggler(run_bench: BenchRunne
         (trial,) = result["rounds"]
         assert trial["write_throughput_per_s"] > 0 and trial["read_throughput_per_s"] > 0
         assert {"replica-0", "replica-1", "replica-2", "loadgen-0"} <= set(trial["cpu"])
+    for without, slowed in zip(results[:2], results[2:], strict=True):
+        assert without["loss_pct"] is None
+        expected = 100 * (1 - slowed["throughput_per_s"] / without["throughput_per_s"])
+        assert slowed["loss_pct"] == pytest.approx(expected, abs=0.06)
     assert "sdpaxos" in report["_stdout"] and "multipaxos" in report["_stdout"]
 
 

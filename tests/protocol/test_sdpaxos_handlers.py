@@ -19,6 +19,7 @@ from consensus.messages import (
     Catchup,
     CCommit,
     CNack,
+    Command,
     CPrepare,
     CPromise,
     CRequest,
@@ -33,6 +34,8 @@ from consensus.messages import (
     PeerMessage,
     PreVote,
     PreVoteReply,
+    RReply,
+    RRequest,
     Suspect,
     ViewRecord,
     Vote,
@@ -1041,3 +1044,50 @@ def test_ordering_in_step_with_the_c_phase_is_never_suspected(
 def test_detection_can_be_configured_off() -> None:
     _, suspects = _steady_load(1, 40, straggler_windows=0)
     assert suspects == []
+
+
+# ------------------------------------------------------------------ reads (§3.5)
+def _read(client: int, *keys: str) -> Command:
+    return Command(client_id=client, seq=0, op=b"get", keys=keys)
+
+
+def test_one_turns_reads_ask_the_sequencer_once_for_the_union_of_their_keys() -> None:
+    r1 = core(3, 1)
+    first, second = _read(20, "b", "a"), _read(21, "a", "c")
+    r1.read(first, 0)
+    r1.read(second, 0)
+    ready = drain(r1)
+    assert msgs(ready.send, RRequest) == [
+        (0, RRequest(src=1, view=0, read_id=1, keys=("a", "b", "c")))]
+    assert ready.reads == []
+    # the answer serves both once every slot through it has executed here
+    r1.step(RReply(src=0, view=0, read_id=1, slot=0), 10)
+    assert drain(r1).reads == []
+    r1.step(caccept(2, 2, 0, (A,)), 20)
+    r1.step(ccommit(2, 2, 0, (A,)), 20)
+    r1.step(ocommit(0, (0, 2)), 20)
+    ready = drain(r1)
+    assert [e.command for e in ready.apply] == [A]
+    assert ready.reads == [first, second]
+
+
+def test_a_read_without_keys_asks_for_the_last_slot_overall() -> None:
+    r1 = core(3, 1)
+    r1.read(_read(20, "a"), 0)
+    r1.read(_read(21), 0)
+    assert msgs(drain(r1).send, RRequest) == [(0, RRequest(src=1, view=0, read_id=1, keys=()))]
+
+
+def test_an_unanswered_read_request_is_sent_again_and_answers_only_count_once() -> None:
+    r1 = core(3, 1)
+    read = _read(20, "a")
+    r1.read(read, 0)
+    drain(r1)
+    r1.tick(200_000)
+    assert msgs(drain(r1).send, RRequest) == [
+        (0, RRequest(src=1, view=0, read_id=1, keys=("a",)))]
+    r1.step(RReply(src=0, view=0, read_id=1, slot=-1), 200_010)
+    r1.step(RReply(src=0, view=0, read_id=1, slot=-1), 200_010)  # the retransmission's
+    assert drain(r1).reads == [read]
+    r1.step(RReply(src=0, view=0, read_id=1, slot=-1), 200_020)
+    assert drain(r1).reads == []
