@@ -66,14 +66,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[0.0],
         help="percent of linearizable reads (0-100)",
     )
-    parser.add_argument("--clients", type=int, default=12, help="client connections in all")
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=72,
+        help="client connections in all (peak throughput needs deep queues: replicas batch "
+        "what a turn brings, and bigger batches cost less per command)",
+    )
     parser.add_argument(
         "--outstanding",
         type=int,
         default=32,
         help=f"requests in flight per connection (at most {SESSION_WINDOW})",
     )
-    parser.add_argument("--client-procs", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--client-procs", type=int, default=3, help="load-generator processes")
     parser.add_argument(
         "--cpu", type=float, default=0.3, help="CPUs per replica through a cgroup (0: unlimited)"
     )

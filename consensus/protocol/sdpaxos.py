@@ -1735,9 +1735,10 @@ class SDPaxosReplica:
     def _send_rrequest(self, read_id: int, reads: tuple[Command, ...]) -> None:
         if self.is_sequencer:
             return  # we answer ourselves once serving with a lease (see _retry_reads)
-        # no keys means "the last slot overall": one such read makes the whole batch wait so
-        keys = () if any(not r.keys for r in reads) else tuple(sorted({k for r in reads
-                                                                     for k in r.keys}))
+        if any(not read.keys for read in reads):
+            keys: tuple[str, ...] = ()  # "the last slot overall": that serves every read
+        else:
+            keys = tuple(sorted({key for read in reads for key in read.keys}))
         request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=keys)
         self._request(self.sequencer, request)
 
