@@ -159,6 +159,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="allocations/s through replica processes")
     add_arguments(parser)
     options = parser.parse_args()
-    print(json.dumps(measure(options.replicas, options.seconds, options.outstanding,
-                             nodes=options.nodes, vcs=options.vcs, wan=options.wan,
-                             seed=options.seed)))
+    options.json = True
+    raise SystemExit(run(options))

@@ -224,13 +224,16 @@ class BenchSession:
         return code
 
 
-_pending_interrupt: list[int] = []  # a signal that arrived inside _interrupts_deferred()
-_deferring = [0]
+class _Deferral:
+    """Inside ``_interrupts_deferred()``: the signal that arrived meanwhile, if any."""
+
+    depth = 0
+    pending: int | None = None
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    if _deferring[0]:
-        _pending_interrupt.append(signum)
+    if _Deferral.depth:
+        _Deferral.pending = signum
         return
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -239,14 +242,13 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def _interrupts_deferred() -> Iterator[None]:
     """Hold an interrupt until a started process is on record: raised between ``Popen``
     returning and the bookkeeping, it would leave that process running after teardown."""
-    _deferring[0] += 1
+    _Deferral.depth += 1
     try:
         yield
     finally:
-        _deferring[0] -= 1
-        if not _deferring[0] and _pending_interrupt:
-            signum = _pending_interrupt.pop()
-            _pending_interrupt.clear()
+        _Deferral.depth -= 1
+        if not _Deferral.depth and _Deferral.pending is not None:
+            signum, _Deferral.pending = _Deferral.pending, None
             raise KeyboardInterrupt(f"signal {signum}")
 
 

@@ -41,8 +41,8 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgpack
 
@@ -61,6 +61,8 @@ __all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "new_c
 
 #: the codec's bound on a client id (and a sequence number)
 _MAX_ID = (1 << 63) - 1
+
+_T = TypeVar("_T")
 
 
 def new_client_id() -> int:
@@ -133,28 +135,23 @@ class _Embedded:
                        op=op)
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
+        # After a timeout (a failover, say) the command may or may not be in the log:
+        # proposing the same (client id, seq) again is safe, the session table applies it
+        # once. A DefiniteFailure is final, as with the remote client.
         command = self._command(op, seq)
-        for _ in range(self.attempts):
-            # After a timeout (a failover, say) the command may or may not be in the log:
-            # proposing the same (client id, seq) again is safe, the session table applies it
-            # once. A DefiniteFailure is final, as with the remote client.
-            with contextlib.suppress(TimeoutError):
-                result = await asyncio.wait_for(self.node.submit(command), self.timeout_s)
-                return result.value
-        raise IndefiniteFailure(
-            f"no result for ({command.client_id}, {command.seq}) within {self.timeout_s}s, "
-            f"{self.attempts} tries"
-        )
+        result = await self._retried(lambda: self.node.submit(command),
+                                     f"no result for ({command.client_id}, {command.seq})")
+        return result.value
 
     async def query(self, op: bytes, stale: bool) -> bytes:
+        return await self._retried(lambda: self.node.read(self._command(op), stale=stale),
+                                   "no answer to a read")
+
+    async def _retried(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
         for _ in range(self.attempts):
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(
-                    self.node.read(self._command(op), stale=stale), self.timeout_s
-                )
-        raise IndefiniteFailure(
-            f"no answer to a read within {self.timeout_s}s, {self.attempts} tries"
-        )
+                return await asyncio.wait_for(call(), self.timeout_s)
+        raise IndefiniteFailure(f"{what} within {self.timeout_s}s, {self.attempts} tries")
 
     async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
         # The node calls its apply hooks on its own loop, right after each command applies:

@@ -1,9 +1,9 @@
 """Sub-millisecond waits on the event loop, for the transport's WAN emulation.
 
 asyncio's timers wake through ``epoll_wait`` with a millisecond timeout (rounded up) and
-uvloop's through libuv's millisecond clock: an emulated one-way delay came out 0.3-0.6 ms long
-on every hop (``sdpaxos bench wan``), which is most of what a 20 ms round trip may exceed its
-bound by. On Linux a ``timerfd`` armed at an absolute ``CLOCK_MONOTONIC`` instant (the clock
+uvloop's through libuv's millisecond clock: an emulated one-way delay sent in the middle of a
+loop turn came out 0.3-0.6 ms long on every hop, much of what a 20 ms round trip may exceed
+its bound by. On Linux a ``timerfd`` armed at an absolute ``CLOCK_MONOTONIC`` instant (the clock
 behind ``time.monotonic_ns``) wakes the loop's poller at that instant instead: ``sleep_until``
 then costs one kernel timer and one reader callback, no thread. Elsewhere (or if the call
 fails) it falls back to ``asyncio.sleep``.
