@@ -2,15 +2,42 @@
 
 Each replica dials every peer and sends on that connection; it receives on the connections its
 peers dial to it. A connection opens with a handshake frame ``[cluster_id, replica_id,
-FORMAT_VERSION]``; a listener refuses (and logs why) a peer of another cluster, an unknown id
-or another wire version. After that every frame is ``codec.frame_to_wire(payload)``.
+FORMAT_VERSION]``, with a fourth element ``true`` if the dialer stamps its frames (WAN
+emulation, below); a three-element handshake (an older peer) means "not stamped". A listener
+refuses (and logs why) a peer of another cluster, an unknown id, another wire version or a
+stamping other than its own. After that every frame is ``codec.frame_to_wire(payload)``, or
+with stamping ``codec.frame_to_wire(stamp + payload)``: ``stamp`` is 8 bytes, big-endian
+unsigned, the sender's ``CLOCK_MONOTONIC`` in µs (``time.monotonic_ns() // 1000``) at its
+``send`` call.
 
-WAN emulation: ``send`` stamps each frame with ``now + one_way_delay`` of its link and the
-link's writer releases it at that time, woken by a kernel timer (``PreciseTimer``: the loop's
-own timers are millisecond-grained); delays are constant per link, so the link stays FIFO.
-All frames due at once leave in one write. A link's queue is bounded: beyond ``max_queue_bytes``
-new frames to that peer are dropped (the protocol retransmits) and ``congested`` reports it so
-the node can stop taking client requests (backpressure).
+WAN emulation: a transport with any non-zero one-way delay configured stamps its frames (the
+whole cluster shares one delay table, so every replica agrees; without delays nothing changes
+on the wire). The sender writes each frame at once; the receiver holds it until ``stamp +
+one_way_delay`` of the link from that peer (its own table's entry: the table is symmetric) and
+then hands it to ``on_frame``, woken by a kernel timer (``PreciseTimer``: the loop's own timers
+are millisecond-grained). So the loopback transit and the receiver's wake-up are spent inside
+the emulated delay instead of being added to it. ``CLOCK_MONOTONIC`` is one clock for all
+processes of a machine (and of one host's containers), which is the only setting this
+emulation is for. A connection's frames reach ``on_frame`` in order (delays are constant per
+link and stamps grow, and a frame is never delivered before an earlier one of its connection);
+a frame whose time has passed is delivered at once. A stamp ahead of the receiver's clock is
+impossible on one machine, so it is taken as "now" (counted in ``stamps_clamped``, logged once
+per connection): a frame never waits longer than its link's delay after it arrived. (A frame
+over a second past its time is logged once per connection too: it hints at a stalled loop or
+at peers on different machines, whose stamps this emulation cannot use.) Negative
+configured delays count as zero. ``TransportStats.delay_samples`` records (intended, actual)
+per delivered frame, actual = delivery time - stamp: the whole hop from the send call.
+
+Bounds: a link's send backlog (frames not yet written plus the socket's write buffer) is at
+most ``max_queue_bytes``; beyond it new frames to that peer are dropped, and ``congested``
+reports a backlog over half of it so the node can stop taking client requests (backpressure).
+Frames a connection holds for delivery are bounded by ``max_queue_bytes`` too (payloads plus
+a small per-frame charge); beyond it arriving frames are dropped. Both count in
+``frames_dropped``; the protocol retransmits. A connection closed for a bad frame (or an
+``on_frame`` that raised) drops what it held; one the peer closed still delivers it.
+
+``blocked`` (test-only): frames to blocked peers are dropped at ``send``, frames from them on
+arrival and again at delivery (all counted in ``frames_dropped``).
 
 Bytes from the network never raise out of this module: a bad frame closes its connection.
 """
@@ -20,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +55,7 @@ from dataclasses import dataclass, field
 import msgpack
 
 from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
-from consensus.errors import DecodeError
+from consensus.errors import DecodeError, LocalProtocolError
 from consensus.runtime.precise_timer import PreciseTimer
 
 __all__ = ["Handshake", "PeerTransport", "TransportStats"]
@@ -38,28 +66,47 @@ RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
 HANDSHAKE_TIMEOUT_S = 5.0
 
+#: the send-time stamp in front of every payload when WAN emulation is on
+_STAMP = struct.Struct(">Q")
+#: a stamped frame's length prefix and stamp
+_STAMPED_HEADER = struct.Struct(">IQ")
+#: a frame this late (µs after stamp + delay) is worth one warning per connection
+_STALE_US = 1_000_000
+#: what a held frame costs beyond its payload, for the bound on held bytes (so a peer cannot
+#: queue unboundedly many empty frames)
+_HELD_OVERHEAD = 64
+
 
 @dataclass(frozen=True, slots=True)
 class Handshake:
     cluster_id: str
     replica_id: int
     version: int
+    #: the dialer's frames carry its send time (WAN emulation on)
+    stamped: bool = False
 
     def encode(self) -> bytes:
-        return frame_to_wire(msgpack.packb([self.cluster_id, self.replica_id, self.version]))
+        fields: list[object] = [self.cluster_id, self.replica_id, self.version]
+        if self.stamped:
+            fields.append(True)
+        return frame_to_wire(msgpack.packb(fields))
 
     @staticmethod
     def decode(payload: bytes) -> Handshake:
         try:
-            fields = msgpack.unpackb(payload, max_str_len=256, max_array_len=3, max_bin_len=0)
+            fields = msgpack.unpackb(payload, max_str_len=256, max_array_len=4, max_bin_len=0)
         except Exception as exc:
             raise DecodeError(f"handshake is not msgpack: {exc}") from None
         match fields:
-            case [str(cluster_id), int(replica_id), int(version)] if not isinstance(
-                replica_id, bool
-            ):
+            case [str(cluster_id), int(replica_id), int(version)] if type(replica_id) is int:
                 return Handshake(cluster_id, replica_id, version)
-        raise DecodeError(f"handshake must be [cluster_id, replica_id, version], got {fields!r}")
+            case [str(cluster_id), int(replica_id), int(version), bool(stamped)] if (
+                type(replica_id) is int
+            ):
+                return Handshake(cluster_id, replica_id, version, stamped)
+        raise DecodeError(
+            f"handshake must be [cluster_id, replica_id, version(, stamped)], got {fields!r}"
+        )
 
 
 @dataclass(slots=True)
@@ -68,20 +115,49 @@ class TransportStats:
     frames_received: int = 0
     frames_dropped: int = 0
     bad_connections: int = 0
-    #: (intended delay, actual delay) in µs of recent emulated frames, for measuring accuracy
+    #: stamped frames whose stamp was ahead of this clock (taken as "now")
+    stamps_clamped: int = 0
+    #: (intended delay, actual delay) in µs of recently delivered emulated frames, actual
+    #: from the sender's send call to the call of ``on_frame``, for measuring accuracy
     delay_samples: collections.deque[tuple[int, int]] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
 
 
 class _Link:
-    __slots__ = ("bytes_queued", "connected", "delay_us", "queue", "wakeup")
+    """The outgoing connection to one peer."""
+
+    __slots__ = ("bytes_queued", "connected", "delay_us", "queue", "wakeup", "writer")
 
     def __init__(self, delay_us: int) -> None:
-        self.delay_us = delay_us
+        self.delay_us = max(0, delay_us)
         self.connected = False
-        self.queue: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.writer: asyncio.StreamWriter | None = None
+        self.queue: collections.deque[bytes] = collections.deque()
         self.bytes_queued = 0
+        self.wakeup = asyncio.Event()
+
+
+class _Inbound:
+    """One incoming connection: its peer and, if stamped, the frames waiting for their time."""
+
+    __slots__ = (
+        "bytes_held", "delay_us", "eof", "failed", "last_due", "peer", "pending", "wakeup",
+        "warned",
+    )  # fmt: skip
+
+    def __init__(self, peer: int, delay_us: int) -> None:
+        self.peer = peer
+        self.delay_us = delay_us
+        #: (due µs, stamp µs or -1 if it was clamped, payload)
+        self.pending: collections.deque[tuple[int, int, bytes]] = collections.deque()
+        self.bytes_held = 0
+        self.last_due = 0
+        #: the peer closed: deliver what is held, then stop
+        self.eof = False
+        #: handing a frame to on_frame failed: the connection is closing, drop the rest
+        self.failed = False
+        self.warned = False
         self.wakeup = asyncio.Event()
 
 
@@ -109,6 +185,8 @@ class PeerTransport:
         self._links = {
             peer: _Link(one_way_us.get(peer, 0)) for peer in sorted(addresses) if peer != me
         }
+        #: WAN emulation on: frames carry their send time and wait at the receiver
+        self._stamped = any(link.delay_us for link in self._links.values())
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
@@ -121,7 +199,7 @@ class PeerTransport:
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         host, port = self.addresses[self.me]
-        if any(link.delay_us for link in self._links.values()):
+        if self._stamped:
             self._timer = PreciseTimer()
         self._server = await asyncio.start_server(self._accept, host, port)
         for peer in self._links:
@@ -141,32 +219,38 @@ class PeerTransport:
 
     # ------------------------------------------------------------------ sending
     def send(self, peer: int, payload: bytes) -> None:
-        """Queue one frame for ``peer``; it leaves after the link's one-way delay."""
+        """Queue one frame for ``peer``; it is written on this loop turn's end. With WAN
+        emulation it carries the time of this call and the receiver holds it for the delay."""
         link = self._links.get(peer)
         if link is None:
             return
         if (
             not link.connected
             or peer in self.blocked
-            or link.bytes_queued + len(payload) > self.max_queue_bytes
+            or _backlog(link) + len(payload) > self.max_queue_bytes
         ):
             # a peer we cannot reach gets nothing queued: by the time it is back it would all
             # be stale, and the protocol retransmits what matters
             self.stats.frames_dropped += 1
             return
-        now = _now_us()
-        wire = frame_to_wire(payload, max_frame=self.max_frame)
-        link.queue.append((now + link.delay_us, now, wire))
-        link.bytes_queued += len(payload)
+        if self._stamped:
+            if len(payload) > self.max_frame:
+                raise LocalProtocolError(f"frame of {len(payload)} bytes is over {self.max_frame}")
+            wire = _STAMPED_HEADER.pack(len(payload) + _STAMP.size, _now_us()) + payload
+        else:
+            wire = frame_to_wire(payload, max_frame=self.max_frame)
+        link.queue.append(wire)
+        link.bytes_queued += len(wire)
         link.wakeup.set()
 
     def congested(self) -> bool:
-        return any(link.bytes_queued > self.max_queue_bytes // 2 for link in self._links.values())
+        return any(_backlog(link) > self.max_queue_bytes // 2 for link in self._links.values())
 
     async def _dial(self, peer: int) -> None:
         backoff = RECONNECT_MIN_S
         host, port = self.addresses[peer]
         link = self._links[peer]
+        hello = Handshake(self.cluster_id, self.me, FORMAT_VERSION, self._stamped).encode()
         while not self._closing:
             try:
                 _, writer = await asyncio.open_connection(host, port)
@@ -176,8 +260,9 @@ class PeerTransport:
                 continue
             backoff = RECONNECT_MIN_S
             link.connected = True
+            link.writer = writer
             try:
-                writer.write(Handshake(self.cluster_id, self.me, FORMAT_VERSION).encode())
+                writer.write(hello)
                 await self._pump(link, writer)
             except asyncio.CancelledError:
                 raise
@@ -187,6 +272,7 @@ class PeerTransport:
                 log.exception("sending to replica %d failed; reconnecting", peer)
             finally:
                 link.connected = False
+                link.writer = None
                 writer.close()
             # What was queued for the dead connection is stale: the protocol retransmits.
             link.queue.clear()
@@ -199,18 +285,9 @@ class PeerTransport:
                 link.wakeup.clear()
                 await link.wakeup.wait()
                 continue
-            due = link.queue[0][0]
-            if due > _now_us():
-                assert self._timer is not None  # only delayed links queue frames for later
-                await self._timer.sleep_until(due)
-            now = _now_us()
-            chunks = []
-            while link.queue and link.queue[0][0] <= now:
-                _, queued_at, wire = link.queue.popleft()
-                link.bytes_queued -= len(wire) - 4
-                chunks.append(wire)
-                if link.delay_us:
-                    self.stats.delay_samples.append((link.delay_us, now - queued_at))
+            chunks = list(link.queue)
+            link.queue.clear()
+            link.bytes_queued = 0
             writer.write(b"".join(chunks))
             self.stats.frames_sent += len(chunks)
             await writer.drain()
@@ -221,19 +298,32 @@ class PeerTransport:
         assert task is not None
         self._readers.add(task)
         peername = writer.get_extra_info("peername")
-        frames = FrameReader(self.max_frame)
+        extra = _STAMP.size if self._stamped else 0
+        frames = FrameReader(min(self.max_frame + extra, 0xFFFFFFFF))
+        deliverer: asyncio.Task[None] | None = None
         try:
-            peer = await asyncio.wait_for(self._handshake(reader, frames), HANDSHAKE_TIMEOUT_S)
-            if peer is None:
+            hello = await asyncio.wait_for(self._handshake(reader, frames), HANDSHAKE_TIMEOUT_S)
+            if hello is None:
                 return
+            peer, early = hello
+            inbound = _Inbound(peer, self._links[peer].delay_us)
+            if self._stamped:
+                deliverer = asyncio.create_task(
+                    self._deliver_held(inbound, writer), name=f"deliver-{peer}"
+                )
+                self._readers.add(deliverer)
+                deliverer.add_done_callback(self._readers.discard)
+            self._received(inbound, early)
             while True:
                 data = await reader.read(1 << 16)
                 if not data:
-                    return
-                for payload in frames.feed(data):
-                    self.stats.frames_received += 1
-                    if peer not in self.blocked:
-                        self.on_frame(peer, payload)
+                    break
+                self._received(inbound, frames.feed(data))
+            if deliverer is not None:
+                # the peer closed: what it sent is on the emulated wire and still arrives
+                inbound.eof = True
+                inbound.wakeup.set()
+                await deliverer
         except DecodeError as exc:
             self.stats.bad_connections += 1
             log.warning("closing connection from %s: %s", peername, exc)
@@ -242,11 +332,18 @@ class PeerTransport:
         except asyncio.CancelledError:
             if not self._closing:
                 raise
+        except Exception:
+            log.exception("handling a frame from %s failed; closing its connection", peername)
         finally:
             writer.close()
+            if deliverer is not None:
+                deliverer.cancel()
             self._readers.discard(task)
 
-    async def _handshake(self, reader: asyncio.StreamReader, frames: FrameReader) -> int | None:
+    async def _handshake(
+        self, reader: asyncio.StreamReader, frames: FrameReader
+    ) -> tuple[int, list[bytes]] | None:
+        """The peer's id and the frames that came with its handshake, or None if refused."""
         while True:
             data = await reader.read(4096)
             if not data:
@@ -262,15 +359,119 @@ class PeerTransport:
             problem = f"wire version {hello.version}, this build speaks {FORMAT_VERSION}"
         elif hello.replica_id not in self._links:
             problem = f"unknown replica id {hello.replica_id}"
+        elif hello.stamped and not self._stamped:
+            problem = (
+                f"replica {hello.replica_id} stamps its frames (WAN emulation on), this one "
+                "does not"
+            )
+        elif self._stamped and not hello.stamped:
+            problem = (
+                f"replica {hello.replica_id} does not stamp its frames (WAN emulation off or "
+                "an older build), this one emulates WAN delays"
+            )
         if problem is not None:
             self.stats.bad_connections += 1
             log.warning("refusing peer connection: %s", problem)
             return None
-        for payload in payloads[1:]:
+        return hello.replica_id, payloads[1:]
+
+    def _received(self, inbound: _Inbound, payloads: list[bytes]) -> None:
+        """Frames off the socket: delivered now, or held until their time if stamped."""
+        peer = inbound.peer
+        for payload in payloads:
             self.stats.frames_received += 1
-            if hello.replica_id not in self.blocked:
-                self.on_frame(hello.replica_id, payload)
-        return hello.replica_id
+            if inbound.failed:
+                continue
+            if peer in self.blocked:
+                self.stats.frames_dropped += 1
+                continue
+            if not self._stamped:
+                self.on_frame(peer, payload)
+                continue
+            if len(payload) < _STAMP.size:
+                raise DecodeError(f"stamped frame of {len(payload)} bytes has no stamp")
+            (stamp,) = _STAMP.unpack_from(payload)
+            body = payload[_STAMP.size :]
+            now = _now_us()
+            if stamp > now:
+                self.stats.stamps_clamped += 1
+                if not inbound.warned:
+                    inbound.warned = True
+                    log.warning(
+                        "replica %d stamps frames %d µs ahead of this clock (WAN emulation needs "
+                        "one machine's CLOCK_MONOTONIC); taking them as sent on arrival",
+                        peer, stamp - now,
+                    )  # fmt: skip
+                due = now + inbound.delay_us
+                stamp = -1
+            else:
+                due = stamp + inbound.delay_us
+                if now - due > _STALE_US and not inbound.warned:
+                    inbound.warned = True
+                    log.warning(
+                        "a frame from replica %d arrived %d ms after its emulated delay (a "
+                        "stalled loop, or another machine's clock: WAN emulation needs one)",
+                        peer, (now - due) // 1000,
+                    )  # fmt: skip
+            # never before an earlier frame of this connection
+            due = max(due, inbound.last_due)
+            inbound.last_due = due
+            if due <= now and not inbound.pending:
+                self._deliver(inbound, stamp, body)
+            elif inbound.bytes_held + len(body) + _HELD_OVERHEAD > self.max_queue_bytes:
+                self.stats.frames_dropped += 1
+            else:
+                inbound.pending.append((due, stamp, body))
+                inbound.bytes_held += len(body) + _HELD_OVERHEAD
+                inbound.wakeup.set()
+
+    async def _deliver_held(self, inbound: _Inbound, writer: asyncio.StreamWriter) -> None:
+        """Hands a stamped connection's held frames to ``on_frame`` at their time, in order,
+        until the connection ended and nothing is left."""
+        timer = self._timer
+        assert timer is not None  # stamped transports have one
+        try:
+            while True:
+                if not inbound.pending:
+                    if inbound.eof:
+                        return
+                    inbound.wakeup.clear()
+                    await inbound.wakeup.wait()
+                    continue
+                due = inbound.pending[0][0]
+                if due > _now_us():
+                    await timer.sleep_until(due)
+                now = _now_us()
+                while inbound.pending and inbound.pending[0][0] <= now:
+                    _, stamp, body = inbound.pending.popleft()
+                    inbound.bytes_held -= len(body) + _HELD_OVERHEAD
+                    self._deliver(inbound, stamp, body)
+        except DecodeError as exc:
+            self.stats.bad_connections += 1
+            log.warning("closing connection from replica %d: %s", inbound.peer, exc)
+        except Exception:
+            log.exception(
+                "handling a frame from replica %d failed; closing its connection", inbound.peer
+            )
+        inbound.failed = True
+        inbound.pending.clear()
+        inbound.bytes_held = 0
+        writer.close()
+
+    def _deliver(self, inbound: _Inbound, stamp: int, body: bytes) -> None:
+        if inbound.peer in self.blocked:
+            self.stats.frames_dropped += 1
+            return
+        if stamp >= 0 and inbound.delay_us:
+            self.stats.delay_samples.append((inbound.delay_us, _now_us() - stamp))
+        self.on_frame(inbound.peer, body)
+
+
+def _backlog(link: _Link) -> int:
+    """Bytes on their way to ``link``'s peer and not yet handed to the kernel."""
+    writer = link.writer
+    buffered = writer.transport.get_write_buffer_size() if writer is not None else 0
+    return link.bytes_queued + buffered
 
 
 def _now_us() -> int:
