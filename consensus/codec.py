@@ -133,6 +133,7 @@ __all__ = [
     "MAX_SLOTS",
     "TAGS",
     "FrameReader",
+    "checked_command",
     "decode_frame",
     "decode_message",
     "decode_record",
@@ -664,6 +665,26 @@ def _generate() -> tuple[str, dict[str, Any]]:
 _GENERATED_SOURCE, _generated = _generate()
 
 _Encoder = Callable[[Any], tuple[Any, ...]]
+
+_set_command_fields: Final = tuple(
+    _generated[f"_set_Command_{name}"] for name, _ in _LAYOUT[Command]
+)
+
+
+def checked_command(
+    client_id: int, seq: int, op: bytes, keys: tuple[str, ...], blind: bool
+) -> Command:
+    """``Command(...)`` from values the caller already checked for type and range, built the
+    way the decoders build theirs (slots set directly: a frozen dataclass's ``__init__``
+    costs about twice as much, and the client port builds one per request)."""
+    command: Command = object.__new__(Command)
+    set_client_id, set_seq, set_op, set_keys, set_blind = _set_command_fields
+    set_client_id(command, client_id)
+    set_seq(command, seq)
+    set_op(command, op)
+    set_keys(command, keys)
+    set_blind(command, blind)
+    return command
 
 _PEER_ENCODERS: Final[dict[type, _Encoder]] = {
     cls: _generated[f"_enc_{cls.__name__}"] for cls in _PEER_CLASSES

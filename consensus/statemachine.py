@@ -109,8 +109,11 @@ class SessionTable:
             session.results = {int(seq): bytes(result) for seq, result in items}
 
 
+_packer = msgpack.Packer()
+
+
 def _pack(value: object) -> bytes:
-    packed: bytes = msgpack.packb(value)
+    packed: bytes = _packer.pack(value)  # one reusable packer: packb builds one per call
     return packed
 
 

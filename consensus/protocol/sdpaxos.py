@@ -370,10 +370,6 @@ class SDPaxosReplica:
         """A linearizable read (``command.op`` is a query): served through ``Ready.reads``."""
         _check_command(command)
         self._enter(now)
-        if self.role is Role.SEQUENCER and self._lease_valid():
-            slot = self._read_slot(command.keys)
-            self._waiting_reads.append((slot, -1, command))
-            return
         self._unasked_reads.append(command)
 
     def read_stale(self, command: Command, now: int) -> None:
@@ -1726,20 +1722,22 @@ class SDPaxosReplica:
         costs the sequencer a share of one message instead of two messages."""
         if not self._unasked_reads:
             return
-        self._read_ids += 1
         reads = tuple(self._unasked_reads)
         self._unasked_reads.clear()
+        if self.role is Role.SEQUENCER and self._lease_valid():
+            # the sequencer answers its own reads the same way, once per turn: one lease check
+            # and one history lookup for the turn instead of one per read
+            slot = self._read_slot(_union_keys(reads))
+            self._waiting_reads.extend((slot, -1, read) for read in reads)
+            return
+        self._read_ids += 1
         self._pending_reads[self._read_ids] = (reads, self.now)
         self._send_rrequest(self._read_ids, reads)
 
     def _send_rrequest(self, read_id: int, reads: tuple[Command, ...]) -> None:
         if self.is_sequencer:
             return  # we answer ourselves once serving with a lease (see _retry_reads)
-        if any(not read.keys for read in reads):
-            keys: tuple[str, ...] = ()  # "the last slot overall": that serves every read
-        else:
-            keys = tuple(sorted({key for read in reads for key in read.keys}))
-        request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=keys)
+        request = RRequest(src=self.me, view=self.view, read_id=read_id, keys=_union_keys(reads))
         self._request(self.sequencer, request)
 
     def _read_slot(self, keys: Iterable[str]) -> int:
@@ -1770,9 +1768,8 @@ class SDPaxosReplica:
         for read_id, (reads, sent_at) in sorted(self._pending_reads.items()):
             if self.role is Role.SEQUENCER and self._lease_valid():
                 del self._pending_reads[read_id]
-                self._waiting_reads.extend(
-                    (self._read_slot(read.keys), read_id, read) for read in reads
-                )
+                slot = self._read_slot(_union_keys(reads))
+                self._waiting_reads.extend((slot, read_id, read) for read in reads)
             elif sent_at <= deadline:
                 self._pending_reads[read_id] = (reads, self.now)
                 self._send_rrequest(read_id, reads)
@@ -1969,6 +1966,14 @@ def _keys_of(batch: Batch | None) -> tuple[str, ...]:
         return batch[0].keys
     keys = {key for command in batch for key in command.keys}
     return tuple(sorted(keys)) if len(keys) <= MAX_REQUEST_KEYS else ()
+
+
+def _union_keys(reads: Sequence[Command]) -> tuple[str, ...]:
+    """The keys whose latest update serves every one of ``reads``: the union of their keys, or
+    none ("the last slot overall") if any of them names no key."""
+    if any(not read.keys for read in reads):
+        return ()
+    return tuple(sorted({key for read in reads for key in read.keys}))
 
 
 def _check_command(command: Command) -> None:

@@ -26,7 +26,13 @@ from typing import Literal
 
 import msgpack
 
-from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
+from consensus.codec import (
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
+    checked_command,
+    frame_to_wire,
+)
 from consensus.errors import DecodeError
 from consensus.messages import Command
 
@@ -36,6 +42,7 @@ __all__ = [
     "decode_partition",
     "decode_request",
     "decode_response",
+    "ok_response_wire",
 ]
 
 Kind = Literal["cmd", "read", "stale", "partition"]
@@ -74,34 +81,51 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_INT64_END = 1 << 63
+#: a request is the hot path of every read: exact type checks (msgpack yields exact types;
+#: ``type(x) is int`` also excludes bool) and tuples straight from the decoder
+_REQUEST_LIMITS = {
+    "use_list": False,
+    "max_bin_len": MAX_OP_BYTES,
+    "max_str_len": MAX_KEY_BYTES,
+    "max_array_len": max(MAX_KEYS_PER_COMMAND, 7),
+    "max_map_len": 0,
+}
+
+
 def decode_request(payload: bytes) -> ClientRequest:
     try:
-        fields = msgpack.unpackb(
-            payload,
-            max_bin_len=MAX_OP_BYTES,
-            max_str_len=MAX_KEY_BYTES,
-            max_array_len=max(MAX_KEYS_PER_COMMAND, 7),
-            max_map_len=0,
-        )
+        fields = msgpack.unpackb(payload, **_REQUEST_LIMITS)
     except Exception as exc:
         raise DecodeError(f"request is not valid msgpack: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != 7:
+    if type(fields) is not tuple or len(fields) != 7:
         raise DecodeError("request must be [req_id, kind, client_id, seq, op, keys, blind]")
     req_id, kind, client_id, seq, op, keys, blind = fields
-    if not (_is_int(req_id) and _is_int(client_id) and _is_int(seq)):
+    if type(req_id) is not int or type(client_id) is not int or type(seq) is not int:
         raise DecodeError("req_id, client_id and seq must be integers")
-    if min(req_id, client_id, seq) < 0 or max(req_id, client_id, seq) >= 1 << 63:
+    if not (0 <= req_id < _INT64_END and 0 <= client_id < _INT64_END and 0 <= seq < _INT64_END):
         raise DecodeError("req_id, client_id and seq must be non-negative int64")
     if kind not in KINDS:
         raise DecodeError(f"kind must be one of {KINDS}, got {kind!r}")
-    if not isinstance(op, bytes):
+    if type(op) is not bytes:
         raise DecodeError("op must be bytes")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+    if type(keys) is not tuple:
         raise DecodeError("keys must be a list of strings")
-    if not isinstance(blind, bool):
+    for key in keys:
+        if type(key) is not str:
+            raise DecodeError("keys must be a list of strings")
+    if type(blind) is not bool:
         raise DecodeError("blind must be a boolean")
-    command = Command(client_id=client_id, seq=seq, op=op, keys=tuple(keys), blind=blind)
-    return ClientRequest(req_id, kind, command)
+    return ClientRequest(req_id, kind, checked_command(client_id, seq, op, keys, blind))
+
+
+_packer = msgpack.Packer()
+
+
+def ok_response_wire(req_id: int, payload: bytes, position: int) -> bytes:
+    """``ClientResponse(req_id, "ok", payload, position)`` encoded and framed: the answer to
+    every read and write, built without the intermediate object."""
+    return frame_to_wire(_packer.pack((req_id, "ok", payload, position)))
 
 
 def decode_response(payload: bytes) -> ClientResponse:

@@ -1,14 +1,14 @@
 """One replica as an asyncio service: the thin driver around a sans-I/O core.
 
-Every loop turn: hand the core everything that arrived (peer frames, client requests), tick it
-when due, take its ``Ready``, then — in this order — send what needs no durability, append the
-records to the write-ahead log and fsync once (group commit; the loop keeps receiving while
-the fsync runs in a thread, so the next turn batches whatever came in meanwhile), send the
-acknowledgements, apply committed commands to the state machine, answer clients, ``advance``.
+Every loop turn: hand the core everything that arrived (peer frames, client requests with at
+most ``MAX_READS_PER_TURN`` reads among them), tick it when due, take its ``Ready``, then —
+in this order — send what needs no durability, append the records to the write-ahead log and
+fsync once (group commit, on the loop: the next turn batches whatever came in meanwhile),
+answer the blind writes that became ready, send the acknowledgements, apply committed commands
+to the state machine, answer the rest, ``advance``.
 
 Clients reach the node through ``submit`` / ``read`` (in-process, for embedding) or the client
-port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``.
-"""
+port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``."""
 
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.client_protocol import (
     ClientRequest,
     ClientResponse,
+    Status,
     decode_partition,
     decode_request,
+    ok_response_wire,
 )
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.transport import PeerTransport
@@ -60,6 +62,12 @@ from consensus.storage.wal import WriteAheadLog
 
 #: bytes of snapshot per SnapshotChunk (the codec caps a bin field at 1 MiB)
 SNAPSHOT_CHUNK = 512 << 10
+#: linearizable reads taken into one loop turn at most (later requests wait for the next
+#: turns): a turn's length is how long a peer's message waits behind this replica's clients
+#: (above all, a read request at the sequencer, which closed-loop readers keep busy). Writes
+#: are not counted: a turn's writes go out as one C-instance, and fewer, bigger instances are
+#: what keeps the sequencer's ordering work small.
+MAX_READS_PER_TURN = 128
 
 __all__ = ["NodeStats", "ReplicaNode", "Result"]
 
@@ -148,6 +156,7 @@ class ReplicaNode:
             on_frame=self._on_frame,
         )
         self._events: list[tuple[str, object]] = []
+        self._client_requests: list[tuple[str, Command]] = []  # from the client port
         self._wakeup = asyncio.Event()
         self._commands: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
         self._reads: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
@@ -237,7 +246,7 @@ class ReplicaNode:
         loop = asyncio.get_running_loop()
         next_tick = 0
         while not self._stopping:
-            if not self._events:
+            if not self._events and not self._client_requests:
                 timeout = max(0.0, (next_tick - _now_us()) / 1e6)
                 timer = loop.call_later(timeout, self._wakeup.set)
                 await self._wakeup.wait()
@@ -247,6 +256,7 @@ class ReplicaNode:
             self._wakeup.clear()
             now = _now_us()
             events, self._events = self._events, []
+            events += self._take_client_requests()
             self._feed(events, now)
             if now >= next_tick:
                 self.core.tick(now)
@@ -260,6 +270,19 @@ class ReplicaNode:
                     self.me, core.view, core.role.value, core.sequencer,
                     core.executed_through(),
                 )
+
+    def _take_client_requests(self) -> list[tuple[str, Command]]:
+        """This turn's client requests, in arrival order, up to ``MAX_READS_PER_TURN`` reads."""
+        requests = self._client_requests
+        reads = 0
+        for taken, (kind, _) in enumerate(requests):
+            if kind != "cmd":
+                reads += 1
+                if reads > MAX_READS_PER_TURN:
+                    self._client_requests = requests[taken:]
+                    return requests[:taken]
+        self._client_requests = []
+        return requests
 
     def _feed(self, events: list[tuple[str, object]], now: int) -> None:
         core = self.core
@@ -299,6 +322,10 @@ class ReplicaNode:
             self.wal.sync(fsync=self.fsync)
             self.stats.fsyncs += 1
             self.stats.fsync_seconds += self.wal.last_sync_seconds
+        for command in ready.ready:
+            if command.blind:
+                self._complete((command.client_id, command.seq), Result(b"", -1), now)
+        self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
         machine = self.state_machine
         for execution in ready.apply:
@@ -309,9 +336,6 @@ class ReplicaNode:
             if execution.led_here and not execution.command.blind:
                 key = (execution.command.client_id, execution.command.seq)
                 self._complete(key, Result(result, execution.position), now)
-        for command in ready.ready:
-            if command.blind:
-                self._complete((command.client_id, command.seq), Result(b"", -1), now)
         for command in ready.reads:
             waiters = self._reads.pop((command.client_id, command.seq), ())
             if waiters:
@@ -328,6 +352,10 @@ class ReplicaNode:
         self._applied_since_snapshot += len(ready.apply)
         if self._applied_since_snapshot >= self.snapshot_every:
             self._take_snapshot()
+        self._answer_clients()
+
+    def _answer_clients(self) -> None:
+        """Write each client connection's answers of this turn in one go."""
         for connection in self._dirty:
             if not connection.writer.is_closing():
                 connection.writer.write(b"".join(connection.out))
@@ -422,12 +450,13 @@ class ReplicaNode:
         if isinstance(waiter, tuple):
             connection, req_id = waiter
             if isinstance(outcome, Result):
-                response = ClientResponse(req_id, "ok", outcome.value, outcome.position)
-            elif isinstance(outcome, DefiniteFailure):
-                response = ClientResponse(req_id, "definite", str(outcome))
+                wire = ok_response_wire(req_id, outcome.value, outcome.position)
             else:
-                response = ClientResponse(req_id, "indefinite", str(outcome))
-            connection.out.append(frame_to_wire(response.encode()))
+                status: Status = (
+                    "definite" if isinstance(outcome, DefiniteFailure) else "indefinite"
+                )
+                wire = frame_to_wire(ClientResponse(req_id, status, str(outcome)).encode())
+            connection.out.append(wire)
             self._dirty.add(connection)
         elif not waiter.done():
             if isinstance(outcome, Result):
@@ -471,7 +500,7 @@ class ReplicaNode:
                     key = (request.command.client_id, request.command.seq)
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
-                    self._events.append((request.kind, request.command))
+                    self._client_requests.append((request.kind, request.command))
                 self._wakeup.set()
         except DecodeError as exc:
             log.warning("closing client connection: %s", exc)

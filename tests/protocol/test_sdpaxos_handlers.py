@@ -23,6 +23,7 @@ from consensus.messages import (
     CPrepare,
     CPromise,
     CRequest,
+    LeaseGrant,
     NewView,
     NewViewRecord,
     OAccept,
@@ -1091,3 +1092,29 @@ def test_an_unanswered_read_request_is_sent_again_and_answers_only_count_once() 
     assert drain(r1).reads == [read]
     r1.step(RReply(src=0, view=0, read_id=1, slot=-1), 200_020)
     assert drain(r1).reads == []
+
+
+def test_the_sequencers_own_reads_wait_for_a_lease_then_share_one_slot_per_turn() -> None:
+    r0 = core(3, 0)
+    r0.tick(0)
+    drain(r0)
+    # an update of "a" ordered in slot 0 (not executed yet: its C-instance is not here)
+    r0.step(caccept(1, 1, 0, (A,)), 10)
+    drain(r0)
+    before_lease = _read(20, "a")
+    r0.read(before_lease, 20)
+    ready = drain(r0)
+    assert ready.reads == [] and msgs(ready.send, RRequest) == []  # no lease: no answer
+    r0.step(LeaseGrant(src=1, view=0, request=0), 30)
+    r0.tick(40)
+    assert drain(r0).reads == []  # leased now, but slot 0 has not executed
+    first, second = _read(21, "b"), _read(22)
+    r0.read(first, 50)
+    r0.read(second, 50)  # no keys: the last slot overall (0) serves this turn's reads
+    assert drain(r0).reads == []
+    r0.step(ccommit(1, 1, 0, (A,)), 60)
+    assert drain(r0).reads == []  # C[1][0] chosen, but r0 has not learnt that O[0] is
+    r0.step(ocommit(1, (0, 1)), 70)
+    ready = drain(r0)
+    assert [e.command for e in ready.apply] == [A]
+    assert sorted(c.client_id for c in ready.reads) == [20, 21, 22]

@@ -1,0 +1,68 @@
+"""How a replica's loop takes client requests into its turns (``MAX_READS_PER_TURN``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import msgpack
+
+from consensus.messages import Command
+from consensus.runtime.cli import cluster_toml
+from consensus.runtime.client import Client
+from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
+from consensus.runtime.local_cluster import free_base_port
+from consensus.runtime.node import MAX_READS_PER_TURN, ReplicaNode
+from consensus.statemachine import KVStore, kv_get, kv_put
+
+
+def _config(tmp_path: Path) -> ClusterConfig:
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    return load_cluster_config(path)
+
+
+def test_a_turn_takes_every_write_but_a_bounded_number_of_reads(tmp_path: Path) -> None:
+    node = ReplicaNode(_config(tmp_path), 1, KVStore(), fsync=False)
+    try:
+        kinds = (["read"] * (MAX_READS_PER_TURN + 5) + ["cmd"] * 3) * 2 + ["cmd"] * 7
+        queued = [(kind, Command(client_id=1, seq=i, op=b"")) for i, kind in enumerate(kinds)]
+        node._client_requests = list(queued)
+        turns = []
+        while node._client_requests:
+            turns.append(node._take_client_requests())
+        assert [request for turn in turns for request in turn] == queued  # order kept
+        for turn in turns:
+            assert sum(kind != "cmd" for kind, _ in turn) <= MAX_READS_PER_TURN
+        # the writes behind a held-back read wait with it; the rest all go in one turn
+        assert len(turns) == 3
+        assert [kind for kind, _ in turns[-1]] == ["read"] * 10 + ["cmd"] * 10
+    finally:
+        node.wal.close()
+
+
+def test_reads_over_many_turns_see_the_writes_acknowledged_before_them(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    count = 3 * MAX_READS_PER_TURN
+
+    async def run() -> list[object]:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        for node in nodes:
+            await node.start()
+        # a client of replica 1, which is not the sequencer: its reads go through RRequests
+        client = Client(7, [spec.client_address for spec in config.replicas], home=1,
+                        timeout_s=10.0)
+        try:
+            await asyncio.gather(*[client.execute(kv_put(f"k{i}", f"v{i}"), [f"k{i}"])
+                                   for i in range(count)])
+            replies = await asyncio.gather(*[client.read(kv_get(f"k{i}"), [f"k{i}"])
+                                             for i in range(count)])
+            assert max(node.stats.turns for node in nodes) > 0
+            return [msgpack.unpackb(reply.payload) for reply in replies]
+        finally:
+            await client.close()
+            for node in nodes:
+                await node.stop()
+
+    values = asyncio.run(asyncio.wait_for(run(), 60))
+    assert values == [["value", f"v{i}"] for i in range(count)]
