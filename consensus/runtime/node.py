@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import defaultdict
@@ -247,7 +248,9 @@ class ReplicaNode:
         next_tick = 0
         while not self._stopping:
             if not self._events and not self._client_requests:
-                timeout = max(0.0, (next_tick - _now_us()) / 1e6)
+                # whole milliseconds, rounded up: the loop's timers are millisecond-grained
+                # and fire at once for less, which spun the loop until the tick was due
+                timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
                 timer = loop.call_later(timeout, self._wakeup.set)
                 await self._wakeup.wait()
                 timer.cancel()
