@@ -8,7 +8,8 @@ answer the blind writes that became ready, send the acknowledgements, apply comm
 to the state machine, answer the rest, ``advance``.
 
 Clients reach the node through ``submit`` / ``read`` (in-process, for embedding) or the client
-port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``."""
+port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``.
+"""
 
 from __future__ import annotations
 
