@@ -792,7 +792,9 @@ class Allocator:
             "pinned": pinned,
             "leaves": {
                 "total": total,
-                "used": sum(len(g.leaves()) for g in mine if g.guaranteed),
+                # a preempting group's leaves are its victims' until they go: count them apart
+                "used": sum(len(g.leaves()) for g in mine if g.guaranteed and not g.preempting),
+                "reserved": sum(len(g.leaves()) for g in mine if g.guaranteed and g.preempting),
                 "bad_held": sum(
                     bad_n[buddy.item_cell[i]]
                     for i in range(len(topo.items))

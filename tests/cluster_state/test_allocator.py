@@ -150,8 +150,12 @@ def test_reservations_block_lower_groups_and_a_higher_preemptor_cancels(env: Env
     for name in ("p1", "r"):
         assert env.group(name) is None
     assert env.group("v")["preempted_by"] == ["top"]  # type: ignore[index]
+    # the reserved leaves are still v's: used within the quota, the reservation apart
+    assert {k: env.vc("VC2")["leaves"][k] for k in ("total", "used", "reserved")} == {
+        "total": 40, "used": 32, "reserved": 32}  # (the old count: used 64 of 40)
     assert env.apply(release("v")) == ["released", "v", ["top"]]
     assert env.group("top")["state"] == "placed"  # type: ignore[index]
+    assert (env.vc("VC2")["leaves"]["used"], env.vc("VC2")["leaves"]["reserved"]) == (32, 0)
 
 
 def test_lazy_preemption_downgrades_the_victim_instead_of_killing_it(env: Env) -> None:

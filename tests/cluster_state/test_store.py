@@ -198,7 +198,7 @@ def test_queries_read_without_changing_state() -> None:
     assert group[0] == "group" and group[1] == 2 and group[2]["pods"][0][1] == "dgx-b1"
     assert driver.query(get_group("zz")) == ["group", 2, None]
     vc = driver.query(get_vc("VC2"))[2]
-    assert vc["leaves"] == {"total": 32 + 8, "used": 2, "bad_held": 0}
+    assert vc["leaves"] == {"total": 32 + 8, "used": 2, "reserved": 0, "bad_held": 0}
     names = [g["name"] for g in driver.query(list_groups(""))[2]]
     assert names == ["a", "b"]
     assert [g["name"] for g in driver.query(list_groups("VC2"))[2]] == ["b"]
