@@ -26,11 +26,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from hdrh.histogram import HdrHistogram
 from rich.console import Console
@@ -192,6 +192,11 @@ class BenchSession:
                 self.limiter.limit(cluster.processes[replica].pid, limit, f"r{replica}")
         return cluster
 
+    def start_replica(self, cluster: LocalCluster, replica: int) -> None:
+        """(Re)start one replica of ``cluster``, e.g. after killing it."""
+        with _interrupts_deferred():
+            cluster.start(replica)
+
     def stop_cluster(self, cluster: LocalCluster) -> None:
         cluster.stop_all()
         if cluster in self.clusters:
@@ -250,6 +255,43 @@ def _interrupts_deferred() -> Iterator[None]:
         if not _Deferral.depth and _Deferral.pending is not None:
             signum, _Deferral.pending = _Deferral.pending, None
             raise KeyboardInterrupt(f"signal {signum}")
+
+
+_T = TypeVar("_T")
+_INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def run_interruptible(coro: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run(coro)`` for a bench that drives load from this process: an interrupt
+    cancels the coroutine (its tasks end quietly instead of dying mid-step with tracebacks)
+    and then comes out as ``KeyboardInterrupt``, for the session's cleanup."""
+    interrupted: list[int] = []
+
+    async def main() -> _T:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        saved = {sig: signal.getsignal(sig) for sig in _INTERRUPTS}
+
+        def on_signal(signum: int) -> None:
+            interrupted.append(signum)
+            task.cancel()
+
+        for sig in _INTERRUPTS:
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await coro
+        finally:
+            for sig in _INTERRUPTS:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, saved[sig])
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if interrupted:
+            raise KeyboardInterrupt(f"signal {interrupted[0]}") from None
+        raise
 
 
 async def wait_ready(addresses: Sequence[tuple[str, int]], timeout: float) -> None:

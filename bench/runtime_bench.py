@@ -18,13 +18,18 @@ import argparse
 import asyncio
 import json
 import random
-import tempfile
 import time
-from pathlib import Path
 
+from bench.harness import (
+    BenchSession,
+    interrupts_to_exit_code,
+    run_interruptible,
+    scrape_metrics,
+)
 from consensus.codec import FrameReader, frame_to_wire
 from consensus.messages import Command
 from consensus.runtime.client_protocol import ClientRequest, decode_response
+from consensus.runtime.local_cluster import LocalCluster
 from consensus.statemachine import kv_put
 
 __all__ = ["add_arguments", "run"]
@@ -142,13 +147,13 @@ async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> d
     }
 
 
-async def restart(args: argparse.Namespace, cluster: object) -> dict[str, object]:
+async def restart(
+    args: argparse.Namespace, session: BenchSession, cluster: LocalCluster
+) -> dict[str, object]:
     from consensus.errors import SDPaxosError
     from consensus.runtime.client import Client
-    from consensus.runtime.local_cluster import LocalCluster
     from consensus.statemachine import kv_get
 
-    assert isinstance(cluster, LocalCluster)
     addresses = cluster.client_addresses
     ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
     connections = [PipelinedConnection(2000 + i) for i in range(args.clients)]
@@ -177,7 +182,7 @@ async def restart(args: argparse.Namespace, cluster: object) -> dict[str, object
     victim = len(addresses) - 1
     cluster.kill(victim)
     target = _executed_slots(cluster, 0)
-    cluster.start(victim)
+    session.start_replica(cluster, victim)
     restarted = time.perf_counter()
     caught_up = None
     while time.perf_counter() - restarted < 60:
@@ -208,23 +213,8 @@ async def restart(args: argparse.Namespace, cluster: object) -> dict[str, object
     }
 
 
-def _executed_slots(cluster: object, replica: int) -> int:
-    import urllib.request
-
-    from consensus.runtime.local_cluster import LocalCluster
-
-    assert isinstance(cluster, LocalCluster)
-    metrics = cluster.config.replica(replica).metrics_address
-    assert metrics is not None
-    try:
-        with urllib.request.urlopen(f"http://{metrics[0]}:{metrics[1]}/metrics", timeout=1) as r:
-            body = r.read().decode()
-    except OSError:
-        return -1
-    for line in body.splitlines():
-        if line.startswith("sdpaxos_executed_slots "):
-            return int(line.split()[1])
-    return -1
+def _executed_slots(cluster: LocalCluster, replica: int) -> int:
+    return int(scrape_metrics(cluster, replica).get("sdpaxos_executed_slots", -1))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,55 +228,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-fsync", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--workdir", metavar="DIR",
+        help="keep the cluster's files and replica logs here (default: a temporary directory)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
-    from consensus.runtime.local_cluster import LocalCluster
-
-    with tempfile.TemporaryDirectory(prefix="sdpaxos-bench-") as tmp:
-        extra = ("--no-fsync",) if args.no_fsync else ()
-        with LocalCluster(Path(tmp), args.replicas, extra_args=extra) as cluster:
-            cluster.start_all()
-            addresses = cluster.client_addresses
-            asyncio.run(_wait_ready(addresses))
+    with interrupts_to_exit_code("runtime") as code:
+        with BenchSession("runtime", args.workdir, fsync=not args.no_fsync) as session:
+            cluster = session.start_cluster("kv", args.replicas, "sdpaxos")
             if args.mode == "restart":
-                result = asyncio.run(restart(args, cluster))
+                result = run_interruptible(restart(args, session, cluster))
             else:
-                result = asyncio.run(drive(args, addresses))
-    result["fsync"] = not args.no_fsync
-    if args.json:
-        print(json.dumps(result))
-    elif args.mode == "restart":
-        print(
-            f"restart after {result['writes']:,} writes ({result['throughput_per_s']:,}/s): "
-            f"caught up in {result['caught_up_s']} s, serving linearizable reads after "
-            f"{result['serving_s']} s"
-        )
-    else:
-        print(
-            f"{result['mode']}: {result['completed']} writes, {result['throughput_per_s']:,}/s, "
-            f"p50 {result['p50_ms']} ms, p99 {result['p99_ms']} ms "
-            f"({result['replicas']} replicas as processes, "
-            f"fsync {'on' if result['fsync'] else 'off'})"
-        )
-    return 0
-
-
-async def _wait_ready(addresses: list[tuple[str, int]], timeout: float = 30.0) -> None:
-    from consensus.errors import SDPaxosError
-    from consensus.runtime.client import Client
-    from consensus.statemachine import kv_get
-
-    deadline = time.monotonic() + timeout
-    for home in range(len(addresses)):
-        while True:
-            client = Client(1 << 40, addresses, home=home, timeout_s=1.0, attempts=1)
-            try:
-                await client.read(kv_get("probe"), ["probe"])
-                break
-            except SDPaxosError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-            finally:
-                await client.close()
+                result = run_interruptible(drive(args, cluster.client_addresses))
+        result["fsync"] = not args.no_fsync
+        if args.json:
+            print(json.dumps(result))
+        elif args.mode == "restart":
+            print(
+                f"restart after {result['writes']:,} writes ({result['throughput_per_s']:,}/s): "
+                f"caught up in {result['caught_up_s']} s, serving linearizable reads after "
+                f"{result['serving_s']} s"
+            )
+        else:
+            print(
+                f"{result['mode']}: {result['completed']} writes, "
+                f"{result['throughput_per_s']:,}/s, p50 {result['p50_ms']} ms, "
+                f"p99 {result['p99_ms']} ms ({result['replicas']} replicas as processes, "
+                f"fsync {'on' if result['fsync'] else 'off'})"
+            )
+    return code[0]

@@ -89,3 +89,31 @@ def test_an_interrupted_bench_stops_every_process_it_started(
             process.kill()
             process.wait()
     assert_nothing_left(workdir, process.pid)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_runtime_bench_stops_its_replicas(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    # `bench runtime` drives its load from its own event loop, not from load generators
+    workdir = tmp_path / "work"
+    process = subprocess.Popen(
+        bench_command("runtime", workdir, "--mode", "peak", "--duration", "60"),
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 40
+        while len(processes_mentioning(str(workdir))) < 3:
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            assert time.monotonic() < deadline, "the bench never started its replicas"
+            time.sleep(0.1)
+        process.send_signal(sig)
+        assert process.wait(30) == 130
+        assert process.stderr is not None
+        assert "Traceback" not in process.stderr.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert_nothing_left(workdir, process.pid)
