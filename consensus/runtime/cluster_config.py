@@ -26,7 +26,7 @@ Example (``sdpaxos cluster init`` writes one like it)::
     emulate = true                 # delay every frame by the one-way delay of its link
     # either per-site round trips (ms; the paper's table is built in) ...
     rtt_ms = { "CA-OR" = 20 }      # optional overrides, "A-B" = ms
-    # ... or an explicit one-way delay matrix in ms, by replica id:
+    # ... or an explicit one-way delay matrix in ms, by replica id (symmetric, >= 0):
     # one_way_ms = [[0, 10], [10, 0]]
 """
 
@@ -224,6 +224,15 @@ def _parse_wan(
             isinstance(row, list) and len(row) == n for row in matrix
         )):
             raise fail(f"[wan].one_way_ms must be a {n}x{n} matrix")
+        for i, row in enumerate(matrix):
+            for j, ms in enumerate(row):
+                if isinstance(ms, bool) or not isinstance(ms, int | float) or not ms >= 0:
+                    raise fail(f"[wan].one_way_ms[{i}][{j}] must be milliseconds >= 0, "
+                               f"got {ms!r}")
+                if ms != matrix[j][i]:
+                    # the receiver of a frame holds it for the link's delay (transport.py)
+                    raise fail(f"[wan].one_way_ms must be symmetric: [{i}][{j}] is {ms}, "
+                               f"[{j}][{i}] is {matrix[j][i]}")
         return tuple(
             tuple(int(float(v) * 1000) for v in row) for row in matrix
         )

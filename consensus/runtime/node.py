@@ -155,6 +155,7 @@ class ReplicaNode:
             me=me,
             addresses={r.id: r.address for r in config.replicas},
             one_way_us=dict(enumerate(config.one_way_us[me])),
+            stamped=any(any(row) for row in config.one_way_us),
             on_frame=self._on_frame,
         )
         self._events: list[tuple[str, object]] = []

@@ -10,23 +10,24 @@ with stamping ``codec.frame_to_wire(stamp + payload)``: ``stamp`` is 8 bytes, bi
 unsigned, the sender's ``CLOCK_MONOTONIC`` in µs (``time.monotonic_ns() // 1000``) at its
 ``send`` call.
 
-WAN emulation: a transport with any non-zero one-way delay configured stamps its frames (the
-whole cluster shares one delay table, so every replica agrees; without delays nothing changes
-on the wire). The sender writes each frame at once; the receiver holds it until ``stamp +
-one_way_delay`` of the link from that peer (its own table's entry: the table is symmetric) and
-then hands it to ``on_frame``, woken by a kernel timer (``PreciseTimer``: the loop's own timers
-are millisecond-grained). So the loopback transit and the receiver's wake-up are spent inside
-the emulated delay instead of being added to it. ``CLOCK_MONOTONIC`` is one clock for all
-processes of a machine (and of one host's containers), which is the only setting this
-emulation is for. A connection's frames reach ``on_frame`` in order (delays are constant per
-link and stamps grow, and a frame is never delivered before an earlier one of its connection);
-a frame whose time has passed is delivered at once. A stamp ahead of the receiver's clock is
-impossible on one machine, so it is taken as "now" (counted in ``stamps_clamped``, logged once
-per connection): a frame never waits longer than its link's delay after it arrived. (A frame
-over a second past its time is logged once per connection too: it hints at a stalled loop or
-at peers on different machines, whose stamps this emulation cannot use.) Negative
-configured delays count as zero. ``TransportStats.delay_samples`` records (intended, actual)
-per delivered frame, actual = delivery time - stamp: the whole hop from the send call.
+WAN emulation: a transport of a cluster with any non-zero one-way delay configured stamps its
+frames (``stamped``: the whole cluster shares one delay table, so every replica agrees; without
+delays nothing changes on the wire). The sender writes each frame at once; the receiver holds
+it until ``stamp + one_way_delay`` of the link from that peer (its own table's entry: the
+cluster file's table is symmetric, ``cluster_config`` checks it) and then hands it to
+``on_frame``, woken by a kernel timer (``PreciseTimer``: the loop's own timers are
+millisecond-grained). So the loopback transit and the receiver's wake-up are spent inside the
+emulated delay instead of being added to it. ``CLOCK_MONOTONIC`` is one clock for all processes
+of a machine (and of one host's containers), which is the only setting this emulation is for. A
+connection's frames reach ``on_frame`` in order (delays are constant per link and stamps grow,
+and a frame is never delivered before an earlier one of its connection); a frame whose time has
+passed is delivered at once. A stamp ahead of the receiver's clock is impossible on one
+machine, so it is taken as "now" (counted in ``stamps_clamped``, logged once per connection): a
+frame never waits longer than its link's delay after it arrived. (A frame over a second past
+its time is logged once per connection too: it hints at a stalled loop or at peers on different
+machines, whose stamps this emulation cannot use.) Negative configured delays count as zero.
+``TransportStats.delay_samples`` records (intended, actual) per delivered frame, actual =
+delivery time - stamp: the whole hop from the send call.
 
 Bounds: a link's send backlog (frames not yet written plus the socket's write buffer) is at
 most ``max_queue_bytes``; beyond it new frames to that peer are dropped, and ``congested``
@@ -174,7 +175,11 @@ class PeerTransport:
         on_frame: Callable[[int, bytes], None],
         max_frame: int = 16 << 20,
         max_queue_bytes: int = 64 << 20,
+        stamped: bool | None = None,
     ) -> None:
+        """``stamped``: whether this cluster emulates WAN delays (every replica must agree;
+        default: whether any of this replica's links has a delay). A replica whose own links
+        all have none still stamps when its peers' links have delays."""
         self.cluster_id = cluster_id
         self.me = me
         self.addresses = addresses
@@ -186,7 +191,9 @@ class PeerTransport:
             peer: _Link(one_way_us.get(peer, 0)) for peer in sorted(addresses) if peer != me
         }
         #: WAN emulation on: frames carry their send time and wait at the receiver
-        self._stamped = any(link.delay_us for link in self._links.values())
+        self._stamped = (
+            any(link.delay_us for link in self._links.values()) if stamped is None else stamped
+        )
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()

@@ -368,3 +368,35 @@ async def test_with_delays_each_frame_carries_its_send_time_and_leaves_at_once()
                 assert await reader.readexactly(5) == b"hello"
     finally:
         server.close()
+
+
+async def test_a_replica_without_delays_of_its_own_stamps_when_its_cluster_emulates_a_wan() -> None:
+    # replica 0 sits next to both others; only 1-2 is a WAN link. Every replica must stamp
+    # (cluster-wide ``stamped``), or 0's frames are refused by its peers and theirs by it.
+    base = free_base_port()
+    addresses = {i: ("127.0.0.1", base + i) for i in range(3)}
+    delays = {(0, 1): 0, (0, 2): 0, (1, 2): 5_000}
+    inboxes = [Inbox() for _ in addresses]
+    nodes = [
+        PeerTransport(
+            cluster_id=CLUSTER, me=i, addresses=addresses, on_frame=inbox, stamped=True,
+            one_way_us={p: delays[min(i, p), max(i, p)] for p in addresses if p != i},
+        )
+        for i, inbox in zip(addresses, inboxes, strict=True)
+    ]  # fmt: skip
+    for node in nodes:
+        await node.start()
+    try:
+        await until(lambda: all(link.connected for n in nodes for link in n._links.values()))
+        for node in nodes:
+            for peer in addresses:
+                if peer != node.me:
+                    node.send(peer, bytes([node.me, peer]))
+        for inbox in inboxes:
+            await inbox.wait_for(2)
+    finally:
+        for node in nodes:
+            await node.close()
+    assert all(node.stats.bad_connections == 0 for node in nodes)
+    for me, inbox in enumerate(inboxes):
+        assert sorted(inbox.payloads) == sorted(bytes([p, me]) for p in addresses if p != me)
