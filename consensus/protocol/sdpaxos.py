@@ -1880,6 +1880,18 @@ class SDPaxosReplica:
                 self.c.pop((owner, index), None)
         for key in [k for k in self.c if k[1] < meta.exec_counts[k[0]]]:
             del self.c[key]
+        self._reproposing = {k for k in self._reproposing if k[1] >= meta.exec_counts[k[0]]}
+        covered = meta.exec_counts[self.me]
+        self._restart_pending = [i for i in self._restart_pending if i >= covered]
+        # Our proposals a peer's snapshot already executed (we fell behind before we saw them
+        # decided): their outcome is in the snapshot, not here. The client learns it by
+        # retrying: the session table answers a retry with the first result.
+        for index in sorted(i for i in self._unready if i < covered):
+            for command in self._unready.pop(index):
+                self._out.failed.append(
+                    Failure(command, False, "decided while this replica caught up from a "
+                            "snapshot: retry it")
+                )
         for table in (self.o_value, self.o_ballot, self.o_acks):
             for slot in [s for s in table if s < meta.slot]:
                 del table[slot]

@@ -44,7 +44,7 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.ready import Execution, Ready
-from consensus.protocol.sdpaxos import Role, SDPaxosReplica
+from consensus.protocol.sdpaxos import Role, SDPaxosReplica, SnapshotMeta
 
 A = cmd(7, 0)
 B = cmd(7, 1)
@@ -1118,3 +1118,23 @@ def test_the_sequencers_own_reads_wait_for_a_lease_then_share_one_slot_per_turn(
     ready = drain(r0)
     assert [e.command for e in ready.apply] == [A]
     assert sorted(c.client_id for c in ready.reads) == [20, 21, 22]
+
+
+def test_own_proposals_a_peers_snapshot_covers_fail_indefinitely_instead_of_crashing() -> None:
+    # a straggler proposes, falls behind, and catches up by installing a peer's snapshot that
+    # already executed its instance: the outcome is in the snapshot, not here (a benchmark's
+    # straggler replica crashed with KeyError on the next OCommit)
+    r1 = core(3, 1)
+    mine, theirs = cmd(20, 0), cmd(30, 0)
+    r1.propose(mine, 0)
+    drain(r1)
+    records = r1.install_snapshot(SnapshotMeta(slot=2, exec_counts=(1, 1, 0)))
+    assert records  # the rewritten log still holds the view and what is left
+    ready = drain(r1)
+    assert [(f.command, f.definite) for f in ready.failed] == [(mine, False)]
+    # the protocol goes on: later orders, commits and timers find nothing stale
+    r1.step(caccept(0, 0, 1, (theirs,)), 10)
+    r1.step(ccommit(0, 0, 1, (theirs,)), 10)
+    r1.step(ocommit(0, (2, 0)), 10)
+    r1.tick(10_000_000)
+    assert [e.command for e in drain(r1).apply] == [theirs]
