@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,31 +65,48 @@ def test_runs_unlimited_with_a_clear_message_when_cgroups_are_unavailable(
     assert report["results"][0]["throughput_per_s"] > 0
 
 
+def interrupt_bench(
+    workdir: Path, command: list[str], started: Callable[[list[str]], bool], sig: signal.Signals
+) -> str:
+    """Run a bench, send ``sig`` once ``started(its processes' command lines)`` holds, check it
+    exits 130 and left nothing running; its standard error."""
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 40
+        while not started([cmd for _, cmd in processes_mentioning(str(workdir))]):
+            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
+            assert time.monotonic() < deadline, "the bench never started"
+            time.sleep(0.1)
+        process.send_signal(sig)
+        assert process.wait(30) == 130
+        assert process.stderr is not None
+        errors = process.stderr.read().decode()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert_nothing_left(workdir, process.pid)
+    return errors
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_interrupted_bench_stops_every_process_it_started(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
     workdir = tmp_path / "work"
-    process = subprocess.Popen(
-        bench_command("throughput", workdir, "--protocols", "sdpaxos", "--duration", "60"),
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 40
-        # wait for the load generators: replicas and clients are all running then
-        while not any("bench.loadgen" in cmd for _, cmd in processes_mentioning(str(workdir))):
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-            assert time.monotonic() < deadline, "the bench never started its load"
-            time.sleep(0.1)
-        assert len(processes_mentioning(str(workdir))) >= 4  # 3 replicas + load generators
-        process.send_signal(sig)
-        assert process.wait(30) == 130
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert_nothing_left(workdir, process.pid)
+
+    def load_running(commands: list[str]) -> bool:
+        # the load generators start last: replicas and clients are all running then
+        if not any("bench.loadgen" in cmd for cmd in commands):
+            return False
+        assert len(commands) >= 4  # 3 replicas + load generators
+        return True
+
+    command = bench_command("throughput", workdir, "--protocols", "sdpaxos", "--duration", "60")
+    interrupt_bench(workdir, command, load_running, sig)
 
 
 @pytest.mark.timeout(60)
@@ -98,22 +116,6 @@ def test_an_interrupted_runtime_bench_stops_its_replicas(
 ) -> None:
     # `bench runtime` drives its load from its own event loop, not from load generators
     workdir = tmp_path / "work"
-    process = subprocess.Popen(
-        bench_command("runtime", workdir, "--mode", "peak", "--duration", "60"),
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 40
-        while len(processes_mentioning(str(workdir))) < 3:
-            assert process.poll() is None, process.stderr.read().decode() if process.stderr else ""
-            assert time.monotonic() < deadline, "the bench never started its replicas"
-            time.sleep(0.1)
-        process.send_signal(sig)
-        assert process.wait(30) == 130
-        assert process.stderr is not None
-        assert "Traceback" not in process.stderr.read().decode()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert_nothing_left(workdir, process.pid)
+    command = bench_command("runtime", workdir, "--mode", "peak", "--duration", "60")
+    errors = interrupt_bench(workdir, command, lambda commands: len(commands) >= 3, sig)
+    assert "Traceback" not in errors
