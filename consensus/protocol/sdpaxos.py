@@ -33,11 +33,16 @@ ballots, which are views) and, per replica, the highest C-instance index it acce
 majority of votes the candidate rebuilds the assignment log — highest ballot per slot; with
 N = 5, Figure 7's rule re-assigns holes to the one replica ``m`` it cannot trace until ``m``
 owns as many O-instances as it may have ready commands; the remaining holes get ``NO_CL`` —
-and sends it as ``NewView``. Accepting a NewView replaces every unexecuted O-instance from its
-start (a stale commit from the old view included: that is how ``m`` gives up a slot it
-committed alone). Once a majority accepted it the sequencer commits it and serves; replicas
-re-send what the new view has not ordered. A replica executes nothing between joining a view
-and accepting its NewView, so it never runs a slot the new view may reassign.
+and sends it as ``NewView``. With N = 5 the NewView starts at the lowest execution frontier
+among the votes, re-proposing the slots the candidate executed and a voter did not: such a
+slot may be accepted only by its owner and an old sequencer, and the hole-filling rule is
+sound only if every view change leaves all earlier O-instances accepted by a majority (the
+paper's consistency proof assumes it). Accepting a NewView replaces every unexecuted
+O-instance from its start (a stale commit from the old view included: that is how ``m`` gives
+up a slot it committed alone). Once a majority accepted it the sequencer commits it and
+serves; replicas re-send what the new view has not ordered. A replica executes nothing
+between joining a view and accepting its NewView, so it never runs a slot the new view may
+reassign.
 
 A suspected replica's unfinished C-instances are recovered by the next live replica (or by
 the owner itself once it learns it was overtaken): Prepare at a higher ballot, then
@@ -64,7 +69,13 @@ Rules that keep it safe
   first. Only pure requests (``CRequest``, ``Catchup``, ``RRequest``) use ``send``.
 * O-phase messages are taken only from the sequencer of the receiver's current view, and only
   once the receiver accepted that view's NewView. Messages from older views are dropped, except
-  facts (``CCommit``) and requests for help (``Catchup``).
+  facts (``CCommit``) and requests for help (``Catchup``). C-phase messages count in any view
+  (ballots order them), except that with N = 5 a ``CAccept`` from an older view is dropped: a
+  voter accepting it could let its owner finish a C-instance beyond the ``c_high`` the voter
+  reported and execute it in a slot the new view gave to someone else.
+* Compaction never turns into "nothing accepted": a replica asked for a vote or a promise that
+  reaches below its compaction point sends its snapshot instead of answering, and a recovery
+  never re-proposes an instance that was executed meanwhile.
 * Every map this core iterates to produce output is ordered (ints or sorted), so a seeded
   simulation replays exactly.
 """
@@ -624,6 +635,15 @@ class SDPaxosReplica:
         return -1
 
     def _on_caccept(self, msg: CAccept) -> None:
+        if self._five and msg.view < self.view:
+            # With five replicas an owner commits its O-instance on the sequencer's OAccept
+            # alone, and a new sequencer gives an untraced owner only as many slots as the
+            # voters' c_high shows (Figure 7, lines 32-36). Accepting a proposal from an
+            # older view after voting would let the owner complete a C-instance beyond what
+            # our vote reported, then execute it in a slot its stale O-commit names and the
+            # new view gave to someone else. Once the owner is in our view, its O-commits
+            # from the old view are forgotten and it re-sends.
+            return
         key = (msg.owner, msg.index)
         self._ballot_seen = max(self._ballot_seen, msg.ballot)
         inst = self.c.get(key)
@@ -701,6 +721,13 @@ class SDPaxosReplica:
 
     def _on_cprepare(self, msg: CPrepare) -> None:
         self._ballot_seen = max(self._ballot_seen, msg.ballot)
+        if msg.from_index < self._base_counts[msg.owner]:
+            # We accepted (and executed) instances there whose values only our snapshot holds
+            # now: a promise reporting nothing would let the recoverer choose a no-op over a
+            # chosen value. It needs the snapshot instead (and then recovers from beyond it).
+            if msg.src != self.me:
+                self._out.snapshot_requests.append(msg.src)
+            return
         promised = self._c_promised.get(msg.owner)
         if promised is not None and promised[0] > msg.ballot:
             if msg.src != self.me:
@@ -755,7 +782,9 @@ class SDPaxosReplica:
                 if vote.index not in best or vote.ballot > best[vote.index].ballot:
                     best[vote.index] = vote
         high = max(high, self._known_o_count(msg.owner) - 1)
-        for index in range(recovery.from_index, high + 1):
+        # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
+        first = max(recovery.from_index, self._exec_count[msg.owner])
+        for index in range(first, high + 1):
             inst = self.c.get((msg.owner, index))
             if inst is not None and inst.committed:
                 continue
@@ -1173,6 +1202,12 @@ class SDPaxosReplica:
             return
         if not self._may_vote_for(msg.src):
             return
+        if msg.from_slot < self._compacted:
+            # The slots it asks about are chosen, but we hold them only in our snapshot: a vote
+            # without them could let the candidate fill them with holes. It installs the
+            # snapshot and asks again from its new execution frontier.
+            self._out.snapshot_requests.append(msg.src)
+            return
         if msg.view > self.view:
             self._join_view(msg.view)
         elif self.role is not Role.FOLLOWER or self.view_ready:
@@ -1190,6 +1225,11 @@ class SDPaxosReplica:
     def _rebuild(self) -> None:
         """Figure 7: rebuild the assignment log from a majority of votes."""
         start = self._candidate_from
+        executed = self._executed_prefix() if self._five else []
+        if executed is None:  # lagging voters were sent our snapshot instead
+            if len(self._votes) >= self.q:
+                self._rebuild()
+            return
         best: dict[int, OVote] = {}
         for vote in self._votes.values():
             for entry in vote.entries:
@@ -1216,6 +1256,9 @@ class SDPaxosReplica:
         owners: list[int | None] = [None] * (end - start)
         for slot, entry in best.items():
             owners[slot - start] = entry.owner
+        # the slots we executed that some voter has not: chosen, so proposed as they are
+        owners[:0] = executed
+        start -= len(executed)
         if self._five and "no_hole_filling" not in self._unsafe:
             old_sequencer = max(v.accepted_view for v in self._votes.values()) % self.n
             untraced = [
@@ -1224,7 +1267,8 @@ class SDPaxosReplica:
             if old_sequencer not in self._votes and len(untraced) == 1:
                 m = untraced[0]
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
-                self._fill_for(m, needed, owners)
+                before = self._exec_count[m] - executed.count(m)  # m's slots below start
+                self._fill_for(m, needed, before, owners)
         filled = tuple(NO_CL if owner is None else owner for owner in owners)
         new_view = NewView(src=self.me, view=self.view, start=start, owners=filled)
         self.role = Role.ESTABLISHING
@@ -1237,10 +1281,33 @@ class SDPaxosReplica:
         if len(self._new_view_acks) >= self.q:
             self._become_sequencer()
 
-    def _fill_for(self, m: int, needed: int, owners: list[int | None]) -> None:
-        """Propose ``m`` in the first holes until it owns ``needed`` O-instances with no hole
-        before the last of them (Figure 7, lines 32-36)."""
-        before = self._exec_count[m]  # m's O-instances below start (all executed here)
+    def _executed_prefix(self) -> list[int] | None:
+        """With five replicas, the owners of the slots we executed and some voter did not.
+
+        A five-replica O-instance is committed on the sequencer's OAccept alone, so a slot
+        executed in an older view may be accepted by its owner and that view's sequencer only,
+        and a voter that learned it from a commit forgets it on a restart. The proof of
+        consistency assumes each view change leaves every O-instance before it accepted by a
+        majority: so the new view re-proposes, from the lowest execution frontier among the
+        voters, the values we executed (chosen, hence safe to propose). If that frontier is
+        below our compaction point we no longer know them: the voters behind it get our
+        snapshot instead, and their votes do not count.
+        """
+        lowest = min(vote.executed for vote in self._votes.values())
+        if lowest >= self._candidate_from:
+            return []
+        if lowest < self._compacted:
+            for src in [s for s, v in self._votes.items() if v.executed < self._compacted]:
+                del self._votes[src]
+                self._out.snapshot_requests.append(src)
+            return None
+        return [self.log[slot][0] for slot in range(lowest, self._candidate_from)]
+
+    @staticmethod
+    def _fill_for(m: int, needed: int, before: int, owners: list[int | None]) -> None:
+        """Propose ``m`` in the first holes until it owns ``needed`` O-instances (``before``
+        of them below the new view's start) with no hole before the last of them (Figure 7,
+        lines 32-36)."""
         while True:
             count = before
             last_needed = -1

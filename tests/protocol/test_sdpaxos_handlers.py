@@ -1138,3 +1138,134 @@ def test_own_proposals_a_peers_snapshot_covers_fail_indefinitely_instead_of_cras
     r1.step(ocommit(0, (2, 0)), 10)
     r1.tick(10_000_000)
     assert [e.command for e in drain(r1).apply] == [theirs]
+
+
+# =========================================================================== compaction
+
+
+def _compacted_at(me: int, owner: int) -> SDPaxosReplica:
+    """A replica that executed ``owner``'s C[owner][0] in slot 0 and compacted it away."""
+    r = core(3, me)
+    r.step(caccept(owner, owner, 0, (A,)), 0)
+    r.step(ccommit(owner, owner, 0, (A,)), 0)
+    r.step(ocommit(0, (0, owner)), 0)
+    assert [e.command for e in drain(r).apply] == [A]
+    r.compact(r.snapshot_meta())
+    drain(r)
+    return r
+
+
+def test_a_voter_that_compacted_what_the_candidate_asks_about_sends_its_snapshot() -> None:
+    # a vote from slot 0 would report no value for slot 0, which is chosen: the candidate
+    # could fill it with a no-op. The candidate gets the snapshot and asks again from there.
+    r2 = _compacted_at(2, 1)
+    later = 10 * r2.config.lease_us  # a restarted replica's vote is no longer held back
+    r2.step(VRequest(src=1, view=1, from_slot=0), later)
+    ready = drain(r2)
+    assert all_out(ready) == []
+    assert ready.snapshot_requests == [1]
+    r2.step(VRequest(src=1, view=1, from_slot=1), later)
+    (vote,) = [m for _, m in all_out(drain(r2)) if isinstance(m, Vote)]
+    assert vote.executed == 1
+
+
+def test_a_promise_never_hides_a_compacted_value_of_the_instances_it_covers() -> None:
+    # C[1][0] was accepted and executed here, then compacted: promising from index 0 and
+    # reporting nothing would let the recoverer choose a no-op over it
+    r2 = _compacted_at(2, 1)
+    r2.step(CPrepare(src=0, view=0, owner=1, from_index=0, ballot=ballot_of(1, 0)), 10)
+    ready = drain(r2)
+    assert all_out(ready) == [] and ready.persist == []
+    assert ready.snapshot_requests == [0]
+    r2.step(CPrepare(src=0, view=0, owner=1, from_index=1, ballot=ballot_of(1, 0)), 20)
+    assert [type(m) for _, m in all_out(drain(r2))] == [CPromise]
+
+
+def test_a_recovery_never_re_proposes_an_instance_executed_meanwhile() -> None:
+    r2 = core(3, 2)
+    r2._start_recovery(1, 0)  # C[1][0] looks stalled
+    drain(r2)
+    # meanwhile C[1][0] is decided and executed here, and compacted away
+    r2.step(ccommit(1, 1, 0, (A,)), 1)
+    r2.step(ocommit(0, (0, 1)), 1)
+    assert [e.command for e in drain(r2).apply] == [A]
+    r2.compact(r2.snapshot_meta())
+    drain(r2)
+    ballot = r2._recoveries[1].ballot
+    r2.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=ballot, accepted=(),
+                     high=0), 2)
+    ready = drain(r2)
+    assert msgs(ready.send, CAccept) + msgs(ready.send_after_persist, CAccept) == []
+    assert not any(isinstance(r, CAcceptedRecord) for r in ready.persist)
+
+
+def test_n5_acceptor_ignores_c_accepts_from_an_older_view() -> None:
+    # With five replicas an owner's O-commit needs only the sequencer's OAccept. A voter of
+    # view 1 that accepted the owner's view-0 proposal beyond the c_high it reported would let
+    # the owner execute a slot view 1 gave to someone else.
+    r3 = core(5, 3)
+    r3.tick(0)
+    r3.step(VRequest(src=1, view=1, from_slot=0), 10 * r3.config.lease_us)
+    assert r3.view == 1
+    drain(r3)
+    r3.step(caccept(4, 4, 0, (A,), view=0), 1)
+    assert drain(r3).is_empty()
+    r3.step(caccept(4, 4, 0, (A,), view=1), 2)  # the owner caught up with view 1
+    assert msgs(drain(r3).send_after_persist, CAck) == [
+        (4, CAck(src=3, view=1, owner=4, index=0, ballot=4))
+    ]
+
+
+def _n5_candidate_that_executed_two_slots(*, compact: bool) -> SDPaxosReplica:
+    """Replica 1 of five executed slots 0 and 1 (replicas 2 and 3's first commands, ordered by
+    view 0's sequencer), then stands for view 1 with one pre-vote from replica 2."""
+    r1 = core(5, 1)
+    r1.tick(0)
+    for slot, (owner, command) in enumerate([(2, A), (3, C)]):
+        r1.step(caccept(owner, owner, 0, (command,)), 0)
+        r1.step(ccommit(owner, owner, 0, (command,)), 0)
+        r1.step(ocommit(0, (slot, owner)), 0)
+    assert [e.command for e in drain(r1).apply] == [A, C]
+    if compact:
+        r1.compact(r1.snapshot_meta())
+        drain(r1)
+    now, prevote = 0, None
+    while prevote is None:  # view 0's sequencer falls silent
+        now += 50_000
+        r1.tick(now)
+        found = msgs(drain(r1).send, PreVote)
+        prevote = found[0][1] if found else None
+    for src in (2, 3):
+        r1.step(PreVoteReply(src=src, view=prevote.view, granted=True), now)
+    (request,) = {m for _, m in all_out(drain(r1)) if isinstance(m, VRequest)}
+    assert (request.view, request.from_slot) == (1, 2)
+    return r1
+
+
+def _vote_n5(src: int, executed: int) -> Vote:
+    return Vote(src=src, view=1, accepted_view=0, accepted_from=0, executed=executed,
+                entries=(), c_high=(-1, -1, 0, 0, -1))
+
+
+def test_n5_new_view_re_proposes_what_the_candidate_executed_and_a_voter_did_not() -> None:
+    # With five replicas slots 0-1 may be accepted by their owners and view 0's sequencer
+    # only (committed on the OAccept alone). Replica 2 never executed them: unless the new
+    # view makes a majority accept them, a later view elected without replicas 0 and 1 (and
+    # without their owners) would hand them to someone else.
+    r1 = _n5_candidate_that_executed_two_slots(compact=False)
+    r1.step(_vote_n5(2, executed=0), 10_000_000)
+    r1.step(_vote_n5(3, executed=2), 10_000_000)
+    (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
+    assert (new_view.start, new_view.owners[:2]) == (0, (2, 3))
+
+
+def test_n5_candidate_sends_its_snapshot_to_a_voter_behind_its_compaction_point() -> None:
+    r1 = _n5_candidate_that_executed_two_slots(compact=True)
+    r1.step(_vote_n5(2, executed=0), 10_000_000)
+    r1.step(_vote_n5(3, executed=2), 10_000_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, NewView) == []
+    assert ready.snapshot_requests == [2]
+    r1.step(_vote_n5(4, executed=2), 10_000_000)  # a third vote from beyond it: elected
+    (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
+    assert new_view.start == 2

@@ -96,7 +96,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         (3, "no_lease_check", "partition", 21),
         (3, "ack_before_persist", "crash", 126),
         (5, "ack_before_persist", "crash", 90),
-        (5, "no_hole_filling", "all", 49),
+        (5, "no_hole_filling", "all", 130),
         (5, "go_ready_rule", "crash,partition", 35),
     ],
 )
