@@ -33,6 +33,16 @@ def parse_faults(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="sdpaxos")
     parser.add_argument("--replicas", type=int, default=3)
@@ -47,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", type=int, default=200, help="client operations per run")
     parser.add_argument("--concurrency", type=int, default=2, help="clients per site")
     parser.add_argument("--reads", choices=("log", "lease", "mixed"), default="mixed")
+    parser.add_argument("--snapshot-every", type=_non_negative, default=0, metavar="N",
+                        help="each replica snapshots and compacts its log every N applied "
+                        "commands, and replicas behind a peer's compaction point install "
+                        "its snapshot (0: never)")
     parser.add_argument("--no-codec", action="store_true", help="skip encoding messages")
     parser.add_argument("--unsafe", default="", help="test only: comma list of broken variants "
                         f"({', '.join(sorted(UNSAFE_VARIANTS))})")
@@ -66,6 +80,7 @@ def options_from(args: argparse.Namespace) -> SimOptions:
         reads=args.reads,
         use_codec=not args.no_codec,
         unsafe=unsafe,
+        snapshot_every=args.snapshot_every,
     )
 
 
@@ -77,6 +92,8 @@ def replay_command(options: SimOptions, seed: int) -> str:
         f"--network {options.network}", f"--ops {options.ops}",
         f"--concurrency {options.concurrency}", f"--reads {options.reads}",
     ]
+    if options.snapshot_every:
+        parts.append(f"--snapshot-every {options.snapshot_every}")
     if not options.use_codec:
         parts.append("--no-codec")
     if options.unsafe:
@@ -93,10 +110,14 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
     messages: dict[str, int] = {}
     completed = 0
     unchecked = 0
+    snapshots = {"taken": 0, "installed": 0, "restarts_from": 0}
     for seed in seeds:
         result: RunResult = Simulation(options, seed).run()
         completed += result.ops_completed
         unchecked += 0 if result.checked else 1
+        snapshots["taken"] += result.snapshots_taken
+        snapshots["installed"] += result.snapshots_installed
+        snapshots["restarts_from"] += result.restarts_from_snapshot
         for site, values in result.ready_latency_us.items():
             ready.setdefault(site, []).extend(values)
         for site, values in result.executed_latency_us.items():
@@ -124,6 +145,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
         "liveness_failures": liveness,
         "ops_completed": completed,
         "histories_unchecked": unchecked,
+        "snapshots": snapshots,
         "site_latency_ms": {site: _percentiles(ready[site]) for site in order},
         "executed_latency_ms": {
             site: _percentiles(executed[site]) for site in order if site in executed
@@ -164,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
             f"{len(report['liveness_failures'])} liveness failures, "
             f"{report['ops_completed']} operations, {report['elapsed_s']} s"
         )
+        if options.snapshot_every:
+            taken = report["snapshots"]
+            print(f"  snapshots: {taken['taken']} taken, {taken['installed']} installed from "
+                  f"a peer, {taken['restarts_from']} restarts from one")
         for site, p in report["site_latency_ms"].items():
             print(f"  {site:4} ready latency p50 {p['p50']} ms, p99 {p['p99']} ms")
         for entry in report["violations"] + report["liveness_failures"]:

@@ -17,6 +17,12 @@ paused replicas; clock drift within the configured bound. A chaos phase injects 
 heal phase removes every fault and requires each client operation to complete and every
 replica to converge to the same state.
 
+Snapshots (``snapshot_every``), as the asyncio driver takes them: after every so many applied
+commands a replica snapshots its state machine, compacts its core and rewrites its durable
+records to what the snapshot does not cover (snapshot and rewrite are one atomic step here);
+a replica behind a peer's compaction point is sent that peer's latest snapshot over the
+faulty network; a restart starts from the durable snapshot and the records after it.
+
 Checked after every loop turn: every replica executes the same commands in the same global
 order (a replica restarted from scratch re-executes and is checked again from the start); no
 acknowledgement leaves before the records it relies on are durable (by construction of the
@@ -26,10 +32,12 @@ turn). At the end: ``committed_log`` agreement, linearizability of the client hi
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import importlib
 import random
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -38,9 +46,10 @@ import msgpack
 
 from consensus.config import SITES, ProtocolConfig, site_rtt_ms
 from consensus.messages import Command, PeerMessage, Record
-from consensus.protocol.base import ProtocolCore
+from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
+from consensus.protocol.sdpaxos import SnapshotMeta
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.sim.network import LinkFaults, Network
@@ -73,6 +82,7 @@ class SimOptions:
     heal_us: int | None = None  # how long the heal phase may take
     tick_us: int | None = None
     protocol_overrides: tuple[tuple[str, Any], ...] = ()
+    snapshot_every: int = 0  # applied commands between a replica's snapshots (0: none)
     lincheck_timeout_s: float = 10.0
 
 
@@ -92,6 +102,9 @@ class RunResult:
     sim_time_us: int = 0
     #: False when the linearizability check ran out of its time budget (verdict unknown)
     checked: bool = True
+    snapshots_taken: int = 0
+    snapshots_installed: int = 0  # sent by a peer
+    restarts_from_snapshot: int = 0
 
     @property
     def ok(self) -> bool:
@@ -105,9 +118,12 @@ class Violation(Exception):
 @dataclass
 class _Replica:
     rid: int
-    core: ProtocolCore
+    core: DrivenCore
     store: KVStore
     durable: list[Record] = field(default_factory=list)
+    #: the durable snapshot the durable records continue from, and its encoded state
+    snapshot: tuple[SnapshotMeta, bytes] | None = None
+    applied_since_snapshot: int = 0
     alive: bool = True
     incarnation: int = 0
     busy_until: int = -1  # a "fsync" in progress
@@ -187,7 +203,7 @@ class Simulation:
         self.link_faults = link
         self.network = Network(delays, self.rng_net, link)
         module_name, _, name = PROTOCOLS[options.protocol].partition(":")
-        self.factory: Callable[..., ProtocolCore] = getattr(
+        self.factory: Callable[..., DrivenCore] = getattr(
             importlib.import_module(module_name), name
         )
         self.replicas = [self._new_replica(i) for i in range(n)]
@@ -225,14 +241,28 @@ class Simulation:
         self._isolated_until = 0
 
     # ------------------------------------------------------------------ plumbing
-    def _new_replica(self, rid: int, durable: list[Record] | None = None) -> _Replica:
+    def _new_replica(
+        self,
+        rid: int,
+        durable: list[Record] | None = None,
+        snapshot: tuple[SnapshotMeta, bytes] | None = None,
+    ) -> _Replica:
+        meta = snapshot[0] if snapshot is not None else None
         core = self.factory(
-            self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid]
+            self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta
         )
-        rep = _Replica(rid=rid, core=core, store=KVStore())
+        rep = _Replica(rid=rid, core=core, store=KVStore(), snapshot=snapshot)
         if durable:
             rep.durable = list(durable)
+        if snapshot is not None:
+            rep.store.restore(snapshot[1])
+            rep.canon_position = self._canon_index(snapshot[0].slot)
         return rep
+
+    def _canon_index(self, slot: int) -> int:
+        """Where the canonical execution order reaches global slot ``slot``: a replica
+        continuing from a snapshot at ``slot`` is checked from there."""
+        return bisect.bisect_left(self.canon, (slot,))
 
     def _push(self, at: int, kind: str, target: int, payload: Any = None) -> None:
         heapq.heappush(self.heap, (at, self.seq, kind, target, payload))
@@ -278,6 +308,13 @@ class Simulation:
         except Violation as exc:
             self.result.violation = str(exc)
             self.result.violation_time_us = self.now
+        except Exception as exc:  # a core that raises is a bug the sweep must report, replayable
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.result.violation = (
+                f"{type(exc).__name__} raised at {where.filename}:{where.lineno} "
+                f"({where.name}): {exc}"
+            )
+            self.result.violation_time_us = self.now
         self.result.trace_tail = self.trace[-20:]
         self.result.elapsed_s = time.perf_counter() - started
         self.result.sim_time_us = self.now
@@ -320,10 +357,10 @@ class Simulation:
             if kind == "tick":
                 self._push(self.now + self.tick_us, "tick", target)
                 item: tuple[str, Any] = ("tick", None)
-            elif kind == "frame":
+            elif kind in ("frame", "snapshot"):
                 if payload[0] != rep.incarnation:
                     return  # sent to a replica that crashed since: the connection broke
-                item = ("frame", payload[1])
+                item = (kind, payload[1])
             else:
                 item = (kind, payload)
             if not rep.alive:
@@ -353,7 +390,9 @@ class Simulation:
             elif kind == "propose":
                 core.propose(payload, local)
             elif kind == "read":
-                core.read(payload, local)  # type: ignore[attr-defined]
+                core.read(payload, local)
+            elif kind == "snapshot":
+                self._install_snapshot(rep, payload)
             else:
                 core.tick(local)
         ready = core.ready()
@@ -404,7 +443,40 @@ class Simulation:
             self._read_done(rep, command, rep.store.query(command.op))
         for failure in ready.failed:
             self._failed(failure.command, failure.definite)
+        for peer in sorted(set(ready.snapshot_requests)):
+            self._send_snapshot(rep, peer)
         rep.core.advance(ready)
+        rep.applied_since_snapshot += len(ready.apply)
+        every = self.options.snapshot_every
+        if every and rep.applied_since_snapshot >= every:
+            self._take_snapshot(rep)
+
+    # ------------------------------------------------------------------ snapshots
+    def _take_snapshot(self, rep: _Replica) -> None:
+        meta = rep.core.snapshot_meta()
+        rep.snapshot = (meta, rep.store.snapshot())
+        rep.durable = list(rep.core.compact(meta))
+        rep.applied_since_snapshot = 0
+        self.result.snapshots_taken += 1
+
+    def _send_snapshot(self, rep: _Replica, peer: int) -> None:
+        if rep.snapshot is None:
+            return
+        for at in self.network.arrivals(rep.rid, peer, self.now):
+            self._push(at, "snapshot", peer, (self.replicas[peer].incarnation, rep.snapshot))
+
+    def _install_snapshot(self, rep: _Replica, snapshot: tuple[SnapshotMeta, bytes]) -> None:
+        """What the driver does with a peer's snapshot: ignore it unless it is ahead."""
+        meta, state = snapshot
+        if meta.slot <= rep.core.exec_slot or len(meta.exec_counts) != self.n:
+            return
+        self._log(f"replica {rep.rid} installs a snapshot at slot {meta.slot}")
+        rep.store.restore(state)
+        rep.snapshot = snapshot
+        rep.durable = list(rep.core.install_snapshot(meta))
+        rep.canon_position = self._canon_index(meta.slot)
+        rep.applied_since_snapshot = 0
+        self.result.snapshots_installed += 1
 
     def _send(self, rep: _Replica, outgoing: list[Outgoing]) -> None:
         if not outgoing:
@@ -641,8 +713,12 @@ class Simulation:
         self.down_since[rep.rid] = self.now
 
     def _restart(self, rep: _Replica) -> None:
-        self._log(f"fault: restart replica {rep.rid} from {len(rep.durable)} durable records")
-        fresh = self._new_replica(rep.rid, rep.durable)
+        at = ""
+        if rep.snapshot is not None:
+            at = f" after a snapshot at slot {rep.snapshot[0].slot}"
+            self.result.restarts_from_snapshot += 1
+        self._log(f"fault: restart replica {rep.rid} from {len(rep.durable)} durable records{at}")
+        fresh = self._new_replica(rep.rid, rep.durable, rep.snapshot)
         fresh.incarnation = rep.incarnation
         fresh.rate, fresh.offset = rep.rate, rep.offset
         self.replicas[rep.rid] = fresh

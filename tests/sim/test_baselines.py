@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from consensus.sim.cli import parse_faults, run, sweep
+from consensus.sim.cli import add_arguments, parse_faults, run, sweep
 from consensus.sim.simulator import SimOptions, Simulation
 
 BASELINES = ("multipaxos", "mencius")
@@ -113,14 +113,15 @@ def test_mencius_is_slower_than_multipaxos_at_the_leader() -> None:
 
 
 def cli_args(**overrides: object) -> argparse.Namespace:
-    values: dict[str, object] = {
-        "protocol": "multipaxos", "replicas": 3, "seeds": 2, "start_seed": 1,
-        "faults": parse_faults("loss,dup,reorder"), "network": "wan", "ops": 40,
-        "concurrency": 1, "reads": "mixed", "no_codec": False, "unsafe": "", "json": True,
-        "verbose": False,
-    }  # fmt: skip
-    values.update(overrides)
-    return argparse.Namespace(**values)
+    """``sdpaxos sim`` arguments as its parser makes them, with these changed."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--protocol", "multipaxos", "--seeds", "2", "--ops", "40",
+                              "--concurrency", "1", "--faults", "loss,dup,reorder", "--json"])
+    for name, value in overrides.items():
+        assert hasattr(args, name), name
+        setattr(args, name, value)
+    return args
 
 
 @pytest.mark.parametrize("protocol", BASELINES)
