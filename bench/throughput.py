@@ -33,12 +33,14 @@ from bench.harness import (
     parse_protocols,
     print_table,
     run_load,
+    scrape_metrics,
     spread,
     summary_ms,
     write_json,
 )
 from bench.loadgen import new_histogram
 from consensus.config import SITES
+from consensus.runtime.local_cluster import LocalCluster
 from consensus.statemachine import SESSION_WINDOW
 
 __all__ = ["add_arguments", "run"]
@@ -179,6 +181,9 @@ def measure(
                         "throughput_max": round(max(rates)),
                         "write_latency_ms": summary_ms(histograms[protocol][0]),
                         "read_latency_ms": summary_ms(histograms[protocol][1]),
+                        "peer_bytes_per_command": _median_of(
+                            trials[protocol], "peer_bytes_per_command"
+                        ),
                         "rounds": trials[protocol],
                     })  # fmt: skip
         _losses(results)
@@ -220,6 +225,7 @@ def _trial(
             seed=args.seed,
         )  # fmt: skip
         result = run_load(session, cluster, plan, progress)
+        traffic = _peer_traffic(cluster, replicas)
     finally:
         session.stop_cluster(cluster)
     trial = {
@@ -227,9 +233,31 @@ def _trial(
         "write_throughput_per_s": round(result.throughput("ready")),
         "read_throughput_per_s": round(result.throughput("read")),
         "cpu": result.cpu,
+        **traffic,
         **result.problems(),
     }
     return trial, result.histogram("ready"), result.histogram("read")
+
+
+def _peer_traffic(cluster: LocalCluster, replicas: int) -> dict[str, Any]:
+    """Bytes replicas sent each other per command applied, over the whole trial: in all, and
+    by the replica that sent the most (a leader's fan-out shows here). None if a replica's
+    metrics did not answer."""
+    scraped = [scrape_metrics(cluster, r) for r in range(replicas)]
+    sent = [m.get("sdpaxos_peer_bytes_sent_total") for m in scraped]
+    applied = max(m.get("sdpaxos_commands_applied_total", 0.0) for m in scraped)
+    if None in sent or not applied:
+        return {"peer_bytes_per_command": None, "busiest_sender_bytes_per_command": None}
+    counts = [float(b) for b in sent if b is not None]
+    return {
+        "peer_bytes_per_command": round(sum(counts) / applied),
+        "busiest_sender_bytes_per_command": round(max(counts) / applied),
+    }
+
+
+def _median_of(trials: list[dict[str, Any]], key: str) -> int | None:
+    values = [t[key] for t in trials if t.get(key) is not None]
+    return round(statistics.median(values)) if values else None
 
 
 def _losses(results: list[dict[str, Any]]) -> None:
@@ -268,10 +296,12 @@ def show(report: dict[str, Any]) -> None:
             r["write_latency_ms"]["p50_ms"], r["write_latency_ms"]["p99_ms"],
             r["read_latency_ms"]["p50_ms"], r["read_latency_ms"]["p99_ms"],
             " ".join(f"{c:.2f}" for c in cpu),
+            "-" if r.get("peer_bytes_per_command") is None else r["peer_bytes_per_command"],
         ])  # fmt: skip
     print_table(
         title,
         ["protocol", "N", "bytes", "reads %", "straggler", "ops/s (median)", "min-max", "loss",
-         "write p50 ms", "write p99", "read p50 ms", "read p99", "replica CPUs used"],
+         "write p50 ms", "write p99", "read p50 ms", "read p99", "replica CPUs used",
+         "peer B/cmd"],
         rows,
     )  # fmt: skip

@@ -69,6 +69,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 
 #: the send-time stamp in front of every payload when WAN emulation is on
 _STAMP = struct.Struct(">Q")
+#: the length in front of every frame on the wire
+_LENGTH_PREFIX = 4
 #: a stamped frame's length prefix and stamp
 _STAMPED_HEADER = struct.Struct(">IQ")
 #: a frame this late (µs after stamp + delay) is worth one warning per connection
@@ -114,6 +116,9 @@ class Handshake:
 class TransportStats:
     frames_sent: int = 0
     frames_received: int = 0
+    #: frame bytes written to and read from peers (length prefixes and stamps included)
+    bytes_sent: int = 0
+    bytes_received: int = 0
     frames_dropped: int = 0
     bad_connections: int = 0
     #: stamped frames whose stamp was ahead of this clock (taken as "now")
@@ -294,6 +299,7 @@ class PeerTransport:
                 continue
             chunks = list(link.queue)
             link.queue.clear()
+            self.stats.bytes_sent += link.bytes_queued
             link.bytes_queued = 0
             writer.write(b"".join(chunks))
             self.stats.frames_sent += len(chunks)
@@ -387,6 +393,7 @@ class PeerTransport:
         peer = inbound.peer
         for payload in payloads:
             self.stats.frames_received += 1
+            self.stats.bytes_received += _LENGTH_PREFIX + len(payload)  # stamp included
             if inbound.failed:
                 continue
             if peer in self.blocked:

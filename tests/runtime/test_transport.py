@@ -247,6 +247,8 @@ async def test_held_frames_are_bounded_and_blocked_peers_are_dropped_at_delivery
             writer.write(stamped(b"last", now))
             await until(lambda: receiver.stats.frames_received == 11)
             await inbox.wait_for(4)
+        # dropped or not, every frame read off the wire counts: prefix, stamp and payload
+        assert receiver.stats.bytes_received == 10 * (4 + 8 + 300) + (4 + 8 + 4)
         assert inbox.payloads == [bytes([n]) * 300 for n in range(3)] + [b"last"]
         assert receiver.stats.frames_dropped == 7
         # frames held when the partition starts are lost to it
@@ -348,6 +350,7 @@ async def test_without_delays_the_wire_carries_no_stamp() -> None:
     finally:
         server.close()
     assert not sender.stats.delay_samples
+    assert sender.stats.bytes_sent == 9  # what went on the wire, length prefix included
 
 
 async def test_with_delays_each_frame_carries_its_send_time_and_leaves_at_once() -> None:
@@ -366,6 +369,7 @@ async def test_with_delays_each_frame_carries_its_send_time_and_leaves_at_once()
                 length, stamp = struct.unpack(">IQ", await reader.readexactly(12))
                 assert length == 8 + 5 and before <= stamp <= after
                 assert await reader.readexactly(5) == b"hello"
+                assert sender.stats.bytes_sent == 4 + 8 + 5
     finally:
         server.close()
 
