@@ -138,6 +138,7 @@ __all__ = [
     "decode_message",
     "decode_record",
     "encode_frame",
+    "encode_frames",
     "encode_message",
     "encode_record",
     "frame_to_wire",
@@ -800,6 +801,27 @@ def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
         raise _wrong_class(bad, "peer message") from None
     result: bytes = _packb((FORMAT_VERSION, body), use_bin_type=True)
     return result
+
+
+def encode_frames(msgs: Sequence[PeerMessage], max_bytes: int) -> list[bytes]:
+    """``encode_frame`` for any number of messages: as few frames as possible, in order, each
+    at most ``max_bytes`` long (a turn's messages for one peer, say, a catch-up answer
+    included, may add up to more than a frame may hold).
+
+    Raises ``LocalProtocolError`` if a single message is over ``max_bytes`` (cores bound
+    their batches so that this cannot happen).
+    """
+    if len(msgs) <= MAX_FRAME_MESSAGES:
+        frame = encode_frame(msgs)
+        if len(frame) <= max_bytes:
+            return [frame]
+        if len(msgs) == 1:
+            raise LocalProtocolError(
+                f"a {type(msgs[0]).__name__} of {len(frame)} bytes does not fit a frame of "
+                f"{max_bytes}"
+            )
+    half = len(msgs) // 2  # rare (big frames only): halving keeps the common case one pack
+    return encode_frames(msgs[:half], max_bytes) + encode_frames(msgs[half:], max_bytes)
 
 
 def decode_frame(data: bytes) -> list[PeerMessage]:

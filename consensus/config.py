@@ -59,8 +59,11 @@ class ProtocolConfig:
 
     #: number of replicas N = 2F + 1; ids are 0..N-1
     replicas: int
-    #: most commands batched into one C-instance
+    #: most commands batched into one C-instance (or slot, in the baselines)
     max_batch: int = 1024
+    #: most bytes of commands (``Command.size``) in one batch; a larger command goes alone.
+    #: Together with the codec's per-command limits it keeps every message below a frame.
+    max_batch_bytes: int = 1 << 20
     #: resend an unacknowledged CAccept / CRequest after this long
     retransmit_us: int = 200_000
     #: a replica that cannot execute its next slot for this long asks a peer (Catchup)
@@ -96,6 +99,10 @@ class ProtocolConfig:
             raise ConfigError(f"replicas must be odd and positive (2F+1), got {self.replicas}")
         if not 1 <= self.max_batch <= 65536:
             raise ConfigError(f"max_batch must be in 1..65536, got {self.max_batch}")
+        if not 1 <= self.max_batch_bytes <= 8 << 20:
+            raise ConfigError(
+                f"max_batch_bytes must be in 1..{8 << 20}, got {self.max_batch_bytes}"
+            )
         for name in (
             "retransmit_us",
             "catchup_us",

@@ -99,6 +99,11 @@ class Command:
     keys: tuple[str, ...] = ()
     blind: bool = False
 
+    def size(self) -> int:
+        """Roughly the bytes it adds to an encoded batch (ops and keys dominate), for bounding
+        batches so that no single message outgrows a frame."""
+        return len(self.op) + sum(map(len, self.keys)) + 16
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OEntry:

@@ -30,6 +30,7 @@ from consensus.codec import (
     decode_message,
     decode_record,
     encode_frame,
+    encode_frames,
     encode_message,
     encode_record,
     frame_to_wire,
@@ -276,6 +277,26 @@ def test_frame_round_trip(msgs: list[Any]) -> None:
     decoded = decode_frame(encode_frame(msgs))
     assert decoded == msgs
     assert [type(m) for m in decoded] == [type(m) for m in msgs]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(peer_messages, min_size=1, max_size=12), st.integers(0, 3000))
+def test_frames_split_in_order_and_each_fits(msgs: list[Any], extra: int) -> None:
+    largest = max(len(encode_frame([m])) for m in msgs)
+    limit = largest + extra
+    frames = encode_frames(msgs, limit)
+    assert all(len(frame) <= limit for frame in frames)
+    assert [m for frame in frames for m in decode_frame(frame)] == msgs
+    if len(encode_frame(msgs)) <= limit:
+        assert frames == [encode_frame(msgs)]  # the common case costs one encoding
+
+
+def test_a_message_bigger_than_a_frame_is_refused_before_anything_is_sent() -> None:
+    big = CCommit(src=0, view=0, owner=0, index=0, ballot=0,
+                  batch=(Command(client_id=1, seq=0, op=b"x" * 5000),))
+    small = Catchup(src=0, view=0, slot=3)
+    with pytest.raises(LocalProtocolError, match=r"CCommit of \d+ bytes .* frame of 4096"):
+        encode_frames([small, big], 4096)
 
 
 BASELINE_MESSAGES = (

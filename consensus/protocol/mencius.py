@@ -90,6 +90,7 @@ class MenciusReplica(SlotLogCore):
         self.ballot = ballot_of(0, me)
         self.next_own = me  # our lowest slot neither proposed in nor skipped
         self._batch: list[Command] = []
+        self._batch_bytes = 0  # Command.size() of what _batch holds
         self._open: dict[int, Slot] = {}  # own proposals not executed here yet
         self._ack_out: dict[tuple[int, int], list[int]] = {}  # (owner, ballot) -> slots
         self._skipped = False  # skipped something this turn
@@ -98,7 +99,11 @@ class MenciusReplica(SlotLogCore):
     # ------------------------------------------------------------------ inputs
     def _submit(self, command: Command) -> None:
         self._batch.append(command)
-        if len(self._batch) >= self.config.max_batch:
+        self._batch_bytes += command.size()
+        if (
+            len(self._batch) >= self.config.max_batch
+            or self._batch_bytes >= self.config.max_batch_bytes
+        ):
             self._propose()
 
     def _step(self, message: PeerMessage) -> None:
@@ -119,6 +124,7 @@ class MenciusReplica(SlotLogCore):
     def _propose(self) -> None:
         batch = tuple(self._batch)
         self._batch.clear()
+        self._batch_bytes = 0
         slot = self.next_own
         self.next_own += self.n
         inst = self.slots[slot] = Slot(self.ballot, batch)

@@ -83,6 +83,7 @@ class MultiPaxosReplica(SlotLogCore):
         # leader
         self.next_slot = 0
         self._batch: list[Command] = []
+        self._batch_bytes = 0  # Command.size() of what _batch holds
         self._open: dict[int, Slot] = {}  # proposed, not chosen yet
         self._inflight: dict[Key, int] = {}  # proposed (or batched), not executed -> slot
         # followers
@@ -119,7 +120,11 @@ class MultiPaxosReplica(SlotLogCore):
             return  # a client retry or a duplicate forward of a command under way
         self._inflight[key] = _BATCHED
         self._batch.append(command)
-        if len(self._batch) >= self.config.max_batch:
+        self._batch_bytes += command.size()
+        if (
+            len(self._batch) >= self.config.max_batch
+            or self._batch_bytes >= self.config.max_batch_bytes
+        ):
             self._propose()
 
     def _on_forward(self, msg: PaxosForward) -> None:
@@ -139,6 +144,7 @@ class MultiPaxosReplica(SlotLogCore):
     def _propose(self) -> None:
         batch = tuple(self._batch)
         self._batch.clear()
+        self._batch_bytes = 0
         slot = self.next_slot
         self.next_slot += 1
         for command in batch:
@@ -248,10 +254,17 @@ class MultiPaxosReplica(SlotLogCore):
         self._ack_out.clear()
 
     def _forward(self, commands: list[Command]) -> None:
-        step = self.config.max_batch
-        for i in range(0, len(commands), step):
-            chunk = tuple(commands[i : i + step])
-            self._request(self.leader, PaxosForward(src=self.me, view=0, commands=chunk))
+        """To the leader, in messages bounded like batches."""
+        chunks: list[list[Command]] = [[]]
+        size = 0
+        for command in commands:
+            if len(chunks[-1]) >= self.config.max_batch or size >= self.config.max_batch_bytes:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(command)
+            size += command.size()
+        for chunk in chunks:
+            self._request(self.leader, PaxosForward(src=self.me, view=0, commands=tuple(chunk)))
 
     def _timers(self) -> None:
         deadline = self.now - self.config.retransmit_us

@@ -134,6 +134,10 @@ __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
+#: the adaptive retransmission timeout never exceeds this many times ``retransmit_us``
+RTO_CEILING_FACTOR = 10
+#: a Catchup answer stops adding C-instances past this many command bytes (it goes on next time)
+CATCHUP_BYTES = 4 << 20
 #: Straggler detection samples its own commands' waits this many times per window ...
 WAIT_SAMPLES = 20
 #: ... and a window is slow when they waited this many times longer for their order than
@@ -153,7 +157,7 @@ class Role(enum.Enum):
 class CInstance:
     """What one replica knows of one C-instance."""
 
-    __slots__ = ("acks", "ballot", "batch", "committed", "leading", "sent_at")
+    __slots__ = ("acks", "ballot", "batch", "committed", "leading", "sent_at", "sent_to")
 
     def __init__(self, ballot: int, batch: Batch | None) -> None:
         self.ballot = ballot
@@ -163,6 +167,8 @@ class CInstance:
         self.leading = False
         self.acks: set[int] = set()
         self.sent_at = 0
+        #: peers sent its CAccept at ``ballot``: their commit need not carry the batch again
+        self.sent_to: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +294,13 @@ class SDPaxosReplica:
         # own last successful Prepare instead — one phase 1 for all later instances.
         self._own_ballot = me
         self._batch: list[Command] = []
+        self._batch_bytes = 0  # Command.size() of what _batch holds
+        # Retransmission timeout, adapted to how long our C-instances take to be chosen
+        # (RFC 6298's estimator; Karn: only instances sent once are sampled).
+        self._rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
+        self._srtt_us = 0
+        self._rttvar_us = 0
+        self.retransmit_timeout_us = config.retransmit_us
         self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self._restart_pending: list[int] = []  # own indexes found in records at restart
         self._recoveries: dict[int, Recovery] = {}
@@ -374,7 +387,11 @@ class SDPaxosReplica:
         _check_command(command)
         self._enter(now)
         self._batch.append(command)
-        if len(self._batch) >= self.config.max_batch:
+        self._batch_bytes += command.size()
+        if (
+            len(self._batch) >= self.config.max_batch
+            or self._batch_bytes >= self.config.max_batch_bytes
+        ):
             self._flush_batch()
 
     def read(self, command: Command, now: int) -> None:
@@ -546,6 +563,7 @@ class SDPaxosReplica:
             return
         batch = tuple(self._batch)
         self._batch.clear()
+        self._batch_bytes = 0
         index = self.next_index
         self.next_index += 1
         ballot = self._own_ballot
@@ -565,6 +583,8 @@ class SDPaxosReplica:
         )
         for peer in self._thrifty_targets:
             self._send(peer, accept)
+        inst.sent_to = frozenset(self._thrifty_targets)
+        self._rtt_probes[index] = self.now
         if self.is_sequencer:
             self._order(self.me, index, _keys_of(batch))
         elif self.sequencer not in self._thrifty_targets:
@@ -598,9 +618,15 @@ class SDPaxosReplica:
     def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
         inst.committed = True
         inst.leading = False
+        sent_at = self._rtt_probes.pop(index, None) if owner == self.me else None
+        if sent_at is not None:
+            self._sample_rtt(self.now - sent_at)
         self._reproposing.discard((owner, index))
         for peer in self._peers:
-            batch = None if peer in inst.acks else inst.batch
+            # A peer we sent the CAccept to has it before this commit (connections are FIFO);
+            # repeating the batch doubled the bytes of a loaded cluster. If that CAccept was
+            # lost after all, the peer lacks the value and catches up when it stalls.
+            batch = None if peer in inst.acks or peer in inst.sent_to else inst.batch
             commit = CCommit(
                 src=self.me,
                 view=self.view,
@@ -616,6 +642,7 @@ class SDPaxosReplica:
 
     def _own_decided(self, index: int, inst: CInstance) -> None:
         """Our instance was chosen: if not with what we proposed, its commands failed."""
+        self._rtt_probes.pop(index, None)
         proposed = self._unready.get(index)
         if proposed is None or inst.batch == proposed:
             return
@@ -662,6 +689,7 @@ class SDPaxosReplica:
                 inst = self.c[key] = CInstance(msg.ballot, msg.batch)
             else:
                 inst.ballot, inst.batch = msg.ballot, msg.batch
+                inst.sent_to = frozenset()  # whatever we sent was for another ballot
             self.c_high[msg.owner] = max(self.c_high[msg.owner], msg.index)
             self._out.persist.append(
                 CAcceptedRecord(
@@ -801,6 +829,7 @@ class SDPaxosReplica:
         inst.leading = True
         inst.acks = {self.me}
         inst.sent_at = self.now
+        inst.sent_to = frozenset(self._peers)  # broadcast below
         self._reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
         if owner == self.me and index >= self.next_index:
             # an index of ours that was referenced but never proposed: it is used now, by
@@ -1368,9 +1397,10 @@ class SDPaxosReplica:
             ballot=inst.ballot,
             batch=inst.batch or (),
         )
-        for peer in self._peers:
-            if peer not in inst.acks:
-                self._send(peer, accept)
+        targets = [peer for peer in self._peers if peer not in inst.acks]
+        for peer in targets:
+            self._send(peer, accept)
+        inst.sent_to |= frozenset(targets)
 
     def _resend_own_after_view_change(self) -> None:
         """Re-send what the new view has not ordered or chosen yet."""
@@ -1637,14 +1667,28 @@ class SDPaxosReplica:
         return True
 
     # ------------------------------------------------------------------ timers
+    def _sample_rtt(self, sample_us: int) -> None:
+        """A C-instance of ours, sent once, was chosen ``sample_us`` after it left. Under load
+        that includes the peers' queues: retransmitting sooner only duplicates what is queued
+        (in a saturated cluster, up to half the bytes sent were such copies)."""
+        if self._srtt_us == 0:
+            self._srtt_us, self._rttvar_us = sample_us, sample_us // 2
+        else:
+            self._rttvar_us += (abs(self._srtt_us - sample_us) - self._rttvar_us) // 4
+            self._srtt_us += (sample_us - self._srtt_us) // 8
+        floor = self.config.retransmit_us
+        estimate = self._srtt_us + 4 * self._rttvar_us
+        self.retransmit_timeout_us = min(max(floor, estimate), RTO_CEILING_FACTOR * floor)
+
     def _retransmit(self) -> None:
-        deadline = self.now - self.config.retransmit_us
+        deadline = self.now - self.retransmit_timeout_us
         late: list[int] = []
         for index in sorted(self._unready):
             inst = self.c[(self.me, index)]
             if inst.sent_at > deadline:
                 continue
             inst.sent_at = self.now
+            self._rtt_probes.pop(index, None)  # Karn: an answer could be to either copy
             late.append(index)
             if not inst.committed and inst.leading:
                 self._resend_accept(self.me, index, inst)
@@ -1711,10 +1755,13 @@ class SDPaxosReplica:
         if not self.view_ready:
             return
         ahead = max(self._peer_executed.values())
-        behind = ahead > self.exec_slot
-        stuck = (bool(self._unready) or self.o_high > self.exec_slot) and (
-            self.now - self._exec_progress_at >= self.config.catchup_us
-        )
+        idle = self.now - self._exec_progress_at >= self.config.catchup_us
+        # A peer a few slots ahead is the normal state of a loaded cluster: asking it then
+        # fetched full batches we were about to receive anyway, again and again (at 1 KB
+        # commands, more bytes than the replication itself). Ask when far behind (a restart,
+        # a healed partition; pipelined below) or when execution stopped.
+        behind = ahead > self.exec_slot and (ahead - self.exec_slot > CATCHUP_BATCH or idle)
+        stuck = (bool(self._unready) or self.o_high > self.exec_slot) and idle
         answered = self.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2
         if not (behind or stuck) or (
             not answered and self.now - self._last_catchup_at < self.config.catchup_us
@@ -1766,10 +1813,14 @@ class SDPaxosReplica:
                     break
                 wanted.append((owner, index))
                 index += 1
+        budget = CATCHUP_BYTES
         for owner, index in wanted:
             if owner == NO_CL:
                 continue
+            if budget <= 0:
+                break
             inst = self.c[(owner, index)]
+            budget -= sum(command.size() for command in inst.batch or ())
             commit_c = CCommit(
                 src=self.me,
                 view=self.view,
@@ -1950,6 +2001,7 @@ class SDPaxosReplica:
         self._reproposing = {k for k in self._reproposing if k[1] >= meta.exec_counts[k[0]]}
         covered = meta.exec_counts[self.me]
         self._restart_pending = [i for i in self._restart_pending if i >= covered]
+        self._rtt_probes = {i: t for i, t in self._rtt_probes.items() if i >= covered}
         # Our proposals a peer's snapshot already executed (we fell behind before we saw them
         # decided): their outcome is in the snapshot, not here. The client learns it by
         # retrying: the session table answers a retry with the first result.

@@ -59,6 +59,7 @@ from consensus.protocol.sdpaxos import SnapshotMeta
 __all__ = [
     "BASELINE_UNSAFE_VARIANTS",
     "CATCHUP_BATCH",
+    "CATCHUP_BYTES",
     "Batch",
     "Key",
     "Slot",
@@ -69,6 +70,8 @@ __all__ = [
 
 #: Most slots one Catchup answer carries.
 CATCHUP_BATCH: Final = 256
+#: An answer stops past this many command bytes (the asker asks again from where it got to).
+CATCHUP_BYTES: Final = 4 << 20
 
 #: The deliberately broken variants (``consensus.config.UNSAFE_VARIANTS``) the baselines have.
 BASELINE_UNSAFE_VARIANTS: Final = frozenset({"ack_before_persist"})
@@ -390,9 +393,13 @@ class SlotLogCore(ABC):
             self._out.snapshot_requests.append(msg.src)
             return
         self._on_catchup(msg)
+        budget = CATCHUP_BYTES
         for slot in range(msg.slot, msg.slot + CATCHUP_BATCH):
+            if budget <= 0:
+                break
             inst = self.slots.get(slot)
             if inst is not None and inst.committed:
+                budget -= sum(command.size() for command in inst.batch)
                 commit = PaxosCommit(
                     src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=inst.batch
                 )

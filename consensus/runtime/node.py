@@ -28,6 +28,7 @@ from consensus.codec import (
     decode_frame,
     decode_record,
     encode_frame,
+    encode_frames,
     encode_record,
     frame_to_wire,
 )
@@ -436,7 +437,8 @@ class ReplicaNode:
         for out in outgoing:
             by_peer[out.to].append(out.message)
         for peer, messages in by_peer.items():
-            self.transport.send(peer, encode_frame(messages))
+            for frame in encode_frames(messages, self.transport.max_frame):
+                self.transport.send(peer, frame)
 
     def _complete(self, key: tuple[int, int], result: Result, now: int) -> None:
         started = self._proposed_at.pop(key, None)

@@ -8,6 +8,7 @@ from baseline_util import Net, cmd, config, of_type, records_of, tick, turn
 
 from consensus.messages import (
     Catchup,
+    Command,
     MenciusAccept,
     MenciusAck,
     MenciusSkip,
@@ -51,6 +52,15 @@ def test_each_replica_proposes_a_turn_s_commands_in_its_own_next_slot() -> None:
     ]  # to every peer, not a bare majority: the skips need everyone's answer
     second = turn(r1, cmd(3))
     assert [m.slot for _, m in of_type(second.send_after_persist, MenciusAccept)] == [4, 4]
+
+
+def test_a_turn_of_large_commands_is_split_into_slots_by_bytes() -> None:
+    r1 = replica(1, max_batch_bytes=2000)
+    big = [Command(client_id=1, seq=s, op=b"x" * 1000) for s in range(3)]
+    ready = turn(r1, *big)
+    assert [(r.slot, r.batch) for r in records_of(ready, SlotAcceptedRecord)] == [
+        (1, tuple(big[0:2])), (4, tuple(big[2:]))
+    ]
 
 
 def test_owner_commits_on_a_majority_but_is_ready_only_once_lower_slots_are_known() -> None:

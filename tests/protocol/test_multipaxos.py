@@ -10,6 +10,7 @@ from baseline_util import Net, cmd, config, of_type, records_of, tick, turn
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
     Catchup,
+    Command,
     Heartbeat,
     PaxosAccept,
     PaxosAck,
@@ -18,6 +19,7 @@ from consensus.messages import (
     SlotAcceptedRecord,
 )
 from consensus.protocol.multipaxos import MultiPaxosReplica
+from consensus.protocol.slotlog import CATCHUP_BYTES
 
 
 def replica(me: int = 0, n: int = 3, **changes: object) -> MultiPaxosReplica:
@@ -51,6 +53,31 @@ def test_max_batch_splits_a_turn_into_several_slots() -> None:
     slots = sorted({m.slot for _, m in of_type(ready.send_after_persist, PaxosAccept)})
     assert slots == [0, 1, 2]
     assert [len(r.batch) for r in records_of(ready, SlotAcceptedRecord)] == [2, 2, 1]
+
+
+def test_batches_and_forwards_are_bounded_in_bytes_too() -> None:
+    # so that no message outgrows a frame, however large the commands of one turn
+    big = [Command(client_id=1, seq=s, op=b"x" * 1000) for s in range(5)]
+    leader = replica(0, max_batch_bytes=2000)
+    ready = turn(leader, *big)
+    assert [r.batch for r in records_of(ready, SlotAcceptedRecord)] == [
+        tuple(big[0:2]), tuple(big[2:4]), tuple(big[4:])
+    ]
+    follower = replica(2, max_batch_bytes=2000)
+    forwards = of_type(turn(follower, *big).send, PaxosForward)
+    assert [m.commands for _, m in forwards] == [tuple(big[0:2]), tuple(big[2:4]), tuple(big[4:])]
+
+
+def test_a_catchup_answer_is_bounded_in_bytes() -> None:
+    leader = replica(0)
+    op = b"x" * (64 << 10)
+    for seq in range(100):  # 6.4 MB of chosen slots
+        turn(leader, Command(client_id=1, seq=seq, op=op))
+        turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(seq,)))
+    answer = of_type(turn(leader, Catchup(src=2, view=0, slot=0)).send_after_persist, PaxosCommit)
+    assert [m.slot for _, m in answer] == list(range(len(answer)))
+    assert 0 < len(answer) < 100
+    assert sum(len(m.batch[0].op) for _, m in answer) <= CATCHUP_BYTES + len(op)
 
 
 def test_leader_commits_on_a_majority_and_tells_everyone() -> None:

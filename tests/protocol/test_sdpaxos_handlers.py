@@ -23,6 +23,7 @@ from consensus.messages import (
     CPrepare,
     CPromise,
     CRequest,
+    Heartbeat,
     LeaseGrant,
     NewView,
     NewViewRecord,
@@ -44,7 +45,13 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.ready import Execution, Ready
-from consensus.protocol.sdpaxos import Role, SDPaxosReplica, SnapshotMeta
+from consensus.protocol.sdpaxos import (
+    CATCHUP_BATCH,
+    CATCHUP_BYTES,
+    Role,
+    SDPaxosReplica,
+    SnapshotMeta,
+)
 
 A = cmd(7, 0)
 B = cmd(7, 1)
@@ -155,6 +162,16 @@ def test_max_batch_splits_a_turn_into_several_instances() -> None:
     assert len(msgs(ready.send_after_persist, CAccept)) == 3 * 2
 
 
+def test_max_batch_bytes_bounds_an_instance_by_the_size_of_its_commands() -> None:
+    # so that no CAccept outgrows a frame, however large the commands of one turn
+    r1 = core(3, 1, max_batch_bytes=3000)
+    commands = [Command(client_id=1, seq=s, op=b"x" * 1000) for s in range(7)]
+    for command in commands:
+        r1.propose(command, 0)
+    batches = [r.batch for r in drain(r1).persist if isinstance(r, CAcceptedRecord)]
+    assert batches == [tuple(commands[0:3]), tuple(commands[3:6]), tuple(commands[6:])]
+
+
 def test_thrifty_sends_caccept_to_q_minus_1_and_crequest_when_sequencer_missed() -> None:
     # N=3, replica 1: nearest by id distance is 2; the sequencer (0) is not in the quorum
     r1 = core(3, 1, thrifty=True)
@@ -206,15 +223,27 @@ def test_commit_after_majority_of_cacks_and_ccommit_carries_batch_only_when_need
     assert drain(r1).is_empty()
     r1.step(cack(4, 1, 0), 1)
     ready = drain(r1)
+    # every peer was sent the CAccept first on the same connection: no batch again
     assert msgs(ready.send_after_persist) == [
-        (0, ccommit(1, 1, 0, (A,))),
-        (2, ccommit(1, 1, 0, (A,))),
-        (3, ccommit(1, 1, 0, None)),
-        (4, ccommit(1, 1, 0, None)),
+        (peer, ccommit(1, 1, 0, None)) for peer in (0, 2, 3, 4)
     ]
     assert ready.ready == []  # not ordered yet
     r1.step(cack(0, 1, 0), 1)  # late: the instance is chosen already
     assert drain(r1).is_empty()
+
+
+def test_thrifty_commit_carries_the_batch_to_the_peers_left_out_of_the_accept() -> None:
+    r4 = core(5, 4, thrifty=True)  # CAccepts go to 0 and 1 only
+    r4.propose(A, 0)
+    drain(r4)
+    r4.step(cack(0, 4, 0), 1)
+    r4.step(cack(1, 4, 0), 1)
+    assert msgs(drain(r4).send_after_persist, CCommit) == [
+        (0, ccommit(4, 4, 0, None)),
+        (1, ccommit(4, 4, 0, None)),
+        (2, ccommit(4, 4, 0, (A,))),
+        (3, ccommit(4, 4, 0, (A,))),
+    ]
 
 
 # =========================================================================== C-phase, acceptor
@@ -746,6 +775,34 @@ def test_retransmission_resends_caccept_to_non_ackers_and_crequest_with_prefix()
     assert len(msgs(ready.send_after_persist, CAccept)) == 3
 
 
+def test_the_retransmission_timeout_follows_how_long_commits_take() -> None:
+    # a loaded cluster chooses instances in 900 ms: re-sending after the 200 ms floor would
+    # only queue copies behind the originals (half the bytes of a saturated run)
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 900_000)
+    drain(r1)
+    floor = r1.config.retransmit_us
+    assert r1.retransmit_timeout_us == min(900_000 + 4 * 450_000, 10 * floor)
+    r1.propose(B, 1_000_000)
+    drain(r1)
+    r1.tick(1_000_000 + 5 * floor)
+    assert msgs(drain(r1).send_after_persist, CAccept) == []
+    r1.tick(1_000_000 + r1.retransmit_timeout_us)
+    assert len(msgs(drain(r1).send_after_persist, CAccept)) == 2
+    # fast commits bring it back down to the floor (a retransmitted instance is no sample)
+    r1.step(cack(2, 1, 1), 3_100_000)
+    drain(r1)
+    assert r1.retransmit_timeout_us == 2_000_000
+    for i, now in enumerate(range(4_000_000, 5_000_000, 10_000), start=2):
+        r1.propose(cmd(7, i), now)
+        drain(r1)
+        r1.step(cack(2, 1, i), now + 1_000)
+        drain(r1)
+    assert r1.retransmit_timeout_us == floor
+
+
 def test_retransmission_after_commit_sends_only_crequest() -> None:
     r1 = core(3, 1)
     r1.propose(A, 0)
@@ -1269,3 +1326,62 @@ def test_n5_candidate_sends_its_snapshot_to_a_voter_behind_its_compaction_point(
     r1.step(_vote_n5(4, executed=2), 10_000_000)  # a third vote from beyond it: elected
     (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
     assert new_view.start == 2
+
+
+# =========================================================================== catch-up
+
+
+def _executing_follower() -> SDPaxosReplica:
+    r2 = core(3, 2)
+    r2.tick(0)
+    drain(r2)
+    return r2
+
+
+def _execute_slot(r: SDPaxosReplica, slot: int, now: int) -> None:
+    command = cmd(40, slot)
+    r.step(caccept(0, 0, slot, (command,)), now)
+    r.step(ccommit(0, 0, slot, (command,)), now)
+    r.step(ocommit(0, (slot, 0)), now)
+    assert [e.command for e in drain(r).apply] == [command]
+
+
+def _catchups(r: SDPaxosReplica, now: int) -> list[tuple[int, PeerMessage]]:
+    r.tick(now)
+    return [(to, m) for to, m in all_out(drain(r)) if isinstance(m, Catchup)]
+
+
+def test_a_replica_executing_a_little_behind_a_peer_does_not_ask_it_for_catch_up() -> None:
+    # the normal state of a loaded cluster: asking re-fetched full batches already on their way
+    r2 = _executing_follower()
+    interval = r2.config.catchup_us // 10
+    for slot in range(40):
+        now = (slot + 1) * interval
+        r2.step(Heartbeat(src=0, view=0, executed=slot + 5, lease_request=-1), now)
+        _execute_slot(r2, slot, now)
+        assert _catchups(r2, now) == [], slot
+
+
+def test_a_replica_asks_when_far_behind_or_when_execution_stopped() -> None:
+    r2 = _executing_follower()
+    r2.step(Heartbeat(src=0, view=0, executed=CATCHUP_BATCH + 1, lease_request=-1), 1_000)
+    assert _catchups(r2, 1_000) == [(0, Catchup(src=2, view=0, slot=0))]  # far behind
+    r1 = _executing_follower()
+    r1.step(Heartbeat(src=0, view=0, executed=3, lease_request=-1), 1_000)
+    assert _catchups(r1, 1_000) == []
+    stalled = 1_000 + r1.config.catchup_us
+    assert _catchups(r1, stalled) == [(0, Catchup(src=2, view=0, slot=0))]  # no progress
+
+
+def test_a_catch_up_answer_is_bounded_in_bytes() -> None:
+    r0 = core(3, 0)
+    op = b"x" * (64 << 10)
+    for index in range(100):  # 6.4 MB of chosen, unexecuted C-instances of replica 1
+        batch = (Command(client_id=41, seq=index, op=op),)
+        r0.step(caccept(1, 1, index, batch), 0)
+        r0.step(ccommit(1, 1, index, batch), 0)
+    drain(r0)
+    r0.step(Catchup(src=2, view=0, slot=0), 1)
+    commits = [(to, m) for to, m in all_out(drain(r0)) if isinstance(m, CCommit)]
+    assert 0 < len(commits) < 100
+    assert sum(len(c.batch[0].op) for _, c in commits) <= CATCHUP_BYTES + len(op)

@@ -93,17 +93,19 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
 # The simulator has teeth: every deliberately broken variant is caught by a seed of the sweep.
 # (Seeds found by `sdpaxos sim --unsafe ...`; the run replays exactly, so they stay caught.)
 @pytest.mark.parametrize(
-    ("replicas", "unsafe", "faults", "seed"),
+    ("replicas", "unsafe", "faults", "network", "seed"),
     [
-        (3, "no_lease_check", "partition", 21),
-        (3, "ack_before_persist", "crash", 126),
-        (5, "ack_before_persist", "crash", 90),
-        (5, "no_hole_filling", "all", 130),
-        (5, "go_ready_rule", "crash,partition", 35),
+        (3, "no_lease_check", "partition", "lan", 21),
+        (3, "ack_before_persist", "crash", "lan", 126),
+        (5, "ack_before_persist", "crash", "lan", 90),
+        (5, "no_hole_filling", "all", "wan", 234),
+        (5, "go_ready_rule", "crash,partition", "lan", 35),
     ],
 )
-def test_broken_variants_are_caught(replicas: int, unsafe: str, faults: str, seed: int) -> None:
-    options = SimOptions(replicas=replicas, faults=parse_faults(faults), network="lan",
+def test_broken_variants_are_caught(
+    replicas: int, unsafe: str, faults: str, network: str, seed: int
+) -> None:
+    options = SimOptions(replicas=replicas, faults=parse_faults(faults), network=network,
                          unsafe=frozenset({unsafe}))
     assert Simulation(options, seed).run().violation is not None
 
