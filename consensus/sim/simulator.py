@@ -18,8 +18,8 @@ heal phase removes every fault and requires each client operation to complete an
 replica to converge to the same state.
 
 Snapshots (``snapshot_every``), as the asyncio driver takes them: after every so many applied
-commands a replica snapshots its state machine, compacts its core and rewrites its durable
-records to what the snapshot does not cover (snapshot and rewrite are one atomic step here);
+commands a replica snapshots its state machine, compacts its core to its previous snapshot and
+rewrites its durable records to what that does not cover (one atomic step here);
 a replica behind a peer's compaction point is sent that peer's latest snapshot over the
 faulty network; a restart starts from the durable snapshot and the records after it.
 
@@ -453,9 +453,12 @@ class Simulation:
 
     # ------------------------------------------------------------------ snapshots
     def _take_snapshot(self, rep: _Replica) -> None:
+        """As the driver does: the log is compacted to the previous snapshot (it keeps the
+        last interval for peers a little behind)."""
         meta = rep.core.snapshot_meta()
-        rep.snapshot = (meta, rep.store.snapshot())
-        rep.durable = list(rep.core.compact(meta))
+        previous, rep.snapshot = rep.snapshot, (meta, rep.store.snapshot())
+        if previous is not None:
+            rep.durable = list(rep.core.compact(previous[0]))
         rep.applied_since_snapshot = 0
         self.result.snapshots_taken += 1
 

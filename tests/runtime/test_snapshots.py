@@ -73,3 +73,62 @@ async def scenario(tmp_path: Path) -> None:
 
 def test_compaction_snapshot_install_and_restart(tmp_path: Path) -> None:
     asyncio.run(asyncio.wait_for(scenario(tmp_path), 60))
+
+
+async def brief_outage(tmp_path: Path) -> None:
+    base = free_base_port()
+    raw = {
+        "cluster_id": "snap",
+        "data_dir": str(tmp_path),
+        "replica": [
+            {"id": i, "address": f"127.0.0.1:{base + i}",
+             "client_address": f"127.0.0.1:{base + 100 + i}", "site": site}
+            for i, site in enumerate(["CA", "OR", "OH"])
+        ],
+    }
+    config = parse_cluster_config(raw, base=tmp_path, source="test")
+
+    def node(i: int) -> ReplicaNode:
+        return ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=500)
+
+    async def write(first: int, count: int) -> None:
+        await asyncio.gather(*(
+            nodes[i % 2].submit(Command(client_id=i % 2, seq=i, op=kv_put(f"k{i % 50}", str(i)),
+                                        keys=(f"k{i % 50}",), blind=True))
+            for i in range(first, first + count)
+        ))  # fmt: skip
+
+    async def caught_up(replica: int) -> None:
+        deadline = time.monotonic() + 10
+        while nodes[replica].core.exec_slot < nodes[0].core.exec_slot:
+            assert time.monotonic() < deadline, "replica did not catch up"
+            await asyncio.sleep(0.02)
+
+    nodes = [node(i) for i in range(3)]
+    for n in nodes:
+        await n.start()
+    try:
+        await write(0, 600)
+        await caught_up(2)
+        await nodes[2].stop()  # misses one snapshot interval
+        await write(600, 600)
+        deadline = time.monotonic() + 10  # blind writes are answered before they execute
+        while any(n.stats.commands_applied < 1200 for n in nodes[:2]):
+            assert time.monotonic() < deadline, "the writes did not execute"
+            await asyncio.sleep(0.02)
+        assert [n.stats.snapshots_taken for n in nodes[:2]] == [2, 2]
+        nodes[2] = node(2)
+        await nodes[2].start()
+        await caught_up(2)
+        # the peers' logs still hold the interval it missed: no snapshot needed
+        assert nodes[2].stats.snapshots_installed == 0
+        assert nodes[2].state_machine.snapshot() == nodes[0].state_machine.snapshot()
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+def test_a_replica_that_missed_less_than_an_interval_catches_up_from_the_log(
+    tmp_path: Path,
+) -> None:
+    asyncio.run(asyncio.wait_for(brief_outage(tmp_path), 60))
