@@ -329,11 +329,12 @@ class SlotLogCore(ABC):
         self._chosen(slot, inst)
 
     def _commit_to_peers(self, slot: int, inst: Slot) -> None:
-        """Tell every peer that ``slot`` is chosen (with the value where it may lack it)."""
+        """Tell every peer that ``slot`` is chosen. Without the value: each was sent our
+        Accept first on the same FIFO connection (repeating the batch doubled the leader's
+        bytes); one that lost it catches up when it stalls."""
         for peer in self._peers:
-            batch = None if peer in inst.acks else inst.batch
             self._send(
-                peer, PaxosCommit(src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=batch)
+                peer, PaxosCommit(src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=None)
             )
 
     def _report_ready(self, batch: Batch) -> None:

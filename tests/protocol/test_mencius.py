@@ -68,7 +68,7 @@ def test_owner_commits_on_a_majority_but_is_ready_only_once_lower_slots_are_know
     turn(r2, cmd(1))  # slot 2
     ready = turn(r2, MenciusAck(src=1, view=0, ballot=2, slots=(2,), skip_start=1, skip_stop=4))
     commits = dict(of_type(ready.send_after_persist, PaxosCommit))
-    assert commits[1].batch is None and commits[0].batch == (cmd(1),)
+    assert commits[1].batch is None and commits[0].batch is None  # both had the Accept
     # slot 2 is chosen, but replica 0 may still put a later command in slot 0
     assert ready.ready == [] and ready.apply == []
     ready = turn(r2, MenciusSkip(src=0, view=0, skip_start=0, skip_stop=3))
