@@ -991,6 +991,16 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
 
 
+def _silence_until_prevote(r: SDPaxosReplica, now: int) -> tuple[PreVote, int]:
+    """Tick ``r`` in 50 ms steps, hearing nothing, until it asks for pre-votes."""
+    while True:
+        now += 50_000
+        r.tick(now)
+        found = msgs(drain(r).send, PreVote)
+        if found:
+            return found[0][1], now
+
+
 def _candidate_of_view_4_after_view_2(
     new_view_start: int, owners: tuple[int, ...]
 ) -> SDPaxosReplica:
@@ -1000,12 +1010,7 @@ def _candidate_of_view_4_after_view_2(
     drain(r1)
     r1.step(NewView(src=2, view=2, start=new_view_start, owners=owners), 1_000)
     drain(r1)
-    now, prevote = 1_000, None
-    while prevote is None:  # view 2's sequencer falls silent
-        now += 50_000
-        r1.tick(now)
-        found = msgs(drain(r1).send, PreVote)
-        prevote = found[0][1] if found else None
+    prevote, now = _silence_until_prevote(r1, 1_000)  # view 2's sequencer falls silent
     assert prevote.view == 4
     r1.step(PreVoteReply(src=0, view=4, granted=True), now)
     drain(r1)
@@ -1286,12 +1291,7 @@ def _n5_candidate_that_executed_two_slots(*, compact: bool) -> SDPaxosReplica:
     if compact:
         r1.compact(r1.snapshot_meta())
         drain(r1)
-    now, prevote = 0, None
-    while prevote is None:  # view 0's sequencer falls silent
-        now += 50_000
-        r1.tick(now)
-        found = msgs(drain(r1).send, PreVote)
-        prevote = found[0][1] if found else None
+    prevote, now = _silence_until_prevote(r1, 0)  # view 0's sequencer falls silent
     for src in (2, 3):
         r1.step(PreVoteReply(src=src, view=prevote.view, granted=True), now)
     (request,) = {m for _, m in all_out(drain(r1)) if isinstance(m, VRequest)}

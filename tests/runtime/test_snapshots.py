@@ -8,13 +8,13 @@ import time
 from pathlib import Path
 
 from consensus.messages import Command
-from consensus.runtime.cluster_config import parse_cluster_config
+from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 from consensus.statemachine import KVStore, kv_get, kv_put
 
 
-async def scenario(tmp_path: Path) -> None:
+def three_replicas(tmp_path: Path) -> ClusterConfig:
     base = free_base_port()
     raw = {
         "cluster_id": "snap",
@@ -25,7 +25,11 @@ async def scenario(tmp_path: Path) -> None:
             for i, site in enumerate(["CA", "OR", "OH"])
         ],
     }
-    config = parse_cluster_config(raw, base=tmp_path, source="test")
+    return parse_cluster_config(raw, base=tmp_path, source="test")
+
+
+async def scenario(tmp_path: Path) -> None:
+    config = three_replicas(tmp_path)
 
     def node(i: int) -> ReplicaNode:
         return ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=2000)
@@ -76,17 +80,7 @@ def test_compaction_snapshot_install_and_restart(tmp_path: Path) -> None:
 
 
 async def brief_outage(tmp_path: Path) -> None:
-    base = free_base_port()
-    raw = {
-        "cluster_id": "snap",
-        "data_dir": str(tmp_path),
-        "replica": [
-            {"id": i, "address": f"127.0.0.1:{base + i}",
-             "client_address": f"127.0.0.1:{base + 100 + i}", "site": site}
-            for i, site in enumerate(["CA", "OR", "OH"])
-        ],
-    }
-    config = parse_cluster_config(raw, base=tmp_path, source="test")
+    config = three_replicas(tmp_path)
 
     def node(i: int) -> ReplicaNode:
         return ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=500)

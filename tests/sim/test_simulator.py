@@ -7,6 +7,7 @@ import json
 import statistics
 
 import pytest
+import sim_util
 
 from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.sim.cli import add_arguments, parse_faults, run, sweep
@@ -55,15 +56,7 @@ def test_fault_names_are_parsed_strictly() -> None:
 
 
 def cli_args(**overrides: object) -> argparse.Namespace:
-    """``sdpaxos sim`` arguments as its parser makes them, with these changed."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--protocol", "sdpaxos", "--seeds", "3", "--ops", "60",
-                              "--concurrency", "1", "--faults", "loss,dup,reorder", "--json"])
-    for name, value in overrides.items():
-        assert hasattr(args, name), name
-        setattr(args, name, value)
-    return args
+    return sim_util.cli_args("--seeds", "3", "--ops", "60", **overrides)
 
 
 def test_cli_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
