@@ -60,6 +60,7 @@ from consensus.messages import (
     SlotAcceptedRecord,
 )
 from consensus.protocol.ballot import ballot_of
+from consensus.protocol.batch import CommandBatch
 from consensus.protocol.sdpaxos import SnapshotMeta
 from consensus.protocol.slotlog import Slot, SlotLogCore
 
@@ -89,8 +90,7 @@ class MenciusReplica(SlotLogCore):
         super().__init__(config, me, rng=rng)
         self.ballot = ballot_of(0, me)
         self.next_own = me  # our lowest slot neither proposed in nor skipped
-        self._batch: list[Command] = []
-        self._batch_bytes = 0  # Command.size() of what _batch holds
+        self._batch = CommandBatch(config)
         self._open: dict[int, Slot] = {}  # own proposals not executed here yet
         self._ack_out: dict[tuple[int, int], list[int]] = {}  # (owner, ballot) -> slots
         self._skipped = False  # skipped something this turn
@@ -98,12 +98,7 @@ class MenciusReplica(SlotLogCore):
 
     # ------------------------------------------------------------------ inputs
     def _submit(self, command: Command) -> None:
-        self._batch.append(command)
-        self._batch_bytes += command.size()
-        if (
-            len(self._batch) >= self.config.max_batch
-            or self._batch_bytes >= self.config.max_batch_bytes
-        ):
+        if self._batch.add(command):
             self._propose()
 
     def _step(self, message: PeerMessage) -> None:
@@ -122,9 +117,7 @@ class MenciusReplica(SlotLogCore):
 
     # ------------------------------------------------------------------ owner
     def _propose(self) -> None:
-        batch = tuple(self._batch)
-        self._batch.clear()
-        self._batch_bytes = 0
+        batch = self._batch.take()
         slot = self.next_own
         self.next_own += self.n
         inst = self.slots[slot] = Slot(self.ballot, batch)

@@ -51,6 +51,7 @@ from consensus.messages import (
     SlotAcceptedRecord,
 )
 from consensus.protocol.ballot import ballot_of
+from consensus.protocol.batch import CommandBatch
 from consensus.protocol.sdpaxos import SnapshotMeta
 from consensus.protocol.slotlog import Key, Slot, SlotLogCore, key_of
 
@@ -82,8 +83,7 @@ class MultiPaxosReplica(SlotLogCore):
         self._accept_to = pref[: self.q - 1] if config.thrifty else self._peers
         # leader
         self.next_slot = 0
-        self._batch: list[Command] = []
-        self._batch_bytes = 0  # Command.size() of what _batch holds
+        self._batch = CommandBatch(config)
         self._open: dict[int, Slot] = {}  # proposed, not chosen yet
         self._inflight: dict[Key, int] = {}  # proposed (or batched), not executed -> slot
         # followers
@@ -119,12 +119,7 @@ class MultiPaxosReplica(SlotLogCore):
         if key in self._inflight:
             return  # a client retry or a duplicate forward of a command under way
         self._inflight[key] = _BATCHED
-        self._batch.append(command)
-        self._batch_bytes += command.size()
-        if (
-            len(self._batch) >= self.config.max_batch
-            or self._batch_bytes >= self.config.max_batch_bytes
-        ):
+        if self._batch.add(command):
             self._propose()
 
     def _on_forward(self, msg: PaxosForward) -> None:
@@ -142,9 +137,7 @@ class MultiPaxosReplica(SlotLogCore):
                 self._send(msg.src, commit)
 
     def _propose(self) -> None:
-        batch = tuple(self._batch)
-        self._batch.clear()
-        self._batch_bytes = 0
+        batch = self._batch.take()
         slot = self.next_slot
         self.next_slot += 1
         for command in batch:
@@ -255,16 +248,10 @@ class MultiPaxosReplica(SlotLogCore):
 
     def _forward(self, commands: list[Command]) -> None:
         """To the leader, in messages bounded like batches."""
-        chunks: list[list[Command]] = [[]]
-        size = 0
-        for command in commands:
-            if len(chunks[-1]) >= self.config.max_batch or size >= self.config.max_batch_bytes:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(command)
-            size += command.size()
-        for chunk in chunks:
-            self._request(self.leader, PaxosForward(src=self.me, view=0, commands=tuple(chunk)))
+        chunk = CommandBatch(self.config)
+        for index, command in enumerate(commands, start=1):
+            if chunk.add(command) or index == len(commands):
+                self._request(self.leader, PaxosForward(src=self.me, view=0, commands=chunk.take()))
 
     def _timers(self) -> None:
         deadline = self.now - self.config.retransmit_us

@@ -128,6 +128,7 @@ from consensus.messages import (
     VRequest,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE, next_ballot
+from consensus.protocol.batch import CommandBatch, batch_size
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 
 __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
@@ -293,8 +294,7 @@ class SDPaxosReplica:
         # promised a higher ballot over our instance space, we propose at the ballot of our
         # own last successful Prepare instead — one phase 1 for all later instances.
         self._own_ballot = me
-        self._batch: list[Command] = []
-        self._batch_bytes = 0  # Command.size() of what _batch holds
+        self._batch = CommandBatch(config)
         # Retransmission timeout, adapted to how long our C-instances take to be chosen
         # (RFC 6298's estimator; Karn: only instances sent once are sampled).
         self._rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
@@ -386,12 +386,7 @@ class SDPaxosReplica:
         command no peer could decode: check client input before handing it over."""
         _check_command(command)
         self._enter(now)
-        self._batch.append(command)
-        self._batch_bytes += command.size()
-        if (
-            len(self._batch) >= self.config.max_batch
-            or self._batch_bytes >= self.config.max_batch_bytes
-        ):
+        if self._batch.add(command):
             self._flush_batch()
 
     def read(self, command: Command, now: int) -> None:
@@ -561,9 +556,7 @@ class SDPaxosReplica:
     def _flush_batch(self) -> None:
         if not self._batch:
             return
-        batch = tuple(self._batch)
-        self._batch.clear()
-        self._batch_bytes = 0
+        batch = self._batch.take()
         index = self.next_index
         self.next_index += 1
         ballot = self._own_ballot
@@ -1820,7 +1813,7 @@ class SDPaxosReplica:
             if budget <= 0:
                 break
             inst = self.c[(owner, index)]
-            budget -= sum(command.size() for command in inst.batch or ())
+            budget -= batch_size(inst.batch or ())
             commit_c = CCommit(
                 src=self.me,
                 view=self.view,

@@ -53,6 +53,7 @@ from consensus.messages import (
     Record,
     SlotAcceptedRecord,
 )
+from consensus.protocol.batch import batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
 from consensus.protocol.sdpaxos import SnapshotMeta
 
@@ -400,7 +401,7 @@ class SlotLogCore(ABC):
                 break
             inst = self.slots.get(slot)
             if inst is not None and inst.committed:
-                budget -= sum(command.size() for command in inst.batch)
+                budget -= batch_size(inst.batch)
                 commit = PaxosCommit(
                     src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=inst.batch
                 )

@@ -174,12 +174,11 @@ def _create_segment_file(
     try:
         fd = file.fileno()
         _pwrite_all(fd, MAGIC, 0)
-        zeros = memoryview(_ZEROS)
         position = len(MAGIC)
         while cancel is None or not cancel.is_set():
-            count = min(len(zeros), capacity - position)
-            _pwrite_all(fd, zeros[:count], position)
-            position += count
+            stop = min(position + len(_ZEROS), capacity)
+            _write_zeros(fd, position, stop)
+            position = stop
             _datasync(fd)
             if position >= capacity:
                 return file

@@ -68,6 +68,16 @@ def reopen(path: Path, segment_bytes: int = 1 << 20) -> list[bytes]:
     return wal.recovered
 
 
+def append_and_reopen(
+    wal: WriteAheadLog, payload: bytes, path: Path, segment_bytes: int = 1 << 20
+) -> list[bytes]:
+    """Append ``payload`` durably to ``wal``, close it, and read the log back from disk."""
+    wal.append(payload)
+    wal.sync()
+    wal.close()
+    return reopen(path, segment_bytes)
+
+
 # ------------------------------------------------------------------------- basics
 
 
@@ -123,10 +133,7 @@ def test_empty_payload_is_a_record(tmp_path: Path) -> None:
     write(tmp_path, [b"", b"x", b""])
     wal = WriteAheadLog(tmp_path)
     assert wal.recovered == [b"", b"x", b""]
-    wal.append(b"")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path) == [b"", b"x", b"", b""]
+    assert append_and_reopen(wal, b"", tmp_path) == [b"", b"x", b"", b""]
 
 
 def test_record_over_the_limit_is_rejected(tmp_path: Path) -> None:
@@ -179,10 +186,7 @@ def test_torn_final_record_is_dropped(tmp_path: Path, tear: Tear) -> None:
     # the torn bytes are zeros again before anything new is written
     assert segment.stat().st_size == size
     assert zeros_from(segment, end)
-    wal.append(b"d")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path) == [*good, b"d"]
+    assert append_and_reopen(wal, b"d", tmp_path) == [*good, b"d"]
 
 
 def test_header_cut_short_to_zeros_is_the_end_of_the_log(tmp_path: Path) -> None:
@@ -204,10 +208,7 @@ def test_torn_record_in_a_fresh_segment_after_a_roll(tmp_path: Path) -> None:
     overwrite(last, len(MAGIC), tear_cut_payload(record_bytes(b"z" * 100)))
     wal = WriteAheadLog(tmp_path, segment_bytes=200)
     assert wal.recovered == first
-    wal.append(b"after")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path, 200) == [*first, b"after"]
+    assert append_and_reopen(wal, b"after", tmp_path, 200) == [*first, b"after"]
 
 
 # ------------------------------------------------------------------------- corruption
@@ -337,10 +338,7 @@ def test_segments_roll_over(tmp_path: Path) -> None:
     assert no_temporaries(tmp_path)
     wal = WriteAheadLog(tmp_path, segment_bytes=1000)
     assert wal.recovered == payloads
-    wal.append(b"more")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path, 1000) == [*payloads, b"more"]
+    assert append_and_reopen(wal, b"more", tmp_path, 1000) == [*payloads, b"more"]
 
 
 def test_tiny_segments_and_batches_larger_than_a_segment(tmp_path: Path) -> None:
@@ -425,10 +423,7 @@ def test_empty_segment_renamed_into_place_before_a_crash(tmp_path: Path) -> None
     (tmp_path / "wal-00000000000000000001.log").write_bytes(MAGIC + bytes(500))
     wal = WriteAheadLog(tmp_path, segment_bytes=4096)
     assert wal.recovered == [b"a", b"b"]
-    wal.append(b"c")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path, 4096) == [b"a", b"b", b"c"]
+    assert append_and_reopen(wal, b"c", tmp_path, 4096) == [b"a", b"b", b"c"]
     assert (tmp_path / "wal-00000000000000000001.log").read_bytes()[8:20] == record_bytes(b"c")[:12]
 
 
@@ -525,10 +520,7 @@ def test_sdpxwal1_interrupted_segment_creation(tmp_path: Path) -> None:
     (tmp_path / "wal-00000000000000000001.log").write_bytes(b"SDPX")  # crashed writing it
     wal = WriteAheadLog(tmp_path)
     assert wal.recovered == [b"kept"]
-    wal.append(b"new")
-    wal.sync()
-    wal.close()
-    assert reopen(tmp_path) == [b"kept", b"new"]
+    assert append_and_reopen(wal, b"new", tmp_path) == [b"kept", b"new"]
 
 
 # ------------------------------------------------------------------------- properties
@@ -587,10 +579,8 @@ def test_torn_final_write_recovers_exactly_the_synced_records(
     wal = WriteAheadLog(path, segment_bytes=segment_bytes)
     assert wal.recovered == ([*synced, last] if landed else synced)
     assert zeros_from(segment, at + len(record) if landed else at)
-    wal.append(b"next")
-    wal.sync()
-    wal.close()
-    assert reopen(path, segment_bytes) == [*synced, *([last] if landed else []), b"next"]
+    expected = [*synced, *([last] if landed else []), b"next"]
+    assert append_and_reopen(wal, b"next", path, segment_bytes) == expected
 
 
 @settings(max_examples=60, deadline=None)
