@@ -1958,8 +1958,10 @@ class SDPaxosReplica:
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
-        Returns the records a rewritten write-ahead log must hold (with that snapshot, they
-        rebuild this replica exactly as its full log would)."""
+        Returns the records a rewritten write-ahead log must hold: with a durable snapshot at
+        the execution frontier (the caller just took one; ``meta`` may be an older one, so
+        that peers a little behind still catch up from memory), they rebuild this replica
+        exactly as its full log would."""
         if meta.slot > self.exec_slot:
             raise LocalProtocolError("compact() beyond the execution frontier")
         self._drop_below(meta)
@@ -2015,7 +2017,9 @@ class SDPaxosReplica:
         self._base_counts = dict(enumerate(meta.exec_counts))
 
     def durable_records(self) -> list[Record]:
-        """Everything this replica promised and accepted beyond its compaction point."""
+        """Everything this replica promised and accepted beyond its execution frontier: a
+        restart begins at a snapshot of it and skips what it executed (``_recover``), so
+        rewriting executed instances that are kept in memory for peers would only cost."""
         records: list[Record] = [
             ViewRecord(view=self.view),
             # "accepted this view's log, nothing of it beyond here": restores accepted_view
@@ -2028,8 +2032,9 @@ class SDPaxosReplica:
                 by_ballot.setdefault(self.o_ballot[slot], []).append(entry)
         for ballot in sorted(by_ballot):
             records.append(OAcceptedRecord(view=ballot, entries=tuple(by_ballot[ballot])))
+        executed = self._exec_count
         for (owner, index), inst in sorted(self.c.items()):
-            if inst.batch is not None:
+            if inst.batch is not None and index >= executed[owner]:
                 records.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
                 )

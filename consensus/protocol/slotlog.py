@@ -415,7 +415,8 @@ class SlotLogCore(ABC):
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
-        Returns the records a rewritten write-ahead log must hold."""
+        Returns the records a rewritten write-ahead log must hold, with a durable snapshot at
+        the execution frontier (``meta`` may be an older one)."""
         if meta.slot > self.exec_slot:
             raise LocalProtocolError("compact() beyond the execution frontier")
         self._drop_below(meta.slot)
@@ -436,11 +437,13 @@ class SlotLogCore(ABC):
         self._compacted = max(self._compacted, slot)
 
     def durable_records(self) -> list[Record]:
-        """Everything this replica accepted (and must remember) beyond its compaction point."""
+        """Everything this replica accepted (and must remember) beyond its execution frontier:
+        a restart begins at a snapshot of it (``compact``'s caller just took one) and skips
+        the slots below, which are kept in memory only for peers a little behind."""
         records: list[Record] = [
             SlotAcceptedRecord(slot=slot, ballot=inst.ballot, batch=inst.batch)
             for slot, inst in sorted(self.slots.items())
-            if self._keeps(inst)
+            if slot >= self.exec_slot and self._keeps(inst)
         ]
         return records + self._own_records()
 
