@@ -441,6 +441,8 @@ class SiteResult:
     timeline: list[int] = field(default_factory=list)
     gaps: list[tuple[float, float]] = field(default_factory=list)
     max_send_lag_ms: float = 0.0
+    #: what the first error answer said, to tell errors apart ("" if there was none)
+    first_error: str = ""
 
     def summary(self, stream: str) -> dict[str, float | int | None]:
         return summary_ms(self.histograms[stream])
@@ -478,6 +480,10 @@ class LoadResult:
             "timeouts": sum(s.timeouts for s in self.sites),
             "lost": sum(s.lost for s in self.sites),
         }
+
+    def first_error(self) -> str:
+        """The first error answer of the first site that got one, with the site's name."""
+        return next((f"{s.site}: {s.first_error}" for s in self.sites if s.first_error), "")
 
 
 def run_load(
@@ -574,7 +580,7 @@ def _merge(merged: dict[str, SiteResult], output: dict[str, Any]) -> None:
             merged[raw["site"]] = SiteResult(
                 raw["site"], {n: _copy(h) for n, h in histograms.items()}, dict(raw["completed"]),
                 raw["sent"], raw["errors"], raw["timeouts"], raw["lost"], list(raw["timeline"]),
-                gaps, raw["max_send_lag_ms"],
+                gaps, raw["max_send_lag_ms"], raw["first_error"],
             )  # fmt: skip
             continue
         for name, histogram in histograms.items():
@@ -589,6 +595,7 @@ def _merge(merged: dict[str, SiteResult], output: dict[str, Any]) -> None:
         # the site stalled only while every one of its generators did
         site.gaps = _intersect(site.gaps, gaps)
         site.max_send_lag_ms = max(site.max_send_lag_ms, raw["max_send_lag_ms"])
+        site.first_error = site.first_error or raw["first_error"]
 
 
 def _copy(histogram: HdrHistogram) -> HdrHistogram:

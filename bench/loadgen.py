@@ -69,6 +69,8 @@ class Site:
     latencies: list[array[int]] = field(default_factory=lambda: [array("q") for _ in STREAMS])
     completed: list[int] = field(default_factory=lambda: [0] * len(STREAMS))
     errors: int = 0
+    #: what the first error answer said (``status: payload``), to tell errors apart
+    first_error: str = ""
     timeouts: int = 0
     lost: int = 0
     sent: int = 0
@@ -125,9 +127,10 @@ class Generator:
         self.sending = True
 
     # ------------------------------------------------------------------ bookkeeping
-    def done(self, site: Site, stream: int, sent: float, ok: bool, now: float) -> None:
-        if not ok:
+    def done(self, site: Site, stream: int, sent: float, error: str | None, now: float) -> None:
+        if error is not None:
             site.errors += 1
+            site.first_error = site.first_error or error
             return
         index = int((now - self.start_at) / self.bin_s)
         if 0 <= index < len(site.timeline):
@@ -218,6 +221,7 @@ class Generator:
                 "completed": dict(zip(STREAMS, site.completed, strict=True)),
                 "sent": site.sent,
                 "errors": site.errors,
+                "first_error": site.first_error,
                 "timeouts": site.timeouts,
                 "lost": site.lost,
                 "timeline": site.timeline,
@@ -285,7 +289,8 @@ class Connection(asyncio.Protocol):
             entry = self.waiting.pop(response.req_id, None)
             if entry is None:
                 continue
-            gen.done(self.site, entry[1], entry[0], response.status == "ok", now)
+            error = None if response.status == "ok" else f"{response.status}: {response.payload!r}"
+            gen.done(self.site, entry[1], entry[0], error, now)
             refill += 1
         if gen.mode == "closed" and gen.sending and now < gen.stop_at:
             for _ in range(refill):

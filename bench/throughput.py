@@ -235,6 +235,7 @@ def _trial(
         "cpu": result.cpu,
         **traffic,
         **result.problems(),
+        "first_error": result.first_error(),
     }
     return trial, result.histogram("ready"), result.histogram("read")
 
@@ -305,3 +306,10 @@ def show(report: dict[str, Any]) -> None:
          "peer B/cmd"],
         rows,
     )  # fmt: skip
+    for r in report["results"]:
+        errors = sum(t["errors"] for t in r["rounds"])
+        if errors:
+            first = next((t["first_error"] for t in r["rounds"] if t["first_error"]), "")
+            straggler = f", straggler at {r['straggler']['site']}" if r["straggler"] else ""
+            print(f"{r['protocol']}, {r['replicas']} replicas, {r['size']} B{straggler}: "
+                  f"{errors} requests answered with an error (first: {first})")
