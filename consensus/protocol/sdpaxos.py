@@ -58,8 +58,9 @@ a restart: it waits one lease period before voting at all).
 
 Straggler detection (§4): a replica that got less than half the ordering it needed, or whose
 commands waited ``ORDER_LAG_FACTOR`` times longer for their order than for their C-phase, for
-``straggler_windows`` windows in a row tells the others (``Suspect``); with a majority
-agreeing they stop renewing the sequencer's leases and elect another one.
+``straggler_windows`` windows in a row tells the others (``Suspect``, repeated every window
+while it suspects) and stops renewing the sequencer's leases; with a majority agreeing they
+elect another one. Without a majority, ``straggler_windows`` good windows end the suspicion.
 
 Rules that keep it safe
 -----------------------
@@ -144,6 +145,8 @@ WAIT_SAMPLES = 20
 #: ... and a window is slow when they waited this many times longer for their order than
 #: for their C-phase
 ORDER_LAG_FACTOR = 4
+#: a peer's suspicion counts for this many straggler windows after its last Suspect
+SUSPECT_WINDOWS = 3
 
 Batch = tuple[Command, ...]
 
@@ -158,7 +161,9 @@ class Role(enum.Enum):
 class CInstance:
     """What one replica knows of one C-instance."""
 
-    __slots__ = ("acks", "ballot", "batch", "committed", "leading", "sent_at", "sent_to")
+    __slots__ = (
+        "acks", "ballot", "batch", "committed", "leading", "overtaken_at", "sent_at", "sent_to"
+    )
 
     def __init__(self, ballot: int, batch: Batch | None) -> None:
         self.ballot = ballot
@@ -170,6 +175,8 @@ class CInstance:
         self.sent_at = 0
         #: peers sent its CAccept at ``ballot``: their commit need not carry the batch again
         self.sent_to: frozenset[int] = frozenset()
+        #: when the owner learned that a recoverer took it over (-1: it did not)
+        self.overtaken_at = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,8 +349,10 @@ class SDPaxosReplica:
         self._wait_o = 0  # ... and of those not ordered yet
         self._next_wait_sample = 0
         self._slow_windows = 0
+        self._healthy_windows = 0  # in a row, while suspecting
         self._suspecting = False
-        self._suspects: set[int] = set()
+        #: replicas suspecting the sequencer (us included) -> when we last heard so
+        self._suspects: dict[int, int] = {}
         self._force_election_at = -1
 
         # execution
@@ -560,6 +569,9 @@ class SDPaxosReplica:
         index = self.next_index
         self.next_index += 1
         ballot = self._own_ballot
+        if self._promised(self.me, index) > ballot:
+            self._hold_for_recovery(index, batch)
+            return
         inst = CInstance(ballot, batch)
         inst.leading = True
         inst.acks.add(self.me)
@@ -584,6 +596,34 @@ class SDPaxosReplica:
             self._send_crequest(index)
         if self.n == 1:
             self._commit_leading(self.me, index, inst)
+
+    def _hold_for_recovery(self, index: int, batch: Batch) -> None:
+        """We promised a recoverer of our instances a higher ballot for ``index`` and on:
+        accepting our own proposal at our ballot would break that promise, and with the
+        sequencer's acceptance it could be chosen beside the recoverer's no-op. Nothing is
+        accepted or sent; our own recovery (Prepare above the promise) proposes ``batch`` at
+        ``index`` once it finds nothing chosen there."""
+        inst = self.c[(self.me, index)] = CInstance(-1, None)
+        inst.overtaken_at = self.now
+        self._unready[index] = batch
+        self._window_needed += 1
+        if self.me not in self._recoveries:
+            stalled = [i for i in self._unready if not self.c[(self.me, i)].leading]
+            self._start_recovery(self.me, max(min(stalled), self._exec_count[self.me]))
+
+    def _is_held(self, index: int) -> bool:
+        inst = self.c.get((self.me, index))
+        return inst is not None and inst.ballot < 0 and index in self._unready
+
+    def _last_named_index(self) -> int:
+        """Our highest index a peer may have heard of. An index held for a recovery is named
+        in no message until that recovery proposes it (durably first), so a restart, which
+        forgets it, may use it again: had the sequencer ordered it meanwhile, commands
+        proposed after the restart would run in a slot given out before them."""
+        index = self.next_index - 1
+        while index >= 0 and self._is_held(index):
+            index -= 1
+        return index
 
     def _send_crequest(self, index: int) -> None:
         inst = self.c.get((self.me, index))
@@ -723,6 +763,7 @@ class SDPaxosReplica:
         inst = self.c.get((msg.owner, msg.index))
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
+            inst.overtaken_at = self.now
             self._reproposing.discard((msg.owner, msg.index))
         recovery = self._recoveries.get(msg.owner)
         if recovery is not None and recovery.ballot < msg.ballot:
@@ -793,6 +834,13 @@ class SDPaxosReplica:
         if len(recovery.promises) < self.q:
             return
         del self._recoveries[msg.owner]
+        promised = self._c_promised.get(msg.owner)
+        if promised is not None and promised[0] > recovery.ballot:
+            # We promised a higher recoverer meanwhile: accepting our own proposal at this
+            # ballot would break that promise, and it could then be chosen beside the value
+            # the other recovery picks (N=3 seed 390 at 6 clients per site: a no-op and a
+            # batch were both chosen for one instance).
+            return
         if msg.owner == self.me:
             self._own_ballot = max(self._own_ballot, recovery.ballot)
         # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
@@ -803,6 +851,10 @@ class SDPaxosReplica:
                 if vote.index not in best or vote.ballot > best[vote.index].ballot:
                     best[vote.index] = vote
         high = max(high, self._known_o_count(msg.owner) - 1)
+        # Where no promise reports a value any value is safe: ours take our own proposals
+        # (those held for this recovery too), a no-op fills the rest.
+        ours = self._unready if msg.owner == self.me else {}
+        high = max(high, max(ours, default=-1))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, self._exec_count[msg.owner])
         for index in range(first, high + 1):
@@ -810,7 +862,7 @@ class SDPaxosReplica:
             if inst is not None and inst.committed:
                 continue
             found = best.get(index)
-            batch: Batch = found.batch if found is not None else ()
+            batch: Batch = found.batch if found is not None else ours.get(index, ())
             self._propose_recovered(msg.owner, index, recovery.ballot, batch)
 
     def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
@@ -1402,8 +1454,9 @@ class SDPaxosReplica:
             inst.sent_at = self.now
             if not inst.committed and inst.leading:
                 self._resend_accept(self.me, index, inst)
-        if self._known_o_count(self.me) < self.next_index:
-            self._send_crequest(self.next_index - 1)
+        named = self._last_named_index()
+        if self._known_o_count(self.me) <= named:
+            self._send_crequest(named)
         for read_id, (reads, _) in sorted(self._pending_reads.items()):
             self._pending_reads[read_id] = (reads, self.now)
             self._send_rrequest(read_id, reads)
@@ -1459,8 +1512,9 @@ class SDPaxosReplica:
         deferred, self._deferred_orders = self._deferred_orders, []
         for owner, index, keys in deferred:
             self._order(owner, index, keys)
-        if self._known_o_count(self.me) < self.next_index:
-            self._order(self.me, self.next_index - 1, ())
+        named = self._last_named_index()
+        if self._known_o_count(self.me) <= named:
+            self._order(self.me, named, ())
 
     def _send_new_view_commit(self, peer: int) -> None:
         assert self._new_view is not None
@@ -1613,6 +1667,14 @@ class SDPaxosReplica:
                 stalled = [
                     i for i in self._unready if not self.c[(self.me, i)].leading
                 ]
+                # A recoverer's Prepare covers every later index of ours, so what we proposed
+                # after it was refused and nobody drives it; while execution goes on (the
+                # others' commands) only its age shows it. A replica slow enough to be
+                # suspected kept its clients waiting for good this way.
+                overdue = any(
+                    0 <= self.c[(self.me, i)].overtaken_at < self.now - self._election_timeout
+                    for i in stalled
+                )
                 # Execution may also wait on an instance of ours nobody drives any more: a
                 # no-op a recovery of ours proposed before we restarted, say.
                 blocking = self._blocking_instance()
@@ -1620,7 +1682,8 @@ class SDPaxosReplica:
                     inst = self.c.get(blocking)
                     if inst is None or not inst.leading:
                         stalled.append(blocking[1])
-                if stalled and self.now - self._exec_progress_at > self._election_timeout:
+                halted = self.now - self._exec_progress_at > self._election_timeout
+                if stalled and (halted or overdue):
                     self._start_recovery(self.me, min(stalled))
                 continue
             if not self._suspected(owner) or self._recoverer_of(owner) != self.me:
@@ -1678,7 +1741,7 @@ class SDPaxosReplica:
         late: list[int] = []
         for index in sorted(self._unready):
             inst = self.c[(self.me, index)]
-            if inst.sent_at > deadline:
+            if inst.sent_at > deadline or self._is_held(index):
                 continue
             inst.sent_at = self.now
             self._rtt_probes.pop(index, None)  # Karn: an answer could be to either copy
@@ -1726,8 +1789,9 @@ class SDPaxosReplica:
                 for peer in self._peers:
                     if peer not in self.o_acks.get(slot, ()):
                         self._resend_oaccepts(peer, slot, slot + 1)
-        if len(mine) < self.next_index:
-            self._order(self.me, self.next_index - 1, ())
+        named = self._last_named_index()
+        if len(mine) <= named:
+            self._order(self.me, named, ())
 
     def _resume_after_restart(self) -> None:
         """After a restart, drive our own instances found in the records once caught up."""
@@ -1920,13 +1984,25 @@ class SDPaxosReplica:
         # shows it. On the paper's WANs ordering takes at most ~1.2x the C-phase.
         starved = needed >= 2 and 2 * got < needed
         lagging = wait_o >= WAIT_SAMPLES and wait_o > ORDER_LAG_FACTOR * max(wait_c, 1)
-        self._slow_windows = self._slow_windows + 1 if starved or lagging else 0
+        slow = starved or lagging
+        self._slow_windows = self._slow_windows + 1 if slow else 0
+        self._healthy_windows = 0 if slow else self._healthy_windows + 1
         cooled = self.now - self._last_view_change_at >= self.config.straggler_cooldown_us
-        if self._slow_windows >= windows and cooled and not self._suspecting:
-            self._suspecting = True
-            self._suspects.add(self.me)
-            self._broadcast(Suspect(src=self.me, view=self.view))
-            self._maybe_replace_straggler()
+        if self._suspecting and self._force_election_at < 0:
+            if self._healthy_windows >= windows:
+                # No majority joined, and ordering is fine again: grant leases again. (Kept
+                # up, a suspicion whose Suspects were lost stopped every lease renewal and
+                # so every read, with no election to follow.)
+                self._suspecting = False
+                del self._suspects[self.me]
+                return
+        elif not (self._slow_windows >= windows and cooled and not self._suspecting):
+            return
+        # Suspect, or say so again: a lost Suspect must not leave us suspecting alone
+        self._suspecting = True
+        self._suspects[self.me] = self.now
+        self._broadcast(Suspect(src=self.me, view=self.view))
+        self._maybe_replace_straggler()
 
     def _sample_waits(self) -> None:
         if not self._unready or self.is_sequencer:
@@ -1941,11 +2017,15 @@ class SDPaxosReplica:
 
     def _on_suspect(self, msg: Suspect) -> None:
         if msg.view == self.view and msg.src != self.sequencer:
-            self._suspects.add(msg.src)
+            self._suspects[msg.src] = self.now
             self._maybe_replace_straggler()
 
     def _maybe_replace_straggler(self) -> None:
-        if self._suspecting and len(self._suspects) >= self.q and self._force_election_at < 0:
+        # A suspicion is repeated every window while it lasts: one not heard for a few has
+        # been withdrawn.
+        since = self.now - SUSPECT_WINDOWS * self.config.straggler_window_us
+        agreeing = sum(1 for heard in self._suspects.values() if heard >= since)
+        if self._suspecting and agreeing >= self.q and self._force_election_at < 0:
             # Stop renewing the lease (done: we are suspecting); once it lapses, run.
             delay = int(self.rng.random() * self.config.election_timeout_us / 2)
             self._force_election_at = max(self.lease_granted_until, self.now) + delay

@@ -779,8 +779,10 @@ def test_retransmission_resends_caccept_to_non_ackers_and_crequest_with_prefix()
 
 def test_the_retransmission_timeout_follows_how_long_commits_take() -> None:
     # a loaded cluster chooses instances in 900 ms: re-sending after the 200 ms floor would
-    # only queue copies behind the originals (half the bytes of a saturated run)
-    r1 = core(3, 1)
+    # only queue copies behind the originals (half the bytes of a saturated run). (Nothing
+    # is ever ordered here: a shorter election timeout would have replica 1 recover its own
+    # instances, and hold new ones until that recovery has its promises.)
+    r1 = core(3, 1, election_timeout_us=10_000_000)
     r1.propose(A, 0)
     drain(r1)
     r1.step(cack(2, 1, 0), 900_000)
@@ -993,6 +995,127 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
 
 
+def test_an_owner_overtaken_by_a_recoverer_takes_back_what_it_proposed_after() -> None:
+    # Found by `bench throughput --straggler 0.33 --straggler-replica 1`: peers suspected the
+    # slow replica 1 and recovered its instances. A recoverer's promise covers every later
+    # index, so what replica 1 had in flight was refused, and nobody drove it. Replica 1
+    # retook its own instances only once execution stopped, which it never did under load:
+    # its clients waited for good.
+    r1 = core(3, 1, heartbeat_us=10_000_000)
+    r1.tick(0)
+    r1.propose(C, 1)
+    (accept,) = {m for _, m in msgs(drain(r1).send_after_persist, CAccept)}
+    for src in (0, 2):  # both promised a recoverer of ours a higher ballot meanwhile
+        r1.step(CNack(src=src, view=0, owner=1, index=accept.index,
+                      ballot=ballot_of(1, 0)), 2)
+    drain(r1)
+    prepare: CPrepare | None = None
+    now, slot = 0, 0
+    while prepare is None:
+        now += 50_000
+        assert now < 2_000_000, "the refused proposal is never taken back"
+        # replica 2's commands keep executing here meanwhile
+        r1.step(caccept(2, 2, slot, (cmd(100 + slot, 2),)), now)
+        r1.step(ccommit(2, 2, slot, (cmd(100 + slot, 2),)), now)
+        r1.step(ocommit(0, (slot, 2)), now)
+        slot += 1
+        r1.tick(now)
+        ready = drain(r1)
+        assert ready.apply
+        found = msgs(ready.send_after_persist + ready.send, CPrepare)
+        prepare = found[0][1] if found else None  # type: ignore[assignment]
+    assert (prepare.owner, prepare.from_index) == (1, accept.index)
+    assert prepare.ballot > ballot_of(1, 0)
+
+
+def test_an_owner_never_accepts_its_own_proposal_below_a_ballot_it_promised() -> None:
+    # Replica 2 recovers replica 1's instances from index 0; replica 1 promises, then gets a
+    # command. Accepting it at its own ballot 1 broke that promise: with the sequencer's
+    # acceptance (it had not promised yet) it was chosen, while replica 2, promised by 1 and
+    # 2 (neither reporting it), chose a no-op for the same instance. Replicas 0 and 1 executed
+    # the command in slot 0 and replica 2 did not. The command now waits for replica 1's own
+    # recovery, which proposes it where nothing else was chosen.
+    net = Net(ProtocolConfig(replicas=3))
+    for r in range(3):
+        net.tick(r, 0)
+    net.bag.clear()
+    net.cores[2]._start_recovery(1, 0)
+    net.flush(2)
+    (prepare,) = net.matching("2", "1", "CPrepare")
+    net.deliver(prepare)
+    (promise,) = net.matching("1", "2", "CPromise")
+    net.propose(1, C)
+    assert net.matching("1", "*", "CAccept") == []
+    assert not any(isinstance(r, CAcceptedRecord) and r.owner == 1 for r in net.durable[1])
+    # the old race: the sequencer hears from replica 1 before replica 2's Prepare reaches it,
+    # and replica 2 completes its recovery before hearing more from replica 1
+    for flight in [*net.matching("1", "0", "*"), *net.matching("0", "*", "*")]:
+        net.deliver(flight)
+    net.deliver(promise)
+    net.deliver_all()
+    chosen = {
+        (inst.ballot, inst.batch)
+        for replica in net.cores
+        if (inst := replica.c.get((1, 0))) is not None and inst.committed
+    }
+    assert len(chosen) == 1
+    # the command is chosen there (replica 2's no-op was not), and runs everywhere
+    assert [b for _, b in chosen] == [(C,)]
+    for r in range(3):
+        net.tick(r, 10_000_000)
+    net.deliver_all()
+    assert [[e.command for e in executed] for executed in net.executed] == [[C]] * 3
+
+
+def test_a_recoverer_that_promised_a_higher_ballot_meanwhile_proposes_nothing() -> None:
+    # (N=3 seed 390 at 6 clients per site) replica 0 recovered replica 2's instances at
+    # ballot 1280, promised replica 2's own recovery 1282, then got its last promise: its
+    # no-op at 1280, accepted by itself against its promise, was chosen with replica 1, and
+    # replica 2's batch at 1282 was chosen too. Replica 2 executed the batch in slot 77,
+    # the others nothing.
+    r0 = core(3, 0)
+    r0.tick(0)
+    r0._start_recovery(2, 0)
+    (ours,) = {m for _, m in all_out(drain(r0)) if isinstance(m, CPrepare)}
+    r0.step(CPrepare(src=2, view=0, owner=2, from_index=0, ballot=ours.ballot + 2), 1)
+    assert [type(m) for _, m in all_out(drain(r0))] == [CPromise]
+    r0.step(CPromise(src=1, view=0, owner=2, from_index=0, ballot=ours.ballot, accepted=(),
+                     high=0), 2)
+    ready = drain(r0)
+    assert [m for _, m in all_out(ready) if isinstance(m, CAccept)] == []
+    assert [r for r in ready.persist if isinstance(r, CAcceptedRecord)] == []
+
+
+def test_a_proposal_held_for_a_recovery_is_named_nowhere_until_it_is_durable() -> None:
+    # (N=3 WAN seeds 86 and 97) a CRequest named the held index, the sequencer ordered it,
+    # and a restart (which forgets what was held) used the index again: a read proposed
+    # after the restart ran in a slot given out before a write it had seen acknowledged.
+    r1 = core(3, 1)
+    r1.tick(0)
+    r1.step(CPrepare(src=2, view=0, owner=1, from_index=0, ballot=ballot_of(1, 2)), 0)
+    drain(r1)
+    r1.propose(C, 1)
+    ready = drain(r1)
+    assert not any(isinstance(r, CAcceptedRecord) for r in ready.persist)
+    sent = [m for _, m in all_out(ready)]
+    for now in range(100_000, 3_000_000, 100_000):
+        r1.tick(now)
+        sent += [m for _, m in all_out(drain(r1))]
+        if now >= 1_000_000 and isinstance(sent[-1], CPrepare):
+            break
+    assert [m for m in sent if isinstance(m, CAccept | CRequest | CCommit)] == []
+    # its own recovery (retried while no promise came) is what proposes it, durably first
+    prepares = [m for m in sent if isinstance(m, CPrepare)]
+    assert {(m.owner, m.from_index) for m in prepares} == {(1, 0)}
+    r1.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=prepares[-1].ballot,
+                     accepted=(), high=-1), now)
+    ready = drain(r1)
+    assert [(r.index, r.batch) for r in ready.persist if isinstance(r, CAcceptedRecord)] == [
+        (0, (C,))
+    ]
+    assert {m.batch for _, m in msgs(ready.send_after_persist, CAccept)} == {(C,)}
+
+
 def _silence_until_prevote(r: SDPaxosReplica, now: int) -> tuple[PreVote, int]:
     """Tick ``r`` in 50 ms steps, hearing nothing, until it asks for pre-votes."""
     while True:
@@ -1045,10 +1168,12 @@ def test_new_sequencer_keeps_old_values_below_the_newest_views_start() -> None:
 
 # ------------------------------------------------------------------ straggler detection (§4)
 def _steady_load(c_wait_ms: int, o_wait_ms: int, *, seconds: float = 3.0,
+                 healed_at_ms: int | None = None,
                  **config: object) -> tuple[SDPaxosReplica, list[tuple[int, int, Suspect]]]:
     """Replica 1 of three leads a command every 5 ms, as closed-loop clients would at the
-    pace the cluster allows; its C-phase takes ``c_wait_ms`` and its order ``o_wait_ms``.
-    Returns the core and every Suspect it sent (time in ms, destination, message)."""
+    pace the cluster allows; its C-phase takes ``c_wait_ms`` and its order ``o_wait_ms``
+    (``c_wait_ms`` too from ``healed_at_ms`` on). Returns the core and every Suspect it sent
+    (time in ms, destination, message)."""
     r1 = core(3, 1, straggler_cooldown_us=0, election_timeout_us=10_000_000, **config)
     due: dict[int, list[PeerMessage]] = {}
     suspects = []
@@ -1058,7 +1183,10 @@ def _steady_load(c_wait_ms: int, o_wait_ms: int, *, seconds: float = 3.0,
         if ms % 5 == 0:
             r1.propose(cmd(7, index), now)
             due.setdefault(ms + c_wait_ms, []).append(cack(2, 1, index))
-            due.setdefault(ms + o_wait_ms, []).append(oaccept((index, 1)))
+            healed = healed_at_ms is not None and ms >= healed_at_ms
+            due.setdefault(ms + (c_wait_ms if healed else o_wait_ms), []).append(
+                oaccept((index, 1))
+            )
             index += 1
         for message in due.pop(ms, []):
             r1.step(message, now)
@@ -1079,7 +1207,8 @@ def test_a_sequencer_ordering_far_slower_than_the_c_phase_is_suspected() -> None
     assert 1500 <= first < 2000
     assert {(to, m) for ms, to, m in suspects if ms == first} == {
         (0, Suspect(src=1, view=0)), (2, Suspect(src=1, view=0))}
-    assert len({ms for ms, _, _ in suspects}) == 1  # once per view
+    # said again every window while it lasts (a lost Suspect must not leave it alone)
+    assert sorted({ms for ms, _, _ in suspects}) == list(range(first, 3000, 500))
     # alone it changes nothing; with replica 2 agreeing (a majority) it stops renewing the
     # lease and runs for the sequencer once the lease has lapsed (plus a random part of half
     # the election timeout, 10 s here)
@@ -1091,6 +1220,20 @@ def test_a_sequencer_ordering_far_slower_than_the_c_phase_is_suspected() -> None
             break
     else:
         raise AssertionError("a majority of suspects did not start an election")
+
+
+def test_a_suspicion_no_majority_joins_ends_once_ordering_is_good_again() -> None:
+    # (N=3 seeds 70, 159, 204, ... at 6 clients per site) both followers suspected the
+    # sequencer during partitions, each never heard the other's only Suspect, and they
+    # stopped renewing its leases for good: no election followed, and every read stalled.
+    r1, suspects = _steady_load(1, 40, seconds=5.0, healed_at_ms=2500)
+    first, last = suspects[0][0], suspects[-1][0]
+    assert 1500 <= first < 2000 and last < 3000 + 3 * 500
+    assert not r1._suspecting
+    r1.step(Heartbeat(src=0, view=0, executed=0, lease_request=5_000_000), 5_000_000)
+    assert msgs(drain(r1).send_after_persist, LeaseGrant) == [
+        (0, LeaseGrant(src=1, view=0, request=5_000_000))
+    ]
 
 
 @pytest.mark.parametrize(("c_wait_ms", "o_wait_ms"), [
