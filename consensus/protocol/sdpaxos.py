@@ -74,6 +74,10 @@ Rules that keep it safe
   (ballots order them), except that with N = 5 a ``CAccept`` from an older view is dropped: a
   voter accepting it could let its owner finish a C-instance beyond the ``c_high`` the voter
   reported and execute it in a slot the new view gave to someone else.
+* A proposer counts its own acceptance, so it never proposes below a ballot it promised for
+  the instance: an owner that promised a recoverer holds its next proposals (naming them in no
+  message, as a restart forgets them) until its own recovery proposes them; a recoverer that
+  promised a higher one meanwhile drops its recovery.
 * Compaction never turns into "nothing accepted": a replica asked for a vote or a promise that
   reaches below its compaction point sends its snapshot instead of answering, and a recovery
   never re-proposes an instance that was executed meanwhile.
@@ -1988,7 +1992,9 @@ class SDPaxosReplica:
         self._slow_windows = self._slow_windows + 1 if slow else 0
         self._healthy_windows = 0 if slow else self._healthy_windows + 1
         cooled = self.now - self._last_view_change_at >= self.config.straggler_cooldown_us
-        if self._suspecting and self._force_election_at < 0:
+        if self._suspecting:
+            if self._force_election_at >= 0:
+                return  # a majority agreed: the election is under way
             if self._healthy_windows >= windows:
                 # No majority joined, and ordering is fine again: grant leases again. (Kept
                 # up, a suspicion whose Suspects were lost stopped every lease renewal and
@@ -1996,7 +2002,7 @@ class SDPaxosReplica:
                 self._suspecting = False
                 del self._suspects[self.me]
                 return
-        elif not (self._slow_windows >= windows and cooled and not self._suspecting):
+        elif self._slow_windows < windows or not cooled:
             return
         # Suspect, or say so again: a lost Suspect must not leave us suspecting alone
         self._suspecting = True
