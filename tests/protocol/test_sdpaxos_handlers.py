@@ -1087,9 +1087,10 @@ def test_a_recoverer_that_promised_a_higher_ballot_meanwhile_proposes_nothing() 
 
 
 def test_a_proposal_held_for_a_recovery_is_named_nowhere_until_it_is_durable() -> None:
-    # (N=3 WAN seeds 86 and 97) a CRequest named the held index, the sequencer ordered it,
-    # and a restart (which forgets what was held) used the index again: a read proposed
-    # after the restart ran in a slot given out before a write it had seen acknowledged.
+    # (N=3 WAN seeds 86 and 97, with a first version of the hold) a CRequest named the held
+    # index, the sequencer ordered it, and a restart (which forgets what was held) used the
+    # index again: a read proposed after the restart ran in a slot given out before a write
+    # it had seen acknowledged.
     r1 = core(3, 1)
     r1.tick(0)
     r1.step(CPrepare(src=2, view=0, owner=1, from_index=0, ballot=ballot_of(1, 2)), 0)
