@@ -19,6 +19,7 @@ import contextlib
 import json
 import random
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,7 +253,18 @@ async def drive(cluster: LocalCluster) -> tuple[History, list[dict[str, Any]]]:
         stop.set()
         for task in [*schedulers, *watchers]:
             task.cancel()
-        await asyncio.gather(*schedulers, *watchers, return_exceptions=True)
+        # Bounded: now and then (about one run in seven) a cancelled task is still running
+        # long after every check has passed, with the replicas healthy, and a bare gather
+        # hung until the test's timeout. Root cause not found yet: such a task is named in a
+        # warning and left to asyncio.run, which cancels it again and finishes.
+        done, pending = await asyncio.wait([*schedulers, *watchers], timeout=30)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: what mattered was checked above
+        for task in pending:
+            stack = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in task.get_stack())
+            warnings.warn(f"still running 30 s after cancel: {task.get_coro()} at {stack}",
+                          stacklevel=1)
         for store in [*stores, watch_store]:
             await store.close()
         for channel in channels:
