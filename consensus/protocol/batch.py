@@ -12,7 +12,11 @@ from collections.abc import Iterable
 from consensus.config import ProtocolConfig
 from consensus.messages import Command
 
-__all__ = ["CommandBatch", "batch_size"]
+__all__ = ["CATCHUP_BYTES", "CommandBatch", "batch_size"]
+
+#: A catch-up answer stops adding values past this many command bytes (``batch_size``); the
+#: asker asks again from where it got to.
+CATCHUP_BYTES = 4 << 20
 
 
 def batch_size(commands: Iterable[Command]) -> int:

@@ -249,9 +249,11 @@ class MultiPaxosReplica(SlotLogCore):
     def _forward(self, commands: list[Command]) -> None:
         """To the leader, in messages bounded like batches."""
         chunk = CommandBatch(self.config)
-        for index, command in enumerate(commands, start=1):
-            if chunk.add(command) or index == len(commands):
+        for command in commands:
+            if chunk.add(command):
                 self._request(self.leader, PaxosForward(src=self.me, view=0, commands=chunk.take()))
+        if chunk:
+            self._request(self.leader, PaxosForward(src=self.me, view=0, commands=chunk.take()))
 
     def _timers(self) -> None:
         deadline = self.now - self.config.retransmit_us

@@ -133,7 +133,7 @@ from consensus.messages import (
     VRequest,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE, next_ballot
-from consensus.protocol.batch import CommandBatch, batch_size
+from consensus.protocol.batch import CATCHUP_BYTES, CommandBatch, batch_size
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 
 __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
@@ -142,8 +142,6 @@ __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 CATCHUP_BATCH = 256
 #: the adaptive retransmission timeout never exceeds this many times ``retransmit_us``
 RTO_CEILING_FACTOR = 10
-#: a Catchup answer stops adding C-instances past this many command bytes (it goes on next time)
-CATCHUP_BYTES = 4 << 20
 #: Straggler detection samples its own commands' waits this many times per window ...
 WAIT_SAMPLES = 20
 #: ... and a window is slow when they waited this many times longer for their order than
@@ -151,6 +149,9 @@ WAIT_SAMPLES = 20
 ORDER_LAG_FACTOR = 4
 #: a peer's suspicion counts for this many straggler windows after its last Suspect
 SUSPECT_WINDOWS = 3
+#: the ballot of an own C-instance held for our recovery (nothing accepted, see
+#: ``_hold_for_recovery``)
+HELD = -1
 
 Batch = tuple[Command, ...]
 
@@ -607,17 +608,22 @@ class SDPaxosReplica:
         sequencer's acceptance it could be chosen beside the recoverer's no-op. Nothing is
         accepted or sent; our own recovery (Prepare above the promise) proposes ``batch`` at
         ``index`` once it finds nothing chosen there."""
-        inst = self.c[(self.me, index)] = CInstance(-1, None)
+        inst = self.c[(self.me, index)] = CInstance(HELD, None)
         inst.overtaken_at = self.now
         self._unready[index] = batch
         self._window_needed += 1
         if self.me not in self._recoveries:
-            stalled = [i for i in self._unready if not self.c[(self.me, i)].leading]
+            stalled = self._undriven_own()
             self._start_recovery(self.me, max(min(stalled), self._exec_count[self.me]))
+
+    def _undriven_own(self) -> list[int]:
+        """Our proposals not yet ready that we do not drive: overtaken by a recoverer, or held
+        for our own recovery."""
+        return [i for i in self._unready if not self.c[(self.me, i)].leading]
 
     def _is_held(self, index: int) -> bool:
         inst = self.c.get((self.me, index))
-        return inst is not None and inst.ballot < 0 and index in self._unready
+        return inst is not None and inst.ballot == HELD and index in self._unready
 
     def _last_named_index(self) -> int:
         """Our highest index a peer may have heard of. An index held for a recovery is named
@@ -1668,9 +1674,7 @@ class SDPaxosReplica:
                     del self._recoveries[owner]  # no majority in time: retry below
                 continue
             if owner == self.me:
-                stalled = [
-                    i for i in self._unready if not self.c[(self.me, i)].leading
-                ]
+                stalled = self._undriven_own()
                 # A recoverer's Prepare covers every later index of ours, so what we proposed
                 # after it was refused and nobody drives it; while execution goes on (the
                 # others' commands) only its age shows it. A replica slow enough to be
@@ -1745,7 +1749,7 @@ class SDPaxosReplica:
         late: list[int] = []
         for index in sorted(self._unready):
             inst = self.c[(self.me, index)]
-            if inst.sent_at > deadline or self._is_held(index):
+            if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
                 continue
             inst.sent_at = self.now
             self._rtt_probes.pop(index, None)  # Karn: an answer could be to either copy

@@ -53,7 +53,7 @@ from consensus.messages import (
     Record,
     SlotAcceptedRecord,
 )
-from consensus.protocol.batch import batch_size
+from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
 from consensus.protocol.sdpaxos import SnapshotMeta
 
@@ -71,8 +71,6 @@ __all__ = [
 
 #: Most slots one Catchup answer carries.
 CATCHUP_BATCH: Final = 256
-#: An answer stops past this many command bytes (the asker asks again from where it got to).
-CATCHUP_BYTES: Final = 4 << 20
 
 #: The deliberately broken variants (``consensus.config.UNSAFE_VARIANTS``) the baselines have.
 BASELINE_UNSAFE_VARIANTS: Final = frozenset({"ack_before_persist"})

@@ -376,11 +376,12 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ snapshots
     def _take_snapshot(self) -> None:
-        """Snapshot the state machine at the execution frontier, then compact the core and
-        rewrite the write-ahead log down to the *previous* snapshot: the log keeps the last
-        interval, so a peer a little behind catches up from it. Compacting to the new one made
-        every peer that lagged by a few slots ask for the whole state (a third of a loaded
-        replica's CPU went into sending, receiving and installing snapshots)."""
+        """Snapshot the state machine at the execution frontier, compact the core to the
+        *previous* snapshot and rewrite the write-ahead log to what the new one does not cover.
+        The core's memory keeps the last interval, so a peer a little behind catches up from
+        it: compacting to the new one made every peer that lagged by a few slots ask for the
+        whole state (a third of a loaded replica's CPU went into sending, receiving and
+        installing snapshots)."""
         meta = self.core.snapshot_meta()
         data = encode_snapshot(meta, self.state_machine.snapshot())
         write_snapshot(self.snapshot_dir, data, meta.slot)

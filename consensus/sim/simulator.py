@@ -19,7 +19,7 @@ replica to converge to the same state.
 
 Snapshots (``snapshot_every``), as the asyncio driver takes them: after every so many applied
 commands a replica snapshots its state machine, compacts its core to its previous snapshot and
-rewrites its durable records to what that does not cover (one atomic step here);
+rewrites its durable records to what the new one does not cover (one atomic step here);
 a replica behind a peer's compaction point is sent that peer's latest snapshot over the
 faulty network; a restart starts from the durable snapshot and the records after it.
 
@@ -453,8 +453,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ snapshots
     def _take_snapshot(self, rep: _Replica) -> None:
-        """As the driver does: the log is compacted to the previous snapshot (it keeps the
-        last interval for peers a little behind)."""
+        """As the driver does: the core is compacted to the previous snapshot (its memory
+        keeps the last interval for peers a little behind)."""
         meta = rep.core.snapshot_meta()
         previous, rep.snapshot = rep.snapshot, (meta, rep.store.snapshot())
         if previous is not None:

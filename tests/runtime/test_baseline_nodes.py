@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import msgpack
@@ -18,6 +17,8 @@ from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.metrics import render
 from consensus.runtime.node import ReplicaNode
 from consensus.statemachine import KVStore, kv_cas, kv_get, kv_put
+
+from .polling import wait_until
 
 
 def cluster(tmp_path: Path, protocol: dict[str, object]) -> ClusterConfig:
@@ -55,10 +56,8 @@ async def scenario(config: ClusterConfig) -> None:
         assert msgpack.unpackb(swapped.value) == ["cas", True, "v4"]
         value = await nodes[2].read(Command(client_id=98, seq=1, op=kv_get("k4"), keys=("k4",)))
         assert msgpack.unpackb(value) == ["value", "new"]
-        deadline = time.monotonic() + 5
-        while len({node.core.exec_slot for node in nodes}) != 1:
-            assert time.monotonic() < deadline, "replicas did not converge"
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: len({node.core.exec_slot for node in nodes}) == 1,
+                         "replicas did not converge", timeout_s=5)
         assert len({node.state_machine.snapshot() for node in nodes}) == 1
         assert "sdpaxos_is_sequencer 0" in render(nodes[0])
     finally:
@@ -103,10 +102,8 @@ async def lagging_follower(config: ClusterConfig) -> None:
         assert nodes[0].stats.snapshots_taken >= 2
         nodes[2] = node(2)
         await nodes[2].start()
-        deadline = time.monotonic() + 10
-        while nodes[2].core.exec_slot < nodes[0].core.exec_slot:
-            assert time.monotonic() < deadline, "the lagging follower did not catch up"
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: nodes[2].core.exec_slot >= nodes[0].core.exec_slot,
+                         "the lagging follower did not catch up")
         assert nodes[2].stats.snapshots_installed == 1
         assert nodes[2].state_machine.snapshot() == nodes[0].state_machine.snapshot()
     finally:

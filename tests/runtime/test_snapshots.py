@@ -4,7 +4,6 @@ installing a peer's snapshot, and a restart rebuilds from snapshot + compacted l
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 from consensus.messages import Command
@@ -12,6 +11,8 @@ from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 from consensus.statemachine import KVStore, kv_get, kv_put
+
+from .polling import wait_until
 
 
 def three_replicas(tmp_path: Path) -> ClusterConfig:
@@ -56,10 +57,8 @@ async def scenario(tmp_path: Path) -> None:
             assert len(list((tmp_path / f"replica-{n.me}" / "wal").glob("wal-*"))) == 1
         nodes[2] = node(2)
         await nodes[2].start()
-        deadline = time.monotonic() + 10
-        while nodes[2].core.exec_slot < nodes[0].core.exec_slot:
-            assert time.monotonic() < deadline, "the lagging replica did not catch up"
-            await asyncio.sleep(0.05)
+        await wait_until(lambda: nodes[2].core.exec_slot >= nodes[0].core.exec_slot,
+                         "the lagging replica did not catch up")
         assert nodes[2].stats.snapshots_installed == 1
         assert nodes[2].state_machine.snapshot() == nodes[0].state_machine.snapshot()
         # restart from snapshot + compacted log, then keep serving
@@ -93,10 +92,8 @@ async def brief_outage(tmp_path: Path) -> None:
         ))  # fmt: skip
 
     async def caught_up(replica: int) -> None:
-        deadline = time.monotonic() + 10
-        while nodes[replica].core.exec_slot < nodes[0].core.exec_slot:
-            assert time.monotonic() < deadline, "replica did not catch up"
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: nodes[replica].core.exec_slot >= nodes[0].core.exec_slot,
+                         "replica did not catch up")
 
     nodes = [node(i) for i in range(3)]
     for n in nodes:
@@ -106,10 +103,9 @@ async def brief_outage(tmp_path: Path) -> None:
         await caught_up(2)
         await nodes[2].stop()  # misses one snapshot interval
         await write(600, 600)
-        deadline = time.monotonic() + 10  # blind writes are answered before they execute
-        while any(n.stats.commands_applied < 1200 for n in nodes[:2]):
-            assert time.monotonic() < deadline, "the writes did not execute"
-            await asyncio.sleep(0.02)
+        # blind writes are answered before they execute
+        await wait_until(lambda: all(n.stats.commands_applied >= 1200 for n in nodes[:2]),
+                         "the writes did not execute")
         assert [n.stats.snapshots_taken for n in nodes[:2]] == [2, 2]
         nodes[2] = node(2)
         await nodes[2].start()
