@@ -2177,13 +2177,18 @@ _C_PHASE = (CAccept, CAck, CCommit, CPrepare, CPromise, CNack)
 
 
 def _keys_of(batch: Batch | None) -> tuple[str, ...]:
-    """The keys a batch updates; () when unknown or too many to send (the sequencer then
-    treats the batch's slot as touching every key until it learns better)."""
+    """The keys a batch updates; () when unknown, too many to send, or when one of its commands
+    names none (it may update any key): the sequencer then treats the batch's slot as touching
+    every key."""
     if not batch:
         return ()
     if len(batch) == 1:
         return batch[0].keys
-    keys = {key for command in batch for key in command.keys}
+    keys: set[str] = set()
+    for command in batch:
+        if not command.keys:
+            return ()
+        keys.update(command.keys)
     return tuple(sorted(keys)) if len(keys) <= MAX_REQUEST_KEYS else ()
 
 

@@ -43,6 +43,16 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="sdpaxos")
     parser.add_argument("--replicas", type=int, default=3)
@@ -61,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each replica snapshots and compacts its log every N applied "
                         "commands, and replicas behind a peer's compaction point install "
                         "its snapshot (0: never)")
+    parser.add_argument("--keyless", type=_share, default=0.0, metavar="SHARE",
+                        help="share of updates that name no keys (they count as updating "
+                        "every key)")
     parser.add_argument("--no-codec", action="store_true", help="skip encoding messages")
     parser.add_argument("--unsafe", default="", help="test only: comma list of broken variants "
                         f"({', '.join(sorted(UNSAFE_VARIANTS))})")
@@ -81,6 +94,7 @@ def options_from(args: argparse.Namespace) -> SimOptions:
         use_codec=not args.no_codec,
         unsafe=unsafe,
         snapshot_every=args.snapshot_every,
+        keyless=args.keyless,
     )
 
 
@@ -94,6 +108,8 @@ def replay_command(options: SimOptions, seed: int) -> str:
     ]
     if options.snapshot_every:
         parts.append(f"--snapshot-every {options.snapshot_every}")
+    if options.keyless:
+        parts.append(f"--keyless {options.keyless}")
     if not options.use_codec:
         parts.append("--no-codec")
     if options.unsafe:

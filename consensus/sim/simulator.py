@@ -83,6 +83,9 @@ class SimOptions:
     tick_us: int | None = None
     protocol_overrides: tuple[tuple[str, Any], ...] = ()
     snapshot_every: int = 0  # applied commands between a replica's snapshots (0: none)
+    #: share of updates (writes, CAS) that name no keys, as a store's commands may: the
+    #: sequencer's read history must count them as updating every key
+    keyless: float = 0.0
     lincheck_timeout_s: float = 10.0
 
 
@@ -522,9 +525,11 @@ class Simulation:
             expected = rng.choice([None, *[f"{c.cid}-{c.seq}" for c in self.clients[:3]]])
             op = {"kind": "cas", "input": (expected, value), "bytes": kv_cas(key, expected, value),
                   "blind": False}
-        command = Command(
-            client_id=client.cid, seq=client.seq, op=op["bytes"], keys=(key,), blind=op["blind"]
-        )
+        # drawn only when asked for, so that runs without keyless updates replay as before
+        share = self.options.keyless
+        keyless = op["kind"] != "read" and share > 0 and rng.random() < share
+        command = Command(client_id=client.cid, seq=client.seq, op=op["bytes"],
+                          keys=() if keyless else (key,), blind=op["blind"])
         op.update(key=key, command=command, call=self.now, attempt=0, site=client.home)
         client.op = op
         self._submit(client)

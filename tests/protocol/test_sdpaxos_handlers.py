@@ -1287,6 +1287,23 @@ def test_a_read_without_keys_asks_for_the_last_slot_overall() -> None:
     assert msgs(drain(r1).send, RRequest) == [(0, RRequest(src=1, view=0, read_id=1, keys=()))]
 
 
+@pytest.mark.parametrize("keyless_first", [True, False])
+def test_a_batch_with_a_keyless_update_counts_as_updating_every_key(keyless_first: bool) -> None:
+    """A command naming no keys may update any key, also when batched with commands that name
+    theirs: a read of another key must wait for its slot (a union of the named keys alone
+    answered an older slot, and the read missed the update)."""
+    r0 = core(3, 0)
+    r0.tick(0)
+    r0.step(LeaseGrant(src=1, view=0, request=0), 10)
+    drain(r0)
+    keyed, keyless = cmd(7, 0, keys=("a",)), cmd(8, 0)
+    batch = (keyless, keyed) if keyless_first else (keyed, keyless)
+    r0.step(caccept(1, 1, 0, batch), 20)  # ordered in slot 0
+    drain(r0)
+    r0.step(RRequest(src=2, view=0, read_id=1, keys=("b",)), 30)
+    assert msgs(drain(r0).send, RReply) == [(2, RReply(src=0, view=0, read_id=1, slot=0))]
+
+
 def test_an_unanswered_read_request_is_sent_again_and_answers_only_count_once() -> None:
     r1 = core(3, 1)
     read = _read(20, "a")
