@@ -58,7 +58,8 @@ async def _receive(port: int, delay_us: int, frames: int) -> tuple[list[int], li
         while len(errors_us) < frames:
             progress.clear()
             try:
-                await asyncio.wait_for(progress.wait(), _IDLE_TIMEOUT_S)
+                async with asyncio.timeout(_IDLE_TIMEOUT_S):
+                    await progress.wait()
             except TimeoutError:
                 break
     finally:

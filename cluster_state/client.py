@@ -150,7 +150,8 @@ class _Embedded:
     async def _retried(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
         for _ in range(self.attempts):
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(call(), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    return await call()
         raise IndefiniteFailure(f"{what} within {self.timeout_s}s, {self.attempts} tries")
 
     async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
@@ -172,7 +173,8 @@ class _Embedded:
                     continue
                 # A snapshot installed from a peer calls no hook: look again now and then.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), max(poll_s, 1.0))
+                    async with asyncio.timeout(max(poll_s, 1.0)):
+                        await changed.wait()
         finally:
             self.node.on_apply.remove(wake)
 

@@ -502,7 +502,8 @@ async def _schedule_forever(config: Any, home: int, args: argparse.Namespace) ->
     ]
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 10)
+            async with asyncio.timeout(10):
+                await stop.wait()
         p50, p99 = stats.percentile(0.5), stats.percentile(0.99)
         print(json.dumps({"site": args.site, "submitted": stats.submitted, "placed": stats.placed,
                           "waiting": stats.waiting, "errors": stats.errors, "p50_ms": p50,

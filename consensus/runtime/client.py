@@ -131,7 +131,8 @@ class Client:
                 connection.pending[req_id] = future
                 request = ClientRequest(req_id, kind, command)
                 connection.writer.write(frame_to_wire(request.encode()))
-                reply = await asyncio.wait_for(future, self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    reply = await future
             except (OSError, ConnectionError, TimeoutError) as exc:
                 last_error = exc
                 continue
@@ -165,7 +166,8 @@ async def cut_off(address: tuple[str, int], peers: Sequence[int], timeout_s: flo
         writer.write(frame_to_wire(ClientRequest(1, "partition", command).encode()))
         frames = FrameReader()
         while True:
-            data = await asyncio.wait_for(reader.read(1 << 16), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                data = await reader.read(1 << 16)
             if not data:
                 raise ConnectionError("the replica closed the connection")
             payloads = frames.feed(data)

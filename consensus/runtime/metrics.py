@@ -70,7 +70,8 @@ def render(node: ReplicaNode) -> str:
 async def serve_metrics(node: ReplicaNode, host: str, port: int) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request = await asyncio.wait_for(reader.readline(), 5)
+            async with asyncio.timeout(5):
+                request = await reader.readline()
             if request.startswith(b"GET /metrics"):
                 body = render(node).encode()
                 head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"

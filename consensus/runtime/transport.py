@@ -315,7 +315,8 @@ class PeerTransport:
         frames = FrameReader(min(self.max_frame + extra, 0xFFFFFFFF))
         deliverer: asyncio.Task[None] | None = None
         try:
-            hello = await asyncio.wait_for(self._handshake(reader, frames), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                hello = await self._handshake(reader, frames)
             if hello is None:
                 return
             peer, early = hello

@@ -19,6 +19,7 @@ from cluster_state.events import ChangeEvent
 from cluster_state.ops import Conflict, GroupSpec, Member, Placed, PodPlacement
 from cluster_state.store import ClusterStore
 from consensus.errors import IndefiniteFailure
+from consensus.messages import Command
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
@@ -207,6 +208,34 @@ def test_the_embedded_watch_is_woken_by_the_apply_hook_and_unhooks(tmp_path: Pat
             assert time.monotonic() - began < 0.6
             assert (event.kind, event.subject) == ("placed", "pushed")
             await watcher.aclose()
+            assert len(nodes[2].on_apply) == hooks
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_an_embedded_watch_cancelled_as_an_apply_wakes_it_is_cancelled(tmp_path: Path) -> None:
+    """The wake-up and the cancel in one loop turn: Python 3.11's ``asyncio.wait_for`` kept the
+    wake-up and dropped the cancel (CPython gh-86296), and the watch ran on for ever."""
+
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        hooks = len(nodes[2].on_apply)
+        try:
+            async def consume() -> None:
+                async for _ in AllocationStore.embedded(nodes[2]).watch(-1):
+                    pass
+
+            watching = asyncio.create_task(consume())
+            while len(nodes[2].on_apply) == hooks:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # past the events already there, waiting for the next
+            nodes[2].on_apply[-1](0, Command(client_id=1, seq=0, op=b""), b"")
+            watching.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(watching, 5)
             assert len(nodes[2].on_apply) == hooks
         finally:
             for node in nodes:
