@@ -307,9 +307,15 @@ def show(report: dict[str, Any]) -> None:
         rows,
     )  # fmt: skip
     for r in report["results"]:
+        straggler = f", straggler at {r['straggler']['site']}" if r["straggler"] else ""
+        what = f"{r['protocol']}, {r['replicas']} replicas, {r['size']} B{straggler}"
         errors = sum(t["errors"] for t in r["rounds"])
         if errors:
             first = next((t["first_error"] for t in r["rounds"] if t["first_error"]), "")
-            straggler = f", straggler at {r['straggler']['site']}" if r["straggler"] else ""
-            print(f"{r['protocol']}, {r['replicas']} replicas, {r['size']} B{straggler}: "
-                  f"{errors} requests answered with an error (first: {first})")
+            print(f"{what}: {errors} requests answered with an error (first: {first})")
+        timeouts = sum(t.get("timeouts", 0) for t in r["rounds"])
+        if timeouts:
+            # A closed loop deeper than the cluster drains: requests outlive the replicas'
+            # retransmission timeouts and the load generator's, and copies crowd the links.
+            print(f"{what}: {timeouts} requests timed out in the load generator: past "
+                  "saturation, the figure counts retries too; fewer --outstanding finds the peak")

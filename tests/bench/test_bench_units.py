@@ -225,3 +225,30 @@ def test_the_session_stops_its_replicas_when_the_bench_fails(tmp_path: Path) -> 
         root = temporary.root
         assert root.exists()
     assert not root.exists()
+
+
+def test_the_throughput_table_says_when_requests_erred_or_timed_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from bench.throughput import show
+
+    latency = {"count": 1, "p50_ms": 1.0, "mean_ms": 1.0, "p95_ms": 1.0, "p99_ms": 1.0,
+               "max_ms": 1.0}
+
+    def result(protocol: str, errors: int, timeouts: int) -> dict[str, object]:
+        trial = {"cpu": {"replica-0": 0.1}, "errors": errors, "timeouts": timeouts,
+                 "first_error": "boom" if errors else ""}
+        return {"protocol": protocol, "replicas": 3, "size": 1024, "reads_pct": 0.0,
+                "straggler": None, "throughput_per_s": 10, "throughput_min": 9,
+                "throughput_max": 11, "loss_pct": None, "write_latency_ms": latency,
+                "read_latency_ms": latency, "rounds": [trial, dict(trial)]}
+
+    show({"settings": {"clients": 72, "outstanding": 32},
+          "cpu_limit": {"per_replica_cpus": 0.15, "mechanism": "cgroup-v1"},
+          "results": [result("sdpaxos", 0, 48), result("mencius", 2, 0),
+                      result("multipaxos", 0, 0)]})
+    out = capsys.readouterr().out
+    assert "sdpaxos, 3 replicas, 1024 B: 96 requests timed out" in out
+    assert "--outstanding" in out
+    assert "mencius, 3 replicas, 1024 B: 4 requests answered with an error (first: boom)" in out
+    assert out.count("timed out") == 1 and "multipaxos, 3 replicas, 1024 B:" not in out
