@@ -1,5 +1,6 @@
 """Unit tests of the benchmark machinery: workload generators, latency bounds, cgroup
-detection, load splitting, and the session's cleanup on failure."""
+detection, load splitting, the session's cleanup on failure, and the throughput table's
+notes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """``AllocationStore`` against three in-process replicas serving a ``ClusterStore``: embedded
 and remote calls, linearizable queries, the watch stream (resumed across replicas, pushed by
-the apply hook, compacted), idempotent retries, bind, clear errors for bad requests."""
+the apply hook, compacted, cancelled), idempotent retries, bind, clear errors for bad
+requests."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The native client: concurrent first calls share one connection (a race once failed them all
-with "connection to replica lost")."""
+with "connection to replica lost"); a call cancelled as its reply arrives is cancelled."""
 
 from __future__ import annotations
 
