@@ -315,7 +315,9 @@ def show(report: dict[str, Any]) -> None:
             print(f"{what}: {errors} requests answered with an error (first: {first})")
         timeouts = sum(t.get("timeouts", 0) for t in r["rounds"])
         if timeouts:
-            # A closed loop deeper than the cluster drains: requests outlive the replicas'
-            # retransmission timeouts and the load generator's, and copies crowd the links.
-            print(f"{what}: {timeouts} requests timed out in the load generator: past "
-                  "saturation, the figure counts retries too; fewer --outstanding finds the peak")
+            # A straggler's clients, or a closed loop deeper than the cluster drains: past
+            # saturation requests outlive the replicas' retransmission timeouts too, and
+            # copies crowd the links.
+            print(f"{what}: {timeouts} requests timed out in the load generator and were "
+                  "replaced (without a straggler: past saturation, fewer --outstanding finds "
+                  "the peak)")
