@@ -313,7 +313,7 @@ def show(report: dict[str, Any]) -> None:
         if errors:
             first = next((t["first_error"] for t in r["rounds"] if t["first_error"]), "")
             print(f"{what}: {errors} requests answered with an error (first: {first})")
-        timeouts = sum(t.get("timeouts", 0) for t in r["rounds"])
+        timeouts = sum(t["timeouts"] for t in r["rounds"])
         if timeouts:
             # A straggler's clients, or a closed loop deeper than the cluster drains: past
             # saturation requests outlive the replicas' retransmission timeouts too, and
