@@ -78,6 +78,7 @@ from consensus.messages import (
     CAcceptedRecord,
     CAck,
     Catchup,
+    CatchupMarkers,
     CCommit,
     CNack,
     Command,
@@ -205,6 +206,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         PreVote: 21,
         PreVoteReply: 22,
         SnapshotChunk: 23,
+        CatchupMarkers: 24,
         # peer messages of the baselines (consensus.protocol.multipaxos, .mencius)
         PaxosForward: 32,
         PaxosAccept: 33,
@@ -308,6 +310,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     OAck: (("src", _UINT), ("view", _UINT), ("slots", _Array(_UINT, MAX_SLOTS))),
     OCommit: (("src", _UINT), ("view", _UINT), ("entries", _Array(OEntry, MAX_ENTRIES))),
     Catchup: (("src", _UINT), ("view", _UINT), ("slot", _UINT)),
+    CatchupMarkers: (("src", _UINT), ("view", _UINT), ("slot", _UINT)),
     Heartbeat: (
         ("src", _UINT),
         ("view", _UINT),

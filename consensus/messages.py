@@ -43,6 +43,7 @@ __all__ = [
     "CRequest",
     "CVote",
     "Catchup",
+    "CatchupMarkers",
     "Command",
     "Heartbeat",
     "LeaseGrant",
@@ -201,7 +202,21 @@ class Catchup:
     """A replica that cannot execute global slot ``slot`` asks a peer for what it misses.
 
     The peer answers with ``OCommit``s for the committed slots from ``slot`` on and
-    ``CCommit``s (with values) for the C-instances they place.
+    ``CCommit``s (with values) for the C-instances they place. SDPaxos replicas ask
+    ``CatchupMarkers`` first; the baselines ask only this.
+    """
+
+    src: int
+    view: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CatchupMarkers:
+    """``Catchup`` without the values: the peer answers alike, but its ``CCommit``s carry no
+    batch. A replica that stalls only because its peers are slow holds the values it accepted
+    and misses just the commits; this is what it asks first. It asks ``Catchup`` once a
+    marker names an instance whose value it lacks.
     """
 
     src: int
@@ -505,6 +520,7 @@ PeerMessage = (
     | OAck
     | OCommit
     | Catchup
+    | CatchupMarkers
     | Heartbeat
     | LeaseGrant
     | VRequest

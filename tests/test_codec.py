@@ -211,6 +211,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "PreVote": 21,
         "PreVoteReply": 22,
         "SnapshotChunk": 23,
+        "CatchupMarkers": 24,
         "PaxosForward": 32,
         "PaxosAccept": 33,
         "PaxosAck": 34,

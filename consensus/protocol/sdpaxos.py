@@ -23,7 +23,9 @@ When is a command *ready* (may the leader acknowledge a blind write)? ``C[n][i]`
   commands need every O-instance up to theirs accepted by a majority.
 
 Slot ``j`` executes when ``O[j]`` and the C-instance it places are chosen and every slot
-before ``j`` has executed.
+before ``j`` has executed. A replica whose execution stalls (or that heartbeats show far
+behind) asks a peer for the commits it misses (``CatchupMarkers``), and for values too
+(``Catchup``) once a commit names an instance whose value it lacks.
 
 Failures (§3.3). Every replica heartbeats every other. A replica that has not heard from the
 sequencer for a (randomized) election timeout becomes a *candidate* for the next view it
@@ -67,13 +69,15 @@ Rules that keep it safe
 * Anything that reports an acceptance, a promise, a vote or a lease (``CAck``, ``OAck``,
   ``Vote``, ``CPromise``, ``NewViewAck``, ``LeaseGrant``, accepts and commits derived from
   them) leaves through ``send_after_persist``: the driver makes the batch's records durable
-  first. Only pure requests (``CRequest``, ``Catchup``, ``RRequest``) use ``send``.
+  first. Only pure requests (``CRequest``, ``Catchup``, ``CatchupMarkers``, ``RRequest``) use
+  ``send``.
 * O-phase messages are taken only from the sequencer of the receiver's current view, and only
   once the receiver accepted that view's NewView. Messages from older views are dropped, except
-  facts (``CCommit``) and requests for help (``Catchup``). C-phase messages count in any view
-  (ballots order them), except that with N = 5 a ``CAccept`` from an older view is dropped: a
-  voter accepting it could let its owner finish a C-instance beyond the ``c_high`` the voter
-  reported and execute it in a slot the new view gave to someone else.
+  facts (``CCommit``) and requests for help (``Catchup``, ``CatchupMarkers``). C-phase
+  messages count in any view (ballots order them), except that with N = 5 a ``CAccept`` from
+  an older view is dropped: a voter accepting it could let its owner finish a C-instance
+  beyond the ``c_high`` the voter reported and execute it in a slot the new view gave to
+  someone else.
 * A proposer counts its own acceptance, so it never proposes below a ballot it promised for
   the instance: an owner that promised a recoverer holds its next proposals (naming them in no
   message, as a restart forgets them) until its own recovery proposes them; a recoverer that
@@ -102,6 +106,7 @@ from consensus.messages import (
     CAcceptedRecord,
     CAck,
     Catchup,
+    CatchupMarkers,
     CCommit,
     CNack,
     Command,
@@ -372,6 +377,9 @@ class SDPaxosReplica:
         self._catchup_peer = 0
         self._last_catchup_at = -(1 << 62)
         self._catchup_asked = -(1 << 62)
+        # a commit marker named an instance whose value we lack: ask for values, not markers
+        self._catchup_lacks_values = False
+        self._catchup_asked_values = False
 
         # the turn's output
         self._out = Ready()
@@ -439,7 +447,7 @@ class SDPaxosReplica:
             self._on_c_phase(message)
             return
         if message.view < self.view:
-            if isinstance(message, Catchup):
+            if isinstance(message, Catchup | CatchupMarkers):
                 self._on_catchup(message)
             return
         if message.view > self.view:
@@ -459,7 +467,7 @@ class SDPaxosReplica:
                 self._on_oack(message)
             case OCommit():
                 self._on_ocommit(message)
-            case Catchup():
+            case Catchup() | CatchupMarkers():
                 self._on_catchup(message)
             case LeaseGrant():
                 self._on_lease_grant(message)
@@ -754,7 +762,8 @@ class SDPaxosReplica:
             return
         if msg.batch is None:
             if inst is None or inst.ballot != msg.ballot or inst.batch is None:
-                return  # we lack the chosen value; Catchup will bring it
+                self._catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
+                return
         elif inst is None:
             inst = self.c[key] = CInstance(msg.ballot, msg.batch)
         else:
@@ -1827,23 +1836,34 @@ class SDPaxosReplica:
         # a healed partition; pipelined below) or when execution stopped.
         behind = ahead > self.exec_slot and (ahead - self.exec_slot > CATCHUP_BATCH or idle)
         stuck = (bool(self._unready) or self.o_high > self.exec_slot) and idle
-        answered = self.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2
-        if not (behind or stuck) or (
-            not answered and self.now - self._last_catchup_at < self.config.catchup_us
-        ):
+        if not (behind or stuck):
+            self._catchup_lacks_values = False
+            return
+        # Markers first: stalled behind slow peers (an overloaded cluster: turns longer than
+        # catchup_us), a replica holds the values and misses only commits, and answers with
+        # values re-sent it megabytes, which slowed everyone further (at 1 KB commands, 0.15
+        # CPU and deep client queues: more catch-up bytes than replication, views changing).
+        # A marker naming a value we lack switches to values at once.
+        answered = self.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2 or (
+            self._catchup_lacks_values and not self._catchup_asked_values
+        )
+        if not answered and self.now - self._last_catchup_at < self.config.catchup_us:
             return
         self._last_catchup_at = self.now
         self._catchup_asked = self.exec_slot
+        self._catchup_asked_values = self._catchup_lacks_values
         if behind:
             peer = max(self._peers, key=lambda r: (self._peer_executed[r], -r))
         else:
             peer = self._peers[self._catchup_peer % len(self._peers)] if self._peers else self.me
             self._catchup_peer += 1
         if peer != self.me:
-            self._request(peer, Catchup(src=self.me, view=self.view, slot=self.exec_slot))
+            ask = Catchup if self._catchup_asked_values else CatchupMarkers
+            self._request(peer, ask(src=self.me, view=self.view, slot=self.exec_slot))
 
-    def _on_catchup(self, msg: Catchup) -> None:
-        """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded)."""
+    def _on_catchup(self, msg: Catchup | CatchupMarkers) -> None:
+        """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded; values only
+        if it asked ``Catchup``)."""
         if msg.slot < self._compacted:
             # what it misses is only in our snapshot now: the driver sends it
             self._out.snapshot_requests.append(msg.src)
@@ -1878,6 +1898,7 @@ class SDPaxosReplica:
                     break
                 wanted.append((owner, index))
                 index += 1
+        values = isinstance(msg, Catchup)
         budget = CATCHUP_BYTES
         for owner, index in wanted:
             if owner == NO_CL:
@@ -1885,14 +1906,15 @@ class SDPaxosReplica:
             if budget <= 0:
                 break
             inst = self.c[(owner, index)]
-            budget -= batch_size(inst.batch or ())
+            if values:
+                budget -= batch_size(inst.batch or ())
             commit_c = CCommit(
                 src=self.me,
                 view=self.view,
                 owner=owner,
                 index=index,
                 ballot=inst.ballot,
-                batch=inst.batch,
+                batch=inst.batch if values else None,
             )
             self._send(msg.src, commit_c)
         if self._peer_executed[msg.src] < msg.slot:

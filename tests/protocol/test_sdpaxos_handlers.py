@@ -19,6 +19,7 @@ from consensus.messages import (
     CAcceptedRecord,
     CAck,
     Catchup,
+    CatchupMarkers,
     CCommit,
     CNack,
     Command,
@@ -884,16 +885,51 @@ def test_catchup_from_a_later_slot() -> None:
     assert not any(isinstance(m, OCommit) and m.entries[0].slot == 0 for _, m in out)
 
 
-def test_stuck_replica_asks_for_catchup() -> None:
+def test_stuck_replica_asks_for_markers_then_for_the_values_it_lacks() -> None:
+    r0 = core(3, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 0)
+    r0.step(ccommit(1, 1, 0, None), 0)
+    drain(r0)
     r2 = core(3, 2)
     r2.step(oaccept((0, 1)), 0)  # knows slot 0's owner, never hears of C[1][0]
     drain(r2)
     r2.tick(299_999)
-    assert msgs(drain(r2).send, Catchup) == []
+    assert msgs(drain(r2).send) == []
     r2.tick(300_000)
-    requests = msgs(drain(r2).send, Catchup)
-    assert len(requests) == 1
-    assert requests[0][1] == Catchup(src=2, view=0, slot=0)
+    assert msgs(drain(r2).send) == [(0, CatchupMarkers(src=2, view=0, slot=0))]
+    r0.step(CatchupMarkers(src=2, view=0, slot=0), 1)
+    answer = all_out(drain(r0))
+    assert (2, ccommit(0, 1, 0, None)) in answer  # no value: r2 may hold it
+    for _, message in answer:
+        r2.step(message, 300_001)
+    assert list(drain(r2).apply) == []  # it did not
+    r2.tick(300_002)  # the marker it could not use: values at once, not a timeout later
+    assert msgs(drain(r2).send) == [(1, Catchup(src=2, view=0, slot=0))]
+    r0.step(Catchup(src=2, view=0, slot=0), 2)
+    for _, message in all_out(drain(r0)):
+        r2.step(message, 300_003)
+    assert [e.command for e in drain(r2).apply] == [A]
+
+
+def test_markers_alone_unblock_a_replica_that_holds_the_values() -> None:
+    # an overloaded cluster: the commit is late, the value arrived long ago
+    r0 = _executed_sequencer()
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 0)
+    r2.step(caccept(0, 0, 0, (B, C)), 0)
+    r2.step(oaccept((0, 1), (1, 0)), 0)
+    drain(r2)
+    r2.tick(300_000)
+    (ask,) = msgs(drain(r2).send)
+    assert ask == (0, CatchupMarkers(src=2, view=0, slot=0))
+    r0.step(ask[1], 1)
+    answer = all_out(drain(r0))
+    assert all(m.batch is None for _, m in answer if isinstance(m, CCommit))
+    for _, message in answer:
+        r2.step(message, 300_001)
+    assert [e.command for e in drain(r2).apply] == [A, B, C]
+    r2.tick(600_001)
+    assert msgs(drain(r2).send, Catchup) == []  # no values were ever needed
 
 
 # =========================================================================== known liveness bug
@@ -1535,7 +1571,7 @@ def _execute_slot(r: SDPaxosReplica, slot: int, now: int) -> None:
 
 def _catchups(r: SDPaxosReplica, now: int) -> list[tuple[int, PeerMessage]]:
     r.tick(now)
-    return [(to, m) for to, m in all_out(drain(r)) if isinstance(m, Catchup)]
+    return [(to, m) for to, m in all_out(drain(r)) if isinstance(m, Catchup | CatchupMarkers)]
 
 
 def test_a_replica_executing_a_little_behind_a_peer_does_not_ask_it_for_catch_up() -> None:
@@ -1552,12 +1588,12 @@ def test_a_replica_executing_a_little_behind_a_peer_does_not_ask_it_for_catch_up
 def test_a_replica_asks_when_far_behind_or_when_execution_stopped() -> None:
     r2 = _executing_follower()
     r2.step(Heartbeat(src=0, view=0, executed=CATCHUP_BATCH + 1, lease_request=-1), 1_000)
-    assert _catchups(r2, 1_000) == [(0, Catchup(src=2, view=0, slot=0))]  # far behind
+    assert _catchups(r2, 1_000) == [(0, CatchupMarkers(src=2, view=0, slot=0))]  # far behind
     r1 = _executing_follower()
     r1.step(Heartbeat(src=0, view=0, executed=3, lease_request=-1), 1_000)
     assert _catchups(r1, 1_000) == []
     stalled = 1_000 + r1.config.catchup_us
-    assert _catchups(r1, stalled) == [(0, Catchup(src=2, view=0, slot=0))]  # no progress
+    assert _catchups(r1, stalled) == [(0, CatchupMarkers(src=2, view=0, slot=0))]  # stopped
 
 
 def test_a_catch_up_answer_is_bounded_in_bytes() -> None:

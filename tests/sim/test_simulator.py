@@ -91,7 +91,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         (3, "no_lease_check", "partition", "lan", 21),
         (3, "ack_before_persist", "crash", "lan", 126),
         (5, "ack_before_persist", "crash", "lan", 90),
-        (5, "no_hole_filling", "all", "wan", 234),
+        (5, "no_hole_filling", "all", "wan", 10),
         (5, "go_ready_rule", "crash,partition", "lan", 35),
     ],
 )
