@@ -10,7 +10,7 @@ instance is chosen when a majority (``n`` included) accepted it, and ``n`` broad
 slots) until ``n`` owns ``i + 1`` of them. The ``k``-th O-instance naming ``n`` places
 ``C[n][k]`` in that slot; so duplicated and reordered requests cannot place anything twice.
 ``OAccept`` goes to every replica; acceptors answer the *learner* ``n`` with ``OAck`` — with
-five replicas, the sequencer instead.
+five replicas, the sequencer instead; with three, both.
 
 When is a command *ready* (may the leader acknowledge a blind write)? ``C[n][i]`` chosen, and:
 
@@ -23,9 +23,13 @@ When is a command *ready* (may the leader acknowledge a blind write)? ``C[n][i]`
   commands need every O-instance up to theirs accepted by a majority.
 
 Slot ``j`` executes when ``O[j]`` and the C-instance it places are chosen and every slot
-before ``j`` has executed. A replica whose execution stalls (or that heartbeats show far
-behind) asks a peer for the commits it misses (``CatchupMarkers``), and for values too
-(``Catchup``) once a commit names an instance whose value it lacks.
+before ``j`` has executed. With three replicas an acceptor learns a choice from the Accept
+itself: its proposer accepted the value before sending it (at the same ballot), so with the
+acceptor's own acceptance a majority has. Replicas then execute others' commands without
+waiting for their CCommits and OCommits (a one-way delay each, to the farthest site), and
+the sequencer learns a slot from the first OAck. A replica whose execution stalls (or that
+heartbeats show far behind) asks a peer for the commits it misses (``CatchupMarkers``), and
+for values too (``Catchup``) once a commit names an instance whose value it lacks.
 
 Failures (§3.3). Every replica heartbeats every other. A replica that has not heard from the
 sequencer for a (randomized) election timeout becomes a *candidate* for the next view it
@@ -754,6 +758,21 @@ class SDPaxosReplica:
         if self.is_sequencer:
             self._order(msg.owner, msg.index, _keys_of(msg.batch))
             self._learn_keys(msg.owner, msg.index, msg.batch)
+        if self.q == 2 and msg.src != self.me:
+            # Its proposer accepted it (a CAccept leaves only once its sender's acceptance is
+            # durable) and so did we: with three replicas that is a majority, it is chosen.
+            # Learning it here, rather than from the proposer's CCommit, takes a one-way delay
+            # off executing it (and everything ordered after it) away from its proposer.
+            self._on_ccommit(
+                CCommit(
+                    src=msg.src,
+                    view=msg.view,
+                    owner=msg.owner,
+                    index=msg.index,
+                    ballot=msg.ballot,
+                    batch=None,
+                )
+            )
 
     def _on_ccommit(self, msg: CCommit) -> None:
         key = (msg.owner, msg.index)
@@ -1028,6 +1047,10 @@ class SDPaxosReplica:
         if owner == self.me:
             self._window_got += 1
             self._learn_own(slot)
+        elif self.q == 2:
+            # the sequencer and we accepted it: with three replicas it is chosen, and its
+            # learner's OCommit would take a one-way delay longer to tell us
+            self._learn_chosen(slot)
         self._advance_prefix()
         if self._five and not self.is_sequencer:
             self._check_ready()
@@ -1051,6 +1074,12 @@ class SDPaxosReplica:
         dest = self.sequencer if self._five else entry.owner
         if entry.owner != NO_CL and dest != self.me:
             self._oack_out.setdefault(dest, []).append(entry.slot)
+        if self.q == 2 and entry.owner not in (self.sequencer, self.me, NO_CL):
+            # and the sequencer: with three replicas our acknowledgement tells it the slot is
+            # chosen a round trip to the learner sooner than the learner's OCommit would, and
+            # every later slot it executes waits for this one (a learner's own OCommit goes
+            # out now anyway)
+            self._oack_out.setdefault(self.sequencer, []).append(entry.slot)
 
     def _learn_own(self, slot: int) -> None:
         """We (the learner) accepted our own O-instance ``slot``: is it committed yet?"""

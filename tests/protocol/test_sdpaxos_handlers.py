@@ -282,7 +282,8 @@ def test_acceptor_rejects_lower_ballot() -> None:
 
 
 def test_acceptor_higher_ballot_replaces_value() -> None:
-    r2 = core(3, 2)
+    # five replicas: with three, accepting A from its proposer would have chosen it
+    r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
     drain(r2)
     high = ballot_of(1, 0)
@@ -290,6 +291,27 @@ def test_acceptor_higher_ballot_replaces_value() -> None:
     ready = drain(r2)
     assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=high, batch=(B,))]
     assert msgs(ready.send_after_persist) == [(0, cack(2, 1, 0, ballot=high))]
+
+
+def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_accept_itself() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # 1 accepted it before sending: with us, a majority
+    r2.step(oaccept((0, 1)), 1)  # the sequencer and we: slot 0 is chosen too
+    ready = drain(r2)
+    assert [e.command for e in ready.apply] == [A]  # no CCommit, no OCommit needed
+    assert (0, OAck(src=2, view=0, slots=(0,))) in msgs(ready.send_after_persist)
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(oaccept((0, 1)), 1)
+    assert list(drain(r2).apply) == []  # two of five: not yet
+
+
+def test_with_three_replicas_the_sequencer_learns_a_slot_from_one_acceptor() -> None:
+    r0 = core(3, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 1)  # orders it: slot 0 => 1, and knows C[1][0] chosen
+    drain(r0)
+    r0.step(OAck(src=2, view=0, slots=(0,)), 2)  # 2 accepted slot 0: with us, a majority
+    assert [e.command for e in drain(r0).apply] == [A]  # before the learner's OCommit
 
 
 # =========================================================================== O-phase, sequencer
@@ -389,12 +411,15 @@ def test_o_phase_messages_only_from_sequencer() -> None:
 # =========================================================================== O-phase, acceptor
 
 
-def test_oack_goes_to_learner_n3_and_to_sequencer_n5() -> None:
+def test_oack_goes_to_learner_and_sequencer_n3_and_to_sequencer_n5() -> None:
     r2 = core(3, 2)
     r2.step(oaccept((0, 1)), 1)
     ready = drain(r2)
     assert ready.persist == [OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=1),))]
-    assert msgs(ready.send_after_persist) == [(1, oack(2, 0))]
+    assert sorted(msgs(ready.send_after_persist)) == [(0, oack(2, 0)), (1, oack(2, 0))]
+    r1 = core(3, 1)  # the learner itself: its OCommit tells the sequencer
+    r1.step(oaccept((0, 1)), 1)
+    assert msgs(drain(r1).send_after_persist, OAck) == []
     r2 = core(5, 2)
     r2.step(oaccept((0, 1)), 1)
     ready = drain(r2)
@@ -643,7 +668,7 @@ def test_kth_o_instance_places_kth_c_instance() -> None:
 
 
 def test_ccommit_without_batch_needs_matching_ballot() -> None:
-    r2 = core(3, 2)
+    r2 = core(5, 2)  # with three replicas accepting from the proposer would have chosen it
     r2.step(caccept(1, 1, 0, (A,)), 1)  # accepted at ballot (0, 1)
     drain(r2)
     r2.step(ocommit(1, (0, 1)), 2)
@@ -656,9 +681,10 @@ def test_ccommit_without_batch_needs_matching_ballot() -> None:
 
 
 def test_ccommit_without_batch_at_matching_ballot_applies() -> None:
-    r2 = core(3, 2)
+    r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
     r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
     r2.step(ccommit(1, 1, 0, None), 3)
     assert drain(r2).apply == [Execution(0, 0, A, False)]
 
@@ -912,22 +938,26 @@ def test_stuck_replica_asks_for_markers_then_for_the_values_it_lacks() -> None:
 
 
 def test_markers_alone_unblock_a_replica_that_holds_the_values() -> None:
-    # an overloaded cluster: the commit is late, the value arrived long ago
-    r0 = _executed_sequencer()
-    r2 = core(3, 2)
+    # an overloaded cluster: the commits are late, the values arrived long ago (five
+    # replicas: with three, accepting from the proposer is learning the choice)
+    r0 = core(5, 0)
+    r0.step(caccept(1, 1, 0, (A,)), 0)  # the sequencer orders it: slot 0
+    r0.step(ccommit(1, 1, 0, None), 0)
+    r0.step(ocommit(1, (0, 1)), 0)
+    assert [e.command for e in drain(r0).apply] == [A]
+    r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 0)
-    r2.step(caccept(0, 0, 0, (B, C)), 0)
-    r2.step(oaccept((0, 1), (1, 0)), 0)
+    r2.step(oaccept((0, 1)), 0)
     drain(r2)
     r2.tick(300_000)
-    (ask,) = msgs(drain(r2).send)
-    assert ask == (0, CatchupMarkers(src=2, view=0, slot=0))
+    (ask,) = msgs(drain(r2).send, CatchupMarkers)
+    assert ask[1] == CatchupMarkers(src=2, view=0, slot=0)
     r0.step(ask[1], 1)
     answer = all_out(drain(r0))
-    assert all(m.batch is None for _, m in answer if isinstance(m, CCommit))
+    assert (2, ccommit(0, 1, 0, None)) in answer
     for _, message in answer:
         r2.step(message, 300_001)
-    assert [e.command for e in drain(r2).apply] == [A, B, C]
+    assert [e.command for e in drain(r2).apply] == [A]
     r2.tick(600_001)
     assert msgs(drain(r2).send, Catchup) == []  # no values were ever needed
 
@@ -1426,13 +1456,13 @@ def test_compacting_to_an_older_snapshot_keeps_executed_instances_for_peers_not_
     r.step(caccept(1, 1, 0, (A,)), 0)
     r.step(ccommit(1, 1, 0, (A,)), 0)
     r.step(ocommit(0, (0, 1)), 0)
-    r.step(caccept(0, 0, 0, (C,)), 0)  # accepted, not yet ordered: the log must keep it
+    r.step(caccept(0, 0, 0, (C,)), 0)  # chosen, not yet ordered: the log must keep it
     assert [e.command for e in drain(r).apply] == [A]
     records = r.compact(older)
     assert [(x.owner, x.index) for x in records if isinstance(x, CAcceptedRecord)] == [(0, 0)]
     r.step(Catchup(src=0, view=0, slot=0), 1)
     sent = [m for _, m in all_out(drain(r)) if isinstance(m, CCommit)]
-    assert [(m.owner, m.index, m.batch) for m in sent] == [(1, 0, (A,))]
+    assert [(m.owner, m.index, m.batch) for m in sent] == [(1, 0, (A,)), (0, 0, (C,))]
     # restarted from the new snapshot and those records, it is where it was
     again = SDPaxosReplica(r.config, 2, recovered=records, snapshot=r.snapshot_meta(),
                            rng=random.Random(0))
