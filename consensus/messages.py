@@ -18,7 +18,8 @@ The baselines (``consensus.protocol.multipaxos`` and ``.mencius``) run one Paxos
 global slot, whose value is a batch of commands: ``PaxosAccept``/``PaxosAck``/``PaxosCommit``
 (Multi-Paxos; ``PaxosCommit`` also serves Mencius), ``PaxosForward`` (a command for the
 leader), ``MenciusAccept``/``MenciusAck``/``MenciusSkip`` (Mencius, with skips piggybacked).
-They reuse ``Heartbeat`` (``view`` 0, ``lease_request`` -1) and ``Catchup``.
+They reuse ``Heartbeat`` (``view`` 0, ``lease_request`` -1), ``Catchup`` and
+``CatchupMarkers``.
 
 Identifiers are plain non-negative ``int``s: replica ids are ``0..N-1``, indices and slots count
 from 0. Ballots are ints too (see ``consensus.protocol.ballot``). A few fields use -1 for
@@ -202,8 +203,8 @@ class Catchup:
     """A replica that cannot execute global slot ``slot`` asks a peer for what it misses.
 
     The peer answers with ``OCommit``s for the committed slots from ``slot`` on and
-    ``CCommit``s (with values) for the C-instances they place. SDPaxos replicas ask
-    ``CatchupMarkers`` first; the baselines ask only this.
+    ``CCommit``s (with values) for the C-instances they place (the baselines: ``PaxosCommit``s
+    with values). Replicas ask ``CatchupMarkers`` first.
     """
 
     src: int

@@ -49,6 +49,7 @@ from consensus.codec import MAX_SLOTS
 from consensus.config import ProtocolConfig
 from consensus.messages import (
     Catchup,
+    CatchupMarkers,
     Command,
     MenciusAccept,
     MenciusAck,
@@ -222,7 +223,7 @@ class MenciusReplica(SlotLogCore):
         owner = self.exec_slot % self.n
         return owner if owner != self.me else super()._catchup_target()
 
-    def _on_catchup(self, msg: Catchup) -> None:
+    def _on_catchup(self, msg: Catchup | CatchupMarkers) -> None:
         # The asker is stuck at msg.slot: if it is ours and unused, give it up now.
         self._skip_below(msg.slot + 1)
 

@@ -24,12 +24,15 @@ phase, no promise and no failover.
 * **Catch up.** Every replica heartbeats its execution frontier to every other
   (``Heartbeat`` with ``view`` 0 and no lease). A replica that knows of a slot it cannot run,
   or hears of a peer that executed further, and has made no progress for ``catchup_us``, asks
-  a peer (``Catchup``); the peer answers with ``PaxosCommit``s carrying the values of the chosen
-  slots from there on (at most ``CATCHUP_BATCH``). A peer that needs slots below our
-  compaction point gets our snapshot instead (``Ready.snapshot_requests``).
+  a peer for the commits (``CatchupMarkers``); the peer answers with ``PaxosCommit``s of the
+  chosen slots from there on (at most ``CATCHUP_BATCH``), without values, as a replica stalled
+  behind slow peers holds them. Once a commit names a slot whose value it lacks it asks
+  ``Catchup``, answered with the values. A peer that needs slots below our compaction point
+  gets our snapshot instead (``Ready.snapshot_requests``).
 
 Everything that reports durable state or a chosen value goes out through ``_send``
-(``send_after_persist``); only requests (``PaxosForward``, ``Catchup``, ``Heartbeat``) use
+(``send_after_persist``); only requests (``PaxosForward``, ``Catchup``, ``CatchupMarkers``,
+``Heartbeat``) use
 ``_request``. Every container this module iterates to produce output is ordered, so a seeded
 simulation replays exactly.
 """
@@ -46,6 +49,7 @@ from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
     Catchup,
+    CatchupMarkers,
     Command,
     Heartbeat,
     PaxosCommit,
@@ -144,6 +148,9 @@ class SlotLogCore(ABC):
         self._exec_progress_at = 0
         self._last_catchup_at = -(1 << 62)
         self._catchup_peer = 0
+        # a commit named a slot whose value we lack: ask for values, not markers
+        self._catchup_lacks_values = False
+        self._catchup_asked_values = False
 
         self._out = Ready()
         self._handed_out: Ready | None = None
@@ -180,7 +187,7 @@ class SlotLogCore(ABC):
         if isinstance(message, Heartbeat):
             if message.executed > self._peer_executed[src]:
                 self._peer_executed[src] = message.executed
-        elif isinstance(message, Catchup):
+        elif isinstance(message, Catchup | CatchupMarkers):
             self._answer_catchup(message)
         else:
             self._step(message)
@@ -247,7 +254,7 @@ class SlotLogCore(ABC):
         self._catchup_peer += 1
         return peer
 
-    def _on_catchup(self, msg: Catchup) -> None:
+    def _on_catchup(self, msg: Catchup | CatchupMarkers) -> None:
         """A peer asks for the slots from ``msg.slot`` on (before we answer it)."""
         return  # a hook: nothing by default
 
@@ -315,7 +322,8 @@ class SlotLogCore(ABC):
             return
         if batch is None:
             if inst is None or inst.ballot != ballot:
-                return  # we lack the chosen value; Catchup brings it
+                self._catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
+                return
         elif inst is None:
             inst = self.slots[slot] = Slot(ballot, batch)
         else:
@@ -371,21 +379,26 @@ class SlotLogCore(ABC):
     def _maybe_catch_up(self) -> None:
         ahead = max(self._peer_executed.values())
         if ahead <= self.exec_slot and self.known_high <= self.exec_slot:
+            self._catchup_lacks_values = False
             return  # nothing known that we could not run
         if self.now - self._exec_progress_at < self.config.catchup_us:
             return  # making progress (or just started waiting): the normal path may do
-        if self.now - self._last_catchup_at < self.config.catchup_us:
+        values_now = self._catchup_lacks_values and not self._catchup_asked_values
+        if self.now - self._last_catchup_at < self.config.catchup_us and not values_now:
             return
         self._last_catchup_at = self.now
+        self._catchup_asked_values = self._catchup_lacks_values
         if ahead > self.exec_slot:
             peer = max(self._peers, key=lambda r: (self._peer_executed[r], -r))
         else:
             peer = self._catchup_target()
         if peer != self.me:
-            self._request(peer, Catchup(src=self.me, view=0, slot=self.exec_slot))
+            ask = Catchup if self._catchup_asked_values else CatchupMarkers
+            self._request(peer, ask(src=self.me, view=0, slot=self.exec_slot))
 
-    def _answer_catchup(self, msg: Catchup) -> None:
-        """Tell a lagging peer the chosen values from ``msg.slot`` on (bounded)."""
+    def _answer_catchup(self, msg: Catchup | CatchupMarkers) -> None:
+        """Tell a lagging peer the chosen slots from ``msg.slot`` on (bounded; their values
+        only if it asked ``Catchup``)."""
         if msg.slot > self._peer_executed[msg.src]:
             self._peer_executed[msg.src] = msg.slot
         if msg.slot < self._compacted:
@@ -393,15 +406,18 @@ class SlotLogCore(ABC):
             self._out.snapshot_requests.append(msg.src)
             return
         self._on_catchup(msg)
+        values = isinstance(msg, Catchup)
         budget = CATCHUP_BYTES
         for slot in range(msg.slot, msg.slot + CATCHUP_BATCH):
             if budget <= 0:
                 break
             inst = self.slots.get(slot)
             if inst is not None and inst.committed:
-                budget -= batch_size(inst.batch)
+                if values:
+                    budget -= batch_size(inst.batch)
+                batch = inst.batch if values else None
                 commit = PaxosCommit(
-                    src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=inst.batch
+                    src=self.me, view=0, slot=slot, ballot=inst.ballot, batch=batch
                 )
                 self._send(msg.src, commit)
 

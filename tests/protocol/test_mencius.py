@@ -216,7 +216,10 @@ def test_a_stuck_replica_catches_up_from_the_owner_of_the_slot_it_waits_for() ->
     assert net.executed(2) == []  # waits on replica 0's skip of slot 0
     net.drop = lambda src, dst, msg: False
     net.tick(10_000)
-    net.tick(200_000)  # no progress for catchup_us: ask replica 0
+    net.tick(200_000)  # no progress for catchup_us: ask replica 0 for the commits
+    assert "2->0 CatchupMarkers" in net.log and "2->0 Catchup" not in net.log
+    assert net.executed(2) == []  # slot 0's commit names a skip it never saw
+    net.tick(210_000)  # so it asks for the values at once
     assert "2->0 Catchup" in net.log
     assert net.executed(2) == [(1, 1, 1)]
 

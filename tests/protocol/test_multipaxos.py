@@ -249,8 +249,26 @@ def test_a_replica_that_missed_commits_catches_up_from_the_peer_ahead() -> None:
     net.tick(10_000)  # heartbeats: replica 2 learns the leader executed through slot 1
     assert net.executed(2) == []  # not before catchup_us without progress
     net.tick(200_000)
+    assert "2->0 CatchupMarkers" in net.log and "2->0 Catchup" not in net.log
+    assert net.executed(2) == []  # the commits name values it never received
+    net.tick(210_000)  # so it asks for the values at once
     assert "2->0 Catchup" in net.log
     assert net.executed(2) == [(0, 1, 1), (1, 1, 2)]
+
+
+def test_a_replica_that_holds_the_values_catches_up_from_commit_markers_alone() -> None:
+    net = Net.of(MultiPaxosReplica, config(3))
+    net.drop = lambda src, dst, msg: dst == 2 and isinstance(msg, PaxosCommit)
+    net.propose(0, cmd(1))
+    net.run()
+    assert net.executed(2) == []
+    net.drop = lambda src, dst, msg: False
+    net.tick(10_000)
+    net.tick(200_000)
+    assert "2->0 CatchupMarkers" in net.log
+    assert net.executed(2) == [(0, 1, 1)]
+    net.tick(400_000)
+    assert "2->0 Catchup" not in net.log  # no value was ever re-sent
 
 
 def test_catchup_answer_carries_values() -> None:
