@@ -214,10 +214,10 @@ class Catchup:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CatchupMarkers:
-    """``Catchup`` without the values: the peer answers alike, but its ``CCommit``s carry no
-    batch. A replica that stalls only because its peers are slow holds the values it accepted
-    and misses just the commits; this is what it asks first. It asks ``Catchup`` once a
-    marker names an instance whose value it lacks.
+    """``Catchup`` without the values: the peer answers alike, but its ``CCommit``s (or
+    ``PaxosCommit``s) carry no batch. A replica that stalls only because its peers are slow
+    holds the values it accepted and misses just the commits; this is what it asks first. It
+    asks ``Catchup`` once a commit names an instance whose value it lacks.
     """
 
     src: int

@@ -32,9 +32,8 @@ phase, no promise and no failover.
 
 Everything that reports durable state or a chosen value goes out through ``_send``
 (``send_after_persist``); only requests (``PaxosForward``, ``Catchup``, ``CatchupMarkers``,
-``Heartbeat``) use
-``_request``. Every container this module iterates to produce output is ordered, so a seeded
-simulation replays exactly.
+``Heartbeat``) use ``_request``. Every container this module iterates to produce output is
+ordered, so a seeded simulation replays exactly.
 """
 
 from __future__ import annotations
