@@ -758,21 +758,12 @@ class SDPaxosReplica:
         if self.is_sequencer:
             self._order(msg.owner, msg.index, _keys_of(msg.batch))
             self._learn_keys(msg.owner, msg.index, msg.batch)
-        if self.q == 2 and msg.src != self.me:
+        if self.q == 2 and msg.src != self.me and not inst.committed:
             # Its proposer accepted it (a CAccept leaves only once its sender's acceptance is
             # durable) and so did we: with three replicas that is a majority, it is chosen.
             # Learning it here, rather than from the proposer's CCommit, takes a one-way delay
             # off executing it (and everything ordered after it) away from its proposer.
-            self._on_ccommit(
-                CCommit(
-                    src=msg.src,
-                    view=msg.view,
-                    owner=msg.owner,
-                    index=msg.index,
-                    ballot=msg.ballot,
-                    batch=None,
-                )
-            )
+            self._learn_c_chosen(msg.owner, msg.index, inst)
 
     def _on_ccommit(self, msg: CCommit) -> None:
         key = (msg.owner, msg.index)
@@ -787,13 +778,17 @@ class SDPaxosReplica:
             inst = self.c[key] = CInstance(msg.ballot, msg.batch)
         else:
             inst.ballot, inst.batch = msg.ballot, msg.batch
+        self._learn_c_chosen(msg.owner, msg.index, inst)
+
+    def _learn_c_chosen(self, owner: int, index: int, inst: CInstance) -> None:
+        """``C[owner][index]`` was chosen with the value ``inst`` holds (we did not lead it)."""
         inst.committed = True
         inst.leading = False
-        self._reproposing.discard(key)
-        if msg.owner == self.me:
-            if msg.index >= self.next_index:
-                self.next_index = msg.index + 1  # never reuse an index someone decided
-            self._own_decided(msg.index, inst)
+        self._reproposing.discard((owner, index))
+        if owner == self.me:
+            if index >= self.next_index:
+                self.next_index = index + 1  # never reuse an index someone decided
+            self._own_decided(index, inst)
             self._check_ready()
 
     def _on_cnack(self, msg: CNack) -> None:
