@@ -247,12 +247,20 @@ def _peer_traffic(cluster: LocalCluster, replicas: int) -> dict[str, Any]:
     scraped = [scrape_metrics(cluster, r) for r in range(replicas)]
     sent = [m.get("sdpaxos_peer_bytes_sent_total") for m in scraped]
     applied = max(m.get("sdpaxos_commands_applied_total", 0.0) for m in scraped)
+    # an instance recovered while its owner lives costs a Prepare round and fails the
+    # owner's commands in it: under load, a sign of suspicion outrunning slow turns
+    recoveries = round(sum(m.get("sdpaxos_c_recoveries_total", 0.0) for m in scraped))
     if None in sent or not applied:
-        return {"peer_bytes_per_command": None, "busiest_sender_bytes_per_command": None}
+        return {
+            "peer_bytes_per_command": None,
+            "busiest_sender_bytes_per_command": None,
+            "c_recoveries": recoveries,
+        }
     counts = [float(b) for b in sent if b is not None]
     return {
         "peer_bytes_per_command": round(sum(counts) / applied),
         "busiest_sender_bytes_per_command": round(max(counts) / applied),
+        "c_recoveries": recoveries,
     }
 
 
@@ -313,6 +321,9 @@ def show(report: dict[str, Any]) -> None:
         if errors:
             first = next((t["first_error"] for t in r["rounds"] if t["first_error"]), "")
             print(f"{what}: {errors} requests answered with an error (first: {first})")
+        recoveries = sum(t.get("c_recoveries") or 0 for t in r["rounds"])
+        if recoveries:
+            print(f"{what}: {recoveries} C-instance recoveries started (no replica failed)")
         timeouts = sum(t["timeouts"] for t in r["rounds"])
         if timeouts:
             # A straggler's clients, or a closed loop deeper than the cluster drains: past

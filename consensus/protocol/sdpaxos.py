@@ -325,6 +325,8 @@ class SDPaxosReplica:
         self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self._restart_pending: list[int] = []  # own indexes found in records at restart
         self._recoveries: dict[int, Recovery] = {}
+        #: C-instance recoveries this replica started (a Prepare each; a metric)
+        self.recoveries_started = 0
         # instances we re-propose (a recovery's), retransmitted like our own client batches
         self._reproposing: set[tuple[int, int]] = set()
 
@@ -808,6 +810,7 @@ class SDPaxosReplica:
         self._ballot_seen = ballot
         recovery = Recovery(owner, from_index, ballot, self.now)
         self._recoveries[owner] = recovery
+        self.recoveries_started += 1
         prepare = CPrepare(
             src=self.me, view=self.view, owner=owner, from_index=from_index, ballot=ballot
         )

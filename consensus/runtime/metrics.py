@@ -49,6 +49,8 @@ def render(node: ReplicaNode) -> str:
         f"sdpaxos_frames_dropped_total {transport.frames_dropped}",
         "# TYPE sdpaxos_bad_frames_total counter",
         f"sdpaxos_bad_frames_total {stats.bad_frames + transport.bad_connections}",
+        "# TYPE sdpaxos_c_recoveries_total counter",
+        f"sdpaxos_c_recoveries_total {0 if sdpaxos is None else sdpaxos.recoveries_started}",
         "# TYPE sdpaxos_commit_latency_seconds histogram",
     ]
     counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
