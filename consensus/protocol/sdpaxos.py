@@ -53,8 +53,11 @@ reassign.
 A suspected replica's unfinished C-instances are recovered by the next live replica (or by
 the owner itself once it learns it was overtaken): Prepare at a higher ballot, then
 re-propose the highest-ballot value found, or a no-op (empty batch) where nothing was
-accepted. The owner never reuses an index (its counter comes back from its records) and
-reports commands whose instance was decided without them as definite failures.
+accepted; without a majority in time it asks again at the same ballot. A replica is suspected
+after an election timeout of silence, or twice its longest recent silence if that is longer
+(a CPU-starved replica is slow, not dead). The owner never reuses an index (its counter
+comes back from its records) and reports commands whose instance was decided without them as
+definite failures.
 
 Reads (§3.5): the sequencer answers ``RRequest`` with the last slot assigned to an update of
 the keys (a history table; the last slot overall when it has none), the replica serves the
@@ -158,6 +161,18 @@ WAIT_SAMPLES = 20
 ORDER_LAG_FACTOR = 4
 #: a peer's suspicion counts for this many straggler windows after its last Suspect
 SUSPECT_WINDOWS = 3
+#: A peer's C-instances are recovered after ``election_timeout_us`` of silence, or after
+#: SILENCE_FACTOR times the longest silence it recently kept while alive if that is longer
+#: (learned gaps are capped so the timeout stays below SILENCE_CEILING_FACTOR timeouts).
+#: Past saturation a CPU-starved replica's loop turns stretch towards the election timeout:
+#: suspected while alive, it saw its clients' commands recovered as no-ops and answered
+#: "recovered without it", and the recoveries' Prepares and promises (carrying the values
+#: again) slowed everyone further. A crashed peer is still suspected after the usual timeout
+#: unless it was that slow just before.
+SILENCE_FACTOR = 2
+SILENCE_CEILING_FACTOR = 4
+#: "recently": in this window of election timeouts or the one before
+SILENCE_WINDOW_FACTOR = 8
 #: the ballot of an own C-instance held for our recovery (nothing accepted, see
 #: ``_hold_for_recovery``)
 HELD = -1
@@ -235,13 +250,13 @@ class OwnerSlots:
 class Recovery:
     """A Prepare round over ``owner``'s C-instances from ``from_index`` on."""
 
-    __slots__ = ("ballot", "from_index", "owner", "promises", "started_at")
+    __slots__ = ("asked_at", "ballot", "from_index", "owner", "promises")
 
     def __init__(self, owner: int, from_index: int, ballot: int, now: int) -> None:
         self.owner = owner
         self.from_index = from_index
         self.ballot = ballot
-        self.started_at = now
+        self.asked_at = now  # when the Prepare last went out
         self.promises: dict[int, CPromise] = {}
 
 
@@ -294,6 +309,14 @@ class SDPaxosReplica:
         # liveness and leases
         self._started = False
         self.last_heard: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        # the longest silence of each peer in the current and in the previous window
+        self._silence_now = [0] * self.n
+        self._silence_before = [0] * self.n
+        self._silence_window_at = 0
+        timeout = config.election_timeout_us
+        self._silence_window_us = SILENCE_WINDOW_FACTOR * timeout
+        # silences learned at most (the threshold stays within SILENCE_CEILING_FACTOR timeouts)
+        self._silence_ceiling = SILENCE_CEILING_FACTOR * timeout // SILENCE_FACTOR
         self._seq_alive_at = 0  # last sign that the sequencer of our view is serving
         self._peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._next_heartbeat = 0
@@ -433,6 +456,9 @@ class SDPaxosReplica:
         src = message.src
         if not 0 <= src < self.n or src == self.me:
             return
+        silence = now - self.last_heard[src]
+        if silence > self._silence_now[src] and silence <= self._silence_ceiling:
+            self._silence_now[src] = silence  # longer: a crash, not a slow turn
         self.last_heard[src] = now
         if isinstance(message, Heartbeat):
             self._on_heartbeat(message)
@@ -510,6 +536,10 @@ class SDPaxosReplica:
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_us
             self._send_heartbeats()
+        if now - self._silence_window_at >= self._silence_window_us:
+            self._silence_before = self._silence_now
+            self._silence_now = [0] * self.n
+            self._silence_window_at = now
         self._detect_failures()
         self._retransmit()
         self._resume_after_restart()
@@ -558,6 +588,7 @@ class SDPaxosReplica:
             self._next_heartbeat = now
             for r in range(self.n):
                 self.last_heard[r] = now
+            self._silence_window_at = now
             self._seq_alive_at = now
             self._roll_election_timeout()
 
@@ -633,7 +664,11 @@ class SDPaxosReplica:
     def _undriven_own(self) -> list[int]:
         """Our proposals not yet ready that we do not drive: overtaken by a recoverer, or held
         for our own recovery."""
-        return [i for i in self._unready if not self.c[(self.me, i)].leading]
+        return [
+            index
+            for index in self._unready
+            if not (inst := self.c[(self.me, index)]).leading and not inst.committed
+        ]
 
     def _is_held(self, index: int) -> bool:
         inst = self.c.get((self.me, index))
@@ -816,6 +851,27 @@ class SDPaxosReplica:
         )
         self._broadcast(prepare)
         self._on_cprepare(prepare)  # our own promise
+
+    def _ask_again(self, recovery: Recovery) -> None:
+        """No majority promised in time: the Prepare again, at the same ballot, to the peers
+        that did not answer. A higher ballot would void the promises on their way: past
+        saturation a round trip outlasted the timeout, and owners prepared their own instances
+        over and over, holding back every proposal meanwhile. (A peer that promised a higher
+        ballot says so with a CNack, which ends the recovery.) It asks from our execution
+        frontier: a peer that compacted past the old start answered with its snapshot, and
+        the promises already in cover every later index too."""
+        recovery.asked_at = self.now
+        recovery.from_index = max(recovery.from_index, self._exec_count[recovery.owner])
+        prepare = CPrepare(
+            src=self.me,
+            view=self.view,
+            owner=recovery.owner,
+            from_index=recovery.from_index,
+            ballot=recovery.ballot,
+        )
+        for peer in range(self.n):
+            if peer != self.me and peer not in recovery.promises:
+                self._send(peer, prepare)
 
     def _on_cprepare(self, msg: CPrepare) -> None:
         self._ballot_seen = max(self._ballot_seen, msg.ballot)
@@ -1698,7 +1754,13 @@ class SDPaxosReplica:
             self._start_candidacy()
 
     def _suspected(self, replica: int) -> bool:
-        return self.now - self.last_heard[replica] > self.config.election_timeout_us
+        """Silent for longer than the election timeout and than it was recently while alive
+        (see SILENCE_FACTOR)."""
+        silence = self.now - self.last_heard[replica]
+        if silence <= self.config.election_timeout_us:
+            return False
+        recent = max(self._silence_now[replica], self._silence_before[replica])
+        return silence > SILENCE_FACTOR * recent
 
     def _recover_suspects(self) -> None:
         """Take over the unfinished C-instances of suspected replicas (the next live replica
@@ -1706,8 +1768,8 @@ class SDPaxosReplica:
         for owner in range(self.n):
             if owner in self._recoveries:
                 recovery = self._recoveries[owner]
-                if self.now - recovery.started_at > self.config.election_timeout_us:
-                    del self._recoveries[owner]  # no majority in time: retry below
+                if self.now - recovery.asked_at > self.config.election_timeout_us:
+                    self._ask_again(recovery)
                 continue
             if owner == self.me:
                 stalled = self._undriven_own()

@@ -7,6 +7,7 @@ Figure 5. View 0's sequencer is replica 0 throughout.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -51,6 +52,9 @@ from consensus.protocol.ready import Execution, Ready
 from consensus.protocol.sdpaxos import (
     CATCHUP_BATCH,
     CATCHUP_BYTES,
+    SILENCE_CEILING_FACTOR,
+    SILENCE_FACTOR,
+    SILENCE_WINDOW_FACTOR,
     Role,
     SDPaxosReplica,
     SnapshotMeta,
@@ -1061,6 +1065,73 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     assert (2, noop) in msgs(drain(r1).send_after_persist, CAccept)
 
 
+def test_a_recovery_without_a_majority_in_time_asks_again_at_the_same_ballot() -> None:
+    # past saturation a Prepare round trip outlasted the timeout: each retry at a higher
+    # ballot voided the promises on their way, and owners re-prepared their own instances
+    # over and over, holding back their clients' commands meanwhile
+    r1 = core(5, 1)
+    r1.step(oaccept((0, 1)), 1)
+    drain(r1)
+    prepares: list[tuple[int, PeerMessage]] = []
+    now = 0
+    while not prepares:  # execution stopped: it recovers the instance execution waits for
+        now += 50_000
+        assert now < 2_000_000, "no recovery"
+        r1.tick(now)
+        prepares = [(to, m) for to, m in all_out(drain(r1)) if isinstance(m, CPrepare)]
+    prepare = prepares[0][1]
+    assert isinstance(prepare, CPrepare) and (prepare.owner, prepare.from_index) == (1, 0)
+    timeout = r1.config.election_timeout_us
+    late = now + 10_000
+    r1.step(CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
+                     accepted=(), high=-1), late)
+    drain(r1)
+    r1.tick(late + timeout)
+    again = [(to, m) for to, m in all_out(drain(r1)) if isinstance(m, CPrepare)]
+    assert again == [(0, prepare), (3, prepare), (4, prepare)]
+    r1.step(CPromise(src=3, view=0, owner=1, from_index=0, ballot=prepare.ballot,
+                     accepted=(), high=-1), late + timeout + 1)
+    noop = CAccept(src=1, view=0, owner=1, index=0, ballot=prepare.ballot, batch=())
+    assert msgs(drain(r1).send_after_persist, CAccept) == [(0, noop), (2, noop), (3, noop),
+                                                           (4, noop)]
+
+
+def test_a_recovery_asks_again_from_where_execution_got_to() -> None:
+    # (N=5 seeds 4, 6, 7 with snapshots every 10 slots) asking again from the first start
+    # reached below the peers' compaction point: they answered with snapshots, never with
+    # promises, and the recovery never ended
+    r2 = core(5, 2)
+    r2.tick(0)
+    r2._start_recovery(1, 0)
+    (prepare,) = {m for _, m in all_out(drain(r2)) if isinstance(m, CPrepare)}
+    r2.step(caccept(1, 1, 0, (A,)), 10)
+    r2.step(ccommit(1, 1, 0, (A,)), 10)
+    r2.step(oaccept((0, 1)), 10)
+    r2.step(ocommit(0, (0, 1)), 10)
+    assert [e.command for e in drain(r2).apply] == [A]
+    r2.tick(r2.config.election_timeout_us + 20)
+    again = {m for _, m in all_out(drain(r2)) if isinstance(m, CPrepare)}
+    assert again == {dataclasses.replace(prepare, from_index=1)}
+
+
+def test_an_owner_does_not_recover_its_own_chosen_instances_while_execution_waits() -> None:
+    # past saturation execution stalled for longer than the election timeout behind others'
+    # instances; an owner took its chosen but not yet ordered instances for ones nobody drove
+    # and prepared them again, raising its ballot each time (33 of 36 recoveries in a run)
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(cack(4, 1, 0), 1)
+    drain(r1)
+    for now in range(50_000, 3_000_000, 50_000):
+        for peer in (0, 2, 3, 4):
+            r1.step(Heartbeat(src=peer, view=0, executed=0, lease_request=-1), now)
+        r1.tick(now)
+        assert [m for _, m in all_out(drain(r1)) if isinstance(m, CPrepare)] == [], now
+    assert r1.recoveries_started == 0
+
+
 def test_an_owner_overtaken_by_a_recoverer_takes_back_what_it_proposed_after() -> None:
     # Found by `bench throughput --straggler 0.33 --straggler-replica 1`: peers suspected the
     # slow replica 1 and recovered its instances. A recoverer's promise covers every later
@@ -1207,6 +1278,65 @@ def _candidate_of_view_4_after_view_2(
     r1.step(PreVoteReply(src=0, view=4, granted=True), now)
     drain(r1)
     return r1
+
+
+TICK_US = 50_000
+
+
+def _first_prepare(owner_speaks: set[int], accepted_at: int, until: int) -> int:
+    """Replica 2 of five (the recoverer of replica 1) runs in 50 ms turns until ``until``:
+    every other peer heartbeats each turn, replica 1 only at the times in ``owner_speaks``;
+    at ``accepted_at`` replica 2 accepts an instance of replica 1 and never learns it chosen.
+    When replica 2 first recovers replica 1's instances (-1: never)."""
+    r2 = core(5, 2)
+    for now in range(TICK_US, until + 1, TICK_US):
+        for peer in (0, 1, 3, 4):
+            if peer != 1 or now in owner_speaks:
+                r2.step(Heartbeat(src=peer, view=0, executed=0, lease_request=-1), now)
+        if now == accepted_at:
+            r2.step(caccept(1, 1, 0, (A,)), now)
+        r2.tick(now)
+        if any(m.owner == 1 for _, m in all_out(drain(r2)) if isinstance(m, CPrepare)):
+            return now
+    return -1
+
+
+TIMEOUT_US = ProtocolConfig(replicas=5).election_timeout_us
+
+
+def test_a_silent_peer_is_recovered_after_the_election_timeout() -> None:
+    last = 1_000_000
+    speaks = set(range(TICK_US, last + 1, TICK_US))
+    assert _first_prepare(speaks, TICK_US, 3_000_000) == last + TIMEOUT_US + TICK_US
+
+
+def test_a_peer_slow_but_alive_is_recovered_only_after_twice_its_recent_silences() -> None:
+    # past saturation (5 replicas at 0.15 CPU) loop turns stretched to 150-330 ms: replicas
+    # were recovered while alive, and their clients were told "recovered without it"
+    gap = TIMEOUT_US + 2 * TICK_US  # a message every 400 ms, longer than the timeout
+    last = 2_000_000
+    speaks = set(range(gap, last + 1, gap))
+    assert _first_prepare(speaks, gap, 5_000_000) == last + SILENCE_FACTOR * gap + TICK_US
+
+
+def test_slow_silences_are_forgotten_after_two_windows_of_regular_messages() -> None:
+    gap = TIMEOUT_US + 2 * TICK_US
+    slow_until = 2_000_000
+    regular_until = slow_until + 2 * SILENCE_WINDOW_FACTOR * TIMEOUT_US + TICK_US
+    speaks = set(range(gap, slow_until, gap)) | set(
+        range(slow_until, regular_until + 1, TICK_US)
+    )
+    expected = regular_until + TIMEOUT_US + TICK_US
+    assert _first_prepare(speaks, gap, regular_until + 2_000_000) == expected
+
+
+def test_a_silence_longer_than_slow_turns_explain_is_not_learned() -> None:
+    # a crash and restart: the peer is suspected after the usual timeout afterwards
+    crash = SILENCE_CEILING_FACTOR * TIMEOUT_US // SILENCE_FACTOR + TICK_US
+    back = 1_000_000 + crash
+    last = back + 1_000_000
+    speaks = set(range(TICK_US, 1_000_000, TICK_US)) | set(range(back, last + 1, TICK_US))
+    assert _first_prepare(speaks, back, last + 2_000_000) == last + TIMEOUT_US + TICK_US
 
 
 def test_new_sequencer_drops_a_deposed_sequencers_leftover_order() -> None:
