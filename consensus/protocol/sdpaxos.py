@@ -846,11 +846,18 @@ class SDPaxosReplica:
         recovery = Recovery(owner, from_index, ballot, self.now)
         self._recoveries[owner] = recovery
         self.recoveries_started += 1
-        prepare = CPrepare(
-            src=self.me, view=self.view, owner=owner, from_index=from_index, ballot=ballot
-        )
+        prepare = self._prepare_of(recovery)
         self._broadcast(prepare)
         self._on_cprepare(prepare)  # our own promise
+
+    def _prepare_of(self, recovery: Recovery) -> CPrepare:
+        return CPrepare(
+            src=self.me,
+            view=self.view,
+            owner=recovery.owner,
+            from_index=recovery.from_index,
+            ballot=recovery.ballot,
+        )
 
     def _ask_again(self, recovery: Recovery) -> None:
         """No majority promised in time: the Prepare again, at the same ballot, to the peers
@@ -862,13 +869,7 @@ class SDPaxosReplica:
         the promises already in cover every later index too."""
         recovery.asked_at = self.now
         recovery.from_index = max(recovery.from_index, self._exec_count[recovery.owner])
-        prepare = CPrepare(
-            src=self.me,
-            view=self.view,
-            owner=recovery.owner,
-            from_index=recovery.from_index,
-            ballot=recovery.ballot,
-        )
+        prepare = self._prepare_of(recovery)
         for peer in range(self.n):
             if peer != self.me and peer not in recovery.promises:
                 self._send(peer, prepare)
