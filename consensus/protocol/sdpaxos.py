@@ -641,7 +641,7 @@ class SDPaxosReplica:
         inst.sent_to = frozenset(self._thrifty_targets)
         self._rtt_probes[index] = self.now
         if self.is_sequencer:
-            self._order(self.me, index, _keys_of(batch))
+            self._order(self.me, index)
         elif self.sequencer not in self._thrifty_targets:
             self._send_crequest(index)
         if self.n == 1:
@@ -793,7 +793,7 @@ class SDPaxosReplica:
         ack = CAck(src=self.me, view=self.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
         self._send(msg.src, ack)
         if self.is_sequencer:
-            self._order(msg.owner, msg.index, _keys_of(msg.batch))
+            self._order(msg.owner, msg.index)
             self._learn_keys(msg.owner, msg.index, msg.batch)
         if self.q == 2 and msg.src != self.me and not inst.committed:
             # Its proposer accepted it (a CAccept leaves only once its sender's acceptance is
@@ -982,7 +982,7 @@ class SDPaxosReplica:
         )
         self._broadcast(accept)
         if self.is_sequencer:
-            self._order(owner, index, _keys_of(batch))
+            self._order(owner, index)
 
     def _known_o_count(self, owner: int) -> int:
         """O-instances for ``owner`` we know of (executed, then beyond the frontier)."""
@@ -1007,10 +1007,15 @@ class SDPaxosReplica:
         # Re-send everything from the requester's gap-free prefix through its instance's slot.
         self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
 
-    def _order(self, owner: int, index: int, keys: tuple[str, ...]) -> None:
-        """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them."""
+    def _order(self, owner: int, index: int, keys: tuple[str, ...] | None = None) -> None:
+        """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them. ``keys``:
+        what a ``CRequest`` names for ``C[owner][index]``; None when we hold its value (the
+        history table then takes the keys from the batch itself)."""
         if self.role is not Role.SEQUENCER:
             if self.is_sequencer:
+                if keys is None:
+                    inst = self.c.get((owner, index))
+                    keys = _keys_of(inst.batch if inst is not None else None)
                 self._deferred_orders.append((owner, index, keys))
             return
         slots = self.seq_slots[owner]
@@ -1032,14 +1037,18 @@ class SDPaxosReplica:
                 self._unknown_keys[(owner, k)] = slot  # ordered before we saw it
 
     def _note_update(self, slot: int, batch: Batch) -> None:
-        """History table: ``slot`` updates the keys of ``batch`` (a command naming no keys, or
-        a batch with too many to list, counts as updating every key)."""
-        keys = _keys_of(batch)
-        if keys:
-            for key in keys:
-                self.history[key] = max(self.history.get(key, -1), slot)
-        elif batch:
-            self._history_floor = max(self._history_floor, slot)
+        """History table: ``slot`` updates the keys of ``batch`` (a command naming no keys
+        counts as updating every key). On the sequencer's path for every command: it walks the
+        batch once, where building ``_keys_of`` (a sorted union) twice per CAccept took a fifth
+        of a loaded sequencer's CPU."""
+        history = self.history
+        for command in batch:
+            if not command.keys:
+                self._history_floor = max(self._history_floor, slot)
+                return  # the keys noted so far were right too, and the floor covers the rest
+            for key in command.keys:
+                if history.get(key, -1) < slot:
+                    history[key] = slot
 
     def _learn_keys(self, owner: int, index: int, batch: Batch) -> None:
         slot = self._unknown_keys.pop((owner, index), None)

@@ -1500,6 +1500,22 @@ def test_a_batch_with_a_keyless_update_counts_as_updating_every_key(keyless_firs
     assert msgs(drain(r0).send, RReply) == [(2, RReply(src=0, view=0, read_id=1, slot=0))]
 
 
+def test_a_read_gets_the_last_slot_that_updated_one_of_its_keys() -> None:
+    """The history table notes every key of every command of a batch, and a later slot moves
+    only the keys its own batch names."""
+    r0 = core(3, 0)
+    r0.tick(0)
+    r0.step(LeaseGrant(src=1, view=0, request=0), 10)
+    drain(r0)
+    r0.step(caccept(1, 1, 0, (cmd(7, 0, keys=("a", "b")), cmd(8, 0, keys=("c",)))), 20)  # slot 0
+    r0.step(caccept(2, 2, 0, (cmd(9, 0, keys=("a",)),)), 20)  # slot 1
+    drain(r0)
+    for read_id, keys in enumerate((("b",), ("c",), ("a",), ("b", "c"), ("c", "a"), ("d",))):
+        r0.step(RRequest(src=2, view=0, read_id=read_id, keys=keys), 30)
+    slots = [reply.slot for _, reply in msgs(drain(r0).send, RReply)]
+    assert slots == [0, 0, 1, 0, 1, -1]
+
+
 def test_an_unanswered_read_request_is_sent_again_and_answers_only_count_once() -> None:
     r1 = core(3, 1)
     read = _read(20, "a")
