@@ -16,6 +16,7 @@ from sdp_util import Net, cmd, core, drain, msgs
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
+    NO_CL,
     CAccept,
     CAcceptedRecord,
     CAck,
@@ -1713,6 +1714,22 @@ def test_n5_new_view_re_proposes_what_the_candidate_executed_and_a_voter_did_not
     r1.step(_vote_n5(3, executed=2), 10_000_000)
     (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
     assert (new_view.start, new_view.owners[:2]) == (0, (2, 3))
+
+
+def test_n5_new_view_gives_the_untraced_replica_no_more_slots_than_it_may_have_ready() -> None:
+    """Figure 7 fills holes for the untraced replica m until it owns C[m] O-instances with no
+    hole before the last: filling the hole in front of m's two slots from view 0 gave it a
+    third, where its next proposal would land before every command ordered after the view
+    change (N=5 seed 362: a read proposed after a write was acknowledged ran before it)."""
+    r1 = _n5_candidate_that_executed_two_slots(compact=False)
+    # voters 2 and 3 accepted m = 4's slots 3 and 4 from view 0; nobody has slot 2 (view 0's
+    # sequencer, 0, gave it to someone and does not vote); m has two C-instances at most
+    entries = (OVote(slot=3, owner=4, ballot=0), OVote(slot=4, owner=4, ballot=0))
+    for src in (2, 3):
+        r1.step(Vote(src=src, view=1, accepted_view=0, accepted_from=0, executed=2,
+                     entries=entries, c_high=(-1, -1, 0, 0, 1)), 10_000_000)
+    (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
+    assert (new_view.start, new_view.owners) == (2, (4, 4, NO_CL))
 
 
 def test_n5_candidate_sends_its_snapshot_to_a_voter_behind_its_compaction_point() -> None:
