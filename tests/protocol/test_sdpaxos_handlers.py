@@ -295,7 +295,9 @@ def test_acceptor_higher_ballot_replaces_value() -> None:
     r2.step(caccept(0, 1, 0, (B,), ballot=high), 2)
     ready = drain(r2)
     assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=high, batch=(B,))]
-    assert msgs(ready.send_after_persist) == [(0, cack(2, 1, 0, ballot=high))]
+    # with five replicas the acknowledgement goes to every replica (the proposer, 0, too)
+    ack = cack(2, 1, 0, ballot=high)
+    assert msgs(ready.send_after_persist) == [(0, ack), (1, ack), (3, ack), (4, ack)]
 
 
 def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_accept_itself() -> None:
@@ -317,6 +319,65 @@ def test_with_three_replicas_the_sequencer_learns_a_slot_from_one_acceptor() -> 
     drain(r0)
     r0.step(OAck(src=2, view=0, slots=(0,)), 2)  # 2 accepted slot 0: with us, a majority
     assert [e.command for e in drain(r0).apply] == [A]  # before the learner's OCommit
+
+
+def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # proposer 1 and we accepted: two of five
+    r2.step(ocommit(0, (0, 1)), 1)
+    ready = drain(r2)
+    assert list(ready.apply) == []
+    ack = cack(2, 1, 0)
+    assert msgs(ready.send_after_persist, CAck) == [(0, ack), (1, ack), (3, ack), (4, ack)]
+    r2.step(cack(3, 1, 0), 2)  # a third acceptance of ballot 1: chosen, no CCommit needed
+    assert [e.command for e in drain(r2).apply] == [A]
+
+
+def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
+    r2 = core(5, 2)
+    r2.step(ocommit(0, (0, 1)), 1)
+    r2.step(cack(3, 1, 0), 1)  # from acceptors nearer than the proposer
+    r2.step(cack(4, 1, 0), 1)
+    assert list(drain(r2).apply) == []  # we lack the value
+    r2.step(caccept(1, 1, 0, (A,)), 2)
+    assert [e.command for e in drain(r2).apply] == [A]
+
+
+def test_acks_of_another_ballot_do_not_choose_what_we_accepted() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # we accepted A at the owner's ballot
+    r2.step(ocommit(0, (0, 1)), 1)
+    high = ballot_of(1, 0)
+    r2.step(cack(3, 1, 0, ballot=high), 2)  # 3 and 4 accepted a recoverer's value instead
+    r2.step(cack(4, 1, 0, ballot=high), 2)
+    r2.step(cack(4, 1, 0), 2)  # an older acknowledgement arriving late counts no more
+    assert list(drain(r2).apply) == []
+    r2.step(caccept(0, 1, 0, (B,), ballot=high), 3)  # now we accept it too: 0, 2, 3, 4
+    assert [e.command for e in drain(r2).apply] == [B]
+
+
+def test_an_overtaken_proposer_counts_acks_only_for_its_own_ballot() -> None:
+    """An owner that accepted a recoverer's higher ballot still leads its instance until it
+    learns the outcome: acknowledgements of the recoverer's ballot are not its own."""
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    high = ballot_of(1, 0)
+    r1.step(caccept(0, 1, 0, (B,), ballot=high), 1)  # the recoverer's value, accepted
+    drain(r1)
+    r1.step(ocommit(0, (0, 1)), 2)
+    r1.step(cack(3, 1, 0), 2)  # an acknowledgement of our own ballot: A is not chosen
+    assert list(drain(r1).apply) == []
+    r1.step(cack(4, 1, 0, ballot=high), 3)  # recoverer 0, we and 4 accepted B: chosen
+    ready = drain(r1)
+    assert [e.command for e in ready.apply] == [B]
+    assert [(f.command, f.definite) for f in ready.failed] == [(A, True)]
+
+
+def test_with_three_replicas_an_acceptor_acknowledges_to_the_proposer_only() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    assert msgs(drain(r2).send_after_persist, CAck) == [(1, cack(2, 1, 0))]
 
 
 # =========================================================================== O-phase, sequencer
@@ -416,7 +477,7 @@ def test_o_phase_messages_only_from_sequencer() -> None:
 # =========================================================================== O-phase, acceptor
 
 
-def test_oack_goes_to_learner_and_sequencer_n3_and_to_sequencer_n5() -> None:
+def test_oack_goes_to_learner_and_sequencer_n3_and_to_every_replica_n5() -> None:
     r2 = core(3, 2)
     r2.step(oaccept((0, 1)), 1)
     ready = drain(r2)
@@ -428,7 +489,25 @@ def test_oack_goes_to_learner_and_sequencer_n3_and_to_sequencer_n5() -> None:
     r2 = core(5, 2)
     r2.step(oaccept((0, 1)), 1)
     ready = drain(r2)
-    assert msgs(ready.send_after_persist) == [(0, oack(2, 0))]
+    assert msgs(ready.send_after_persist) == [(0, oack(2, 0)), (1, oack(2, 0)), (3, oack(2, 0)),
+                                              (4, oack(2, 0))]
+
+
+def test_with_five_replicas_a_replica_learns_a_slot_from_the_acceptors_oacks() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(cack(3, 1, 0), 1)  # C[1][0] chosen: 1, 2 and 3 accepted it
+    r2.step(oack(3, 0), 1)  # an OAck overtaking the sequencer's OAccept: kept
+    assert list(drain(r2).apply) == []
+    r2.step(oaccept((0, 1)), 2)  # the sequencer, we and 3 accepted slot 0: chosen
+    assert [e.command for e in drain(r2).apply] == [A]  # no OCommit from replica 1 needed
+    r3 = core(5, 3)
+    r3.step(caccept(1, 1, 0, (A,)), 1)
+    r3.step(cack(2, 1, 0), 1)
+    r3.step(oaccept((0, 1)), 2)
+    assert list(drain(r3).apply) == []  # the sequencer and we: two of five
+    r3.step(oack(4, 0), 3)
+    assert [e.command for e in drain(r3).apply] == [A]
 
 
 # =========================================================================== ready rules
@@ -1673,9 +1752,8 @@ def test_n5_acceptor_ignores_c_accepts_from_an_older_view() -> None:
     r3.step(caccept(4, 4, 0, (A,), view=0), 1)
     assert drain(r3).is_empty()
     r3.step(caccept(4, 4, 0, (A,), view=1), 2)  # the owner caught up with view 1
-    assert msgs(drain(r3).send_after_persist, CAck) == [
-        (4, CAck(src=3, view=1, owner=4, index=0, ballot=4))
-    ]
+    ack = CAck(src=3, view=1, owner=4, index=0, ballot=4)
+    assert msgs(drain(r3).send_after_persist, CAck) == [(0, ack), (1, ack), (2, ack), (4, ack)]
 
 
 def _n5_candidate_that_executed_two_slots(*, compact: bool) -> SDPaxosReplica:

@@ -37,19 +37,26 @@ def test_ready_latency_is_the_papers(replicas: int, concurrency: int) -> None:
         assert abs(measured[site] - bound) <= 1.0, (site, measured[site], bound)
 
 
+@pytest.mark.parametrize("replicas", [3, 5])
 @pytest.mark.parametrize("concurrency", [1, 6])
-def test_with_three_replicas_commands_execute_when_ready(concurrency: int) -> None:
-    # Each replica learns a choice from the Accept it takes (three replicas: with the
-    # proposer's acceptance, a majority), so executing a command waits for no commit from the
-    # farthest site: executed latency is the ready latency (it was 45 / 59 / 64 ms at six
-    # clients per site when replicas waited for CCommits and OCommits).
-    options = SimOptions(replicas=3, concurrency=concurrency, ops=60 * concurrency)
+def test_commands_execute_when_ready(replicas: int, concurrency: int) -> None:
+    # A replica learns a choice from acceptances, not from the proposer's commit: with three
+    # replicas from the Accept it takes (with the proposer's acceptance, a majority), with
+    # five from the acceptors' CAcks and OAcks, which go to every replica. Executing a command
+    # waits for no commit from the farthest site: executed latency is the ready latency (it
+    # was 45 / 59 / 64 ms with three replicas at six clients per site when replicas waited
+    # for CCommits and OCommits, and 118 / 135 / 146 / 222 / 232 ms with five). One slack:
+    # with five, a slot ordered just before one of SEL's own is known at SEL once a third
+    # acceptance reaches it, OR's OAck, 3.5 ms after the sequencer's OAccept (SEL's own
+    # slots are committed on the OAccept alone).
+    options = SimOptions(replicas=replicas, concurrency=concurrency, ops=60 * concurrency)
     result = Simulation(options, 3).run()
     assert result.ok, result.violation or result.liveness
     measured = {site: p50_ms(v) for site, v in result.executed_latency_us.items()}
-    assert set(measured) == set(BOUNDS_MS[3])
-    for site, bound in BOUNDS_MS[3].items():
-        assert abs(measured[site] - bound) <= 1.0, (site, measured[site], bound)
+    assert set(measured) == set(BOUNDS_MS[replicas])
+    for site, bound in BOUNDS_MS[replicas].items():
+        slack = 3.5 if site == "SEL" else 0.0
+        assert abs(measured[site] - bound) <= 1.0 + slack, (site, measured[site], bound)
 
 
 def test_same_seed_replays_exactly() -> None:
@@ -99,15 +106,17 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
 
 
 # The simulator has teeth: every deliberately broken variant is caught by a seed of the sweep.
-# (Seeds found by `sdpaxos sim --unsafe ...`; the run replays exactly, so they stay caught.)
+# (Seeds found by `sdpaxos sim --unsafe ...`; the run replays exactly, so they stay caught
+# until the protocol's messages change: the five-replica seeds were found again once
+# acknowledgements went to every replica, go_ready_rule's in 1 of 1,000 LAN seeds.)
 @pytest.mark.parametrize(
     ("replicas", "unsafe", "faults", "network", "concurrency", "seed"),
     [
         (3, "no_lease_check", "partition", "lan", 2, 21),
         (3, "ack_before_persist", "crash", "lan", 2, 126),
-        (5, "ack_before_persist", "crash", "lan", 2, 90),
-        (5, "no_hole_filling", "crash,partition,pause", "wan", 6, 206),
-        (5, "go_ready_rule", "crash,partition", "lan", 2, 35),
+        (5, "ack_before_persist", "crash", "lan", 2, 1),
+        (5, "no_hole_filling", "crash,partition,pause", "wan", 6, 188),
+        (5, "go_ready_rule", "crash,partition", "lan", 2, 553),
     ],
 )
 def test_broken_variants_are_caught(
