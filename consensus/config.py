@@ -49,6 +49,7 @@ UNSAFE_VARIANTS: Final = frozenset(
         "ack_before_persist",  # acknowledgements leave before their records are durable
         "no_lease_check",  # the sequencer answers reads without a majority of leases
         "go_ready_rule",  # N=5 sequencer is ready before any OAck (the Go prototype's rule)
+        "acks_any_ballot",  # N=5 learns a C-instance chosen from acknowledgements of any ballot
     }
 )
 

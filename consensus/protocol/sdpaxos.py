@@ -749,7 +749,9 @@ class SDPaxosReplica:
         if inst.committed or inst.batch is None:
             return
         seen = self._c_acks_seen.get(key)
-        acked = seen[1] if seen is not None and seen[0] == inst.ballot else set()
+        acked: set[int] = set()
+        if seen is not None and (seen[0] == inst.ballot or "acks_any_ballot" in self._unsafe):
+            acked = seen[1]
         if len(acked | {self.me, inst.ballot % BALLOT_STRIDE}) >= self.q:
             self._learn_c_chosen(key[0], key[1], inst)
 

@@ -343,6 +343,17 @@ def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
     assert [e.command for e in drain(r2).apply] == [A]
 
 
+def test_acks_kept_for_an_instance_are_dropped_once_it_is_decided() -> None:
+    # acknowledgements that overtook their Accept must not pile up in memory
+    r2 = core(5, 2)
+    r2.step(cack(3, 1, 0), 1)
+    assert r2._c_acks_seen  # kept until the Accept comes
+    r2.step(ccommit(1, 1, 0, (A,)), 2)  # decided by the proposer's commit instead
+    assert r2._c_acks_seen == {}
+    r2.step(cack(4, 1, 0), 3)  # a late acknowledgement of a decided instance
+    assert r2._c_acks_seen == {}
+
+
 def test_acks_of_another_ballot_do_not_choose_what_we_accepted() -> None:
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)  # we accepted A at the owner's ballot

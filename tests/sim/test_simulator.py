@@ -117,6 +117,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         (5, "ack_before_persist", "crash", "lan", 2, 1),
         (5, "no_hole_filling", "crash,partition,pause", "wan", 6, 188),
         (5, "go_ready_rule", "crash,partition", "lan", 2, 553),
+        (5, "acks_any_ballot", "all", "wan", 2, 55),
     ],
 )
 def test_broken_variants_are_caught(
