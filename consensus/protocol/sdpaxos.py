@@ -1181,25 +1181,27 @@ class SDPaxosReplica:
             self.o_prefix += 1
 
     def _queue_oack(self, entry: OEntry) -> None:
-        # N=5: the learner commits on the sequencer's OAccept alone, and the sequencer needs
-        # every acknowledgement (its ready rule looks at the majority-accepted prefix).
-        # Otherwise the learner (the command leader) counts acknowledgements itself.
-        dest = self.sequencer if self._five else entry.owner
-        if entry.owner != NO_CL and dest != self.me:
-            self._oack_out.setdefault(dest, []).append(entry.slot)
-        if self._five and self._acks_to_all and entry.owner not in (self.me, NO_CL):
-            # and everyone else: a replica learns others' slots from a majority of OAcks a
-            # round trip sooner than through the owner's OCommit, and every later slot it
-            # executes waits for each of them (our own slots' OCommit goes out now anyway)
-            for peer in self._peers:
-                if peer != self.sequencer:
-                    self._oack_out.setdefault(peer, []).append(entry.slot)
-        if self.q == 2 and entry.owner not in (self.sequencer, self.me, NO_CL):
-            # and the sequencer: with three replicas our acknowledgement tells it the slot is
-            # chosen a round trip to the learner sooner than the learner's OCommit would, and
-            # every later slot it executes waits for this one (a learner's own OCommit goes
-            # out now anyway)
-            self._oack_out.setdefault(self.sequencer, []).append(entry.slot)
+        """Acknowledge an accepted O-instance to whoever learns from it. The learner (the
+        command leader) counts acknowledgements itself, and with three replicas the sequencer
+        too: ours tells it the slot is chosen a round trip to the learner sooner than the
+        learner's OCommit would. With five, the learner commits on the sequencer's OAccept
+        alone and the sequencer needs every acknowledgement (its ready rule looks at the
+        majority-accepted prefix); the others learn others' slots from a majority of them, a
+        round trip sooner than through the owner's OCommit. Every later slot a replica
+        executes waits for each of them. (A learner's own OCommit goes out now anyway.)"""
+        owner = entry.owner
+        if owner == NO_CL:
+            return
+        if self._five:
+            to_all = self._acks_to_all and owner != self.me
+            targets = self._peers if to_all else (self.sequencer,)
+        elif self.q == 2 and owner not in (self.sequencer, self.me):
+            targets = (owner, self.sequencer)
+        else:
+            targets = (owner,)
+        for dest in targets:
+            if dest != self.me:
+                self._oack_out.setdefault(dest, []).append(entry.slot)
 
     def _learn_own(self, slot: int) -> None:
         """We (the learner) accepted our own O-instance ``slot``: is it committed yet?"""
