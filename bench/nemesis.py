@@ -1,0 +1,840 @@
+"""``sdpaxos nemesis``: inject faults into a local cluster of real replica processes under client
+load, then check the client history for linearizability and the replicas for liveness and
+convergence.
+
+One run per seed, each on a fresh loopback cluster (``LocalCluster``; every socket on
+127.0.0.1) serving the key-value store, its replicas run with ``--fault-injection`` so the
+harness can cut links through the transport's test-only fault layer (``cut_off``):
+
+1. **Load.** ``--clients`` closed-loop native clients, homed round-robin on the replicas (a
+   client retries on the next replica after a timeout), run puts, linearizable gets and
+   compare-and-sets on a few keys, recording each operation's invoke and its completion:
+   ``ok``, ``fail`` (a definite failure: it never took effect) or ``info`` (indefinite: it may
+   or may not have). Written values are unique, so the checker can tell every write apart.
+2. **Faults.** A schedule drawn from the seed alone (``plan_faults``; the same seed gives the
+   same schedule): ``kill`` (SIGKILL, the replica stays down for the fault's duration, then
+   restarts from its write-ahead log), ``stop`` (SIGSTOP ... SIGCONT), ``restart`` (SIGTERM
+   and start again at once) and ``partition`` (a minority cut off from the rest, both ways).
+   Kinds take turns in a seeded order, so a short run sees each. At most ``--max-faulty``
+   replicas (default: a minority, F) are faulty at a time; a replica counts as faulty until
+   ``RECOVERY_GRACE_S`` after it was started again.
+3. **Heal.** After ``--seconds``: SIGCONT the stopped, start the killed, clear every partition.
+   Then, with the load still running, each replica is probed with linearizable reads sent to
+   it alone; the time from the heal to its first answer is its *unavailability after heal*.
+   A replica that does not answer within ``--heal-bound`` is a liveness failure.
+4. **Converge.** The load stops; every replica must reach the same executed slot (its metrics
+   endpoint) and hold the same value for every key (local reads), within ``--heal-bound``.
+5. **Check.** The history goes through the linearizability checker (``sdpaxos lincheck``;
+   definite failures are left out, indefinite ones may or may not have happened).
+
+Verdict per seed: ``ok``, ``violation`` (not linearizable, or replicas at the same slot with
+different data), ``liveness`` (a replica not serving after heal, no convergence, a replica
+process that exited by itself, nothing completed at all) or ``unknown`` (the checker ran out
+of time). The exit status is 0 only if every seed is ok. Each seed's directory keeps the
+replica logs, ``history.jsonl`` (``sdpaxos lincheck`` re-checks it) and ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import msgpack
+
+from consensus.errors import DefiniteFailure, SDPaxosError
+from consensus.runtime.client import Client, cut_off
+from consensus.runtime.local_cluster import LocalCluster
+from consensus.sim.history import Operation, dump_jsonl
+from consensus.sim.lincheck import Verdict, check_history
+from consensus.statemachine import kv_cas, kv_get, kv_put
+
+__all__ = [
+    "FAULT_KINDS",
+    "Fault",
+    "SeedReport",
+    "add_arguments",
+    "judge",
+    "main",
+    "plan_faults",
+    "run",
+]
+
+FaultKind = Literal["kill", "stop", "restart", "partition"]
+FAULT_KINDS: tuple[FaultKind, ...] = ("kill", "stop", "restart", "partition")
+VerdictName = Literal["ok", "violation", "liveness", "unknown"]
+
+#: the keys the load works on: few, so operations on a key overlap and the check has teeth
+KEYS = tuple(f"k{i}" for i in range(5))
+#: the load's mix: (operation, weight)
+OP_WEIGHTS = (("put", 3), ("get", 4), ("cas", 3))
+
+#: fault durations and the gaps between fault starts, seconds (drawn uniformly)
+FAULT_MIN_S, FAULT_MAX_S = 1.0, 4.0
+GAP_MIN_S, GAP_MAX_S = 0.3, 1.5
+#: a replica started again (after kill or restart) counts as faulty this long: it is loading
+#: its log and catching up, so faulting another one meanwhile could take away the majority
+RECOVERY_GRACE_S = 2.0
+#: load before the first fault, so the history starts on a healthy cluster
+WARMUP_S = 1.0
+
+#: a client request unanswered this long is sent to the next replica (then indefinite)
+CLIENT_TIMEOUT_S = 1.0
+#: pause after a failed operation, so a client does not spin against a down replica
+FAILURE_BACKOFF_S = 0.05
+#: one probe read at the replica being measured; probes are this far apart at most
+PROBE_TIMEOUT_S = 0.5
+PROBE_INTERVAL_S = 0.05
+#: cut_off requests (the fault layer) are answered at once by a running replica
+CUT_OFF_TIMEOUT_S = 0.5
+#: how often the harness re-sends partition settings a replica has not acknowledged yet
+PARTITION_SYNC_S = 0.2
+#: the cluster's start-up before any fault: every replica must serve within this
+START_TIMEOUT_S = 30.0
+#: a replica asked to stop (SIGTERM) is killed if it has not exited within this
+TERM_TIMEOUT_S = 5.0
+#: default time budget of the linearizability check, seconds
+CHECK_TIMEOUT_S = 120.0
+#: client ids: load clients count up from here; probes and final reads use their own ranges
+CLIENT_ID_BASE = 1_000
+PROBE_ID_BASE = 1 << 40
+FINAL_ID_BASE = 1 << 41
+
+
+# --------------------------------------------------------------------------- the schedule
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fault:
+    """``replicas`` are faulty from ``start`` to ``end`` (seconds into the fault phase);
+    ``end`` equal to the phase's length means the final heal ends it."""
+
+    kind: FaultKind
+    replicas: tuple[int, ...]
+    start: float
+    end: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "replicas": list(self.replicas),
+                "start_s": round(self.start, 3), "end_s": round(self.end, 3)}
+
+
+def plan_faults(
+    seed: int, replicas: int, seconds: float, kinds: Sequence[FaultKind], max_faulty: int
+) -> list[Fault]:
+    """The seed's fault schedule: a pure function of its arguments."""
+    if not kinds or max_faulty < 1:
+        return []
+    rng = random.Random(seed)
+    order: list[FaultKind] = []
+    busy_until = [0.0] * replicas  # when each replica stops counting as faulty
+    faults: list[Fault] = []
+    t = 0.0
+    while True:
+        t = round(t + rng.uniform(GAP_MIN_S, GAP_MAX_S), 3)  # millisecond times, as printed
+        if t >= seconds:
+            return faults
+        free = [r for r in range(replicas) if busy_until[r] <= t]
+        room = max_faulty - (replicas - len(free))
+        if room < 1 or not free:
+            continue
+        if not order:  # kinds take turns, in a fresh seeded order each round
+            order = list(kinds)
+            rng.shuffle(order)
+        kind = order.pop()
+        # a partition may cut off several replicas (a minority unless --max-faulty allows
+        # more, and never everyone: one side must keep someone); the others hit one
+        most = min(room, len(free), replicas - 1) if kind == "partition" else 1
+        victims = tuple(sorted(rng.sample(free, rng.randint(1, most))))
+        duration = 0.0 if kind == "restart" else rng.uniform(FAULT_MIN_S, FAULT_MAX_S)
+        end = round(min(seconds, t + duration), 3)
+        recovers = end + (RECOVERY_GRACE_S if kind in ("kill", "restart") else 0.0)
+        for r in victims:
+            busy_until[r] = recovers
+        faults.append(Fault(kind, victims, t, end))
+
+
+# --------------------------------------------------------------------------- the history
+
+
+@dataclasses.dataclass(slots=True)
+class Record:
+    """One client operation: its invoke and (``outcome`` set) its completion."""
+
+    process: int
+    f: Literal["write", "read", "cas"]
+    key: str
+    input: Any
+    call_us: int
+    outcome: Literal["ok", "fail", "info"] | None = None
+    output: Any = None
+    ret_us: int | None = None
+
+    def operation(self) -> Operation | None:
+        """For the checker: None for a definite failure (it never happened)."""
+        if self.outcome == "fail":
+            return None
+        ok = self.outcome == "ok"
+        return Operation(client=self.process, key=self.key, op=self.f, input=self.input,
+                         output=self.output if ok else None, call=self.call_us,
+                         ret=self.ret_us if ok else None)
+
+    def events(self) -> list[dict[str, Any]]:
+        value = list(self.input) if isinstance(self.input, tuple) else self.input
+        base = {"process": self.process, "f": self.f, "key": self.key}
+        done = {**base, "type": self.outcome or "info", "value": value,
+                "output": self.output, "time_us": self.ret_us}
+        return [{**base, "type": "invoke", "value": value, "time_us": self.call_us}, done]
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
+class Load:
+    """The clients: each a loop of one operation at a time until ``stop`` is set."""
+
+    def __init__(self, addresses: list[tuple[str, int]], clients: int, seed: int) -> None:
+        self.addresses = addresses
+        self.clients = clients
+        self.seed = seed
+        self.records: list[Record] = []
+        self.stop = asyncio.Event()
+        self._ids = itertools.count(CLIENT_ID_BASE)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(i)) for i in range(self.clients)]
+
+    async def finish(self) -> None:
+        self.stop.set()
+        # each worker ends after its current operation, bounded by the client's own retries
+        await asyncio.gather(*self._tasks)
+
+    def _client(self, home: int) -> Client:
+        return Client(next(self._ids), self.addresses, home=home, timeout_s=CLIENT_TIMEOUT_S,
+                      attempts=len(self.addresses))
+
+    async def _worker(self, index: int) -> None:
+        rng = random.Random(f"{self.seed}/{index}")
+        home = index % len(self.addresses)
+        client = self._client(home)
+        known: dict[str, str | None] = {}  # the last value this worker saw per key
+        names = [name for name, _ in OP_WEIGHTS]
+        weights = [weight for _, weight in OP_WEIGHTS]
+        try:
+            for n in itertools.count():
+                if self.stop.is_set():
+                    return
+                key = rng.choice(KEYS)
+                name = rng.choices(names, weights)[0]
+                value = f"{client.client_id}.{n}"
+                record = Record(client.client_id, "read", key, None, _now_us())
+                try:
+                    if name == "put":
+                        record.f, record.input = "write", value
+                        self.records.append(record)
+                        await client.execute(kv_put(key, value), [key], blind=True)
+                        known[key] = value
+                    elif name == "cas":
+                        expected = known.get(key)
+                        record.f, record.input = "cas", (expected, value)
+                        self.records.append(record)
+                        reply = await client.execute(kv_cas(key, expected, value), [key])
+                        _, swapped, before = msgpack.unpackb(reply.payload)
+                        record.output = bool(swapped)
+                        known[key] = value if swapped else before
+                    else:
+                        self.records.append(record)
+                        reply = await client.read(kv_get(key), [key])
+                        record.output = msgpack.unpackb(reply.payload)[1]
+                        known[key] = record.output
+                    record.outcome = "ok"
+                except DefiniteFailure:
+                    record.outcome = "fail"
+                    await asyncio.sleep(FAILURE_BACKOFF_S)
+                except SDPaxosError:
+                    # indefinite: the operation stays open forever, so this process is done
+                    # (one open operation per client); go on as a new client
+                    record.outcome = "info"
+                    await client.close()
+                    client = self._client(home)
+                    await asyncio.sleep(FAILURE_BACKOFF_S)
+                record.ret_us = _now_us()
+        finally:
+            await client.close()
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+@dataclasses.dataclass(slots=True)
+class ReplicaState:
+    """What a replica holds once the cluster is quiet: its executed slot and every key."""
+
+    executed: int | None
+    data: dict[str, str | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"executed": self.executed, "data": self.data}
+
+
+@dataclasses.dataclass(slots=True)
+class Judgement:
+    verdict: VerdictName
+    reasons: list[str]
+    lincheck: str
+    lincheck_s: float
+
+
+def judge(
+    history: Sequence[Operation],
+    finals: Sequence[ReplicaState] | None,
+    unavailable_s: Sequence[float | None],
+    heal_bound_s: float,
+    *,
+    crashes: Sequence[str] = (),
+    check_timeout_s: float = CHECK_TIMEOUT_S,
+) -> Judgement:
+    """The seed's verdict from what was observed. ``finals`` is None when the replicas did not
+    converge in time (their last observed states are then not comparable); an entry of
+    ``unavailable_s`` is None for a replica that never served after the heal."""
+    started = time.monotonic()
+    checked = check_history(history, timeout_s=check_timeout_s)
+    check_s = time.monotonic() - started
+    violations: list[str] = []
+    liveness: list[str] = []
+    if checked.verdict is Verdict.ILLEGAL:
+        violations.append(f"history not linearizable: {checked.detail}")
+    if finals is not None and any(f != finals[0] for f in finals):
+        slots = {f.executed for f in finals}
+        where = ", ".join(f"replica {r}: {f.to_json()}" for r, f in enumerate(finals))
+        if len(slots) == 1:
+            violations.append(f"replicas diverged at the same executed slot ({where})")
+        else:
+            liveness.append(f"replicas did not converge ({where})")
+    if finals is None:
+        liveness.append(f"replicas did not converge within {heal_bound_s} s")
+    for r, waited in enumerate(unavailable_s):
+        if waited is None or waited > heal_bound_s:
+            liveness.append(f"replica {r} did not serve a linearizable read within "
+                            f"{heal_bound_s} s of the heal")
+    liveness.extend(crashes)
+    if not any(op.ret is not None for op in history):
+        liveness.append("no operation completed")
+    lincheck = checked.verdict.name.lower()
+    if violations:
+        return Judgement("violation", violations + liveness, lincheck, check_s)
+    if liveness:
+        return Judgement("liveness", liveness, lincheck, check_s)
+    if checked.verdict is Verdict.UNKNOWN:
+        return Judgement("unknown", [f"linearizability check: {checked.detail}"], lincheck,
+                         check_s)
+    return Judgement("ok", [], lincheck, check_s)
+
+
+def longest_gap_s(history: Iterable[Operation], start_us: int, end_us: int) -> float:
+    """The longest time between consecutive completions (any client) in [start, end]."""
+    marks = sorted(op.ret for op in history if op.ret is not None and start_us <= op.ret
+                   <= end_us)
+    edges = [start_us, *marks, end_us]
+    return max((b - a for a, b in itertools.pairwise(edges)), default=0) / 1e6
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclasses.dataclass(slots=True)
+class SeedReport:
+    seed: int
+    replicas: int
+    seconds: float
+    faults: list[Fault]
+    verdict: VerdictName
+    reasons: list[str]
+    operations: dict[str, dict[str, int]]
+    unavailable_after_heal_s: list[float | None]
+    longest_stall_s: float
+    lincheck: str
+    lincheck_s: float
+    finals: list[ReplicaState] | None
+    directory: str
+
+    @property
+    def longest_unavailable_s(self) -> float | None:
+        waits = self.unavailable_after_heal_s
+        return None if any(w is None for w in waits) else max(w for w in waits if w is not None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "replicas": self.replicas,
+            "seconds": self.seconds,
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "faults": [f.to_json() for f in self.faults],
+            "fault_counts": dict(Counter(f.kind for f in self.faults)),
+            "operations": self.operations,
+            "unavailable_after_heal_s": [
+                None if w is None else round(w, 3) for w in self.unavailable_after_heal_s
+            ],
+            "longest_unavailable_after_heal_s": (
+                None if self.longest_unavailable_s is None
+                else round(self.longest_unavailable_s, 3)
+            ),
+            "longest_stall_s": round(self.longest_stall_s, 3),
+            "lincheck": self.lincheck,
+            "lincheck_s": round(self.lincheck_s, 3),
+            "final_states_equal": self.finals is not None
+            and all(f == self.finals[0] for f in self.finals),
+            "directory": self.directory,
+        }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    replicas: int
+    seconds: float
+    kinds: tuple[FaultKind, ...]
+    max_faulty: int
+    heal_bound_s: float
+    clients: int
+    fsync: bool
+    check_timeout_s: float
+
+
+class Nemesis:
+    """Carries out a fault schedule on a running cluster and heals it."""
+
+    def __init__(self, cluster: LocalCluster, replicas: int) -> None:
+        self.cluster = cluster
+        self.replicas = replicas
+        self.down: set[int] = set()  # killed, not started again yet
+        self.stopped: set[int] = set()  # SIGSTOPped
+        #: partition settings: wanted (per replica, the peers it drops) and acknowledged
+        self.wanted: list[frozenset[int]] = [frozenset()] * replicas
+        self.applied: list[frozenset[int]] = [frozenset()] * replicas
+        self.partitions: list[tuple[frozenset[int], frozenset[int]]] = []
+        self.crashes: list[str] = []
+
+    async def run(self, faults: Sequence[Fault], seconds: float) -> None:
+        actions = sorted(
+            [(f.start, 1, i, "begin") for i, f in enumerate(faults)]
+            + [(f.end, 0, i, "end") for i, f in enumerate(faults) if f.end < seconds]
+        )  # at equal times an end goes first: it frees the replica the begin may take
+        began = time.monotonic()
+        syncer = asyncio.create_task(self._keep_partitions())
+        try:
+            for at, _, index, what in actions:
+                await asyncio.sleep(max(0.0, began + at - time.monotonic()))
+                self._note_crashes()
+                fault = faults[index]
+                if what == "begin":
+                    await self._begin(fault)
+                else:
+                    self._end(fault)
+            await asyncio.sleep(max(0.0, began + seconds - time.monotonic()))
+        finally:
+            syncer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await syncer
+
+    async def _begin(self, fault: Fault) -> None:
+        victims = set(fault.replicas)
+        if fault.kind == "kill":
+            for r in victims & set(self.cluster.processes):
+                self.cluster.kill(r)
+                self.down.add(r)
+                self.applied[r] = frozenset()  # a new process starts with no partition
+        elif fault.kind == "stop":
+            for r in victims & set(self.cluster.processes):
+                self.cluster.pause(r)
+                self.stopped.add(r)
+        elif fault.kind == "restart":
+            for r in victims & set(self.cluster.processes):
+                await asyncio.to_thread(self._terminate, r)
+                self.applied[r] = frozenset()
+                self.cluster.start(r)
+        else:
+            rest = frozenset(range(self.replicas)) - victims
+            self.partitions.append((frozenset(victims), rest))
+            self._recompute_partitions()
+            await self._sync_partitions()
+
+    def _end(self, fault: Fault) -> None:
+        if fault.kind == "kill":
+            for r in set(fault.replicas) & self.down:
+                self.cluster.start(r)
+                self.down.discard(r)
+        elif fault.kind == "stop":
+            for r in set(fault.replicas) & self.stopped:
+                self.cluster.resume(r)
+                self.stopped.discard(r)
+        elif fault.kind == "partition":
+            self.partitions.remove((frozenset(fault.replicas),
+                                    frozenset(range(self.replicas)) - set(fault.replicas)))
+            self._recompute_partitions()
+
+    def _terminate(self, replica: int) -> None:
+        process = self.cluster.processes.pop(replica)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(TERM_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _recompute_partitions(self) -> None:
+        wanted: list[set[int]] = [set() for _ in range(self.replicas)]
+        for side, rest in self.partitions:
+            for r in side:
+                wanted[r] |= rest
+            for r in rest:
+                wanted[r] |= side
+        self.wanted = [frozenset(w) for w in wanted]
+
+    async def _sync_partitions(self) -> None:
+        """Send each running replica its wanted partition setting if it has not got it (a
+        replica down or stopped gets it once it runs again)."""
+        addresses = self.cluster.client_addresses
+        for r in range(self.replicas):
+            if r in self.down or r in self.stopped or self.applied[r] == self.wanted[r]:
+                continue
+            wanted = self.wanted[r]
+            try:
+                await cut_off(addresses[r], sorted(wanted), timeout_s=CUT_OFF_TIMEOUT_S)
+            except (OSError, ConnectionError, TimeoutError, SDPaxosError):
+                continue  # not listening yet (just started): the next round retries
+            self.applied[r] = wanted
+
+    async def _keep_partitions(self) -> None:
+        while True:
+            await asyncio.sleep(PARTITION_SYNC_S)
+            await self._sync_partitions()
+
+    def _note_crashes(self) -> None:
+        for r, process in sorted(self.cluster.processes.items()):
+            code = process.poll()
+            if code is not None:
+                self.crashes.append(f"replica {r} exited by itself (status {code})")
+                self.cluster.processes.pop(r)
+                self.down.add(r)
+
+    def heal(self) -> None:
+        """Every replica running, no partition wanted (sent by ``measure_heal``)."""
+        self._note_crashes()
+        for r in sorted(self.stopped):
+            self.cluster.resume(r)
+        for r in sorted(self.down):
+            self.applied[r] = frozenset()
+            self.cluster.start(r)
+        self.stopped.clear()
+        self.down.clear()
+        self.partitions.clear()
+        self._recompute_partitions()
+
+    async def measure_heal(self, healed_at: float, bound_s: float) -> list[float | None]:
+        """Per replica: seconds from the heal until it answered a linearizable read (None:
+        not within ``bound_s``). Clears its partition first."""
+        return list(await asyncio.gather(
+            *(self._until_serving(r, healed_at, bound_s) for r in range(self.replicas))
+        ))
+
+    async def _until_serving(self, replica: int, healed_at: float, bound_s: float
+                             ) -> float | None:
+        address = self.cluster.client_addresses[replica]
+        probe_key = KEYS[0]
+        for attempt in itertools.count():
+            if time.monotonic() > healed_at + bound_s:
+                return None
+            tried = time.monotonic()
+            try:
+                if self.applied[replica]:
+                    await cut_off(address, [], timeout_s=CUT_OFF_TIMEOUT_S)
+                    self.applied[replica] = frozenset()
+                client = Client(PROBE_ID_BASE + replica * 1_000_000 + attempt, [address],
+                                timeout_s=PROBE_TIMEOUT_S, attempts=1)
+                try:
+                    await client.read(kv_get(probe_key), [probe_key])
+                finally:
+                    await client.close()
+                return time.monotonic() - healed_at
+            except (OSError, ConnectionError, TimeoutError, SDPaxosError):
+                await asyncio.sleep(max(0.0, tried + PROBE_INTERVAL_S - time.monotonic()))
+        return None  # unreachable: the loop returns
+
+
+async def _metric(address: tuple[str, int], name: str) -> int | None:
+    """One gauge from a replica's metrics endpoint (None if it cannot be read)."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(*address)
+            try:
+                writer.write(b"GET /metrics HTTP/1.0\r\n\r\n")
+                body = (await reader.read()).decode()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError):
+        return None
+    for line in body.splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[1]))
+    return None
+
+
+async def _replica_state(cluster: LocalCluster, replica: int) -> ReplicaState | None:
+    spec = cluster.config.replica(replica)
+    assert spec.metrics_address is not None  # cluster_toml gives every replica one
+    executed = await _metric(spec.metrics_address, "sdpaxos_executed_slots")
+    client = Client(FINAL_ID_BASE + replica, [spec.client_address], timeout_s=PROBE_TIMEOUT_S,
+                    attempts=1)
+    data: dict[str, str | None] = {}
+    try:
+        for key in KEYS:
+            reply = await client.read(kv_get(key), [key], stale=True)
+            data[key] = msgpack.unpackb(reply.payload)[1]
+    except SDPaxosError:
+        return None
+    finally:
+        await client.close()
+    return ReplicaState(executed, data)
+
+
+async def converge(cluster: LocalCluster, replicas: int, bound_s: float
+                   ) -> tuple[list[ReplicaState] | None, list[ReplicaState | None]]:
+    """Poll until every replica reports the same executed slot and data; returns (the states,
+    or None if that did not happen within ``bound_s``; the last states seen)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        states = [await _replica_state(cluster, r) for r in range(replicas)]
+        complete = [s for s in states if s is not None and s.executed is not None]
+        if len(complete) == replicas:
+            if all(s == complete[0] for s in complete):
+                return complete, states
+            # same slot everywhere and still different data: waiting will not fix it
+            if len({s.executed for s in complete}) == 1:
+                return complete, states
+        if time.monotonic() > deadline:
+            return None, states
+        await asyncio.sleep(PROBE_INTERVAL_S * 4)
+
+
+async def _wait_serving(cluster: LocalCluster, replicas: int) -> bool:
+    nemesis = Nemesis(cluster, replicas)
+    waits = await nemesis.measure_heal(time.monotonic(), START_TIMEOUT_S)
+    return all(w is not None for w in waits)
+
+
+def _tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for record in records:
+        row = counts.setdefault(record.f, {"ok": 0, "fail": 0, "info": 0})
+        row[record.outcome or "info"] += 1
+    return counts
+
+
+async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
+    faults = plan_faults(seed, options.replicas, options.seconds, options.kinds,
+                         options.max_faulty)
+    extra = ("--fault-injection",) if options.fsync else ("--fault-injection", "--no-fsync")
+    cluster = LocalCluster(directory, options.replicas, extra_args=extra)
+    nemesis = Nemesis(cluster, options.replicas)
+    load = Load(cluster.client_addresses, options.clients, seed)
+    finals: list[ReplicaState] | None = None
+    waits: list[float | None] = [None] * options.replicas
+    crashes: list[str] = []
+    phase_start = phase_end = _now_us()
+    cluster.start_all()
+    try:
+        if not await _wait_serving(cluster, options.replicas):
+            crashes.append(f"the cluster did not serve within {START_TIMEOUT_S} s of starting")
+        else:
+            load.start()
+            await asyncio.sleep(WARMUP_S)
+            phase_start = _now_us()
+            try:
+                await nemesis.run(faults, options.seconds)
+                nemesis.heal()
+                healed_at = time.monotonic()
+                waits = await nemesis.measure_heal(healed_at, options.heal_bound_s)
+            finally:
+                await load.finish()
+            phase_end = _now_us()
+            crashes.extend(nemesis.crashes)
+            nemesis._note_crashes()
+            crashes.extend(c for c in nemesis.crashes if c not in crashes)
+            finals, last = await converge(cluster, options.replicas, options.heal_bound_s)
+            (directory / "final-states.json").write_text(json.dumps(
+                [None if s is None else s.to_json() for s in last]))
+    finally:
+        cluster.stop_all()
+    history = [op for op in (r.operation() for r in load.records) if op is not None]
+    with (directory / "history.jsonl").open("w") as out:
+        dump_jsonl(history, out)
+    with (directory / "events.jsonl").open("w") as out:
+        for record in load.records:
+            for event in record.events():
+                out.write(json.dumps(event) + "\n")
+    judgement = judge(history, finals, waits, options.heal_bound_s, crashes=crashes,
+                      check_timeout_s=options.check_timeout_s)
+    stall = longest_gap_s(history, phase_start, phase_end) if load.records else 0.0
+    return SeedReport(
+        seed=seed, replicas=options.replicas, seconds=options.seconds, faults=faults,
+        verdict=judgement.verdict, reasons=judgement.reasons, operations=_tally(load.records),
+        unavailable_after_heal_s=waits, longest_stall_s=stall, lincheck=judgement.lincheck,
+        lincheck_s=judgement.lincheck_s, finals=finals, directory=str(directory),
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _kinds(text: str) -> tuple[FaultKind, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [k for k in chosen if k not in FAULT_KINDS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"fault kinds are a comma-separated subset of {','.join(FAULT_KINDS)}"
+        )
+    return tuple(k for k in FAULT_KINDS if k in chosen)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (__doc__ or "").split("\n\n")[0]
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--seconds", type=_positive, default=30.0,
+                        help="length of the fault phase per seed")
+    parser.add_argument("--seed", type=int, action="append", dest="seed_list", metavar="SEED",
+                        help="run this seed (repeatable)")
+    parser.add_argument("--seeds", type=int, help="run this many consecutive seeds ...")
+    parser.add_argument("--start-seed", type=int, default=1, help="... from this one")
+    parser.add_argument("--faults", type=_kinds, default=FAULT_KINDS,
+                        help=f"comma-separated kinds (default {','.join(FAULT_KINDS)})")
+    parser.add_argument("--max-faulty", type=int,
+                        help="replicas faulty at once (default: a minority; more is allowed)")
+    parser.add_argument("--heal-bound", type=_positive, default=10.0,
+                        help="seconds each replica has to serve again, and to converge, "
+                        "after the heal")
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--check-timeout", type=_positive, default=CHECK_TIMEOUT_S,
+                        help="time budget of the linearizability check per seed, seconds")
+    parser.add_argument("--dir", help="work directory (default: a temporary one, removed "
+                        "if every seed is ok)")
+    parser.add_argument("--fsync", action=argparse.BooleanOptionalAction, default=True,
+                        help="replicas fsync their logs (default on)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON on stdout (progress goes to stderr)")
+
+
+def _seeds(args: argparse.Namespace) -> list[int]:
+    if args.seed_list and args.seeds is not None:
+        raise ValueError("give --seed or --seeds, not both")
+    if args.seed_list:
+        return list(args.seed_list)
+    count = 1 if args.seeds is None else args.seeds
+    if count < 1:
+        raise ValueError("--seeds must be at least 1")
+    return list(range(args.start_seed, args.start_seed + count))
+
+
+def _describe(report: SeedReport) -> str:
+    counts = Counter(f.kind for f in report.faults)
+    faults = ", ".join(f"{counts[k]} {k}" for k in FAULT_KINDS if counts[k]) or "none"
+    ops = report.operations
+    done = ", ".join(f"{f} {row['ok']} ok/{row['fail']} fail/{row['info']} info"
+                     for f, row in sorted(ops.items()))
+    waits = " ".join("-" if w is None else f"{w:.2f}" for w in report.unavailable_after_heal_s)
+    longest = report.longest_unavailable_s
+    lines = [
+        f"seed {report.seed}: {report.verdict.upper()}  ({report.replicas} replicas, "
+        f"{report.seconds:g} s of faults: {faults})",
+        f"  operations: {done or 'none'}",
+        f"  unavailable after heal (s, per replica): {waits}; longest "
+        f"{'-' if longest is None else f'{longest:.2f}'}; longest stall under faults "
+        f"{report.longest_stall_s:.2f} s",
+        f"  lincheck: {report.lincheck} ({report.lincheck_s:.1f} s); final states "
+        f"{'equal' if report.to_json()['final_states_equal'] else 'NOT equal'}",
+    ]
+    lines += [f"  reason: {reason}" for reason in report.reasons]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        seeds = _seeds(args)
+    except ValueError as exc:
+        print(f"sdpaxos nemesis: {exc}", file=sys.stderr)
+        return 2
+    faulty = args.max_faulty if args.max_faulty is not None else (args.replicas - 1) // 2
+    if not 1 <= faulty <= args.replicas or args.clients < 1:
+        print("sdpaxos nemesis: --max-faulty must be in [1, replicas], --clients at least 1",
+              file=sys.stderr)
+        return 2
+    options = Options(args.replicas, args.seconds, args.faults, faulty, args.heal_bound,
+                      args.clients, args.fsync, args.check_timeout)
+    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="sdpaxos-nemesis-"))
+    progress = sys.stderr if args.json else sys.stdout
+    reports: list[SeedReport] = []
+    for seed in seeds:
+        directory = root / f"seed-{seed}"
+        if directory.exists():
+            shutil.rmtree(directory)  # a stale run's logs and WALs would be reused
+        report = asyncio.run(_run_seed(seed, options, directory))
+        reports.append(report)
+        print(_describe(report), file=progress, flush=True)
+    failed = [r for r in reports if r.verdict != "ok"]
+    waits = [r.longest_unavailable_s for r in reports]
+    longest = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
+    verdicts = dict(Counter(r.verdict for r in reports))
+    summary = {
+        "runs": len(reports),
+        "seeds": seeds,
+        "verdicts": verdicts,
+        "longest_unavailable_after_heal_s": None if longest is None else round(longest, 3),
+        "directory": str(root),
+    }
+    print(f"{len(reports)} runs, seeds {seeds}: "
+          + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+          + "; longest unavailability after heal "
+          + ("-" if longest is None else f"{longest:.2f} s") + f"; work in {root}",
+          file=progress, flush=True)
+    if args.json:
+        print(json.dumps({**summary, "options": {
+            "replicas": options.replicas, "seconds": options.seconds,
+            "faults": list(options.kinds), "max_faulty": options.max_faulty,
+            "heal_bound_s": options.heal_bound_s, "clients": options.clients,
+            "fsync": options.fsync}, "results": [r.to_json() for r in reports]}, indent=1))
+    if not failed and not args.dir:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sdpaxos nemesis")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
