@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import pickle
+import random
 import types
 from collections.abc import Callable
 from typing import Any, get_args, get_origin, get_type_hints
@@ -851,3 +852,134 @@ def test_frame_reader_checks_its_limit(bad: Any) -> None:
 
 def test_generated_code_is_inspectable() -> None:
     assert "def _dec_CAccept(v):" in codec._GENERATED_SOURCE
+
+
+# --------------------------------------------------------------------------- largest legal sizes
+
+
+def _largest(ftype: Any) -> Any:
+    """A field value at the decoder's limits: every array full, the first nested value of an
+    array itself at its largest (the others minimal, so that the whole stays a few MB)."""
+    if isinstance(ftype, str):
+        return {
+            "uint": INT64_MAX,
+            "no_cl": INT64_MAX,
+            "none": INT64_MAX,
+            "bin": b"\xff" * MAX_OP_BYTES,
+            "bool": True,
+            "str": "k" * MAX_KEY_BYTES,
+        }[ftype]
+    if isinstance(ftype.item, str):
+        item = "é" * (MAX_KEY_BYTES // 2) if ftype.item == "str" else _largest(ftype.item)
+        return (item,) * ftype.limit
+    first = _instance(ftype.item, largest=True)
+    return (first,) + (_instance(ftype.item, largest=False),) * (ftype.limit - 1)
+
+
+def _instance(cls: type, *, largest: bool = True) -> Any:
+    if not largest:  # the smallest legal value of a nested class
+        return cls(**{
+            name: b"" if ftype == "bin" else False if ftype == "bool" else
+            () if not isinstance(ftype, str) else 0
+            for name, ftype in codec._LAYOUT[cls]
+        })
+    return cls(**{name: _largest(ftype) for name, ftype in codec._LAYOUT[cls]})
+
+
+def _one_past(value: Any, ftype: Any) -> Any:
+    if ftype == "bin":
+        return value + b"\x00"
+    return value + value[-1:]
+
+
+@pytest.mark.parametrize("cls", [*PEER_CLASSES, *RECORD_CLASSES], ids=lambda c: c.__name__)
+def test_every_class_round_trips_at_its_largest_legal_size(cls: type) -> None:
+    """Each array at its limit (arrays of nested values with their first value at its limit
+    too), each bin at MAX_OP_BYTES, each key at MAX_KEY_BYTES, each int at INT64_MAX."""
+    value = _instance(cls)
+    if cls in PEER_CLASSES:
+        assert decode_message(encode_message(value)) == value
+    else:
+        assert decode_record(encode_record(value)) == value
+
+
+def _sized_fields() -> list[tuple[type, str, Any]]:
+    return [
+        (cls, name, ftype)
+        for cls in (*PEER_CLASSES, *RECORD_CLASSES, *NESTED_CLASSES)
+        for name, ftype in codec._LAYOUT[cls]
+        if (ftype == "bin" or not isinstance(ftype, str)) and cls is not Command
+    ]
+
+
+@pytest.mark.parametrize("core", ["sdpaxos", "multipaxos", "mencius"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        Command(client_id=1, seq=1, op=b"x" * (MAX_OP_BYTES + 1), keys=(), blind=True),
+        Command(client_id=1, seq=1, op=b"", keys=("k",) * (MAX_KEYS_PER_COMMAND + 1), blind=True),
+        Command(client_id=1, seq=1, op=b"", keys=("é" * MAX_KEY_BYTES,), blind=True),
+    ],
+    ids=["op", "keys", "key-bytes"],
+)
+def test_a_command_the_decoder_would_refuse_never_enters_a_core(
+    core: str, command: Command
+) -> None:
+    """The encoder leaves a Command's own limits to the cores' entry points: every core's
+    ``propose`` and ``read`` refuse such a command, so no batch can hold one."""
+    from consensus.config import ProtocolConfig
+    from consensus.protocol.registry import load_core
+
+    replica = load_core(core)(ProtocolConfig(replicas=3), 0, rng=random.Random(0))
+    with pytest.raises(LocalProtocolError):
+        replica.propose(command, 0)
+    with pytest.raises(LocalProtocolError):
+        replica.read(command, 0)
+    assert not replica.ready().persist
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "ftype"), _sized_fields(), ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_the_encoder_refuses_what_the_decoder_would_refuse(
+    cls: type, name: str, ftype: Any
+) -> None:
+    """One value (or byte) past a field's limit is a LocalProtocolError at encoding, for a
+    field of a message and of every nested value in it, never a frame the peer rejects."""
+    holders = [c for c in (*PEER_CLASSES, *RECORD_CLASSES) if c is cls] or [
+        c
+        for c in (*PEER_CLASSES, *RECORD_CLASSES)
+        if any(getattr(t, "item", None) is cls for _, t in codec._LAYOUT[c])
+        or (cls is Command and any(getattr(t, "item", None) is messages.CVote
+                                   for _, t in codec._LAYOUT[c]))
+    ]
+    assert holders, f"{cls.__name__} occurs in no message or record"
+    for holder in holders:
+        base = _instance(cls, largest=False)
+        field_value = _largest(ftype)
+        if ftype != "bin" and isinstance(ftype.item, type):
+            field_value = (_instance(ftype.item, largest=False),) * ftype.limit
+        bad = dataclasses.replace(base, **{name: _one_past(field_value, ftype)})
+        outer = _wrap(holder, cls, bad)
+        encode = encode_message if holder in PEER_CLASSES else encode_record
+        with pytest.raises(LocalProtocolError, match=name):
+            encode(outer)
+        good = _wrap(holder, cls, dataclasses.replace(base, **{name: field_value}))
+        decode = decode_message if holder in PEER_CLASSES else decode_record
+        assert decode(encode(good)) == good
+
+
+def _wrap(holder: type, cls: type, value: Any) -> Any:
+    """A minimal ``holder`` that contains ``value`` (of ``cls``) where its type goes."""
+    if holder is cls:
+        return value
+    fields_: dict[str, Any] = {}
+    for name, ftype in codec._LAYOUT[holder]:
+        item = getattr(ftype, "item", None)
+        if item is cls:
+            fields_[name] = (value,)
+        elif item is messages.CVote and cls is Command:
+            fields_[name] = (messages.CVote(index=0, ballot=0, batch=(value,)),)
+        else:
+            fields_[name] = _instance(holder, largest=False).__getattribute__(name)
+    return holder(**fields_)
