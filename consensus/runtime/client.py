@@ -5,6 +5,10 @@ again with the same ``(client_id, seq)`` to the next replica (the session table 
 replicated state machine executes it at most once and returns its first result); after
 ``attempts`` tries it fails with ``IndefiniteFailure``. A ``DefiniteFailure`` from a replica
 is final.
+
+A replica closes client connections idle for long (``conn_limits``): a request lost because
+its pooled connection turned out closed is sent again at once on a new connection to the same
+replica, without using up an attempt (once per attempt; a fresh connection's loss counts).
 """
 
 from __future__ import annotations
@@ -37,13 +41,15 @@ class _Connection:
         # closing, would fail every pending call.
         self._connecting = asyncio.Lock()
 
-    async def ensure(self) -> None:
+    async def ensure(self) -> bool:
+        """Connect unless connected; True if this opened a new connection."""
         async with self._connecting:
             if self.writer is not None and not self.writer.is_closing():
-                return
+                return False
             reader, writer = await asyncio.open_connection(*self.address)
             self.writer = writer
             self.reader_task = asyncio.create_task(self._read(reader, writer))
+            return True
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameReader()
@@ -122,17 +128,16 @@ class Client:
         for attempt in range(self.attempts):
             connection = self._connections[(self._home + attempt) % len(self._connections)]
             try:
-                await connection.ensure()
-                assert connection.writer is not None
-                req_id = next(self._req_ids)
-                future: asyncio.Future[ClientResponse] = (
-                    asyncio.get_running_loop().create_future()
-                )
-                connection.pending[req_id] = future
-                request = ClientRequest(req_id, kind, command)
-                connection.writer.write(frame_to_wire(request.encode()))
-                async with asyncio.timeout(self.timeout_s):
-                    reply = await future
+                fresh = await connection.ensure()
+                try:
+                    reply = await self._request(connection, kind, command)
+                except ConnectionError:
+                    if fresh:
+                        raise
+                    # the replica closed the pooled connection (idle) as this request went
+                    # out: the same (client_id, seq) on a new one executes at most once
+                    await connection.ensure()
+                    reply = await self._request(connection, kind, command)
             except (OSError, ConnectionError, TimeoutError) as exc:
                 last_error = exc
                 continue
@@ -145,6 +150,17 @@ class Client:
             f"no answer for ({command.client_id}, {command.seq}) after {self.attempts} tries: "
             f"{last_error}"
         )
+
+    async def _request(self, connection: _Connection, kind: Kind, command: Command) -> Reply:
+        """Send one request on ``connection`` (connected) and wait for its answer."""
+        assert connection.writer is not None
+        req_id = next(self._req_ids)
+        future: asyncio.Future[ClientResponse] = asyncio.get_running_loop().create_future()
+        connection.pending[req_id] = future
+        request = ClientRequest(req_id, kind, command)
+        connection.writer.write(frame_to_wire(request.encode()))
+        async with asyncio.timeout(self.timeout_s):
+            return await future
 
     async def close(self) -> None:
         for connection in self._connections:

@@ -28,18 +28,27 @@ Example (``sdpaxos cluster init`` writes one like it)::
     rtt_ms = { "CA-OR" = 20 }      # optional overrides, "A-B" = ms
     # ... or an explicit one-way delay matrix in ms, by replica id (symmetric, >= 0):
     # one_way_ms = [[0, 10], [10, 0]]
+
+    [limits]                       # optional: connection hygiene (consensus.runtime.conn_limits)
+    client_idle_timeout_s = 300    # no request and nothing outstanding this long: closed
+    client_frame_timeout_s = 30    # a partial frame not completed in this: closed (slow-loris)
+    client_max_connections = 1000  # per replica; more are closed at once
+    client_max_frame_bytes = 2097152       # the largest client frame
+    client_max_buffered_bytes = 67108864   # partial-frame bytes over all client connections
+    peer_max_connections = 0       # 0: two per other replica plus 8 for handshakes
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from consensus.config import ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError
 from consensus.protocol.registry import PROTOCOLS
+from consensus.runtime.conn_limits import LimitsConfig
 
 __all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
 
@@ -75,6 +84,8 @@ class ClusterConfig:
     state_machine: str = "kv"
     #: the HiveD-style GPU cluster file of a "cluster_state" store
     gpu_config: Path | None = None
+    #: connection caps, timeouts and buffer budget of the replicas' ports (``[limits]``)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
 
     def replica(self, replica_id: int) -> ReplicaSpec:
         if not 0 <= replica_id < len(self.replicas):
@@ -100,7 +111,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine"}
+    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine", "limits"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise fail(f"unknown top-level keys {unknown}")
@@ -172,6 +183,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     if kind != "cluster_state" and any(spec.grpc_address for spec in specs):
         raise fail('grpc_address serves the GPU allocation store: it needs [state_machine] '
                    'kind = "cluster_state"')
+    limits = _parse_limits(raw.get("limits", {}), len(specs), fail)
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
         data_dir = base / data_dir
@@ -184,7 +196,24 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         protocol_name=protocol_name,
         state_machine=kind,
         gpu_config=gpu_config,
+        limits=limits,
     )
+
+
+def _parse_limits(table: Any, replicas: int, fail: Any) -> LimitsConfig:
+    if not isinstance(table, dict):
+        raise fail("[limits] must be a table")
+    extra = sorted(set(table) - LimitsConfig.keys())
+    if extra:
+        raise fail(f"[limits]: unknown keys {extra} (allowed: {sorted(LimitsConfig.keys())})")
+    try:
+        limits = LimitsConfig(**table)  # checks every value, naming its key
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    if 0 < limits.peer_max_connections < replicas - 1:
+        raise fail(f"[limits].peer_max_connections must be 0 (automatic) or at least the "
+                   f"{replicas - 1} other replicas, got {limits.peer_max_connections}")
+    return limits
 
 
 def _parse_state_machine(table: Any, base: Path, fail: Any) -> tuple[str, Path | None]:

@@ -18,6 +18,8 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.
 
 def render(node: ReplicaNode) -> str:
     core, stats, transport = node.core, node.stats, node.transport.stats
+    # connection hygiene of the client and peer ports (conn_limits)
+    client, peer = node.client_limits.stats, node.transport.inbound_limits.stats
     # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0
     sdpaxos = core if isinstance(core, SDPaxosReplica) else None
     lines = [
@@ -51,6 +53,22 @@ def render(node: ReplicaNode) -> str:
         f"sdpaxos_bad_frames_total {stats.bad_frames + transport.bad_connections}",
         "# TYPE sdpaxos_c_recoveries_total counter",
         f"sdpaxos_c_recoveries_total {0 if sdpaxos is None else sdpaxos.recoveries_started}",
+        "# TYPE sdpaxos_client_connections_open gauge",
+        f"sdpaxos_client_connections_open {client.open}",
+        "# TYPE sdpaxos_client_connections_refused_total counter",
+        f"sdpaxos_client_connections_refused_total {client.refused}",
+        "# TYPE sdpaxos_client_connections_idle_closed_total counter",
+        f"sdpaxos_client_connections_idle_closed_total {client.closed_idle}",
+        "# TYPE sdpaxos_client_connections_slow_closed_total counter",
+        f"sdpaxos_client_connections_slow_closed_total {client.closed_slow}",
+        "# TYPE sdpaxos_client_connections_over_budget_total counter",
+        f"sdpaxos_client_connections_over_budget_total {client.closed_over_budget}",
+        "# TYPE sdpaxos_client_buffered_bytes gauge",
+        f"sdpaxos_client_buffered_bytes {client.buffered_bytes}",
+        "# TYPE sdpaxos_peer_connections_open gauge",
+        f"sdpaxos_peer_connections_open {peer.open}",
+        "# TYPE sdpaxos_peer_connections_refused_total counter",
+        f"sdpaxos_peer_connections_refused_total {peer.refused}",
         "# TYPE sdpaxos_commit_latency_seconds histogram",
     ]
     counts = [0] * (len(LATENCY_BUCKETS_S) + 1)

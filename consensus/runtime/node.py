@@ -53,6 +53,7 @@ from consensus.runtime.client_protocol import (
     ok_response_wire,
 )
 from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import (
@@ -104,11 +105,13 @@ class NodeStats:
 class _ClientConnection:
     """Answers for one client connection, written once per loop turn."""
 
-    __slots__ = ("out", "writer")
+    __slots__ = ("out", "tracked", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, tracked: Tracked) -> None:
         self.writer = writer
         self.out: list[bytes] = []
+        #: its record in the client port's limits (outstanding requests, deadlines)
+        self.tracked = tracked
 
 
 #: Who waits for a request: an in-process caller's future, or (connection, request id).
@@ -164,7 +167,10 @@ class ReplicaNode:
             one_way_us=dict(enumerate(config.one_way_us[me])),
             stamped=any(any(row) for row in config.one_way_us),
             on_frame=self._on_frame,
+            max_connections=config.limits.peer_cap(len(config.replicas)),
         )
+        #: the client port's connection caps, idle/slow timeouts and buffer budget
+        self.client_limits = ClientPortLimits(config.limits)
         self._events: list[tuple[str, object]] = []
         self._client_requests: list[tuple[str, Command]] = []  # from the client port
         self._wakeup = asyncio.Event()
@@ -473,6 +479,7 @@ class ReplicaNode:
     def _resolve(self, waiter: Waiter, outcome: Result | SDPaxosError) -> None:
         if isinstance(waiter, tuple):
             connection, req_id = waiter
+            self.client_limits.request_done(connection.tracked)
             if isinstance(outcome, Result):
                 wire = ok_response_wire(req_id, outcome.value, outcome.position)
             else:
@@ -505,14 +512,23 @@ class ReplicaNode:
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        frames = FrameReader()
-        connection = _ClientConnection(writer)
+        limits = self.client_limits
+        tracked = limits.open(writer.transport.abort)
+        if tracked is None:
+            writer.transport.abort()  # over the cap: counted and logged by the limits
+            return
+        frames = FrameReader(limits.config.client_max_frame_bytes)
+        connection = _ClientConnection(writer, tracked)
         try:
             while not self._stopping:
                 data = await reader.read(1 << 16)
                 if not data:
                     return
-                for payload in frames.feed(data):
+                payloads = frames.feed(data)
+                if not limits.received(tracked, frames.buffered, len(payloads)):
+                    writer.transport.abort()  # over the buffer budget (or timed out)
+                    return
+                for payload in payloads:
                     try:
                         request = decode_request(payload)
                     except DecodeError as exc:
@@ -524,6 +540,7 @@ class ReplicaNode:
                     key = (request.command.client_id, request.command.seq)
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
+                    limits.request_started(tracked)
                     self._client_requests.append((request.kind, request.command))
                 self._wakeup.set()
         except DecodeError as exc:
@@ -532,6 +549,7 @@ class ReplicaNode:
             pass
         finally:
             writer.close()
+            limits.closed(tracked)
 
 
 def _now_us() -> int:

@@ -36,6 +36,8 @@ Frames a connection holds for delivery are bounded by ``max_queue_bytes`` too (p
 a small per-frame charge); beyond it arriving frames are dropped. Both count in
 ``frames_dropped``; the protocol retransmits. A connection closed for a bad frame (or an
 ``on_frame`` that raised) drops what it held; one the peer closed still delivers it.
+Inbound connections are capped (``max_connections``, ``conn_limits``): more are closed at
+once; a first frame too long to be a handshake closes its connection before it is buffered.
 
 ``blocked`` (test-only): frames to blocked peers are dropped at ``send``, frames from them on
 arrival and again at delivery (all counted in ``frames_dropped``).
@@ -57,6 +59,7 @@ import msgpack
 
 from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import DecodeError, LocalProtocolError
+from consensus.runtime.conn_limits import PortGuard, peer_connection_cap
 from consensus.runtime.precise_timer import PreciseTimer
 
 __all__ = ["Handshake", "PeerTransport", "TransportStats"]
@@ -66,6 +69,9 @@ log = logging.getLogger("sdpaxos.transport")
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
 HANDSHAKE_TIMEOUT_S = 5.0
+#: a first frame this long is no handshake (one is under 300 bytes: its cluster id is at most
+#: 256): refused before more of it is buffered
+MAX_HANDSHAKE_BYTES = 1 << 10
 
 #: the send-time stamp in front of every payload when WAN emulation is on
 _STAMP = struct.Struct(">Q")
@@ -181,10 +187,13 @@ class PeerTransport:
         max_frame: int = 16 << 20,
         max_queue_bytes: int = 64 << 20,
         stamped: bool | None = None,
+        max_connections: int | None = None,
     ) -> None:
         """``stamped``: whether this cluster emulates WAN delays (every replica must agree;
         default: whether any of this replica's links has a delay). A replica whose own links
-        all have none still stamps when its peers' links have delays."""
+        all have none still stamps when its peers' links have delays. ``max_connections``:
+        inbound connections at most (default ``conn_limits.peer_connection_cap``); more are
+        closed at once."""
         self.cluster_id = cluster_id
         self.me = me
         self.addresses = addresses
@@ -192,6 +201,11 @@ class PeerTransport:
         self.max_frame = max_frame
         self.max_queue_bytes = max_queue_bytes
         self.stats = TransportStats()
+        #: inbound connections: their count and cap
+        self.inbound_limits = PortGuard(
+            "peer",
+            peer_connection_cap(len(addresses)) if max_connections is None else max_connections,
+        )
         self._links = {
             peer: _Link(one_way_us.get(peer, 0)) for peer in sorted(addresses) if peer != me
         }
@@ -307,6 +321,9 @@ class PeerTransport:
 
     # ------------------------------------------------------------------ receiving
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.inbound_limits.admit():
+            writer.transport.abort()  # over the cap: counted and logged by the guard
+            return
         task = asyncio.current_task()
         assert task is not None
         self._readers.add(task)
@@ -353,6 +370,7 @@ class PeerTransport:
             if deliverer is not None:
                 deliverer.cancel()
             self._readers.discard(task)
+            self.inbound_limits.release()
 
     async def _handshake(
         self, reader: asyncio.StreamReader, frames: FrameReader
@@ -365,6 +383,9 @@ class PeerTransport:
             payloads = frames.feed(data)
             if payloads:
                 break
+            if frames.buffered > MAX_HANDSHAKE_BYTES:
+                raise DecodeError(f"a first frame of over {MAX_HANDSHAKE_BYTES} bytes is no "
+                                  "handshake")
         hello = Handshake.decode(payloads[0])
         problem = None
         if hello.cluster_id != self.cluster_id:
