@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import math
 import random
 import shutil
 import signal
@@ -373,11 +374,37 @@ class SeedReport:
     lincheck_s: float
     finals: list[ReplicaState] | None
     directory: str
+    #: (fault index, replica) -> seconds from a start during the faults until it served
+    recovery: dict[tuple[int, int], float | str | None] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def longest_unavailable_s(self) -> float | None:
         waits = self.unavailable_after_heal_s
         return None if any(w is None for w in waits) else max(w for w in waits if w is not None)
+
+    @property
+    def longest_recovery_s(self) -> float | None:
+        """The longest time a replica started again during the faults took to serve (of
+        those not faulted again first; one that never served counts as the whole rest of
+        the run, and is reported as None)."""
+        timed = [v for v in self.recovery.values() if v != "interrupted"]
+        if any(v is None for v in timed):
+            return None
+        return max((float(v) for v in timed if isinstance(v, float)), default=0.0)
+
+    def _faults_json(self) -> list[dict[str, Any]]:
+        out = []
+        for index, fault in enumerate(self.faults):
+            entry = fault.to_json()
+            served = {str(r): v for (i, r), v in sorted(self.recovery.items()) if i == index}
+            if served:
+                entry["serving_after_start_s"] = {
+                    r: round(v, 3) if isinstance(v, float) else v for r, v in served.items()
+                }
+            out.append(entry)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -386,7 +413,7 @@ class SeedReport:
             "seconds": self.seconds,
             "verdict": self.verdict,
             "reasons": self.reasons,
-            "faults": [f.to_json() for f in self.faults],
+            "faults": self._faults_json(),
             "fault_counts": dict(Counter(f.kind for f in self.faults)),
             "operations": self.operations,
             "unavailable_after_heal_s": [
@@ -395,6 +422,9 @@ class SeedReport:
             "longest_unavailable_after_heal_s": (
                 None if self.longest_unavailable_s is None
                 else round(self.longest_unavailable_s, 3)
+            ),
+            "longest_recovery_after_start_s": (
+                None if self.longest_recovery_s is None else round(self.longest_recovery_s, 3)
             ),
             "longest_stall_s": round(self.longest_stall_s, 3),
             "lincheck": self.lincheck,
@@ -430,6 +460,13 @@ class Nemesis:
         self.applied: list[frozenset[int]] = [frozenset()] * replicas
         self.partitions: list[tuple[frozenset[int], frozenset[int]]] = []
         self.crashes: list[str] = []
+        self._probe_ids = itertools.count(PROBE_ID_BASE)
+        #: a replica started again during the faults (kill's end, restart): the probe timing
+        #: how long until it serves, and the fault's index
+        self._recovering: dict[int, tuple[int, asyncio.Task[float | None]]] = {}
+        #: (fault index, replica) -> seconds from its start until it served; None: it did
+        #: not serve before the heal measurement ended; "interrupted": faulted again first
+        self.recovery: dict[tuple[int, int], float | str | None] = {}
 
     async def run(self, faults: Sequence[Fault], seconds: float) -> None:
         actions = sorted(
@@ -444,16 +481,18 @@ class Nemesis:
                 self._note_crashes()
                 fault = faults[index]
                 if what == "begin":
-                    await self._begin(fault)
+                    for r in fault.replicas:
+                        self._interrupt(r)
+                    await self._begin(fault, index)
                 else:
-                    self._end(fault)
+                    self._end(fault, index)
             await asyncio.sleep(max(0.0, began + seconds - time.monotonic()))
         finally:
             syncer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await syncer
 
-    async def _begin(self, fault: Fault) -> None:
+    async def _begin(self, fault: Fault, index: int) -> None:
         victims = set(fault.replicas)
         if fault.kind == "kill":
             for r in victims & set(self.cluster.processes):
@@ -469,17 +508,19 @@ class Nemesis:
                 await asyncio.to_thread(self._terminate, r)
                 self.applied[r] = frozenset()
                 self.cluster.start(r)
+                self._track_recovery(r, index)
         else:
             rest = frozenset(range(self.replicas)) - victims
             self.partitions.append((frozenset(victims), rest))
             self._recompute_partitions()
             await self._sync_partitions()
 
-    def _end(self, fault: Fault) -> None:
+    def _end(self, fault: Fault, index: int) -> None:
         if fault.kind == "kill":
             for r in set(fault.replicas) & self.down:
                 self.cluster.start(r)
                 self.down.discard(r)
+                self._track_recovery(r, index)
         elif fault.kind == "stop":
             for r in set(fault.replicas) & self.stopped:
                 self.cluster.resume(r)
@@ -488,6 +529,34 @@ class Nemesis:
             self.partitions.remove((frozenset(fault.replicas),
                                     frozenset(range(self.replicas)) - set(fault.replicas)))
             self._recompute_partitions()
+
+    def _track_recovery(self, replica: int, index: int) -> None:
+        task = asyncio.create_task(
+            self._until_serving(replica, time.monotonic(), math.inf, clear_partition=False)
+        )
+        self._recovering[replica] = (index, task)
+
+    def _interrupt(self, replica: int) -> None:
+        """``replica`` is faulted again: a recovery still being timed will not be."""
+        index, task = self._recovering.pop(replica, (-1, None))
+        if task is None:
+            return
+        if task.done():
+            self.recovery[(index, replica)] = task.result()
+        else:
+            task.cancel()
+            self.recovery[(index, replica)] = "interrupted"
+
+    async def finish_recoveries(self) -> None:
+        """Record every recovery timed so far (those still running did not serve)."""
+        for replica, (index, task) in sorted(self._recovering.items()):
+            if not task.done():
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                self.recovery[(index, replica)] = await task
+            if task.cancelled():
+                self.recovery[(index, replica)] = None
+        self._recovering.clear()
 
     def _terminate(self, replica: int) -> None:
         process = self.cluster.processes.pop(replica)
@@ -554,28 +623,29 @@ class Nemesis:
             *(self._until_serving(r, healed_at, bound_s) for r in range(self.replicas))
         ))
 
-    async def _until_serving(self, replica: int, healed_at: float, bound_s: float
-                             ) -> float | None:
+    async def _until_serving(self, replica: int, since: float, bound_s: float, *,
+                             clear_partition: bool = True) -> float | None:
+        """Seconds from ``since`` until ``replica`` answered a linearizable read sent to it
+        alone (None: not within ``bound_s``)."""
         address = self.cluster.client_addresses[replica]
         probe_key = KEYS[0]
-        for attempt in itertools.count():
-            if time.monotonic() > healed_at + bound_s:
+        while True:
+            if time.monotonic() > since + bound_s:
                 return None
             tried = time.monotonic()
             try:
-                if self.applied[replica]:
+                if clear_partition and self.applied[replica]:
                     await cut_off(address, [], timeout_s=CUT_OFF_TIMEOUT_S)
                     self.applied[replica] = frozenset()
-                client = Client(PROBE_ID_BASE + replica * 1_000_000 + attempt, [address],
+                client = Client(next(self._probe_ids), [address],
                                 timeout_s=PROBE_TIMEOUT_S, attempts=1)
                 try:
                     await client.read(kv_get(probe_key), [probe_key])
                 finally:
                     await client.close()
-                return time.monotonic() - healed_at
+                return time.monotonic() - since
             except (OSError, ConnectionError, TimeoutError, SDPaxosError):
                 await asyncio.sleep(max(0.0, tried + PROBE_INTERVAL_S - time.monotonic()))
-        return None  # unreachable: the loop returns
 
 
 async def _metric(address: tuple[str, int], name: str) -> int | None:
@@ -672,11 +742,11 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
                 healed_at = time.monotonic()
                 waits = await nemesis.measure_heal(healed_at, options.heal_bound_s)
             finally:
+                await nemesis.finish_recoveries()
                 await load.finish()
             phase_end = _now_us()
-            crashes.extend(nemesis.crashes)
             nemesis._note_crashes()
-            crashes.extend(c for c in nemesis.crashes if c not in crashes)
+            crashes.extend(nemesis.crashes)
             finals, last = await converge(cluster, options.replicas, options.heal_bound_s)
             (directory / "final-states.json").write_text(json.dumps(
                 [None if s is None else s.to_json() for s in last]))
@@ -697,6 +767,7 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
         verdict=judgement.verdict, reasons=judgement.reasons, operations=_tally(load.records),
         unavailable_after_heal_s=waits, longest_stall_s=stall, lincheck=judgement.lincheck,
         lincheck_s=judgement.lincheck_s, finals=finals, directory=str(directory),
+        recovery=dict(nemesis.recovery),
     )
 
 
@@ -776,6 +847,17 @@ def _describe(report: SeedReport) -> str:
         f"  lincheck: {report.lincheck} ({report.lincheck_s:.1f} s); final states "
         f"{'equal' if report.to_json()['final_states_equal'] else 'NOT equal'}",
     ]
+    timed = [
+        f"{report.faults[i].kind} r{r} "
+        + ("never" if v is None else v if isinstance(v, str) else f"{v:.2f}")
+        for (i, r), v in sorted(report.recovery.items())
+    ]
+    recovery = report.longest_recovery_s
+    if timed:
+        lines.append(
+            "  serving again after a start under faults (s): " + ", ".join(timed)
+            + f"; longest {'never' if recovery is None else f'{recovery:.2f}'}"
+        )
     lines += [f"  reason: {reason}" for reason in report.reasons]
     return "\n".join(lines)
 
@@ -807,17 +889,23 @@ def run(args: argparse.Namespace) -> int:
     waits = [r.longest_unavailable_s for r in reports]
     longest = None if any(w is None for w in waits) else max(w for w in waits if w is not None)
     verdicts = dict(Counter(r.verdict for r in reports))
+    recoveries = [r.longest_recovery_s for r in reports]
+    slowest = (None if any(v is None for v in recoveries)
+               else max((v for v in recoveries if v is not None), default=0.0))
     summary = {
         "runs": len(reports),
         "seeds": seeds,
         "verdicts": verdicts,
         "longest_unavailable_after_heal_s": None if longest is None else round(longest, 3),
+        "longest_recovery_after_start_s": None if slowest is None else round(slowest, 3),
         "directory": str(root),
     }
     print(f"{len(reports)} runs, seeds {seeds}: "
           + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
           + "; longest unavailability after heal "
-          + ("-" if longest is None else f"{longest:.2f} s") + f"; work in {root}",
+          + ("-" if longest is None else f"{longest:.2f} s")
+          + "; longest recovery after a start under faults "
+          + ("never" if slowest is None else f"{slowest:.2f} s") + f"; work in {root}",
           file=progress, flush=True)
     if args.json:
         print(json.dumps({**summary, "options": {

@@ -56,9 +56,15 @@ def test_a_short_seeded_run_under_every_fault_kind_is_ok_and_reports_its_figures
     assert run["longest_unavailable_after_heal_s"] == max(waits)
     assert report["longest_unavailable_after_heal_s"] == max(waits)
     assert run["longest_stall_s"] > 0
+    # every replica started again during the faults (kill's end, restart) was timed to serving
+    started = [f for f in run["faults"] if f["kind"] in ("kill", "restart")]
+    timed = [v for f in started for v in f["serving_after_start_s"].values()]
+    assert len(timed) == len(started) and all(v == "interrupted" or v > 0 for v in timed)
+    assert run["longest_recovery_after_start_s"] == max(v for v in timed if v != "interrupted")
     # the text report (stderr with --json) names the seed, its verdict and the figures
     assert f"seed {SHORT_SEED}: OK" in process.stderr
     assert "unavailable after heal" in process.stderr and "lincheck: ok" in process.stderr
+    assert "serving again after a start under faults" in process.stderr
     # what sdpaxos lincheck re-checks and what an operator inspects is kept
     seed_dir = workdir / f"seed-{SHORT_SEED}"
     lines = (seed_dir / "history.jsonl").read_text().splitlines()
