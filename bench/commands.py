@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "latency": ("bench.latency", "per-site latency on the emulated WAN, open-loop clients"),
     "failover": ("bench.failover", "throughput timeline per site when the sequencer is killed"),
     "reads": ("bench.reads", "linearizable read throughput and latency, uniform and Zipf keys"),
+    "restart": ("bench.restart", "recovery time after restarting replicas at real log sizes"),
 }
 
 

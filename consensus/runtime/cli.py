@@ -56,6 +56,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="test only: accept partition requests on the client port",
     )
+    parser.add_argument(
+        "--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
+        help="snapshot once this many commands were applied since the last snapshot "
+        "(default: the node's own)",
+    )  # fmt: skip
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -83,7 +98,8 @@ def run_serve(args: argparse.Namespace) -> int:
     gc.set_threshold(50_000, 50, 1_000)
     try:
         asyncio.run(
-            _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection)
+            _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection,
+                   snapshot_every=args.snapshot_every)
         )
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
@@ -109,13 +125,16 @@ def _state_machine(config: ClusterConfig) -> StateMachine:
 
 
 async def _serve(
-    config: ClusterConfig, me: int, machine: StateMachine, *, fsync: bool, faults: bool
+    config: ClusterConfig, me: int, machine: StateMachine, *, fsync: bool, faults: bool,
+    snapshot_every: int | None = None,
 ) -> None:
     from consensus.runtime.metrics import serve_metrics
     from consensus.runtime.node import ReplicaNode
 
     log = logging.getLogger("sdpaxos.serve")
-    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults)
+    # the node's default unless given (the restart bench turns snapshots off with a big one)
+    options = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
+    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults, **options)
     # Everything loaded so far (the cell tree, a restored snapshot, the log) lives as long as
     # the process: keep it out of the collector's way, full collections of it cost pauses.
     gc.freeze()
@@ -174,6 +193,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
     up.add_argument("--dir", required=True)
     up.add_argument("--timeout", type=float, default=30.0)
+    up.add_argument("--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
+                    help="passed to every replica's serve")
     down = actions.add_parser("down", help="stop the processes started by 'up'")
     down.add_argument("--dir", required=True)
     health = actions.add_parser("health", help="exit 0 if a replica serves linearizable reads")
@@ -201,7 +222,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan,
                      gpu_store=args.gpu_store, gpu_config=args.gpu_config)
     if args.action == "up":
-        return _up(directory, args.timeout)
+        return _up(directory, args.timeout, args.snapshot_every)
     return _down(directory)
 
 
@@ -261,7 +282,7 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_stor
     return 0
 
 
-def _up(directory: Path, timeout: float) -> int:
+def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> int:
     from consensus.runtime.cluster_config import load_cluster_config
 
     path = directory / CONFIG_NAME
@@ -271,11 +292,12 @@ def _up(directory: Path, timeout: float) -> int:
         print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
         return 2
     pids: dict[str, int] = {}
+    extra = [] if snapshot_every is None else ["--snapshot-every", str(snapshot_every)]
     for spec in config.replicas:
         log_file = open(directory / f"replica-{spec.id}.log", "ab")  # noqa: SIM115
         process = subprocess.Popen(
             [sys.executable, "-m", "bench.cli", "serve", "--config", str(path), "--id",
-             str(spec.id)],
+             str(spec.id), *extra],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
