@@ -24,8 +24,10 @@ harness can cut links through the transport's test-only fault layer (``cut_off``
    A replica that does not answer within ``--heal-bound`` is a liveness failure.
 4. **Converge.** The load stops; every replica must reach the same executed slot (its metrics
    endpoint) and hold the same value for every key (local reads), within ``--heal-bound``.
-5. **Check.** The history goes through the linearizability checker (``sdpaxos lincheck``;
-   definite failures are left out, indefinite ones may or may not have happened).
+5. **Check.** The history goes through the linearizability checker (``sdpaxos lincheck``),
+   with one more read per key of the converged state at its end. Definite failures are left
+   out; an indefinite write is completed where a later operation saw its value, or left out
+   if none did (``checkable_history`` says why both are exact).
 
 Verdict per seed: ``ok``, ``violation`` (not linearizable, or replicas at the same slot with
 different data), ``liveness`` (a replica not serving after heal, no convergence, a replica
@@ -184,22 +186,99 @@ class Record:
     outcome: Literal["ok", "fail", "info"] | None = None
     output: Any = None
     ret_us: int | None = None
+    #: a completed cas: the value it found (the history format keeps only whether it swapped)
+    before: str | None = None
 
-    def operation(self) -> Operation | None:
-        """For the checker: None for a definite failure (it never happened)."""
-        if self.outcome == "fail":
-            return None
+    @property
+    def written(self) -> str | None:
+        """The value this operation stores if it takes effect (a cas: if it swaps)."""
+        if self.f == "write":
+            value: str = self.input
+            return value
+        return self.input[1] if self.f == "cas" else None
+
+    def operation(self, *, ret_us: int | None = None) -> Operation:
+        """For the checker: completed if ok, else open (or completed at ``ret_us``)."""
         ok = self.outcome == "ok"
+        if ok or ret_us is None:
+            return Operation(client=self.process, key=self.key, op=self.f, input=self.input,
+                             output=self.output if ok else None, call=self.call_us,
+                             ret=self.ret_us if ok else None)
+        # an indefinite write or cas known to have taken effect (see checkable_history)
         return Operation(client=self.process, key=self.key, op=self.f, input=self.input,
-                         output=self.output if ok else None, call=self.call_us,
-                         ret=self.ret_us if ok else None)
+                         output=None if self.f == "write" else True, call=self.call_us,
+                         ret=ret_us)
 
     def events(self) -> list[dict[str, Any]]:
         value = list(self.input) if isinstance(self.input, tuple) else self.input
         base = {"process": self.process, "f": self.f, "key": self.key}
         done = {**base, "type": self.outcome or "info", "value": value,
                 "output": self.output, "time_us": self.ret_us}
+        if self.f == "cas" and self.outcome == "ok":
+            done["before"] = self.before
         return [{**base, "type": "invoke", "value": value, "time_us": self.call_us}, done]
+
+
+def checkable_history(
+    records: Sequence[Record],
+    final: dict[str, str | None] | None = None,
+    final_call_us: int = 0,
+    final_ret_us: int = 0,
+) -> tuple[list[Operation], dict[str, int]]:
+    """The history for the checker, and counts of what was done to it.
+
+    * A definite failure never took effect: left out.
+    * ``final`` (the converged state, read between ``final_call_us`` and ``final_ret_us``,
+      after every operation returned) becomes one more read per key, so the end state is
+      checked against the history too.
+    * An indefinite write or cas whose value (unique) some completed operation saw — a read's
+      output, a cas's found value, a final read — took effect before that operation
+      returned: it is completed at the earliest such return (an equivalent history: every
+      linearization of either is one of the other). One whose value nobody saw is left out:
+      a linearization including it has no read or cas between it and the next write (they
+      would have seen its value), so dropping it leaves a linearization. Both keep the
+      checker's search small: an operation open forever keeps its window open.
+    """
+    seen: dict[tuple[str, str], int] = {}  # (key, value) -> earliest return that saw it
+
+    def saw(key: str, value: str | None, at: int) -> None:
+        if value is not None:
+            seen[(key, value)] = min(seen.get((key, value), at), at)
+
+    history: list[Operation] = []
+    for record in records:
+        if record.outcome == "ok" and record.ret_us is not None:
+            if record.f == "read":
+                saw(record.key, record.output, record.ret_us)
+            elif record.f == "cas":
+                saw(record.key, record.before, record.ret_us)
+    if final is not None:
+        for key, value in sorted(final.items()):
+            history.append(Operation(client=FINAL_ID_BASE, key=key, op="read", input=None,
+                                     output=value, call=final_call_us, ret=final_ret_us))
+            saw(key, value, final_ret_us)
+    counts = {"failed_dropped": 0, "indefinite_completed": 0, "indefinite_unseen_dropped": 0,
+              "indefinite_reads_dropped": 0, "final_reads": len(history)}
+    for record in records:
+        if record.outcome == "ok":
+            history.append(record.operation())
+        elif record.outcome == "fail":
+            counts["failed_dropped"] += 1
+        elif record.f == "read":
+            counts["indefinite_reads_dropped"] += 1  # no effect, nothing to check
+        else:
+            written = record.written
+            at = None if written is None else seen.get((record.key, written))
+            if at is None:
+                counts["indefinite_unseen_dropped"] += 1
+            elif at < record.call_us:
+                history.append(record.operation())  # seen before it was called: left open,
+                # so the checker reports the violation
+            else:
+                counts["indefinite_completed"] += 1
+                history.append(record.operation(ret_us=at))
+    history.sort(key=lambda op: op.call)
+    return history, counts
 
 
 def _now_us() -> int:
@@ -257,7 +336,7 @@ class Load:
                         self.records.append(record)
                         reply = await client.execute(kv_cas(key, expected, value), [key])
                         _, swapped, before = msgpack.unpackb(reply.payload)
-                        record.output = bool(swapped)
+                        record.output, record.before = bool(swapped), before
                         known[key] = value if swapped else before
                     else:
                         self.records.append(record)
@@ -378,6 +457,8 @@ class SeedReport:
     recovery: dict[tuple[int, int], float | str | None] = dataclasses.field(
         default_factory=dict
     )
+    #: what ``checkable_history`` did to the recorded operations
+    history_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def longest_unavailable_s(self) -> float | None:
@@ -416,6 +497,7 @@ class SeedReport:
             "faults": self._faults_json(),
             "fault_counts": dict(Counter(f.kind for f in self.faults)),
             "operations": self.operations,
+            "history_checked": self.history_counts,
             "unavailable_after_heal_s": [
                 None if w is None else round(w, 3) for w in self.unavailable_after_heal_s
             ],
@@ -727,7 +809,7 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
     finals: list[ReplicaState] | None = None
     waits: list[float | None] = [None] * options.replicas
     crashes: list[str] = []
-    phase_start = phase_end = _now_us()
+    phase_start = phase_end = final_call = final_ret = _now_us()
     cluster.start_all()
     try:
         if not await _wait_serving(cluster, options.replicas):
@@ -744,15 +826,20 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
             finally:
                 await nemesis.finish_recoveries()
                 await load.finish()
-            phase_end = _now_us()
+            phase_end = final_call = _now_us()  # every operation has returned
             nemesis._note_crashes()
             crashes.extend(nemesis.crashes)
             finals, last = await converge(cluster, options.replicas, options.heal_bound_s)
+            final_ret = _now_us()
             (directory / "final-states.json").write_text(json.dumps(
                 [None if s is None else s.to_json() for s in last]))
     finally:
         cluster.stop_all()
-    history = [op for op in (r.operation() for r in load.records) if op is not None]
+    agreed = finals is not None and all(f == finals[0] for f in finals)
+    history, history_counts = checkable_history(
+        load.records, finals[0].data if finals is not None and agreed else None,
+        final_call, final_ret,
+    )
     with (directory / "history.jsonl").open("w") as out:
         dump_jsonl(history, out)
     with (directory / "events.jsonl").open("w") as out:
@@ -767,7 +854,7 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
         verdict=judgement.verdict, reasons=judgement.reasons, operations=_tally(load.records),
         unavailable_after_heal_s=waits, longest_stall_s=stall, lincheck=judgement.lincheck,
         lincheck_s=judgement.lincheck_s, finals=finals, directory=str(directory),
-        recovery=dict(nemesis.recovery),
+        recovery=dict(nemesis.recovery), history_counts=history_counts,
     )
 
 
@@ -847,6 +934,11 @@ def _describe(report: SeedReport) -> str:
         f"  lincheck: {report.lincheck} ({report.lincheck_s:.1f} s); final states "
         f"{'equal' if report.to_json()['final_states_equal'] else 'NOT equal'}",
     ]
+    checked = report.history_counts
+    if checked.get("indefinite_completed") or checked.get("indefinite_unseen_dropped"):
+        lines[-1] += (f"; indefinite writes seen later (completed) "
+                      f"{checked['indefinite_completed']}, never seen (left out) "
+                      f"{checked['indefinite_unseen_dropped']}")
     timed = [
         f"{report.faults[i].kind} r{r} "
         + ("never" if v is None else v if isinstance(v, str) else f"{v:.2f}")

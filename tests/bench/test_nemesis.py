@@ -14,7 +14,9 @@ from bench_procs import ROOT, processes_mentioning
 from bench.nemesis import (
     FAULT_KINDS,
     RECOVERY_GRACE_S,
+    Record,
     ReplicaState,
+    checkable_history,
     judge,
     main,
     plan_faults,
@@ -68,7 +70,10 @@ def test_a_short_seeded_run_under_every_fault_kind_is_ok_and_reports_its_figures
     # what sdpaxos lincheck re-checks and what an operator inspects is kept
     seed_dir = workdir / f"seed-{SHORT_SEED}"
     lines = (seed_dir / "history.jsonl").read_text().splitlines()
-    assert len(lines) == sum(row["ok"] + row["info"] for row in ops.values())
+    checked = run["history_checked"]
+    assert checked["final_reads"] == 5  # the converged state is checked against the history
+    assert len(lines) == (sum(row["ok"] for row in ops.values()) + checked["final_reads"]
+                          + checked["indefinite_completed"])
     assert (seed_dir / "events.jsonl").exists() and (seed_dir / "replica-0.log").exists()
 
 
@@ -114,6 +119,54 @@ def test_the_verdict_reports_liveness_failures_with_their_reason() -> None:
     assert crashed.verdict == "liveness" and "exited by itself" in crashed.reasons[0]
     nothing = [_op(1, "write", "a", None, 0, None)]
     assert judge(nothing, SAME, [0.1, 0.2, 0.0], HEAL_BOUND_S).verdict == "liveness"
+
+
+def _rec(process: int, f: str, value: object, outcome: str, call: int, ret: int,
+         output: object = None, before: str | None = None) -> Record:
+    return Record(process, f, "x", value, call, outcome, output,  # type: ignore[arg-type]
+                  ret if outcome == "ok" else None, before)
+
+
+def _checked(records: list[Record], final: str | None = "absent") -> tuple[str, dict[str, int]]:
+    history, counts = checkable_history(
+        records, None if final == "absent" else {"x": final}, 1_000, 1_010
+    )
+    return judge(history, SAME, [0.0, 0.0, 0.0], HEAL_BOUND_S).verdict, counts
+
+
+def test_indefinite_writes_are_completed_when_seen_and_left_out_when_not() -> None:
+    records = [
+        _rec(1, "write", "a", "ok", 0, 10),
+        _rec(2, "write", "b", "info", 20, 0),  # its answer was lost; the read below saw it
+        _rec(3, "write", "c", "info", 25, 0),  # lost and never seen (overwritten by d)
+        _rec(4, "read", None, "ok", 30, 40, output="b"),
+        _rec(5, "cas", ("b", "d"), "ok", 50, 60, output=True, before="b"),
+        _rec(6, "cas", ("d", "e"), "info", 70, 0),  # lost; the final read shows it swapped
+        _rec(7, "write", "z", "fail", 80, 0),  # definitely never happened
+    ]
+    verdict, counts = _checked(records, final="e")
+    assert verdict == "ok"
+    assert counts == {"failed_dropped": 1, "indefinite_completed": 2,
+                      "indefinite_unseen_dropped": 1, "indefinite_reads_dropped": 0,
+                      "final_reads": 1}
+    history, _ = checkable_history(records, {"x": "e"}, 1_000, 1_010)
+    completed = {op.input if op.op == "write" else op.input[1]: op for op in history
+                 if op.op != "read"}
+    assert completed["b"].ret == 40 and completed["e"].ret == 1_010
+    assert completed["e"].output is True and "c" not in completed and "z" not in completed
+
+
+def test_the_completed_history_still_catches_violations() -> None:
+    base = [_rec(1, "write", "a", "ok", 0, 10)]
+    # a read of a value whose write definitely failed
+    assert _checked([*base, _rec(2, "write", "z", "fail", 20, 0),
+                     _rec(3, "read", None, "ok", 30, 40, output="z")])[0] == "violation"
+    # a read of a value before its (indefinite) write was even called
+    assert _checked([*base, _rec(3, "read", None, "ok", 20, 30, output="b"),
+                     _rec(2, "write", "b", "info", 40, 0)])[0] == "violation"
+    # a final state that an acknowledged later write should have replaced
+    assert _checked([*base, _rec(2, "write", "b", "ok", 20, 30)], final="a")[0] == "violation"
+    assert _checked([*base, _rec(2, "write", "b", "ok", 20, 30)], final="b")[0] == "ok"
 
 
 @pytest.mark.parametrize(("replicas", "max_faulty"), [(3, 1), (5, 2), (5, 4)])
