@@ -48,6 +48,7 @@ import math
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,8 +61,10 @@ from typing import Any, Literal
 import msgpack
 
 from consensus.errors import DefiniteFailure, SDPaxosError
+from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, cut_off
-from consensus.runtime.local_cluster import LocalCluster
+from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.local_cluster import LocalCluster, free_base_port
 from consensus.sim.history import Operation, dump_jsonl
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.statemachine import kv_cas, kv_get, kv_put
@@ -116,6 +119,13 @@ CHECK_TIMEOUT_S = 120.0
 CLIENT_ID_BASE = 1_000
 PROBE_ID_BASE = 1 << 40
 FINAL_ID_BASE = 1 << 41
+#: replica ports: a base in [PORT_FLOOR, the ephemeral range's start - PORT_SPAN) (see
+#: quiet_base_port); cluster_toml uses base + 0/100/200/300 + replica id
+PORT_FLOOR = 10_000
+PORT_SPAN = 400
+PORT_TRIES = 100
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL_LOW = 32_768
 
 
 # --------------------------------------------------------------------------- the schedule
@@ -791,6 +801,31 @@ async def _wait_serving(cluster: LocalCluster, replicas: int) -> bool:
     return all(w is not None for w in waits)
 
 
+def quiet_base_port(replicas: int) -> int:
+    """A base port for ``cluster_toml`` whose ports (base + 100 k + i) are free now and lie
+    below the kernel's ephemeral port range, so no outgoing connection takes them."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = DEFAULT_EPHEMERAL_LOW
+    chooser = random.Random()  # not the seed's: concurrent runs should not collide
+    for _ in range(PORT_TRIES):
+        base = chooser.randrange(PORT_FLOOR, max(PORT_FLOOR + 1, low - PORT_SPAN))
+        if all(_bindable(base + hundred + i) for hundred in range(0, PORT_SPAN, 100)
+               for i in range(replicas)):
+            return base
+    return free_base_port()
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for record in records:
@@ -804,6 +839,13 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
                          options.max_faulty)
     extra = ("--fault-injection",) if options.fsync else ("--fault-injection", "--no-fsync")
     cluster = LocalCluster(directory, options.replicas, extra_args=extra)
+    # LocalCluster's ports come from the kernel's ephemeral range, where a replica that is
+    # down can find its port taken by some outgoing connection when it restarts (seen: a
+    # replica exiting with EADDRINUSE after a kill): move them below that range
+    cluster.config_path.write_text(
+        cluster_toml(options.replicas, quiet_base_port(options.replicas), wan=False)
+    )
+    cluster.config = load_cluster_config(cluster.config_path)
     nemesis = Nemesis(cluster, options.replicas)
     load = Load(cluster.client_addresses, options.clients, seed)
     finals: list[ReplicaState] | None = None
