@@ -1,6 +1,6 @@
 """Wire and write-ahead-log encoding of every message and record: msgpack, never pickle.
 
-Format (``FORMAT_VERSION`` 2)
+Format (``FORMAT_VERSION`` 3)
 -----------------------------
 Everything is msgpack. A dataclass instance is an array of its fields in declaration order
 (see ``consensus.messages``), preceded by its type tag from ``TAGS`` wherever the type is not
@@ -19,17 +19,19 @@ known statically::
 Field types: ids, indices, slots, views, ballots, counters and clock readings are
 non-negative ints that fit in int64. ``-1`` is accepted only where ``consensus.messages``
 gives it a meaning: ``NO_CL`` as the owner of an order instance (``OEntry.owner``,
-``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``) and "none" in
-``Heartbeat.lease_request``, ``Vote.accepted_view``, ``Vote.c_high``, ``CPromise.high`` and
-``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys are str, ``blind`` is bool,
-``CCommit.batch`` is nil or an array, and every tuple is an array.
+``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``, ``ExecutedRecord.owners``)
+and "none" in ``Heartbeat.lease_request``, ``Vote.accepted_view``, ``Vote.c_high``,
+``CPromise.high`` and ``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys are str,
+``blind`` is bool, ``CCommit.batch`` is nil or an array, and every tuple is an array.
 
 Every future format keeps the ``[version, ...]`` envelope, so an old reader reports
 ``UnsupportedVersion`` rather than garbage. Adding, removing or reordering a field of any class
 changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
 matches ``consensus.messages``, or a message class without a tag, fails at import). A new
 class takes a new, never used tag and needs no bump (an old reader rejects it as an unknown
-tag): the baselines' messages use tags 32..42 and records 80..81.
+tag): the baselines' messages use tags 32..42 and records 80..81. A bump that leaves every
+record's layout as it was adds the old version to ``RECORD_VERSIONS_READ``, so data
+directories survive the upgrade; peers must speak the same version (the handshake checks).
 
 A frame is the unit of per-peer message merging: the transport sends one frame per peer per
 loop turn. On TCP each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length,
@@ -91,6 +93,7 @@ from consensus.messages import (
     CPromiseRecord,
     CRequest,
     CVote,
+    ExecutedRecord,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -136,6 +139,7 @@ __all__ = [
     "MAX_OP_BYTES",
     "MAX_REQUEST_KEYS",
     "MAX_SLOTS",
+    "RECORD_VERSIONS_READ",
     "TAGS",
     "FrameReader",
     "checked_command",
@@ -149,8 +153,13 @@ __all__ = [
     "frame_to_wire",
 ]
 
-#: Version of the encoding; every frame, message and record carries it.
-FORMAT_VERSION: Final = 2
+#: Version of the encoding; every frame, message and record carries it. 3: ``CPromise``
+#: gained ``through`` (paged promises).
+FORMAT_VERSION: Final = 3
+#: Versions whose records this build reads (its records are what version 2 wrote, so a data
+#: directory written by the previous build restarts). Peers speak ``FORMAT_VERSION`` only.
+RECORD_VERSIONS_READ: Final = frozenset({2, FORMAT_VERSION})
+_SAME_VERSION: Final = frozenset({FORMAT_VERSION})
 
 # --------------------------------------------------------------------------- limits
 
@@ -225,6 +234,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         ViewRecord: 66,
         NewViewRecord: 67,
         CPromiseRecord: 68,
+        ExecutedRecord: 69,
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
@@ -364,6 +374,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("ballot", _UINT),
         ("accepted", _Array(CVote, MAX_ENTRIES)),
         ("high", _NONE),
+        ("through", _UINT),
     ),
     CNack: (
         ("src", _UINT),
@@ -430,6 +441,11 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ViewRecord: (("view", _UINT),),
     NewViewRecord: (("view", _UINT), ("start", _UINT), ("owners", _Array(_NO_CL, MAX_SLOTS))),
     CPromiseRecord: (("owner", _UINT), ("from_index", _UINT), ("ballot", _UINT)),
+    ExecutedRecord: (
+        ("start", _UINT),
+        ("owners", _Array(_NO_CL, MAX_SLOTS)),
+        ("ballots", _Array(_UINT, MAX_SLOTS)),
+    ),
     SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
     SkipRecord: (("start", _UINT), ("stop", _UINT)),
 }
@@ -804,15 +820,16 @@ def _unpack(data: bytes) -> object:
         raise DecodeError(f"malformed msgpack: {e or type(e).__name__}") from None
 
 
-def _open(data: bytes, what: str) -> object:
-    """Unpack ``data`` and check the ``[version, body]`` envelope; returns ``body``."""
+def _open(data: bytes, what: str, readable: frozenset[int] = _SAME_VERSION) -> object:
+    """Unpack ``data`` and check the ``[version, body]`` envelope (a version in
+    ``readable``); returns ``body``."""
     top = _unpack(data)
     if type(top) is not tuple or not top:
         raise _bad(what, "[version, ...] array", top)
     version = top[0]
     if type(version) is not int:
         raise _bad(f"{what} version", "int", version)
-    if version != FORMAT_VERSION:
+    if version not in readable:
         raise UnsupportedVersion(version, FORMAT_VERSION)
     if len(top) != 2:
         raise _bad(what, "[version, body] array", top)
@@ -923,7 +940,8 @@ def encode_record(rec: Record) -> bytes:
 
 def decode_record(data: bytes) -> Record:
     """Decode what ``encode_record`` made. Raises ``DecodeError`` for anything else."""
-    result: Record = _decode_tagged(_open(data, "record"), _RECORD_DECODERS, "record")
+    body = _open(data, "record", RECORD_VERSIONS_READ)
+    result: Record = _decode_tagged(body, _RECORD_DECODERS, "record")
     return result
 
 

@@ -50,6 +50,7 @@ UNSAFE_VARIANTS: Final = frozenset(
         "no_lease_check",  # the sequencer answers reads without a majority of leases
         "go_ready_rule",  # N=5 sequencer is ready before any OAck (the Go prototype's rule)
         "acks_any_ballot",  # N=5 learns a C-instance chosen from acknowledgements of any ballot
+        "replay_accepted",  # a restart also executes what it accepted, as if it were chosen
     }
 )
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
+    "EVERY_INDEX",
     "NO_CL",
     "CAccept",
     "CAcceptedRecord",
@@ -81,6 +82,8 @@ __all__ = [
 
 #: The value of an O-instance that places no command ("no command leader"): executes a no-op.
 NO_CL: Final = -1
+#: ``CPromise.through`` of a promise that reports on every index from its ``from_index``
+EVERY_INDEX: Final = (1 << 63) - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,8 +357,10 @@ class CVote:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CPromise:
     """``src`` promises ``ballot`` for ``owner``'s instances from ``from_index`` on and reports
-    what it accepted there (``accepted``) and the highest index it accepted (``high``, -1 for
-    none)."""
+    what it accepted from there through ``through`` (``accepted``), and the highest index it
+    accepted (``high``, -1 for none). A promise over more than a message may carry reports on
+    a page (``through`` < ``high``): the recoverer asks again from ``through + 1``; a whole
+    report has ``through == EVERY_INDEX``."""
 
     src: int
     view: int
@@ -364,6 +369,7 @@ class CPromise:
     ballot: int
     accepted: tuple[CVote, ...]
     high: int
+    through: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -594,6 +600,19 @@ class CPromiseRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutedRecord:
+    """This replica executed slots ``start``, ``start + 1``, ...: slot ``start + k`` held
+    ``owners[k]``'s next C-instance (or nothing, ``NO_CL``), chosen at ``ballots[k]`` (0 for
+    ``NO_CL``). Executed means chosen, so a restart re-executes these slots from its own
+    records (the values are in them, at that ballot or higher) instead of re-learning them
+    from its peers through messages sized by the log."""
+
+    start: int
+    owners: tuple[int, ...]
+    ballots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlotAcceptedRecord:
     """Baselines: this replica accepted global slot ``slot`` at ``ballot`` with ``batch``."""
 
@@ -616,6 +635,7 @@ Record = (
     | ViewRecord
     | NewViewRecord
     | CPromiseRecord
+    | ExecutedRecord
     | SlotAcceptedRecord
     | SkipRecord
 )

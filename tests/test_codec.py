@@ -64,6 +64,7 @@ MINUS_ONE_ALLOWED = {
     (messages.OVote, "owner"),
     (messages.NewView, "owners"),
     (messages.NewViewRecord, "owners"),
+    (messages.ExecutedRecord, "owners"),
     (messages.Heartbeat, "lease_request"),
     (messages.Vote, "accepted_view"),
     (messages.Vote, "c_high"),
@@ -225,6 +226,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "ViewRecord": 66,
         "NewViewRecord": 67,
         "CPromiseRecord": 68,
+        "ExecutedRecord": 69,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
         "Command": 96,
@@ -233,20 +235,28 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "CVote": 99,
     }
     assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
+    assert {2, 3} == codec.RECORD_VERSIONS_READ  # the records have not changed since 2
 
 
 def test_golden_encodings() -> None:
-    # pins the byte format of version 2 (2: Vote.accepted_from)
+    # pins the byte format of version 3 (2: Vote.accepted_from; 3: CPromise.through)
     ack = CAck(src=1, view=2, owner=3, index=4, ballot=5)
-    assert encode_message(ack).hex() == "920296020102030405"
-    assert encode_frame([ack]).hex() == "92029196020102030405"
+    assert encode_message(ack).hex() == "920396020102030405"
+    assert encode_frame([ack]).hex() == "92039196020102030405"
     accept = CAccept(src=0, view=0, owner=0, index=1, ballot=0, batch=(CMD,))
     assert encode_frame([accept]) == pack(
-        [2, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
+        [3, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
     )
+    promise = messages.CPromise(src=1, view=0, owner=2, from_index=3, ballot=4, accepted=(),
+                                high=5, through=messages.EVERY_INDEX)
+    assert encode_message(promise) == pack([3, [16, 1, 0, 2, 3, 4, [], 5, (1 << 63) - 1]])
     rec = OAcceptedRecord(view=3, entries=(OEntry(slot=9, owner=NO_CL),))
-    assert encode_record(rec) == pack([2, [65, 3, [[9, -1]]]])
+    assert encode_record(rec) == pack([3, [65, 3, [[9, -1]]]])
+    # records did not change in version 3: a log written by version 2 is read as it is
+    assert decode_record(pack([2, [65, 3, [[9, -1]]]])) == rec
+    with pytest.raises(UnsupportedVersion):
+        decode_message(pack([2, [2, 1, 2, 3, 4, 5]]))  # peers speak one version
 
 
 # --------------------------------------------------------------------------- round trips
@@ -336,12 +346,12 @@ def test_baseline_golden_encodings() -> None:
     accept = messages.MenciusAccept(
         src=1, view=0, slot=4, ballot=1, batch=(CMD,), skip_start=1, skip_stop=4
     )
-    assert encode_message(accept) == pack([2, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
+    assert encode_message(accept) == pack([3, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
     commit = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=None)
-    assert encode_message(commit) == pack([2, [35, 0, 0, 7, 0, None]])
+    assert encode_message(commit) == pack([3, [35, 0, 0, 7, 0, None]])
     noop = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=())
     assert decode_message(encode_message(noop)) == noop
-    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([2, [81, 2, 11]])
+    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([3, [81, 2, 11]])
     reject(raw_frame([TAGS[messages.MenciusSkip], 0, 0, 3, -1]), "MenciusSkip.skip_stop")
 
 
@@ -551,14 +561,16 @@ def test_unknown_tags_are_rejected() -> None:
     reject(raw_frame([True, 0, 0, 0]), r"expected \[tag")
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, 255, -1, 2**63])
+@pytest.mark.parametrize("version", [0, 1, 2, 4, 255, -1, 2**63])
 def test_unknown_versions_raise_unsupported_version(version: int) -> None:
-    for decode, data in (
+    cases = [
         (decode_frame, pack([version, []])),
         (decode_message, pack([version, [8, 0, 0, 0]])),
-        (decode_record, pack([version, [17, 0, []]])),
         (decode_frame, pack([version, "a future layout", {"x": 1}])),
-    ):
+    ]
+    if version not in codec.RECORD_VERSIONS_READ:
+        cases.append((decode_record, pack([version, [17, 0, []]])))
+    for decode, data in cases:
         with pytest.raises(UnsupportedVersion) as info:
             decode(data)
         assert info.value.version == version

@@ -3,6 +3,8 @@
 The driver's loop, for every batch (etcd-raft's contract):
 
 1. make every record in ``persist`` durable (one fsync for the whole batch: group commit);
+   append the records in ``log`` after them, which need no fsync of their own (losing them
+   in a crash costs time, never safety): the next fsync makes them durable;
 2. only then send ``send_after_persist`` (acknowledgements that promise what was persisted);
    ``send`` needs no durability and may leave at once;
 3. apply ``apply`` to the state machine in order (global-log order, no gaps);
@@ -69,6 +71,8 @@ class Failure:
 @dataclass(slots=True)
 class Ready:
     persist: list[Record] = field(default_factory=list)
+    #: records written after ``persist`` without an fsync of their own (see the module doc)
+    log: list[Record] = field(default_factory=list)
     send_after_persist: list[Outgoing] = field(default_factory=list)
     send: list[Outgoing] = field(default_factory=list)
     apply: list[Execution] = field(default_factory=list)
@@ -84,6 +88,7 @@ class Ready:
     def is_empty(self) -> bool:
         return not (
             self.persist
+            or self.log
             or self.send_after_persist
             or self.send
             or self.apply

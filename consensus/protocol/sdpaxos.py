@@ -107,13 +107,22 @@ from __future__ import annotations
 import bisect
 import enum
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES, MAX_REQUEST_KEYS
+from consensus.codec import (
+    MAX_ENTRIES,
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
+    MAX_REQUEST_KEYS,
+    MAX_SLOTS,
+)
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
+    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAcceptedRecord,
@@ -128,6 +137,7 @@ from consensus.messages import (
     CPromiseRecord,
     CRequest,
     CVote,
+    ExecutedRecord,
     Heartbeat,
     LeaseGrant,
     NewView,
@@ -158,6 +168,17 @@ __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
+#: A view change reports and re-proposes at most about this many executed slots: a voter
+#: does not vote for a candidate that executed this many slots less than itself, and with
+#: five replicas a candidate leaves out the votes of voters that far behind it. Such a
+#: replica catches up under a view that a nearer replica leads. (A quarter of the codec's
+#: MAX_ENTRIES, so a vote's executed and accepted slots together fit one message.)
+VIEW_SPAN = MAX_ENTRIES // 4
+#: A promise reports on at most this many bytes of batches (its first vote goes whatever its
+#: size) and this many votes; the recoverer asks for the next page (``CPromise.through``).
+#: With a batch's own bound (``max_batch_bytes``) it keeps every promise well inside a frame.
+PROMISE_PAGE_BYTES = 4 << 20
+PROMISE_PAGE_VOTES = 4096
 #: the adaptive retransmission timeout never exceeds this many times ``retransmit_us``
 RTO_CEILING_FACTOR = 10
 #: Straggler detection samples its own commands' waits this many times per window ...
@@ -182,8 +203,11 @@ SILENCE_WINDOW_FACTOR = 8
 #: the ballot of an own C-instance held for our recovery (nothing accepted, see
 #: ``_hold_for_recovery``)
 HELD = -1
+#: the C-instance index of a slot that places none (``NO_CL``) in ``log``
+NO_INDEX = -1
 
 Batch = tuple[Command, ...]
+_T = TypeVar("_T")
 
 
 class Role(enum.Enum):
@@ -412,6 +436,11 @@ class SDPaxosReplica:
         # N=3/N>=7 sequencer: when its own O-instances were last checked for re-sending
         self._own_checked_at = 0
         self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
+        # slots below this are in an ExecutedRecord (or the snapshot)
+        self._logged_exec = 0
+        # chosen values we hold but never accepted (learned from a commit): written to our
+        # records when executed, so that a restart can execute them again from the records
+        self._values_to_log: set[tuple[int, int]] = set()
         self._compacted = 0  # slots below this were compacted into a snapshot
         self._base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._exec_progress_at = 0
@@ -566,6 +595,7 @@ class SDPaxosReplica:
         self._flush_read_requests()
         self._flush_order_messages()
         self._try_execute()
+        self._log_executed()
         self._serve_reads()
         out, self._out = self._out, Ready()
         self._handed_out = out
@@ -860,8 +890,10 @@ class SDPaxosReplica:
                 return
         elif inst is None:
             inst = self.c[key] = CInstance(msg.ballot, msg.batch)
-        else:
+            self._values_to_log.add(key)
+        elif inst.ballot != msg.ballot or inst.batch != msg.batch:
             inst.ballot, inst.batch = msg.ballot, msg.batch
+            self._values_to_log.add(key)
         self._learn_c_chosen(msg.owner, msg.index, inst)
 
     def _learn_c_chosen(self, owner: int, index: int, inst: CInstance) -> None:
@@ -948,11 +980,7 @@ class SDPaxosReplica:
         self._out.persist.append(
             CPromiseRecord(owner=msg.owner, from_index=from_index, ballot=msg.ballot)
         )
-        accepted = tuple(
-            CVote(index=index, ballot=inst.ballot, batch=inst.batch)
-            for index in range(msg.from_index, self.c_high[msg.owner] + 1)
-            if (inst := self.c.get((msg.owner, index))) is not None and inst.batch is not None
-        )
+        accepted, through = self._promise_page(msg.owner, msg.from_index)
         promise = CPromise(
             src=self.me,
             view=self.view,
@@ -961,16 +989,36 @@ class SDPaxosReplica:
             ballot=msg.ballot,
             accepted=accepted,
             high=self.c_high[msg.owner],
+            through=through,
         )
         if msg.src == self.me:
             self._on_cpromise(promise)
         else:
             self._send(msg.src, promise)
 
+    def _promise_page(self, owner: int, from_index: int) -> tuple[tuple[CVote, ...], int]:
+        """What we accepted of ``owner``'s instances from ``from_index`` on, as far as one
+        message holds (``PROMISE_PAGE_BYTES`` of batches, ``PROMISE_PAGE_VOTES`` votes), and
+        the last index it reports on (``EVERY_INDEX``: all of them)."""
+        votes: list[CVote] = []
+        budget = PROMISE_PAGE_BYTES
+        for index in range(from_index, self.c_high[owner] + 1):
+            inst = self.c.get((owner, index))
+            if inst is None or inst.batch is None:
+                continue
+            size = batch_size(inst.batch)
+            if votes and (size > budget or len(votes) == PROMISE_PAGE_VOTES):
+                return tuple(votes), index - 1
+            budget -= size
+            votes.append(CVote(index=index, ballot=inst.ballot, batch=inst.batch))
+        return tuple(votes), EVERY_INDEX
+
     def _on_cpromise(self, msg: CPromise) -> None:
         recovery = self._recoveries.get(msg.owner)
         if recovery is None or recovery.ballot != msg.ballot:
             return
+        if msg.from_index != recovery.from_index:
+            return  # an answer to an earlier page's (or an earlier ask's) Prepare
         recovery.promises[msg.src] = msg
         if len(recovery.promises) < self.q:
             return
@@ -998,13 +1046,24 @@ class SDPaxosReplica:
         high = max(high, max(ours, default=-1))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, self._exec_count[msg.owner])
-        for index in range(first, high + 1):
+        # A paged promise reports on its page only: beyond the shortest page a value some
+        # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
+        last = min(high, min(p.through for p in recovery.promises.values()))
+        for index in range(first, last + 1):
             inst = self.c.get((msg.owner, index))
             if inst is not None and inst.committed:
                 continue
             found = best.get(index)
             batch: Batch = found.batch if found is not None else ours.get(index, ())
             self._propose_recovered(msg.owner, index, recovery.ballot, batch)
+        if last < high:
+            # the next page, at the same ballot: the promises already cover every index from
+            # the first page's start, so this only fetches what the acceptors accepted there
+            recovery.from_index = max(last + 1, first)
+            recovery.promises = {}
+            self._recoveries[msg.owner] = recovery
+            self._ask_again(recovery)
+            self._on_cprepare(self._prepare_of(recovery))  # our own report on the page
 
     def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
         inst = self.c.get((owner, index))
@@ -1114,18 +1173,18 @@ class SDPaxosReplica:
     def _flush_order_messages(self) -> None:
         """Send this turn's OAccepts, OAcks and OCommits: one message of each per peer."""
         if self._oaccept_out:
-            entries = tuple(self._oaccept_out)
+            for entries in _pages(self._oaccept_out, MAX_ENTRIES):
+                self._out.persist.append(OAcceptedRecord(view=self.view, entries=entries))
+                self._broadcast(OAccept(src=self.me, view=self.view, entries=entries))
             self._oaccept_out.clear()
-            self._out.persist.append(OAcceptedRecord(view=self.view, entries=entries))
-            self._broadcast(OAccept(src=self.me, view=self.view, entries=entries))
             self._after_seq_acks()
         for dest in sorted(self._oack_out):
-            self._send(dest, OAck(src=self.me, view=self.view, slots=tuple(self._oack_out[dest])))
+            for slots in _pages(self._oack_out[dest], MAX_SLOTS):
+                self._send(dest, OAck(src=self.me, view=self.view, slots=slots))
         self._oack_out.clear()
-        if self._ocommit_out:
-            commit = OCommit(src=self.me, view=self.view, entries=tuple(self._ocommit_out))
-            self._ocommit_out.clear()
-            self._broadcast(commit)
+        for entries in _pages(self._ocommit_out, MAX_ENTRIES):
+            self._broadcast(OCommit(src=self.me, view=self.view, entries=entries))
+        self._ocommit_out.clear()
 
     # ------------------------------------------------------------------ O-phase (acceptor)
     def _on_oaccept(self, msg: OAccept) -> None:
@@ -1335,7 +1394,7 @@ class SDPaxosReplica:
                 return
             owner = self.o_value[slot]
             if owner == NO_CL:
-                self.log[slot] = (NO_CL, -1)
+                self.log[slot] = (NO_CL, NO_INDEX)
             else:
                 index = self._exec_count[owner]
                 inst = self.c.get((owner, index))
@@ -1360,6 +1419,71 @@ class SDPaxosReplica:
             self._exec_progress_at = self.now
             if self.o_prefix < self.exec_slot:
                 self._advance_prefix()
+
+    def _log_executed(self) -> None:
+        """Record the slots executed since the last record (``ExecutedRecord``), after the
+        chosen values among them that our records lack: a restart executes them again from
+        its own records (``_replay_executed``) instead of re-learning the log from peers."""
+        start = max(self._logged_exec, self._compacted)
+        if start >= self.exec_slot:
+            return
+        owners: list[int] = []
+        ballots: list[int] = []
+        for slot in range(start, self.exec_slot):
+            owner, index = self.log[slot]
+            owners.append(owner)
+            if owner == NO_CL:
+                ballots.append(0)
+                continue
+            inst = self.c[(owner, index)]
+            ballots.append(inst.ballot)
+            if (owner, index) in self._values_to_log:
+                self._values_to_log.discard((owner, index))
+                assert inst.batch is not None
+                self._out.log.append(
+                    CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
+                )
+        for offset in range(0, len(owners), MAX_SLOTS):
+            self._out.log.append(
+                ExecutedRecord(
+                    start=start + offset,
+                    owners=tuple(owners[offset : offset + MAX_SLOTS]),
+                    ballots=tuple(ballots[offset : offset + MAX_SLOTS]),
+                )
+            )
+        self._logged_exec = self.exec_slot
+
+    def _replay_executed(self, executed: Mapping[int, tuple[int, int]]) -> None:
+        """After a restart: execute again, from our own records, the slots an
+        ``ExecutedRecord`` says we executed (slot -> (owner, ballot) of its C-instance).
+        Executed means chosen: a value we hold for that instance at its chosen ballot or a
+        higher one is the chosen value (Paxos). Stops at the first slot whose value the
+        records lack (a crash between the two writes): peers bring the rest, as before."""
+        if "replay_accepted" in self._unsafe:
+            # broken on purpose: every accepted O-instance taken as chosen, at any ballot
+            executed = {
+                **{s: (o, 0) for s, o in self.o_value.items() if s >= self.exec_slot},
+                **executed,
+            }
+        while self.exec_slot in executed:
+            slot = self.exec_slot
+            owner, ballot = executed[slot]
+            if owner == NO_CL:
+                self.log[slot] = (NO_CL, NO_INDEX)
+            else:
+                index = self._exec_count[owner]
+                inst = self.c.get((owner, index))
+                if inst is None or inst.batch is None or inst.ballot < ballot:
+                    break
+                inst.committed = True
+                led_here = owner == self.me
+                for offset, command in enumerate(inst.batch):
+                    self._out.apply.append(Execution(slot, offset, command, led_here))
+                self._exec_count[owner] = index + 1
+                self.log[slot] = (owner, index)
+            self.exec_slot = slot + 1
+        self._logged_exec = self.exec_slot
+        self.next_index = max(self.next_index, self._exec_count[self.me])
 
     # ------------------------------------------------------------------ views
     def _join_view(self, view: int) -> None:
@@ -1452,12 +1576,21 @@ class SDPaxosReplica:
             # snapshot and asks again from its new execution frontier.
             self._out.snapshot_requests.append(msg.src)
             return
+        if msg.from_slot + VIEW_SPAN < self.exec_slot:
+            # A candidate that far behind would get a vote (and send a NewView) sized by the
+            # log it missed. A nearer replica leads the view; this one catches up under it.
+            return
         if msg.view > self.view:
             self._join_view(msg.view)
         elif self.role is not Role.FOLLOWER or self.view_ready:
             return  # this view is already under way past its election
+        vote = self._make_vote(msg.from_slot)
+        if len(vote.entries) > MAX_ENTRIES:
+            # (ordered far beyond what we executed: cannot happen while execution keeps up)
+            # a vote that would not fit a message is no vote; another replica leads
+            return
         self._voted_in = msg.view
-        self._send(msg.src, self._make_vote(msg.from_slot))
+        self._send(msg.src, vote)
 
     def _on_vote(self, msg: Vote) -> None:
         if self.role is not Role.CANDIDATE or len(msg.c_high) != self.n:
@@ -1537,6 +1670,13 @@ class SDPaxosReplica:
         below our compaction point we no longer know them: the voters behind it get our
         snapshot instead, and their votes do not count.
         """
+        for src in [s for s, v in self._votes.items()
+                    if v.executed + VIEW_SPAN < self._candidate_from]:
+            # that voter would make the NewView re-propose a log's worth of slots: it catches
+            # up under the new view instead, and the candidate waits for nearer votes
+            del self._votes[src]
+        if len(self._votes) < self.q:
+            return None
         lowest = min(vote.executed for vote in self._votes.values())
         if lowest >= self._candidate_from:
             return []
@@ -2273,6 +2413,7 @@ class SDPaxosReplica:
                 self.c.pop((owner, index), None)
         for key in [k for k in self.c if k[1] < meta.exec_counts[k[0]]]:
             del self.c[key]
+        self._values_to_log = {k for k in self._values_to_log if k[1] >= meta.exec_counts[k[0]]}
         self._reproposing = {k for k in self._reproposing if k[1] >= meta.exec_counts[k[0]]}
         self._c_acks_seen = {
             k: seen for k, seen in self._c_acks_seen.items() if k[1] >= meta.exec_counts[k[0]]
@@ -2327,8 +2468,10 @@ class SDPaxosReplica:
 
     # ------------------------------------------------------------------ recovery
     def _recover(self, records: Sequence[Record]) -> None:
-        """Rebuild what this replica promised and accepted from its durable records."""
+        """Rebuild what this replica promised and accepted from its durable records, then
+        execute again what they say it executed."""
         own: set[int] = set()
+        executed: dict[int, tuple[int, int]] = {}
         for record in records:
             match record:
                 case CAcceptedRecord():
@@ -2360,6 +2503,10 @@ class SDPaxosReplica:
                 case CPromiseRecord():
                     self._c_promised[record.owner] = (record.ballot, record.from_index)
                     self._ballot_seen = max(self._ballot_seen, record.ballot)
+                case ExecutedRecord():
+                    for k, owner in enumerate(record.owners):
+                        executed[record.start + k] = (owner, record.ballots[k])
+        self._replay_executed(executed)
         self.role = Role.FOLLOWER
         self.view_ready = self.accepted_view >= self.view
         self._recount_o_state()
@@ -2367,6 +2514,12 @@ class SDPaxosReplica:
 
 
 _C_PHASE = (CAccept, CAck, CCommit, CPrepare, CPromise, CNack)
+
+
+def _pages(items: Sequence[_T], size: int) -> Iterator[tuple[_T, ...]]:
+    """``items`` in order, as tuples of at most ``size`` (one message's worth each)."""
+    for start in range(0, len(items), size):
+        yield tuple(items[start : start + size])
 
 
 def _keys_of(batch: Batch | None) -> tuple[str, ...]:

@@ -157,8 +157,8 @@ class Net:
         self.log.append(line)
 
     def restart(self, replica: int, seed: int = 99) -> None:
-        """Crash ``replica`` between two turns and rebuild it from its durable records (what
-        it executed is forgotten: it executes the log again from the start)."""
+        """Crash ``replica`` between two turns and rebuild it from its durable records (it
+        executes again, at once, what its records say it executed)."""
         self.cores[replica] = SDPaxosReplica(
             self.config, replica, recovered=list(self.durable[replica]),
             rng=random.Random(seed),
@@ -241,6 +241,7 @@ class Net:
         if self.trace:
             self._trace_ready(r, ready)
         self.durable[r].extend(ready.persist)
+        self.durable[r].extend(ready.log)  # a crash here is between turns: written by then
         for out in ready.send_after_persist + ready.send:
             if not isinstance(out.message, self.discard):
                 self.bag.append(Flight(r, out.to, out.message))
@@ -255,6 +256,8 @@ class Net:
         log = self.log.append
         for record in ready.persist:
             log(f"{r} persist {fmt_record(record)}")
+        for record in ready.log:
+            log(f"{r} log {fmt_record(record)}")
         for arrow, outs in (("->", ready.send_after_persist), ("~>", ready.send)):
             for out in outs:
                 if not isinstance(out.message, self.discard):

@@ -16,6 +16,7 @@ from sdp_util import Net, cmd, core, drain, msgs
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
+    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAcceptedRecord,
@@ -28,6 +29,8 @@ from consensus.messages import (
     CPrepare,
     CPromise,
     CRequest,
+    CVote,
+    ExecutedRecord,
     Heartbeat,
     LeaseGrant,
     NewView,
@@ -41,6 +44,7 @@ from consensus.messages import (
     PeerMessage,
     PreVote,
     PreVoteReply,
+    Record,
     RReply,
     RRequest,
     Suspect,
@@ -48,7 +52,9 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
+from consensus.protocol import sdpaxos as sdpaxos_module
 from consensus.protocol.ballot import ballot_of
+from consensus.protocol.batch import batch_size
 from consensus.protocol.ready import Execution, Ready
 from consensus.protocol.sdpaxos import (
     CATCHUP_BATCH,
@@ -1147,7 +1153,7 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
         prepare = found[0][1] if found else None  # type: ignore[assignment]
     assert (prepare.owner, prepare.from_index) == (1, 0)
     r1.step(CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
-                     accepted=(), high=-1), now)
+                     accepted=(), high=-1, through=EVERY_INDEX), now)
     ready = drain(r1)
     noop = CAccept(src=1, view=0, owner=1, index=0, ballot=prepare.ballot, batch=())
     assert msgs(ready.send_after_persist, CAccept) == [(0, noop), (2, noop)]
@@ -1175,13 +1181,13 @@ def test_a_recovery_without_a_majority_in_time_asks_again_at_the_same_ballot() -
     timeout = r1.config.election_timeout_us
     late = now + 10_000
     r1.step(CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
-                     accepted=(), high=-1), late)
+                     accepted=(), high=-1, through=EVERY_INDEX), late)
     drain(r1)
     r1.tick(late + timeout)
     again = [(to, m) for to, m in all_out(drain(r1)) if isinstance(m, CPrepare)]
     assert again == [(0, prepare), (3, prepare), (4, prepare)]
     r1.step(CPromise(src=3, view=0, owner=1, from_index=0, ballot=prepare.ballot,
-                     accepted=(), high=-1), late + timeout + 1)
+                     accepted=(), high=-1, through=EVERY_INDEX), late + timeout + 1)
     noop = CAccept(src=1, view=0, owner=1, index=0, ballot=prepare.ballot, batch=())
     assert msgs(drain(r1).send_after_persist, CAccept) == [(0, noop), (2, noop), (3, noop),
                                                            (4, noop)]
@@ -1308,7 +1314,7 @@ def test_a_recoverer_that_promised_a_higher_ballot_meanwhile_proposes_nothing() 
     r0.step(CPrepare(src=2, view=0, owner=2, from_index=0, ballot=ours.ballot + 2), 1)
     assert [type(m) for _, m in all_out(drain(r0))] == [CPromise]
     r0.step(CPromise(src=1, view=0, owner=2, from_index=0, ballot=ours.ballot, accepted=(),
-                     high=0), 2)
+                     high=0, through=EVERY_INDEX), 2)
     ready = drain(r0)
     assert [m for _, m in all_out(ready) if isinstance(m, CAccept)] == []
     assert [r for r in ready.persist if isinstance(r, CAcceptedRecord)] == []
@@ -1337,7 +1343,7 @@ def test_a_proposal_held_for_a_recovery_is_named_nowhere_until_it_is_durable() -
     prepares = [m for m in sent if isinstance(m, CPrepare)]
     assert {(m.owner, m.from_index) for m in prepares} == {(1, 0)}
     r1.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=prepares[-1].ballot,
-                     accepted=(), high=-1), now)
+                     accepted=(), high=-1, through=EVERY_INDEX), now)
     ready = drain(r1)
     assert [(r.index, r.batch) for r in ready.persist if isinstance(r, CAcceptedRecord)] == [
         (0, (C,))
@@ -1745,7 +1751,7 @@ def test_a_recovery_never_re_proposes_an_instance_executed_meanwhile() -> None:
     drain(r2)
     ballot = r2._recoveries[1].ballot
     r2.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=ballot, accepted=(),
-                     high=0), 2)
+                     high=0, through=EVERY_INDEX), 2)
     ready = drain(r2)
     assert msgs(ready.send, CAccept) + msgs(ready.send_after_persist, CAccept) == []
     assert not any(isinstance(r, CAcceptedRecord) for r in ready.persist)
@@ -1890,3 +1896,188 @@ def test_a_catch_up_answer_is_bounded_in_bytes() -> None:
     commits = [(to, m) for to, m in all_out(drain(r0)) if isinstance(m, CCommit)]
     assert 0 < len(commits) < 100
     assert sum(len(c.batch[0].op) for _, c in commits) <= CATCHUP_BYTES + len(op)
+
+
+# =========================================================================== restart replay
+
+
+def _restarted(r: SDPaxosReplica, records: list[Record]) -> tuple[SDPaxosReplica, Ready]:
+    again = SDPaxosReplica(r.config, r.me, recovered=records, rng=random.Random(0))
+    return again, drain(again)
+
+
+def test_executing_writes_an_executed_record_that_needs_no_fsync() -> None:
+    # Executed means chosen: the record lets a restart execute again from its own records.
+    # It is written lazily (``Ready.log``): a turn that only executes costs no fsync.
+    r = core(3, 2)
+    r.step(caccept(1, 1, 0, (A,)), 0)
+    accepted = drain(r).persist
+    r.step(ccommit(1, 1, 0, None), 0)
+    r.step(ocommit(0, (0, 1), (1, NO_CL)), 0)
+    ready = drain(r)
+    assert [e.command for e in ready.apply] == [A]
+    assert ready.persist == []
+    assert ready.log == [ExecutedRecord(start=0, owners=(1, NO_CL), ballots=(1, 0))]
+    # restarted from those records it executes both slots again at once, with no peer
+    again, first = _restarted(r, [*accepted, *ready.log])
+    assert [(e.slot, e.command) for e in first.apply] == [(0, A)]
+    assert again.executed_through() == 1 and again.committed_log() == r.committed_log()
+    # and it never logs them twice
+    assert first.log == []
+
+
+def test_a_value_learned_from_a_commit_is_logged_before_its_executed_record() -> None:
+    # C[1][0] reached us only in a commit (catch-up): our records lack it, so the executed
+    # record alone could not be replayed. The value goes first, in the same lazy write.
+    r = core(3, 2)
+    r.step(ccommit(1, 1, 0, (A,)), 0)
+    r.step(ocommit(0, (0, 1)), 0)
+    ready = drain(r)
+    assert ready.log == [
+        CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,)),
+        ExecutedRecord(start=0, owners=(1,), ballots=(1,)),
+    ]
+    _, first = _restarted(r, ready.log)
+    assert [e.command for e in first.apply] == [A]
+
+
+def test_replay_stops_where_the_records_lack_the_chosen_value() -> None:
+    # A crash between two writes (or a value held at a lower ballot than the chosen one)
+    # leaves a slot whose chosen value the records do not prove: execution stops there and
+    # peers bring the rest, as without the record.
+    r = core(3, 2)
+    r.step(caccept(1, 1, 0, (A,)), 0)
+    r.step(caccept(0, 0, 0, (B,)), 0)
+    accepted = drain(r).persist
+    r.step(ccommit(1, 1, 0, None), 0)
+    r.step(ccommit(0, 0, 0, None), 0)
+    r.step(ocommit(0, (0, 1), (1, 0)), 0)
+    executed = drain(r).log
+    assert [x for x in executed if isinstance(x, ExecutedRecord)] == [
+        ExecutedRecord(start=0, owners=(1, 0), ballots=(1, 0))
+    ]
+    without_b = [x for x in accepted if not (isinstance(x, CAcceptedRecord) and x.owner == 0)]
+    again, first = _restarted(r, [*without_b, *executed])
+    assert [e.command for e in first.apply] == [A] and again.executed_through() == 0
+    # a value accepted at a lower ballot than the chosen one proves nothing either
+    chosen_higher = ExecutedRecord(start=0, owners=(1, 0), ballots=(1, ballot_of(1, 2)))
+    again, first = _restarted(r, [*accepted, chosen_higher])
+    assert [e.command for e in first.apply] == [A] and again.executed_through() == 0
+
+
+def test_a_restarted_replica_votes_from_where_it_executed_not_from_its_snapshot() -> None:
+    # The stall seen with real processes: restarted at its snapshot, a replica reported every
+    # O-instance since in its vote (and a whole cluster restarted, every voter did). With
+    # the replay its vote starts at what it executed before the crash.
+    r = core(3, 2)
+    records: list[Record] = []
+    for index in range(50):
+        r.step(caccept(1, 1, index, (cmd(1, index),)), 0)
+        r.step(ccommit(1, 1, index, None), 0)
+        r.step(ocommit(0, (index, 1)), 0)
+        ready = drain(r)
+        records += [*ready.persist, *ready.log]
+    assert r.executed_through() == 49
+    again, _ = _restarted(r, records)
+    again.tick(0)
+    later = 10 * r.config.lease_us  # a restarted replica's vote is no longer held back
+    again.step(VRequest(src=1, view=1, from_slot=50), later)
+    (vote,) = [m for _, m in all_out(drain(again)) if isinstance(m, Vote)]
+    assert vote.executed == 50 and vote.entries == ()
+
+
+# =========================================================================== paged promises
+
+
+def test_a_promise_over_more_than_a_page_reports_on_a_page_and_says_how_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a promise reporting on every accepted instance was sized by the log: a restarted peer
+    # decoded tens of thousands of votes (seconds on the event loop; past 65,536 none did)
+    r2 = core(3, 2)
+    batch = (cmd(1, 0),)
+    per_vote = batch_size(batch)
+    for index in range(10):
+        r2.step(caccept(1, 1, index, batch), 0)
+    drain(r2)
+    monkeypatch.setattr(sdpaxos_module, "PROMISE_PAGE_BYTES", 3 * per_vote)
+    r2.step(CPrepare(src=0, view=0, owner=1, from_index=0, ballot=ballot_of(1, 0)), 1)
+    (promise,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
+    assert [v.index for v in promise.accepted] == [0, 1, 2]
+    assert (promise.through, promise.high) == (2, 9)
+    r2.step(CPrepare(src=0, view=0, owner=1, from_index=8, ballot=ballot_of(1, 0)), 2)
+    (rest,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
+    assert [v.index for v in rest.accepted] == [8, 9] and rest.through == EVERY_INDEX
+    # one batch over the budget still goes, alone: a page always makes progress
+    monkeypatch.setattr(sdpaxos_module, "PROMISE_PAGE_BYTES", 1)
+    r2.step(CPrepare(src=0, view=0, owner=1, from_index=4, ballot=ballot_of(1, 0)), 3)
+    (single,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
+    assert [v.index for v in single.accepted] == [4] and single.through == 4
+
+
+def test_a_recoverer_goes_no_further_than_the_shortest_page_then_asks_for_the_next() -> None:
+    # Beyond a page an acceptor of the majority may hold a value (here C[1][3], which may be
+    # chosen): a no-op there would be a second value. The recoverer proposes through the
+    # page, then asks again from its end at the same ballot (the promises hold already).
+    r0 = core(3, 0)
+    r0.tick(0)
+    r0._start_recovery(1, 0)
+    (prepare,) = {m for _, m in all_out(drain(r0)) if isinstance(m, CPrepare)}
+    batches = [(cmd(1, i),) for i in range(4)]
+    page = CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
+                    accepted=tuple(CVote(index=i, ballot=1, batch=batches[i]) for i in (0, 1)),
+                    high=3, through=1)
+    r0.step(page, 10)
+    ready = drain(r0)
+    proposed = {m.index: m.batch for _, m in msgs(ready.send_after_persist, CAccept)}
+    assert proposed == {0: batches[0], 1: batches[1]}
+    again = {m for _, m in all_out(ready) if isinstance(m, CPrepare)}
+    assert again == {dataclasses.replace(prepare, from_index=2)}
+    # a late answer to the first page counts for nothing on the second
+    r0.step(dataclasses.replace(page, src=1), 11)
+    assert msgs(drain(r0).send_after_persist, CAccept) == []
+    rest = CPromise(src=2, view=0, owner=1, from_index=2, ballot=prepare.ballot,
+                    accepted=(CVote(index=3, ballot=1, batch=batches[3]),), high=3,
+                    through=EVERY_INDEX)
+    r0.step(rest, 12)
+    proposed = {m.index: m.batch for _, m in msgs(drain(r0).send_after_persist, CAccept)}
+    assert proposed == {2: (), 3: batches[3]}
+
+
+# =========================================================================== view-change span
+
+
+def test_n5_candidate_leaves_out_a_voter_too_far_behind_and_waits_for_nearer_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Re-proposing from a voter thousands of slots behind made the NewView as big as the log
+    # (past MAX_SLOTS no peer could decode it): such a voter catches up under the new view.
+    monkeypatch.setattr(sdpaxos_module, "VIEW_SPAN", 1)
+    r1 = _n5_candidate_that_executed_two_slots(compact=False)
+    r1.step(_vote_n5(2, executed=0), 10_000_000)  # two slots behind: over the span
+    r1.step(_vote_n5(3, executed=2), 10_000_000)
+    assert msgs(drain(r1).send_after_persist, NewView) == []
+    r1.step(_vote_n5(4, executed=1), 10_000_000)  # one behind: within it
+    (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
+    assert (new_view.start, new_view.owners[:1]) == (1, (3,))
+
+
+def test_a_voter_does_not_vote_for_a_candidate_far_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sdpaxos_module, "VIEW_SPAN", 2)
+    r2 = core(3, 2)
+    r2.tick(0)
+    for index in range(4):
+        r2.step(caccept(1, 1, index, (cmd(1, index),)), 0)
+        r2.step(ccommit(1, 1, index, None), 0)
+        r2.step(ocommit(0, (index, 1)), 0)
+    drain(r2)
+    assert r2.executed_through() == 3
+    later = 10 * r2.config.lease_us
+    r2.step(VRequest(src=1, view=1, from_slot=1), later)  # three behind
+    ready = drain(r2)
+    assert all_out(ready) == [] and r2.view == 0
+    r2.step(VRequest(src=1, view=1, from_slot=2), later)  # two behind: within the span
+    (vote,) = [m for _, m in all_out(drain(r2)) if isinstance(m, Vote)]
+    assert [e.slot for e in vote.entries] == [2, 3]
