@@ -6,6 +6,7 @@ import asyncio
 import bisect
 from typing import TYPE_CHECKING
 
+from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.sdpaxos import SDPaxosReplica
 
 if TYPE_CHECKING:
@@ -51,6 +52,13 @@ def render(node: ReplicaNode) -> str:
         f"sdpaxos_frames_dropped_total {transport.frames_dropped}",
         "# TYPE sdpaxos_bad_frames_total counter",
         f"sdpaxos_bad_frames_total {stats.bad_frames + transport.bad_connections}",
+        # decoded peer frames that failed admission, by the kind of field that failed
+        "# TYPE sdpaxos_peer_frames_rejected_total counter",
+        *(
+            f'sdpaxos_peer_frames_rejected_total{{kind="{kind}"}} '
+            f"{stats.peer_frames_rejected.get(kind, 0)}"
+            for kind in REJECTION_KINDS
+        ),
         "# TYPE sdpaxos_c_recoveries_total counter",
         f"sdpaxos_c_recoveries_total {0 if sdpaxos is None else sdpaxos.recoveries_started}",
         "# TYPE sdpaxos_client_connections_open gauge",

@@ -40,6 +40,7 @@ from consensus.errors import (
     SDPaxosError,
 )
 from consensus.messages import Command, PeerMessage, SnapshotChunk
+from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import load_core
@@ -98,6 +99,10 @@ class NodeStats:
     bad_frames: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    #: peer frames dropped by admission (``consensus.protocol.admission``), by rejection kind
+    peer_frames_rejected: dict[str, int] = field(default_factory=dict)
+    #: peers whose frames admission rejected (each is logged once)
+    rejected_peers: set[int] = field(default_factory=set)
     #: latencies (µs) of commands led here, from proposal to answer
     latencies_us: list[int] = field(default_factory=list)
 
@@ -233,9 +238,20 @@ class ReplicaNode:
             self.stats.bad_frames += 1
             log.warning("dropping a bad frame from replica %d: %s", peer, exc)
             return
-        genuine = [m for m in messages if m.src == peer]
-        if len(genuine) != len(messages):
-            self.stats.bad_frames += 1
+        # every id, index, slot, view and ballot against the configuration and the core's
+        # state, and src against the peer the handshake named: one bad message drops it all
+        rejection = check_frame(messages, self.core, self.config.protocol.replicas,
+                                sender=peer, protocol=self.config.protocol_name)
+        if rejection is not None:
+            rejected = self.stats.peer_frames_rejected
+            rejected[rejection.kind] = rejected.get(rejection.kind, 0) + 1
+            if peer not in self.stats.rejected_peers:
+                self.stats.rejected_peers.add(peer)
+                log.warning("dropping frames from replica %d that fail admission (logged once "
+                            "per peer; counted in sdpaxos_peer_frames_rejected_total): %s",
+                            peer, rejection)
+            return
+        genuine = messages
         chunks = [m for m in genuine if isinstance(m, SnapshotChunk)]
         for chunk in chunks:
             self._on_snapshot_chunk(chunk)
