@@ -869,10 +869,10 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
                 await nemesis.finish_recoveries()
                 await load.finish()
             phase_end = final_call = _now_us()  # every operation has returned
-            nemesis._note_crashes()
-            crashes.extend(nemesis.crashes)
             finals, last = await converge(cluster, options.replicas, options.heal_bound_s)
             final_ret = _now_us()
+            nemesis._note_crashes()
+            crashes.extend(nemesis.crashes)
             (directory / "final-states.json").write_text(json.dumps(
                 [None if s is None else s.to_json() for s in last]))
     finally:
