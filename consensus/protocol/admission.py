@@ -34,7 +34,8 @@ The rules (``Bounds`` holds the receiver's state they read, taken once per frame
   ``0 <= x <= MAX_COUNTER`` and no window: a replica far behind must still learn how far
   (that is how it asks for catch-up), and no handler loops up to one of them.
 * **Lengths**: ``Vote.c_high`` has exactly N entries; ``SnapshotChunk`` bytes lie inside
-  ``[0, total]`` and ``total <= MAX_SNAPSHOT_BYTES``.
+  ``[0, total]`` and ``total <= MAX_SNAPSHOT_BYTES``; a paged ``CPromise`` runs ``through``
+  an index at least its ``from_index`` (or ``EVERY_INDEX``).
 * **Protocol**: given the receiver's protocol, a message class that protocol never sends
   (a misconfigured peer) is rejected.
 
@@ -87,6 +88,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from consensus.codec import MAX_ENTRIES, MAX_SLOTS
 from consensus.messages import (
+    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAck,
@@ -474,6 +476,16 @@ def c_high(value: Any, msg: Any, b: Bounds) -> Verdict:
     return None
 
 
+def promise_through(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """``CPromise.through``: ``EVERY_INDEX`` (a whole report), or the last index of a page,
+    at least its ``from_index`` and an index a recovery may re-propose up to."""
+    if value == EVERY_INDEX and type(value) is int:
+        return None
+    if type(value) is int and value < msg.from_index:
+        return "index", f"page through {value} before its start {msg.from_index}"
+    return _index(value, msg.owner, ORDER_WINDOW, False, b)
+
+
 def accepted_view(value: Any, msg: Any, b: Bounds) -> Verdict:
     """``Vote.accepted_view``: a view at most the vote's own, or -1 (none)."""
     if _int_in(value, -1, msg.view):
@@ -574,7 +586,11 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
         CPromise: Entry(_SDPAXOS, (*_SRC_VIEW, ("owner", replica),
                                    ("from_index", Index(INDEX_WINDOW)), ("ballot", ballot),
                                    ("accepted", cvotes),
-                                   ("high", Index(ORDER_WINDOW, none_ok=True)))),
+                                   ("high", Index(ORDER_WINDOW, none_ok=True)),
+                                   # (a recovery stops at min(high, through): the bound
+                                   # matters less than for high, but a correct page's end
+                                   # is an index like it, at or after its from_index)
+                                   ("through", promise_through))),
         CNack: Entry(_SDPAXOS, (*_SRC_VIEW, ("owner", replica), ("index", Index(INDEX_WINDOW)),
                                 ("ballot", ballot))),
         # ---------------------------------------------------------------- SDPaxos O-phase

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from consensus.config import ProtocolConfig
 from consensus.messages import (
+    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAck,
@@ -115,7 +116,8 @@ def valid_sdpaxos(n: int, me: int, s: int) -> list[PeerMessage]:
         NewViewAck(src=s, view=me + n),
         CPrepare(src=s, view=0, owner=other, from_index=0, ballot=ballot_of(1, s)),
         CPromise(src=s, view=0, owner=other, from_index=0, ballot=ballot_of(1, me),
-                 accepted=(CVote(index=0, ballot=other, batch=(command(),)),), high=0),
+                 accepted=(CVote(index=0, ballot=other, batch=(command(),)),), high=0,
+                 through=EVERY_INDEX),
         CNack(src=s, view=0, owner=me, index=0, ballot=ballot_of(2, other)),
         RRequest(src=s, view=0, read_id=1, keys=("k",)),
         RReply(src=s, view=0, read_id=1, slot=-1),
@@ -260,6 +262,9 @@ def bad_values(rule: Any, msg: Any, name: str, n: int, me: int) -> list[Any]:
             minus[:-1], (*minus, -1), (index_window(0, me, VOTE_WINDOW), *minus[1:]),
             (-2, *minus[1:]), (*minus[:-1], 1 << 62),
         ]
+    if rule is a.promise_through:
+        high = index_window(msg.owner, me, ORDER_WINDOW)
+        return [high, -1, msg.from_index - 1, INT64_MAX - 1, 1 << 62]
     if rule is a.accepted_view:
         return [msg.view + 1, -2, 1 << 62]
     if rule is a.free:
@@ -282,6 +287,8 @@ def edge_values(rule: Any, msg: Any, name: str, b: Bounds) -> list[Any]:
     }
     if isinstance(rule, Index):
         return [-1 if rule.none_ok else 0, index_window(msg.owner, me, rule.window) - 1]
+    if rule is a.promise_through:
+        return [EVERY_INDEX, msg.from_index, index_window(msg.owner, me, ORDER_WINDOW) - 1]
     return edges.get(rule, [])
 
 

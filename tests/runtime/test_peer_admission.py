@@ -13,6 +13,7 @@ import msgpack
 
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
 from consensus.messages import (
+    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAck,
@@ -93,7 +94,7 @@ def forged() -> list[PeerMessage]:
         NewViewAck(src=bad, view=3),
         CPrepare(src=s, view=0, owner=bad, from_index=0, ballot=ballot_of(1, s)),
         CPromise(src=s, view=0, owner=bad, from_index=0, ballot=ballot_of(1, 1),
-                 accepted=(CVote(index=0, ballot=0, batch=(op,)),), high=0),
+                 accepted=(CVote(index=0, ballot=0, batch=(op,)),), high=0, through=EVERY_INDEX),
         CNack(src=s, view=0, owner=bad, index=0, ballot=ballot_of(1, s)),
         RRequest(src=bad, view=0, read_id=0, keys=()),
         RReply(src=bad, view=0, read_id=0, slot=0),
