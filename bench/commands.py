@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "failover": ("bench.failover", "throughput timeline per site when the sequencer is killed"),
     "reads": ("bench.reads", "linearizable read throughput and latency, uniform and Zipf keys"),
     "restart": ("bench.restart", "recovery time after restarting replicas at real log sizes"),
+    "decode": ("bench.decode", "decoding time of votes, promises and new views by size"),
 }
 
 

@@ -887,25 +887,34 @@ def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
     return result
 
 
-def encode_frames(msgs: Sequence[PeerMessage], max_bytes: int) -> list[bytes]:
+def encode_frames(
+    msgs: Sequence[PeerMessage], max_bytes: int, *, target_bytes: int | None = None
+) -> list[bytes]:
     """``encode_frame`` for any number of messages: as few frames as possible, in order, each
-    at most ``max_bytes`` long (a turn's messages for one peer, say, a catch-up answer
-    included, may add up to more than a frame may hold).
+    at most ``target_bytes`` long (default ``max_bytes``) unless it holds one message alone,
+    and none over ``max_bytes`` (a turn's messages for one peer, say, a catch-up answer
+    included, may add up to more than a frame may hold). A smaller target bounds how long
+    the receiver spends decoding one frame.
 
     Raises ``LocalProtocolError`` if a single message is over ``max_bytes`` (cores bound
     their batches so that this cannot happen).
     """
+    target = max_bytes if target_bytes is None else min(target_bytes, max_bytes)
     if len(msgs) <= MAX_FRAME_MESSAGES:
         frame = encode_frame(msgs)
-        if len(frame) <= max_bytes:
+        if len(frame) <= target:
             return [frame]
         if len(msgs) == 1:
+            if len(frame) <= max_bytes:
+                return [frame]
             raise LocalProtocolError(
                 f"a {type(msgs[0]).__name__} of {len(frame)} bytes does not fit a frame of "
                 f"{max_bytes}"
             )
     half = len(msgs) // 2  # rare (big frames only): halving keeps the common case one pack
-    return encode_frames(msgs[:half], max_bytes) + encode_frames(msgs[half:], max_bytes)
+    return encode_frames(msgs[:half], max_bytes, target_bytes=target) + encode_frames(
+        msgs[half:], max_bytes, target_bytes=target
+    )
 
 
 def decode_frame(data: bytes) -> list[PeerMessage]:

@@ -205,6 +205,8 @@ SILENCE_WINDOW_FACTOR = 8
 HELD = -1
 #: the C-instance index of a slot that places none (``NO_CL``) in ``log``
 NO_INDEX = -1
+#: ``_fill_for``: m needs no slot of the new view's (it owns enough below it)
+NO_POSITION = -1
 
 Batch = tuple[Command, ...]
 _T = TypeVar("_T")
@@ -1700,20 +1702,24 @@ class SDPaxosReplica:
         (N=5 seed 362 with every fault). Nothing of ``m``'s beyond the ``needed``-th can be
         chosen (``needed`` bounds them: a chosen C-instance was accepted by a voter), so
         those slots propose no one."""
-        while True:
-            count = before
-            last_needed = -1
-            for position, owner in enumerate(owners):
-                if owner == m:
-                    count += 1
-                    if count == needed:
-                        last_needed = position
-            if count >= needed and None not in owners[: max(last_needed, 0)]:
+        # One pass (filling the first hole and counting again was quadratic: a candidate
+        # spent seconds on a vote naming thousands of m's instances): until m owns
+        # ``needed``, every hole gets m; the needed-th then has no hole before it.
+        count = before
+        last_needed = NO_POSITION
+        for position, owner in enumerate(owners):
+            if count >= needed:
                 break
-            if None in owners:
-                owners[owners.index(None)] = m
-            else:
-                owners.append(m)
+            if owner is None:
+                owners[position] = owner = m
+            if owner == m:
+                count += 1
+                if count == needed:
+                    last_needed = position
+        while count < needed:
+            owners.append(m)
+            count += 1
+            last_needed = len(owners) - 1
         for position in range(last_needed + 1, len(owners)):
             if owners[position] == m:
                 owners[position] = None

@@ -75,6 +75,20 @@ SNAPSHOT_CHUNK = 512 << 10
 #: are not counted: a turn's writes go out as one C-instance, and fewer, bigger instances are
 #: what keeps the sequencer's ordering work small.
 MAX_READS_PER_TURN = 128
+#: applying a turn's commands yields to the loop every this many seconds (checked every
+#: APPLY_CHECK_EVERY commands)
+APPLY_SLICE_S = 0.01
+APPLY_CHECK_EVERY = 256
+#: frames are split at about this size (a message bigger than that goes alone): a receiver
+#: decodes a frame in one piece, at ~5 µs a command, so a catch-up answer of megabytes in
+#: one frame held its loop for a third of a second
+FRAME_TARGET_BYTES = 256 << 10
+#: the event-loop lag probe's period (``NodeStats.longest_stall_s``)
+LAG_PROBE_S = 0.02
+#: default: a snapshot once this many bytes went into the write-ahead log since the last one
+SNAPSHOT_LOG_BYTES = 256 << 20
+#: default: a snapshot at least this often while commands are applied (seconds)
+SNAPSHOT_INTERVAL_S = 600.0
 
 __all__ = ["NodeStats", "ReplicaNode", "Result"]
 
@@ -99,6 +113,17 @@ class NodeStats:
     bad_frames: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    #: the longest loop turn (seconds), yields to the event loop included
+    longest_turn_s: float = 0.0
+    #: the longest piece of this replica's own work between two yields to the event loop
+    #: (seconds): a loop turn's part, a slice of its applying, a frame's decoding
+    longest_busy_s: float = 0.0
+    #: the longest the event loop was held by anything (seconds, ``LAG_PROBE_S`` resolution):
+    #: how long a peer's frame, a client or /metrics waited at most to be read
+    longest_stall_s: float = 0.0
+    #: slots executed again from the records at start, and how long that took (seconds)
+    replayed_slots: int = 0
+    replay_seconds: float = 0.0
     #: peer frames dropped by admission (``consensus.protocol.admission``), by rejection kind
     peer_frames_rejected: dict[str, int] = field(default_factory=dict)
     #: peers whose frames admission rejected (each is logged once)
@@ -134,6 +159,8 @@ class ReplicaNode:
         tick_us: int | None = None,
         seed: int | None = None,
         snapshot_every: int = 100_000,
+        snapshot_bytes: int = SNAPSHOT_LOG_BYTES,
+        snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         fault_injection: bool = False,
     ) -> None:
         self.config = config
@@ -142,7 +169,15 @@ class ReplicaNode:
         self.state_machine = state_machine
         self.fsync = fsync
         self.stats = NodeStats()
+        #: a snapshot is taken once any of these is reached since the last one: commands
+        #: applied, bytes appended to the write-ahead log, seconds (with something applied).
+        #: Bytes and time bound what a restart reads and executes again whatever the
+        #: commands' sizes and the load.
         self.snapshot_every = snapshot_every
+        self.snapshot_bytes = snapshot_bytes
+        self.snapshot_interval_s = snapshot_interval_s
+        self._logged_since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
         self.snapshot_dir = config.replica_dir(me) / "snapshots"
         #: the latest snapshot (what a peer behind our compaction point is sent) and its meta
         self._snapshot: tuple[bytes, SnapshotMeta] | None = None
@@ -185,6 +220,8 @@ class ReplicaNode:
         self._proposed_at: dict[tuple[int, int], int] = {}
         self._client_server: asyncio.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None
+        self._lag_task: asyncio.Task[None] | None = None
+        self._busy_since = 0.0  # when the piece of work under way began (longest_busy_s)
         self._stopping = False
         self._last_seen_view: tuple[int, object] = (-1, None)
         #: called with (position, command, result) after each command applies (watchers)
@@ -192,10 +229,41 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        await self._replay()
+        self._lag_task = asyncio.create_task(self._probe_lag(), name=f"lag-{self.me}")
         await self.transport.start()
         host, port = self.config.replica(self.me).client_address
         self._client_server = await asyncio.start_server(self._serve_client, host, port)
         self._loop_task = asyncio.create_task(self._run(), name=f"replica-{self.me}")
+
+    def _busy_until_now(self) -> None:
+        """A piece of work that began at ``_busy_since`` ends here (``longest_busy_s``)."""
+        busy = time.perf_counter() - self._busy_since
+        if busy > self.stats.longest_busy_s:
+            self.stats.longest_busy_s = busy
+
+    async def _probe_lag(self) -> None:
+        """Measure how late a short timer fires: the longest stretch anything held the loop."""
+        while not self._stopping:
+            due = time.perf_counter() + LAG_PROBE_S
+            await asyncio.sleep(LAG_PROBE_S)
+            stall = time.perf_counter() - due
+            if stall > self.stats.longest_stall_s:
+                self.stats.longest_stall_s = stall
+
+    async def _replay(self) -> None:
+        """Apply what a restarted core executes again from its records (its first ``Ready``)
+        before anything is served: one long step at start, instead of a first loop turn that
+        peers and clients would wait behind."""
+        started = time.perf_counter()
+        first_slot = self._snapshot[1].slot if self._snapshot is not None else 0
+        await self._carry_out(self.core.ready(), _now_us())
+        self.stats.replay_seconds = time.perf_counter() - started
+        if isinstance(self.core, SDPaxosReplica):
+            self.stats.replayed_slots = self.core.exec_slot - first_slot
+        if self.stats.commands_applied:
+            log.info("replica %d: executed %d commands again from its records in %.2f s",
+                     self.me, self.stats.commands_applied, self.stats.replay_seconds)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -204,6 +272,9 @@ class ReplicaNode:
             self._client_server.close()
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            await asyncio.gather(self._lag_task, return_exceptions=True)
         await self.transport.close()
         self.wal.close()
         for key in list(self._commands):
@@ -232,6 +303,13 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ network input
     def _on_frame(self, peer: int, payload: bytes) -> None:
+        self._busy_since = time.perf_counter()
+        try:
+            self._take_frame(peer, payload)
+        finally:
+            self._busy_until_now()
+
+    def _take_frame(self, peer: int, payload: bytes) -> None:
         try:
             messages = decode_frame(payload)
         except DecodeError as exc:
@@ -288,6 +366,7 @@ class ReplicaNode:
             else:
                 await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
             self._wakeup.clear()
+            started = self._busy_since = time.perf_counter()
             now = _now_us()
             events, self._events = self._events, []
             events += self._take_client_requests()
@@ -295,7 +374,11 @@ class ReplicaNode:
             if now >= next_tick:
                 self.core.tick(now)
                 next_tick = now + self.tick_us
-            self._carry_out(self.core.ready(), now)
+            await self._carry_out(self.core.ready(), now)
+            self._busy_until_now()
+            turn = time.perf_counter() - started
+            if turn > self.stats.longest_turn_s:
+                self.stats.longest_turn_s = turn
             core = self.core
             if isinstance(core, SDPaxosReplica) and (core.view, core.role) != self._last_seen_view:
                 self._last_seen_view = (core.view, core.role)
@@ -344,25 +427,42 @@ class ReplicaNode:
             except LocalProtocolError as exc:
                 self._fail(key, DefiniteFailure(str(exc)), reads=kind != "cmd")
 
-    def _carry_out(self, ready: Ready, now: int) -> None:
+    async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
         self._send(ready.send)
+        for record in ready.persist:
+            payload = encode_record(record)
+            self._logged_since_snapshot += len(payload)
+            self.wal.append(payload)
+        for record in ready.log:
+            payload = encode_record(record)
+            self._logged_since_snapshot += len(payload)
+            self.wal.append(payload)
         if ready.persist:
-            for record in ready.persist:
-                self.wal.append(encode_record(record))
             # fsync on the loop itself: handing it to a thread let the loop read sockets
             # meanwhile, but waking an idle worker thread and then the loop cost more (about
             # 0.5 ms a turn on an idle replica) than the fsync; the next turn waits anyway.
             self.wal.sync(fsync=self.fsync)
             self.stats.fsyncs += 1
             self.stats.fsync_seconds += self.wal.last_sync_seconds
+        elif ready.log:
+            self.wal.sync(fsync=False)  # written; the next fsync makes it durable
         for command in ready.ready:
             if command.blind:
                 self._complete((command.client_id, command.seq), Result(b"", -1), now)
         self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
         machine = self.state_machine
-        for execution in ready.apply:
+        slice_end = time.perf_counter() + APPLY_SLICE_S
+        for count, execution in enumerate(ready.apply, 1):
+            if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
+                # A catch-up (or a restart's replay) hands over thousands of commands at
+                # once: let the loop read sockets and answer /metrics between slices, so no
+                # callback holds it for long (what arrives waits for the next turn anyway).
+                self._busy_until_now()
+                await asyncio.sleep(0)
+                self._busy_since = time.perf_counter()
+                slice_end = self._busy_since + APPLY_SLICE_S
             result = machine.apply(execution.position, execution.command)
             self.stats.commands_applied += 1
             for hook in self.on_apply:
@@ -384,7 +484,7 @@ class ReplicaNode:
             self._send_snapshot(peer)
         self.core.advance(ready)
         self._applied_since_snapshot += len(ready.apply)
-        if self._applied_since_snapshot >= self.snapshot_every:
+        if self._snapshot_due():
             self._take_snapshot()
         self._answer_clients()
 
@@ -397,6 +497,16 @@ class ReplicaNode:
         self._dirty.clear()
 
     # ------------------------------------------------------------------ snapshots
+    def _snapshot_due(self) -> bool:
+        applied = self._applied_since_snapshot
+        if applied == 0:
+            return False  # nothing new to cover (the log may still grow: votes, promises)
+        return (
+            applied >= self.snapshot_every
+            or self._logged_since_snapshot >= self.snapshot_bytes
+            or time.monotonic() - self._last_snapshot_at >= self.snapshot_interval_s
+        )
+
     def _take_snapshot(self) -> None:
         """Snapshot the state machine at the execution frontier, compact the core to the
         *previous* snapshot and rewrite the write-ahead log to what the new one does not cover.
@@ -410,6 +520,8 @@ class ReplicaNode:
         previous = self._snapshot
         self._snapshot = (data, meta)
         self._applied_since_snapshot = 0
+        self._logged_since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
         self.stats.snapshots_taken += 1
         if previous is not None:
             records = self.core.compact(previous[1])
@@ -476,7 +588,9 @@ class ReplicaNode:
         for out in outgoing:
             by_peer[out.to].append(out.message)
         for peer, messages in by_peer.items():
-            for frame in encode_frames(messages, self.transport.max_frame):
+            for frame in encode_frames(
+                messages, self.transport.max_frame, target_bytes=FRAME_TARGET_BYTES
+            ):
                 self.transport.send(peer, frame)
 
     def _complete(self, key: tuple[int, int], result: Result, now: int) -> None:

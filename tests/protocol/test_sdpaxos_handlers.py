@@ -2081,3 +2081,43 @@ def test_a_voter_does_not_vote_for_a_candidate_far_behind_it(
     r2.step(VRequest(src=1, view=1, from_slot=2), later)  # two behind: within the span
     (vote,) = [m for _, m in all_out(drain(r2)) if isinstance(m, Vote)]
     assert [e.slot for e in vote.entries] == [2, 3]
+
+
+def _fill_for_reference(m: int, needed: int, before: int, owners: list[int | None]) -> None:
+    """Figure 7's loop as first written (fill the first hole, count again): quadratic."""
+    while True:
+        count = before
+        last_needed = -1
+        for position, owner in enumerate(owners):
+            if owner == m:
+                count += 1
+                if count == needed:
+                    last_needed = position
+        if count >= needed and None not in owners[: max(last_needed, 0)]:
+            break
+        if None in owners:
+            owners[owners.index(None)] = m
+        else:
+            owners.append(m)
+    for position in range(last_needed + 1, len(owners)):
+        if owners[position] == m:
+            owners[position] = None
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_hole_filling_in_one_pass_matches_figure_7s_loop(seed: int) -> None:
+    rng = random.Random(seed)
+    m = 4
+    owners = [rng.choice([None, None, m, 0, 1, NO_CL]) for _ in range(rng.randrange(12))]
+    needed, before = rng.randrange(8), rng.randrange(4)
+    expected = list(owners)
+    _fill_for_reference(m, needed, before, expected)
+    SDPaxosReplica._fill_for(m, needed, before, owners)
+    assert owners == expected
+
+
+def test_hole_filling_is_linear() -> None:
+    # a vote naming 200,000 instances of the untraced replica: the old loop took minutes
+    owners: list[int | None] = [None, 1] * 100_000
+    SDPaxosReplica._fill_for(4, 200_000, 0, owners)
+    assert owners.count(4) == 200_000 and None not in owners

@@ -114,6 +114,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
     [
         (3, "no_lease_check", "partition", "lan", 2, 21),
         (3, "ack_before_persist", "crash", "lan", 2, 126),
+        (3, "replay_accepted", "crash", "lan", 2, 6),
         (5, "ack_before_persist", "crash", "lan", 2, 1),
         (5, "no_hole_filling", "crash,partition,pause", "wan", 6, 188),
         (5, "go_ready_rule", "crash,partition", "lan", 2, 553),
@@ -237,7 +238,9 @@ def test_a_core_that_raises_is_a_replayable_violation(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(SDPaxosReplica, "_on_cprepare", broken)
     options = SimOptions(replicas=3, faults=parse_faults("crash"), network="lan")
-    report = sweep(options, range(24, 29))  # seeds 25 and 28 recover C-instances
+    # seed 67 recovers C-instances (fewer runs do since a restarted replica executes
+    # again from its records instead of waiting for its peers)
+    report = sweep(options, range(67, 68))
     assert report["violations"], "no run recovered a C-instance"
     violation = report["violations"][0]
     assert violation["message"].startswith("KeyError raised at ")
