@@ -901,20 +901,52 @@ def encode_frames(
     """
     target = max_bytes if target_bytes is None else min(target_bytes, max_bytes)
     if len(msgs) <= MAX_FRAME_MESSAGES:
-        frame = encode_frame(msgs)
+        frame = encode_frame(msgs)  # the common case: one pack, one frame
         if len(frame) <= target:
             return [frame]
-        if len(msgs) == 1:
-            if len(frame) <= max_bytes:
-                return [frame]
+    # Big (a catch-up answer, say): each message packed once, then grouped greedily. A
+    # frame's body is an array header followed by its messages' packed bytes.
+    encoders = _PEER_ENCODERS
+    frames: list[bytes] = []
+    group: list[bytes] = []
+    size = 0
+    for msg in msgs:
+        encoder = encoders.get(type(msg))
+        if encoder is None:
+            raise _wrong_class(msg, "peer message")
+        packed: bytes = _packb(encoder(msg), use_bin_type=True)
+        if len(_ENVELOPE) + len(_array_header(1)) + len(packed) > max_bytes:
             raise LocalProtocolError(
-                f"a {type(msgs[0]).__name__} of {len(frame)} bytes does not fit a frame of "
+                f"a {type(msg).__name__} of {len(packed)} bytes does not fit a frame of "
                 f"{max_bytes}"
             )
-    half = len(msgs) // 2  # rare (big frames only): halving keeps the common case one pack
-    return encode_frames(msgs[:half], max_bytes, target_bytes=target) + encode_frames(
-        msgs[half:], max_bytes, target_bytes=target
-    )
+        grown = len(_ENVELOPE) + len(_array_header(len(group) + 1)) + size + len(packed)
+        if group and (grown > target or len(group) == MAX_FRAME_MESSAGES):
+            frames.append(_frame_of(group))
+            group, size = [], 0
+        group.append(packed)
+        size += len(packed)
+    if group:
+        frames.append(_frame_of(group))
+    return frames
+
+
+def _array_header(count: int) -> bytes:
+    """msgpack's header of an array of ``count`` values."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count <= 0xFFFF:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _frame_of(packed: list[bytes]) -> bytes:
+    """``[FORMAT_VERSION, [message, ...]]`` from messages packed one by one."""
+    return b"".join((_ENVELOPE, _array_header(len(packed)), *packed))
+
+
+#: a frame's first bytes: a two-value array, then the version
+_ENVELOPE: Final = bytes((0x92,)) + msgpack.packb(FORMAT_VERSION)
 
 
 def decode_frame(data: bytes) -> list[PeerMessage]:
