@@ -129,12 +129,13 @@ async def _serve(
     snapshot_every: int | None = None,
 ) -> None:
     from consensus.runtime.metrics import serve_metrics
-    from consensus.runtime.node import ReplicaNode
+    from consensus.runtime.node import SNAPSHOT_EVERY, ReplicaNode
 
     log = logging.getLogger("sdpaxos.serve")
     # the node's default unless given (the restart bench turns snapshots off with a big one)
-    options = {} if snapshot_every is None else {"snapshot_every": snapshot_every}
-    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults, **options)
+    every = SNAPSHOT_EVERY if snapshot_every is None else snapshot_every
+    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults,
+                       snapshot_every=every)
     # Everything loaded so far (the cell tree, a restored snapshot, the log) lives as long as
     # the process: keep it out of the collector's way, full collections of it cost pauses.
     gc.freeze()

@@ -85,6 +85,8 @@ APPLY_CHECK_EVERY = 256
 FRAME_TARGET_BYTES = 256 << 10
 #: the event-loop lag probe's period (``NodeStats.longest_stall_s``)
 LAG_PROBE_S = 0.02
+#: default: a snapshot once this many commands were applied since the last one
+SNAPSHOT_EVERY = 100_000
 #: default: a snapshot once this many bytes went into the write-ahead log since the last one
 SNAPSHOT_LOG_BYTES = 256 << 20
 #: default: a snapshot at least this often while commands are applied (seconds)
@@ -158,9 +160,10 @@ class ReplicaNode:
         fsync: bool = True,
         tick_us: int | None = None,
         seed: int | None = None,
-        snapshot_every: int = 100_000,
+        snapshot_every: int = SNAPSHOT_EVERY,
         snapshot_bytes: int = SNAPSHOT_LOG_BYTES,
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+        snapshot_on_stop: bool = True,
         fault_injection: bool = False,
     ) -> None:
         self.config = config
@@ -176,6 +179,7 @@ class ReplicaNode:
         self.snapshot_every = snapshot_every
         self.snapshot_bytes = snapshot_bytes
         self.snapshot_interval_s = snapshot_interval_s
+        self.snapshot_on_stop = snapshot_on_stop
         self._logged_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
         self.snapshot_dir = config.replica_dir(me) / "snapshots"
@@ -276,6 +280,10 @@ class ReplicaNode:
             self._lag_task.cancel()
             await asyncio.gather(self._lag_task, return_exceptions=True)
         await self.transport.close()
+        if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
+            # a clean stop leaves nothing to execute again: the restart reads the snapshot
+            # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
+            self._take_snapshot()
         self.wal.close()
         for key in list(self._commands):
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=False)

@@ -480,6 +480,11 @@ class WriteAheadLog:
         """Durable records (recovered at open plus synced since)."""
         return self._count
 
+    @property
+    def closed(self) -> bool:
+        """True once ``close`` ran."""
+        return self._file is not None and self._file.closed
+
     def close(self) -> None:
         if self._preparation is not None:
             self._preparation.discard()

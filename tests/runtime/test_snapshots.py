@@ -72,6 +72,7 @@ async def scenario(tmp_path: Path) -> None:
         # restart from snapshot + compacted log, then keep serving
         frontier = nodes[0].core.exec_slot
         state = nodes[0].state_machine.snapshot()
+        nodes[0].snapshot_on_stop = False  # as if killed: its log holds what it executed
         await nodes[0].stop()
         nodes[0] = node(0)
         # it executes again from its own records what it executed before, with no peer
@@ -174,4 +175,27 @@ async def test_snapshots_are_also_taken_by_log_bytes_and_by_time(tmp_path: Path)
         assert by_time[0].stats.snapshots_taken == idle
     finally:
         for n in by_time:
+            await n.stop()
+
+
+async def test_a_clean_stop_snapshots_so_a_restart_executes_nothing_again(tmp_path: Path) -> None:
+    config = three_replicas(tmp_path)
+    nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+    for n in nodes:
+        await n.start()
+    try:
+        await load(nodes[0], 1, 500)
+        await wait_until(lambda: nodes[1].core.exec_slot == nodes[0].core.exec_slot > 0,
+                         "replica 1 did not execute everything")
+        frontier, state = nodes[1].core.exec_slot, nodes[1].state_machine.snapshot()
+        assert nodes[1].stats.snapshots_taken == 0
+        await nodes[1].stop()
+        again = ReplicaNode(config, 1, KVStore(), fsync=False)
+        assert again.core.exec_slot == frontier  # from the snapshot the stop took
+        await again._replay()
+        assert again.stats.replayed_slots == 0 and again.stats.commands_applied == 0
+        assert again.state_machine.snapshot() == state
+        again.wal.close()
+    finally:
+        for n in (nodes[0], nodes[2]):
             await n.stop()
