@@ -7,7 +7,9 @@ log since the last snapshot (the replica directories are checked for snapshot fi
 the count is reported). The load: ``--commands N`` 16-byte blind writes from ``--clients``
 pipelined connections spread over the replicas, ``--outstanding`` in flight each (the fast
 path of ``sdpaxos bench runtime --mode peak``), until N were acknowledged; the load rate is
-reported. Then the bench waits until every replica has executed the same slot.
+reported. Then the bench waits until every replica has executed the same slot. The replicas
+batch many commands per slot; ``--max-batch 1`` makes every command its own slot, for logs that
+are long in slots (what a restart re-runs instances for) rather than in commands.
 
 * **Full restart** (per size and per ``--signals``: ``kill`` = SIGKILL, ``term`` = SIGTERM):
   every replica is stopped with the signal, then all are started again. Per replica: seconds
@@ -97,6 +99,8 @@ SEQUENCER_WAIT_S = 10.0
 #: at the end of a load, requests still unanswered after this long are given up
 DRAIN_S = 10.0
 START_TIMEOUT_S = 60.0
+#: the largest ``[protocol] max_batch`` the configuration accepts
+MAX_BATCH_LIMIT = 65536
 
 Signal = Literal["kill", "term"]
 SIGNALS: dict[str, signal.Signals] = {"kill": signal.SIGKILL, "term": signal.SIGTERM}
@@ -269,13 +273,21 @@ class _Load:
 
 
 async def _until_serving(
-    address: tuple[str, int], since: float, deadline: float, ids: Iterator[int], *, write: bool
-) -> tuple[float | None, float | None]:
+    address: tuple[str, int],
+    process: subprocess.Popen[bytes],
+    since: float,
+    deadline: float,
+    ids: Iterator[int],
+    *,
+    write: bool,
+) -> tuple[float | None, float | None, int | None]:
     """(seconds from ``since`` until ``address`` accepted a connection, ... until it answered a
-    linearizable write (if ``write``) and a linearizable read sent to it alone); None: not by
-    ``deadline``."""
+    linearizable write (if ``write``) and a linearizable read sent to it alone, the replica
+    process's exit status if it exited meanwhile); None: not by ``deadline``."""
     listening: float | None = None
     while time.monotonic() < deadline:
+        if process.poll() is not None:  # it will not serve: no need to wait for the deadline
+            return listening, None, process.returncode
         tried = time.monotonic()
         if listening is None:
             try:
@@ -291,12 +303,12 @@ async def _until_serving(
             if write:
                 await client.execute(kv_put(PROBE_KEY, f"{tried:.6f}"), [PROBE_KEY])
             await client.read(kv_get(PROBE_KEY), [PROBE_KEY])
-            return listening, time.monotonic() - since
+            return listening, time.monotonic() - since, None
         except (OSError, TimeoutError, SDPaxosError):
             await asyncio.sleep(max(0.0, tried + PROBE_INTERVAL_S - time.monotonic()))
         finally:
             await client.close()
-    return listening, None
+    return listening, None, None
 
 
 # ---------------------------------------------------------------------------- one experiment
@@ -317,10 +329,12 @@ class _Experiment:
         extra: tuple[str, ...] = ("--snapshot-every", str(NO_SNAPSHOTS))
         if not self.session.fsync:
             extra += ("--no-fsync",)
+        protocol = 'name = "sdpaxos"'
+        if self.args.max_batch is not None:
+            protocol += f"\nmax_batch = {self.args.max_batch}"
         cluster = LocalCluster(
-            self.session.next_dir(label), REPLICAS, protocol='name = "sdpaxos"',
-            extra_args=extra,
-        )  # fmt: skip
+            self.session.next_dir(label), REPLICAS, protocol=protocol, extra_args=extra
+        )
         self.session.clusters.append(cluster)
         with _interrupts_deferred():
             cluster.start_all()
@@ -398,15 +412,16 @@ class _Experiment:
             first = min(started.values())
             deadline = first + self.args.timeout
             results = await asyncio.gather(*(
-                _until_serving(cluster.client_addresses[r], started[r], deadline,
-                               self.probe_ids, write=True)
+                _until_serving(cluster.client_addresses[r], cluster.processes[r], started[r],
+                               deadline, self.probe_ids, write=True)
                 for r in range(REPLICAS)
             ))  # fmt: skip
             entry["replicas"] = [
-                {"replica": r, "listening_s": _round(listening), "serving_s": _round(serving)}
-                for r, (listening, serving) in enumerate(results)
-            ]
-            served = [serving for _, serving in results]
+                {"replica": r, "listening_s": _round(listening), "serving_s": _round(serving),
+                 "exited_with": exited}
+                for r, (listening, serving, exited) in enumerate(results)
+            ]  # fmt: skip
+            served = [serving for _, serving, _ in results]
             entry["cluster_serving_s"] = (
                 None if None in served
                 else round(max(started[r] - first + cast(float, served[r])
@@ -467,19 +482,20 @@ class _Experiment:
                 with _interrupts_deferred():
                     cluster.start(victim)
                 restarted = time.monotonic()
-                listening, serving = await _until_serving(
-                    cluster.client_addresses[victim], restarted, restarted + self.args.timeout,
-                    self.probe_ids, write=False,
+                listening, serving, exited = await _until_serving(
+                    cluster.client_addresses[victim], cluster.processes[victim], restarted,
+                    restarted + self.args.timeout, self.probe_ids, write=False,
                 )  # fmt: skip
                 await asyncio.sleep(AFTER_S)
             finally:
+                window_end = time.monotonic()  # the drain after it is not service time
                 background.stop()
                 await runner
                 await background.drain(DRAIN_S)
-            window_end = time.monotonic()
             entry.update({
                 "restart_listening_s": _round(listening),
                 "restart_serving_s": _round(serving),
+                "restart_exited_with": exited,
                 "timeout_s": self.args.timeout,
                 **_service_at_others(background, window_start, killed, window_end),
             })  # fmt: skip
@@ -501,6 +517,8 @@ def _service_at_others(load: _Load, start: float, killed: float, end: float) -> 
     previous = killed
     baseline = 0
     for done_at, latency in zip(load.done_at, load.latency, strict=True):
+        if done_at > end:
+            break  # answered in the drain, after the window (completions come in time order)
         index = int((done_at - start) / BUCKET_S)
         if 0 <= index < len(buckets):
             buckets[index] += 1
@@ -532,6 +550,10 @@ def _round(value: float | None) -> float | None:
 
 
 def _describe_serving(entry: dict[str, Any]) -> str:
+    exits = [f"r{r['replica']} exited ({r['exited_with']})" for r in entry["replicas"]
+             if r["exited_with"] is not None]
+    if exits:
+        return "did not serve: " + ", ".join(exits)
     if entry["cluster_serving_s"] is None:
         return f"did not serve within {entry['timeout_s']:g} s"
     return f"{entry['cluster_serving_s']} s"
@@ -547,6 +569,16 @@ def _size(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number of commands, got {text!r}")
+    return value
+
+
+def _max_batch(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_BATCH_LIMIT:
+        raise argparse.ArgumentTypeError(f"expected 1..{MAX_BATCH_LIMIT}, got {text!r}")
     return value
 
 
@@ -579,6 +611,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bg-clients", type=int, default=4,
                         help="connections of the constant load while one replica restarts")
     parser.add_argument("--bg-outstanding", type=int, default=8, help="per such connection")
+    parser.add_argument(
+        "--max-batch", type=_max_batch, default=None, metavar="K",
+        help="[protocol] max_batch: most commands per C-instance (default: the config's); "
+        "1 makes every command its own slot, for logs long in slots rather than commands",
+    )  # fmt: skip
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     parser.add_argument(
         "--workdir", metavar="DIR",
@@ -611,6 +648,7 @@ async def _run_all(args: argparse.Namespace, session: BenchSession) -> dict[str,
         "fsync": session.fsync,
         "timeout_s": args.timeout,
         "load": {"clients": args.clients, "outstanding": args.outstanding},
+        "max_batch": args.max_batch,
         "background_load": {"clients": args.bg_clients, "outstanding": args.bg_outstanding},
         "machine": machine_info(),
         "full_restart": full,
@@ -656,7 +694,10 @@ def _print(report: dict[str, Any]) -> None:
             entry["fewest_per_bucket_after_kill"], entry["longest_gap_ms"],
             entry["max_latency_after_kill_ms"],
             entry["restart_listening_s"] if entry["restart_listening_s"] is not None else "-",
-            f"did not serve within {entry['timeout_s']:g} s" if serving is None else serving,
+            serving if serving is not None
+            else f"exited ({entry['restart_exited_with']})"
+            if entry["restart_exited_with"] is not None
+            else f"did not serve within {entry['timeout_s']:g} s",
         ])  # fmt: skip
     print_table(
         "One follower killed (SIGKILL) and restarted under load at the others",

@@ -38,6 +38,7 @@ def test_restart_bench_reports_every_replica_serving_again(tmp_path: Path) -> No
     assert len(set(full["executed_slots"])) == 1 and full["executed_slots"][0] > 0
     assert [r["replica"] for r in full["replicas"]] == [0, 1, 2]
     for replica in full["replicas"]:
+        assert replica["exited_with"] is None, f"replica {replica} exited"
         assert replica["serving_s"] is not None, f"replica {replica} did not serve again"
         assert replica["listening_s"] <= replica["serving_s"]
     assert full["cluster_serving_s"] is not None
@@ -47,6 +48,7 @@ def test_restart_bench_reports_every_replica_serving_again(tmp_path: Path) -> No
     # a follower was restarted, never the sequencer; the load ran at the two others
     assert under["restarted"] != under["sequencer"]
     assert sorted([under["restarted"], *under["others"]]) == [0, 1, 2]
+    assert under["restart_exited_with"] is None
     assert under["restart_serving_s"] is not None
     buckets = under["completed_per_bucket"]
     assert sum(buckets) > 0 and under["baseline_per_s"] > 0
