@@ -15,7 +15,9 @@ are long in slots (what a restart re-runs instances for) rather than in commands
   every replica is stopped with the signal, then all are started again. Per replica: seconds
   from its start until its client port accepts connections (``listening``) and until a
   linearizable write and a linearizable read sent to it alone both succeeded (``serving``); the
-  cluster serves again when every replica does (the largest of these).
+  cluster serves again when every replica does (the largest of these). Snapshot files are
+  counted after the load and again after the stop (a clean stop may take one, so that the start
+  has nothing to execute again; a SIGKILL replays the log).
 * **One replica restarted under load** (per size, unless ``--no-under-load``): closed-loop
   blind writes at the two replicas that are not restarted; after a one-second baseline a
   follower (never the sequencer, which the metrics endpoint names) is killed with SIGKILL and
@@ -359,10 +361,6 @@ class _Experiment:
                 f"load: only {load.ok:,} of {commands:,} writes acknowledged in {elapsed:.0f} s"
             )
         slots = await self.settle(cluster)
-        snapshots = [
-            len(list((cluster.config.replica_dir(r) / "snapshots").glob("*")))
-            for r in range(REPLICAS)
-        ]
         return {
             "commands": commands,
             "acknowledged": load.ok,
@@ -370,7 +368,7 @@ class _Experiment:
             "load_rate_per_s": round(load.ok / elapsed),
             "load_errors": load.errors,
             "executed_slots": slots,
-            "snapshot_files": snapshots,
+            "snapshot_files": _snapshot_files(cluster),
         }
 
     async def settle(self, cluster: LocalCluster) -> list[int]:
@@ -404,6 +402,8 @@ class _Experiment:
             forced = self.stop_all(cluster, SIGNALS[how])
             entry["shutdown_s"] = round(time.monotonic() - stopped, 3)
             entry["killed_after_term"] = forced
+            # a clean stop may snapshot on its way out, so the start has nothing to execute again
+            entry["snapshot_files_after_stop"] = _snapshot_files(cluster)
             started: dict[int, float] = {}
             with _interrupts_deferred():
                 for replica in range(REPLICAS):
@@ -545,6 +545,14 @@ def _service_at_others(load: _Load, start: float, killed: float, end: float) -> 
     }
 
 
+def _snapshot_files(cluster: LocalCluster) -> list[int]:
+    """Per replica: the files in its snapshot directory."""
+    return [
+        len(list((cluster.config.replica_dir(r) / "snapshots").glob("*")))
+        for r in range(REPLICAS)
+    ]
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -671,12 +679,15 @@ def _print(report: dict[str, Any]) -> None:
         )
         rows.append([
             entry["commands"], entry["signal"], entry["load_rate_per_s"],
-            entry["executed_slots"][0], sum(entry["snapshot_files"]), entry["shutdown_s"],
+            entry["executed_slots"][0],
+            f"{sum(entry['snapshot_files'])} / {sum(entry['snapshot_files_after_stop'])}",
+            entry["shutdown_s"],
             listening, per_replica, _describe_serving(entry),
         ])  # fmt: skip
     print_table(
         "Full restart: every replica stopped, all started again (seconds from start)",
-        ["commands", "signal", "load/s", "executed slot", "snapshots", "shutdown s",
+        ["commands", "signal", "load/s", "executed slot", "snapshot files load/stop",
+         "shutdown s",
          "listening r0/r1/r2 s", "serving r0/r1/r2 s", "cluster serving"],
         rows,
     )  # fmt: skip

@@ -35,6 +35,7 @@ def test_restart_bench_reports_every_replica_serving_again(tmp_path: Path) -> No
     assert full["acknowledged"] >= COMMANDS
     # the load stayed in the log: no snapshot was taken, and every replica executed it
     assert full["snapshot_files"] == [0, 0, 0]
+    assert len(full["snapshot_files_after_stop"]) == 3
     assert len(set(full["executed_slots"])) == 1 and full["executed_slots"][0] > 0
     assert [r["replica"] for r in full["replicas"]] == [0, 1, 2]
     for replica in full["replicas"]:
