@@ -28,7 +28,6 @@ from consensus.codec import (
     decode_frame,
     decode_record,
     encode_frame,
-    encode_frames,
     encode_record,
     frame_to_wire,
 )
@@ -39,7 +38,7 @@ from consensus.errors import (
     LocalProtocolError,
     SDPaxosError,
 )
-from consensus.messages import Command, PeerMessage, SnapshotChunk
+from consensus.messages import Command, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
@@ -55,6 +54,7 @@ from consensus.runtime.client_protocol import (
 )
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
+from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import (
@@ -79,10 +79,6 @@ MAX_READS_PER_TURN = 128
 #: APPLY_CHECK_EVERY commands)
 APPLY_SLICE_S = 0.01
 APPLY_CHECK_EVERY = 256
-#: frames are split at about this size (a message bigger than that goes alone): a receiver
-#: decodes a frame in one piece, at ~5 µs a command, so a catch-up answer of megabytes in
-#: one frame held its loop for a third of a second
-FRAME_TARGET_BYTES = 256 << 10
 #: the event-loop lag probe's period (``NodeStats.longest_stall_s``)
 LAG_PROBE_S = 0.02
 #: default: a snapshot once this many commands were applied since the last one
@@ -590,15 +586,8 @@ class ReplicaNode:
         log.info("replica %d: installed a snapshot at slot %d", self.me, meta.slot)
 
     def _send(self, outgoing: list[Outgoing]) -> None:
-        if not outgoing:
-            return
-        by_peer: dict[int, list[PeerMessage]] = defaultdict(list)
-        for out in outgoing:
-            by_peer[out.to].append(out.message)
-        for peer, messages in by_peer.items():
-            for frame in encode_frames(
-                messages, self.transport.max_frame, target_bytes=FRAME_TARGET_BYTES
-            ):
+        for peer, frames in frames_by_peer(outgoing, self.transport.max_frame).items():
+            for frame in frames:
                 self.transport.send(peer, frame)
 
     def _complete(self, key: tuple[int, int], result: Result, now: int) -> None:

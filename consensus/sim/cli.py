@@ -11,9 +11,24 @@ from typing import Any
 
 from consensus.config import SITES, UNSAFE_VARIANTS
 from consensus.errors import ConfigError
-from consensus.sim.simulator import FAULT_CLASSES, PROTOCOLS, RunResult, SimOptions, Simulation
+from consensus.sim.simulator import (
+    FAULT_CLASSES,
+    PROTOCOLS,
+    RECOVERY_BOUND_US,
+    RESTART_KINDS,
+    RunResult,
+    SimOptions,
+    Simulation,
+)
 
-__all__ = ["add_arguments", "parse_faults", "replay_command", "run", "sweep"]
+__all__ = ["add_arguments", "parse_faults", "parse_restarts", "replay_command", "run", "sweep"]
+
+#: the long-log mode's defaults: a LAN (little delay per slot) and many clients per site
+LONG_LOG_NETWORK = "lan"
+LONG_LOG_CONCURRENCY = 50
+#: and otherwise
+DEFAULT_NETWORK = "wan"
+DEFAULT_CONCURRENCY = 2
 
 
 def parse_faults(text: str) -> frozenset[str]:
@@ -31,6 +46,17 @@ def parse_faults(text: str) -> frozenset[str]:
             "or none / all"
         )
     return frozenset(names)
+
+
+def parse_restarts(text: str) -> tuple[str, ...]:
+    """A comma list of ``one`` (the sequencer) and ``all`` (the whole cluster), in order."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = sorted(set(names) - set(RESTART_KINDS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of {' and '.join(RESTART_KINDS)}, got {text!r}"
+        )
+    return names
 
 
 def _non_negative(text: str) -> int:
@@ -62,10 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--faults", type=parse_faults, default=frozenset(),
         help=f"none, all, or a comma list of: {', '.join(FAULT_CLASSES)}",
     )
-    parser.add_argument("--network", choices=("wan", "lan"), default="wan",
-                        help="wan: the paper's RTTs between sites; lan: 0.2 ms")
+    parser.add_argument("--network", choices=("wan", "lan"), default=None,
+                        help="wan: the paper's RTTs between sites; lan: 0.2 ms (default: "
+                        f"{DEFAULT_NETWORK}, with --long-log {LONG_LOG_NETWORK})")
     parser.add_argument("--ops", type=int, default=200, help="client operations per run")
-    parser.add_argument("--concurrency", type=int, default=2, help="clients per site")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help=f"clients per site (default: {DEFAULT_CONCURRENCY}, with "
+                        f"--long-log {LONG_LOG_CONCURRENCY})")
     parser.add_argument("--reads", choices=("log", "lease", "mixed"), default="mixed")
     parser.add_argument("--snapshot-every", type=_non_negative, default=0, metavar="N",
                         help="each replica snapshots and compacts its log every N applied "
@@ -74,7 +103,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keyless", type=_share, default=0.0, metavar="SHARE",
                         help="share of updates that name no keys (they count as updating "
                         "every key)")
-    parser.add_argument("--no-codec", action="store_true", help="skip encoding messages")
+    parser.add_argument("--long-log", type=_non_negative, default=0, metavar="SLOTS",
+                        help="long-log mode: blind writes until the global log holds SLOTS "
+                        "slots (--ops is ignored; no faults), then the --restarts in turn, "
+                        "each of which must be followed by the cluster serving again (a log "
+                        "read answered at every site, every replica caught up) within "
+                        "--recovery-bound-ms of simulated time (0: off)")
+    parser.add_argument("--restarts", type=parse_restarts, default=RESTART_KINDS,
+                        metavar="LIST", help="long-log mode: comma list of one (restart the "
+                        "sequencer) and all (restart every replica at once), in order "
+                        "(default: one,all)")
+    parser.add_argument("--recovery-bound-ms", type=_non_negative,
+                        default=RECOVERY_BOUND_US // 1000, metavar="MS",
+                        help="long-log mode: how long after a restart serving again may take")
+    parser.add_argument("--no-codec", action="store_true",
+                        help="deliver messages as they are (default: every send step goes "
+                        "through the node's framing and is decoded as its receiver would; a "
+                        "message that cannot be encoded or decoded is a violation)")
     parser.add_argument("--unsafe", default="", help="test only: comma list of broken variants "
                         f"({', '.join(sorted(UNSAFE_VARIANTS))})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -83,18 +128,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace) -> SimOptions:
     unsafe = frozenset(v for v in args.unsafe.split(",") if v)
+    long_log = args.long_log
+    network = args.network or (LONG_LOG_NETWORK if long_log else DEFAULT_NETWORK)
+    concurrency = args.concurrency
+    if concurrency is None:
+        concurrency = LONG_LOG_CONCURRENCY if long_log else DEFAULT_CONCURRENCY
     return SimOptions(
         protocol=args.protocol,
         replicas=args.replicas,
         faults=args.faults,
         ops=args.ops,
-        concurrency=args.concurrency,
-        network=args.network,
+        concurrency=concurrency,
+        network=network,
         reads=args.reads,
         use_codec=not args.no_codec,
         unsafe=unsafe,
         snapshot_every=args.snapshot_every,
         keyless=args.keyless,
+        long_log=long_log,
+        restarts=args.restarts,
+        recovery_bound_us=args.recovery_bound_ms * 1000,
     )
 
 
@@ -110,6 +163,9 @@ def replay_command(options: SimOptions, seed: int) -> str:
         parts.append(f"--snapshot-every {options.snapshot_every}")
     if options.keyless:
         parts.append(f"--keyless {options.keyless}")
+    if options.long_log:
+        parts += [f"--long-log {options.long_log}", f"--restarts {','.join(options.restarts)}",
+                  f"--recovery-bound-ms {options.recovery_bound_us // 1000}"]
     if not options.use_codec:
         parts.append("--no-codec")
     if options.unsafe:
@@ -127,6 +183,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
     completed = 0
     unchecked = 0
     snapshots = {"taken": 0, "installed": 0, "restarts_from": 0}
+    long_log: list[dict[str, Any]] = []
     for seed in seeds:
         result: RunResult = Simulation(options, seed).run()
         completed += result.ops_completed
@@ -140,6 +197,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
             executed.setdefault(site, []).extend(values)
         for name, count in result.messages.items():
             messages[name] = messages.get(name, 0) + count
+        long_log += [{"seed": seed, **restart} for restart in result.long_log]
         entry = {
             "seed": seed,
             "time_ms": round(result.violation_time_us / 1000, 3),
@@ -152,6 +210,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
             liveness.append({**entry, "time_ms": round(result.sim_time_us / 1000, 3),
                              "message": result.liveness})
     order = [site for site in SITES if site in ready] + sorted(set(ready) - set(SITES))
+    extra: dict[str, Any] = {"long_log": long_log} if options.long_log else {}
     return {
         "protocol": options.protocol,
         "replicas": options.replicas,
@@ -167,6 +226,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
             site: _percentiles(executed[site]) for site in order if site in executed
         },
         "messages": dict(sorted(messages.items())),
+        **extra,
         "elapsed_s": round(time.perf_counter() - started, 2),
     }
 
@@ -202,6 +262,11 @@ def run(args: argparse.Namespace) -> int:
             f"{len(report['liveness_failures'])} liveness failures, "
             f"{report['ops_completed']} operations, {report['elapsed_s']} s"
         )
+        for restart in report.get("long_log", ()):
+            took = restart.get("recovered_ms")
+            print(f"  seed {restart['seed']}: restarted {restart['restart']} at "
+                  f"{restart['slots']:,} slots: "
+                  + (f"serving again after {took} ms" if took is not None else "did not recover"))
         if options.snapshot_every:
             taken = report["snapshots"]
             print(f"  snapshots: {taken['taken']} taken, {taken['installed']} installed from "

@@ -23,6 +23,20 @@ rewrites its durable records to what the new one does not cover (one atomic step
 a replica behind a peer's compaction point is sent that peer's latest snapshot over the
 faulty network; a restart starts from the durable snapshot and the records after it.
 
+Every send step goes through the codec as the node's does (``consensus.runtime.framing``: a
+frame per destination, split at the transport's frame limit), and what is delivered is what
+the receiver decodes (snapshots too, in their file encoding); a message that cannot be
+encoded, that the receiver would refuse, or that decodes to something else is a violation of
+the seed. ``use_codec=False`` delivers the objects as they are.
+
+Long-log mode (``long_log``): blind writes from many clients until the global log holds so
+many slots, then restarts ("one": the sequencer, down for two election timeouts; "all":
+every replica at once), each of which the cluster must survive within ``recovery_bound_us``
+of simulated time: a read through the log answered at every site and every replica through
+the same slot, at least where the log was. A restarted replica without a snapshot re-learns
+the whole log, through catch-up, view changes and C-instance recovery: the messages sized by
+the log are what this mode exercises.
+
 Checked after every loop turn: every replica executes the same commands in the same global
 order (a replica restarted from scratch re-executes and is checked again from the start); no
 acknowledgement leaves before the records it relies on are durable (by construction of the
@@ -44,21 +58,61 @@ from typing import Any
 
 import msgpack
 
+from consensus.codec import DEFAULT_MAX_FRAME, decode_frame
 from consensus.config import SITES, ProtocolConfig, site_rtt_ms
+from consensus.errors import ConfigError, DecodeError, LocalProtocolError
 from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
 from consensus.protocol.sdpaxos import SnapshotMeta
+from consensus.runtime.framing import frames_by_peer
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.sim.network import LinkFaults, Network
 from consensus.statemachine import KVStore, kv_cas, kv_get, kv_put
+from consensus.storage.snapshot import decode_snapshot, encode_snapshot
 
-__all__ = ["FAULT_CLASSES", "PROTOCOLS", "RunResult", "SimOptions", "Simulation"]
+__all__ = [
+    "FAULT_CLASSES",
+    "PROTOCOLS",
+    "RECOVERY_BOUND_US",
+    "RESTART_KINDS",
+    "RunResult",
+    "SimOptions",
+    "Simulation",
+]
 
 #: every fault class the simulator implements (``--faults all``)
 FAULT_CLASSES = ("loss", "dup", "reorder", "crash", "partition", "pause", "drift")
+
+#: the frame limit the node's transport uses (``PeerTransport.max_frame``'s default)
+MAX_FRAME = DEFAULT_MAX_FRAME
+
+#: message fields that are arrays, several of them sized by the log (view change, recovery,
+#: catch-up): a codec violation names the longest, whose limit is the likeliest to break
+ARRAY_FIELDS = ("entries", "owners", "accepted", "slots", "batch", "commands", "keys")
+
+#: long-log mode: what may be restarted ("one": the sequencer; "all": every replica at once)
+RESTART_KINDS = ("one", "all")
+
+#: long-log mode: how long after a restart the cluster may take to serve again by default
+#: (simulated µs: with LAN timing a view change takes about 0.3 to 0.6 s, catching up on
+#: 70,000 slots about 1.6 s)
+RECOVERY_BOUND_US = 5_000_000
+
+#: long-log mode: how often the phase is looked at (simulated µs)
+LONG_LOG_CHECK_US = 10_000
+
+#: long-log mode: the timer period, the node's with a 50 ms heartbeat (``ReplicaNode``: a
+#: fifth of it, at most 10 ms). It matters here: a replica behind asks for one catch-up batch
+#: per tick, and the core's tick scans its unexecuted log, after a restart the whole log (at
+#: the LAN's 5 ms ticks dominated the run's time)
+LONG_LOG_TICK_US = 10_000
+
+#: long-log mode: a run ends here at the latest (simulated µs; a stall fails the run long
+#: before: a restart's bound, or a bound's time without executing anything)
+LONG_LOG_HORIZON_US = 600_000_000
 
 #: about this many clients share a key (the checker's cost grows with per-key concurrency)
 CLIENTS_PER_KEY = 4
@@ -87,6 +141,13 @@ class SimOptions:
     #: sequencer's read history must count them as updating every key
     keyless: float = 0.0
     lincheck_timeout_s: float = 10.0
+    #: long-log mode (0: off): blind writes until the global log holds this many slots, then
+    #: the restarts of ``restarts`` in turn, each followed by a liveness check
+    long_log: int = 0
+    #: "one" restarts the sequencer, "all" the whole cluster at once
+    restarts: tuple[str, ...] = ("one", "all")
+    #: how long after a restart the cluster may take to serve again (simulated time)
+    recovery_bound_us: int = RECOVERY_BOUND_US
 
 
 @dataclass
@@ -108,6 +169,8 @@ class RunResult:
     snapshots_taken: int = 0
     snapshots_installed: int = 0  # sent by a peer
     restarts_from_snapshot: int = 0
+    #: long-log mode: each restart, the log's length at it, and how long serving took again
+    long_log: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +179,10 @@ class RunResult:
 
 class Violation(Exception):
     pass
+
+
+class Stalled(Exception):
+    """Long-log mode: the cluster did not serve again in time after a restart."""
 
 
 @dataclass
@@ -186,7 +253,9 @@ class Simulation:
         timing.update(dict(options.protocol_overrides))
         self.config = ProtocolConfig(replicas=n, unsafe=options.unsafe, **timing)
         faults = options.faults
-        self.tick_us = options.tick_us or (20_000 if wan else 5_000)
+        self.tick_us = options.tick_us or (
+            20_000 if wan else LONG_LOG_TICK_US if options.long_log else 5_000
+        )
         # With crashes, a slow disk (per seed) widens the window in which unsynced records
         # can be lost: an acknowledgement sent too early is then likely to be exposed.
         self.fsync_us = (
@@ -196,6 +265,15 @@ class Simulation:
         )
         self.chaos_us = options.chaos_us or (8_000_000 if wan else 3_000_000)
         self.heal_us = options.heal_us or (30_000_000 if wan else 15_000_000)
+        if options.long_log:
+            if faults:
+                raise ConfigError("the long-log mode runs without faults: its restarts are the "
+                                  "fault")
+            unknown = sorted(set(options.restarts) - set(RESTART_KINDS))
+            if unknown or not options.restarts:
+                raise ConfigError(f"restarts must be a list of {', '.join(RESTART_KINDS)}, "
+                                  f"got {list(options.restarts)}")
+            self.heal_us = options.heal_us or LONG_LOG_HORIZON_US
         r = self.rng_fault
         link = LinkFaults(
             loss=r.uniform(0, 0.08) if "loss" in faults else 0.0,
@@ -215,14 +293,6 @@ class Simulation:
             for rep in self.replicas:
                 rep.rate = 1 + r.uniform(-bound, bound)
                 rep.offset = r.randrange(0, 1_000_000)
-        if options.use_codec:
-            from consensus.codec import decode_frame, encode_frame
-
-            self._encode: Callable[[list[PeerMessage]], Any] = encode_frame
-            self._decode: Callable[[Any], list[PeerMessage]] = decode_frame
-        else:
-            self._encode = list
-            self._decode = list
         self.clients = [
             _Client(1000 + i, i % n) for i in range(n * options.concurrency)
         ]
@@ -232,6 +302,18 @@ class Simulation:
         self.think_us = options.think_us or (
             self.chaos_us * len(self.clients) // max(1, options.ops) if faults else 0
         )
+        #: operations the clients may issue in all (long-log mode: until the log is long)
+        self.ops_budget = options.ops if not options.long_log else 1 << 62
+        #: long-log mode: the phase ("load", "drain", "down", "recover", "done"), the restarts
+        #: still to do, when the last one happened, the log's length then, clients that owe
+        #: a probe read
+        self._phase = "load"
+        self._restarts_left = list(options.restarts)
+        self._restarted_at = 0
+        self._frontier = 0
+        self._probes: set[int] = set()
+        #: long-log mode: the highest execution frontier, and when it was reached
+        self._progress = (0, 0)
         self.heap: list[tuple[int, int, str, int, Any]] = []
         self.seq = 0
         self.now = 0
@@ -296,6 +378,8 @@ class Simulation:
             self._push(self.rng_fault.randrange(200_000, 600_000), "chaos", -1)
         heal_at = self.chaos_us if chaotic or link_faults else 0
         self._push(heal_at, "heal", -1)
+        if self.options.long_log:
+            self._push(LONG_LOG_CHECK_US, "long_log", -1)
         deadline = heal_at + self.heal_us
         try:
             while self.heap:
@@ -311,6 +395,8 @@ class Simulation:
         except Violation as exc:
             self.result.violation = str(exc)
             self.result.violation_time_us = self.now
+        except Stalled as exc:
+            self.result.liveness = str(exc)
         except Exception as exc:  # a core that raises is a bug the sweep must report, replayable
             where = traceback.extract_tb(exc.__traceback__)[-1]
             self.result.violation = (
@@ -332,6 +418,14 @@ class Simulation:
             self._chaos()
         elif kind == "heal":
             self._heal()
+        elif kind == "long_log":
+            self._long_log_step()
+        elif kind == "long_log_recover":
+            self._start_recovery_check()
+        elif kind == "restart_all":
+            for rep in self.replicas:
+                if not rep.alive:
+                    self._restart(rep)
         elif kind == "fault_crash":
             rep = self.replicas[target]
             down = sum(1 for r in self.replicas if not r.alive)
@@ -388,7 +482,7 @@ class Simulation:
         local = self._local(rep)
         for kind, payload in items:
             if kind == "frame":
-                for message in self._decode(payload):
+                for message in payload:
                     core.step(message, local)
             elif kind == "propose":
                 core.propose(payload, local)
@@ -468,8 +562,22 @@ class Simulation:
     def _send_snapshot(self, rep: _Replica, peer: int) -> None:
         if rep.snapshot is None:
             return
+        snapshot = rep.snapshot
+        if self.options.use_codec:
+            # as the node sends it: its snapshot file's encoding, decoded by the receiver
+            meta, state = snapshot
+            try:
+                snapshot = decode_snapshot(encode_snapshot(meta, state))
+            except DecodeError as exc:
+                raise Violation(
+                    f"replica {peer} refuses replica {rep.rid}'s snapshot at slot {meta.slot}: "
+                    f"{exc}"
+                ) from None
+            if snapshot != (meta, state):
+                raise Violation(f"replica {rep.rid}'s snapshot at slot {meta.slot} decodes "
+                                "to another one")
         for at in self.network.arrivals(rep.rid, peer, self.now):
-            self._push(at, "snapshot", peer, (self.replicas[peer].incarnation, rep.snapshot))
+            self._push(at, "snapshot", peer, (self.replicas[peer].incarnation, snapshot))
 
     def _install_snapshot(self, rep: _Replica, snapshot: tuple[SnapshotMeta, bytes]) -> None:
         """What the driver does with a peer's snapshot: ignore it unless it is ahead."""
@@ -485,15 +593,61 @@ class Simulation:
         self.result.snapshots_installed += 1
 
     def _send(self, rep: _Replica, outgoing: list[Outgoing]) -> None:
+        """One send step of ``rep``: per destination, the frames the node would send (with
+        the codec, decoded as the receiver would; without, the messages as they are), each
+        over the network on its own."""
         if not outgoing:
             return
-        frames: dict[int, list[PeerMessage]] = {}
-        for out in outgoing:
-            frames.setdefault(out.to, []).append(out.message)
+        frames: dict[int, list[list[PeerMessage]]]
+        if self.options.use_codec:
+            frames = self._through_codec(rep, outgoing)
+        else:
+            frames = {}
+            for out in outgoing:
+                frames.setdefault(out.to, [[]])[0].append(out.message)
         for to in sorted(frames):
-            payload = self._encode(frames[to])
-            for at in self.network.arrivals(rep.rid, to, self.now):
-                self._push(at, "frame", to, (self.replicas[to].incarnation, payload))
+            for messages in frames[to]:
+                for at in self.network.arrivals(rep.rid, to, self.now):
+                    self._push(at, "frame", to, (self.replicas[to].incarnation, messages))
+
+    def _through_codec(
+        self, rep: _Replica, outgoing: list[Outgoing]
+    ) -> dict[int, list[list[PeerMessage]]]:
+        """Encode as the node does (``frames_by_peer`` with the transport's frame limit),
+        then decode every frame as its receiver would, lost or not: the decoded messages are
+        what is delivered. A message the codec cannot carry is a violation of this seed (a
+        real cluster would drop the frame and its connection, and stall or worse)."""
+        try:
+            encoded = frames_by_peer(outgoing, MAX_FRAME)
+        except (LocalProtocolError, TypeError) as exc:
+            raise Violation(
+                f"replica {rep.rid} cannot encode what it sends ({_summary(outgoing)}): "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        delivered: dict[int, list[list[PeerMessage]]] = {}
+        for to, payloads in encoded.items():
+            frames = []
+            for payload in payloads:
+                try:
+                    if len(payload) > MAX_FRAME:  # the receiver's FrameReader refuses it
+                        raise DecodeError(f"frame of {len(payload)} bytes is over {MAX_FRAME}")
+                    frames.append(decode_frame(payload))
+                except DecodeError as exc:
+                    sent = [out for out in outgoing if out.to == to]
+                    raise Violation(
+                        f"replica {to} refuses a frame of {len(payload)} bytes from replica "
+                        f"{rep.rid} ({_summary(sent)}): {exc}"
+                    ) from None
+            delivered[to] = frames
+            # a codec that decodes something else than it encoded breaks the protocol
+            # silently: compare (frozen dataclasses compare by value)
+            sent_messages = [out.message for out in outgoing if out.to == to]
+            if [m for frame in frames for m in frame] != sent_messages:
+                raise Violation(
+                    f"replica {to} decodes other messages than replica {rep.rid} encoded "
+                    f"({_summary([out for out in outgoing if out.to == to])})"
+                )
+        return delivered
 
     def _count_messages(self, ready: Ready) -> None:
         counts = self.result.messages
@@ -503,16 +657,28 @@ class Simulation:
 
     # ------------------------------------------------------------------ clients
     def _issue(self, client: _Client) -> None:
-        if self.issued >= self.options.ops:
+        if client.cid in self._probes and client.op is None:
+            self._issue_probe(client)
             return
+        if self.issued >= self.ops_budget:
+            return
+        if self._phase == "load" and self.options.long_log:
+            # stop at the length asked for (the phase check comes too rarely for that)
+            executed = self.replicas[client.home].core.executed_through()
+            if executed >= self.options.long_log:
+                self._phase = "drain"
+                self.ops_budget = self.issued
+                self._log(f"long log: {executed:,} slots executed; draining")
+                return
         self.issued += 1
         client.seq += 1
         rng = self.rng_work
         key = rng.choice(self.keys)
         value = f"{client.cid}-{client.seq}"
         choice = rng.random()
-        if self.options.workload != "mixed":
-            choice = 0.0 if self.options.workload == "writes" else 0.5
+        workload = "writes" if self.options.long_log else self.options.workload
+        if workload != "mixed":
+            choice = 0.0 if workload == "writes" else 0.5
         reads = self.options.reads
         op: dict[str, Any]
         if choice < 0.35:
@@ -620,7 +786,114 @@ class Simulation:
         )
         self.result.ops_completed += 1
         client.op = None
+        if op.get("probe"):
+            self._probes.discard(client.cid)
         self._push(self.now + self.rng_work.randrange(self.think_us + 1), "issue", client.cid)
+
+    # ------------------------------------------------------------------ long-log mode
+    def _long_log_step(self) -> None:
+        """The long-log mode's phases, looked at every ``LONG_LOG_CHECK_US``: load until the
+        log holds ``long_log`` slots; drain (no operation open, every replica executed the
+        same prefix); crash what the next restart names and restart it; then the cluster
+        must serve again (a log read at every site answered, every replica executed what
+        the others did) within ``recovery_bound_us``, or the run fails with what was stuck."""
+        if self._phase == "done":
+            return
+        self._push(self.now + LONG_LOG_CHECK_US, "long_log", -1)
+        executed = max(r.core.executed_through() for r in self.replicas)
+        if executed > self._progress[0] or self._phase in ("down", "recover"):
+            self._progress = (executed, self.now)
+        elif self.now - self._progress[1] > self.options.recovery_bound_us:
+            # loading or draining, nothing executed for a whole bound: stuck before a restart
+            raise Stalled(
+                f"long log: nothing executed for {self.options.recovery_bound_us / 1000:.0f} "
+                f"ms of simulated time in the {self._phase} phase, at {executed:,} slots; "
+                f"{self._replica_states()}"
+            )
+        if self._phase == "drain" and self._converged(0):
+            self._crash_for(self._restarts_left.pop(0), self.replicas[0].core.executed_through())
+        elif self._phase == "recover":
+            took = self.now - self._restarted_at
+            if not self._probes and self._converged(self._frontier):
+                self.result.long_log[-1]["recovered_ms"] = took / 1000
+                self._log(f"long log: serving again {took / 1000:.1f} ms after the restart")
+                if self._restarts_left:
+                    self._phase = "drain"
+                else:
+                    self._phase = "done"
+            elif took > self.options.recovery_bound_us:
+                event = self.result.long_log[-1]
+                open_sites = sorted(SITES[c.home] if c.home < len(SITES) else str(c.home)
+                                    for c in self.clients if c.cid in self._probes)
+                snapshot = "" if self.options.snapshot_every else " (snapshots off)"
+                raise Stalled(
+                    f"long log: the cluster did not serve again within the bound of "
+                    f"{self.options.recovery_bound_us / 1000:.0f} ms of simulated time after "
+                    f"restarting {event['restart']} (replicas {event['replicas']}) with "
+                    f"{event['slots']:,} slots in the log{snapshot}: log reads still "
+                    f"unanswered at {', '.join(open_sites) or 'no site'}; "
+                    f"{self._replica_states()}"
+                )
+
+    def _converged(self, at_least: int) -> bool:
+        """No client operation open; every replica up and through the same slot, at least
+        ``at_least`` (an inbox may hold a tick: checks and ticks share instants)."""
+        if any(c.op is not None for c in self.clients):
+            return False
+        if not all(r.alive for r in self.replicas):
+            return False
+        executed = {r.core.executed_through() for r in self.replicas}
+        return len(executed) == 1 and min(executed) >= at_least
+
+    def _crash_for(self, kind: str, slots: int) -> None:
+        """Crash what restart ``kind`` names. The sequencer comes back after twice the
+        election timeout (the others change views without it meanwhile), the whole cluster
+        one tick later (nobody is left to notice the difference)."""
+        victims = [self._sequencer_guess()] if kind == "one" else list(range(self.n))
+        self.result.long_log.append(
+            {"restart": "the sequencer" if kind == "one" else "every replica",
+             "replicas": victims, "slots": slots}
+        )
+        for rid in victims:
+            self._crash(self.replicas[rid])
+        self._frontier = slots
+        self._phase = "down"
+        down = 2 * self.config.election_timeout_us if kind == "one" else self.tick_us
+        self._restarted_at = self.now + down
+        self._push(self._restarted_at, "restart_all", -1)
+        self._push(self._restarted_at, "long_log_recover", -1)
+
+    def _start_recovery_check(self) -> None:
+        """Restarted: every site's first client owes a read through the log (answered once
+        its replica executed up to it, so the restarted one must have caught up)."""
+        self._phase = "recover"
+        for client in self.clients[: self.n]:
+            self._probes.add(client.cid)
+            self._push(self.now, "issue", client.cid)
+
+    def _issue_probe(self, client: _Client) -> None:
+        self.issued += 1
+        self.ops_budget += 1
+        client.seq += 1
+        key = self.rng_work.choice(self.keys)
+        command = Command(client_id=client.cid, seq=client.seq, op=kv_get(key), keys=(key,),
+                          blind=False)
+        client.op = {"kind": "read", "input": None, "bytes": command.op, "blind": False,
+                     "lease": False, "probe": True, "key": key, "command": command,
+                     "call": self.now, "attempt": 0, "site": client.home}
+        self._submit(client)
+
+    def _replica_states(self) -> str:
+        """Each replica's execution frontier and view, for a stall's message."""
+        parts = []
+        for r in self.replicas:
+            view = getattr(r.core, "view", None)
+            ready = getattr(r.core, "view_ready", None)
+            state = "up" if r.alive else "down"
+            parts.append(f"replica {r.rid} {state}, executed through {r.core.executed_through():,}"
+                         + (f", view {view}" if view is not None else "")
+                         + (" (not ready)" if ready is False else ""))
+        return "; ".join(parts)
 
     # ------------------------------------------------------------------ faults
     def _chaos(self) -> None:
@@ -752,7 +1025,9 @@ class Simulation:
 
     # ------------------------------------------------------------------ the end
     def _finished(self) -> bool:
-        if self.issued < self.options.ops or any(c.op is not None for c in self.clients):
+        if self._phase not in ("load", "done"):
+            return False
+        if self.issued < self.ops_budget or any(c.op is not None for c in self.clients):
             return False
         if not all(r.alive and not r.inbox for r in self.replicas):
             return False
@@ -781,14 +1056,39 @@ class Simulation:
         if verdict.verdict is Verdict.ILLEGAL:
             raise Violation(f"history not linearizable: {verdict.detail}")
         self.result.checked = verdict.verdict is Verdict.OK
-        if pending or self.issued < self.options.ops:
+        if self.options.long_log and self._phase != "done":
+            self.result.liveness = (
+                f"long log: still in its {self._phase} phase when the run's horizon of "
+                f"{self.heal_us / 1e6:.0f} s of simulated time ended; {self._replica_states()}"
+            )
+        elif pending or self.issued < self.ops_budget:
             self.result.liveness = (
                 f"{len(pending)} client operations still open and "
-                f"{self.options.ops - self.issued} never issued after the heal phase"
+                f"{self.ops_budget - self.issued} never issued after the heal phase"
             )
         elif not self._finished():
             states = [(r.rid, r.core.executed_through(), r.alive) for r in self.replicas]
             self.result.liveness = f"replicas did not converge after the heal phase: {states}"
+
+
+def _summary(outgoing: list[Outgoing]) -> str:
+    """``1 CAccept to 2, 2 Vote to 0, longest array: Vote.entries of 70,001``: what a send
+    step held, for a violation's text."""
+    counts: dict[tuple[str, int], int] = {}
+    for out in outgoing:
+        key = (type(out.message).__name__, out.to)
+        counts[key] = counts.get(key, 0) + 1
+    parts = [f"{count} {name} to {to}" for (name, to), count in sorted(counts.items())]
+    longest = max(
+        ((len(value), type(out.message).__name__, name)
+         for out in outgoing
+         for name in ARRAY_FIELDS
+         if isinstance(value := getattr(out.message, name, None), tuple)),
+        default=None,
+    )
+    if longest is not None:
+        parts.append(f"longest array: {longest[1]}.{longest[2]} of {longest[0]:,}")
+    return ", ".join(parts)
 
 
 def run_one(options: SimOptions, seed: int) -> RunResult:
