@@ -90,8 +90,9 @@ def test_long_log_options_are_checked() -> None:
 
 @pytest.mark.skipif(
     not os.environ.get("SDPAXOS_LONG_SIM"),
-    reason="full scale takes minutes: set SDPAXOS_LONG_SIM=1 (or run `sdpaxos sim --long-log "
-    "72500 --seeds 1 --start-seed 1`)",
+    reason="full scale takes a minute with restarts replayed from the replicas' records, "
+    "minutes without: set SDPAXOS_LONG_SIM=1 (or run `sdpaxos sim --long-log 72500 --seeds 1 "
+    "--start-seed 1`)",
 )
 def test_a_cluster_restarted_past_the_decoders_array_limit_serves_again() -> None:
     result = Simulation(long_log(FULL_LOG), 1).run()
