@@ -91,6 +91,11 @@ class DrivenCore(ProtocolCore, Protocol):
         """Forget the log below ``meta``; the records a rewritten WAL must hold."""
         ...
 
+    def durable_records(self) -> list[Record]:
+        """The records a rewritten WAL must hold with a durable snapshot at the execution
+        frontier (``compact`` without forgetting anything)."""
+        ...
+
     def install_snapshot(self, meta: SnapshotMeta) -> list[Record]:
         """Continue from a peer's snapshot at ``meta``; the records for a rewritten WAL."""
         ...

@@ -527,9 +527,12 @@ class ReplicaNode:
         self._logged_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
         self.stats.snapshots_taken += 1
-        if previous is not None:
-            records = self.core.compact(previous[1])
-            self.wal.rewrite([encode_record(record) for record in records])
+        # the first snapshot compacts nothing (no older one for peers a little behind), but
+        # the log still shrinks to what it does not cover: a restart then reads none of it
+        records = self.core.durable_records() if previous is None else self.core.compact(
+            previous[1]
+        )
+        self.wal.rewrite([encode_record(record) for record in records])
         log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
                  previous[1].slot if previous else 0)
 
