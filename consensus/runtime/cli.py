@@ -61,6 +61,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="snapshot once this many commands were applied since the last snapshot "
         "(default: the node's own)",
     )  # fmt: skip
+    parser.add_argument(
+        "--snapshot-bytes", type=_positive_int, default=None, metavar="BYTES",
+        help="snapshot once this many bytes went into the write-ahead log since the last "
+        "snapshot (default: 256 MiB)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--snapshot-interval", type=_positive_int, default=None, metavar="SECONDS",
+        help="snapshot at least this often while commands are applied (default: 600)",
+    )  # fmt: skip
 
 
 def _positive_int(text: str) -> int:
@@ -99,7 +108,8 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(
             _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection,
-                   snapshot_every=args.snapshot_every)
+                   snapshot_every=args.snapshot_every, snapshot_bytes=args.snapshot_bytes,
+                   snapshot_interval_s=args.snapshot_interval)
         )
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
@@ -126,10 +136,16 @@ def _state_machine(config: ClusterConfig) -> StateMachine:
 
 async def _serve(
     config: ClusterConfig, me: int, machine: StateMachine, *, fsync: bool, faults: bool,
-    snapshot_every: int | None = None,
+    snapshot_every: int | None = None, snapshot_bytes: int | None = None,
+    snapshot_interval_s: float | None = None,
 ) -> None:
     from consensus.runtime.metrics import serve_metrics
-    from consensus.runtime.node import SNAPSHOT_EVERY, ReplicaNode
+    from consensus.runtime.node import (
+        SNAPSHOT_EVERY,
+        SNAPSHOT_INTERVAL_S,
+        SNAPSHOT_LOG_BYTES,
+        ReplicaNode,
+    )
 
     log = logging.getLogger("sdpaxos.serve")
     # the node's default unless given (the restart bench turns snapshots off with a big one)
@@ -139,8 +155,13 @@ async def _serve(
     # nothing until then, and keep it all out of the collector's way afterwards (full
     # collections of it cost pauses in service too).
     gc.disable()
-    node = ReplicaNode(config, me, machine, fsync=fsync, fault_injection=faults,
-                       snapshot_every=every)
+    node = ReplicaNode(
+        config, me, machine, fsync=fsync, fault_injection=faults, snapshot_every=every,
+        snapshot_bytes=SNAPSHOT_LOG_BYTES if snapshot_bytes is None else snapshot_bytes,
+        snapshot_interval_s=(
+            SNAPSHOT_INTERVAL_S if snapshot_interval_s is None else snapshot_interval_s
+        ),
+    )
     metrics = None
     spec = config.replica(me)
     if spec.metrics_address is not None:  # answers while the log is executed again
