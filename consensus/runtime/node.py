@@ -43,7 +43,7 @@ from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import load_core
-from consensus.protocol.sdpaxos import SDPaxosReplica, SnapshotMeta
+from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica, SnapshotMeta
 from consensus.runtime.client_protocol import (
     ClientRequest,
     ClientResponse,
@@ -83,6 +83,11 @@ APPLY_CHECK_EVERY = 256
 LAG_PROBE_S = 0.02
 #: default: a snapshot once this many commands were applied since the last one
 SNAPSHOT_EVERY = 100_000
+#: a snapshot at least every this many slots, whatever the commands per slot: a restart that
+#: lost what it executed (a new disk, a power loss before the lazy records' fsync) learns
+#: again only what lies beyond its snapshot, and a view change reports at most
+#: ``sdpaxos.VIEW_SPAN`` slots a vote (lightly loaded, every command is a slot of its own)
+SNAPSHOT_MAX_SLOTS = VIEW_SPAN
 #: default: a snapshot once this many bytes went into the write-ahead log since the last one
 SNAPSHOT_LOG_BYTES = 256 << 20
 #: default: a snapshot at least this often while commands are applied (seconds)
@@ -505,8 +510,10 @@ class ReplicaNode:
         applied = self._applied_since_snapshot
         if applied == 0:
             return False  # nothing new to cover (the log may still grow: votes, promises)
+        base = self._snapshot[1].slot if self._snapshot is not None else 0
         return (
             applied >= self.snapshot_every
+            or self.core.exec_slot - base >= SNAPSHOT_MAX_SLOTS
             or self._logged_since_snapshot >= self.snapshot_bytes
             or time.monotonic() - self._last_snapshot_at >= self.snapshot_interval_s
         )

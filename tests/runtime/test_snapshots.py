@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from consensus.messages import Command
+from consensus.runtime import node as node_module
 from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -199,3 +202,30 @@ async def test_a_clean_stop_snapshots_so_a_restart_executes_nothing_again(tmp_pa
     finally:
         for n in (nodes[0], nodes[2]):
             await n.stop()
+
+
+async def test_snapshots_are_taken_every_so_many_slots_whatever_the_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightly loaded, every command is a slot of its own: the command count alone let the
+    log grow past what one vote can report (a restart that lost its executed records then
+    could not finish a view change)."""
+    monkeypatch.setattr(node_module, "SNAPSHOT_MAX_SLOTS", 20)
+    config = three_replicas(tmp_path)
+    nodes = [ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=10**9)
+             for i in range(3)]
+    for n in nodes:
+        await n.start()
+    try:
+        for seq in range(45):  # one at a time: one command a slot
+            await load_one(nodes[0], seq)
+        await wait_until(lambda: nodes[0].stats.snapshots_taken >= 2, "no snapshot by slots")
+        assert nodes[0].stats.commands_applied < 50
+    finally:
+        for n in nodes:
+            await n.stop()
+
+
+async def load_one(node: ReplicaNode, seq: int) -> None:
+    await node.submit(Command(client_id=3, seq=seq, op=kv_put("k", str(seq)), keys=("k",),
+                              blind=False))
