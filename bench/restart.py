@@ -492,11 +492,19 @@ class _Experiment:
                 background.stop()
                 await runner
                 await background.drain(DRAIN_S)
+            # its own account of the catch-up (read once the load stopped: the read blocks):
+            # the longest piece of work between two yields to its event loop, and how late
+            # its loop's probe timer fired
+            restarted_metrics = scrape_metrics(cluster, victim)
             entry.update({
                 "restart_listening_s": _round(listening),
                 "restart_serving_s": _round(serving),
                 "restart_exited_with": exited,
                 "timeout_s": self.args.timeout,
+                "restarted_busy_longest_ms": _ms(
+                    restarted_metrics.get("sdpaxos_busy_longest_seconds")),
+                "restarted_stall_longest_ms": _ms(
+                    restarted_metrics.get("sdpaxos_loop_stall_longest_seconds")),
                 **_service_at_others(background, window_start, killed, window_end),
             })  # fmt: skip
             self.note(
@@ -551,6 +559,10 @@ def _snapshot_files(cluster: LocalCluster) -> list[int]:
         len(list((cluster.config.replica_dir(r) / "snapshots").glob("*")))
         for r in range(REPLICAS)
     ]
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def _round(value: float | None) -> float | None:
@@ -696,7 +708,7 @@ def _print(report: dict[str, Any]) -> None:
     rows = []
     for entry in report["under_load"]:
         if "error" in entry:
-            rows.append([entry["commands"], *["-"] * 7, entry["error"][:60]])
+            rows.append([entry["commands"], *["-"] * 8, entry["error"][:60]])
             continue
         serving = entry["restart_serving_s"]
         rows.append([
@@ -709,11 +721,13 @@ def _print(report: dict[str, Any]) -> None:
             else f"exited ({entry['restart_exited_with']})"
             if entry["restart_exited_with"] is not None
             else f"did not serve within {entry['timeout_s']:g} s",
+            f"{entry['restarted_busy_longest_ms']} / {entry['restarted_stall_longest_ms']}",
         ])  # fmt: skip
     print_table(
         "One follower killed (SIGKILL) and restarted under load at the others",
         ["commands", "load/s", "restarted", "others ops/s before", "fewest ops/100 ms",
-         "longest gap ms", "max latency ms", "listening s", "serving a read s"],
+         "longest gap ms", "max latency ms", "listening s", "serving a read s",
+         "restarted: busy / stall ms"],
         rows,
     )  # fmt: skip
 
