@@ -191,6 +191,9 @@ class _Replica:
     core: DrivenCore
     store: KVStore
     durable: list[Record] = field(default_factory=list)
+    #: records written without an fsync (``Ready.log``): durable with the next fsync, lost
+    #: in a crash before it
+    unsynced: list[Record] = field(default_factory=list)
     #: the durable snapshot the durable records continue from, and its encoded state
     snapshot: tuple[SnapshotMeta, bytes] | None = None
     applied_since_snapshot: int = 0
@@ -495,19 +498,30 @@ class Simulation:
         ready = core.ready()
         self._count_messages(ready)
         self._send(rep, ready.send)
-        if ready.persist and self.fsync_us > 0:
+        if not ready.persist:
+            rep.unsynced.extend(ready.log)
+        elif self.fsync_us > 0:
             rep.busy_until = self.now + self.fsync_us
             self._push(rep.busy_until, "durable", rep.rid, (rep.incarnation, ready))
             return
-        rep.durable.extend(ready.persist)
+        else:
+            self._synced(rep, ready)
         self._after_persist(rep, ready)
+
+    @staticmethod
+    def _synced(rep: _Replica, ready: Ready) -> None:
+        """An fsync of ``ready.persist`` completed: it covers what was written before it."""
+        rep.durable.extend(rep.unsynced)
+        rep.unsynced.clear()
+        rep.durable.extend(ready.persist)
+        rep.durable.extend(ready.log)
 
     def _durable(self, rep: _Replica, payload: tuple[int, Ready]) -> None:
         incarnation, ready = payload
         if incarnation != rep.incarnation or not rep.alive:
             return
         rep.busy_until = -1
-        rep.durable.extend(ready.persist)
+        self._synced(rep, ready)
         self._after_persist(rep, ready)
         if rep.inbox:
             self._schedule_turn(rep)
@@ -554,8 +568,12 @@ class Simulation:
         keeps the last interval for peers a little behind)."""
         meta = rep.core.snapshot_meta()
         previous, rep.snapshot = rep.snapshot, (meta, rep.store.snapshot())
-        if previous is not None:
-            rep.durable = list(rep.core.compact(previous[0]))
+        # the first snapshot compacts nothing; later ones compact to the one before
+        records = rep.core.durable_records() if previous is None else rep.core.compact(
+            previous[0]
+        )
+        rep.durable = list(records)
+        rep.unsynced.clear()  # the rewritten records cover everything beyond the snapshot
         rep.applied_since_snapshot = 0
         self.result.snapshots_taken += 1
 
@@ -588,6 +606,7 @@ class Simulation:
         rep.store.restore(state)
         rep.snapshot = snapshot
         rep.durable = list(rep.core.install_snapshot(meta))
+        rep.unsynced.clear()
         rep.canon_position = self._canon_index(meta.slot)
         rep.applied_since_snapshot = 0
         self.result.snapshots_installed += 1
@@ -986,6 +1005,7 @@ class Simulation:
                 if kind == "durable" and target == rep.rid and payload[0] == rep.incarnation:
                     records = payload[1].persist
                     rep.durable.extend(records[: self.rng_fault.randrange(len(records) + 1)])
+        rep.unsynced.clear()
         rep.alive = False
         rep.incarnation += 1
         rep.inbox.clear()
