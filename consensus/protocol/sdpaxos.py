@@ -388,6 +388,8 @@ class SDPaxosReplica:
         self._recoveries: dict[int, Recovery] = {}
         #: C-instance recoveries this replica started (a Prepare each; a metric)
         self.recoveries_started = 0
+        #: candidacies given up because their NewView would not fit a message (a metric)
+        self.too_wide_views = 0
         # instances we re-propose (a recovery's), retransmitted like our own client batches
         self._reproposing: set[tuple[int, int]] = set()
 
@@ -1648,6 +1650,13 @@ class SDPaxosReplica:
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
                 before = self._exec_count[m] - executed.count(m)  # m's slots below start
                 self._fill_for(m, needed, before, owners)
+        if len(owners) > MAX_SLOTS:
+            # More than one NewView carries (votes far apart, or a vast hole filling): no
+            # view from here. The election times out and another candidacy starts from
+            # further on (its executed frontier, or another replica's).
+            self._votes.clear()
+            self.too_wide_views += 1
+            return
         filled = tuple(NO_CL if owner is None else owner for owner in owners)
         new_view = NewView(src=self.me, view=self.view, start=start, owners=filled)
         self.role = Role.ESTABLISHING

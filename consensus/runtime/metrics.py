@@ -71,6 +71,8 @@ def render(node: ReplicaNode) -> str:
         ),
         "# TYPE sdpaxos_c_recoveries_total counter",
         f"sdpaxos_c_recoveries_total {0 if sdpaxos is None else sdpaxos.recoveries_started}",
+        "# TYPE sdpaxos_candidacies_too_wide_total counter",
+        f"sdpaxos_candidacies_too_wide_total {0 if sdpaxos is None else sdpaxos.too_wide_views}",
         "# TYPE sdpaxos_client_connections_open gauge",
         f"sdpaxos_client_connections_open {client.open}",
         "# TYPE sdpaxos_client_connections_refused_total counter",

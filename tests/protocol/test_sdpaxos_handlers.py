@@ -2121,3 +2121,18 @@ def test_hole_filling_is_linear() -> None:
     owners: list[int | None] = [None, 1] * 100_000
     SDPaxosReplica._fill_for(4, 200_000, 0, owners)
     assert owners.count(4) == 200_000 and None not in owners
+
+
+def test_a_candidate_whose_new_view_would_not_fit_a_message_sends_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the encoder refuses a NewView of more than MAX_SLOTS owners (the replica would stop):
+    # the candidacy is given up instead, and the election times out
+    monkeypatch.setattr(sdpaxos_module, "MAX_SLOTS", 3)
+    r1 = _n5_candidate_that_executed_two_slots(compact=False)
+    entries = tuple(OVote(slot=s, owner=3, ballot=0) for s in range(2, 8))
+    for src in (2, 3):
+        r1.step(Vote(src=src, view=1, accepted_view=0, accepted_from=0, executed=2,
+                     entries=entries, c_high=(-1, -1, 0, 5, -1)), 10_000_000)
+    assert msgs(drain(r1).send_after_persist, NewView) == []
+    assert r1.too_wide_views == 1 and r1.role is Role.CANDIDATE
