@@ -260,9 +260,10 @@ class ReplicaNode:
         """Apply what a restarted core executes again from its records (its first ``Ready``)
         before anything is served: one long step at start, instead of a first loop turn that
         peers and clients would wait behind."""
-        started = time.perf_counter()
+        started = self._busy_since = time.perf_counter()
         first_slot = self._snapshot[1].slot if self._snapshot is not None else 0
         await self._carry_out(self.core.ready(), _now_us())
+        self._busy_until_now()
         self.stats.replay_seconds = time.perf_counter() - started
         if isinstance(self.core, SDPaxosReplica):
             self.stats.replayed_slots = self.core.exec_slot - first_slot

@@ -52,3 +52,13 @@ async def test_catch_up_turns_stay_short(tmp_path: Path) -> None:
     finally:
         for n in nodes:
             await n.stop()
+
+
+async def test_a_restart_reports_its_own_work_not_the_time_since_boot(tmp_path: Path) -> None:
+    config = three_replicas(tmp_path)
+    node = ReplicaNode(config, 0, KVStore(), fsync=False)
+    await node.start()
+    try:
+        assert 0 < node.stats.longest_busy_s < BUSY_BOUND_S
+    finally:
+        await node.stop()
