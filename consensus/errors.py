@@ -4,6 +4,7 @@
 
     SDPaxosError
     ├── ConfigError            invalid configuration (local misuse, raised at construction)
+    │   └── DataDirInUse       another process serves this replica's data directory
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "DataDirInUse",
     "DecodeError",
     "DefiniteFailure",
     "IndefiniteFailure",
@@ -34,6 +36,23 @@ class SDPaxosError(Exception):
 
 class ConfigError(SDPaxosError, ValueError):
     """A configuration value is invalid; the message names it."""
+
+
+class DataDirInUse(ConfigError):
+    """Another process holds the lock on a replica's data directory (``holder``: its pid, if
+    it wrote one)."""
+
+    def __init__(self, directory: object, holder: int | None) -> None:
+        who = f"process {holder}" if holder is not None else "another process"
+        super().__init__(
+            f"data directory {directory} is in use by {who}: one replica process per data "
+            "directory (stop it first, e.g. sdpaxos cluster down)"
+        )
+        self.directory = directory
+        self.holder = holder
+
+    def __reduce__(self) -> tuple[type[DataDirInUse], tuple[object, int | None]]:
+        return (type(self), (self.directory, self.holder))
 
 
 class LocalProtocolError(SDPaxosError):

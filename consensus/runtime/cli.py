@@ -14,10 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from consensus.config import SITES
-from consensus.errors import ConfigError, SDPaxosError
+from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.statemachine import StateMachine
 
@@ -95,6 +96,20 @@ def run_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"sdpaxos serve: {exc}", file=sys.stderr)
         return 2
+    from consensus.runtime.dirlock import DataDirLock
+
+    try:
+        lock = DataDirLock(config.replica_dir(args.id))
+    except DataDirInUse as exc:
+        print(f"sdpaxos serve: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return _serve_locked(args, config, machine)
+    finally:
+        lock.release()
+
+
+def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: StateMachine) -> int:
     if args.no_wan_emulation:
         n = len(config.replicas)
         config = dataclasses.replace(config, one_way_us=tuple((0,) * n for _ in range(n)))
@@ -205,6 +220,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--dir", required=True)
     init.add_argument("--base-port", type=int, default=7000)
     init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
+    init.add_argument("--force", action="store_true",
+                      help="overwrite the cluster file of an existing --dir (its replicas' "
+                      "data stays: delete data/ yourself to start empty)")
     store = init.add_mutually_exclusive_group()
     store.add_argument(
         "--gpu-store",
@@ -246,7 +264,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if args.action == "init":
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan,
-                     gpu_store=args.gpu_store, gpu_config=args.gpu_config)
+                     gpu_store=args.gpu_store, gpu_config=args.gpu_config, force=args.force)
     if args.action == "up":
         return _up(directory, args.timeout, args.snapshot_every)
     return _down(directory)
@@ -281,9 +299,20 @@ def cluster_toml(
 
 
 def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_store: bool,
-          gpu_config: str | None) -> int:
-    directory.mkdir(parents=True, exist_ok=True)
+          gpu_config: str | None, force: bool = False) -> int:
     path = directory / CONFIG_NAME
+    if path.exists() and not force:
+        # rewriting it under a cluster's logs (5 replicas over 3 replicas' data, say) starts
+        # replicas on state that is not theirs
+        print(f"sdpaxos cluster init: {path} exists (a cluster was initialized there); "
+              "choose another --dir, or --force to overwrite the cluster file",
+              file=sys.stderr)
+        return 1
+    if _live_replicas(directory) and force:
+        print(f"sdpaxos cluster init: the cluster in {directory} is up; run sdpaxos cluster "
+              f"down --dir {directory} first", file=sys.stderr)
+        return 1
+    directory.mkdir(parents=True, exist_ok=True)
     gpu: str | None = None
     if gpu_config is not None:
         from cluster_state.config import load_config
@@ -317,36 +346,60 @@ def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> i
     except ConfigError as exc:
         print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
         return 2
+    running = _live_replicas(directory)
+    if running:
+        print(f"sdpaxos cluster up: the cluster in {directory} is already up (pids "
+              f"{sorted(running)}); run sdpaxos cluster down --dir {directory} first",
+              file=sys.stderr)
+        return 1
     pids: dict[str, int] = {}
+    processes: list[subprocess.Popen[bytes]] = []
     extra = [] if snapshot_every is None else ["--snapshot-every", str(snapshot_every)]
     for spec in config.replicas:
         log_file = open(directory / f"replica-{spec.id}.log", "ab")  # noqa: SIM115
         process = subprocess.Popen(
-            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path), "--id",
+            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path.resolve()), "--id",
              str(spec.id), *extra],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         pids[str(spec.id)] = process.pid
+        processes.append(process)
     (directory / PIDS_NAME).write_text(json.dumps(pids))
     addresses = [spec.client_address for spec in config.replicas]
-    if asyncio.run(_wait_serving(addresses, timeout)):
+    serving = asyncio.run(_wait_serving(addresses, timeout, processes))
+    exited = [(spec.id, p.returncode) for spec, p in zip(config.replicas, processes, strict=True)
+              if p.poll() is not None]
+    if serving and not exited:
         print(f"cluster up: {len(pids)} replicas serving (pids {sorted(pids.values())})")
         return 0
-    print("cluster up: replicas did not start serving in time; see the replica logs",
-          file=sys.stderr)
+    # Serving addresses prove nothing about our processes (another cluster may hold them):
+    # a replica that exited is a failure, whoever answers.
+    for replica, code in exited:
+        print(f"cluster up: replica {replica} exited with status {code}; see "
+              f"{directory / f'replica-{replica}.log'}", file=sys.stderr)
+    if not exited:
+        print("cluster up: replicas did not start serving in time; see the replica logs",
+              file=sys.stderr)
     _down(directory)
     return 1
 
 
-async def _wait_serving(addresses: list[tuple[str, int]], timeout: float) -> bool:
+async def _wait_serving(
+    addresses: list[tuple[str, int]], timeout: float,
+    processes: Sequence[subprocess.Popen[bytes]] = (),
+) -> bool:
+    """Every address answers a linearizable read within ``timeout``; False as soon as one of
+    ``processes`` exits."""
     from consensus.runtime.client import Client
     from consensus.statemachine import kv_get
 
     deadline = time.monotonic() + timeout
     for replica, _ in enumerate(addresses):
         while time.monotonic() < deadline:
+            if any(process.poll() is not None for process in processes):
+                return False
             client = Client(1 << 40, addresses, home=replica, timeout_s=1.0, attempts=1)
             try:
                 await client.read(kv_get("__probe__"), ("__probe__",))
@@ -365,7 +418,11 @@ def _down(directory: Path) -> int:
     if not path.exists():
         print(f"cluster down: no {PIDS_NAME} in {directory}", file=sys.stderr)
         return 1
-    pids = [int(pid) for pid in json.loads(path.read_text()).values()]
+    listed = [int(pid) for pid in json.loads(path.read_text()).values()]
+    pids = [pid for pid in listed if _is_replica_of(pid, directory)]
+    for pid in sorted(set(listed) - set(pids)):
+        # exited meanwhile, or its pid now belongs to another process: not ours to signal
+        print(f"cluster down: pid {pid} is not a running replica of this cluster; left alone")
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
@@ -379,6 +436,31 @@ def _down(directory: Path) -> int:
     path.unlink()
     print(f"cluster down: stopped {len(pids)} replicas")
     return 0
+
+
+def _live_replicas(directory: Path) -> list[int]:
+    """The pids in the directory's pid file that are running replicas of its cluster."""
+    path = directory / PIDS_NAME
+    if not path.exists():
+        return []
+    try:
+        listed = [int(pid) for pid in json.loads(path.read_text()).values()]
+    except (ValueError, TypeError, AttributeError):
+        return []
+    return [pid for pid in listed if _is_replica_of(pid, directory)]
+
+
+def _is_replica_of(pid: int, directory: Path) -> bool:
+    """``pid`` runs ``sdpaxos serve`` on this directory's cluster file (what ``up``
+    started), judged by its command line."""
+    if not _alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    config = str((directory / CONFIG_NAME).resolve()).encode()
+    return b"serve" in argv and config in argv
 
 
 def _alive(pid: int) -> bool:
