@@ -31,7 +31,7 @@ def render(node: ReplicaNode) -> str:
         "# TYPE sdpaxos_lease_valid gauge",
         f"sdpaxos_lease_valid {int(sdpaxos is not None and sdpaxos._lease_valid())}",
         "# TYPE sdpaxos_executed_slots gauge",
-        f"sdpaxos_executed_slots {core.exec_slot}",
+        f"sdpaxos_executed_slots {node.executed_slot}",
         "# TYPE sdpaxos_commands_applied_total counter",
         f"sdpaxos_commands_applied_total {stats.commands_applied}",
         "# TYPE sdpaxos_loop_turns_total counter",

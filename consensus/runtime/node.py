@@ -227,6 +227,10 @@ class ReplicaNode:
         self._loop_task: asyncio.Task[None] | None = None
         self._lag_task: asyncio.Task[None] | None = None
         self._busy_since = 0.0  # when the piece of work under way began (longest_busy_s)
+        #: one past the last slot applied to the state machine: the core's ``exec_slot`` once
+        #: the turn that executed it is done (applying yields to the loop, so the core's runs
+        #: ahead while a turn applies thousands of commands)
+        self.executed_slot = 0
         self._stopping = False
         self._last_seen_view: tuple[int, object] = (-1, None)
         #: called with (position, command, result) after each command applies (watchers)
@@ -480,6 +484,7 @@ class ReplicaNode:
             if execution.led_here and not execution.command.blind:
                 key = (execution.command.client_id, execution.command.seq)
                 self._complete(key, Result(result, execution.position), now)
+        self.executed_slot = self.core.exec_slot  # applied, every command of it
         for command in ready.reads:
             waiters = self._reads.pop((command.client_id, command.seq), ())
             if waiters:

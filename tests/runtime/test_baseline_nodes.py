@@ -56,7 +56,7 @@ async def scenario(config: ClusterConfig) -> None:
         assert msgpack.unpackb(swapped.value) == ["cas", True, "v4"]
         value = await nodes[2].read(Command(client_id=98, seq=1, op=kv_get("k4"), keys=("k4",)))
         assert msgpack.unpackb(value) == ["value", "new"]
-        await wait_until(lambda: len({node.core.exec_slot for node in nodes}) == 1,
+        await wait_until(lambda: len({node.executed_slot for node in nodes}) == 1,
                          "replicas did not converge", timeout_s=5)
         assert len({node.state_machine.snapshot() for node in nodes}) == 1
         assert "sdpaxos_is_sequencer 0" in render(nodes[0])
@@ -103,7 +103,7 @@ async def lagging_follower(config: ClusterConfig) -> None:
         assert nodes[0].stats.snapshots_taken >= 2
         nodes[2] = node(2)
         await nodes[2].start()
-        await wait_until(lambda: nodes[2].core.exec_slot >= nodes[0].core.exec_slot,
+        await wait_until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot,
                          "the lagging follower did not catch up")
         assert nodes[2].stats.snapshots_installed == 1
         assert nodes[2].state_machine.snapshot() == nodes[0].state_machine.snapshot()

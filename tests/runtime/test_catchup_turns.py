@@ -41,10 +41,12 @@ async def test_catch_up_turns_stay_short(tmp_path: Path) -> None:
                 for i in range(2000)
             ))
             seq += 2000
-        target = nodes[0].core.exec_slot
+        # blind writes are answered once ready: wait until they are executed, too
+        await wait_until(lambda: nodes[0].stats.commands_applied >= 20_000, "not executed")
+        target = nodes[0].executed_slot
         nodes[2] = node(2)
         await nodes[2].start()
-        await wait_until(lambda: nodes[2].core.exec_slot >= target, "no catch-up", 60)
+        await wait_until(lambda: nodes[2].executed_slot >= target, "no catch-up", 60)
         stats = nodes[2].stats
         assert stats.commands_applied >= 20_000  # learned from its peers, not a snapshot
         assert stats.snapshots_installed == 0

@@ -68,7 +68,7 @@ async def scenario(tmp_path: Path) -> None:
             assert len(list((tmp_path / f"replica-{n.me}" / "wal").glob("wal-*"))) == 1
         nodes[2] = node(2)
         await nodes[2].start()
-        await wait_until(lambda: nodes[2].core.exec_slot >= nodes[0].core.exec_slot,
+        await wait_until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot,
                          "the lagging replica did not catch up")
         assert nodes[2].stats.snapshots_installed == 1
         assert nodes[2].state_machine.snapshot() == nodes[0].state_machine.snapshot()
@@ -108,7 +108,7 @@ async def brief_outage(tmp_path: Path) -> None:
         ))  # fmt: skip
 
     async def caught_up(replica: int) -> None:
-        await wait_until(lambda: nodes[replica].core.exec_slot >= nodes[0].core.exec_slot,
+        await wait_until(lambda: nodes[replica].executed_slot >= nodes[0].executed_slot,
                          "replica did not catch up")
 
     nodes = [node(i) for i in range(3)]
@@ -188,7 +188,7 @@ async def test_a_clean_stop_snapshots_so_a_restart_executes_nothing_again(tmp_pa
         await n.start()
     try:
         await load(nodes[0], 1, 500)
-        await wait_until(lambda: nodes[1].core.exec_slot == nodes[0].core.exec_slot > 0,
+        await wait_until(lambda: nodes[1].executed_slot == nodes[0].executed_slot > 0,
                          "replica 1 did not execute everything")
         frontier, state = nodes[1].core.exec_slot, nodes[1].state_machine.snapshot()
         assert nodes[1].stats.snapshots_taken == 0
