@@ -385,6 +385,10 @@ class SDPaxosReplica:
         self.retransmit_timeout_us = config.retransmit_us
         self._unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self._restart_pending: list[int] = []  # own indexes found in records at restart
+        # ... with the batches the records hold: executed as they are, they are ready, even
+        # if something decided them before this incarnation drove them (then _unready lacks
+        # them): the new incarnation reports them like the old one would have
+        self._restart_batches: dict[int, Batch] = {}
         self._recoveries: dict[int, Recovery] = {}
         #: C-instance recoveries this replica started (a Prepare each; a metric)
         self.recoveries_started = 0
@@ -817,10 +821,12 @@ class SDPaxosReplica:
     def _own_decided(self, index: int, inst: CInstance) -> None:
         """Our instance was chosen: if not with what we proposed, its commands failed."""
         self._rtt_probes.pop(index, None)
-        proposed = self._unready.get(index)
+        # ours from this incarnation, or found in our records at a restart
+        table = self._unready if index in self._unready else self._restart_batches
+        proposed = table.get(index)
         if proposed is None or inst.batch == proposed:
             return
-        del self._unready[index]
+        del table[index]
         chosen = set(inst.batch or ())
         for command in proposed:
             if command not in chosen:
@@ -1408,6 +1414,9 @@ class SDPaxosReplica:
                 # executed implies chosen and ordered for good: whatever the ready rule still
                 # waits for (a lost OAck, say), the command is ready now
                 proposed = self._unready.pop(index, None) if led_here else None
+                if led_here and self._restart_batches:
+                    found = self._restart_batches.pop(index, None)
+                    proposed = proposed if proposed is not None else found
                 if proposed is not None and proposed == inst.batch:
                     self._out.ready.extend(inst.batch)
                 if self._unknown_keys:
@@ -2146,6 +2155,7 @@ class SDPaxosReplica:
                 inst.acks = {self.me}
                 inst.sent_at = -(1 << 62)  # retransmit at once
                 self._unready[index] = inst.batch
+                self._restart_batches.pop(index, None)  # reported from _unready now
         self._restart_pending = []
 
     def _maybe_catch_up(self) -> None:
@@ -2435,6 +2445,7 @@ class SDPaxosReplica:
         }
         covered = meta.exec_counts[self.me]
         self._restart_pending = [i for i in self._restart_pending if i >= covered]
+        self._restart_batches = {i: b for i, b in self._restart_batches.items() if i >= covered}
         self._rtt_probes = {i: t for i, t in self._rtt_probes.items() if i >= covered}
         # Our proposals a peer's snapshot already executed (we fell behind before we saw them
         # decided): their outcome is in the snapshot, not here. The client learns it by
@@ -2526,6 +2537,12 @@ class SDPaxosReplica:
         self.view_ready = self.accepted_view >= self.view
         self._recount_o_state()
         self._restart_pending = sorted(own)
+        self._restart_batches = {
+            index: batch
+            for index in self._restart_pending
+            if index >= self._exec_count[self.me]
+            and (batch := self.c[(self.me, index)].batch) is not None
+        }
 
 
 _C_PHASE = (CAccept, CAck, CCommit, CPrepare, CPromise, CNack)

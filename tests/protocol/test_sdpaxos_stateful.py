@@ -322,3 +322,15 @@ TestSDPaxosViewChange3 = SDPaxosViewChangeMachine.TestCase
 TestSDPaxosViewChange3.settings = _SETTINGS
 TestSDPaxosCrash5 = SDPaxosCrashMachine.TestCase
 TestSDPaxosCrash5.settings = settings(_SETTINGS, max_examples=60)
+
+
+def test_a_restarted_leader_reports_what_was_decided_before_it_drove_it() -> None:
+    """(Found by TestSDPaxosCrash5.) The sequencer proposes and crashes; its CAccepts in flight
+    get acknowledged and its restarted incarnation learns the instance chosen before it
+    resumed driving its own instances, so nothing reported the command ready when it ran."""
+    machine = SDPaxosCrashMachine()
+    machine.start()
+    machine.propose(replica=0, count=1)
+    machine.restart(replica=0)
+    machine.teardown()
+    assert machine.ready_seen == {(0, 0)}
