@@ -14,6 +14,7 @@ port (``client_protocol``). A request waits on a future keyed by ``(client_id, s
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import random
@@ -269,8 +270,7 @@ class ReplicaNode:
         await self._carry_out(self.core.ready(), _now_us())
         self._busy_until_now()
         self.stats.replay_seconds = time.perf_counter() - started
-        if isinstance(self.core, SDPaxosReplica):
-            self.stats.replayed_slots = self.core.exec_slot - first_slot
+        self.stats.replayed_slots = self.core.exec_slot - first_slot
         if self.stats.commands_applied:
             log.info("replica %d: executed %d commands again from its records in %.2f s",
                      self.me, self.stats.commands_applied, self.stats.replay_seconds)
@@ -444,11 +444,7 @@ class ReplicaNode:
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
         self._send(ready.send)
-        for record in ready.persist:
-            payload = encode_record(record)
-            self._logged_since_snapshot += len(payload)
-            self.wal.append(payload)
-        for record in ready.log:
+        for record in itertools.chain(ready.persist, ready.log):
             payload = encode_record(record)
             self._logged_since_snapshot += len(payload)
             self.wal.append(payload)
