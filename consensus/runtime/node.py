@@ -343,14 +343,13 @@ class ReplicaNode:
                             "per peer; counted in sdpaxos_peer_frames_rejected_total): %s",
                             peer, rejection)
             return
-        genuine = messages
-        chunks = [m for m in genuine if isinstance(m, SnapshotChunk)]
+        chunks = [m for m in messages if isinstance(m, SnapshotChunk)]
         for chunk in chunks:
             self._on_snapshot_chunk(chunk)
         if chunks:
-            genuine = [m for m in genuine if not isinstance(m, SnapshotChunk)]
-        if genuine:
-            self._post("msgs", genuine)
+            messages = [m for m in messages if not isinstance(m, SnapshotChunk)]
+        if messages:
+            self._post("msgs", messages)
 
     # ------------------------------------------------------------------ the loop
     async def wait_failed(self) -> None:
