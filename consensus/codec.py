@@ -80,6 +80,14 @@ import msgpack
 from consensus import messages
 from consensus.errors import ConfigError, DecodeError, LocalProtocolError, UnsupportedVersion
 from consensus.messages import (
+    MAX_BATCH,
+    MAX_ENTRIES,
+    MAX_FRAME_MESSAGES,
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
+    MAX_REQUEST_KEYS,
+    MAX_SLOTS,
     CAccept,
     CAcceptedRecord,
     CAck,
@@ -163,22 +171,6 @@ _SAME_VERSION: Final = frozenset({FORMAT_VERSION})
 
 # --------------------------------------------------------------------------- limits
 
-#: largest ``Command.op`` (bytes)
-MAX_OP_BYTES: Final = 1 << 20
-#: largest key, in UTF-8 bytes
-MAX_KEY_BYTES: Final = 1 << 10
-#: most keys in one ``Command``
-MAX_KEYS_PER_COMMAND: Final = 64
-#: most commands in one batch
-MAX_BATCH: Final = 65536
-#: most keys in one ``CRequest`` or ``RRequest`` (``CRequest.keys`` is a whole batch's keys)
-MAX_REQUEST_KEYS: Final = 65536
-#: most nested values (``OEntry``, ``OVote``, ``CVote``) in one message or record
-MAX_ENTRIES: Final = 65536
-#: most ints in one array (``OAck.slots``, ``NewView.owners``, ``Vote.c_high``, ...)
-MAX_SLOTS: Final = 65536
-#: most messages in one frame
-MAX_FRAME_MESSAGES: Final = 65536
 #: default largest frame payload on a stream (``frame_to_wire`` / ``FrameReader``)
 DEFAULT_MAX_FRAME: Final = 16 << 20
 #: every int on the wire fits in a signed 64-bit integer

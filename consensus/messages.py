@@ -86,6 +86,28 @@ NO_CL: Final = -1
 EVERY_INDEX: Final = (1 << 63) - 1
 
 
+# --------------------------------------------------------------------------- limits
+# What one message may carry: the decoder refuses more, the encoder refuses to produce it,
+# and the cores check client input against them before proposing it.
+
+#: largest ``Command.op`` (bytes)
+MAX_OP_BYTES: Final = 1 << 20
+#: largest key, in UTF-8 bytes
+MAX_KEY_BYTES: Final = 1 << 10
+#: most keys in one ``Command``
+MAX_KEYS_PER_COMMAND: Final = 64
+#: most commands in one batch
+MAX_BATCH: Final = 65536
+#: most keys in one ``CRequest`` or ``RRequest`` (``CRequest.keys`` is a whole batch's keys)
+MAX_REQUEST_KEYS: Final = 65536
+#: most nested values (``OEntry``, ``OVote``, ``CVote``) in one message or record
+MAX_ENTRIES: Final = 65536
+#: most ints in one array (``OAck.slots``, ``NewView.owners``, ``Vote.c_high``, ...)
+MAX_SLOTS: Final = 65536
+#: most messages in one frame
+MAX_FRAME_MESSAGES: Final = 65536
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Command:
     """One client command, opaque to the protocol.

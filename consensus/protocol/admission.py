@@ -86,9 +86,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from consensus.codec import MAX_ENTRIES, MAX_SLOTS
 from consensus.messages import (
     EVERY_INDEX,
+    MAX_ENTRIES,
+    MAX_SLOTS,
     NO_CL,
     CAccept,
     CAck,
@@ -126,7 +127,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import BALLOT_STRIDE
 
 if TYPE_CHECKING:
-    from consensus.protocol.sdpaxos import SnapshotMeta
+    from consensus.protocol.types import SnapshotMeta
 
 __all__ = [
     "ADMISSION_TABLE",

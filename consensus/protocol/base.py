@@ -17,7 +17,7 @@ from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.ready import Ready
 
 if TYPE_CHECKING:
-    from consensus.protocol.sdpaxos import SnapshotMeta
+    from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["CoreFactory", "DrivenCore", "ProtocolCore"]
 

@@ -45,9 +45,9 @@ import random
 from collections.abc import Sequence
 from typing import Final
 
-from consensus.codec import MAX_SLOTS
 from consensus.config import ProtocolConfig
 from consensus.messages import (
+    MAX_SLOTS,
     Catchup,
     CatchupMarkers,
     Command,
@@ -62,8 +62,8 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.sdpaxos import SnapshotMeta
 from consensus.protocol.slotlog import Slot, SlotLogCore
+from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["MAX_AHEAD", "SKIP_RUN", "MenciusReplica"]
 

@@ -38,9 +38,9 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from consensus.codec import MAX_SLOTS
 from consensus.config import ProtocolConfig
 from consensus.messages import (
+    MAX_SLOTS,
     Command,
     PaxosAccept,
     PaxosAck,
@@ -52,8 +52,8 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.sdpaxos import SnapshotMeta
 from consensus.protocol.slotlog import Key, Slot, SlotLogCore, key_of
+from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["MultiPaxosReplica"]
 

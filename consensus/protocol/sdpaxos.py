@@ -105,24 +105,20 @@ Rules that keep it safe
 from __future__ import annotations
 
 import bisect
-import enum
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TypeVar
 
-from consensus.codec import (
+from consensus.config import ProtocolConfig
+from consensus.errors import LocalProtocolError
+from consensus.messages import (
+    EVERY_INDEX,
     MAX_ENTRIES,
     MAX_KEY_BYTES,
     MAX_KEYS_PER_COMMAND,
     MAX_OP_BYTES,
     MAX_REQUEST_KEYS,
     MAX_SLOTS,
-)
-from consensus.config import ProtocolConfig
-from consensus.errors import LocalProtocolError
-from consensus.messages import (
-    EVERY_INDEX,
     NO_CL,
     CAccept,
     CAcceptedRecord,
@@ -163,6 +159,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import BALLOT_STRIDE, next_ballot
 from consensus.protocol.batch import CATCHUP_BYTES, CommandBatch, batch_size
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
+from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["OwnerSlots", "Role", "SDPaxosReplica", "SnapshotMeta"]
 
@@ -212,13 +209,6 @@ Batch = tuple[Command, ...]
 _T = TypeVar("_T")
 
 
-class Role(enum.Enum):
-    FOLLOWER = "follower"
-    CANDIDATE = "candidate"  # asked for votes for the current view
-    ESTABLISHING = "establishing"  # elected; waiting for a majority to accept its NewView
-    SEQUENCER = "sequencer"  # serving the current view
-
-
 class CInstance:
     """What one replica knows of one C-instance."""
 
@@ -238,15 +228,6 @@ class CInstance:
         self.sent_to: frozenset[int] = frozenset()
         #: when the owner learned that a recoverer took it over (-1: it did not)
         self.overtaken_at = -1
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotMeta:
-    """Where a state-machine snapshot stands in the log: every slot below ``slot`` applied,
-    and ``exec_counts[r]`` of replica r's C-instances among them."""
-
-    slot: int
-    exec_counts: tuple[int, ...]
 
 
 class OwnerSlots:

@@ -43,10 +43,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
     Catchup,
     CatchupMarkers,
     Command,
@@ -58,7 +60,7 @@ from consensus.messages import (
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
-from consensus.protocol.sdpaxos import SnapshotMeta
+from consensus.protocol.types import SnapshotMeta
 
 __all__ = [
     "BASELINE_UNSAFE_VARIANTS",

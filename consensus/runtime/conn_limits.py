@@ -49,8 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Literal
 
-from consensus.codec import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
 from consensus.errors import ConfigError
+from consensus.messages import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
 
 __all__ = [
     "ClientPortLimits",

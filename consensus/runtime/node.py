@@ -44,7 +44,8 @@ from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import load_core
-from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica, SnapshotMeta
+from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
+from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.client_protocol import (
     ClientRequest,
     ClientResponse,

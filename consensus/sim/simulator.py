@@ -65,7 +65,7 @@ from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
-from consensus.protocol.sdpaxos import SnapshotMeta
+from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.framing import frames_by_peer
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history

@@ -15,7 +15,7 @@ from pathlib import Path
 import msgpack
 
 from consensus.errors import DecodeError
-from consensus.protocol.sdpaxos import SnapshotMeta
+from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["decode_snapshot", "encode_snapshot", "latest_snapshot", "write_snapshot"]
 

@@ -1,0 +1,29 @@
+"""Types the protocol cores, storage, the runtime and the simulator share.
+
+``SnapshotMeta`` says where a state-machine snapshot stands in a log (every core compacts to
+one and installs one; storage encodes it; the node and the simulator ship it). ``Role`` is
+what a replica does in its current view (reported by status and metrics).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["Role", "SnapshotMeta"]
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"  # asked for votes for the current view
+    ESTABLISHING = "establishing"  # elected; waiting for a majority to accept its NewView
+    SEQUENCER = "sequencer"  # serving the current view
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Where a state-machine snapshot stands in the log: every slot below ``slot`` applied,
+    and ``exec_counts[r]`` of replica r's C-instances among them."""
+
+    slot: int
+    exec_counts: tuple[int, ...]
