@@ -295,7 +295,7 @@ class SDPaxosReplica:
         self.now = 0
         self._five = self.n == 5
         self._unsafe = config.unsafe
-        self._peers = tuple(r for r in range(self.n) if r != me)
+        self._peers = tuple(rid for rid in range(self.n) if rid != me)
         pref = config.peers_by_preference(me)
         self._thrifty_targets = pref[: self.q - 1] if config.thrifty else self._peers
 
@@ -306,7 +306,6 @@ class SDPaxosReplica:
         self.view_ready = True  # accepted the NewView of self.view
         self.role = Role.SEQUENCER if me == 0 else Role.FOLLOWER
         self._votes: dict[int, Vote] = {}
-        self._voted_in = -1
         self._candidate_since = 0
         self._candidate_from = 0
         self._new_view: NewView | None = None  # the one we sent, while sequencer of its view
@@ -390,8 +389,8 @@ class SDPaxosReplica:
 
         # sequencer state (meaningful while self.role is SEQUENCER)
         self.seq_next_slot = 0
-        self.seq_slots: dict[int, OwnerSlots] = {r: OwnerSlots() for r in range(self.n)}
-        self.seq_acked: dict[int, set[int]] = {r: set() for r in range(self.n)}
+        self.seq_slots: dict[int, OwnerSlots] = {rid: OwnerSlots() for rid in range(self.n)}
+        self.seq_acked: dict[int, set[int]] = {rid: set() for rid in range(self.n)}
         self.seq_acked_prefix: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._seq_own_chosen = 0  # N=5: how many of our own O-instances are chosen
         self.history: dict[str, int] = {}  # key -> last slot assigned to an update of it
@@ -617,8 +616,8 @@ class SDPaxosReplica:
             self._exec_progress_at = now
             self._window_start = now
             self._next_heartbeat = now
-            for r in range(self.n):
-                self.last_heard[r] = now
+            for rid in range(self.n):
+                self.last_heard[rid] = now
             self._silence_window_at = now
             self._seq_alive_at = now
             self._roll_election_timeout()
@@ -1163,12 +1162,18 @@ class SDPaxosReplica:
 
     def _flush_order_messages(self) -> None:
         """Send this turn's OAccepts, OAcks and OCommits: one message of each per peer."""
+        self._flush_oaccepts()
+        self._flush_acks()
+
+    def _flush_oaccepts(self) -> None:
         if self._oaccept_out:
             for entries in _pages(self._oaccept_out, MAX_ENTRIES):
                 self._out.persist.append(OAcceptedRecord(view=self.view, entries=entries))
                 self._broadcast(OAccept(src=self.me, view=self.view, entries=entries))
             self._oaccept_out.clear()
             self._after_seq_acks()
+
+    def _flush_acks(self) -> None:
         for dest in sorted(self._oack_out):
             for slots in _pages(self._oack_out[dest], MAX_SLOTS):
                 self._send(dest, OAck(src=self.me, view=self.view, slots=slots))
@@ -1297,8 +1302,8 @@ class SDPaxosReplica:
 
     def _majority_prefix(self) -> int:
         prefixes = sorted(
-            (self.seq_next_slot if r == self.me else self.seq_acked_prefix[r])
-            for r in range(self.n)
+            (self.seq_next_slot if rid == self.me else self.seq_acked_prefix[rid])
+            for rid in range(self.n)
         )
         return prefixes[self.n - self.q]
 
@@ -1529,7 +1534,6 @@ class SDPaxosReplica:
         self.role = Role.CANDIDATE
         self._candidate_since = self.now
         self._candidate_from = self.exec_slot
-        self._voted_in = view
         self._votes[self.me] = self._make_vote(self.exec_slot)
         self._broadcast(VRequest(src=self.me, view=view, from_slot=self.exec_slot))
         if len(self._votes) >= self.q:
@@ -1583,7 +1587,6 @@ class SDPaxosReplica:
             # (ordered far beyond what we executed: cannot happen while execution keeps up)
             # a vote that would not fit a message is no vote; another replica leads
             return
-        self._voted_in = msg.view
         self._send(msg.src, vote)
 
     def _on_vote(self, msg: Vote) -> None:
@@ -1633,7 +1636,7 @@ class SDPaxosReplica:
         if self._five and "no_hole_filling" not in self._unsafe:
             old_sequencer = max(v.accepted_view for v in self._votes.values()) % self.n
             untraced = [
-                r for r in range(self.n) if r not in self._votes and r != old_sequencer
+                rid for rid in range(self.n) if rid not in self._votes and rid != old_sequencer
             ]
             if old_sequencer not in self._votes and len(untraced) == 1:
                 m = untraced[0]
@@ -1811,7 +1814,7 @@ class SDPaxosReplica:
         self._last_view_change_at = self.now
         # our assignment log: the compacted prefix (counts only), the executed slots we still
         # hold, then the rebuilt range
-        self.seq_slots = {r: OwnerSlots(self._base_counts[r]) for r in range(self.n)}
+        self.seq_slots = {rid: OwnerSlots(self._base_counts[rid]) for rid in range(self.n)}
         for slot in sorted(self.log):
             owner = self.log[slot][0]
             if owner != NO_CL:
@@ -1821,9 +1824,9 @@ class SDPaxosReplica:
             if owner != NO_CL:
                 self.seq_slots[owner].append(slot)
         self.seq_next_slot = max(end, self.exec_slot)
-        self.seq_acked = {r: set() for r in range(self.n)}
+        self.seq_acked = {rid: set() for rid in range(self.n)}
         self.seq_acked_prefix = {
-            r: (end if r in self._new_view_acks else start) for r in range(self.n)
+            rid: (end if rid in self._new_view_acks else start) for rid in range(self.n)
         }
         self._seq_own_chosen = self.seq_slots[self.me].count_below(end)
         self.history.clear()
@@ -2089,9 +2092,12 @@ class SDPaxosReplica:
             if late:
                 self._send_crequest(late[-1])  # one request covers every lower index
             return
-        if self.role is not Role.SEQUENCER:
-            return
-        # Our own O-instances lack acknowledgements: re-send them to whoever has not acked.
+        if self.role is Role.SEQUENCER:
+            self._retransmit_own_slots(late, deadline)
+
+    def _retransmit_own_slots(self, late: list[int], deadline: int) -> None:
+        """Serving: our own O-instances lack acknowledgements: re-send them to whoever has not
+        acked."""
         mine = self.seq_slots[self.me]
         for peer in self._peers:
             for index in late:
@@ -2167,7 +2173,7 @@ class SDPaxosReplica:
         self._catchup_asked = self.exec_slot
         self._catchup_asked_values = self._catchup_lacks_values
         if behind:
-            peer = max(self._peers, key=lambda r: (self._peer_executed[r], -r))
+            peer = max(self._peers, key=lambda rid: (self._peer_executed[rid], -rid))
         else:
             peer = self._peers[self._catchup_peer % len(self._peers)] if self._peers else self.me
             self._catchup_peer += 1
@@ -2380,7 +2386,7 @@ class SDPaxosReplica:
     def snapshot_meta(self) -> SnapshotMeta:
         """Where a snapshot of the state machine, taken now (after applying the last
         ``Ready``), stands in the log."""
-        return SnapshotMeta(self.exec_slot, tuple(self._exec_count[r] for r in range(self.n)))
+        return SnapshotMeta(self.exec_slot, tuple(self._exec_count[rid] for rid in range(self.n)))
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
@@ -2405,8 +2411,8 @@ class SDPaxosReplica:
 
     def _set_base(self, meta: SnapshotMeta) -> None:
         self.exec_slot = max(self.exec_slot, meta.slot)
-        for r in range(self.n):
-            self._exec_count[r] = max(self._exec_count[r], meta.exec_counts[r])
+        for rid in range(self.n):
+            self._exec_count[rid] = max(self._exec_count[rid], meta.exec_counts[rid])
         self._drop_below(meta)
         self.next_index = max(self.next_index, self._exec_count[self.me])
         self.o_prefix = max(self.o_prefix, meta.slot)
@@ -2441,9 +2447,9 @@ class SDPaxosReplica:
             for slot in [s for s in table if s < meta.slot]:
                 del table[slot]
         self.o_committed = {s for s in self.o_committed if s >= meta.slot}
-        for r, slots in self.seq_slots.items():
+        for rid, slots in self.seq_slots.items():
             slots.trim_below(meta.slot)
-            slots.base = max(slots.base, meta.exec_counts[r])
+            slots.base = max(slots.base, meta.exec_counts[rid])
         self._compacted = max(self._compacted, meta.slot)
         self._base_counts = dict(enumerate(meta.exec_counts))
 
