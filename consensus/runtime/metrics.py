@@ -29,7 +29,7 @@ def render(node: ReplicaNode) -> str:
         "# TYPE sdpaxos_is_sequencer gauge",
         f"sdpaxos_is_sequencer {int(sdpaxos is not None and sdpaxos.role.value == 'sequencer')}",
         "# TYPE sdpaxos_lease_valid gauge",
-        f"sdpaxos_lease_valid {int(sdpaxos is not None and sdpaxos._lease_valid())}",
+        f"sdpaxos_lease_valid {int(sdpaxos is not None and sdpaxos.lease_valid())}",
         "# TYPE sdpaxos_executed_slots gauge",
         f"sdpaxos_executed_slots {node.executed_slot}",
         "# TYPE sdpaxos_commands_applied_total counter",

@@ -52,20 +52,19 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
-from consensus.protocol import sdpaxos as sdpaxos_module
 from consensus.protocol.ballot import ballot_of
-from consensus.protocol.batch import batch_size
+from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Ready
-from consensus.protocol.sdpaxos import (
-    CATCHUP_BATCH,
-    CATCHUP_BYTES,
+from consensus.protocol.sdpaxos import Role, SDPaxosReplica, SnapshotMeta
+from consensus.protocol.sdpaxos import recovery as recovery_module
+from consensus.protocol.sdpaxos import view_change as view_change_module
+from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
+from consensus.protocol.sdpaxos.election import (
     SILENCE_CEILING_FACTOR,
     SILENCE_FACTOR,
     SILENCE_WINDOW_FACTOR,
-    Role,
-    SDPaxosReplica,
-    SnapshotMeta,
 )
+from consensus.protocol.sdpaxos.view_change import fill_for
 
 A = cmd(7, 0)
 B = cmd(7, 1)
@@ -353,11 +352,11 @@ def test_acks_kept_for_an_instance_are_dropped_once_it_is_decided() -> None:
     # acknowledgements that overtook their Accept must not pile up in memory
     r2 = core(5, 2)
     r2.step(cack(3, 1, 0), 1)
-    assert r2._c_acks_seen  # kept until the Accept comes
+    assert r2.c_phase.c_acks_seen  # kept until the Accept comes
     r2.step(ccommit(1, 1, 0, (A,)), 2)  # decided by the proposer's commit instead
-    assert r2._c_acks_seen == {}
+    assert r2.c_phase.c_acks_seen == {}
     r2.step(cack(4, 1, 0), 3)  # a late acknowledgement of a decided instance
-    assert r2._c_acks_seen == {}
+    assert r2.c_phase.c_acks_seen == {}
 
 
 def test_acks_of_another_ballot_do_not_choose_what_we_accepted() -> None:
@@ -1199,7 +1198,7 @@ def test_a_recovery_asks_again_from_where_execution_got_to() -> None:
     # promises, and the recovery never ended
     r2 = core(5, 2)
     r2.tick(0)
-    r2._start_recovery(1, 0)
+    r2.recovery.start_recovery(1, 0)
     (prepare,) = {m for _, m in all_out(drain(r2)) if isinstance(m, CPrepare)}
     r2.step(caccept(1, 1, 0, (A,)), 10)
     r2.step(ccommit(1, 1, 0, (A,)), 10)
@@ -1273,7 +1272,7 @@ def test_an_owner_never_accepts_its_own_proposal_below_a_ballot_it_promised() ->
     for r in range(3):
         net.tick(r, 0)
     net.bag.clear()
-    net.cores[2]._start_recovery(1, 0)
+    net.cores[2].recovery.start_recovery(1, 0)
     net.flush(2)
     (prepare,) = net.matching("2", "1", "CPrepare")
     net.deliver(prepare)
@@ -1309,7 +1308,7 @@ def test_a_recoverer_that_promised_a_higher_ballot_meanwhile_proposes_nothing() 
     # the others nothing.
     r0 = core(3, 0)
     r0.tick(0)
-    r0._start_recovery(2, 0)
+    r0.recovery.start_recovery(2, 0)
     (ours,) = {m for _, m in all_out(drain(r0)) if isinstance(m, CPrepare)}
     r0.step(CPrepare(src=2, view=0, owner=2, from_index=0, ballot=ours.ballot + 2), 1)
     assert [type(m) for _, m in all_out(drain(r0))] == [CPromise]
@@ -1523,7 +1522,7 @@ def test_a_suspicion_no_majority_joins_ends_once_ordering_is_good_again() -> Non
     r1, suspects = _steady_load(1, 40, seconds=5.0, healed_at_ms=2500)
     first, last = suspects[0][0], suspects[-1][0]
     assert 1500 <= first < 2000 and last < 3000 + 3 * 500
-    assert not r1._suspecting
+    assert not r1.straggler.suspecting
     r1.step(Heartbeat(src=0, view=0, executed=0, lease_request=5_000_000), 5_000_000)
     assert msgs(drain(r1).send_after_persist, LeaseGrant) == [
         (0, LeaseGrant(src=1, view=0, request=5_000_000))
@@ -1741,7 +1740,7 @@ def test_a_promise_never_hides_a_compacted_value_of_the_instances_it_covers() ->
 
 def test_a_recovery_never_re_proposes_an_instance_executed_meanwhile() -> None:
     r2 = core(3, 2)
-    r2._start_recovery(1, 0)  # C[1][0] looks stalled
+    r2.recovery.start_recovery(1, 0)  # C[1][0] looks stalled
     drain(r2)
     # meanwhile C[1][0] is decided and executed here, and compacted away
     r2.step(ccommit(1, 1, 0, (A,)), 1)
@@ -1749,7 +1748,7 @@ def test_a_recovery_never_re_proposes_an_instance_executed_meanwhile() -> None:
     assert [e.command for e in drain(r2).apply] == [A]
     r2.compact(r2.snapshot_meta())
     drain(r2)
-    ballot = r2._recoveries[1].ballot
+    ballot = r2.recovery.recoveries[1].ballot
     r2.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=ballot, accepted=(),
                      high=0, through=EVERY_INDEX), 2)
     ready = drain(r2)
@@ -2000,7 +1999,7 @@ def test_a_promise_over_more_than_a_page_reports_on_a_page_and_says_how_far(
     for index in range(10):
         r2.step(caccept(1, 1, index, batch), 0)
     drain(r2)
-    monkeypatch.setattr(sdpaxos_module, "PROMISE_PAGE_BYTES", 3 * per_vote)
+    monkeypatch.setattr(recovery_module, "PROMISE_PAGE_BYTES", 3 * per_vote)
     r2.step(CPrepare(src=0, view=0, owner=1, from_index=0, ballot=ballot_of(1, 0)), 1)
     (promise,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
     assert [v.index for v in promise.accepted] == [0, 1, 2]
@@ -2009,7 +2008,7 @@ def test_a_promise_over_more_than_a_page_reports_on_a_page_and_says_how_far(
     (rest,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
     assert [v.index for v in rest.accepted] == [8, 9] and rest.through == EVERY_INDEX
     # one batch over the budget still goes, alone: a page always makes progress
-    monkeypatch.setattr(sdpaxos_module, "PROMISE_PAGE_BYTES", 1)
+    monkeypatch.setattr(recovery_module, "PROMISE_PAGE_BYTES", 1)
     r2.step(CPrepare(src=0, view=0, owner=1, from_index=4, ballot=ballot_of(1, 0)), 3)
     (single,) = [m for _, m in all_out(drain(r2)) if isinstance(m, CPromise)]
     assert [v.index for v in single.accepted] == [4] and single.through == 4
@@ -2021,7 +2020,7 @@ def test_a_recoverer_goes_no_further_than_the_shortest_page_then_asks_for_the_ne
     # page, then asks again from its end at the same ballot (the promises hold already).
     r0 = core(3, 0)
     r0.tick(0)
-    r0._start_recovery(1, 0)
+    r0.recovery.start_recovery(1, 0)
     (prepare,) = {m for _, m in all_out(drain(r0)) if isinstance(m, CPrepare)}
     batches = [(cmd(1, i),) for i in range(4)]
     page = CPromise(src=2, view=0, owner=1, from_index=0, ballot=prepare.ballot,
@@ -2052,7 +2051,7 @@ def test_n5_candidate_leaves_out_a_voter_too_far_behind_and_waits_for_nearer_one
 ) -> None:
     # Re-proposing from a voter thousands of slots behind made the NewView as big as the log
     # (past MAX_SLOTS no peer could decode it): such a voter catches up under the new view.
-    monkeypatch.setattr(sdpaxos_module, "VIEW_SPAN", 1)
+    monkeypatch.setattr(view_change_module, "VIEW_SPAN", 1)
     r1 = _n5_candidate_that_executed_two_slots(compact=False)
     r1.step(_vote_n5(2, executed=0), 10_000_000)  # two slots behind: over the span
     r1.step(_vote_n5(3, executed=2), 10_000_000)
@@ -2065,7 +2064,7 @@ def test_n5_candidate_leaves_out_a_voter_too_far_behind_and_waits_for_nearer_one
 def test_a_voter_does_not_vote_for_a_candidate_far_behind_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sdpaxos_module, "VIEW_SPAN", 2)
+    monkeypatch.setattr(view_change_module, "VIEW_SPAN", 2)
     r2 = core(3, 2)
     r2.tick(0)
     for index in range(4):
@@ -2112,14 +2111,14 @@ def test_hole_filling_in_one_pass_matches_figure_7s_loop(seed: int) -> None:
     needed, before = rng.randrange(8), rng.randrange(4)
     expected = list(owners)
     _fill_for_reference(m, needed, before, expected)
-    SDPaxosReplica._fill_for(m, needed, before, owners)
+    fill_for(m, needed, before, owners)
     assert owners == expected
 
 
 def test_hole_filling_is_linear() -> None:
     # a vote naming 200,000 instances of the untraced replica: the old loop took minutes
     owners: list[int | None] = [None, 1] * 100_000
-    SDPaxosReplica._fill_for(4, 200_000, 0, owners)
+    fill_for(4, 200_000, 0, owners)
     assert owners.count(4) == 200_000 and None not in owners
 
 
@@ -2128,7 +2127,7 @@ def test_a_candidate_whose_new_view_would_not_fit_a_message_sends_none(
 ) -> None:
     # the encoder refuses a NewView of more than MAX_SLOTS owners (the replica would stop):
     # the candidacy is given up instead, and the election times out
-    monkeypatch.setattr(sdpaxos_module, "MAX_SLOTS", 3)
+    monkeypatch.setattr(view_change_module, "MAX_SLOTS", 3)
     r1 = _n5_candidate_that_executed_two_slots(compact=False)
     entries = tuple(OVote(slot=s, owner=3, ballot=0) for s in range(2, 8))
     for src in (2, 3):

@@ -1,0 +1,388 @@
+"""TODO c_phase"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    CAccept,
+    CAcceptedRecord,
+    CAck,
+    CCommit,
+    CNack,
+    CRequest,
+)
+from consensus.protocol.ballot import BALLOT_STRIDE
+from consensus.protocol.batch import CommandBatch
+from consensus.protocol.ready import Failure
+from consensus.protocol.sdpaxos.instances import HELD, Batch, CInstance, keys_of
+from consensus.protocol.types import Role
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+#: the adaptive retransmission timeout never exceeds this many times ``retransmit_us``
+RTO_CEILING_FACTOR = 10
+
+
+
+class CPhase:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+        config = r.config
+        me = r.me
+        pref = config.peers_by_preference(me)
+        self._thrifty_targets = pref[: r.q - 1] if config.thrifty else r.peers
+        # With five replicas or more acceptors acknowledge to every replica, and a replica
+        # learns a choice it did not lead from the acknowledgements (not when thrifty: the
+        # replicas a proposer left out lack the value to use them): (owner, index) ->
+        # (the highest ballot acknowledged, the acceptors that acknowledged it)
+        self.acks_to_all = r.q >= 3 and not config.thrifty
+        self.c_acks_seen: dict[tuple[int, int], tuple[int, set[int]]] = {}
+        self.batch = CommandBatch(config)
+        # Retransmission timeout, adapted to how long our C-instances take to be chosen
+        # (RFC 6298's estimator; Karn: only instances sent once are sampled).
+        self.rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
+        self._srtt_us = 0
+        self._rttvar_us = 0
+        self.retransmit_timeout_us = config.retransmit_us
+
+    def flush_batch(self) -> None:
+        r = self.r
+        if not self.batch:
+            return
+        batch = self.batch.take()
+        index = r.next_index
+        r.next_index += 1
+        ballot = r.own_ballot
+        if self._promised(r.me, index) > ballot:
+            self._hold_for_recovery(index, batch)
+            return
+        inst = CInstance(ballot, batch)
+        inst.leading = True
+        inst.acks.add(r.me)
+        inst.sent_at = r.now
+        r.c[(r.me, index)] = inst
+        r.c_high[r.me] = max(r.c_high[r.me], index)
+        r.unready[index] = batch
+        r.straggler.window_needed += 1
+        r.out.persist.append(
+            CAcceptedRecord(owner=r.me, index=index, ballot=ballot, batch=batch)
+        )
+        accept = CAccept(
+            src=r.me, view=r.view, owner=r.me, index=index, ballot=ballot, batch=batch
+        )
+        for peer in self._thrifty_targets:
+            r.send(peer, accept)
+        inst.sent_to = frozenset(self._thrifty_targets)
+        self.rtt_probes[index] = r.now
+        if r.is_sequencer:
+            r.ordering.order(r.me, index)
+        elif r.sequencer not in self._thrifty_targets:
+            self.send_crequest(index)
+        if r.n == 1:
+            self._commit_leading(r.me, index, inst)
+
+    def _hold_for_recovery(self, index: int, batch: Batch) -> None:
+        """We promised a recoverer of our instances a higher ballot for ``index`` and on:
+        accepting our own proposal at our ballot would break that promise, and with the
+        sequencer's acceptance it could be chosen beside the recoverer's no-op. Nothing is
+        accepted or sent; our own recovery (Prepare above the promise) proposes ``batch`` at
+        ``index`` once it finds nothing chosen there."""
+        r = self.r
+        inst = r.c[(r.me, index)] = CInstance(HELD, None)
+        inst.overtaken_at = r.now
+        r.unready[index] = batch
+        r.straggler.window_needed += 1
+        if r.me not in r.recovery.recoveries:
+            stalled = self.undriven_own()
+            r.recovery.start_recovery(r.me, max(min(stalled), r.exec_count[r.me]))
+
+    def undriven_own(self) -> list[int]:
+        """Our proposals not yet ready that we do not drive: overtaken by a recoverer, or held
+        for our own recovery."""
+        r = self.r
+        return [
+            index
+            for index in r.unready
+            if not (inst := r.c[(r.me, index)]).leading and not inst.committed
+        ]
+
+    def _is_held(self, index: int) -> bool:
+        r = self.r
+        inst = r.c.get((r.me, index))
+        return inst is not None and inst.ballot == HELD and index in r.unready
+
+    def last_named_index(self) -> int:
+        """Our highest index a peer may have heard of. An index held for a recovery is named
+        in no message until that recovery proposes it (durably first), so a restart, which
+        forgets it, may use it again: had the sequencer ordered it meanwhile, commands
+        proposed after the restart would run in a slot given out before them."""
+        r = self.r
+        index = r.next_index - 1
+        while index >= 0 and self._is_held(index):
+            index -= 1
+        return index
+
+    def send_crequest(self, index: int) -> None:
+        r = self.r
+        inst = r.c.get((r.me, index))
+        request = CRequest(
+            src=r.me,
+            view=r.view,
+            owner=r.me,
+            index=index,
+            keys=keys_of(inst.batch if inst else None),
+            o_prefix=r.o_prefix,
+        )
+        if r.is_sequencer:
+            r.ordering.order(r.me, index, request.keys)
+        else:
+            r.request(r.sequencer, request)
+
+    def on_cack(self, msg: CAck) -> None:
+        r = self.r
+        key = (msg.owner, msg.index)
+        inst = r.c.get(key)
+        if inst is not None and inst.leading and msg.ballot % BALLOT_STRIDE == r.me:
+            # (a ballot of ours: we may still lead at one a higher proposal overtook)
+            if inst.ballot == msg.ballot and not inst.committed:
+                inst.acks.add(msg.src)
+                if len(inst.acks) >= r.q:
+                    self._commit_leading(msg.owner, msg.index, inst)
+            return
+        if not self.acks_to_all or msg.index < r.exec_count[msg.owner]:
+            return
+        if inst is not None and inst.committed:
+            return
+        # An acknowledgement may overtake the CAccept it answers (from a far proposer, the
+        # acceptor next to us answers before the proposal reaches us): keep it until then.
+        seen = self.c_acks_seen.get(key)
+        if seen is None or seen[0] < msg.ballot:
+            self.c_acks_seen[key] = (msg.ballot, {msg.src})
+        elif seen[0] == msg.ballot:
+            seen[1].add(msg.src)
+        else:
+            return
+        if inst is not None:
+            self._learn_from_acks(key, inst)
+
+    def _learn_from_acks(self, key: tuple[int, int], inst: CInstance) -> None:
+        """``C[owner][index]`` is chosen once a majority accepted one ballot: what ``inst``
+        holds is what we accepted, at ``inst.ballot``; so did that ballot's proposer (a
+        CAccept leaves only once its sender's acceptance is durable; the proposer is packed
+        in the ballot) and every acceptor that acknowledged it. With three replicas the first
+        two are a majority: an acceptor learns the choice from the Accept itself, rather than
+        a one-way delay later from the proposer's CCommit. With five, acknowledgements from
+        the acceptors next to us complete it, instead of a round trip to a far proposer and
+        its CCommit's way back, which held up executing every slot ordered after it."""
+        r = self.r
+        if inst.committed or inst.batch is None:
+            return
+        seen = self.c_acks_seen.get(key)
+        acked: set[int] = set()
+        if seen is not None and (seen[0] == inst.ballot or "acks_any_ballot" in r.unsafe):
+            acked = seen[1]
+        if len(acked | {r.me, inst.ballot % BALLOT_STRIDE}) >= r.q:
+            self._learn_c_chosen(key[0], key[1], inst)
+
+    def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
+        r = self.r
+        inst.committed = True
+        inst.leading = False
+        sent_at = self.rtt_probes.pop(index, None) if owner == r.me else None
+        if sent_at is not None:
+            self._sample_rtt(r.now - sent_at)
+        r.reproposing.discard((owner, index))
+        for peer in r.peers:
+            # A peer we sent the CAccept to has it before this commit (connections are FIFO);
+            # repeating the batch doubled the bytes of a loaded cluster. If that CAccept was
+            # lost after all, the peer lacks the value and catches up when it stalls.
+            batch = None if peer in inst.acks or peer in inst.sent_to else inst.batch
+            commit = CCommit(
+                src=r.me,
+                view=r.view,
+                owner=owner,
+                index=index,
+                ballot=inst.ballot,
+                batch=batch,
+            )
+            r.send(peer, commit)
+        if owner == r.me:
+            self._own_decided(index, inst)
+        r.readiness.check_ready()
+
+    def _own_decided(self, index: int, inst: CInstance) -> None:
+        """Our instance was chosen: if not with what we proposed, its commands failed."""
+        r = self.r
+        self.rtt_probes.pop(index, None)
+        # ours from this incarnation, or found in our records at a restart
+        table = r.unready if index in r.unready else r.restart_batches
+        proposed = table.get(index)
+        if proposed is None or inst.batch == proposed:
+            return
+        del table[index]
+        chosen = set(inst.batch or ())
+        for command in proposed:
+            if command not in chosen:
+                r.out.failed.append(
+                    Failure(command, True, "its instance was recovered without it")
+                )
+
+    def _promised(self, owner: int, index: int) -> int:
+        r = self.r
+        promise = r.c_promised.get(owner)
+        if promise is not None and index >= promise[1]:
+            return promise[0]
+        return -1
+
+    def on_caccept(self, msg: CAccept) -> None:
+        r = self.r
+        if r.five and msg.view < r.view:
+            # With five replicas an owner commits its O-instance on the sequencer's OAccept
+            # alone, and a new sequencer gives an untraced owner only as many slots as the
+            # voters' c_high shows (Figure 7, lines 32-36). Accepting a proposal from an
+            # older view after voting would let the owner complete a C-instance beyond what
+            # our vote reported, then execute it in a slot its stale O-commit names and the
+            # new view gave to someone else. Once the owner is in our view, its O-commits
+            # from the old view are forgotten and it re-sends.
+            return
+        key = (msg.owner, msg.index)
+        r.ballot_seen = max(r.ballot_seen, msg.ballot)
+        inst = r.c.get(key)
+        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else -1)
+        if msg.ballot < floor:
+            r.send(
+                msg.src,
+                CNack(src=r.me, view=r.view, owner=msg.owner, index=msg.index, ballot=floor),
+            )
+            return
+        if inst is not None and inst.committed:
+            # Chosen already: acknowledging is harmless (it is the chosen value by Paxos).
+            pass
+        elif inst is None or msg.ballot > inst.ballot or inst.batch != msg.batch:
+            if inst is None:
+                inst = r.c[key] = CInstance(msg.ballot, msg.batch)
+            else:
+                inst.ballot, inst.batch = msg.ballot, msg.batch
+                inst.sent_to = frozenset()  # whatever we sent was for another ballot
+            r.c_high[msg.owner] = max(r.c_high[msg.owner], msg.index)
+            r.out.persist.append(
+                CAcceptedRecord(
+                    owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
+                )
+            )
+            if msg.owner == r.me and msg.index >= r.next_index:
+                r.next_index = msg.index + 1  # a recoverer used it: never reuse it
+        ack = CAck(src=r.me, view=r.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
+        if self.acks_to_all:
+            for peer in r.peers:
+                r.send(peer, ack)
+        else:
+            r.send(msg.src, ack)
+        if r.is_sequencer:
+            r.ordering.order(msg.owner, msg.index)
+            r.ordering.learn_keys(msg.owner, msg.index, msg.batch)
+        self._learn_from_acks(key, inst)
+
+    def on_ccommit(self, msg: CCommit) -> None:
+        r = self.r
+        key = (msg.owner, msg.index)
+        inst = r.c.get(key)
+        if inst is not None and inst.committed:
+            return
+        if msg.batch is None:
+            if inst is None or inst.ballot != msg.ballot or inst.batch is None:
+                r.catchup.catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
+                return
+        elif inst is None:
+            inst = r.c[key] = CInstance(msg.ballot, msg.batch)
+            r.values_to_log.add(key)
+        elif inst.ballot != msg.ballot or inst.batch != msg.batch:
+            inst.ballot, inst.batch = msg.ballot, msg.batch
+            r.values_to_log.add(key)
+        self._learn_c_chosen(msg.owner, msg.index, inst)
+
+    def _learn_c_chosen(self, owner: int, index: int, inst: CInstance) -> None:
+        """``C[owner][index]`` was chosen with the value ``inst`` holds (we did not lead it)."""
+        r = self.r
+        self.c_acks_seen.pop((owner, index), None)
+        inst.committed = True
+        inst.leading = False
+        r.reproposing.discard((owner, index))
+        if owner == r.me:
+            if index >= r.next_index:
+                r.next_index = index + 1  # never reuse an index someone decided
+            self._own_decided(index, inst)
+            r.readiness.check_ready()
+
+    def on_cnack(self, msg: CNack) -> None:
+        r = self.r
+        r.ballot_seen = max(r.ballot_seen, msg.ballot)
+        inst = r.c.get((msg.owner, msg.index))
+        if inst is not None and inst.leading and inst.ballot < msg.ballot:
+            inst.leading = False  # overtaken: a recoverer owns the instance now
+            inst.overtaken_at = r.now
+            r.reproposing.discard((msg.owner, msg.index))
+        recovery = r.recovery.recoveries.get(msg.owner)
+        if recovery is not None and recovery.ballot < msg.ballot:
+            del r.recovery.recoveries[msg.owner]  # a higher Prepare is under way elsewhere
+
+    def resend_accept(self, owner: int, index: int, inst: CInstance) -> None:
+        """Send ``C[owner][index]``'s Accept again to the peers that did not acknowledge it."""
+        r = self.r
+        accept = CAccept(
+            src=r.me,
+            view=r.view,
+            owner=owner,
+            index=index,
+            ballot=inst.ballot,
+            batch=inst.batch or (),
+        )
+        targets = [peer for peer in r.peers if peer not in inst.acks]
+        for peer in targets:
+            r.send(peer, accept)
+        inst.sent_to |= frozenset(targets)
+
+    def _sample_rtt(self, sample_us: int) -> None:
+        """A C-instance of ours, sent once, was chosen ``sample_us`` after it left. Under load
+        that includes the peers' queues: retransmitting sooner only duplicates what is queued
+        (in a saturated cluster, up to half the bytes sent were such copies)."""
+        r = self.r
+        if self._srtt_us == 0:
+            self._srtt_us, self._rttvar_us = sample_us, sample_us // 2
+        else:
+            self._rttvar_us += (abs(self._srtt_us - sample_us) - self._rttvar_us) // 4
+            self._srtt_us += (sample_us - self._srtt_us) // 8
+        floor = r.config.retransmit_us
+        estimate = self._srtt_us + 4 * self._rttvar_us
+        self.retransmit_timeout_us = min(max(floor, estimate), RTO_CEILING_FACTOR * floor)
+
+    def retransmit(self) -> None:
+        r = self.r
+        deadline = r.now - self.retransmit_timeout_us
+        late: list[int] = []
+        for index in sorted(r.unready):
+            inst = r.c[(r.me, index)]
+            if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
+                continue
+            inst.sent_at = r.now
+            self.rtt_probes.pop(index, None)  # Karn: an answer could be to either copy
+            late.append(index)
+            if not inst.committed and inst.leading:
+                self.resend_accept(r.me, index, inst)
+        for owner, index in sorted(r.reproposing):
+            inst = r.c[(owner, index)]
+            if inst.sent_at <= deadline:
+                inst.sent_at = r.now
+                self.resend_accept(owner, index, inst)
+        if not r.view_ready:
+            return
+        if not r.is_sequencer:
+            if late:
+                self.send_crequest(late[-1])  # one request covers every lower index
+            return
+        if r.role is Role.SEQUENCER:
+            r.ordering.retransmit_own_slots(late, deadline)

@@ -1,0 +1,133 @@
+"""TODO catchup"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    NO_CL,
+    Catchup,
+    CatchupMarkers,
+    CCommit,
+    OAck,
+    OCommit,
+    OEntry,
+)
+from consensus.protocol.batch import CATCHUP_BYTES, batch_size
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+#: Most slots (and C-instances) one Catchup answer carries.
+CATCHUP_BATCH = 256
+
+
+
+class CatchUp:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+        self._catchup_peer = 0
+        self._last_catchup_at = -(1 << 62)
+        self._catchup_asked = -(1 << 62)
+        # a commit marker named an instance whose value we lack: ask for values, not markers
+        self.catchup_lacks_values = False
+        self._catchup_asked_values = False
+
+    def maybe_catch_up(self) -> None:
+        r = self.r
+        if not r.view_ready:
+            return
+        ahead = max(r.peer_executed.values())
+        idle = r.now - r.exec_progress_at >= r.config.catchup_us
+        # A peer a few slots ahead is the normal state of a loaded cluster: asking it then
+        # fetched full batches we were about to receive anyway, again and again (at 1 KB
+        # commands, more bytes than the replication itself). Ask when far behind (a restart,
+        # a healed partition; pipelined below) or when execution stopped.
+        behind = ahead > r.exec_slot and (ahead - r.exec_slot > CATCHUP_BATCH or idle)
+        stuck = (bool(r.unready) or r.o_high > r.exec_slot) and idle
+        if not (behind or stuck):
+            self.catchup_lacks_values = False
+            return
+        # Markers first: stalled behind slow peers (an overloaded cluster: turns longer than
+        # catchup_us), a replica holds the values and misses only commits, and answers with
+        # values re-sent it megabytes, which slowed everyone further (at 1 KB commands, 0.15
+        # CPU and deep client queues: more catch-up bytes than replication, views changing).
+        # A marker naming a value we lack switches to values at once.
+        answered = r.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2 or (
+            self.catchup_lacks_values and not self._catchup_asked_values
+        )
+        if not answered and r.now - self._last_catchup_at < r.config.catchup_us:
+            return
+        self._last_catchup_at = r.now
+        self._catchup_asked = r.exec_slot
+        self._catchup_asked_values = self.catchup_lacks_values
+        if behind:
+            peer = max(r.peers, key=lambda rid: (r.peer_executed[rid], -rid))
+        else:
+            peer = r.peers[self._catchup_peer % len(r.peers)] if r.peers else r.me
+            self._catchup_peer += 1
+        if peer != r.me:
+            ask = Catchup if self._catchup_asked_values else CatchupMarkers
+            r.request(peer, ask(src=r.me, view=r.view, slot=r.exec_slot))
+
+    def on_catchup(self, msg: Catchup | CatchupMarkers) -> None:
+        """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded; values only
+        if it asked ``Catchup``)."""
+        r = self.r
+        if msg.slot < r.compacted:
+            # what it misses is only in our snapshot now: the driver sends it
+            r.out.snapshot_requests.append(msg.src)
+            return
+        start = msg.slot
+        stop = start + CATCHUP_BATCH
+        entries = tuple(
+            OEntry(slot=s, owner=r.log[s][0] if s in r.log else r.o_value[s])
+            for s in range(start, stop)
+            if s in r.log or s in r.o_committed
+        )
+        if entries:
+            r.send(msg.src, OCommit(src=r.me, view=r.view, entries=entries))
+        # What we accepted in this view but never saw committed: with these acknowledgements
+        # the asker can learn what a majority accepted even if every learner forgot it.
+        accepted = tuple(
+            s
+            for s in range(max(start, r.exec_slot), min(stop, r.o_high))
+            if s not in r.o_committed and r.o_ballot.get(s) == r.view
+        )
+        if accepted and r.view_ready:
+            r.send(msg.src, OAck(src=r.me, view=r.view, slots=accepted))
+        # C-instances placed in slots we executed, then chosen ones we have not executed yet
+        wanted: list[tuple[int, int]] = [
+            r.log[s] for s in range(start, min(stop, r.exec_slot)) if s in r.log
+        ]
+        for owner in range(r.n):
+            index = r.exec_count[owner]
+            while len(wanted) < 2 * CATCHUP_BATCH:
+                inst = r.c.get((owner, index))
+                if inst is None or not inst.committed:
+                    break
+                wanted.append((owner, index))
+                index += 1
+        values = isinstance(msg, Catchup)
+        budget = CATCHUP_BYTES
+        for owner, index in wanted:
+            if owner == NO_CL:
+                continue
+            if budget <= 0:
+                break
+            inst = r.c[(owner, index)]
+            if values:
+                budget -= batch_size(inst.batch or ())
+            commit_c = CCommit(
+                src=r.me,
+                view=r.view,
+                owner=owner,
+                index=index,
+                ballot=inst.ballot,
+                batch=inst.batch if values else None,
+            )
+            r.send(msg.src, commit_c)
+        if r.peer_executed[msg.src] < msg.slot:
+            r.peer_executed[msg.src] = msg.slot

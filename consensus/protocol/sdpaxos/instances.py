@@ -1,0 +1,134 @@
+"""What a replica knows of C-instances and O-instance owners, and small helpers every part uses."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+from consensus.errors import LocalProtocolError
+from consensus.messages import (
+    MAX_KEY_BYTES,
+    MAX_KEYS_PER_COMMAND,
+    MAX_OP_BYTES,
+    MAX_REQUEST_KEYS,
+    Command,
+    CPromise,
+)
+
+#: the ballot of an own C-instance held for our recovery (nothing accepted, see
+#: ``_hold_for_recovery``)
+HELD = -1
+#: the C-instance index of a slot that places none (``NO_CL``) in ``log``
+NO_INDEX = -1
+
+Batch = tuple[Command, ...]
+_T = TypeVar("_T")
+
+
+class CInstance:
+    """What one replica knows of one C-instance."""
+
+    __slots__ = (
+        "acks", "ballot", "batch", "committed", "leading", "overtaken_at", "sent_at", "sent_to"
+    )
+
+    def __init__(self, ballot: int, batch: Batch | None) -> None:
+        self.ballot = ballot
+        self.batch = batch
+        self.committed = False
+        # bookkeeping of the replica proposing it at ``ballot`` (owner or recoverer)
+        self.leading = False
+        self.acks: set[int] = set()
+        self.sent_at = 0
+        #: peers sent its CAccept at ``ballot``: their commit need not carry the batch again
+        self.sent_to: frozenset[int] = frozenset()
+        #: when the owner learned that a recoverer took it over (-1: it did not)
+        self.overtaken_at = -1
+
+
+class OwnerSlots:
+    """The global slots of one replica's O-instances, in order, minus a compacted prefix:
+    ``self[k]`` is the slot of its ``k``-th O-instance (``k >= base``)."""
+
+    __slots__ = ("base", "slots")
+
+    def __init__(self, base: int = 0) -> None:
+        self.base = base
+        self.slots: list[int] = []
+
+    def __len__(self) -> int:
+        return self.base + len(self.slots)
+
+    def __getitem__(self, index: int) -> int:
+        if index < self.base:
+            raise IndexError(f"O-instance {index} was compacted away (base {self.base})")
+        return self.slots[index - self.base]
+
+    def append(self, slot: int) -> None:
+        self.slots.append(slot)
+
+    def count_below(self, slot: int) -> int:
+        return self.base + bisect.bisect_left(self.slots, slot)
+
+    def trim_below(self, slot: int) -> None:
+        k = bisect.bisect_left(self.slots, slot)
+        del self.slots[:k]
+        self.base += k
+
+
+class Recovery:
+    """A Prepare round over ``owner``'s C-instances from ``from_index`` on."""
+
+    __slots__ = ("asked_at", "ballot", "from_index", "owner", "promises")
+
+    def __init__(self, owner: int, from_index: int, ballot: int, now: int) -> None:
+        self.owner = owner
+        self.from_index = from_index
+        self.ballot = ballot
+        self.asked_at = now  # when the Prepare last went out
+        self.promises: dict[int, CPromise] = {}
+
+
+def pages(items: Sequence[_T], size: int) -> Iterator[tuple[_T, ...]]:
+    """``items`` in order, as tuples of at most ``size`` (one message's worth each)."""
+    for start in range(0, len(items), size):
+        yield tuple(items[start : start + size])
+
+
+def keys_of(batch: Batch | None) -> tuple[str, ...]:
+    """The keys a batch updates; () when unknown, too many to send, or when one of its commands
+    names none (it may update any key): the sequencer then treats the batch's slot as touching
+    every key."""
+    if not batch:
+        return ()
+    if len(batch) == 1:
+        return batch[0].keys
+    keys: set[str] = set()
+    for command in batch:
+        if not command.keys:
+            return ()
+        keys.update(command.keys)
+    return tuple(sorted(keys)) if len(keys) <= MAX_REQUEST_KEYS else ()
+
+
+def union_keys(reads: Sequence[Command]) -> tuple[str, ...]:
+    """The keys whose latest update serves every one of ``reads``: the union of their keys, or
+    none ("the last slot overall") if any of them names no key."""
+    if any(not read.keys for read in reads):
+        return ()
+    return tuple(sorted({key for read in reads for key in read.keys}))
+
+
+def check_command(command: Command) -> None:
+    if len(command.op) > MAX_OP_BYTES:
+        raise LocalProtocolError(f"command op of {len(command.op)} bytes over {MAX_OP_BYTES}")
+    if len(command.keys) > MAX_KEYS_PER_COMMAND:
+        raise LocalProtocolError(
+            f"command names {len(command.keys)} keys, more than {MAX_KEYS_PER_COMMAND}"
+        )
+    for key in command.keys:
+        if len(key) * 4 > MAX_KEY_BYTES and len(key.encode()) > MAX_KEY_BYTES:
+            raise LocalProtocolError(f"command key of over {MAX_KEY_BYTES} bytes")
+    if command.client_id < 0 or command.seq < 0:
+        raise LocalProtocolError("command client_id and seq must be non-negative")

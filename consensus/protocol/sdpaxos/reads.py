@@ -1,0 +1,96 @@
+"""TODO reads"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    Command,
+    RReply,
+    RRequest,
+)
+from consensus.protocol.sdpaxos.instances import union_keys
+from consensus.protocol.types import Role
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+
+
+class Reads:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+        # reads
+        self._read_ids = 0
+        # reads asked of the sequencer, one RRequest per turn: id -> (reads, sent at)
+        self.pending_reads: dict[int, tuple[tuple[Command, ...], int]] = {}
+        self.unasked_reads: list[Command] = []  # this turn's, asked in ready()
+        self._waiting_reads: list[tuple[int, int, Command]] = []  # (slot, id, read)
+
+    def flush_read_requests(self) -> None:
+        """Ask the sequencer once for all of this turn's reads: its answer for the union of
+        their keys (the latest slot any of them needs) serves every one of them, so a read
+        costs the sequencer a share of one message instead of two messages."""
+        r = self.r
+        if not self.unasked_reads:
+            return
+        reads = tuple(self.unasked_reads)
+        self.unasked_reads.clear()
+        if r.role is Role.SEQUENCER and r.election.lease_valid():
+            # the sequencer answers its own reads the same way, once per turn: one lease check
+            # and one history lookup for the turn instead of one per read
+            slot = r.ordering.read_slot(union_keys(reads))
+            self._waiting_reads.extend((slot, -1, read) for read in reads)
+            return
+        self._read_ids += 1
+        self.pending_reads[self._read_ids] = (reads, r.now)
+        self.send_rrequest(self._read_ids, reads)
+
+    def send_rrequest(self, read_id: int, reads: tuple[Command, ...]) -> None:
+        r = self.r
+        if r.is_sequencer:
+            return  # we answer ourselves once serving with a lease (see _retry_reads)
+        request = RRequest(src=r.me, view=r.view, read_id=read_id, keys=union_keys(reads))
+        r.request(r.sequencer, request)
+
+    def on_rrequest(self, msg: RRequest) -> None:
+        r = self.r
+        if r.role is Role.SEQUENCER and r.election.lease_valid():
+            slot = r.ordering.read_slot(msg.keys)
+            r.request(
+                msg.src, RReply(src=r.me, view=r.view, read_id=msg.read_id, slot=slot)
+            )
+
+    def on_rreply(self, msg: RReply) -> None:
+        r = self.r
+        if msg.src != r.sequencer:
+            return
+        pending = self.pending_reads.pop(msg.read_id, None)
+        if pending is not None:
+            self._waiting_reads.extend((msg.slot, msg.read_id, read) for read in pending[0])
+
+    def retry_reads(self) -> None:
+        r = self.r
+        deadline = r.now - r.config.retransmit_us
+        for read_id, (reads, sent_at) in sorted(self.pending_reads.items()):
+            if r.role is Role.SEQUENCER and r.election.lease_valid():
+                del self.pending_reads[read_id]
+                slot = r.ordering.read_slot(union_keys(reads))
+                self._waiting_reads.extend((slot, read_id, read) for read in reads)
+            elif sent_at <= deadline:
+                self.pending_reads[read_id] = (reads, r.now)
+                self.send_rrequest(read_id, reads)
+
+    def serve_reads(self) -> None:
+        r = self.r
+        if not self._waiting_reads:
+            return
+        still: list[tuple[int, int, Command]] = []
+        for slot, read_id, command in self._waiting_reads:
+            if slot < r.exec_slot:
+                r.out.reads.append(command)
+            else:
+                still.append((slot, read_id, command))
+        self._waiting_reads = still

@@ -1,0 +1,289 @@
+"""TODO recovery"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    EVERY_INDEX,
+    NO_CL,
+    CAccept,
+    CAcceptedRecord,
+    CNack,
+    CPrepare,
+    CPromise,
+    CPromiseRecord,
+    CVote,
+)
+from consensus.protocol.ballot import next_ballot
+from consensus.protocol.batch import batch_size
+from consensus.protocol.sdpaxos.instances import Batch, CInstance, Recovery
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+#: A promise reports on at most this many bytes of batches (its first vote goes whatever its
+#: size) and this many votes; the recoverer asks for the next page (``CPromise.through``).
+#: With a batch's own bound (``max_batch_bytes``) it keeps every promise well inside a frame.
+PROMISE_PAGE_BYTES = 4 << 20
+
+PROMISE_PAGE_VOTES = 4096
+
+
+
+class CRecovery:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+        self.recoveries: dict[int, Recovery] = {}
+        #: C-instance recoveries this replica started (a Prepare each; a metric)
+        self.recoveries_started = 0
+
+    def start_recovery(self, owner: int, from_index: int) -> None:
+        r = self.r
+        ballot = next_ballot(max(r.ballot_seen, r.me), r.me)
+        r.ballot_seen = ballot
+        recovery = Recovery(owner, from_index, ballot, r.now)
+        self.recoveries[owner] = recovery
+        self.recoveries_started += 1
+        prepare = self._prepare_of(recovery)
+        r.broadcast(prepare)
+        self.on_cprepare(prepare)  # our own promise
+
+    def _prepare_of(self, recovery: Recovery) -> CPrepare:
+        r = self.r
+        return CPrepare(
+            src=r.me,
+            view=r.view,
+            owner=recovery.owner,
+            from_index=recovery.from_index,
+            ballot=recovery.ballot,
+        )
+
+    def _ask_again(self, recovery: Recovery) -> None:
+        """No majority promised in time: the Prepare again, at the same ballot, to the peers
+        that did not answer. A higher ballot would void the promises on their way: past
+        saturation a round trip outlasted the timeout, and owners prepared their own instances
+        over and over, holding back every proposal meanwhile. (A peer that promised a higher
+        ballot says so with a CNack, which ends the recovery.) It asks from our execution
+        frontier: a peer that compacted past the old start answered with its snapshot, and
+        the promises already in cover every later index too."""
+        r = self.r
+        recovery.asked_at = r.now
+        recovery.from_index = max(recovery.from_index, r.exec_count[recovery.owner])
+        prepare = self._prepare_of(recovery)
+        for peer in range(r.n):
+            if peer != r.me and peer not in recovery.promises:
+                r.send(peer, prepare)
+
+    def on_cprepare(self, msg: CPrepare) -> None:
+        r = self.r
+        r.ballot_seen = max(r.ballot_seen, msg.ballot)
+        if msg.from_index < r.base_counts[msg.owner]:
+            # We accepted (and executed) instances there whose values only our snapshot holds
+            # now: a promise reporting nothing would let the recoverer choose a no-op over a
+            # chosen value. It needs the snapshot instead (and then recovers from beyond it).
+            if msg.src != r.me:
+                r.out.snapshot_requests.append(msg.src)
+            return
+        promised = r.c_promised.get(msg.owner)
+        if promised is not None and promised[0] > msg.ballot:
+            if msg.src != r.me:
+                nack = CNack(
+                    src=r.me,
+                    view=r.view,
+                    owner=msg.owner,
+                    index=msg.from_index,
+                    ballot=promised[0],
+                )
+                r.send(msg.src, nack)
+            return
+        from_index = msg.from_index if promised is None else min(msg.from_index, promised[1])
+        r.c_promised[msg.owner] = (msg.ballot, from_index)
+        r.out.persist.append(
+            CPromiseRecord(owner=msg.owner, from_index=from_index, ballot=msg.ballot)
+        )
+        accepted, through = self._promise_page(msg.owner, msg.from_index)
+        promise = CPromise(
+            src=r.me,
+            view=r.view,
+            owner=msg.owner,
+            from_index=msg.from_index,
+            ballot=msg.ballot,
+            accepted=accepted,
+            high=r.c_high[msg.owner],
+            through=through,
+        )
+        if msg.src == r.me:
+            self.on_cpromise(promise)
+        else:
+            r.send(msg.src, promise)
+
+    def _promise_page(self, owner: int, from_index: int) -> tuple[tuple[CVote, ...], int]:
+        """What we accepted of ``owner``'s instances from ``from_index`` on, as far as one
+        message holds (``PROMISE_PAGE_BYTES`` of batches, ``PROMISE_PAGE_VOTES`` votes), and
+        the last index it reports on (``EVERY_INDEX``: all of them)."""
+        r = self.r
+        votes: list[CVote] = []
+        budget = PROMISE_PAGE_BYTES
+        for index in range(from_index, r.c_high[owner] + 1):
+            inst = r.c.get((owner, index))
+            if inst is None or inst.batch is None:
+                continue
+            size = batch_size(inst.batch)
+            if votes and (size > budget or len(votes) == PROMISE_PAGE_VOTES):
+                return tuple(votes), index - 1
+            budget -= size
+            votes.append(CVote(index=index, ballot=inst.ballot, batch=inst.batch))
+        return tuple(votes), EVERY_INDEX
+
+    def on_cpromise(self, msg: CPromise) -> None:
+        r = self.r
+        recovery = self.recoveries.get(msg.owner)
+        if recovery is None or recovery.ballot != msg.ballot:
+            return
+        if msg.from_index != recovery.from_index:
+            return  # an answer to an earlier page's (or an earlier ask's) Prepare
+        recovery.promises[msg.src] = msg
+        if len(recovery.promises) < r.q:
+            return
+        del self.recoveries[msg.owner]
+        promised = r.c_promised.get(msg.owner)
+        if promised is not None and promised[0] > recovery.ballot:
+            # We promised a higher recoverer meanwhile: accepting our own proposal at this
+            # ballot would break that promise, and it could then be chosen beside the value
+            # the other recovery picks (N=3 seed 390 at 6 clients per site: a no-op and a
+            # batch were both chosen for one instance).
+            return
+        if msg.owner == r.me:
+            r.own_ballot = max(r.own_ballot, recovery.ballot)
+        # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
+        best: dict[int, CVote] = {}
+        high = max(p.high for p in recovery.promises.values())
+        for promise in recovery.promises.values():
+            for vote in promise.accepted:
+                if vote.index not in best or vote.ballot > best[vote.index].ballot:
+                    best[vote.index] = vote
+        high = max(high, r.o_acceptor.known_o_count(msg.owner) - 1)
+        # Where no promise reports a value any value is safe: ours take our own proposals
+        # (those held for this recovery too), a no-op fills the rest.
+        ours = r.unready if msg.owner == r.me else {}
+        high = max(high, max(ours, default=-1))
+        # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
+        first = max(recovery.from_index, r.exec_count[msg.owner])
+        # A paged promise reports on its page only: beyond the shortest page a value some
+        # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
+        last = min(high, min(p.through for p in recovery.promises.values()))
+        for index in range(first, last + 1):
+            inst = r.c.get((msg.owner, index))
+            if inst is not None and inst.committed:
+                continue
+            found = best.get(index)
+            batch: Batch = found.batch if found is not None else ours.get(index, ())
+            self._propose_recovered(msg.owner, index, recovery.ballot, batch)
+        if last < high:
+            # the next page, at the same ballot: the promises already cover every index from
+            # the first page's start, so this only fetches what the acceptors accepted there
+            recovery.from_index = max(last + 1, first)
+            recovery.promises = {}
+            self.recoveries[msg.owner] = recovery
+            self._ask_again(recovery)
+            self.on_cprepare(self._prepare_of(recovery))  # our own report on the page
+
+    def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
+        r = self.r
+        inst = r.c.get((owner, index))
+        if inst is None:
+            inst = r.c[(owner, index)] = CInstance(ballot, batch)
+        else:
+            inst.ballot, inst.batch = ballot, batch
+        inst.leading = True
+        inst.acks = {r.me}
+        inst.sent_at = r.now
+        inst.sent_to = frozenset(r.peers)  # broadcast below
+        r.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
+        if owner == r.me and index >= r.next_index:
+            # an index of ours that was referenced but never proposed: it is used now, by
+            # this no-op, and never again (same ballot, two values would break Paxos)
+            r.next_index = index + 1
+        r.c_high[owner] = max(r.c_high[owner], index)
+        r.out.persist.append(
+            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
+        )
+        accept = CAccept(
+            src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
+        )
+        r.broadcast(accept)
+        if r.is_sequencer:
+            r.ordering.order(owner, index)
+
+    def recover_suspects(self) -> None:
+        """Take over the unfinished C-instances of suspected replicas (the next live replica
+        after each one does it) — and our own, if a recoverer overtook us and went quiet."""
+        r = self.r
+        for owner in range(r.n):
+            if owner in self.recoveries:
+                recovery = self.recoveries[owner]
+                if r.now - recovery.asked_at > r.config.election_timeout_us:
+                    self._ask_again(recovery)
+                continue
+            if owner == r.me:
+                stalled = r.c_phase.undriven_own()
+                # A recoverer's Prepare covers every later index of ours, so what we proposed
+                # after it was refused and nobody drives it; while execution goes on (the
+                # others' commands) only its age shows it. A replica slow enough to be
+                # suspected kept its clients waiting for good this way.
+                overdue = any(
+                    0 <= r.c[(r.me, i)].overtaken_at < r.now - r.election.election_timeout
+                    for i in stalled
+                )
+                # Execution may also wait on an instance of ours nobody drives any more: a
+                # no-op a recovery of ours proposed before we restarted, say.
+                blocking = self._blocking_instance()
+                if blocking is not None and blocking[0] == r.me:
+                    inst = r.c.get(blocking)
+                    if inst is None or not inst.leading:
+                        stalled.append(blocking[1])
+                halted = r.now - r.exec_progress_at > r.election.election_timeout
+                if stalled and (halted or overdue):
+                    self.start_recovery(r.me, min(stalled))
+                continue
+            if not r.election.suspected(owner) or self._recoverer_of(owner) != r.me:
+                continue
+            from_index = r.exec_count[owner]
+            unfinished = r.c_high[owner] >= from_index or r.o_acceptor.known_o_count(owner) > from_index
+            if unfinished and not self._all_committed(owner, from_index):
+                self.start_recovery(owner, from_index)
+
+    def _blocking_instance(self) -> tuple[int, int] | None:
+        """The C-instance execution waits for, if its slot is decided but it is not."""
+        r = self.r
+        slot = r.exec_slot
+        if slot not in r.o_committed:
+            return None
+        owner = r.o_value[slot]
+        if owner == NO_CL:
+            return None
+        key = (owner, r.exec_count[owner])
+        inst = r.c.get(key)
+        if inst is not None and inst.committed:
+            return None
+        return key
+
+    def _recoverer_of(self, owner: int) -> int:
+        r = self.r
+        for step in range(1, r.n):
+            candidate = (owner + step) % r.n
+            if candidate == r.me or not r.election.suspected(candidate):
+                return candidate
+        return r.me
+
+    def _all_committed(self, owner: int, from_index: int) -> bool:
+        r = self.r
+        high = max(r.c_high[owner], r.o_acceptor.known_o_count(owner) - 1)
+        for index in range(from_index, high + 1):
+            inst = r.c.get((owner, index))
+            if inst is None or not inst.committed:
+                return False
+        return True

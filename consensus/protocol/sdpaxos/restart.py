@@ -1,0 +1,99 @@
+"""TODO restart"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    CAcceptedRecord,
+    CPromiseRecord,
+    ExecutedRecord,
+    NewViewRecord,
+    OAcceptedRecord,
+    Record,
+    ViewRecord,
+)
+from consensus.protocol.ballot import BALLOT_STRIDE
+from consensus.protocol.sdpaxos.instances import CInstance
+from consensus.protocol.types import Role
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+
+
+class Restart:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+
+    def resume_after_restart(self) -> None:
+        """After a restart, drive our own instances found in the records once caught up."""
+        r = self.r
+        if not r.restart_pending or not r.view_ready:
+            return
+        if max(r.peer_executed.values()) > r.exec_slot:
+            return  # still catching up: most of them are probably decided
+        for index in r.restart_pending:
+            inst = r.c[(r.me, index)]
+            if index >= r.exec_count[r.me] and not inst.committed and inst.batch:
+                inst.leading = inst.ballot == r.me
+                inst.acks = {r.me}
+                inst.sent_at = -(1 << 62)  # retransmit at once
+                r.unready[index] = inst.batch
+                r.restart_batches.pop(index, None)  # reported from _unready now
+        r.restart_pending = []
+
+    def recover(self, records: Sequence[Record]) -> None:
+        """Rebuild what this replica promised and accepted from its durable records, then
+        execute again what they say it executed."""
+        r = self.r
+        own: set[int] = set()
+        executed: dict[int, tuple[int, int]] = {}
+        for record in records:
+            match record:
+                case CAcceptedRecord():
+                    if record.index < r.exec_count[record.owner]:
+                        continue  # executed: in the snapshot
+                    key = (record.owner, record.index)
+                    inst = r.c.get(key)
+                    if inst is None or record.ballot >= inst.ballot:
+                        r.c[key] = CInstance(record.ballot, record.batch)
+                    r.c_high[record.owner] = max(r.c_high[record.owner], record.index)
+                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                    if record.owner == r.me:
+                        r.next_index = max(r.next_index, record.index + 1)
+                        own.add(record.index)
+                        if record.ballot % BALLOT_STRIDE == r.me:
+                            r.own_ballot = max(r.own_ballot, record.ballot)
+                case OAcceptedRecord():
+                    for entry in record.entries:
+                        if entry.slot < r.exec_slot:
+                            continue
+                        if r.o_ballot.get(entry.slot, -1) <= record.view:
+                            r.o_value[entry.slot] = entry.owner
+                            r.o_ballot[entry.slot] = record.view
+                    r.accepted_view = max(r.accepted_view, record.view)
+                case NewViewRecord():
+                    r.o_acceptor.install_new_view(record.view, record.start, record.owners)
+                case ViewRecord():
+                    r.view = max(r.view, record.view)
+                case CPromiseRecord():
+                    r.c_promised[record.owner] = (record.ballot, record.from_index)
+                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                case ExecutedRecord():
+                    for k, owner in enumerate(record.owners):
+                        executed[record.start + k] = (owner, record.ballots[k])
+        r.executor.replay_executed(executed)
+        r.role = Role.FOLLOWER
+        r.view_ready = r.accepted_view >= r.view
+        r.o_acceptor.recount_o_state()
+        r.restart_pending = sorted(own)
+        r.restart_batches = {
+            index: batch
+            for index in r.restart_pending
+            if index >= r.exec_count[r.me]
+            and (batch := r.c[(r.me, index)].batch) is not None
+        }

@@ -1,0 +1,385 @@
+"""TODO view_change"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from consensus.messages import (
+    MAX_ENTRIES,
+    MAX_SLOTS,
+    NO_CL,
+    NewView,
+    NewViewAck,
+    NewViewRecord,
+    OCommit,
+    OEntry,
+    OVote,
+    ViewRecord,
+    Vote,
+    VRequest,
+)
+from consensus.protocol.sdpaxos.instances import OwnerSlots
+from consensus.protocol.types import Role
+
+if TYPE_CHECKING:
+    from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+
+#: A view change reports and re-proposes at most about this many executed slots: a voter
+#: does not vote for a candidate that executed this many slots less than itself, and with
+#: five replicas a candidate leaves out the votes of voters that far behind it. Such a
+#: replica catches up under a view that a nearer replica leads. (A quarter of the codec's
+#: MAX_ENTRIES, so a vote's executed and accepted slots together fit one message.)
+VIEW_SPAN = MAX_ENTRIES // 4
+
+#: ``fill_for``: m needs no slot of the new view's (it owns enough below it)
+NO_POSITION = -1
+
+
+
+class ViewChange:
+    """TODO"""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        self.r = r
+        self._votes: dict[int, Vote] = {}
+        self.candidate_since = 0
+        self._candidate_from = 0
+        self.new_view: NewView | None = None  # the one we sent, while sequencer of its view
+        self.new_view_acks: set[int] = set()
+        self.new_view_sent_at = 0
+        self.last_view_change_at = 0
+        #: candidacies given up because their NewView would not fit a message (a metric)
+        self.too_wide_views = 0
+
+    def join_view(self, view: int) -> None:
+        """Enter a higher view: promise to reject lower O-proposals; stop executing until
+        its NewView arrives."""
+        # O-phase messages queued this turn belong to the view they were made in: stamped
+        # with the new one, a deposed sequencer's proposals would become the new view's
+        # (in its records too, so a restart would bring back a second value for a slot).
+        r = self.r
+        r.flush_order_messages()
+        r.view = view
+        r.out.persist.append(ViewRecord(view=view))
+        r.view_ready = False
+        # A commit learned in an older view may be one the new view replaces (with N=5 a
+        # command leader commits on the sequencer's OAccept alone). Forget them all: in the
+        # new view they come back from its NewView or, as executed facts, from Catchup.
+        r.o_committed.clear()
+        r.o_acks.clear()
+        r.my_committed_o = r.exec_count[r.me]
+        # Likewise the N=5 ready rule's prefix counts only acceptances in the current view:
+        # ours from an older view (as a deposed sequencer's own proposals, say) prove nothing.
+        r.o_prefix = r.exec_slot
+        r.prefix_mine = r.exec_count[r.me]
+        r.role = Role.FOLLOWER
+        self._votes.clear()
+        self.new_view = None
+        self.new_view_acks.clear()
+        r.ordering.deferred_orders.clear()
+        r.election.lease_from.clear()
+        r.straggler.suspects.clear()
+        r.straggler.suspecting = False
+        r.straggler.slow_windows = 0
+        r.straggler.force_election_at = -1
+        self.last_view_change_at = r.now
+        r.seq_alive_at = r.now
+        r.election.higher_view_seen = 0
+        r.election.prevote_view = -1
+        r.election.roll_election_timeout()
+
+    def start_candidacy(self) -> None:
+        r = self.r
+        view = max(r.election.target_view(), r.election.prevote_view)
+        r.election.prevote_view = -1
+        self.join_view(view)
+        r.role = Role.CANDIDATE
+        self.candidate_since = r.now
+        self._candidate_from = r.exec_slot
+        self._votes[r.me] = self._make_vote(r.exec_slot)
+        r.broadcast(VRequest(src=r.me, view=view, from_slot=r.exec_slot))
+        if len(self._votes) >= r.q:
+            self._rebuild()
+
+    def _make_vote(self, from_slot: int) -> Vote:
+        # Executed slots are chosen: report them at our current view (no ballot can beat a
+        # chosen value with another one). Then what we accepted, at its ballot; values we
+        # only learned from a commit are not ours to report.
+        r = self.r
+        executed = tuple(
+            OVote(slot=s, owner=r.log[s][0], ballot=r.view)
+            for s in range(from_slot, r.exec_slot)
+        )
+        accepted = tuple(
+            OVote(slot=s, owner=r.o_value[s], ballot=r.o_ballot[s])
+            for s in range(max(from_slot, r.exec_slot), r.o_high)
+            if r.o_ballot.get(s, -1) >= 0
+        )
+        entries = executed + accepted
+        return Vote(
+            src=r.me,
+            view=r.view,
+            accepted_view=r.accepted_view,
+            accepted_from=r.accepted_from,
+            executed=r.exec_slot,
+            entries=entries,
+            c_high=tuple(r.c_high),
+        )
+
+    def on_vrequest(self, msg: VRequest) -> None:
+        r = self.r
+        if msg.view < r.view or msg.src != msg.view % r.n:
+            return
+        if not r.election.may_vote_for(msg.src):
+            return
+        if msg.from_slot < r.compacted:
+            # The slots it asks about are chosen, but we hold them only in our snapshot: a vote
+            # without them could let the candidate fill them with holes. It installs the
+            # snapshot and asks again from its new execution frontier.
+            r.out.snapshot_requests.append(msg.src)
+            return
+        if msg.from_slot + VIEW_SPAN < r.exec_slot:
+            # A candidate that far behind would get a vote (and send a NewView) sized by the
+            # log it missed. A nearer replica leads the view; this one catches up under it.
+            return
+        if msg.view > r.view:
+            self.join_view(msg.view)
+        elif r.role is not Role.FOLLOWER or r.view_ready:
+            return  # this view is already under way past its election
+        vote = self._make_vote(msg.from_slot)
+        if len(vote.entries) > MAX_ENTRIES:
+            # (ordered far beyond what we executed: cannot happen while execution keeps up)
+            # a vote that would not fit a message is no vote; another replica leads
+            return
+        r.send(msg.src, vote)
+
+    def on_vote(self, msg: Vote) -> None:
+        r = self.r
+        if r.role is not Role.CANDIDATE or len(msg.c_high) != r.n:
+            return
+        self._votes[msg.src] = msg
+        if len(self._votes) >= r.q:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Figure 7: rebuild the assignment log from a majority of votes."""
+        r = self.r
+        start = self._candidate_from
+        executed = self._executed_prefix() if r.five else []
+        if executed is None:  # lagging voters were sent our snapshot instead
+            if len(self._votes) >= r.q:
+                self._rebuild()
+            return
+        best: dict[int, OVote] = {}
+        for vote in self._votes.values():
+            for entry in vote.entries:
+                if entry.slot >= start and (
+                    entry.slot not in best or entry.ballot > best[entry.slot].ballot
+                ):
+                    best[entry.slot] = entry
+        # A value accepted in a view older than the newest one a voter accepted (V) cannot
+        # have been chosen if, at or after the start of V's NewView, that voter has nothing
+        # in its slot: chosen before V's election, V's NewView would have carried it to the
+        # voter; after it, a majority had promised V. Such a leftover of a deposed sequencer
+        # must not come back: it would give its owner a slot, before commands already ready,
+        # for an index the owner never proposed — and the owner's next command would land there.
+        newest = max(vote.accepted_view for vote in self._votes.values())
+        witnesses = [
+            (vote.accepted_from, {entry.slot for entry in vote.entries})
+            for vote in self._votes.values()
+            if vote.accepted_view == newest
+        ]
+        for slot in [s for s, e in best.items() if e.ballot < newest]:
+            if any(slot >= since and slot not in seen for since, seen in witnesses):
+                del best[slot]
+        end = max(best, default=start - 1) + 1
+        owners: list[int | None] = [None] * (end - start)
+        for slot, entry in best.items():
+            owners[slot - start] = entry.owner
+        # the slots we executed that some voter has not: chosen, so proposed as they are
+        owners[:0] = executed
+        start -= len(executed)
+        if r.five and "no_hole_filling" not in r.unsafe:
+            old_sequencer = max(v.accepted_view for v in self._votes.values()) % r.n
+            untraced = [
+                rid for rid in range(r.n) if rid not in self._votes and rid != old_sequencer
+            ]
+            if old_sequencer not in self._votes and len(untraced) == 1:
+                m = untraced[0]
+                needed = max(v.c_high[m] for v in self._votes.values()) + 1
+                before = r.exec_count[m] - executed.count(m)  # m's slots below start
+                fill_for(m, needed, before, owners)
+        if len(owners) > MAX_SLOTS:
+            # More than one NewView carries (votes far apart, or a vast hole filling): no
+            # view from here. The election times out and another candidacy starts from
+            # further on (its executed frontier, or another replica's).
+            self._votes.clear()
+            self.too_wide_views += 1
+            return
+        filled = tuple(NO_CL if owner is None else owner for owner in owners)
+        new_view = NewView(src=r.me, view=r.view, start=start, owners=filled)
+        r.role = Role.ESTABLISHING
+        self._votes.clear()
+        self.new_view = new_view
+        self.new_view_acks = {r.me}
+        self.new_view_sent_at = r.now
+        self._accept_new_view(new_view)
+        r.broadcast(new_view)
+        if len(self.new_view_acks) >= r.q:
+            self._become_sequencer()
+
+    def _executed_prefix(self) -> list[int] | None:
+        """With five replicas, the owners of the slots we executed and some voter did not.
+
+        A five-replica O-instance is committed on the sequencer's OAccept alone, so a slot
+        executed in an older view may be accepted by its owner and that view's sequencer only,
+        and a voter that learned it from a commit forgets it on a restart. The proof of
+        consistency assumes each view change leaves every O-instance before it accepted by a
+        majority: so the new view re-proposes, from the lowest execution frontier among the
+        voters, the values we executed (chosen, hence safe to propose). If that frontier is
+        below our compaction point we no longer know them: the voters behind it get our
+        snapshot instead, and their votes do not count.
+        """
+        r = self.r
+        for src in [s for s, v in self._votes.items()
+                    if v.executed + VIEW_SPAN < self._candidate_from]:
+            # that voter would make the NewView re-propose a log's worth of slots: it catches
+            # up under the new view instead, and the candidate waits for nearer votes
+            del self._votes[src]
+        if len(self._votes) < r.q:
+            return None
+        lowest = min(vote.executed for vote in self._votes.values())
+        if lowest >= self._candidate_from:
+            return []
+        if lowest < r.compacted:
+            for src in [s for s, v in self._votes.items() if v.executed < r.compacted]:
+                del self._votes[src]
+                r.out.snapshot_requests.append(src)
+            return None
+        return [r.log[slot][0] for slot in range(lowest, self._candidate_from)]
+
+    def _accept_new_view(self, msg: NewView) -> None:
+        r = self.r
+        start, owners = msg.start, msg.owners
+        r.out.persist.append(NewViewRecord(view=msg.view, start=start, owners=owners))
+        r.o_acceptor.install_new_view(msg.view, start, owners)
+        r.view_ready = True
+        self._resend_own_after_view_change()
+
+    def _resend_own_after_view_change(self) -> None:
+        """Re-send what the new view has not ordered or chosen yet."""
+        r = self.r
+        for index in sorted(r.unready):
+            inst = r.c[(r.me, index)]
+            inst.sent_at = r.now
+            if not inst.committed and inst.leading:
+                r.c_phase.resend_accept(r.me, index, inst)
+        named = r.c_phase.last_named_index()
+        if r.o_acceptor.known_o_count(r.me) <= named:
+            r.c_phase.send_crequest(named)
+        for read_id, (reads, _) in sorted(r.reads.pending_reads.items()):
+            r.reads.pending_reads[read_id] = (reads, r.now)
+            r.reads.send_rrequest(read_id, reads)
+
+    def on_new_view(self, msg: NewView) -> None:
+        r = self.r
+        if msg.src != r.sequencer or r.role is not Role.FOLLOWER:
+            return
+        if not r.view_ready:
+            self._accept_new_view(msg)
+        r.send(msg.src, NewViewAck(src=r.me, view=r.view))
+
+    def on_new_view_ack(self, msg: NewViewAck) -> None:
+        r = self.r
+        if self.new_view is None or msg.view != self.new_view.view:
+            return
+        self.new_view_acks.add(msg.src)
+        if r.role is Role.ESTABLISHING and len(self.new_view_acks) >= r.q:
+            self._become_sequencer()
+        elif r.role is Role.SEQUENCER:
+            self._send_new_view_commit(msg.src)  # a late acceptor needs the commits too
+
+    def _become_sequencer(self) -> None:
+        r = self.r
+        assert self.new_view is not None
+        new_view = self.new_view
+        start, end = new_view.start, new_view.start + len(new_view.owners)
+        r.role = Role.SEQUENCER
+        self.last_view_change_at = r.now
+        # our assignment log: the compacted prefix (counts only), the executed slots we still
+        # hold, then the rebuilt range
+        r.ordering.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
+        for slot in sorted(r.log):
+            owner = r.log[slot][0]
+            if owner != NO_CL:
+                r.ordering.seq_slots[owner].append(slot)
+        for slot in range(r.exec_slot, end):
+            owner = r.o_value.get(slot, NO_CL)
+            if owner != NO_CL:
+                r.ordering.seq_slots[owner].append(slot)
+        r.ordering.seq_next_slot = max(end, r.exec_slot)
+        r.ordering.seq_acked = {rid: set() for rid in range(r.n)}
+        r.ordering.seq_acked_prefix = {
+            rid: (end if rid in self.new_view_acks else start) for rid in range(r.n)
+        }
+        r.ordering.seq_own_chosen = r.ordering.seq_slots[r.me].count_below(end)
+        r.ordering.history.clear()
+        r.ordering.unknown_keys.clear()
+        r.ordering.history_floor = r.ordering.seq_next_slot - 1
+        for slot in range(max(start, r.exec_slot), end):
+            r.o_committed.add(slot)
+        r.o_acceptor.recount_o_state()
+        for peer in sorted(self.new_view_acks - {r.me}):
+            self._send_new_view_commit(peer)
+        r.readiness.check_ready()
+        deferred, r.ordering.deferred_orders = r.ordering.deferred_orders, []
+        for owner, index, keys in deferred:
+            r.ordering.order(owner, index, keys)
+        named = r.c_phase.last_named_index()
+        if r.o_acceptor.known_o_count(r.me) <= named:
+            r.ordering.order(r.me, named, ())
+
+    def _send_new_view_commit(self, peer: int) -> None:
+        r = self.r
+        assert self.new_view is not None
+        start = self.new_view.start
+        entries = tuple(
+            OEntry(slot=start + k, owner=owner) for k, owner in enumerate(self.new_view.owners)
+        )
+        if entries:
+            r.send(peer, OCommit(src=r.me, view=r.view, entries=entries))
+
+
+def fill_for(m: int, needed: int, before: int, owners: list[int | None]) -> None:
+    """Propose ``m`` in the first holes until it owns ``needed`` O-instances (``before``
+    of them below the new view's start) with no hole before the last of them (Figure 7,
+    lines 32-36), and no more than that.
+
+    Figure 7 stops at "at least": a hole filled in front of ``m``'s slots from the votes
+    leaves ``m`` more O-instances than it has C-instances that may be ready, and the
+    surplus places ``m``'s *next* proposal in a slot before commands ordered (and ready)
+    after this view change: a read proposed after a write was acknowledged ran before it
+    (N=5 seed 362 with every fault). Nothing of ``m``'s beyond the ``needed``-th can be
+    chosen (``needed`` bounds them: a chosen C-instance was accepted by a voter), so
+    those slots propose no one."""
+    # One pass (filling the first hole and counting again was quadratic: a candidate
+    # spent seconds on a vote naming thousands of m's instances): until m owns
+    # ``needed``, every hole gets m; the needed-th then has no hole before it.
+    count = before
+    last_needed = NO_POSITION
+    for position, owner in enumerate(owners):
+        if count >= needed:
+            break
+        if owner is None:
+            owners[position] = owner = m
+        if owner == m:
+            count += 1
+            if count == needed:
+                last_needed = position
+    while count < needed:
+        owners.append(m)
+        count += 1
+        last_needed = len(owners) - 1
+    for position in range(last_needed + 1, len(owners)):
+        if owners[position] == m:
+            owners[position] = None
