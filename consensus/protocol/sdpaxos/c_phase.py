@@ -240,7 +240,7 @@ class CPhase:
 
     def on_caccept(self, msg: CAccept) -> None:
         r = self.r
-        if r.five and msg.view < r.view:
+        if r.readiness.commits_on_sequencer_accept and msg.view < r.view:
             # With five replicas an owner commits its O-instance on the sequencer's OAccept
             # alone, and a new sequencer gives an untraced owner only as many slots as the
             # voters' c_high shows (Figure 7, lines 32-36). Accepting a proposal from an

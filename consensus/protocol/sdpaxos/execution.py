@@ -50,7 +50,7 @@ class Executor:
                     proposed = proposed if proposed is not None else found
                 if proposed is not None and proposed == inst.batch:
                     r.out.ready.extend(inst.batch)
-                if r.ordering.unknown_keys:
+                if r.ordering.history.unknown:
                     r.ordering.learn_keys(owner, index, inst.batch)
                 for offset, command in enumerate(inst.batch):
                     r.out.apply.append(Execution(slot, offset, command, led_here))

@@ -15,7 +15,6 @@ from consensus.messages import (
     OEntry,
 )
 from consensus.protocol.sdpaxos.instances import pages
-from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -63,7 +62,7 @@ class OAcceptor:
             elif r.o_value[entry.slot] != entry.owner:
                 continue  # two values for one slot in one view: impossible without a bug
             elif entry.owner == r.me and entry.slot not in r.o_committed:
-                self._learn_own(entry.slot)  # e.g. we restarted and forgot the commit
+                r.readiness.learn_own(entry.slot)  # e.g. we restarted and forgot the commit
             # a duplicate is acknowledged again below: its first OAck may have been lost
             self._queue_oack(entry)
         if fresh:
@@ -81,15 +80,14 @@ class OAcceptor:
             r.o_high = slot + 1
         if owner == r.me:
             r.straggler.window_got += 1
-            self._learn_own(slot)
+            r.readiness.learn_own(slot)
         else:
             # the sequencer and we accepted it: with three replicas it is chosen, and its
             # learner's OCommit would take a one-way delay longer to tell us; with five, the
             # acknowledgements that came before the OAccept may complete a majority
-            self._learn_chosen(slot)
+            self.learn_chosen(slot)
         self.advance_prefix()
-        if r.five and not r.is_sequencer:
-            r.readiness.check_ready()
+        r.readiness.after_accept()
 
     def advance_prefix(self) -> None:
         """The gap-free prefix of O-instances we accepted (N=5's ready rule): executed slots,
@@ -117,26 +115,11 @@ class OAcceptor:
         owner = entry.owner
         if owner == NO_CL:
             return
-        if r.five:
-            to_all = r.c_phase.acks_to_all and owner != r.me
-            targets = r.peers if to_all else (r.sequencer,)
-        elif r.q == 2 and owner not in (r.sequencer, r.me):
-            targets = (owner, r.sequencer)
-        else:
-            targets = (owner,)
-        for dest in targets:
+        for dest in r.readiness.oack_targets(owner):
             if dest != r.me:
                 self._oack_out.setdefault(dest, []).append(entry.slot)
 
-    def _learn_own(self, slot: int) -> None:
-        """We (the learner) accepted our own O-instance ``slot``: is it committed yet?"""
-        r = self.r
-        if r.five and not r.is_sequencer:
-            self.commit_o(slot)  # Figure 5, line 29
-        elif not r.five:
-            self._learn_chosen(slot)
-
-    def _learn_chosen(self, slot: int) -> None:
+    def learn_chosen(self, slot: int) -> None:
         """O[slot] is chosen once a majority accepted it at this view's ballot: the
         sequencer (it proposed it), us, and the acknowledgements we collected."""
         r = self.r
@@ -150,17 +133,14 @@ class OAcceptor:
         r = self.r
         if not r.view_ready:
             return
-        if r.five and r.role is Role.SEQUENCER:
-            for slot in msg.slots:
-                r.ordering.seq_record_ack(msg.src, slot)
-            r.ordering.after_seq_acks()
+        r.readiness.on_sequencer_acks(msg.src, msg.slots)
         # Any replica may learn a slot from acknowledgements: the learner in the normal case,
         # anyone stuck on a slot whose learner forgot it (they come with a Catchup answer).
         for slot in msg.slots:
             if slot in r.o_committed or slot < r.exec_slot:
                 continue
             r.o_acks.setdefault(slot, set()).add(msg.src)  # may precede our OAccept
-            self._learn_chosen(slot)
+            self.learn_chosen(slot)
 
     def commit_o(self, slot: int) -> None:
         # executed slots leave o_committed: never count one of them again

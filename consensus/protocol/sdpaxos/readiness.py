@@ -1,4 +1,42 @@
-"""TODO readiness"""
+"""The readiness rule: when a command leader may acknowledge its command (§3.2, Figure 5).
+
+``C[n][i]`` is *ready* once it is chosen and durably ordered: the client may then be told its
+blind write is done. What "durably ordered" means depends on the number of replicas, and so
+do the acknowledgements that carry it; one object per replica count answers every such
+question, so no other module tests ``n``:
+
+=========================  ======================================  ===========================
+                           ``CountRule`` (N = 3, N >= 7)            ``FiveRule`` (N = 5)
+=========================  ======================================  ===========================
+own O-instance committed   once a majority accepted it              a non-sequencer: once it
+(``learn_own``)            (``OAcceptor.learn_chosen``)             accepts the sequencer's
+                                                                    OAccept (Figure 5, l. 29)
+ordered own instances      own O-instances known chosen             non-sequencer: own ones in
+(``ordered_own``)                                                   the gap-free accepted
+                                                                    prefix; sequencer: own ones
+                                                                    in the majority-accepted
+                                                                    prefix (``AckPrefixes``)
+OAck goes to               the owner (N = 3: and the sequencer)     the sequencer, and every
+(``oack_targets``)                                                  replica when acks go to all
+sequencer re-sends         unacknowledged own slots, and every      from each peer's acked
+(``resend_late_slot``)     unchosen own slot once a period          prefix on
+``commits_on_sequencer_    False                                    True: see below
+accept``
+=========================  ======================================  ===========================
+
+Why the N = 3 shortcut is safe: the sequencer's OAccept plus the owner's own acceptance are a
+majority of three, so "accepted here" is "chosen" and the order costs half a round trip. With
+five replicas the paper's rule lets a non-sequencer count its own O-instance as committed on
+the sequencer's OAccept alone, and be ready once it accepted *every* O-instance up to the one
+placing its command (no gap). Because such a commit may be known to two replicas only
+(``commits_on_sequencer_accept``), two other rules hold only with five replicas:
+``CPhase.on_caccept`` drops a CAccept from an older view, and ``ViewChange.rebuild``
+re-proposes the slots the candidate executed and fills holes for the one untraced replica
+(Figure 7, lines 32-36).
+
+Entry points: ``rule_for`` (the facade builds one), ``check_ready`` (after anything that can
+make an own instance chosen or ordered), and the questions above.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +48,45 @@ if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
 
+class ReadinessRule:
+    """What the replica count changes in the normal case; the shared ``check_ready``."""
 
-class Readiness:
-    """TODO"""
+    #: an owner's O-instance may be committed on the sequencer's OAccept alone
+    commits_on_sequencer_accept = False
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
 
     def ordered_own(self) -> int:
         """How many of my C-instances the ready rule considers durably ordered."""
-        r = self.r
-        if not r.five:
-            return r.my_committed_o
-        if r.is_sequencer:
-            if r.role is not Role.SEQUENCER:
-                return r.exec_count[r.me]
-            if "go_ready_rule" in r.unsafe:
-                return len(r.ordering.seq_slots[r.me])
-            return r.ordering.seq_slots[r.me].count_below(r.ordering.majority_prefix())
-        return r.prefix_mine
+        raise NotImplementedError
+
+    def learn_own(self, slot: int) -> None:
+        """We (the learner) accepted our own O-instance ``slot``: is it committed yet?"""
+        raise NotImplementedError
+
+    def after_accept(self) -> None:
+        """An O-instance was accepted here (the gap-free prefix may have grown)."""
+
+    def oack_targets(self, owner: int) -> tuple[int, ...]:
+        """Who learns from our acceptance of an O-instance placing ``owner``'s command."""
+        raise NotImplementedError
+
+    def on_sequencer_acks(self, src: int, slots: tuple[int, ...]) -> None:
+        """Serving as sequencer, we got ``src``'s acknowledgements of ``slots``."""
+
+    def after_oaccepts(self) -> None:
+        """Serving as sequencer, we accepted (and sent) new O-instances."""
+
+    def resend_late_slot(self, peer: int, slot: int) -> None:
+        """Serving: our own O-instance ``slot`` is late; re-send what ``peer`` lacks of it."""
+        raise NotImplementedError
+
+    def resend_unchosen_own(self, deadline: int) -> None:
+        """Serving: re-send own O-instances that are not chosen although not late."""
 
     def check_ready(self) -> None:
+        """Report our commands whose instances are chosen and durably ordered, in order."""
         r = self.r
         if not r.unready:
             return
@@ -43,3 +99,114 @@ class Readiness:
                 batch = r.unready.pop(index)
                 if inst.batch == batch:
                     r.out.ready.extend(batch)
+
+
+class CountRule(ReadinessRule):
+    """N = 3 or N >= 7: ready once at least ``i + 1`` O-instances for us are chosen."""
+
+    def __init__(self, r: SDPaxosReplica) -> None:
+        super().__init__(r)
+        #: when the sequencer last checked its own O-instances for re-sending
+        self._own_checked_at = 0
+
+    def ordered_own(self) -> int:
+        return self.r.my_committed_o
+
+    def learn_own(self, slot: int) -> None:
+        self.r.o_acceptor.learn_chosen(slot)
+
+    def oack_targets(self, owner: int) -> tuple[int, ...]:
+        # With three replicas the sequencer learns a slot from the first OAck: ours tells it
+        # the slot is chosen a round trip to the learner sooner than the learner's OCommit.
+        r = self.r
+        if r.q == 2 and owner not in (r.sequencer, r.me):
+            return (owner, r.sequencer)
+        return (owner,)
+
+    def resend_late_slot(self, peer: int, slot: int) -> None:
+        r = self.r
+        if slot not in r.o_committed and peer not in r.o_acks.get(slot, ()):
+            r.ordering.resend_oaccepts(peer, slot, slot + 1)
+
+    def resend_unchosen_own(self, deadline: int) -> None:
+        # An own C-instance can be ready (by the count rule) while its own O-instance is not
+        # chosen, so it is not late: re-send every own unchosen, unexecuted slot at least one
+        # retransmission period old, each to the peers that did not acknowledge it (checked
+        # once per period).
+        r = self.r
+        if self._own_checked_at > deadline:
+            return
+        self._own_checked_at = r.now
+        mine = r.ordering.seq_slots[r.me]
+        for index in range(max(mine.base, r.exec_count[r.me]), len(mine)):
+            slot = mine[index]
+            if index in r.unready or slot < r.exec_slot or slot in r.o_committed:
+                continue  # late ones were handled already
+            own = r.c.get((r.me, index))
+            if own is None or own.sent_at > deadline:
+                continue
+            for peer in r.peers:
+                if peer not in r.o_acks.get(slot, ()):
+                    r.ordering.resend_oaccepts(peer, slot, slot + 1)
+
+
+class FiveRule(ReadinessRule):
+    """N = 5: a non-sequencer is ready once it accepted every O-instance up to its own; the
+    sequencer once its own are inside the prefix a majority accepted."""
+
+    commits_on_sequencer_accept = True
+
+    def ordered_own(self) -> int:
+        r = self.r
+        if not r.is_sequencer:
+            return r.prefix_mine
+        if r.role is not Role.SEQUENCER:
+            return r.exec_count[r.me]
+        mine = r.ordering.seq_slots[r.me]
+        if "go_ready_rule" in r.unsafe:
+            return len(mine)
+        return mine.count_below(r.ordering.majority_prefix())
+
+    def learn_own(self, slot: int) -> None:
+        r = self.r
+        if not r.is_sequencer:
+            r.o_acceptor.commit_o(slot)  # Figure 5, line 29
+
+    def after_accept(self) -> None:
+        if not self.r.is_sequencer:
+            self.check_ready()
+
+    def oack_targets(self, owner: int) -> tuple[int, ...]:
+        # The sequencer needs every acknowledgement (its ready rule looks at the
+        # majority-accepted prefix); the others learn others' slots from a majority of them,
+        # a round trip sooner than through the owner's OCommit.
+        r = self.r
+        to_all = r.c_phase.acks_to_all and owner != r.me
+        return r.peers if to_all else (r.sequencer,)
+
+    def on_sequencer_acks(self, src: int, slots: tuple[int, ...]) -> None:
+        r = self.r
+        if r.role is not Role.SEQUENCER:
+            return
+        for slot in slots:
+            r.ordering.acks.record(src, slot)
+        self.after_oaccepts()
+
+    def after_oaccepts(self) -> None:
+        """Our own O-instances inside the majority-accepted prefix are chosen."""
+        r = self.r
+        if r.role is not Role.SEQUENCER:
+            return
+        r.ordering.commit_own_in_majority_prefix()
+        self.check_ready()
+
+    def resend_late_slot(self, peer: int, slot: int) -> None:
+        r = self.r
+        acked = r.ordering.acks.prefix(peer)
+        if acked <= slot:
+            r.ordering.resend_oaccepts(peer, acked, slot + 1)
+
+
+def rule_for(r: SDPaxosReplica) -> ReadinessRule:
+    """The readiness rule of ``r``'s replica count."""
+    return FiveRule(r) if r.n == 5 else CountRule(r)

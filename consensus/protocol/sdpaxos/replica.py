@@ -49,7 +49,7 @@ from consensus.protocol.sdpaxos.instances import (
     check_command,
 )
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
-from consensus.protocol.sdpaxos.readiness import Readiness
+from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
 from consensus.protocol.sdpaxos.recovery import CRecovery
 from consensus.protocol.sdpaxos.restart import Restart
@@ -82,7 +82,6 @@ class SDPaxosReplica:
         self.q = config.quorum
         self.rng = rng
         self.now = 0
-        self.five = self.n == 5
         self.unsafe = config.unsafe
         self.peers = tuple(rid for rid in range(self.n) if rid != me)
         # views
@@ -143,7 +142,7 @@ class SDPaxosReplica:
         self.recovery = CRecovery(self)
         self.ordering = Sequencer(self)
         self.o_acceptor = OAcceptor(self)
-        self.readiness = Readiness(self)
+        self.readiness = rule_for(self)
         self.executor = Executor(self)
         self.views = ViewChange(self)
         self.election = Election(self)

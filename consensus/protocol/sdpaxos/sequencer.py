@@ -1,43 +1,61 @@
-"""TODO sequencer"""
+"""Ordering, the sequencer's side (§3.1-3.2, Figure 5): assign global slots to C-instances.
+
+The sequencer of view ``v`` is replica ``v % N``; it serves once a majority accepted its
+NewView (``Role.SEQUENCER``, see view_change.py). On seeing ``CAccept(n, i)`` or
+``CRequest(n, i)`` it proposes ``n`` in the next O-instances until ``n`` owns ``i + 1`` of
+them (``order``): the ``k``-th O-instance naming ``n`` places ``C[n][k]``, so a duplicated or
+reordered request never places anything twice. It accepts its own proposals at once (with the
+view as ballot) and broadcasts them, one ``OAccept`` per turn (``flush_oaccepts``).
+
+Rules:
+
+* Only a serving sequencer assigns slots. Elected but not yet serving, it defers what it is
+  asked to order (``deferred_orders``) and orders it once serving (``start_serving``): its
+  NewView decides the slots before them.
+* A new view's sequencer rebuilds its assignment log from its executed slots and the NewView
+  (``start_serving``) and knows no history: every earlier slot counts as a write to every key.
+* A ``CRequest`` for an instance already ordered is a retransmission: the requester lost
+  OAccepts, so they are re-sent from its gap-free prefix (``on_crequest``), at most a catch-up
+  batch at a time.
+* Reads: ``read_slot`` answers with the last slot assigned to an update of the keys
+  (``HistoryTable``); reads.py checks the lease first.
+
+Entry points: ``on_crequest``, ``order``, ``learn_keys``, ``flush_oaccepts``,
+``retransmit_own_slots``, ``start_serving``, ``read_slot``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from consensus.messages import (
-    MAX_ENTRIES,
-    CRequest,
-    OAccept,
-    OAcceptedRecord,
-    OEntry,
-)
+from consensus.messages import MAX_ENTRIES, NO_CL, CRequest, OAccept, OAcceptedRecord, OEntry
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
+from consensus.protocol.sdpaxos.history import HistoryTable
 from consensus.protocol.sdpaxos.instances import Batch, OwnerSlots, keys_of, pages
+from consensus.protocol.sdpaxos.tracker import AckPrefixes
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["Sequencer"]
 
 
 class Sequencer:
-    """TODO"""
+    """The assignment log of the view we serve (meaningful while ``r.role`` is SEQUENCER)."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
+        #: asked to order while elected but not serving yet: (owner, index, keys)
         self.deferred_orders: list[tuple[int, int, tuple[str, ...]]] = []
-        # sequencer state (meaningful while r.role is SEQUENCER)
         self.seq_next_slot = 0
+        #: per owner, the slots of its O-instances
         self.seq_slots: dict[int, OwnerSlots] = {rid: OwnerSlots() for rid in range(r.n)}
-        self.seq_acked: dict[int, set[int]] = {rid: set() for rid in range(r.n)}
-        self.seq_acked_prefix: dict[int, int] = dict.fromkeys(range(r.n), 0)
+        #: N=5: how far each replica acknowledged our OAccepts
+        self.acks = AckPrefixes(dict.fromkeys(range(r.n), 0))
         self.seq_own_chosen = 0  # N=5: how many of our own O-instances are chosen
-        self.history: dict[str, int] = {}  # key -> last slot assigned to an update of it
-        self.history_floor = -1
-        self.unknown_keys: dict[tuple[int, int], int] = {}  # ordered before its keys known
-        # N=3/N>=7 sequencer: when its own O-instances were last checked for re-sending
-        self._own_checked_at = 0
+        self.history = HistoryTable()
         self._oaccept_out: list[OEntry] = []
 
     def on_crequest(self, msg: CRequest) -> None:
@@ -53,7 +71,7 @@ class Sequencer:
         if r.role is not Role.SEQUENCER or not already:
             return
         # Re-send everything from the requester's gap-free prefix through its instance's slot.
-        self._resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
+        self.resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
 
     def order(self, owner: int, index: int, keys: tuple[str, ...] | None = None) -> None:
         """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them. ``keys``:
@@ -78,33 +96,17 @@ class Sequencer:
             r.o_acceptor.accept_o(entry, r.view)
             inst = r.c.get((owner, k))
             if inst is not None and inst.batch is not None:
-                self._note_update(slot, inst.batch)
+                self.history.note_update(slot, inst.batch)
             elif k == index and keys:
-                for key in keys:
-                    self.history[key] = slot
+                self.history.note_keys(slot, keys)
             else:
-                self.unknown_keys[(owner, k)] = slot  # ordered before we saw it
-
-    def _note_update(self, slot: int, batch: Batch) -> None:
-        """History table: ``slot`` updates the keys of ``batch`` (a command naming no keys
-        counts as updating every key). On the sequencer's path for every command: it walks the
-        batch once, where building ``keys_of`` (a sorted union) twice per CAccept took a fifth
-        of a loaded sequencer's CPU."""
-        history = self.history
-        for command in batch:
-            if not command.keys:
-                self.history_floor = max(self.history_floor, slot)
-                return  # the keys noted so far were right too, and the floor covers the rest
-            for key in command.keys:
-                if history.get(key, -1) < slot:
-                    history[key] = slot
+                self.history.note_unknown((owner, k), slot)  # ordered before we saw it
 
     def learn_keys(self, owner: int, index: int, batch: Batch) -> None:
-        slot = self.unknown_keys.pop((owner, index), None)
-        if slot is not None:
-            self._note_update(slot, batch)
+        """``C[owner][index]``'s value is known: if it was ordered before, note its keys."""
+        self.history.learn_keys((owner, index), batch)
 
-    def _resend_oaccepts(self, to: int, start: int, stop: int) -> None:
+    def resend_oaccepts(self, to: int, start: int, stop: int) -> None:
         r = self.r
         stop = min(stop, self.seq_next_slot, start + CATCHUP_BATCH)
         entries = tuple(
@@ -114,85 +116,67 @@ class Sequencer:
             r.send(to, OAccept(src=r.me, view=r.view, entries=entries))
 
     def flush_oaccepts(self) -> None:
+        """Persist and broadcast this turn's O-instances (one OAccept per page)."""
         r = self.r
         if self._oaccept_out:
             for entries in pages(self._oaccept_out, MAX_ENTRIES):
                 r.out.persist.append(OAcceptedRecord(view=r.view, entries=entries))
                 r.broadcast(OAccept(src=r.me, view=r.view, entries=entries))
             self._oaccept_out.clear()
-            self.after_seq_acks()
-
-    def seq_record_ack(self, src: int, slot: int) -> None:
-        prefix = self.seq_acked_prefix[src]
-        if slot < prefix:
-            return
-        acked = self.seq_acked[src]
-        acked.add(slot)
-        while prefix in acked:
-            acked.discard(prefix)
-            prefix += 1
-        self.seq_acked_prefix[src] = prefix
+            r.readiness.after_oaccepts()
 
     def majority_prefix(self) -> int:
+        """The slots a majority accepted without a gap (we accepted all we proposed)."""
         r = self.r
-        prefixes = sorted(
-            (self.seq_next_slot if rid == r.me else self.seq_acked_prefix[rid])
-            for rid in range(r.n)
-        )
-        return prefixes[r.n - r.q]
+        return self.acks.majority_prefix(r.me, self.seq_next_slot, r.q)
 
-    def after_seq_acks(self) -> None:
-        """N=5 sequencer: its own O-instances inside the majority-accepted prefix are chosen."""
-        r = self.r
-        if not (r.five and r.role is Role.SEQUENCER):
-            return
-        mine = self.seq_slots[r.me]
+    def commit_own_in_majority_prefix(self) -> None:
+        """N=5: our own O-instances inside the majority-accepted prefix are chosen."""
+        mine = self.seq_slots[self.r.me]
         chosen = mine.count_below(self.majority_prefix())
         for i in range(max(self.seq_own_chosen, mine.base), chosen):
-            r.o_acceptor.commit_o(mine[i])
+            self.r.o_acceptor.commit_o(mine[i])
         self.seq_own_chosen = max(self.seq_own_chosen, chosen)
-        r.readiness.check_ready()
 
     def retransmit_own_slots(self, late: list[int], deadline: int) -> None:
-        """Serving: our own O-instances lack acknowledgements: re-send them to whoever has not
-        acked."""
+        """Serving: our own late O-instances lack acknowledgements: re-send them to whoever
+        has not acked; then whatever else the readiness rule re-sends."""
         r = self.r
         mine = self.seq_slots[r.me]
         for peer in r.peers:
             for index in late:
-                if not mine.base <= index < len(mine):
-                    continue
-                slot = mine[index]
-                if r.five:
-                    if self.seq_acked_prefix[peer] <= slot:
-                        self._resend_oaccepts(peer, self.seq_acked_prefix[peer], slot + 1)
-                elif slot not in r.o_committed and peer not in r.o_acks.get(slot, ()):
-                    self._resend_oaccepts(peer, slot, slot + 1)
-        if not r.five and self._own_checked_at <= deadline:
-            # With N=3 or N>=7 an own C-instance can be ready (by the count rule) while its own
-            # O-instance is not chosen, so it is not late: re-send every own unchosen,
-            # unexecuted slot at least one retransmission period old, each to the peers that
-            # did not acknowledge it (checked once per period).
-            self._own_checked_at = r.now
-            for index in range(max(mine.base, r.exec_count[r.me]), len(mine)):
-                slot = mine[index]
-                if index in r.unready or slot < r.exec_slot or slot in r.o_committed:
-                    continue  # late ones were handled above
-                own = r.c.get((r.me, index))
-                if own is None or own.sent_at > deadline:
-                    continue
-                for peer in r.peers:
-                    if peer not in r.o_acks.get(slot, ()):
-                        self._resend_oaccepts(peer, slot, slot + 1)
+                if mine.base <= index < len(mine):
+                    r.readiness.resend_late_slot(peer, mine[index])
+        r.readiness.resend_unchosen_own(deadline)
         named = r.c_phase.last_named_index()
         if len(mine) <= named:
             self.order(r.me, named, ())
 
+    def start_serving(self, start: int, end: int, acked: set[int]) -> None:
+        """A majority (``acked``) accepted our NewView for slots ``[start, end)``: rebuild the
+        assignment log — the compacted prefix (counts only), the executed slots we still
+        hold, then the new view's range — and serve."""
+        r = self.r
+        self.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
+        for slot in sorted(r.log):
+            owner = r.log[slot][0]
+            if owner != NO_CL:
+                self.seq_slots[owner].append(slot)
+        for slot in range(r.exec_slot, end):
+            owner = r.o_value.get(slot, NO_CL)
+            if owner != NO_CL:
+                self.seq_slots[owner].append(slot)
+        self.seq_next_slot = max(end, r.exec_slot)
+        self.acks = AckPrefixes({rid: (end if rid in acked else start) for rid in range(r.n)})
+        self.seq_own_chosen = self.seq_slots[r.me].count_below(end)
+        self.history.reset(floor=self.seq_next_slot - 1)
+
+    def order_deferred(self) -> None:
+        """Order what we were asked to while elected but not serving."""
+        deferred, self.deferred_orders = self.deferred_orders, []
+        for owner, index, keys in deferred:
+            self.order(owner, index, keys)
+
     def read_slot(self, keys: Iterable[str]) -> int:
-        keys = tuple(keys)
-        if not keys:
-            return self.seq_next_slot - 1
-        slot = max((self.history.get(key, -1) for key in keys), default=-1)
-        if self.unknown_keys:
-            slot = max(slot, max(self.unknown_keys.values()))
-        return max(slot, self.history_floor)
+        """The slot a read of ``keys`` must wait for (see ``HistoryTable.read_slot``)."""
+        return self.history.read_slot(keys, self.seq_next_slot - 1)

@@ -18,7 +18,6 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
-from consensus.protocol.sdpaxos.instances import OwnerSlots
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -165,7 +164,8 @@ class ViewChange:
         """Figure 7: rebuild the assignment log from a majority of votes."""
         r = self.r
         start = self._candidate_from
-        executed = self._executed_prefix() if r.five else []
+        repairs = r.readiness.commits_on_sequencer_accept
+        executed = self._executed_prefix() if repairs else []
         if executed is None:  # lagging voters were sent our snapshot instead
             if len(self._votes) >= r.q:
                 self._rebuild()
@@ -199,7 +199,7 @@ class ViewChange:
         # the slots we executed that some voter has not: chosen, so proposed as they are
         owners[:0] = executed
         start -= len(executed)
-        if r.five and "no_hole_filling" not in r.unsafe:
+        if repairs and "no_hole_filling" not in r.unsafe:
             old_sequencer = max(v.accepted_view for v in self._votes.values()) % r.n
             untraced = [
                 rid for rid in range(r.n) if rid not in self._votes and rid != old_sequencer
@@ -306,35 +306,14 @@ class ViewChange:
         start, end = new_view.start, new_view.start + len(new_view.owners)
         r.role = Role.SEQUENCER
         self.last_view_change_at = r.now
-        # our assignment log: the compacted prefix (counts only), the executed slots we still
-        # hold, then the rebuilt range
-        r.ordering.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
-        for slot in sorted(r.log):
-            owner = r.log[slot][0]
-            if owner != NO_CL:
-                r.ordering.seq_slots[owner].append(slot)
-        for slot in range(r.exec_slot, end):
-            owner = r.o_value.get(slot, NO_CL)
-            if owner != NO_CL:
-                r.ordering.seq_slots[owner].append(slot)
-        r.ordering.seq_next_slot = max(end, r.exec_slot)
-        r.ordering.seq_acked = {rid: set() for rid in range(r.n)}
-        r.ordering.seq_acked_prefix = {
-            rid: (end if rid in self.new_view_acks else start) for rid in range(r.n)
-        }
-        r.ordering.seq_own_chosen = r.ordering.seq_slots[r.me].count_below(end)
-        r.ordering.history.clear()
-        r.ordering.unknown_keys.clear()
-        r.ordering.history_floor = r.ordering.seq_next_slot - 1
+        r.ordering.start_serving(start, end, self.new_view_acks)
         for slot in range(max(start, r.exec_slot), end):
             r.o_committed.add(slot)
         r.o_acceptor.recount_o_state()
         for peer in sorted(self.new_view_acks - {r.me}):
             self._send_new_view_commit(peer)
         r.readiness.check_ready()
-        deferred, r.ordering.deferred_orders = r.ordering.deferred_orders, []
-        for owner, index, keys in deferred:
-            r.ordering.order(owner, index, keys)
+        r.ordering.order_deferred()
         named = r.c_phase.last_named_index()
         if r.o_acceptor.known_o_count(r.me) <= named:
             r.ordering.order(r.me, named, ())
