@@ -59,7 +59,7 @@ from consensus.protocol.sdpaxos import Role, SDPaxosReplica, SnapshotMeta
 from consensus.protocol.sdpaxos import recovery as recovery_module
 from consensus.protocol.sdpaxos import view_change as view_change_module
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
-from consensus.protocol.sdpaxos.election import (
+from consensus.protocol.sdpaxos.liveness import (
     SILENCE_CEILING_FACTOR,
     SILENCE_FACTOR,
     SILENCE_WINDOW_FACTOR,

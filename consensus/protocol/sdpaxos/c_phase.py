@@ -16,13 +16,12 @@ from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.ready import Failure
 from consensus.protocol.sdpaxos.instances import HELD, Batch, CInstance, keys_of
+from consensus.protocol.sdpaxos.liveness import RtoEstimator
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-#: the adaptive retransmission timeout never exceeds this many times ``retransmit_us``
-RTO_CEILING_FACTOR = 10
 
 
 
@@ -45,9 +44,7 @@ class CPhase:
         # Retransmission timeout, adapted to how long our C-instances take to be chosen
         # (RFC 6298's estimator; Karn: only instances sent once are sampled).
         self.rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
-        self._srtt_us = 0
-        self._rttvar_us = 0
-        self.retransmit_timeout_us = config.retransmit_us
+        self.rto = RtoEstimator(config.retransmit_us)
 
     def flush_batch(self) -> None:
         r = self.r
@@ -194,7 +191,7 @@ class CPhase:
         inst.leading = False
         sent_at = self.rtt_probes.pop(index, None) if owner == r.me else None
         if sent_at is not None:
-            self._sample_rtt(r.now - sent_at)
+            self.rto.sample(r.now - sent_at)
         r.reproposing.discard((owner, index))
         for peer in r.peers:
             # A peer we sent the CAccept to has it before this commit (connections are FIFO);
@@ -346,23 +343,9 @@ class CPhase:
             r.send(peer, accept)
         inst.sent_to |= frozenset(targets)
 
-    def _sample_rtt(self, sample_us: int) -> None:
-        """A C-instance of ours, sent once, was chosen ``sample_us`` after it left. Under load
-        that includes the peers' queues: retransmitting sooner only duplicates what is queued
-        (in a saturated cluster, up to half the bytes sent were such copies)."""
-        r = self.r
-        if self._srtt_us == 0:
-            self._srtt_us, self._rttvar_us = sample_us, sample_us // 2
-        else:
-            self._rttvar_us += (abs(self._srtt_us - sample_us) - self._rttvar_us) // 4
-            self._srtt_us += (sample_us - self._srtt_us) // 8
-        floor = r.config.retransmit_us
-        estimate = self._srtt_us + 4 * self._rttvar_us
-        self.retransmit_timeout_us = min(max(floor, estimate), RTO_CEILING_FACTOR * floor)
-
     def retransmit(self) -> None:
         r = self.r
-        deadline = r.now - self.retransmit_timeout_us
+        deadline = r.now - self.rto.timeout_us
         late: list[int] = []
         for index in sorted(r.unready):
             inst = r.c[(r.me, index)]

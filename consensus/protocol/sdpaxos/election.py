@@ -1,63 +1,79 @@
-"""TODO election"""
+"""Failure detection and elections (§3.3): heartbeats, suspicion, pre-vote, candidacy.
+
+Every replica heartbeats every other (``send_heartbeats``); a heartbeat carries the sender's
+view and execution frontier, and the sequencer's asks for a read lease (leases.py).
+``detect_failures`` runs every tick:
+
+* A follower that has not heard from the sequencer of its view for a randomized election
+  timeout (``roll_election_timeout``), or whose straggler detector asks for a change
+  (straggler.py), or a sequencer that sees a peer stuck in a higher view nobody won, runs a
+  *pre-vote* (``pre_vote``, Raft's): it asks for a view it would lead
+  (``target_view``) without bumping anything, so a replica that cannot win never disturbs a
+  working sequencer. With a majority of pre-votes it becomes a candidate
+  (``ViewChange.start_candidacy``).
+* A voter grants a pre-vote only for a higher view, when it is not serving itself, when the
+  sequencer looks gone to it too (or asks to move up itself, or it suspects a straggler),
+  and when no lease it granted binds it (``Leases.may_vote_for``).
+* A candidate without a majority in time, or an elected sequencer whose NewView no majority
+  accepted in twice that, tries a higher view.
+* Peers silent for long are *suspected* (``SilenceTracker``, liveness.py); their unfinished
+  C-instances are recovered (recovery.py, ``CRecovery.recover_suspects``).
+
+Only the new view's sequencer brings a replica into a higher view by a heartbeat: a replica
+stuck in a view nobody won must not drag a healthy cluster into it.
+
+Entry points: ``send_heartbeats``, ``on_heartbeat``, ``on_lease_grant``, ``detect_failures``,
+``on_prevote``, ``on_prevote_reply``, ``may_vote_for``, ``suspected``, ``lease_valid``.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consensus.messages import (
-    Heartbeat,
-    LeaseGrant,
-    PreVote,
-    PreVoteReply,
-)
+from consensus.messages import Heartbeat, LeaseGrant, PreVote, PreVoteReply
+from consensus.protocol.sdpaxos.leases import Leases
+from consensus.protocol.sdpaxos.liveness import SilenceTracker
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-#: A peer's C-instances are recovered after ``election_timeout_us`` of silence, or after
-#: SILENCE_FACTOR times the longest silence it recently kept while alive if that is longer
-#: (learned gaps are capped so the timeout stays below SILENCE_CEILING_FACTOR timeouts).
-#: Past saturation a CPU-starved replica's loop turns stretch towards the election timeout:
-#: suspected while alive, it saw its clients' commands recovered as no-ops and answered
-#: "recovered without it", and the recoveries' Prepares and promises (carrying the values
-#: again) slowed everyone further. A crashed peer is still suspected after the usual timeout
-#: unless it was that slow just before.
-SILENCE_FACTOR = 2
+__all__ = ["NO_LEASE_REQUEST", "NO_VIEW", "Election"]
 
-SILENCE_CEILING_FACTOR = 4
-
-#: "recently": in this window of election timeouts or the one before
-SILENCE_WINDOW_FACTOR = 8
-
+#: no pre-vote round under way
+NO_VIEW = -1
+#: a heartbeat that asks for no lease (the sender does not serve)
+NO_LEASE_REQUEST = -1
 
 
 class Election:
-    """TODO"""
+    """Heartbeats, failure suspicion, leases granted and held, and pre-votes."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         config = r.config
-        timeout = config.election_timeout_us
-        drift = config.max_drift_ppm / 1_000_000
-        self.prevote_view = -1  # the view a pre-vote round is asking about, or -1
+        self.prevote_view = NO_VIEW  # the view a pre-vote round is asking about
         self._prevotes: set[int] = set()
         self._prevote_at = 0
-        self.higher_view_seen = 0  # a higher view some peer is stuck in (see _on_heartbeat)
-        # the longest silence of each peer in the current and in the previous window
-        self.silence_now = [0] * r.n
-        self.silence_before = [0] * r.n
-        self.silence_window_at = 0
-        self.silence_window_us = SILENCE_WINDOW_FACTOR * timeout
-        # silences learned at most (the threshold stays within SILENCE_CEILING_FACTOR timeouts)
-        self.silence_ceiling = SILENCE_CEILING_FACTOR * timeout // SILENCE_FACTOR
+        self.higher_view_seen = 0  # a higher view some peer is stuck in (see on_heartbeat)
+        self.silence = SilenceTracker(r.n, config.election_timeout_us)
+        self.leases = Leases(config.lease_us, config.max_drift_ppm)
         self.next_heartbeat = 0
         self.election_timeout = config.election_timeout_us
-        self.vote_block_until = 0
-        self.lease_granted_to = -1
-        self.lease_granted_until = 0
-        self.lease_from: dict[int, int] = {}
-        self._lease_hold_us = int(config.lease_us * (1 - 2 * drift))
+
+    def start(self, now: int) -> None:
+        """The first input of this incarnation (see ``Leases.start``)."""
+        self.leases.start(now)
+        self.next_heartbeat = now
+        self.silence.start(now)
+        self.r.seq_alive_at = now
+        self.roll_election_timeout()
+
+    def tick(self, now: int) -> None:
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + self.r.config.heartbeat_us
+            self.send_heartbeats()
+        self.silence.roll(now)
 
     def roll_election_timeout(self) -> None:
         r = self.r
@@ -65,11 +81,7 @@ class Election:
         self.election_timeout = base + int(r.rng.random() * base / 2)
 
     def may_vote_for(self, candidate: int) -> bool:
-        r = self.r
-        if r.now < self.vote_block_until:
-            return False
-        bound = self.lease_granted_to not in (-1, candidate)
-        return not (bound and r.now < self.lease_granted_until)
+        return self.leases.may_vote_for(candidate, self.r.now)
 
     def send_heartbeats(self) -> None:
         r = self.r
@@ -79,7 +91,7 @@ class Election:
                 src=r.me,
                 view=r.view,
                 executed=r.exec_slot,
-                lease_request=r.now if serving else -1,
+                lease_request=r.now if serving else NO_LEASE_REQUEST,
             )
             r.send(peer, heartbeat)
 
@@ -110,15 +122,13 @@ class Election:
             and r.role is Role.FOLLOWER
             and not r.straggler.suspecting
         ):
-            self.lease_granted_to = msg.src
-            self.lease_granted_until = r.now + r.config.lease_us
+            self.leases.grant(msg.src, r.now)
             r.send(msg.src, LeaseGrant(src=r.me, view=r.view, request=msg.lease_request))
 
     def on_lease_grant(self, msg: LeaseGrant) -> None:
         r = self.r
         if r.role is Role.SEQUENCER:
-            until = msg.request + self._lease_hold_us
-            self.lease_from[msg.src] = max(self.lease_from.get(msg.src, 0), until)
+            self.leases.record_grant(msg.src, msg.request)
 
     def lease_valid(self) -> bool:
         r = self.r
@@ -126,8 +136,7 @@ class Election:
             return False
         if "no_lease_check" in r.unsafe:
             return True
-        holders = 1 + sum(1 for until in self.lease_from.values() if until > r.now)
-        return holders >= r.q
+        return self.leases.valid(r.now, r.q)
 
     def detect_failures(self) -> None:
         r = self.r
@@ -139,13 +148,8 @@ class Election:
         if r.role is Role.ESTABLISHING:
             if now - r.views.candidate_since > 2 * self.election_timeout:
                 self._pre_vote()
-            elif r.views.new_view is not None and now - r.views.new_view_sent_at >= (
-                r.config.retransmit_us
-            ):
-                r.views.new_view_sent_at = now
-                for peer in r.peers:
-                    if peer not in r.views.new_view_acks:
-                        r.send(peer, r.views.new_view)
+            else:
+                r.views.retransmit_new_view()
             return
         # The sequencer of our view shows no sign of serving (a restarted replica that was the
         # sequencer counts itself as silent too), the straggler detector asks for a change,
@@ -170,7 +174,7 @@ class Election:
         """Ask whether a majority would vote for us before bumping any view (Raft's pre-vote),
         so a replica that cannot win never disturbs a working sequencer."""
         r = self.r
-        if self.prevote_view >= 0 and r.now - self._prevote_at < self.election_timeout:
+        if self.prevote_view != NO_VIEW and r.now - self._prevote_at < self.election_timeout:
             return
         self.prevote_view = self.target_view()
         self._prevote_at = r.now
@@ -206,11 +210,5 @@ class Election:
             r.views.start_candidacy()
 
     def suspected(self, replica: int) -> bool:
-        """Silent for longer than the election timeout and than it was recently while alive
-        (see SILENCE_FACTOR)."""
-        r = self.r
-        silence = r.now - r.last_heard[replica]
-        if silence <= r.config.election_timeout_us:
-            return False
-        recent = max(self.silence_now[replica], self.silence_before[replica])
-        return silence > SILENCE_FACTOR * recent
+        """See ``SilenceTracker.suspected``."""
+        return self.silence.suspected(replica, self.r.now)

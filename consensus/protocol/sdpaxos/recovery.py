@@ -252,7 +252,10 @@ class CRecovery:
             if not r.election.suspected(owner) or self._recoverer_of(owner) != r.me:
                 continue
             from_index = r.exec_count[owner]
-            unfinished = r.c_high[owner] >= from_index or r.o_acceptor.known_o_count(owner) > from_index
+            unfinished = (
+                r.c_high[owner] >= from_index
+                or r.o_acceptor.known_o_count(owner) > from_index
+            )
             if unfinished and not self._all_committed(owner, from_index):
                 self.start_recovery(owner, from_index)
 

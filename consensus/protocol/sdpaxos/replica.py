@@ -92,7 +92,6 @@ class SDPaxosReplica:
         self.role = Role.SEQUENCER if me == 0 else Role.FOLLOWER
         # liveness and leases
         self.started = False
-        self.last_heard: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
         self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
         # C-instances, by (owner, index)
@@ -190,8 +189,8 @@ class SDPaxosReplica:
 
     @property
     def retransmit_timeout_us(self) -> int:
-        """The adaptive retransmission timeout (see ``CPhase.sample_rtt``)."""
-        return self.c_phase.retransmit_timeout_us
+        """The adaptive retransmission timeout (see ``RtoEstimator``)."""
+        return self.c_phase.rto.timeout_us
 
     def lease_valid(self) -> bool:
         """Serving with read leases from a majority (linearizable reads answered here)."""
@@ -229,10 +228,7 @@ class SDPaxosReplica:
         src = message.src
         if not 0 <= src < self.n or src == self.me:
             return
-        silence = now - self.last_heard[src]
-        if silence > self.election.silence_now[src] and silence <= self.election.silence_ceiling:
-            self.election.silence_now[src] = silence  # longer: a crash, not a slow turn
-        self.last_heard[src] = now
+        self.election.silence.heard(src, now)
         if isinstance(message, Heartbeat):
             self.election.on_heartbeat(message)
             return
@@ -306,13 +302,7 @@ class SDPaxosReplica:
 
     def tick(self, now: int) -> None:
         self._enter(now)
-        if now >= self.election.next_heartbeat:
-            self.election.next_heartbeat = now + self.config.heartbeat_us
-            self.election.send_heartbeats()
-        if now - self.election.silence_window_at >= self.election.silence_window_us:
-            self.election.silence_before = self.election.silence_now
-            self.election.silence_now = [0] * self.n
-            self.election.silence_window_at = now
+        self.election.tick(now)
         self.election.detect_failures()
         self.c_phase.retransmit()
         self.restart.resume_after_restart()
@@ -351,18 +341,11 @@ class SDPaxosReplica:
     def _enter(self, now: int) -> None:
         self.now = now
         if not self.started:
-            # A fresh or restarted replica may have granted a lease it no longer remembers:
-            # it votes for nobody (itself included) until any such lease has expired.
+            # the clocks of this incarnation start at its first input
             self.started = True
-            self.election.vote_block_until = now + self.config.lease_us
             self.exec_progress_at = now
             self.straggler.window_start = now
-            self.election.next_heartbeat = now
-            for rid in range(self.n):
-                self.last_heard[rid] = now
-            self.election.silence_window_at = now
-            self.seq_alive_at = now
-            self.election.roll_election_timeout()
+            self.election.start(now)
 
     def send(self, to: int, message: PeerMessage) -> None:
         """Queue a message that may report state persisted in this batch."""

@@ -116,4 +116,4 @@ class StragglerDetector:
         if self.suspecting and agreeing >= r.q and self.force_election_at < 0:
             # Stop renewing the lease (done: we are suspecting); once it lapses, run.
             delay = int(r.rng.random() * r.config.election_timeout_us / 2)
-            self.force_election_at = max(r.election.lease_granted_until, r.now) + delay
+            self.force_election_at = max(r.election.leases.granted_until, r.now) + delay

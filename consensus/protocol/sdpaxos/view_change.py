@@ -18,6 +18,7 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
+from consensus.protocol.sdpaxos.election import NO_VIEW
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class ViewChange:
         self.new_view = None
         self.new_view_acks.clear()
         r.ordering.deferred_orders.clear()
-        r.election.lease_from.clear()
+        r.election.leases.drop_held()
         r.straggler.suspects.clear()
         r.straggler.suspecting = False
         r.straggler.slow_windows = 0
@@ -84,13 +85,13 @@ class ViewChange:
         self.last_view_change_at = r.now
         r.seq_alive_at = r.now
         r.election.higher_view_seen = 0
-        r.election.prevote_view = -1
+        r.election.prevote_view = NO_VIEW
         r.election.roll_election_timeout()
 
     def start_candidacy(self) -> None:
         r = self.r
         view = max(r.election.target_view(), r.election.prevote_view)
-        r.election.prevote_view = -1
+        r.election.prevote_view = NO_VIEW
         self.join_view(view)
         r.role = Role.CANDIDATE
         self.candidate_since = r.now
@@ -317,6 +318,16 @@ class ViewChange:
         named = r.c_phase.last_named_index()
         if r.o_acceptor.known_o_count(r.me) <= named:
             r.ordering.order(r.me, named, ())
+
+    def retransmit_new_view(self) -> None:
+        """Elected, not serving yet: our NewView again to whoever has not accepted it."""
+        r = self.r
+        if self.new_view is None or r.now - self.new_view_sent_at < r.config.retransmit_us:
+            return
+        self.new_view_sent_at = r.now
+        for peer in r.peers:
+            if peer not in self.new_view_acks:
+                r.send(peer, self.new_view)
 
     def _send_new_view_commit(self, peer: int) -> None:
         r = self.r
