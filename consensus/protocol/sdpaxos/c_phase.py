@@ -64,7 +64,7 @@ class CPhase:
         r.c[(r.me, index)] = inst
         r.c_high[r.me] = max(r.c_high[r.me], index)
         r.unready[index] = batch
-        r.straggler.window_needed += 1
+        r.straggler.window.needed += 1
         r.out.persist.append(
             CAcceptedRecord(owner=r.me, index=index, ballot=ballot, batch=batch)
         )
@@ -92,7 +92,7 @@ class CPhase:
         inst = r.c[(r.me, index)] = CInstance(HELD, None)
         inst.overtaken_at = r.now
         r.unready[index] = batch
-        r.straggler.window_needed += 1
+        r.straggler.window.needed += 1
         if r.me not in r.recovery.recoveries:
             stalled = self.undriven_own()
             r.recovery.start_recovery(r.me, max(min(stalled), r.exec_count[r.me]))

@@ -79,7 +79,7 @@ class OAcceptor:
         if slot >= r.o_high:
             r.o_high = slot + 1
         if owner == r.me:
-            r.straggler.window_got += 1
+            r.straggler.window.got += 1
             r.readiness.learn_own(slot)
         else:
             # the sequencer and we accepted it: with three replicas it is chosen, and its

@@ -78,10 +78,7 @@ class ViewChange:
         self.new_view_acks.clear()
         r.ordering.deferred_orders.clear()
         r.election.leases.drop_held()
-        r.straggler.suspects.clear()
-        r.straggler.suspecting = False
-        r.straggler.slow_windows = 0
-        r.straggler.force_election_at = -1
+        r.straggler.reset()
         self.last_view_change_at = r.now
         r.seq_alive_at = r.now
         r.election.higher_view_seen = 0
