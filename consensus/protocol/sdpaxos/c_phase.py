@@ -15,7 +15,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.ready import Failure
-from consensus.protocol.sdpaxos.instances import HELD, Batch, CInstance, keys_of
+from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, Batch, CInstance, keys_of
 from consensus.protocol.sdpaxos.liveness import RtoEstimator
 from consensus.protocol.types import Role
 
@@ -233,7 +233,7 @@ class CPhase:
         promise = r.c_promised.get(owner)
         if promise is not None and index >= promise[1]:
             return promise[0]
-        return -1
+        return NO_BALLOT
 
     def on_caccept(self, msg: CAccept) -> None:
         r = self.r
@@ -249,7 +249,7 @@ class CPhase:
         key = (msg.owner, msg.index)
         r.ballot_seen = max(r.ballot_seen, msg.ballot)
         inst = r.c.get(key)
-        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else -1)
+        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else NO_BALLOT)
         if msg.ballot < floor:
             r.send(
                 msg.src,

@@ -14,6 +14,7 @@ from consensus.messages import (
     OEntry,
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
+from consensus.protocol.sdpaxos.instances import NEVER
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -29,8 +30,8 @@ class CatchUp:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         self._catchup_peer = 0
-        self._last_catchup_at = -(1 << 62)
-        self._catchup_asked = -(1 << 62)
+        self._last_catchup_at = NEVER
+        self._catchup_asked = NEVER
         # a commit marker named an instance whose value we lack: ask for values, not markers
         self.catchup_lacks_values = False
         self._catchup_asked_values = False

@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from consensus.messages import Command
+from consensus.protocol.sdpaxos.instances import NO_SLOT
 
-__all__ = ["NO_SLOT", "HistoryTable"]
+__all__ = ["HistoryTable"]
 
-#: no update seen (below every slot)
-NO_SLOT = -1
 
 
 class HistoryTable:

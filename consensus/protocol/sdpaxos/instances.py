@@ -17,10 +17,19 @@ from consensus.messages import (
 )
 
 #: the ballot of an own C-instance held for our recovery (nothing accepted, see
-#: ``_hold_for_recovery``)
+#: ``CPhase._hold_for_recovery``)
 HELD = -1
-#: the C-instance index of a slot that places none (``NO_CL``) in ``log``
+#: no C-instance index: of a slot that places none (``NO_CL``) in ``log``, and an owner's
+#: highest accepted index (``c_high``) while it has none
 NO_INDEX = -1
+#: below every ballot: nothing promised or accepted
+NO_BALLOT = -1
+#: below every slot
+NO_SLOT = -1
+#: a time before any other: what never happened
+NEVER = -(1 << 62)
+#: ``CInstance.overtaken_at`` of an instance no recoverer took over
+NOT_OVERTAKEN = -1
 
 Batch = tuple[Command, ...]
 _T = TypeVar("_T")
@@ -44,7 +53,7 @@ class CInstance:
         #: peers sent its CAccept at ``ballot``: their commit need not carry the batch again
         self.sent_to: frozenset[int] = frozenset()
         #: when the owner learned that a recoverer took it over (-1: it did not)
-        self.overtaken_at = -1
+        self.overtaken_at = NOT_OVERTAKEN
 
 
 class OwnerSlots:

@@ -14,7 +14,7 @@ from consensus.messages import (
     OCommit,
     OEntry,
 )
-from consensus.protocol.sdpaxos.instances import pages
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT, pages
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -54,7 +54,7 @@ class OAcceptor:
             return
         fresh: list[OEntry] = []
         for entry in msg.entries:
-            if r.o_ballot.get(entry.slot, -1) < msg.view or entry.slot not in r.o_value:
+            if r.o_ballot.get(entry.slot, NO_BALLOT) < msg.view or entry.slot not in r.o_value:
                 if entry.slot < r.exec_slot:
                     continue  # executed: nothing to accept (the value is chosen)
                 fresh.append(entry)
@@ -97,7 +97,7 @@ class OAcceptor:
         if r.o_prefix < r.exec_slot:
             r.o_prefix = r.exec_slot
             r.prefix_mine = r.exec_count[r.me]
-        while r.o_ballot.get(r.o_prefix, -1) == r.view:
+        while r.o_ballot.get(r.o_prefix, NO_BALLOT) == r.view:
             if r.o_value[r.o_prefix] == r.me:
                 r.prefix_mine += 1
             r.o_prefix += 1
@@ -169,7 +169,7 @@ class OAcceptor:
                 if entry.slot >= r.o_high:
                     r.o_high = entry.slot + 1
             elif known != entry.owner:
-                if r.o_ballot.get(entry.slot, -1) >= r.view:
+                if r.o_ballot.get(entry.slot, NO_BALLOT) >= r.view:
                     continue  # one proposer per view: a conflict here would be a bug
                 # we hold a value accepted in an older view that a later view replaced; the
                 # chosen one wins (learned, not accepted: it is not ours to report in a vote)
@@ -188,7 +188,7 @@ class OAcceptor:
             r.o_ballot[slot] = view
             r.o_committed.discard(slot)
         for slot in range(max(end, r.exec_slot), r.o_high):
-            if r.o_ballot.get(slot, -1) < view:
+            if r.o_ballot.get(slot, NO_BALLOT) < view:
                 r.o_value.pop(slot, None)
                 r.o_ballot.pop(slot, None)
                 r.o_committed.discard(slot)
@@ -202,7 +202,7 @@ class OAcceptor:
         """Recompute what is derived from the O-instances known (after a log was replaced)."""
         r = self.r
         r.o_acks.clear()
-        r.o_high = max(r.o_value, default=-1) + 1
+        r.o_high = max(r.o_value, default=NO_SLOT) + 1
         r.o_prefix = r.exec_slot
         r.prefix_mine = r.exec_count[r.me]
         self.advance_prefix()

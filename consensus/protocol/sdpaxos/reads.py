@@ -12,6 +12,9 @@ from consensus.messages import (
 from consensus.protocol.sdpaxos.instances import union_keys
 from consensus.protocol.types import Role
 
+#: the read id of the sequencer's own reads (answered without an RRequest)
+OWN_READS = -1
+
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
@@ -42,7 +45,7 @@ class Reads:
             # the sequencer answers its own reads the same way, once per turn: one lease check
             # and one history lookup for the turn instead of one per read
             slot = r.ordering.read_slot(union_keys(reads))
-            self._waiting_reads.extend((slot, -1, read) for read in reads)
+            self._waiting_reads.extend((slot, OWN_READS, read) for read in reads)
             return
         self._read_ids += 1
         self.pending_reads[self._read_ids] = (reads, r.now)

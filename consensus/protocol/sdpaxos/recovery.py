@@ -17,7 +17,7 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import next_ballot
 from consensus.protocol.batch import batch_size
-from consensus.protocol.sdpaxos.instances import Batch, CInstance, Recovery
+from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, Recovery
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -169,7 +169,7 @@ class CRecovery:
         # Where no promise reports a value any value is safe: ours take our own proposals
         # (those held for this recovery too), a no-op fills the rest.
         ours = r.unready if msg.owner == r.me else {}
-        high = max(high, max(ours, default=-1))
+        high = max(high, max(ours, default=NO_INDEX))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, r.exec_count[msg.owner])
         # A paged promise reports on its page only: beyond the shortest page a value some

@@ -43,11 +43,7 @@ from consensus.protocol.sdpaxos.election import (
     Election,
 )
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import (
-    Batch,
-    CInstance,
-    check_command,
-)
+from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, check_command
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
@@ -96,7 +92,7 @@ class SDPaxosReplica:
         self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
         # C-instances, by (owner, index)
         self.c: dict[tuple[int, int], CInstance] = {}
-        self.c_high: list[int] = [-1] * self.n  # highest index accepted, per owner
+        self.c_high: list[int] = [NO_INDEX] * self.n  # highest index accepted, per owner
         self.c_promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
         self.ballot_seen = 0
         self.next_index = 0

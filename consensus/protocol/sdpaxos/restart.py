@@ -15,7 +15,7 @@ from consensus.messages import (
     ViewRecord,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
-from consensus.protocol.sdpaxos.instances import CInstance
+from consensus.protocol.sdpaxos.instances import NEVER, NO_BALLOT, CInstance
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Restart:
             if index >= r.exec_count[r.me] and not inst.committed and inst.batch:
                 inst.leading = inst.ballot == r.me
                 inst.acks = {r.me}
-                inst.sent_at = -(1 << 62)  # retransmit at once
+                inst.sent_at = NEVER  # retransmit at once
                 r.unready[index] = inst.batch
                 r.restart_batches.pop(index, None)  # reported from _unready now
         r.restart_pending = []
@@ -72,7 +72,7 @@ class Restart:
                     for entry in record.entries:
                         if entry.slot < r.exec_slot:
                             continue
-                        if r.o_ballot.get(entry.slot, -1) <= record.view:
+                        if r.o_ballot.get(entry.slot, NO_BALLOT) <= record.view:
                             r.o_value[entry.slot] = entry.owner
                             r.o_ballot[entry.slot] = record.view
                     r.accepted_view = max(r.accepted_view, record.view)

@@ -16,6 +16,7 @@ from consensus.messages import (
     ViewRecord,
 )
 from consensus.protocol.ready import Failure
+from consensus.protocol.sdpaxos.instances import NO_BALLOT
 from consensus.protocol.types import SnapshotMeta
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Snapshots:
         ]
         by_ballot: dict[int, list[OEntry]] = {}
         for slot in sorted(r.o_ballot):
-            if slot >= r.exec_slot and r.o_ballot[slot] >= 0:
+            if slot >= r.exec_slot and r.o_ballot[slot] > NO_BALLOT:
                 entry = OEntry(slot=slot, owner=r.o_value[slot])
                 by_ballot.setdefault(r.o_ballot[slot], []).append(entry)
         for ballot in sorted(by_ballot):

@@ -19,6 +19,7 @@ from consensus.messages import (
     VRequest,
 )
 from consensus.protocol.sdpaxos.election import NO_VIEW
+from consensus.protocol.sdpaxos.instances import NO_BALLOT
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ class ViewChange:
         accepted = tuple(
             OVote(slot=s, owner=r.o_value[s], ballot=r.o_ballot[s])
             for s in range(max(from_slot, r.exec_slot), r.o_high)
-            if r.o_ballot.get(s, -1) >= 0
+            if r.o_ballot.get(s, NO_BALLOT) > NO_BALLOT
         )
         entries = executed + accepted
         return Vote(
