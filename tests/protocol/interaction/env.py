@@ -1,0 +1,641 @@
+"""An interaction environment for the SDPaxos core: real ``SDPaxosReplica`` cores, driven by
+text commands (etcd-raft's ``rafttest.InteractionEnv``, for SDPaxos).
+
+The environment owns a deterministic clock (``now``, µs, moved only by ``tick``), one message
+queue per link (FIFO; a receiver gets its messages in the order they were sent), each
+replica's durable records (the ``persist`` and ``log`` records of every Ready it produced, or
+what a snapshot rewrote them to), its state machine (a ``KVStore``) and its latest snapshot.
+It relies on the core's public surface only: ``propose``, ``read``, ``step``, ``tick``,
+``ready``, ``advance``, ``snapshot_meta``, ``compact``, ``install_snapshot``,
+``committed_log`` and the attributes ``dump`` prints.
+
+Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
+
+``add-nodes <n> [thrifty] [field=value ...]``
+    create the cluster: ``n`` replicas with a ``ProtocolConfig`` (any of its int fields by
+    name, e.g. ``lease_us=100000 straggler_windows=2``; ``thrifty`` sets ``thrifty=True``).
+    Replica ``r`` gets ``random.Random(r)``. Prints the configuration that differs from the
+    defaults.
+``propose <r> <key>=<value> [<key>=<value> ...]``
+    blind writes (``kv_put``) proposed at replica ``r`` in one turn (so in one batch). Every
+    command gets the next sequence number of client 1; it prints as ``key=value``.
+``read <r> <key>``
+    a linearizable read (``kv_get``, client 2) at replica ``r``; prints as ``get(key)``.
+``process-ready <rs>``
+    for each replica: ``ready()``, print it (see below), carry it out (records made durable,
+    messages queued, commands applied to the state machine, reads served), ``advance()``.
+``deliver-msgs <rs> [type=T] [from=S]``
+    deliver (``step``) every queued message for those replicas, of type ``T`` and from
+    ``S`` only if given; a message on a link the partition cuts is dropped instead.
+``drop-msgs <rs> [type=T] [from=S]``
+    lose those messages.
+``tick <rs> <us>``
+    advance the clock by ``us`` and call ``tick(now)`` on those replicas (nothing is printed:
+    the timers' effects show in the next ``process-ready``).
+``stabilize [<rs>]``
+    process-ready and deliver-msgs (for all live replicas, or only among ``rs``), round after
+    round, until nothing moves (bounded: an error after ``STABILIZE_ROUNDS`` rounds). The
+    clock does not move.
+``crash <r>``
+    forget replica ``r``'s core (what it had not yet processed is lost) and the messages
+    queued for it (messages sent to it while it is down are lost too); its durable records
+    and its latest snapshot stay.
+``restart <r>``
+    a new core built from the durable records and the latest snapshot
+    (``SDPaxosReplica(config, r, recovered=records, snapshot=meta, rng=...)``), its state
+    machine restored from the snapshot (the core executes the rest again).
+``partition <r ...> | <r ...> [| ...]`` / ``heal``
+    cut every link between replicas in different groups (a replica named in no group is
+    alone); ``heal`` restores them (and ends every ``lossy`` rule). Cut links drop messages
+    when they are delivered.
+``lossy from=<r> type=<T>``
+    until ``heal``, every message of type ``T`` from ``r`` is lost when delivered (a replica
+    alive but useless at one task, e.g. a sequencer whose orders never arrive).
+``dump <rs>``
+    a replica's state: ``view``, ``role``, ``view_ready``, ``sequencer``, ``accepted_view``,
+    ``exec_slot``, ``next_index``, ``c_high``, ``recoveries_started``, ``committed_log()``,
+    ``snapshot_meta()`` and its state machine's contents.
+``snapshot <r>``
+    snapshot replica ``r``'s state machine at ``snapshot_meta()`` and ``compact`` its core
+    there; its durable records become what ``compact`` returns. When a Ready names a peer in
+    ``snapshot_requests``, the replica queues its latest snapshot for that peer (a
+    ``Snapshot`` item on the link); delivering it installs it (``install_snapshot``) if it is
+    ahead of the receiver, as the simulator and the node do.
+``run-for <us> [step=<us>]``
+    let time pass: every ``step`` (default ``heartbeat_us``) advance the clock, tick every
+    live replica and stabilize; prints what stabilize prints, under ``@<now>``.
+``hide-msgs <Type ...>`` / ``show-msgs [<Type ...>]``
+    do not print messages of those types (they are still sent and delivered: a Ready or a
+    delivery made of nothing else prints nothing); ``show-msgs`` prints those types (without
+    arguments: every type) again.
+    For heartbeats and lease grants.
+
+Output of a Ready (``> r handling Ready``), in the order a driver carries it out::
+
+    persist <Record field=value ...>     records made durable before the messages below
+    log <Record ...>                     records written without an fsync of their own
+    r->d <Message field=value ...>       send_after_persist (needs the records above)
+    r~>d <Message ...>                   send (needs no durability)
+    ready <command>                      a command led here became ready (may be acked)
+    apply slot=J[.K] <command> [led here]   an execution, applied to the state machine
+    read get(key) -> value               a linearizable read served
+    failed <command> definite=B: reason  a command led here failed
+    snapshot-request d                   peer d needs our snapshot
+
+Messages print without ``src`` (the arrow names it) and without ``view`` when it is 0.
+Commands print as ``key=value`` / ``get(key)``; batches as ``[a=1,b=2]`` (``[]``: a no-op);
+O-instance entries as ``slot=>owner`` (``noop`` for NO_CL); a ``Vote``'s entries as
+``slot=>owner@ballot``, a ``CPromise``'s as ``index:batch@ballot``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+
+import msgpack
+
+from consensus.config import ProtocolConfig
+from consensus.messages import (
+    EVERY_INDEX,
+    NO_CL,
+    Command,
+    CVote,
+    OEntry,
+    OVote,
+    PeerMessage,
+    Record,
+)
+from consensus.protocol.ready import Ready
+from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.protocol.types import SnapshotMeta
+from consensus.statemachine import KVStore, kv_get, kv_put
+
+from .datadriven import Block
+
+__all__ = ["STABILIZE_ROUNDS", "InteractionEnv", "SnapshotTransfer"]
+
+#: ``stabilize`` gives up (an error) after this many rounds of processing and delivery
+STABILIZE_ROUNDS = 200
+#: client ids of the env's writes and reads (each has its own sequence numbers)
+WRITER = 1
+READER = 2
+#: a restarted replica's core gets ``random.Random(r + RESTART_SEED_STRIDE * incarnation)``
+RESTART_SEED_STRIDE = 100
+#: message fields that hold replica ids, where NO_CL prints as ``noop``
+_OWNER_LISTS = frozenset({"owners"})
+
+
+@dataclass(frozen=True)
+class SnapshotTransfer:
+    """A replica's snapshot on its way to a peer (what the node sends as SnapshotChunks)."""
+
+    meta: SnapshotMeta
+    state: bytes
+
+
+Item = PeerMessage | SnapshotTransfer
+
+
+@dataclass
+class _InFlight:
+    seq: int
+    src: int
+    dst: int
+    item: Item
+
+
+@dataclass
+class _Node:
+    rid: int
+    core: SDPaxosReplica | None
+    store: KVStore = field(default_factory=KVStore)
+    records: list[Record] = field(default_factory=list)
+    snapshot: SnapshotTransfer | None = None
+    incarnation: int = 0
+
+
+class InteractionEnv:
+    """Replicas, links and a clock, driven by the commands in the module docstring."""
+
+    def __init__(self) -> None:
+        self.config: ProtocolConfig | None = None
+        self.nodes: list[_Node] = []
+        self.now = 0
+        #: (src, dst) -> messages in flight on that link, oldest first
+        self.links: dict[tuple[int, int], list[_InFlight]] = {}
+        self._sent = 0
+        self.groups: list[frozenset[int]] = []
+        #: (src, message type) pairs lost on delivery until ``heal``
+        self.drop_rules: set[tuple[int, str]] = set()
+        self.hidden: frozenset[str] = frozenset()
+        self.labels: dict[tuple[int, int], str] = {}
+        self._seqs = {WRITER: 0, READER: 0}
+
+    # ------------------------------------------------------------------ dispatch
+    def handle(self, block: Block) -> str:
+        name = block.cmd.replace("-", "_")
+        method = getattr(self, f"cmd_{name}", None)
+        if method is None:
+            raise ValueError(f"unknown command {block.cmd!r}")
+        if self.config is None and block.cmd != "add-nodes":
+            raise ValueError("add-nodes must come first")
+        lines: list[str] = method(block)
+        return "\n".join(lines) if lines else "ok"
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _config(self) -> ProtocolConfig:
+        assert self.config is not None
+        return self.config
+
+    def _replica(self, word: str) -> int:
+        rid = int(word)
+        if not 0 <= rid < len(self.nodes):
+            raise ValueError(f"no replica {rid}")
+        return rid
+
+    def _replicas(self, words: list[str]) -> list[int]:
+        if not words:
+            raise ValueError("name replicas (or 'all')")
+        if words == ["all"]:
+            return [n.rid for n in self.nodes if n.core is not None]
+        return [self._replica(w) for w in words]
+
+    def _core(self, rid: int) -> SDPaxosReplica:
+        core = self.nodes[rid].core
+        if core is None:
+            raise ValueError(f"replica {rid} is crashed")
+        return core
+
+    def _command(self, client: int, op: bytes, key: str, label: str) -> Command:
+        seq = self._seqs[client]
+        self._seqs[client] = seq + 1
+        self.labels[(client, seq)] = label
+        return Command(client_id=client, seq=seq, op=op, keys=(key,), blind=client == WRITER)
+
+    def _cut(self, a: int, b: int) -> bool:
+        if not self.groups:
+            return False
+        group_of = {r: g for g in self.groups for r in g}
+        return group_of.get(a, frozenset({a})) != group_of.get(b, frozenset({b}))
+
+    # ------------------------------------------------------------------ formatting
+    def fmt_command(self, command: Command) -> str:
+        return self.labels.get(
+            (command.client_id, command.seq), f"{command.client_id}:{command.seq}"
+        )
+
+    def _fmt_value(self, name: str, value: object) -> str:
+        if value is None:
+            return "None"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, bytes):
+            return f"<{len(value)} bytes>"
+        if isinstance(value, Command):
+            return self.fmt_command(value)
+        if isinstance(value, OEntry):
+            return f"{value.slot}=>{_owner(value.owner)}"
+        if isinstance(value, OVote):
+            return f"{value.slot}=>{_owner(value.owner)}@{value.ballot}"
+        if isinstance(value, CVote):
+            return f"{value.index}:{self._fmt_value('batch', value.batch)}@{value.ballot}"
+        if isinstance(value, tuple):
+            if name in _OWNER_LISTS:
+                return "[" + ",".join(_owner(v) for v in value) + "]"
+            return "[" + ",".join(self._fmt_value(name, v) for v in value) + "]"
+        if name == "through" and value == EVERY_INDEX:
+            return "all"
+        return str(value)
+
+    def _fields(self, obj: object, *, skip_view: bool) -> str:
+        assert dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+        parts = []
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "src" or (skip_view and f.name == "view" and value == 0):
+                continue
+            parts.append(f"{f.name}={self._fmt_value(f.name, value)}")
+        return " ".join(parts)
+
+    def fmt_item(self, item: Item) -> str:
+        if isinstance(item, SnapshotTransfer):
+            counts = ",".join(map(str, item.meta.exec_counts))
+            return f"Snapshot slot={item.meta.slot} exec_counts=[{counts}]"
+        text = self._fields(item, skip_view=True)
+        return f"{type(item).__name__} {text}".rstrip()
+
+    def fmt_record(self, record: Record) -> str:
+        return f"{type(record).__name__} {self._fields(record, skip_view=False)}".rstrip()
+
+    # ------------------------------------------------------------------ cluster
+    def cmd_add_nodes(self, block: Block) -> list[str]:
+        if self.config is not None:
+            raise ValueError("the cluster exists already")
+        positional = block.positional()
+        n = int(positional[0])
+        settings: dict[str, object] = {"replicas": n}
+        for word in positional[1:]:
+            if word != "thrifty":
+                raise ValueError(f"unknown flag {word!r}")
+            settings["thrifty"] = True
+        known = {f.name: f for f in dataclasses.fields(ProtocolConfig)}
+        for key, value in block.kwargs().items():
+            if key not in known or known[key].type not in ("int", int):
+                raise ValueError(f"no int setting {key!r} in ProtocolConfig")
+            settings[key] = int(value)
+        self.config = ProtocolConfig(**settings)  # type: ignore[arg-type]
+        self.nodes = [
+            _Node(rid=r, core=SDPaxosReplica(self.config, r, rng=random.Random(r)))
+            for r in range(n)
+        ]
+        defaults = ProtocolConfig(replicas=n)
+        changed = [
+            f"{name}={getattr(self.config, name)}"
+            for name in known
+            if name != "replicas" and getattr(self.config, name) != getattr(defaults, name)
+        ]
+        return [f"{n} replicas (quorum {self.config.quorum}) " + " ".join(changed)]
+
+    # ------------------------------------------------------------------ inputs
+    def cmd_propose(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        core = self._core(rid)
+        for pair in block.args[1:]:
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ValueError(f"expected key=value, got {pair!r}")
+            core.propose(self._command(WRITER, kv_put(key, value), key, pair), self.now)
+        return []
+
+    def cmd_read(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        key = block.args[1]
+        self._core(rid).read(self._command(READER, kv_get(key), key, f"get({key})"), self.now)
+        return []
+
+    def cmd_tick(self, block: Block) -> list[str]:
+        if len(block.args) < 2:
+            raise ValueError("tick <replicas|all> <us>")
+        replicas = self._replicas(block.args[:-1])
+        elapsed = int(block.args[-1])
+        if elapsed < 0:
+            raise ValueError("the clock never goes back")
+        self.now += elapsed
+        for rid in replicas:
+            self._core(rid).tick(self.now)
+        return [f"now={self.now}"]
+
+    # ------------------------------------------------------------------ ready
+    def cmd_process_ready(self, block: Block) -> list[str]:
+        out: list[str] = []
+        for rid in self._replicas(block.positional()):
+            out.extend(self._process(rid))
+        return out
+
+    def _process(self, rid: int) -> list[str]:
+        """One turn's Ready of ``rid``: printed, carried out, advanced. [] when empty."""
+        node = self.nodes[rid]
+        core = self._core(rid)
+        ready = core.ready()
+        lines = self._carry_out(node, ready)
+        core.advance(ready)
+        if not lines:
+            return []
+        return [f"> {rid} handling Ready", *(f"  {line}" for line in lines)]
+
+    def _carry_out(self, node: _Node, ready: Ready) -> list[str]:
+        rid = node.rid
+        lines: list[str] = []
+        for record in ready.persist:
+            lines.append(f"persist {self.fmt_record(record)}")
+        for record in ready.log:
+            lines.append(f"log {self.fmt_record(record)}")
+        node.records.extend(ready.persist)
+        node.records.extend(ready.log)
+        for arrow, outgoing in (("->", ready.send_after_persist), ("~>", ready.send)):
+            for out in outgoing:
+                self._queue(rid, out.to, out.message)
+                if type(out.message).__name__ not in self.hidden:
+                    lines.append(f"{rid}{arrow}{out.to} {self.fmt_item(out.message)}")
+        for command in ready.ready:
+            lines.append(f"ready {self.fmt_command(command)}")
+        for ex in ready.apply:
+            node.store.apply(ex.position, ex.command)
+            where = f"{ex.slot}" if ex.offset == 0 else f"{ex.slot}.{ex.offset}"
+            mine = " led here" if ex.led_here else ""
+            lines.append(f"apply slot={where} {self.fmt_command(ex.command)}{mine}")
+        for read in ready.reads:
+            lines.append(f"read {self.fmt_command(read)} -> {_read_result(node.store, read)}")
+        for failure in ready.failed:
+            lines.append(
+                f"failed {self.fmt_command(failure.command)} "
+                f"definite={self._fmt_value('', failure.definite)}: {failure.reason}"
+            )
+        for peer in sorted(set(ready.snapshot_requests)):
+            lines.append(f"snapshot-request {peer}")
+            if node.snapshot is None:
+                lines.append("  (no snapshot to send)")
+            else:
+                self._queue(rid, peer, node.snapshot)
+                lines.append(f"{rid}->{peer} {self.fmt_item(node.snapshot)}")
+        return lines
+
+    def _queue(self, src: int, dst: int, item: Item) -> None:
+        if self.nodes[dst].core is None:
+            return  # a crashed replica receives nothing
+        self._sent += 1
+        self.links.setdefault((src, dst), []).append(_InFlight(self._sent, src, dst, item))
+
+    # ------------------------------------------------------------------ delivery
+    def _take(self, dst: int, kind: str | None, src: int | None) -> list[_InFlight]:
+        """Remove and return the matching messages queued for ``dst``, in sending order."""
+        taken: list[_InFlight] = []
+        for (a, b), queue in self.links.items():
+            if b != dst or (src is not None and a != src):
+                continue
+            keep = []
+            for flight in queue:
+                if kind is None or _kind(flight.item) == kind:
+                    taken.append(flight)
+                else:
+                    keep.append(flight)
+            queue[:] = keep
+        return sorted(taken, key=lambda f: f.seq)
+
+    def _filters(self, block: Block) -> tuple[list[int], str | None, int | None]:
+        kwargs = block.kwargs()
+        unknown = set(kwargs) - {"type", "from"}
+        if unknown:
+            raise ValueError(f"unknown options {sorted(unknown)}")
+        src = self._replica(kwargs["from"]) if "from" in kwargs else None
+        return self._replicas(block.positional()), kwargs.get("type"), src
+
+    def cmd_deliver_msgs(self, block: Block) -> list[str]:
+        replicas, kind, src = self._filters(block)
+        out: list[str] = []
+        for rid in replicas:
+            out.extend(self._deliver(rid, kind, src))
+        return out
+
+    def _deliver(self, rid: int, kind: str | None, src: int | None) -> list[str]:
+        flights = self._take(rid, kind, src)
+        lines: list[str] = []
+        for flight in flights:
+            text = f"{flight.src}->{flight.dst} {self.fmt_item(flight.item)}"
+            shown = _kind(flight.item) not in self.hidden
+            if self._cut(flight.src, flight.dst):
+                if shown:
+                    lines.append(f"{text} (dropped: partitioned)")
+                continue
+            if (flight.src, _kind(flight.item)) in self.drop_rules:
+                if shown:
+                    lines.append(f"{text} (dropped: lossy)")
+                continue
+            if shown:
+                lines.append(text)
+            lines.extend(f"  {line}" for line in self._step(rid, flight.item))
+        return [f"> {rid} receiving messages", *(f"  {line}" for line in lines)] if lines else []
+
+    def _step(self, rid: int, item: Item) -> list[str]:
+        node = self.nodes[rid]
+        core = self._core(rid)
+        if isinstance(item, PeerMessage):
+            core.step(item, self.now)
+            return []
+        # a peer's snapshot: what the driver does with it (ignored unless it is ahead)
+        meta = item.meta
+        if meta.slot <= core.exec_slot:
+            return [f"snapshot at slot {meta.slot} ignored (executed through {core.exec_slot})"]
+        node.store.restore(item.state)
+        node.snapshot = item
+        node.records = list(core.install_snapshot(meta))
+        return [f"installed snapshot at slot {meta.slot}; {len(node.records)} durable records"]
+
+    def cmd_drop_msgs(self, block: Block) -> list[str]:
+        replicas, kind, src = self._filters(block)
+        out: list[str] = []
+        for rid in replicas:
+            out.extend(
+                f"dropped {f.src}->{f.dst} {self.fmt_item(f.item)}"
+                for f in self._take(rid, kind, src)
+            )
+        return out
+
+    def cmd_stabilize(self, block: Block) -> list[str]:
+        return self._stabilize(self._replicas(block.positional()) if block.positional() else None)
+
+    def _stabilize(self, named: list[int] | None) -> list[str]:
+        out: list[str] = []
+        for _ in range(STABILIZE_ROUNDS):
+            moved = False
+            live = [
+                n.rid for n in self.nodes
+                if n.core is not None and (named is None or n.rid in named)
+            ]
+            for rid in live:
+                lines = self._process(rid)
+                moved = moved or bool(lines)
+                out.extend(lines)
+            for rid in live:
+                src_filter = None if named is None else named
+                flights = [
+                    f for (a, b), q in self.links.items() if b == rid
+                    and (src_filter is None or a in src_filter) for f in q
+                ]
+                if not flights:
+                    continue
+                moved = True
+                if src_filter is None:
+                    out.extend(self._deliver(rid, None, None))
+                else:
+                    for a in src_filter:
+                        out.extend(self._deliver(rid, None, a))
+            if not moved:
+                return out
+        raise ValueError(f"stabilize did not settle in {STABILIZE_ROUNDS} rounds")
+
+    def cmd_run_for(self, block: Block) -> list[str]:
+        positional = block.positional()
+        if len(positional) != 1:
+            raise ValueError("run-for <us> [step=<us>]")
+        total = int(positional[0])
+        step = int(block.kwargs().get("step", self._config.heartbeat_us))
+        if total < 0 or step <= 0:
+            raise ValueError("run-for needs a duration >= 0 and a step > 0")
+        out: list[str] = []
+        end = self.now + total
+        while self.now < end:
+            self.now = min(end, self.now + step)
+            for node in self.nodes:
+                if node.core is not None:
+                    node.core.tick(self.now)
+            lines = self._stabilize(None)
+            if lines:
+                out.append(f"@{self.now}")
+                out.extend(lines)
+        out.append(f"now={self.now}")
+        return out
+
+    def cmd_hide_msgs(self, block: Block) -> list[str]:
+        self.hidden = self.hidden | frozenset(block.args)
+        return []
+
+    def cmd_show_msgs(self, block: Block) -> list[str]:
+        self.hidden = self.hidden - frozenset(block.args) if block.args else frozenset()
+        return []
+
+    # ------------------------------------------------------------------ faults
+    def cmd_crash(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        self._core(rid)
+        self.nodes[rid].core = None
+        lost = self._take(rid, None, None)
+        return [f"{rid} crashed ({len(self.nodes[rid].records)} durable records; "
+                f"{len(lost)} messages to it lost)"]
+
+    def cmd_restart(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        node = self.nodes[rid]
+        if node.core is not None:
+            raise ValueError(f"replica {rid} is running")
+        node.incarnation += 1
+        node.store = KVStore()
+        meta = None
+        if node.snapshot is not None:
+            meta = node.snapshot.meta
+            node.store.restore(node.snapshot.state)
+        node.core = SDPaxosReplica(
+            self._config, rid, recovered=list(node.records), snapshot=meta,
+            rng=random.Random(rid + RESTART_SEED_STRIDE * node.incarnation),
+        )
+        start = "" if meta is None else f" and its snapshot at slot {meta.slot}"
+        return [f"{rid} restarted from {len(node.records)} durable records{start}"]
+
+    def cmd_partition(self, block: Block) -> list[str]:
+        groups: list[frozenset[int]] = []
+        current: list[int] = []
+        for word in [*block.args, "|"]:
+            if word == "|":
+                if not current:
+                    raise ValueError("an empty side in the partition")
+                groups.append(frozenset(current))
+                current = []
+            else:
+                current.append(self._replica(word))
+        self.groups = groups
+        return []
+
+    def cmd_heal(self, block: Block) -> list[str]:
+        self.groups = []
+        self.drop_rules.clear()
+        return []
+
+    def cmd_lossy(self, block: Block) -> list[str]:
+        kwargs = block.kwargs()
+        if set(kwargs) != {"from", "type"}:
+            raise ValueError("lossy from=<r> type=<MessageType>")
+        self.drop_rules.add((self._replica(kwargs["from"]), kwargs["type"]))
+        return []
+
+    # ------------------------------------------------------------------ state
+    def cmd_dump(self, block: Block) -> list[str]:
+        out: list[str] = []
+        words = block.positional()
+        replicas = [n.rid for n in self.nodes] if words == ["all"] else self._replicas(words)
+        for rid in replicas:
+            out.extend(self._dump(rid))
+        return out
+
+    def _dump(self, rid: int) -> list[str]:
+        node = self.nodes[rid]
+        core = node.core
+        if core is None:
+            return [f"{rid}: crashed ({len(node.records)} durable records)"]
+        c_high = ",".join(map(str, core.c_high))
+        log = core.committed_log()
+        slots = " ".join(
+            f"{slot}:{self._fmt_value('batch', log[slot])}" for slot in sorted(log)
+        )
+        meta = core.snapshot_meta()
+        data = node.store.data
+        kv = " ".join(f"{k}={data[k]}" for k in sorted(data))
+        return [
+            f"{rid}: view={core.view} role={core.role.value} "
+            f"view_ready={self._fmt_value('', core.view_ready)} sequencer={core.sequencer} "
+            f"accepted_view={core.accepted_view}",
+            f"   exec_slot={core.exec_slot} next_index={core.next_index} c_high=[{c_high}] "
+            f"recoveries_started={core.recoveries_started}",
+            f"   log: {slots or '(empty)'}",
+            f"   snapshot_meta: slot={meta.slot} "
+            f"exec_counts=[{','.join(map(str, meta.exec_counts))}]",
+            f"   kv: {kv or '(empty)'}",
+        ]
+
+    def cmd_snapshot(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        node = self.nodes[rid]
+        core = self._core(rid)
+        meta = core.snapshot_meta()
+        node.snapshot = SnapshotTransfer(meta, node.store.snapshot())
+        node.records = list(core.compact(meta))
+        counts = ",".join(map(str, meta.exec_counts))
+        return [f"{rid} snapshot at slot={meta.slot} exec_counts=[{counts}]; "
+                f"{len(node.records)} durable records kept"]
+
+
+def _owner(owner: int) -> str:
+    return "noop" if owner == NO_CL else str(owner)
+
+
+def _kind(item: Item) -> str:
+    return "Snapshot" if isinstance(item, SnapshotTransfer) else type(item).__name__
+
+
+def _read_result(store: KVStore, read: Command) -> str:
+    """A served read's value, from the state machine (``nil`` when the key has none)."""
+    result = msgpack.unpackb(store.query(read.op))
+    value = result[1] if isinstance(result, list) and len(result) == 2 else result
+    return "nil" if value is None else str(value)
