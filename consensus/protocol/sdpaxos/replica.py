@@ -1,9 +1,44 @@
-"""TODO facade"""
+"""The SDPaxos replica: the facade that composes the parts (see the package overview).
+
+``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instances
+(``c``, ``c_high``, promises, our own unready proposals), the O-instances (``o_value``,
+``o_ballot``, ``o_committed``, the gap-free accepted prefix) and the execution frontier
+(``exec_slot``, ``exec_count``, ``log``) — and the turn's output (``out``). Each part owns the
+rest of its state and reaches the others through this object.
+
+Inputs and what they run:
+
+* ``propose`` batches a client command (``CPhase.flush_batch`` proposes the batch at the
+  latest in ``ready``); ``read`` queues a linearizable read (reads.py); ``read_stale`` serves
+  one from local state.
+* ``step`` routes a peer's message (rules below).
+* ``tick`` runs the timers in a fixed order: heartbeats and silence windows, failure
+  detection, retransmission, resuming after a restart, catch-up, straggler windows, read
+  retries.
+* ``ready`` flushes the turn (the open batch, read requests, order messages), executes what
+  became executable, records it, serves reads, and hands the ``Ready`` out; ``advance``
+  takes it back. ``ready`` twice without ``advance`` is local misuse (``LocalProtocolError``).
+
+Routing rules (``step``), in order:
+
+1. A message from outside the cluster or from ourselves is dropped.
+2. Heartbeats, pre-votes, vote requests and the C-phase (``_any_view``) count in any view:
+   C-instances belong to their owners, not to a sequencer's view, and ballots alone order
+   their proposals (filtering them by view dropped the promises of a recovery that crossed
+   a view change and stalled it until it timed out). Heartbeats and vote requests carry
+   their own view rules (election.py, view_change.py).
+3. Everything else (``_in_view``) belongs to a view: from an older view only requests for
+   help (``Catchup``, ``CatchupMarkers``) are answered; a higher view is joined only when
+   the message comes from that view's sequencer (a replica stuck in a view nobody won must
+   not drag a healthy cluster into it).
+4. An OAccept, OCommit or NewView from our sequencer is a sign that it serves (election.py).
+"""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
@@ -39,9 +74,7 @@ from consensus.messages import (
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos.c_phase import CPhase
 from consensus.protocol.sdpaxos.catchup import CatchUp
-from consensus.protocol.sdpaxos.election import (
-    Election,
-)
+from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
 from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, check_command
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
@@ -132,7 +165,7 @@ class SDPaxosReplica:
         # the turn's output
         self.out = Ready()
         self.handed_out: Ready | None = None
-        # the parts
+        # the parts (see the package overview)
         self.c_phase = CPhase(self)
         self.recovery = CRecovery(self)
         self.ordering = Sequencer(self)
@@ -146,52 +179,41 @@ class SDPaxosReplica:
         self.catchup = CatchUp(self)
         self.snapshots = Snapshots(self)
         self.restart = Restart(self)
+        # message routing (see ``step``)
+        self._any_view: dict[type, Callable[[Any], None]] = {
+            Heartbeat: self.election.on_heartbeat,
+            VRequest: self.views.on_vrequest,
+            PreVote: self.election.on_prevote,
+            PreVoteReply: self.election.on_prevote_reply,
+            CAccept: self.c_phase.on_caccept,
+            CAck: self.c_phase.on_cack,
+            CCommit: self.c_phase.on_ccommit,
+            CNack: self.c_phase.on_cnack,
+            CPrepare: self.recovery.on_cprepare,
+            CPromise: self.recovery.on_cpromise,
+        }
+        self._in_view: dict[type, Callable[[Any], None]] = {
+            CRequest: self.ordering.on_crequest,
+            OAccept: self.o_acceptor.on_oaccept,
+            OAck: self.o_acceptor.on_oack,
+            OCommit: self.o_acceptor.on_ocommit,
+            Catchup: self.catchup.on_catchup,
+            CatchupMarkers: self.catchup.on_catchup,
+            LeaseGrant: self.election.on_lease_grant,
+            Vote: self.views.on_vote,
+            NewView: self.views.on_new_view,
+            NewViewAck: self.views.on_new_view_ack,
+            RRequest: self.reads.on_rrequest,
+            RReply: self.reads.on_rreply,
+            Suspect: self.straggler.on_suspect,
+        }
 
         if snapshot is not None:
             self.snapshots.set_base(snapshot)
         if recovered or snapshot is not None:
             self.restart.recover(recovered)
 
-
-    # ------------------------------------------------------------------ snapshots
-    def snapshot_meta(self) -> SnapshotMeta:
-        """Where a snapshot of the state machine, taken now (after applying the last
-        ``Ready``), stands in the log."""
-        return self.snapshots.meta()
-
-    def compact(self, meta: SnapshotMeta) -> list[Record]:
-        """The state machine's snapshot at ``meta`` is durable: forget every slot below it
-        (see ``Snapshots.compact``)."""
-        return self.snapshots.compact(meta)
-
-    def install_snapshot(self, meta: SnapshotMeta) -> list[Record]:
-        """A peer's snapshot was applied to our state machine: continue from ``meta``."""
-        return self.snapshots.install(meta)
-
-    def durable_records(self) -> list[Record]:
-        """What a rewritten write-ahead log must hold (see ``Snapshots.durable_records``)."""
-        return self.snapshots.durable_records()
-
-    # ------------------------------------------------------------------ status and metrics
-    @property
-    def recoveries_started(self) -> int:
-        """C-instance recoveries this replica started (a Prepare each)."""
-        return self.recovery.recoveries_started
-
-    @property
-    def too_wide_views(self) -> int:
-        """Candidacies given up because their NewView would not fit a message."""
-        return self.views.too_wide_views
-
-    @property
-    def retransmit_timeout_us(self) -> int:
-        """The adaptive retransmission timeout (see ``RtoEstimator``)."""
-        return self.c_phase.rto.timeout_us
-
-    def lease_valid(self) -> bool:
-        """Serving with read leases from a majority (linearizable reads answered here)."""
-        return self.election.lease_valid()
-
+    # ------------------------------------------------------------------ who leads
     @property
     def sequencer(self) -> int:
         return self.view % self.n
@@ -200,6 +222,7 @@ class SDPaxosReplica:
     def is_sequencer(self) -> bool:
         return self.view % self.n == self.me
 
+    # ------------------------------------------------------------------ inputs
     def propose(self, command: Command, now: int) -> None:
         """A client command arrived. Raises ``LocalProtocolError`` (and changes nothing) for a
         command no peer could decode: check client input before handing it over."""
@@ -220,83 +243,32 @@ class SDPaxosReplica:
         self.out.reads.append(command)
 
     def step(self, message: PeerMessage, now: int) -> None:
+        """A peer's message arrived (see the routing rules above)."""
         self._enter(now)
         src = message.src
         if not 0 <= src < self.n or src == self.me:
             return
         self.election.silence.heard(src, now)
-        if isinstance(message, Heartbeat):
-            self.election.on_heartbeat(message)
-            return
-        if isinstance(message, VRequest):
-            self.views.on_vrequest(message)
-            return
-        if isinstance(message, PreVote):
-            self.election.on_prevote(message)
-            return
-        if isinstance(message, PreVoteReply):
-            self.election.on_prevote_reply(message)
-            return
-        if isinstance(message, _C_PHASE):
-            # C-instances belong to their owners, not to a sequencer's view: ballots alone
-            # order their proposals. Filtering them by view would, for one, drop the promises
-            # of a recovery that crossed a view change and stall it until it times out.
-            self._on_c_phase(message)
+        handler = self._any_view.get(type(message))
+        if handler is not None:
+            handler(message)
             return
         if message.view < self.view:
             if isinstance(message, Catchup | CatchupMarkers):
                 self.catchup.on_catchup(message)
             return
         if message.view > self.view:
-            # Only the new view's sequencer (or voting) brings us into a higher view: a
-            # replica stuck in a view nobody won must not drag a healthy cluster into it.
             if src != message.view % self.n:
                 return
             self.views.join_view(message.view)
         if src == self.sequencer and isinstance(message, OAccept | OCommit | NewView):
             self.seq_alive_at = now
-        match message:
-            case CRequest():
-                self.ordering.on_crequest(message)
-            case OAccept():
-                self.o_acceptor.on_oaccept(message)
-            case OAck():
-                self.o_acceptor.on_oack(message)
-            case OCommit():
-                self.o_acceptor.on_ocommit(message)
-            case Catchup() | CatchupMarkers():
-                self.catchup.on_catchup(message)
-            case LeaseGrant():
-                self.election.on_lease_grant(message)
-            case Vote():
-                self.views.on_vote(message)
-            case NewView():
-                self.views.on_new_view(message)
-            case NewViewAck():
-                self.views.on_new_view_ack(message)
-            case RRequest():
-                self.reads.on_rrequest(message)
-            case RReply():
-                self.reads.on_rreply(message)
-            case Suspect():
-                self.straggler.on_suspect(message)
-
-    def _on_c_phase(self, message: CAccept | CAck | CCommit | CPrepare | CPromise | CNack) -> None:
-        match message:
-            case CAccept():
-                self.c_phase.on_caccept(message)
-            case CAck():
-                self.c_phase.on_cack(message)
-            case CCommit():
-                self.c_phase.on_ccommit(message)
-            case CPrepare():
-                self.recovery.on_cprepare(message)
-            case CPromise():
-                self.recovery.on_cpromise(message)
-            case CNack():
-                self.c_phase.on_cnack(message)
+        handler = self._in_view.get(type(message))
+        if handler is not None:
+            handler(message)
 
     def tick(self, now: int) -> None:
+        """Time passed: run the timers."""
         self._enter(now)
         self.election.tick(now)
         self.election.detect_failures()
@@ -306,12 +278,15 @@ class SDPaxosReplica:
         self.straggler.watch_ordering()
         self.reads.retry_reads()
 
+    # ------------------------------------------------------------------ output
     def ready(self) -> Ready:
+        """This turn's output: persist ``persist``, then send, then apply (see ``Ready``)."""
         if self.handed_out is not None:
             raise LocalProtocolError("ready() called again before advance()")
         self.c_phase.flush_batch()
         self.reads.flush_read_requests()
-        self.flush_order_messages()
+        self.ordering.flush_oaccepts()
+        self.o_acceptor.flush_acks()
         self.executor.try_execute()
         self.executor.log_executed()
         self.reads.serve_reads()
@@ -320,11 +295,53 @@ class SDPaxosReplica:
         return out
 
     def advance(self, ready: Ready) -> None:
+        """The driver carried out ``ready`` (the one ``ready()`` handed out last)."""
         if ready is not self.handed_out:
             raise LocalProtocolError("advance() with a Ready this core did not hand out")
         self.handed_out = None
 
+    def send(self, to: int, message: PeerMessage) -> None:
+        """Queue a message that may report state persisted in this turn."""
+        if "ack_before_persist" in self.unsafe:
+            self.out.send.append(Outgoing(to, message))
+        else:
+            self.out.send_after_persist.append(Outgoing(to, message))
+
+    def request(self, to: int, message: PeerMessage) -> None:
+        """Queue a message that promises nothing (it may leave before the turn is durable)."""
+        self.out.send.append(Outgoing(to, message))
+
+    def broadcast(self, message: PeerMessage) -> None:
+        for peer in self.peers:
+            self.send(peer, message)
+
+    def flush_order_messages(self) -> None:
+        """Send the O-phase messages queued so far (before a view change restamps them)."""
+        self.ordering.flush_oaccepts()
+        self.o_acceptor.flush_acks()
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_meta(self) -> SnapshotMeta:
+        """Where a snapshot of the state machine, taken now (after applying the last
+        ``Ready``), stands in the log."""
+        return self.snapshots.meta()
+
+    def compact(self, meta: SnapshotMeta) -> list[Record]:
+        """The state machine's snapshot at ``meta`` is durable: forget every slot below it
+        (see ``Snapshots.compact``)."""
+        return self.snapshots.compact(meta)
+
+    def install_snapshot(self, meta: SnapshotMeta) -> list[Record]:
+        """A peer's snapshot was applied to our state machine: continue from ``meta``."""
+        return self.snapshots.install(meta)
+
+    def durable_records(self) -> list[Record]:
+        """What a rewritten write-ahead log must hold (see ``Snapshots.durable_records``)."""
+        return self.snapshots.durable_records()
+
+    # ------------------------------------------------------------------ status and checks
     def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+        """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, tuple[Command, ...]] = {}
         for slot, (owner, index) in self.log.items():
             batch = self.c[(owner, index)].batch if owner != NO_CL else ()
@@ -334,6 +351,25 @@ class SDPaxosReplica:
     def executed_through(self) -> int:
         return self.exec_slot - 1
 
+    @property
+    def recoveries_started(self) -> int:
+        """C-instance recoveries this replica started (a Prepare each)."""
+        return self.recovery.recoveries_started
+
+    @property
+    def too_wide_views(self) -> int:
+        """Candidacies given up because their NewView would not fit a message."""
+        return self.views.too_wide_views
+
+    @property
+    def retransmit_timeout_us(self) -> int:
+        """The adaptive retransmission timeout (see ``RtoEstimator``)."""
+        return self.c_phase.rto.timeout_us
+
+    def lease_valid(self) -> bool:
+        """Serving with read leases from a majority (linearizable reads answered here)."""
+        return self.election.lease_valid()
+
     def _enter(self, now: int) -> None:
         self.now = now
         if not self.started:
@@ -342,26 +378,3 @@ class SDPaxosReplica:
             self.exec_progress_at = now
             self.straggler.window_start = now
             self.election.start(now)
-
-    def send(self, to: int, message: PeerMessage) -> None:
-        """Queue a message that may report state persisted in this batch."""
-        if "ack_before_persist" in self.unsafe:
-            self.out.send.append(Outgoing(to, message))
-        else:
-            self.out.send_after_persist.append(Outgoing(to, message))
-
-    def request(self, to: int, message: PeerMessage) -> None:
-        """Queue a message that promises nothing (it may leave before the batch is durable)."""
-        self.out.send.append(Outgoing(to, message))
-
-    def broadcast(self, message: PeerMessage) -> None:
-        for peer in self.peers:
-            self.send(peer, message)
-
-    def flush_order_messages(self) -> None:
-        """Send this turn's OAccepts, OAcks and OCommits: one message of each per peer."""
-        self.ordering.flush_oaccepts()
-        self.o_acceptor.flush_acks()
-
-
-_C_PHASE = (CAccept, CAck, CCommit, CPrepare, CPromise, CNack)
