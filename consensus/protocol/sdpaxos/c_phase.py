@@ -1,4 +1,41 @@
-"""TODO c_phase"""
+"""C-instances, leader and acceptor side (§3.2, Figure 5, lines 1-20).
+
+Every replica ``n`` leads its own C-instances ``C[n][0], C[n][1], ...``: pre-prepared at
+ballot ``(0, n)``, a batch of client commands goes straight to the Accept phase
+(``flush_batch``: ``CAccept`` to every peer, or to the nearest majority when thrifty) and is
+ordered at once (the sequencer orders its own; others send ``CRequest`` unless the sequencer
+gets the CAccept anyway). It is chosen when a majority, ``n`` included, accepted it
+(``on_cack``); ``n`` then broadcasts ``CCommit`` (without the batch to peers that have it).
+
+Rules:
+
+* A proposer counts its own acceptance, so it never proposes below a ballot it promised for
+  the instance: an owner that promised a recoverer holds its next proposals
+  (``_hold_for_recovery``: named in no message, as a restart forgets them) until its own
+  recovery proposes them; ``last_named_index`` is the highest index a peer may know.
+* An acceptor accepts a ballot at least as high as its promise and what it accepted
+  (``on_caccept``; otherwise ``CNack`` with the higher ballot); an owner never reuses an
+  index someone else used or decided (``next_index`` moves past it).
+* Learning without the leader: the proposer accepted its value before sending it, so with
+  three replicas an acceptor's own acceptance completes a majority and it learns the choice
+  from the Accept itself; with five or more, acceptors send their ``CAck`` to every replica
+  and a replica learns once the proposer, itself and the acknowledgements make a majority
+  of one ballot (``learn_from_acks``; ``acks_any_ballot`` is the broken variant a teeth test
+  catches). Replicas then execute others' commands without waiting for a far CCommit.
+* With five replicas a ``CAccept`` from an older view is dropped
+  (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
+  finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
+  the new view gave to someone else.
+* Our instance decided with another value (a recoverer's no-op): its commands failed,
+  definitely (``_own_decided``).
+* Retransmission (``retransmit``): what is not chosen after the adaptive timeout
+  (``RtoEstimator``; Karn: only instances sent once are sampled) is sent again to the peers
+  that did not acknowledge it, with one ``CRequest`` for the latest late index; a serving
+  sequencer re-sends its own O-instances (``Sequencer.retransmit_own_slots``).
+
+Entry points: ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``, ``on_cnack``,
+``send_crequest``, ``resend_accept``, ``retransmit``.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +59,13 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["CPhase"]
+
 
 
 
 class CPhase:
-    """TODO"""
+    """Our own C-instances as their leader, everyone's as acceptor and learner."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

@@ -1,4 +1,18 @@
-"""TODO catchup"""
+"""Catch-up: a replica behind asks a peer for what it misses.
+
+A replica far behind the most advanced peer it heard of (more than ``CATCHUP_BATCH`` slots:
+a restart, a healed partition), or whose execution stalled for ``catchup_us``, asks
+(``maybe_catch_up``): first for commit markers only (``CatchupMarkers``: stalled behind slow
+peers, a replica usually holds the values and misses only commits, and values re-sent by the
+megabyte slowed everyone), and for values (``Catchup``) once a commit names an instance
+whose value it lacks. A peer answers with the O-commits from the asked slot, the
+acknowledgements of what it accepted in this view (so the asker can learn what a majority
+accepted even if every learner forgot it), and the commits of the C-instances placed there
+(``on_catchup``, bounded by ``CATCHUP_BATCH`` slots and ``CATCHUP_BYTES``). A request that
+reaches below the peer's compaction point is answered with its snapshot.
+
+Entry points: ``maybe_catch_up`` (every tick), ``on_catchup``.
+"""
 
 from __future__ import annotations
 
@@ -19,13 +33,15 @@ from consensus.protocol.sdpaxos.instances import NEVER
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["CATCHUP_BATCH", "CatchUp"]
+
 #: Most slots (and C-instances) one Catchup answer carries.
 CATCHUP_BATCH = 256
 
 
 
 class CatchUp:
-    """TODO"""
+    """Asks peers for missed commits and values, and answers their asks."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

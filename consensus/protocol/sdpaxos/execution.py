@@ -1,4 +1,24 @@
-"""TODO execution"""
+"""Execution (§3.2): slot ``j`` runs once ``O[j]`` and the C-instance it places are chosen
+and every slot before ``j`` ran.
+
+``try_execute`` walks the frontier: the ``k``-th O-instance naming ``n`` places ``C[n][k]``
+(``exec_count[n]`` counts them), a ``NO_CL`` slot places nothing. Executing our own
+instance also makes it ready (executed implies chosen and ordered for good). A replica
+executes nothing between joining a view and accepting its NewView, so it never runs a slot
+the new view may reassign.
+
+Durability without fsync: ``log_executed`` records, lazily in ``Ready.log`` (written after
+``persist``, no fsync of its own), which slots ran (``ExecutedRecord``: owner and chosen
+ballot per slot), after the chosen values among them our records lack (learned from a
+commit). A restart executes them again from its own records (``replay_executed``): a value
+held at the chosen ballot or a higher one is the chosen value (Paxos), and the replay stops
+at the first slot it cannot prove (a crash between the two writes); peers bring the rest.
+Votes, new views and recoveries after a restart then cover only what is undecided.
+``replay_accepted`` is the broken variant (every accepted value taken as chosen) that a
+teeth test catches.
+
+Entry points: ``try_execute``, ``log_executed``, ``replay_executed``.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +37,12 @@ from consensus.protocol.sdpaxos.instances import NO_INDEX
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["Executor"]
+
 
 
 class Executor:
-    """TODO"""
+    """Runs chosen slots in order and records what ran."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

@@ -1,4 +1,12 @@
-"""What a replica knows of C-instances and O-instance owners, and small helpers every part uses."""
+"""What a replica knows of single instances, and helpers every part uses.
+
+``CInstance``: one C-instance as this replica knows it (ballot, value, whether chosen, and
+the leader's bookkeeping). ``OwnerSlots``: the slots of one owner's O-instances minus a
+compacted prefix. ``Recovery``: one Prepare round. The markers for "no value" live here
+(``NO_BALLOT``, ``NO_INDEX``, ``NO_SLOT``, ``NEVER``, ``HELD``, ``NOT_OVERTAKEN``), with the
+pure helpers ``pages``, ``keys_of``, ``union_keys`` and ``check_command`` (client input
+checked against the message limits before it is proposed).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +38,23 @@ NO_SLOT = -1
 NEVER = -(1 << 62)
 #: ``CInstance.overtaken_at`` of an instance no recoverer took over
 NOT_OVERTAKEN = -1
+
+__all__ = [
+    "HELD",
+    "NEVER",
+    "NOT_OVERTAKEN",
+    "NO_BALLOT",
+    "NO_INDEX",
+    "NO_SLOT",
+    "Batch",
+    "CInstance",
+    "OwnerSlots",
+    "Recovery",
+    "check_command",
+    "keys_of",
+    "pages",
+    "union_keys",
+]
 
 Batch = tuple[Command, ...]
 _T = TypeVar("_T")

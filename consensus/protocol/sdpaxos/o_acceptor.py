@@ -1,4 +1,28 @@
-"""TODO o_acceptor"""
+"""Ordering, the acceptors' and learners' side (§3.2, Figure 5, lines 21-40).
+
+Every replica accepts the sequencer's O-instances (``on_oaccept``: only from the sequencer
+of its current view, and only once it accepted that view's NewView) and acknowledges each
+to whoever learns from it (``OAck``, addressed by ``ReadinessRule.oack_targets``). An
+O-instance is chosen once a majority accepted it at the view's ballot: the sequencer (it
+proposed it), us, and the acknowledgements collected (``learn_chosen``). The learner of its
+own O-instance broadcasts ``OCommit`` (``commit_o``); others may learn from commits
+(``on_ocommit``: learned, not accepted, so never reported in a vote).
+
+Rules:
+
+* One proposer per view: two values for one slot in one view are impossible without a bug
+  and are ignored; a value accepted in an older view yields to a later view's commit.
+* An executed slot is never accepted, acknowledged as new, or counted again.
+* ``o_prefix`` is the gap-free prefix of O-instances accepted in this view (N = 5's ready
+  rule, ``advance_prefix``): an entry from an older view may be stale, so it stops the
+  prefix until it executes.
+* ``install_new_view`` replaces every unexecuted O-instance from a NewView's start (a stale
+  commit from the old view included: that is how a replica gives up a slot it committed
+  alone); ``recount_o_state`` recomputes what derives from the O-instances known.
+
+Entry points: ``on_oaccept``, ``accept_o``, ``on_oack``, ``learn_chosen``, ``commit_o``,
+``on_ocommit``, ``flush_acks``, ``install_new_view``, ``known_o_count``.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +43,12 @@ from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT, pages
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["OAcceptor"]
+
 
 
 class OAcceptor:
-    """TODO"""
+    """What this replica accepted and learned of the O-instances, and its acknowledgements."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

@@ -47,6 +47,8 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["CountRule", "FiveRule", "ReadinessRule", "rule_for"]
+
 
 class ReadinessRule:
     """What the replica count changes in the normal case; the shared ``check_ready``."""

@@ -1,4 +1,20 @@
-"""TODO reads"""
+"""Linearizable reads through the sequencer (§3.5).
+
+A replica asks the sequencer once per turn for all of that turn's reads (``RRequest`` with the
+union of their keys, ``flush_read_requests``): the answer, the last slot assigned to an
+update of those keys (``Sequencer.read_slot``), serves every one of them once this replica
+executed through it (``serve_reads``). Only a sequencer holding read leases from a majority
+answers (``Election.lease_valid``, leases.py); the sequencer serves its own reads the same
+way without a message. An unanswered request is asked again after ``retransmit_us``
+(``retry_reads``), and of the new sequencer right after a view change.
+
+Rules: a read is served only at or after the slot the leased sequencer named (never from a
+state older than a write acknowledged before the read began); ``no_lease_check`` is the
+broken variant a teeth test catches.
+
+Entry points: ``flush_read_requests``, ``on_rrequest``, ``on_rreply``, ``retry_reads``,
+``serve_reads``.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +34,12 @@ OWN_READS = -1
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["OWN_READS", "Reads"]
+
 
 
 class Reads:
-    """TODO"""
+    """This replica's linearizable reads, from asking to serving."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

@@ -1,4 +1,31 @@
-"""TODO recovery"""
+"""C-instance recovery (§3.3): finish a suspected replica's unfinished C-instances.
+
+The next live replica after a suspected one (``_recoverer_of``) — or the owner itself, once
+it learns a recoverer overtook it, or once execution waits on an instance of its own nobody
+drives — runs Paxos phase 1 over the owner's instances from its execution frontier
+(``start_recovery``: ``CPrepare`` at a ballot above every one seen). With promises from a
+majority it re-proposes, per index, the highest-ballot value reported, and a no-op (empty
+batch) where nothing was accepted (``on_cpromise``); an owner recovering its own instances
+proposes its own held batches there instead.
+
+Rules:
+
+* A promise covers every later index of the owner (one phase 1 for all of them), and is
+  durable before it is sent (``CPromiseRecord``).
+* An acceptor that promised a higher ballot answers ``CNack``, which ends the lower
+  recovery; a recoverer that promised a higher one meanwhile drops its own.
+* Without a majority in time it asks again at the same ballot (``_ask_again``): a higher one
+  would void the promises on their way.
+* Promises are paged (``PROMISE_PAGE_BYTES``, ``PROMISE_PAGE_VOTES``, ``CPromise.through``):
+  beyond the shortest page a value some acceptor accepted may be unknown, so no no-op goes
+  there; the next page is asked at the same ballot.
+* Never re-proposed: an instance executed here meanwhile (chosen, perhaps compacted). A
+  Prepare reaching below our compaction point gets our snapshot instead of a promise that
+  would report nothing.
+
+Entry points: ``recover_suspects`` (every tick), ``start_recovery``, ``on_cprepare``,
+``on_cpromise``.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +49,8 @@ from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, Rec
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["PROMISE_PAGE_BYTES", "PROMISE_PAGE_VOTES", "CRecovery"]
+
 #: A promise reports on at most this many bytes of batches (its first vote goes whatever its
 #: size) and this many votes; the recoverer asks for the next page (``CPromise.through``).
 #: With a batch's own bound (``max_batch_bytes``) it keeps every promise well inside a frame.
@@ -32,7 +61,7 @@ PROMISE_PAGE_VOTES = 4096
 
 
 class CRecovery:
-    """TODO"""
+    """Prepare rounds over other replicas' (or our own) unfinished C-instances."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

@@ -1,4 +1,15 @@
-"""TODO restart"""
+"""Restart: rebuild a replica from its durable records (after a snapshot, if any).
+
+``recover`` replays the records — accepted C-instances (highest ballot wins), accepted
+O-instances, NewViews, the view, promises, and which slots ran — then executes again what
+they say ran (``Executor.replay_executed``) and starts as a follower. A restarted replica
+votes for nobody for one lease period (``Leases.start``) and never reuses an index it named.
+Its own proposals found in the records are driven again once it caught up with its peers
+(``resume_after_restart``): most of them are decided by then; those decided without their
+commands are reported failed, those executed as proposed are reported ready.
+
+Entry points: ``recover``, ``resume_after_restart``.
+"""
 
 from __future__ import annotations
 
@@ -21,10 +32,12 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["Restart"]
+
 
 
 class Restart:
-    """TODO"""
+    """Rebuilds the replica from its records and resumes its own proposals."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

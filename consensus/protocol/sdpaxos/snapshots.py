@@ -1,4 +1,18 @@
-"""TODO snapshots"""
+"""Compaction and snapshot installation.
+
+The driver snapshots the state machine and tells the core (``compact``): slots below the
+snapshot are forgotten (``_drop_below``), and the records a rewritten write-ahead log must
+hold are everything promised and accepted beyond the execution frontier
+(``durable_records``). A replica behind a peer's compaction point installs the peer's
+snapshot (``install``) and continues from it.
+
+Rules: compaction never turns into "nothing accepted" — a vote, promise or catch-up request
+reaching below the compaction point is answered with the snapshot (see view_change.py,
+recovery.py, catchup.py). Our own proposals a peer's snapshot already executed are
+reported as failed with "retry": the session table answers a retry with the first result.
+
+Entry points: ``meta``, ``compact``, ``install``, ``set_base``, ``durable_records``.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +36,12 @@ from consensus.protocol.types import SnapshotMeta
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["Snapshots"]
+
 
 
 class Snapshots:
-    """TODO"""
+    """Where this replica's state machine snapshot stands, and what it lets us forget."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r

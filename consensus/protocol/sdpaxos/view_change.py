@@ -1,4 +1,37 @@
-"""TODO view_change"""
+"""View change (§3.3, Figure 7): replace the sequencer.
+
+A candidate (elected by pre-votes, election.py) joins the next view it would lead and asks
+for votes from its execution frontier (``start_candidacy``: ``VRequest``). A voter joins the
+view (``join_view``: it promises to reject lower O-proposals and stops executing until the
+NewView) and reports its accepted O-instances with their ballots (views), its executed slots
+at the current view, and per replica the highest C-instance index it accepted
+(``_make_vote``). With a majority of votes the candidate rebuilds the assignment log
+(``rebuild``) — highest ballot per slot — and sends it as ``NewView``; once a majority
+accepted it, the candidate serves (``Sequencer.start_serving``) and every replica re-sends
+what the new view has not ordered (``_resend_own_after_view_change``).
+
+Rules:
+
+* A value accepted in a view older than the newest one a voter accepted cannot have been
+  chosen if, at or after that voter's NewView start, the voter has nothing in its slot: the
+  rebuild drops such leftovers of a deposed sequencer (they would give an owner a slot,
+  before commands already ready, for an index it never proposed).
+* With five replicas (``ReadinessRule.commits_on_sequencer_accept``) an O-instance may be
+  committed on the sequencer's OAccept alone, so the NewView starts at the lowest execution
+  frontier among the votes and re-proposes what the candidate executed and a voter did not
+  (``_executed_prefix``); and Figure 7's rule gives the holes to the one replica ``m`` it
+  cannot trace until ``m`` owns as many O-instances as it may have ready commands, and no
+  more (``fill_for``; ``no_hole_filling`` is the broken variant a teeth test catches).
+* Sizes: a voter does not vote for a candidate more than ``VIEW_SPAN`` slots behind it; a
+  five-replica candidate leaves such voters out; a vote or NewView that would not fit one
+  message is not sent (``too_wide_views``). A vote or request reaching below our compaction
+  point is answered with our snapshot.
+* O-phase messages queued in a turn belong to the view they were made in: they leave before
+  the view changes (``join_view`` flushes them).
+
+Entry points: ``join_view``, ``start_candidacy``, ``on_vrequest``, ``on_vote``, ``rebuild``,
+``on_new_view``, ``on_new_view_ack``, ``retransmit_new_view``, ``fill_for``.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +58,8 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
+__all__ = ["NO_POSITION", "VIEW_SPAN", "ViewChange", "fill_for"]
+
 #: A view change reports and re-proposes at most about this many executed slots: a voter
 #: does not vote for a candidate that executed this many slots less than itself, and with
 #: five replicas a candidate leaves out the votes of voters that far behind it. Such a
@@ -38,7 +73,7 @@ NO_POSITION = -1
 
 
 class ViewChange:
-    """TODO"""
+    """Votes, the rebuilt assignment log, and NewView."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
