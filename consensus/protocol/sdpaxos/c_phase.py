@@ -62,8 +62,6 @@ if TYPE_CHECKING:
 __all__ = ["CPhase"]
 
 
-
-
 class CPhase:
     """Our own C-instances as their leader, everyone's as acceptor and learner."""
 

@@ -39,7 +39,6 @@ __all__ = ["CATCHUP_BATCH", "CatchUp"]
 CATCHUP_BATCH = 256
 
 
-
 class CatchUp:
     """Asks peers for missed commits and values, and answers their asks."""
 

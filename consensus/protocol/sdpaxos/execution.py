@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["Executor"]
 
 
-
 class Executor:
     """Runs chosen slots in order and records what ran."""
 

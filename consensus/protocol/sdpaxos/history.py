@@ -24,7 +24,6 @@ from consensus.protocol.sdpaxos.instances import NO_SLOT
 __all__ = ["HistoryTable"]
 
 
-
 class HistoryTable:
     """Per key, the last slot assigned to an update of it."""
 

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["OAcceptor"]
 
 
-
 class OAcceptor:
     """What this replica accepted and learned of the O-instances, and its acknowledgements."""
 
@@ -169,8 +168,8 @@ class OAcceptor:
             self.learn_chosen(slot)
 
     def commit_o(self, slot: int) -> None:
-        # executed slots leave o_committed: never count one of them again
         r = self.r
+        # executed slots leave o_committed: never count one of them again
         if slot in r.o_committed or slot < r.exec_slot:
             return
         r.o_committed.add(slot)

@@ -118,9 +118,9 @@ class CountRule(ReadinessRule):
         self.r.o_acceptor.learn_chosen(slot)
 
     def oack_targets(self, owner: int) -> tuple[int, ...]:
+        r = self.r
         # With three replicas the sequencer learns a slot from the first OAck: ours tells it
         # the slot is chosen a round trip to the learner sooner than the learner's OCommit.
-        r = self.r
         if r.q == 2 and owner not in (r.sequencer, r.me):
             return (owner, r.sequencer)
         return (owner,)
@@ -131,11 +131,11 @@ class CountRule(ReadinessRule):
             r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
     def resend_unchosen_own(self, deadline: int) -> None:
+        r = self.r
         # An own C-instance can be ready (by the count rule) while its own O-instance is not
         # chosen, so it is not late: re-send every own unchosen, unexecuted slot at least one
         # retransmission period old, each to the peers that did not acknowledge it (checked
         # once per period).
-        r = self.r
         if self._own_checked_at > deadline:
             return
         self._own_checked_at = r.now
@@ -179,10 +179,10 @@ class FiveRule(ReadinessRule):
             self.check_ready()
 
     def oack_targets(self, owner: int) -> tuple[int, ...]:
+        r = self.r
         # The sequencer needs every acknowledgement (its ready rule looks at the
         # majority-accepted prefix); the others learn others' slots from a majority of them,
         # a round trip sooner than through the owner's OCommit.
-        r = self.r
         to_all = r.c_phase.acks_to_all and owner != r.me
         return r.peers if to_all else (r.sequencer,)
 

@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["OWN_READS", "Reads"]
 
 
-
 class Reads:
     """This replica's linearizable reads, from asking to serving."""
 

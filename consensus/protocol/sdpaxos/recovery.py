@@ -59,7 +59,6 @@ PROMISE_PAGE_BYTES = 4 << 20
 PROMISE_PAGE_VOTES = 4096
 
 
-
 class CRecovery:
     """Prepare rounds over other replicas' (or our own) unfinished C-instances."""
 

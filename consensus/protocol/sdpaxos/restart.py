@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["Restart"]
 
 
-
 class Restart:
     """Rebuilds the replica from its records and resumes its own proposals."""
 

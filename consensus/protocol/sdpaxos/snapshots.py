@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["Snapshots"]
 
 
-
 class Snapshots:
     """Where this replica's state machine snapshot stands, and what it lets us forget."""
 

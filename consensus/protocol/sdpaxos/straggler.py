@@ -157,9 +157,9 @@ class StragglerDetector:
             self._maybe_replace_straggler()
 
     def _maybe_replace_straggler(self) -> None:
+        r = self.r
         # A suspicion is repeated every window while it lasts: one not heard for a few has
         # been withdrawn.
-        r = self.r
         since = r.now - SUSPECT_WINDOWS * r.config.straggler_window_us
         agreeing = sum(1 for heard in self.suspects.values() if heard >= since)
         if self.suspecting and agreeing >= r.q and self.force_election_at == NO_ELECTION:

@@ -71,7 +71,6 @@ VIEW_SPAN = MAX_ENTRIES // 4
 NO_POSITION = -1
 
 
-
 class ViewChange:
     """Votes, the rebuilt assignment log, and NewView."""
 
@@ -90,10 +89,10 @@ class ViewChange:
     def join_view(self, view: int) -> None:
         """Enter a higher view: promise to reject lower O-proposals; stop executing until
         its NewView arrives."""
+        r = self.r
         # O-phase messages queued this turn belong to the view they were made in: stamped
         # with the new one, a deposed sequencer's proposals would become the new view's
         # (in its records too, so a restart would bring back a second value for a slot).
-        r = self.r
         r.flush_order_messages()
         r.view = view
         r.out.persist.append(ViewRecord(view=view))
@@ -135,10 +134,10 @@ class ViewChange:
             self._rebuild()
 
     def _make_vote(self, from_slot: int) -> Vote:
+        r = self.r
         # Executed slots are chosen: report them at our current view (no ballot can beat a
         # chosen value with another one). Then what we accepted, at its ballot; values we
         # only learned from a commit are not ours to report.
-        r = self.r
         executed = tuple(
             OVote(slot=s, owner=r.log[s][0], ballot=r.view)
             for s in range(from_slot, r.exec_slot)
