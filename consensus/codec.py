@@ -673,8 +673,8 @@ def _seq_encoder(cls: type) -> list[str]:
     item_where = "where + '[]'"
     parts = [_encode_expr(ft, f"_x.{n}", f"{item_where} + '.{n}'") for n, ft in layout]
     # A Command's own limits are checked where commands come from: ``propose`` / ``read`` of
-    # every core (``slotlog.check_command``, ``sdpaxos._check_command``) and the decoders. A
-    # loop over every command of every batch here would add ~35 % to encoding a CAccept.
+    # every core (``messages.check_command``) and the decoders. A loop over every command of
+    # every batch here would add ~35 % to encoding a CAccept.
     checks = [
         line
         for name, ftype in layout

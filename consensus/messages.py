@@ -31,8 +31,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from consensus.errors import LocalProtocolError
+
 __all__ = [
     "EVERY_INDEX",
+    "MAX_BATCH",
+    "MAX_ENTRIES",
+    "MAX_FRAME_MESSAGES",
+    "MAX_KEYS_PER_COMMAND",
+    "MAX_KEY_BYTES",
+    "MAX_OP_BYTES",
+    "MAX_REQUEST_KEYS",
+    "MAX_SLOTS",
     "NO_CL",
     "CAccept",
     "CAcceptedRecord",
@@ -78,6 +88,7 @@ __all__ = [
     "VRequest",
     "ViewRecord",
     "Vote",
+    "check_command",
 ]
 
 #: The value of an O-instance that places no command ("no command leader"): executes a no-op.
@@ -130,6 +141,22 @@ class Command:
         """Roughly the bytes it adds to an encoded batch (ops and keys dominate), for bounding
         batches so that no single message outgrows a frame."""
         return len(self.op) + sum(map(len, self.keys)) + 16
+
+
+def check_command(command: Command) -> None:
+    """Refuse (``LocalProtocolError``) a client command no peer could decode: the cores check
+    client input with it before proposing anything."""
+    if len(command.op) > MAX_OP_BYTES:
+        raise LocalProtocolError(f"command op of {len(command.op)} bytes over {MAX_OP_BYTES}")
+    if len(command.keys) > MAX_KEYS_PER_COMMAND:
+        raise LocalProtocolError(
+            f"command names {len(command.keys)} keys, more than {MAX_KEYS_PER_COMMAND}"
+        )
+    for key in command.keys:
+        if len(key) * 4 > MAX_KEY_BYTES and len(key.encode()) > MAX_KEY_BYTES:
+            raise LocalProtocolError(f"command key of over {MAX_KEY_BYTES} bytes")
+    if command.client_id < 0 or command.seq < 0:
+        raise LocalProtocolError("command client_id and seq must be non-negative")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -46,9 +46,6 @@ from typing import Final
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
-    MAX_KEY_BYTES,
-    MAX_KEYS_PER_COMMAND,
-    MAX_OP_BYTES,
     Catchup,
     CatchupMarkers,
     Command,
@@ -57,6 +54,7 @@ from consensus.messages import (
     PeerMessage,
     Record,
     SlotAcceptedRecord,
+    check_command,
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
@@ -70,7 +68,6 @@ __all__ = [
     "Key",
     "Slot",
     "SlotLogCore",
-    "check_command",
     "key_of",
 ]
 
@@ -475,18 +472,3 @@ class SlotLogCore(ABC):
                     self.slots[record.slot] = Slot(record.ballot, record.batch)
                 self.known_high = max(self.known_high, record.slot + 1)
         self._restored(records)
-
-
-def check_command(command: Command) -> None:
-    """Refuse (``LocalProtocolError``) a client command no peer could decode."""
-    if len(command.op) > MAX_OP_BYTES:
-        raise LocalProtocolError(f"command op of {len(command.op)} bytes over {MAX_OP_BYTES}")
-    if len(command.keys) > MAX_KEYS_PER_COMMAND:
-        raise LocalProtocolError(
-            f"command names {len(command.keys)} keys, more than {MAX_KEYS_PER_COMMAND}"
-        )
-    for key in command.keys:
-        if len(key) * 4 > MAX_KEY_BYTES and len(key.encode()) > MAX_KEY_BYTES:
-            raise LocalProtocolError(f"command key of over {MAX_KEY_BYTES} bytes")
-    if command.client_id < 0 or command.seq < 0:
-        raise LocalProtocolError("command client_id and seq must be non-negative")

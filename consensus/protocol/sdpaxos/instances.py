@@ -4,8 +4,7 @@
 the leader's bookkeeping). ``OwnerSlots``: the slots of one owner's O-instances minus a
 compacted prefix. ``Recovery``: one Prepare round. The markers for "no value" live here
 (``NO_BALLOT``, ``NO_INDEX``, ``NO_SLOT``, ``NEVER``, ``HELD``, ``NOT_OVERTAKEN``), with the
-pure helpers ``pages``, ``keys_of``, ``union_keys`` and ``check_command`` (client input
-checked against the message limits before it is proposed).
+pure helpers ``pages``, ``keys_of`` and ``union_keys``.
 """
 
 from __future__ import annotations
@@ -14,11 +13,7 @@ import bisect
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
-from consensus.errors import LocalProtocolError
 from consensus.messages import (
-    MAX_KEY_BYTES,
-    MAX_KEYS_PER_COMMAND,
-    MAX_OP_BYTES,
     MAX_REQUEST_KEYS,
     Command,
     CPromise,
@@ -50,7 +45,6 @@ __all__ = [
     "CInstance",
     "OwnerSlots",
     "Recovery",
-    "check_command",
     "keys_of",
     "pages",
     "union_keys",
@@ -152,17 +146,3 @@ def union_keys(reads: Sequence[Command]) -> tuple[str, ...]:
     if any(not read.keys for read in reads):
         return ()
     return tuple(sorted({key for read in reads for key in read.keys}))
-
-
-def check_command(command: Command) -> None:
-    if len(command.op) > MAX_OP_BYTES:
-        raise LocalProtocolError(f"command op of {len(command.op)} bytes over {MAX_OP_BYTES}")
-    if len(command.keys) > MAX_KEYS_PER_COMMAND:
-        raise LocalProtocolError(
-            f"command names {len(command.keys)} keys, more than {MAX_KEYS_PER_COMMAND}"
-        )
-    for key in command.keys:
-        if len(key) * 4 > MAX_KEY_BYTES and len(key.encode()) > MAX_KEY_BYTES:
-            raise LocalProtocolError(f"command key of over {MAX_KEY_BYTES} bytes")
-    if command.client_id < 0 or command.seq < 0:
-        raise LocalProtocolError("command client_id and seq must be non-negative")

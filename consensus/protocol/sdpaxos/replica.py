@@ -70,13 +70,14 @@ from consensus.messages import (
     Suspect,
     Vote,
     VRequest,
+    check_command,
 )
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos.c_phase import CPhase
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, check_command
+from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
