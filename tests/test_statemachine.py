@@ -1,5 +1,6 @@
 import msgpack
 import pytest
+from protocol.util import cmd
 
 from consensus.messages import Command
 from consensus.statemachine import (
@@ -13,10 +14,6 @@ from consensus.statemachine import (
 )
 
 
-def cmd(client: int, seq: int, op: bytes) -> Command:
-    return Command(client_id=client, seq=seq, op=op)
-
-
 def result(store: KVStore, position: int, command: Command) -> list[object]:
     decoded: list[object] = msgpack.unpackb(store.apply(position, command))
     return decoded
@@ -24,23 +21,23 @@ def result(store: KVStore, position: int, command: Command) -> list[object]:
 
 def test_put_get_cas_delete() -> None:
     kv = KVStore()
-    assert result(kv, 0, cmd(1, 0, kv_get("x"))) == ["value", None]
-    assert result(kv, 1, cmd(1, 1, kv_put("x", "a"))) == ["ok"]
-    assert result(kv, 2, cmd(1, 2, kv_cas("x", "b", "c"))) == ["cas", False, "a"]
-    assert result(kv, 3, cmd(1, 3, kv_cas("x", "a", "c"))) == ["cas", True, "a"]
-    assert result(kv, 4, cmd(1, 4, kv_get("x"))) == ["value", "c"]
-    assert result(kv, 5, cmd(1, 5, kv_cas("y", None, "n"))) == ["cas", True, None]
-    assert result(kv, 6, cmd(1, 6, kv_delete("x"))) == ["deleted", True]
-    assert result(kv, 7, cmd(1, 7, kv_delete("x"))) == ["deleted", False]
+    assert result(kv, 0, cmd(1, 0, op=kv_get("x"))) == ["value", None]
+    assert result(kv, 1, cmd(1, 1, op=kv_put("x", "a"))) == ["ok"]
+    assert result(kv, 2, cmd(1, 2, op=kv_cas("x", "b", "c"))) == ["cas", False, "a"]
+    assert result(kv, 3, cmd(1, 3, op=kv_cas("x", "a", "c"))) == ["cas", True, "a"]
+    assert result(kv, 4, cmd(1, 4, op=kv_get("x"))) == ["value", "c"]
+    assert result(kv, 5, cmd(1, 5, op=kv_cas("y", None, "n"))) == ["cas", True, None]
+    assert result(kv, 6, cmd(1, 6, op=kv_delete("x"))) == ["deleted", True]
+    assert result(kv, 7, cmd(1, 7, op=kv_delete("x"))) == ["deleted", False]
     assert kv.data == {"y": "n"}
 
 
 def test_retry_executes_once_and_returns_first_result() -> None:
     kv = KVStore()
-    first = result(kv, 0, cmd(9, 0, kv_cas("k", None, "v1")))
-    kv.apply(1, cmd(8, 0, kv_put("k", "other")))
+    first = result(kv, 0, cmd(9, 0, op=kv_cas("k", None, "v1")))
+    kv.apply(1, cmd(8, 0, op=kv_put("k", "other")))
     # the same (client, seq) again, e.g. proposed again at another replica after a timeout
-    again = result(kv, 2, cmd(9, 0, kv_cas("k", None, "v1")))
+    again = result(kv, 2, cmd(9, 0, op=kv_cas("k", None, "v1")))
     assert first == again == ["cas", True, None]
     assert kv.data["k"] == "other"
 
@@ -48,8 +45,8 @@ def test_retry_executes_once_and_returns_first_result() -> None:
 def test_requests_older_than_the_window_are_not_reapplied() -> None:
     kv = KVStore()
     for seq in range(SESSION_WINDOW + 5):
-        kv.apply(seq, cmd(3, seq, kv_put("k", str(seq))))
-    assert kv.apply(10_000, cmd(3, 0, kv_put("k", "stale"))) == EXPIRED
+        kv.apply(seq, cmd(3, seq, op=kv_put("k", str(seq))))
+    assert kv.apply(10_000, cmd(3, 0, op=kv_put("k", "stale"))) == EXPIRED
     assert kv.data["k"] == str(SESSION_WINDOW + 4)
 
 
@@ -60,9 +57,9 @@ def test_requests_older_than_the_window_are_not_reapplied() -> None:
 )
 def test_malformed_ops_return_errors_and_change_nothing(op: bytes) -> None:
     kv = KVStore()
-    kv.apply(0, cmd(1, 0, kv_put("k", "v")))
+    kv.apply(0, cmd(1, 0, op=kv_put("k", "v")))
     before = kv.data.copy()
-    out = result(kv, 1, cmd(2, 0, op))
+    out = result(kv, 1, cmd(2, 0, op=op))
     assert out[0] == "error"
     assert kv.data == before
 
@@ -71,21 +68,21 @@ def test_snapshot_restore_is_byte_identical() -> None:
     a, b = KVStore(), KVStore()
     ops = [kv_put(f"k{i % 7}", str(i)) for i in range(600)]
     for position, op in enumerate(ops):
-        a.apply(position, cmd(position % 5, position, op))
-        b.apply(position, cmd(position % 5, position, op))
+        a.apply(position, cmd(position % 5, position, op=op))
+        b.apply(position, cmd(position % 5, position, op=op))
     assert a.snapshot() == b.snapshot()
     c = KVStore()
     c.restore(a.snapshot())
     assert c.snapshot() == a.snapshot()
     # the restored session table still deduplicates
-    retry = cmd(4, 599, kv_put("k0", "x"))
+    retry = cmd(4, 599, op=kv_put("k0", "x"))
     assert c.apply(700, retry) == a.apply(700, retry)
     assert c.data == a.data
 
 
 def test_query_reads_without_changing_state() -> None:
     kv = KVStore()
-    kv.apply(0, cmd(1, 0, kv_put("k", "v")))
+    kv.apply(0, cmd(1, 0, op=kv_put("k", "v")))
     before = kv.snapshot()
     assert msgpack.unpackb(kv.query(kv_get("k"))) == ["value", "v"]
     assert msgpack.unpackb(kv.query(kv_get("missing"))) == ["value", None]

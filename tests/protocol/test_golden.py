@@ -49,7 +49,7 @@ import os
 from pathlib import Path
 
 import pytest
-from sdp_util import Net, cmd
+from util import Net, cmd
 
 from consensus import messages
 from consensus.config import ProtocolConfig

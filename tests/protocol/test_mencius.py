@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from baseline_util import Net, cmd, config, of_type, records_of, tick, turn
+from util import Net, cmd, config, msgs, records_of, tick, turn
 
 from consensus.messages import (
     Catchup,
@@ -30,7 +30,7 @@ def accept(slot: int, *commands: int, skip: tuple[int, int] = (0, 0)) -> Mencius
         view=0,
         slot=slot,
         ballot=slot % 3,
-        batch=tuple(cmd(c, client=slot % 3) for c in commands),
+        batch=tuple(cmd(slot % 3, c) for c in commands),
         skip_start=skip[0],
         skip_stop=skip[1],
     )
@@ -41,17 +41,17 @@ def accept(slot: int, *commands: int, skip: tuple[int, int] = (0, 0)) -> Mencius
 
 def test_each_replica_proposes_a_turn_s_commands_in_its_own_next_slot() -> None:
     r1 = replica(1)
-    first = turn(r1, cmd(1), cmd(2))
+    first = turn(r1, cmd(1, 1), cmd(1, 2))
     assert records_of(first, SlotAcceptedRecord) == [
-        SlotAcceptedRecord(slot=1, ballot=1, batch=(cmd(1), cmd(2)))
+        SlotAcceptedRecord(slot=1, ballot=1, batch=(cmd(1, 1), cmd(1, 2)))
     ]
-    accepts = of_type(first.send_after_persist, MenciusAccept)
+    accepts = msgs(first.send_after_persist, MenciusAccept)
     assert [(to, m.slot, m.skip_start, m.skip_stop) for to, m in accepts] == [
         (0, 1, 0, 0),
         (2, 1, 0, 0),
     ]  # to every peer, not a bare majority: the skips need everyone's answer
-    second = turn(r1, cmd(3))
-    assert [m.slot for _, m in of_type(second.send_after_persist, MenciusAccept)] == [4, 4]
+    second = turn(r1, cmd(1, 3))
+    assert [m.slot for _, m in msgs(second.send_after_persist, MenciusAccept)] == [4, 4]
 
 
 def test_a_turn_of_large_commands_is_split_into_slots_by_bytes() -> None:
@@ -65,16 +65,16 @@ def test_a_turn_of_large_commands_is_split_into_slots_by_bytes() -> None:
 
 def test_owner_commits_on_a_majority_but_is_ready_only_once_lower_slots_are_known() -> None:
     r2 = replica(2)
-    turn(r2, cmd(1))  # slot 2
+    turn(r2, cmd(1, 1))  # slot 2
     ready = turn(r2, MenciusAck(src=1, view=0, ballot=2, slots=(2,), skip_start=1, skip_stop=4))
-    commits = dict(of_type(ready.send_after_persist, PaxosCommit))
+    commits = dict(msgs(ready.send_after_persist, PaxosCommit))
     assert commits[1].batch is None and commits[0].batch is None  # both had the Accept
     # slot 2 is chosen, but replica 0 may still put a later command in slot 0
     assert ready.ready == [] and ready.apply == []
     ready = turn(r2, MenciusSkip(src=0, view=0, skip_start=0, skip_stop=3))
-    assert ready.ready == [cmd(1)]
+    assert ready.ready == [cmd(1, 1)]
     assert [(e.slot, e.led_here) for e in ready.apply] == [(2, True)]
-    assert r2.committed_log() == {0: (), 1: (), 2: (cmd(1),)}
+    assert r2.committed_log() == {0: (), 1: (), 2: (cmd(1, 1),)}
 
 
 # --------------------------------------------------------------------------- skipping
@@ -84,15 +84,15 @@ def test_a_higher_accept_makes_a_replica_skip_and_piggyback_the_skip_on_its_ack(
     r1 = replica(1)
     ready = turn(r1, accept(6, 1))
     assert records_of(ready, SkipRecord) == [SkipRecord(start=1, stop=7)]  # slots 1 and 4
-    acks = of_type(ready.send_after_persist, MenciusAck)
+    acks = msgs(ready.send_after_persist, MenciusAck)
     assert acks == [(0, MenciusAck(src=1, view=0, ballot=0, slots=(6,), skip_start=1, skip_stop=7))]
     # the replica that gets no ack this turn hears of the skip on its own
-    assert of_type(ready.send_after_persist, MenciusSkip) == [
+    assert msgs(ready.send_after_persist, MenciusSkip) == [
         (2, MenciusSkip(src=1, view=0, skip_start=1, skip_stop=7))
     ]
     # persist before the skip is announced: nothing about it leaves before the fsync
-    assert of_type(ready.send, MenciusAck) == []
-    assert of_type(ready.send, MenciusSkip) == []
+    assert msgs(ready.send, MenciusAck) == []
+    assert msgs(ready.send, MenciusSkip) == []
     assert r1.committed_log() == {1: (), 4: ()}
     assert r1.next_own == 7
 
@@ -100,7 +100,7 @@ def test_a_higher_accept_makes_a_replica_skip_and_piggyback_the_skip_on_its_ack(
 def test_the_next_accept_carries_the_skip_run_below_its_slot() -> None:
     r1 = replica(1)
     turn(r1, accept(6, 1))
-    proposal = of_type(turn(r1, cmd(9)).send_after_persist, MenciusAccept)
+    proposal = msgs(turn(r1, cmd(1, 9)).send_after_persist, MenciusAccept)
     assert {(m.slot, m.skip_start, m.skip_stop) for _, m in proposal} == {(7, 1, 7)}
 
 
@@ -114,7 +114,7 @@ def test_skips_are_learned_but_never_trigger_more_skips() -> None:
 
 def test_a_commit_of_a_command_also_makes_a_replica_skip() -> None:
     r0 = replica(0)
-    ready = turn(r0, PaxosCommit(src=2, view=0, slot=5, ballot=2, batch=(cmd(1, client=2),)))
+    ready = turn(r0, PaxosCommit(src=2, view=0, slot=5, ballot=2, batch=(cmd(2, 1),)))
     assert records_of(ready, SkipRecord) == [SkipRecord(start=0, stop=6)]
     # a chosen no-op (a skip learned by catch-up) makes nobody skip
     r1 = replica(1)
@@ -127,7 +127,7 @@ def test_malformed_skips_and_accepts_are_ignored() -> None:
     turn(r1, MenciusSkip(src=0, view=0, skip_start=0, skip_stop=3 * SKIP_RUN + 3))  # too long
     assert r1.committed_log() == {}
     wrong_owner = MenciusAccept(
-        src=2, view=0, slot=3, ballot=2, batch=(cmd(1),), skip_start=0, skip_stop=0
+        src=2, view=0, slot=3, ballot=2, batch=(cmd(1, 1),), skip_start=0, skip_stop=0
     )
     assert turn(r1, wrong_owner).persist == []
     absurd = accept(3 * MAX_AHEAD, 1)  # would make us skip a million slots
@@ -138,7 +138,7 @@ def test_catchup_makes_the_owner_give_up_the_slot_it_is_asked_for() -> None:
     r1 = replica(1)
     answer = turn(r1, Catchup(src=0, view=0, slot=1))
     assert records_of(answer, SkipRecord) == [SkipRecord(start=1, stop=4)]
-    assert of_type(answer.send_after_persist, PaxosCommit) == [
+    assert msgs(answer.send_after_persist, PaxosCommit) == [
         (0, PaxosCommit(src=1, view=0, slot=1, ballot=1, batch=()))
     ]
 
@@ -147,45 +147,44 @@ def test_catchup_makes_the_owner_give_up_the_slot_it_is_asked_for() -> None:
 
 
 def test_three_replicas_execute_the_same_order_with_no_ops_for_skipped_slots() -> None:
-    net = Net.of(MenciusReplica, config(3))
-    net.propose(2, cmd(1, client=2))
+    net = Net(config(3), MenciusReplica)
+    net.propose(2, cmd(2, 1))
     net.run()
-    net.propose(0, cmd(2, client=0))
+    net.propose(0, cmd(0, 2))
     net.run()
     # replica 2's command in slot 2; 0 and 1 skip below it; then replica 0 uses slot 3
     for r in range(3):
-        assert net.executed(r) == [(2, 2, 1), (3, 0, 2)]
+        assert net.executed_ids(r) == [(2, 2, 1), (3, 0, 2)]
         assert net.cores[r].committed_log() == {
             0: (),
             1: (),
-            2: (cmd(1, client=2),),
-            3: (cmd(2, client=0),),
+            2: (cmd(2, 1),),
+            3: (cmd(0, 2),),
         }
-    assert net.ready[2] == [cmd(1, client=2)] and net.ready[0] == [cmd(2, client=0)]
-    assert [e.led_here for e in net.applied[2]] == [True, False]
+    assert net.ready_cmds[2] == [cmd(2, 1)] and net.ready_cmds[0] == [cmd(0, 2)]
+    assert [e.led_here for e in net.executed[2]] == [True, False]
 
 
 def test_reads_are_ordered_in_the_reader_s_own_slot() -> None:
-    net = Net.of(MenciusReplica, config(3))
-    read = cmd(5, client=1, blind=False)
-    net.cores[1].read(read, 0)
-    net._carry_out(1, turn(net.cores[1]))
+    net = Net(config(3), MenciusReplica)
+    read = cmd(1, 5, blind=False)
+    net.read(1, read)
     net.run()
-    assert net.reads[1] == [read] and net.ready[1] == []
-    assert net.executed(0) == [(1, 1, 5)]
+    assert net.reads[1] == [read] and net.ready_cmds[1] == []
+    assert net.executed_ids(0) == [(1, 1, 5)]
 
 
 def test_lost_accept_is_retransmitted_to_the_replica_that_did_not_ack() -> None:
     r1 = replica(1)
-    turn(r1, cmd(1), now=0)  # slot 1
+    turn(r1, cmd(1, 1), now=0)  # slot 1
     turn(r1, MenciusAck(src=2, view=0, ballot=1, slots=(1,), skip_start=0, skip_stop=0), now=1)
     assert tick(r1, 50_000).send_after_persist == []
     # chosen, but it cannot execute before replica 0 (whose accept was lost) answers
-    resent = of_type(tick(r1, 100_000).send_after_persist, MenciusAccept)
+    resent = msgs(tick(r1, 100_000).send_after_persist, MenciusAccept)
     assert [(to, m.slot) for to, m in resent] == [(0, 1)]
     late = turn(r1, MenciusAck(src=0, view=0, ballot=1, slots=(1,), skip_start=0, skip_stop=3))
-    assert [e.slot for e in late.apply] == [1] and late.ready == [cmd(1)]
-    assert of_type(tick(r1, 300_000).send_after_persist, MenciusAccept) == []
+    assert [e.slot for e in late.apply] == [1] and late.ready == [cmd(1, 1)]
+    assert msgs(tick(r1, 300_000).send_after_persist, MenciusAccept) == []
 
 
 def test_a_lost_ack_with_a_skip_is_repaired_by_the_retransmitted_accept() -> None:
@@ -198,30 +197,30 @@ def test_a_lost_ack_with_a_skip_is_repaired_by_the_retransmitted_accept() -> Non
             return True
         return False
 
-    net = Net.of(MenciusReplica, config(3))
-    net.drop = drop_first_ack
-    net.propose(2, cmd(1, client=2))
+    net = Net(config(3), MenciusReplica)
+    net.lose = drop_first_ack
+    net.propose(2, cmd(2, 1))
     net.run()
-    assert net.executed(2) == []  # replica 1's skip of slot 1 was lost with its ack
-    net.tick(100_000)  # the accept goes to 1 again; its ack re-carries the skip run
-    assert net.executed(2) == [(2, 2, 1)]
-    assert "1->2 MenciusAck" in net.log
+    assert net.executed_ids(2) == []  # replica 1's skip of slot 1 was lost with its ack
+    net.tick_all(100_000)  # the accept goes to 1 again; its ack re-carries the skip run
+    assert net.executed_ids(2) == [(2, 2, 1)]
+    assert "1->2 MenciusAck" in net.sent
 
 
 def test_a_stuck_replica_catches_up_from_the_owner_of_the_slot_it_waits_for() -> None:
-    net = Net.of(MenciusReplica, config(3))
-    net.drop = lambda src, dst, msg: src == 0 and dst == 2 and isinstance(msg, MenciusSkip)
-    net.propose(1, cmd(1, client=1))
+    net = Net(config(3), MenciusReplica)
+    net.lose = lambda src, dst, msg: src == 0 and dst == 2 and isinstance(msg, MenciusSkip)
+    net.propose(1, cmd(1, 1))
     net.run()
-    assert net.executed(2) == []  # waits on replica 0's skip of slot 0
-    net.drop = lambda src, dst, msg: False
-    net.tick(10_000)
-    net.tick(200_000)  # no progress for catchup_us: ask replica 0 for the commits
-    assert "2->0 CatchupMarkers" in net.log and "2->0 Catchup" not in net.log
-    assert net.executed(2) == []  # slot 0's commit names a skip it never saw
-    net.tick(210_000)  # so it asks for the values at once
-    assert "2->0 Catchup" in net.log
-    assert net.executed(2) == [(1, 1, 1)]
+    assert net.executed_ids(2) == []  # waits on replica 0's skip of slot 0
+    net.lose = lambda src, dst, msg: False
+    net.tick_all(10_000)
+    net.tick_all(200_000)  # no progress for catchup_us: ask replica 0 for the commits
+    assert "2->0 CatchupMarkers" in net.sent and "2->0 Catchup" not in net.sent
+    assert net.executed_ids(2) == []  # slot 0's commit names a skip it never saw
+    net.tick_all(210_000)  # so it asks for the values at once
+    assert "2->0 Catchup" in net.sent
+    assert net.executed_ids(2) == [(1, 1, 1)]
 
 
 # --------------------------------------------------------------------------- recovery
@@ -229,14 +228,14 @@ def test_a_stuck_replica_catches_up_from_the_owner_of_the_slot_it_waits_for() ->
 
 def test_restart_recovers_the_next_own_slot_skips_and_unfinished_proposals() -> None:
     records: list[Record] = [
-        SlotAcceptedRecord(slot=1, ballot=1, batch=(cmd(1),)),
+        SlotAcceptedRecord(slot=1, ballot=1, batch=(cmd(1, 1),)),
         SkipRecord(start=4, stop=10),
-        SlotAcceptedRecord(slot=3, ballot=0, batch=(cmd(2, client=0),)),
+        SlotAcceptedRecord(slot=3, ballot=0, batch=(cmd(0, 2),)),
     ]
     r1 = MenciusReplica(config(3), 1, recovered=records, rng=random.Random(1))
     assert r1.next_own == 10
     assert r1.committed_log() == {4: (), 7: ()}
-    resent = of_type(tick(r1, 1).send_after_persist, MenciusAccept)
+    resent = msgs(tick(r1, 1).send_after_persist, MenciusAccept)
     assert {(m.slot, m.skip_start, m.skip_stop) for _, m in resent} == {(1, 0, 0)}
     assert sorted(r1.durable_records(), key=repr) == sorted(records, key=repr)
 
@@ -246,4 +245,4 @@ def test_snapshot_install_moves_the_next_own_slot_past_it() -> None:
     meta = r1.snapshot_meta().__class__(12, (0, 0, 0))
     assert r1.install_snapshot(meta) == []
     assert r1.executed_through() == 11 and r1.next_own == 13
-    assert of_type(turn(r1, cmd(1)).send_after_persist, MenciusAccept)[0][1].slot == 13
+    assert msgs(turn(r1, cmd(1, 1)).send_after_persist, MenciusAccept)[0][1].slot == 13

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from baseline_util import Net, cmd, config, of_type, records_of, tick, turn
+from util import Net, cmd, config, msgs, records_of, tick, turn
 
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
@@ -27,7 +27,8 @@ def replica(me: int = 0, n: int = 3, **changes: object) -> MultiPaxosReplica:
 
 
 def accept(slot: int, *commands: int, src: int = 0) -> PaxosAccept:
-    return PaxosAccept(src=src, view=0, slot=slot, ballot=0, batch=tuple(cmd(c) for c in commands))
+    batch = tuple(cmd(1, c) for c in commands)
+    return PaxosAccept(src=src, view=0, slot=slot, ballot=0, batch=batch)
 
 
 # --------------------------------------------------------------------------- the leader
@@ -35,22 +36,22 @@ def accept(slot: int, *commands: int, src: int = 0) -> PaxosAccept:
 
 def test_leader_batches_a_turn_into_one_slot_and_persists_before_its_accepts_leave() -> None:
     leader = replica(0)
-    ready = turn(leader, cmd(1), cmd(2), cmd(3))
+    ready = turn(leader, cmd(1, 1), cmd(1, 2), cmd(1, 3))
     assert records_of(ready, SlotAcceptedRecord) == [
-        SlotAcceptedRecord(slot=0, ballot=0, batch=(cmd(1), cmd(2), cmd(3)))
+        SlotAcceptedRecord(slot=0, ballot=0, batch=(cmd(1, 1), cmd(1, 2), cmd(1, 3)))
     ]
-    accepts = of_type(ready.send_after_persist, PaxosAccept)
+    accepts = msgs(ready.send_after_persist, PaxosAccept)
     assert [to for to, _ in accepts] == [1, 2]
     assert {m.slot for _, m in accepts} == {0} and len(accepts[0][1].batch) == 3
     assert ready.send == [] and ready.ready == [] and ready.apply == []
     # the next turn takes the next slot: slots pipeline without waiting for a commit
-    assert of_type(turn(leader, cmd(4)).send_after_persist, PaxosAccept)[0][1].slot == 1
+    assert msgs(turn(leader, cmd(1, 4)).send_after_persist, PaxosAccept)[0][1].slot == 1
 
 
 def test_max_batch_splits_a_turn_into_several_slots() -> None:
     leader = replica(0, max_batch=2)
-    ready = turn(leader, *(cmd(i) for i in range(5)))
-    slots = sorted({m.slot for _, m in of_type(ready.send_after_persist, PaxosAccept)})
+    ready = turn(leader, *(cmd(1, i) for i in range(5)))
+    slots = sorted({m.slot for _, m in msgs(ready.send_after_persist, PaxosAccept)})
     assert slots == [0, 1, 2]
     assert [len(r.batch) for r in records_of(ready, SlotAcceptedRecord)] == [2, 2, 1]
 
@@ -64,7 +65,7 @@ def test_batches_and_forwards_are_bounded_in_bytes_too() -> None:
         tuple(big[0:2]), tuple(big[2:4]), tuple(big[4:])
     ]
     follower = replica(2, max_batch_bytes=2000)
-    forwards = of_type(turn(follower, *big).send, PaxosForward)
+    forwards = msgs(turn(follower, *big).send, PaxosForward)
     assert [m.commands for _, m in forwards] == [tuple(big[0:2]), tuple(big[2:4]), tuple(big[4:])]
 
 
@@ -74,7 +75,7 @@ def test_a_catchup_answer_is_bounded_in_bytes() -> None:
     for seq in range(100):  # 6.4 MB of chosen slots
         turn(leader, Command(client_id=1, seq=seq, op=op))
         turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(seq,)))
-    answer = of_type(turn(leader, Catchup(src=2, view=0, slot=0)).send_after_persist, PaxosCommit)
+    answer = msgs(turn(leader, Catchup(src=2, view=0, slot=0)).send_after_persist, PaxosCommit)
     assert [m.slot for _, m in answer] == list(range(len(answer)))
     assert 0 < len(answer) < 100
     assert sum(len(m.batch[0].op) for _, m in answer) <= CATCHUP_BYTES + len(op)
@@ -82,13 +83,13 @@ def test_a_catchup_answer_is_bounded_in_bytes() -> None:
 
 def test_leader_commits_on_a_majority_and_tells_everyone() -> None:
     leader = replica(0)
-    turn(leader, cmd(1))
+    turn(leader, cmd(1, 1))
     ready = turn(leader, PaxosAck(src=2, view=0, ballot=0, slots=(0,)))
-    commits = dict(of_type(ready.send_after_persist, PaxosCommit))
+    commits = dict(msgs(ready.send_after_persist, PaxosCommit))
     # every follower was sent the Accept first on the same connection: no value again
     assert commits[1].batch is None and commits[2].batch is None
-    assert ready.ready == [cmd(1)]  # arrived here from a client, chosen: ready
-    assert [(e.slot, e.command, e.led_here) for e in ready.apply] == [(0, cmd(1), True)]
+    assert ready.ready == [cmd(1, 1)]  # arrived here from a client, chosen: ready
+    assert [(e.slot, e.command, e.led_here) for e in ready.apply] == [(0, cmd(1, 1), True)]
     # a late acknowledgement changes nothing
     late = turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,)))
     assert late.send_after_persist == [] and late.ready == []
@@ -96,43 +97,43 @@ def test_leader_commits_on_a_majority_and_tells_everyone() -> None:
 
 def test_leader_drops_a_duplicate_forward_and_resends_the_commit_it_was_asked_again() -> None:
     leader = replica(0)
-    turn(leader, cmd(1))  # slot 0: not chosen yet, so slot 1 cannot execute
-    forward = PaxosForward(src=1, view=0, commands=(cmd(2),))
+    turn(leader, cmd(1, 1))  # slot 0: not chosen yet, so slot 1 cannot execute
+    forward = PaxosForward(src=1, view=0, commands=(cmd(1, 2),))
     first = turn(leader, forward, forward)  # duplicated by the network in one turn
-    assert [m.slot for _, m in of_type(first.send_after_persist, PaxosAccept)] == [1, 1]
+    assert [m.slot for _, m in msgs(first.send_after_persist, PaxosAccept)] == [1, 1]
     assert turn(leader, forward).send_after_persist == []  # in flight: nothing new
     turn(leader, PaxosAck(src=2, view=0, ballot=0, slots=(1,)))
     again = turn(leader, forward)  # chosen, not executed: the forwarder missed the commit
-    assert of_type(again.send_after_persist, PaxosCommit) == [
-        (1, PaxosCommit(src=0, view=0, slot=1, ballot=0, batch=(cmd(2),)))
+    assert msgs(again.send_after_persist, PaxosCommit) == [
+        (1, PaxosCommit(src=0, view=0, slot=1, ballot=0, batch=(cmd(1, 2),)))
     ]
 
 
 def test_a_retried_command_that_already_executed_is_proposed_again() -> None:
     # (the state machine's session table answers it with the first result)
     leader = replica(0)
-    turn(leader, cmd(1))
+    turn(leader, cmd(1, 1))
     assert [e.slot for e in turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,))).apply]
-    retry = turn(leader, PaxosForward(src=2, view=0, commands=(cmd(1),)))
-    assert {m.slot for _, m in of_type(retry.send_after_persist, PaxosAccept)} == {1}
+    retry = turn(leader, PaxosForward(src=2, view=0, commands=(cmd(1, 1),)))
+    assert {m.slot for _, m in msgs(retry.send_after_persist, PaxosAccept)} == {1}
 
 
 def test_leader_retransmits_unacknowledged_accepts_to_whoever_did_not_ack() -> None:
     leader = replica(0)
-    turn(leader, cmd(1), now=0)
+    turn(leader, cmd(1, 1), now=0)
     assert tick(leader, 50_000).send_after_persist == []  # not yet retransmit_us
-    resent = of_type(tick(leader, 100_000).send_after_persist, PaxosAccept)
+    resent = msgs(tick(leader, 100_000).send_after_persist, PaxosAccept)
     assert [to for to, _ in resent] == [1, 2]
     leader.step(PaxosAck(src=1, view=0, ballot=0, slots=(0,)), 110_000)
     leader.advance(leader.ready())
     # chosen now: retransmission stops (a peer that missed it learns from the commit)
-    assert of_type(tick(leader, 300_000).send_after_persist, PaxosAccept) == []
+    assert msgs(tick(leader, 300_000).send_after_persist, PaxosAccept) == []
 
 
 def test_a_cluster_of_one_commits_at_once() -> None:
     alone = replica(0, n=1)
-    ready = turn(alone, cmd(1))
-    assert ready.ready == [cmd(1)] and [e.slot for e in ready.apply] == [0]
+    ready = turn(alone, cmd(1, 1))
+    assert ready.ready == [cmd(1, 1)] and [e.slot for e in ready.apply] == [0]
 
 
 # --------------------------------------------------------------------------- followers
@@ -140,16 +141,16 @@ def test_a_cluster_of_one_commits_at_once() -> None:
 
 def test_follower_forwards_client_commands_to_the_leader_once_per_turn() -> None:
     follower = replica(2)
-    ready = turn(follower, cmd(1), cmd(2))
+    ready = turn(follower, cmd(1, 1), cmd(1, 2))
     assert ready.persist == [] and ready.send_after_persist == []
-    assert of_type(ready.send, PaxosForward) == [
-        (0, PaxosForward(src=2, view=0, commands=(cmd(1), cmd(2))))
+    assert msgs(ready.send, PaxosForward) == [
+        (0, PaxosForward(src=2, view=0, commands=(cmd(1, 1), cmd(1, 2))))
     ]
 
 
 def test_the_leader_is_configurable() -> None:
     follower = replica(0, leader=2)
-    assert of_type(turn(follower, cmd(1)).send, PaxosForward)[0][0] == 2
+    assert msgs(turn(follower, cmd(1, 1)).send, PaxosForward)[0][0] == 2
     with pytest.raises(ConfigError, match="leader"):
         config(3, leader=3)
 
@@ -159,13 +160,13 @@ def test_acceptor_persists_then_acknowledges_and_acknowledges_duplicates_again()
     ready = turn(follower, accept(0, 1), accept(1, 2))
     assert [r.slot for r in records_of(ready, SlotAcceptedRecord)] == [0, 1]
     # one acknowledgement for the whole turn, released only after the records are durable
-    assert of_type(ready.send_after_persist, PaxosAck) == [
+    assert msgs(ready.send_after_persist, PaxosAck) == [
         (0, PaxosAck(src=1, view=0, ballot=0, slots=(0, 1)))
     ]
-    assert of_type(ready.send, PaxosAck) == []
+    assert msgs(ready.send, PaxosAck) == []
     dup = turn(follower, accept(0, 1))
     assert dup.persist == []  # persisted once ...
-    assert of_type(dup.send_after_persist, PaxosAck)[0][1].slots == (0,)  # ... acked again
+    assert msgs(dup.send_after_persist, PaxosAck)[0][1].slots == (0,)  # ... acked again
 
 
 def test_acceptor_refuses_a_second_value_for_a_slot_at_the_same_ballot() -> None:
@@ -181,21 +182,21 @@ def test_only_the_leader_proposes() -> None:
 
 def test_lost_forward_is_sent_again_until_the_leader_is_seen_proposing_it() -> None:
     follower = replica(1)
-    turn(follower, cmd(1), now=0)
-    assert of_type(tick(follower, 100_000).send, PaxosForward)[0][1].commands == (cmd(1),)
+    turn(follower, cmd(1, 1), now=0)
+    assert msgs(tick(follower, 100_000).send, PaxosForward)[0][1].commands == (cmd(1, 1),)
     turn(follower, accept(3, 1), now=120_000)
-    assert of_type(tick(follower, 400_000).send, PaxosForward) == []
+    assert msgs(tick(follower, 400_000).send, PaxosForward) == []
 
 
 def test_ready_at_the_forwarder_when_it_learns_the_commit() -> None:
-    net = Net.of(MultiPaxosReplica, config(3))
-    net.propose(1, cmd(1))
+    net = Net(config(3), MultiPaxosReplica)
+    net.propose(1, cmd(1, 1))
     net.run()
-    assert net.ready == [[], [cmd(1)], []]
+    assert net.ready_cmds == [[], [cmd(1, 1)], []]
     # the forwarder answers the client: the command is led there, not at the leader
-    assert [(e.slot, e.led_here) for e in net.applied[1]] == [(0, True)]
-    assert [(e.slot, e.led_here) for e in net.applied[0]] == [(0, False)]
-    assert net.log[:4] == [
+    assert [(e.slot, e.led_here) for e in net.executed[1]] == [(0, True)]
+    assert [(e.slot, e.led_here) for e in net.executed[0]] == [(0, False)]
+    assert net.sent[:4] == [
         "1->0 PaxosForward",
         "0->1 PaxosAccept",
         "0->2 PaxosAccept",
@@ -204,15 +205,13 @@ def test_ready_at_the_forwarder_when_it_learns_the_commit() -> None:
 
 
 def test_reads_go_through_the_log_and_are_served_after_their_slot_executes() -> None:
-    net = Net.of(MultiPaxosReplica, config(3))
-    net.propose(0, cmd(1))
-    net.cores[2].read(cmd(2, blind=False), 0)
-    net.cores[2].advance(ready := net.cores[2].ready())
-    net._carry_out(2, ready)
+    net = Net(config(3), MultiPaxosReplica)
+    net.propose(0, cmd(1, 1))
+    net.read(2, cmd(1, 2, blind=False))
     net.run()
-    assert net.reads[2] == [cmd(2, blind=False)]
-    assert net.ready[2] == []  # a read is answered through Ready.reads only
-    assert [e.command.seq for e in net.applied[2]] == [1, 2]
+    assert net.reads[2] == [cmd(1, 2, blind=False)]
+    assert net.ready_cmds[2] == []  # a read is answered through Ready.reads only
+    assert [e.command.seq for e in net.executed[2]] == [1, 2]
 
 
 # --------------------------------------------------------------------------- execution
@@ -220,12 +219,12 @@ def test_reads_go_through_the_log_and_are_served_after_their_slot_executes() -> 
 
 def test_execution_is_in_slot_order() -> None:
     follower = replica(2)
-    ready = turn(follower, PaxosCommit(src=0, view=0, slot=1, ballot=0, batch=(cmd(2),)))
+    ready = turn(follower, PaxosCommit(src=0, view=0, slot=1, ballot=0, batch=(cmd(1, 2),)))
     assert ready.apply == []  # slot 0 unknown yet
-    ready = turn(follower, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=(cmd(1),)))
+    ready = turn(follower, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=(cmd(1, 1),)))
     assert [(e.slot, e.command.seq) for e in ready.apply] == [(0, 1), (1, 2)]
     assert follower.executed_through() == 1
-    assert follower.committed_log() == {0: (cmd(1),), 1: (cmd(2),)}
+    assert follower.committed_log() == {0: (cmd(1, 1),), 1: (cmd(1, 2),)}
 
 
 def test_a_commit_without_the_value_waits_for_catch_up() -> None:
@@ -238,48 +237,48 @@ def test_a_replica_that_missed_commits_catches_up_from_the_peer_ahead() -> None:
     def drop(src: int, dst: int, msg: object) -> bool:
         return dst == 2 and isinstance(msg, PaxosCommit | PaxosAccept)
 
-    net = Net.of(MultiPaxosReplica, config(3))
-    net.drop = drop
-    net.propose(0, cmd(1))
+    net = Net(config(3), MultiPaxosReplica)
+    net.lose = drop
+    net.propose(0, cmd(1, 1))
     net.run()
-    net.propose(0, cmd(2))
+    net.propose(0, cmd(1, 2))
     net.run()
-    assert net.executed(0) == [(0, 1, 1), (1, 1, 2)] and net.executed(2) == []
-    net.drop = lambda src, dst, msg: False
-    net.tick(10_000)  # heartbeats: replica 2 learns the leader executed through slot 1
-    assert net.executed(2) == []  # not before catchup_us without progress
-    net.tick(200_000)
-    assert "2->0 CatchupMarkers" in net.log and "2->0 Catchup" not in net.log
-    assert net.executed(2) == []  # the commits name values it never received
-    net.tick(210_000)  # so it asks for the values at once
-    assert "2->0 Catchup" in net.log
-    assert net.executed(2) == [(0, 1, 1), (1, 1, 2)]
+    assert net.executed_ids(0) == [(0, 1, 1), (1, 1, 2)] and net.executed_ids(2) == []
+    net.lose = lambda src, dst, msg: False
+    net.tick_all(10_000)  # heartbeats: replica 2 learns the leader executed through slot 1
+    assert net.executed_ids(2) == []  # not before catchup_us without progress
+    net.tick_all(200_000)
+    assert "2->0 CatchupMarkers" in net.sent and "2->0 Catchup" not in net.sent
+    assert net.executed_ids(2) == []  # the commits name values it never received
+    net.tick_all(210_000)  # so it asks for the values at once
+    assert "2->0 Catchup" in net.sent
+    assert net.executed_ids(2) == [(0, 1, 1), (1, 1, 2)]
 
 
 def test_a_replica_that_holds_the_values_catches_up_from_commit_markers_alone() -> None:
-    net = Net.of(MultiPaxosReplica, config(3))
-    net.drop = lambda src, dst, msg: dst == 2 and isinstance(msg, PaxosCommit)
-    net.propose(0, cmd(1))
+    net = Net(config(3), MultiPaxosReplica)
+    net.lose = lambda src, dst, msg: dst == 2 and isinstance(msg, PaxosCommit)
+    net.propose(0, cmd(1, 1))
     net.run()
-    assert net.executed(2) == []
-    net.drop = lambda src, dst, msg: False
-    net.tick(10_000)
-    net.tick(200_000)
-    assert "2->0 CatchupMarkers" in net.log
-    assert net.executed(2) == [(0, 1, 1)]
-    net.tick(400_000)
-    assert "2->0 Catchup" not in net.log  # no value was ever re-sent
+    assert net.executed_ids(2) == []
+    net.lose = lambda src, dst, msg: False
+    net.tick_all(10_000)
+    net.tick_all(200_000)
+    assert "2->0 CatchupMarkers" in net.sent
+    assert net.executed_ids(2) == [(0, 1, 1)]
+    net.tick_all(400_000)
+    assert "2->0 Catchup" not in net.sent  # no value was ever re-sent
 
 
 def test_catchup_answer_carries_values() -> None:
     leader = replica(0)
-    turn(leader, cmd(1))
+    turn(leader, cmd(1, 1))
     turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,)))
     answer = turn(leader, Catchup(src=2, view=0, slot=0))
-    assert of_type(answer.send_after_persist, PaxosCommit) == [
-        (2, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=(cmd(1),)))
+    assert msgs(answer.send_after_persist, PaxosCommit) == [
+        (2, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=(cmd(1, 1),)))
     ]
-    beats = of_type(tick(leader, 1).send, Heartbeat)
+    beats = msgs(tick(leader, 1).send, Heartbeat)
     assert [(to, m.executed) for to, m in beats] == [(1, 1), (2, 1)]
 
 
@@ -288,16 +287,16 @@ def test_catchup_answer_carries_values() -> None:
 
 def test_restarted_leader_re_drives_its_slots_and_fills_a_hole_with_a_no_op() -> None:
     records = [
-        SlotAcceptedRecord(slot=0, ballot=0, batch=(cmd(1),)),
-        SlotAcceptedRecord(slot=2, ballot=0, batch=(cmd(3),)),
+        SlotAcceptedRecord(slot=0, ballot=0, batch=(cmd(1, 1),)),
+        SlotAcceptedRecord(slot=2, ballot=0, batch=(cmd(1, 3),)),
     ]
     leader = MultiPaxosReplica(config(3), 0, recovered=records, rng=random.Random(0))
     first = leader.ready()
     leader.advance(first)
     assert records_of(first, SlotAcceptedRecord) == [SlotAcceptedRecord(slot=1, ballot=0, batch=())]
-    resent = of_type(tick(leader, 1).send_after_persist, PaxosAccept)
+    resent = msgs(tick(leader, 1).send_after_persist, PaxosAccept)
     assert sorted({m.slot for _, m in resent}) == [0, 1, 2]
-    assert of_type(turn(leader, cmd(9)).send_after_persist, PaxosAccept)[0][1].slot == 3
+    assert msgs(turn(leader, cmd(1, 9)).send_after_persist, PaxosAccept)[0][1].slot == 3
 
 
 def test_core_contract() -> None:
@@ -309,7 +308,7 @@ def test_core_contract() -> None:
     with pytest.raises(LocalProtocolError):
         leader.advance(ready)
     with pytest.raises(LocalProtocolError, match="op"):
-        leader.propose(cmd(1).__class__(client_id=1, seq=1, op=b"x" * (2 << 20)), 0)
+        leader.propose(cmd(1, 1).__class__(client_id=1, seq=1, op=b"x" * (2 << 20)), 0)
     with pytest.raises(ConfigError, match="unsafe"):
         replica(0, unsafe=frozenset({"no_lease_check"}))
 
@@ -318,24 +317,24 @@ def test_compacting_to_an_older_snapshot_rewrites_nothing_executed() -> None:
     # The driver compacts to its previous snapshot after taking one at the execution
     # frontier: a restart starts there, so executed slots stay in memory (for peers a little
     # behind) but not in the rewritten log.
-    net = Net.of(MultiPaxosReplica, config(3))
+    net = Net(config(3), MultiPaxosReplica)
     leader = net.cores[0]
     older = leader.snapshot_meta()
     for i in range(3):
-        net.propose(0, cmd(i))
+        net.propose(0, cmd(1, i))
         net.run()
     assert leader.executed_through() == 2
     assert leader.compact(older) == []
     answer = turn(leader, Catchup(src=2, view=0, slot=0))
     assert answer.snapshot_requests == []
-    commits = of_type(answer.send + answer.send_after_persist, PaxosCommit)
+    commits = msgs(answer.send + answer.send_after_persist, PaxosCommit)
     assert [m.slot for _, m in commits] == [0, 1, 2]
 
 
 def test_compaction_and_snapshot_install() -> None:
-    net = Net.of(MultiPaxosReplica, config(3))
+    net = Net(config(3), MultiPaxosReplica)
     for i in range(5):
-        net.propose(0, cmd(i))
+        net.propose(0, cmd(1, i))
         net.run()
     leader = net.cores[0]
     meta = leader.snapshot_meta()
@@ -346,18 +345,18 @@ def test_compaction_and_snapshot_install() -> None:
     fresh = replica(2)
     assert fresh.install_snapshot(meta) == []
     assert fresh.executed_through() == 4
-    ready = turn(fresh, PaxosCommit(src=0, view=0, slot=5, ballot=0, batch=(cmd(9),)))
+    ready = turn(fresh, PaxosCommit(src=0, view=0, slot=5, ballot=0, batch=(cmd(1, 9),)))
     assert [e.slot for e in ready.apply] == [5]
     # the leader goes on after the compaction point
-    assert of_type(turn(leader, cmd(10)).send_after_persist, PaxosAccept)[0][1].slot == 5
+    assert msgs(turn(leader, cmd(1, 10)).send_after_persist, PaxosAccept)[0][1].slot == 5
 
 
 def test_thrifty_leader_sends_accepts_to_a_bare_majority_first() -> None:
     leader = replica(0, n=5, thrifty=True, preference=((3, 1, 2, 4), (0, 2, 3, 4), (0, 1, 3, 4),
                                                        (0, 1, 2, 4), (0, 1, 2, 3)))  # fmt: skip
-    first = of_type(turn(leader, cmd(1), now=0).send_after_persist, PaxosAccept)
+    first = msgs(turn(leader, cmd(1, 1), now=0).send_after_persist, PaxosAccept)
     assert [to for to, _ in first] == [3, 1]
     leader.step(PaxosAck(src=3, view=0, ballot=0, slots=(0,)), 1)
     leader.advance(leader.ready())
-    resent = of_type(tick(leader, 100_000).send_after_persist, PaxosAccept)
+    resent = msgs(tick(leader, 100_000).send_after_persist, PaxosAccept)
     assert [to for to, _ in resent] == [1, 2, 4]  # aggressively, to everyone else

@@ -174,7 +174,7 @@ def test_ci_sweep_with_snapshots(protocol: str) -> None:
 
 
 # Runs that failed before the core learnt to live with compaction (each fix also has a
-# handler test in tests/protocol/test_sdpaxos_handlers.py).
+# handler test in tests/protocol/sdpaxos/).
 @pytest.mark.parametrize(
     ("replicas", "network", "seed"),
     [

@@ -1,7 +1,18 @@
-"""Helpers for the SDPaxos core tests: commands, canonical text forms, and a message bag.
+"""Shared helpers for the protocol-core tests (SDPaxos and the Multi-Paxos / Mencius baselines).
 
-The canonical forms are what the golden scripts (``golden/*.txt``) compare against, so they
-are deliberately short and stable:
+One loop turn by hand:
+
+* ``cmd(client, seq, ...)`` builds a client command (the one command helper of the suite);
+* ``turn(core, *inputs, now=...)`` proposes commands / steps messages, then takes and advances
+  the turn's ``Ready``; ``drain(core)`` is a turn with no new input, ``tick(core, now)`` a
+  turn of timers;
+* ``msgs(outgoing, Kind)`` lists ``(destination, message)`` pairs, ``records_of(ready, Kind)``
+  the durable records of one type;
+* ``core(replicas, me, ...)`` builds an SDPaxos core, ``config(n, ...)`` the short timers the
+  baseline tests assume.
+
+Canonical text forms (what the golden scripts, ``golden/*.txt``, compare against), kept short
+and stable:
 
 * a command prints as ``client:seq`` (``7:0``), a batch as ``[7:0,7:1]`` (``None`` if absent);
 * O-instance entries print as ``slot=>owner`` (``0=>1``; ``NO_CL`` is ``noop``);
@@ -9,8 +20,10 @@ are deliberately short and stable:
   trace line names the sender);
 * a record prints as ``Type field=value ...``.
 
-``Net`` drives real cores through an explicit in-flight bag: nothing is delivered unless a
-test says so, which makes reordering, duplication and loss explicit.
+``Net`` drives real cores of any protocol through an explicit in-flight bag: nothing is
+delivered unless a test says so (``deliver``, ``deliver_all``, or ``run`` for turn-by-turn
+delivery with each replica's inputs batched), which makes reordering, duplication and loss
+explicit.
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import dataclasses
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, overload
 
 from consensus.config import ProtocolConfig
 from consensus.messages import NO_CL, Command, OEntry, PeerMessage, Record
@@ -29,6 +43,7 @@ __all__ = [
     "Flight",
     "Net",
     "cmd",
+    "config",
     "core",
     "drain",
     "fmt_batch",
@@ -36,31 +51,87 @@ __all__ = [
     "fmt_msg",
     "fmt_record",
     "msgs",
+    "records_of",
+    "tick",
+    "turn",
 ]
 
+M = TypeVar("M")
 
-def cmd(client: int, seq: int, *, blind: bool = True, keys: tuple[str, ...] = ()) -> Command:
-    return Command(client_id=client, seq=seq, op=f"op{client}:{seq}".encode(), keys=keys,
-                   blind=blind)
+#: the baseline tests' timers: short, so that retransmission and catch-up show in a few ticks
+BASELINE_TIMING: dict[str, int] = {
+    "retransmit_us": 100_000,
+    "catchup_us": 150_000,
+    "heartbeat_us": 50_000,
+}
 
 
-def core(replicas: int, me: int, **config: object) -> SDPaxosReplica:
-    cfg = ProtocolConfig(replicas=replicas, **config)  # type: ignore[arg-type]
+# --------------------------------------------------------------------------- building
+
+
+def cmd(
+    client: int,
+    seq: int,
+    *,
+    op: bytes | None = None,
+    keys: tuple[str, ...] = (),
+    blind: bool = True,
+) -> Command:
+    """Command ``seq`` of ``client``; its op defaults to a distinct ``op<client>:<seq>``."""
+    payload = f"op{client}:{seq}".encode() if op is None else op
+    return Command(client_id=client, seq=seq, op=payload, keys=keys, blind=blind)
+
+
+def config(n: int = 3, **changes: Any) -> ProtocolConfig:
+    """A configuration of ``n`` replicas with the baseline tests' short timers."""
+    return ProtocolConfig(replicas=n, **{**BASELINE_TIMING, **changes})
+
+
+def core(replicas: int, me: int, **settings: object) -> SDPaxosReplica:
+    """SDPaxos replica ``me`` of ``replicas`` (default timers unless ``settings`` say)."""
+    cfg = ProtocolConfig(replicas=replicas, **settings)  # type: ignore[arg-type]
     return SDPaxosReplica(cfg, me, rng=random.Random(0))
 
 
-def drain(replica: SDPaxosReplica) -> Ready:
-    """One loop turn: take the Ready and advance past it."""
-    ready = replica.ready()
+# --------------------------------------------------------------------------- one turn
+
+
+def turn(replica: Any, *inputs: Command | PeerMessage, now: int = 0) -> Ready:
+    """Feed ``inputs`` (commands are proposed, messages stepped) at ``now``, then take and
+    advance the turn's ``Ready``."""
+    for item in inputs:
+        if isinstance(item, Command):
+            replica.propose(item, now)
+        else:
+            replica.step(item, now)
+    ready: Ready = replica.ready()
     replica.advance(ready)
     return ready
 
 
-def msgs(
-    outgoing: Iterable[Outgoing], kind: type | None = None
-) -> list[tuple[int, PeerMessage]]:
+def drain(replica: Any) -> Ready:
+    """One loop turn with no new input: take the Ready and advance past it."""
+    return turn(replica)
+
+
+def tick(replica: Any, now: int) -> Ready:
+    """One loop turn of ``replica``'s timers at ``now``."""
+    replica.tick(now)
+    return drain(replica)
+
+
+@overload
+def msgs(outgoing: Iterable[Outgoing]) -> list[tuple[int, PeerMessage]]: ...
+@overload
+def msgs(outgoing: Iterable[Outgoing], kind: type[M]) -> list[tuple[int, M]]: ...
+def msgs(outgoing: Iterable[Outgoing], kind: type | None = None) -> list[tuple[int, Any]]:
     """(destination, message) pairs, optionally of one message type only."""
     return [(o.to, o.message) for o in outgoing if kind is None or isinstance(o.message, kind)]
+
+
+def records_of(ready: Ready, kind: type[M]) -> list[M]:
+    """The records of type ``kind`` among what ``ready`` makes durable."""
+    return [record for record in ready.persist if isinstance(record, kind)]
 
 
 # --------------------------------------------------------------------------- canonical text
@@ -124,33 +195,47 @@ class Flight:
     message: PeerMessage
 
 
+def _never_lost(src: int, dst: int, message: PeerMessage) -> bool:
+    return False
+
+
 @dataclass
 class Net:
-    """Real cores plus an in-flight bag; every output is logged in canonical form."""
+    """Real cores plus an in-flight bag; every output is logged in canonical form.
+
+    ``factory`` builds the cores (``SDPaxosReplica`` unless a baseline's class is given),
+    replica ``r`` with ``random.Random(r)``.
+    """
 
     config: ProtocolConfig
+    factory: Callable[..., Any] = SDPaxosReplica
     now: int = 0
-    cores: list[SDPaxosReplica] = field(default_factory=list)
+    cores: list[Any] = field(default_factory=list)
     bag: list[Flight] = field(default_factory=list)
+    #: the canonical trace (what golden scripts compare)
     log: list[str] = field(default_factory=list)
+    #: ``"src->dst Type"`` for every message sent and not lost, in send order
+    sent: list[str] = field(default_factory=list)
     executed: list[list[Execution]] = field(default_factory=list)
     ready_cmds: list[list[Command]] = field(default_factory=list)
+    reads: list[list[Command]] = field(default_factory=list)
     durable: list[list[Record]] = field(default_factory=list)
     #: message types discarded at send time (never delivered, never logged)
     discard: tuple[type, ...] = ()
+    #: messages this says are lost at send time (never delivered, never logged)
+    lose: Callable[[int, int, PeerMessage], bool] = _never_lost
     #: called with each Ready (after logging), e.g. for invariant checks
     on_ready: Callable[[int, Ready], None] | None = None
-    #: keep the canonical text log (off for speed in property tests)
+    #: keep the canonical text log and ``sent`` (off for speed in property tests)
     trace: bool = True
 
     def __post_init__(self) -> None:
         n = self.config.replicas
         if not self.cores:
-            self.cores = [
-                SDPaxosReplica(self.config, r, rng=random.Random(r)) for r in range(n)
-            ]
+            self.cores = [self.factory(self.config, r, rng=random.Random(r)) for r in range(n)]
         self.executed = [[] for _ in range(n)]
         self.ready_cmds = [[] for _ in range(n)]
+        self.reads = [[] for _ in range(n)]
         self.durable = [[] for _ in range(n)]
 
     def _log(self, line: str) -> None:
@@ -159,7 +244,7 @@ class Net:
     def restart(self, replica: int, seed: int = 99) -> None:
         """Crash ``replica`` between two turns and rebuild it from its durable records (it
         executes again, at once, what its records say it executed)."""
-        self.cores[replica] = SDPaxosReplica(
+        self.cores[replica] = self.factory(
             self.config, replica, recovered=list(self.durable[replica]),
             rng=random.Random(seed),
         )
@@ -169,8 +254,15 @@ class Net:
 
     # inputs --------------------------------------------------------------
     def propose(self, replica: int, *commands: Command) -> None:
+        """Client commands at ``replica``, all in one turn."""
         for command in commands:
             self.cores[replica].propose(command, self.now)
+        self.flush(replica)
+
+    def read(self, replica: int, *commands: Command) -> None:
+        """Client reads at ``replica``, all in one turn."""
+        for command in commands:
+            self.cores[replica].read(command, self.now)
         self.flush(replica)
 
     def tick(self, replica: int, at: int | None = None) -> None:
@@ -178,6 +270,13 @@ class Net:
             self.now = max(self.now, at)
         self.cores[replica].tick(self.now)
         self.flush(replica)
+
+    def tick_all(self, at: int) -> None:
+        """Move the clock to ``at``, run every replica's timers (in replica order), then
+        ``run`` until nothing is in flight."""
+        for replica in range(len(self.cores)):
+            self.tick(replica, at)
+        self.run()
 
     def deliver(self, flight: Flight) -> None:
         self._take(flight)
@@ -207,6 +306,18 @@ class Net:
             self.deliver(self.bag[0])
         raise AssertionError("deliver_all did not quiesce")
 
+    def run(self, max_rounds: int = 100) -> None:
+        """Deliver in rounds until the bag is empty: each round, every replica in turn takes
+        everything in flight to it (sent earlier in the round included) in one turn."""
+        for _ in range(max_rounds):
+            if not self.bag:
+                return
+            for replica in range(len(self.cores)):
+                inbox = [f for f in self.bag if f.dst == replica]
+                if inbox:
+                    self.deliver_together(inbox)
+        raise AssertionError("messages still in flight after max_rounds")
+
     def matching(self, src: str, dst: str, kind: str) -> list[Flight]:
         return [
             f
@@ -235,33 +346,46 @@ class Net:
             self._log(f"dup {flight.src}->{flight.dst} {fmt_msg(flight.message)}")
 
     # outputs -------------------------------------------------------------
+    def _lost(self, src: int, out: Outgoing) -> bool:
+        return isinstance(out.message, self.discard) or self.lose(src, out.to, out.message)
+
     def flush(self, replica: int) -> Ready:
         r = replica
         ready = self.cores[r].ready()
+        # ``lose`` is asked once per message (a test's filter may count what it drops)
+        after_persist = [o for o in ready.send_after_persist if not self._lost(r, o)]
+        at_once = [o for o in ready.send if not self._lost(r, o)]
         if self.trace:
-            self._trace_ready(r, ready)
+            self._trace_ready(r, ready, after_persist, at_once)
         self.durable[r].extend(ready.persist)
         self.durable[r].extend(ready.log)  # a crash here is between turns: written by then
-        for out in ready.send_after_persist + ready.send:
-            if not isinstance(out.message, self.discard):
-                self.bag.append(Flight(r, out.to, out.message))
+        for out in after_persist + at_once:
+            self.bag.append(Flight(r, out.to, out.message))
+            if self.trace:
+                self.sent.append(f"{r}->{out.to} {type(out.message).__name__}")
         self.ready_cmds[r].extend(ready.ready)
         self.executed[r].extend(ready.apply)
+        self.reads[r].extend(ready.reads)
         if self.on_ready is not None:
             self.on_ready(r, ready)
         self.cores[r].advance(ready)
         return ready
 
-    def _trace_ready(self, r: int, ready: Ready) -> None:
+    def executed_ids(self, replica: int) -> list[tuple[int, int, int]]:
+        """(slot, client id, seq) of what ``replica`` executed, in order."""
+        return [(e.slot, e.command.client_id, e.command.seq) for e in self.executed[replica]]
+
+    def _trace_ready(
+        self, r: int, ready: Ready, after_persist: list[Outgoing], at_once: list[Outgoing]
+    ) -> None:
         log = self.log.append
         for record in ready.persist:
             log(f"{r} persist {fmt_record(record)}")
         for record in ready.log:
             log(f"{r} log {fmt_record(record)}")
-        for arrow, outs in (("->", ready.send_after_persist), ("~>", ready.send)):
+        for arrow, outs in (("->", after_persist), ("~>", at_once)):
             for out in outs:
-                if not isinstance(out.message, self.discard):
-                    log(f"{r} {arrow} {out.to} {fmt_msg(out.message)}")
+                log(f"{r} {arrow} {out.to} {fmt_msg(out.message)}")
         for command in ready.ready:
             log(f"{r} ready {fmt_cmd(command)}")
         for ex in ready.apply:

@@ -26,9 +26,10 @@ Machines:
   while time passes, so sequencers get replaced (§3.3) and C-instances recovered.
 * ``SDPaxosCrashMachine`` (N=5): the same, plus crash-restarts from durable records.
 
-The settings are derandomized, so a run is reproducible. Random runs at higher
-``max_examples`` do find one known liveness bug (see
-``test_sdpaxos_handlers.py::test_n3_sequencer_resends_unchosen_own_oaccept``).
+The settings are derandomized, so a run is reproducible; for a wider search raise
+``max_examples`` and drop ``derandomize``. The teardown's liveness check is what once caught an
+N=3 sequencer never re-sending its own O-instance lost to every peer (now covered alone by
+``test_readiness.py::test_n3_cluster_recovers_sequencer_slot_lost_to_every_peer``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from sdp_util import Net, cmd
+from util import Net, cmd
 
 from consensus.config import ProtocolConfig
 from consensus.messages import NO_CL, Command, OAccept, OAcceptedRecord

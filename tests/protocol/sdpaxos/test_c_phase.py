@@ -1,0 +1,546 @@
+"""C-phase (c_phase.py, §3.2, Figure 5 lines 1-20): the command leader's proposals, batching,
+thrifty quorums and commits; the acceptor's accept, reject and learn-without-the-leader rules;
+C-phase messages across views; held proposals; retransmission and its adaptive timeout.
+"""
+
+from __future__ import annotations
+
+from util import Net, cmd, core, drain, msgs
+
+from consensus.config import ProtocolConfig
+from consensus.messages import (
+    EVERY_INDEX,
+    CAccept,
+    CAcceptedRecord,
+    CAck,
+    CCommit,
+    CNack,
+    Command,
+    CPrepare,
+    CPromise,
+    CRequest,
+    OAcceptedRecord,
+    OAck,
+    OEntry,
+    VRequest,
+)
+from consensus.protocol.ballot import ballot_of
+from consensus.protocol.ready import Execution
+
+from .builders import (
+    A,
+    B,
+    C,
+    D,
+    all_out,
+    caccept,
+    cack,
+    ccommit,
+    crequest,
+    in_view_1,
+    o_entries,
+    oaccept,
+    ocommit,
+)
+
+# =========================================================================== leader
+
+
+def test_proposal_at_non_sequencer_persists_then_sends_caccepts() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,))]
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist) == [(0, accept), (2, accept)]
+    assert ready.send == []  # the sequencer gets the CAccept: no CRequest (line 4)
+    assert ready.ready == ready.apply == ready.failed == []
+
+
+def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
+    r0 = core(3, 0)
+    r0.propose(A, 0)
+    ready = drain(r0)
+    assert ready.persist == [
+        CAcceptedRecord(owner=0, index=0, ballot=0, batch=(A,)),
+        OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=0),)),
+    ]
+    accept = caccept(0, 0, 0, (A,))
+    order = oaccept((0, 0))
+    assert msgs(ready.send_after_persist) == [(1, accept), (2, accept), (1, order), (2, order)]
+    assert ready.send == []
+
+
+def test_proposals_in_one_turn_form_one_c_instance() -> None:
+    r1 = core(3, 1)
+    for command in (A, B, C):
+        r1.propose(command, 0)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A, B, C))]
+    sent = [m for _, m in msgs(ready.send_after_persist) if isinstance(m, CAccept)]
+    assert [m.index for m in sent] == [0, 0]
+    r1.propose(D, 1)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=1, ballot=1, batch=(D,))]
+
+
+def test_max_batch_splits_a_turn_into_several_instances() -> None:
+    r1 = core(3, 1, max_batch=2)
+    commands = [cmd(1, s) for s in range(5)]
+    for command in commands:
+        r1.propose(command, 0)
+    ready = drain(r1)
+    assert ready.persist == [
+        CAcceptedRecord(owner=1, index=0, ballot=1, batch=tuple(commands[0:2])),
+        CAcceptedRecord(owner=1, index=1, ballot=1, batch=tuple(commands[2:4])),
+        CAcceptedRecord(owner=1, index=2, ballot=1, batch=tuple(commands[4:5])),
+    ]
+    assert len(msgs(ready.send_after_persist, CAccept)) == 3 * 2
+
+
+def test_max_batch_bytes_bounds_an_instance_by_the_size_of_its_commands() -> None:
+    # so that no CAccept outgrows a frame, however large the commands of one turn
+    r1 = core(3, 1, max_batch_bytes=3000)
+    commands = [Command(client_id=1, seq=s, op=b"x" * 1000) for s in range(7)]
+    for command in commands:
+        r1.propose(command, 0)
+    batches = [r.batch for r in drain(r1).persist if isinstance(r, CAcceptedRecord)]
+    assert batches == [tuple(commands[0:3]), tuple(commands[3:6]), tuple(commands[6:])]
+
+
+def test_thrifty_sends_caccept_to_q_minus_1_and_crequest_when_sequencer_missed() -> None:
+    # N=3, replica 1: nearest by id distance is 2; the sequencer (0) is not in the quorum
+    r1 = core(3, 1, thrifty=True)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist) == [(2, caccept(1, 1, 0, (A,)))]
+    # a CRequest promises nothing: it is in ``send``
+    assert msgs(ready.send) == [(0, crequest(1, 0))]
+    # N=5, replica 1: nearest are 2 and 3
+    r1 = core(5, 1, thrifty=True)
+    r1.propose(A, 0)
+    ready = drain(r1)
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist) == [(2, accept), (3, accept)]
+    assert msgs(ready.send) == [(0, crequest(1, 0))]
+
+
+def test_thrifty_sends_no_crequest_when_sequencer_is_in_quorum() -> None:
+    r2 = core(3, 2, thrifty=True)  # nearest of 2 by id distance: 0, the sequencer
+    r2.propose(A, 0)
+    ready = drain(r2)
+    assert msgs(ready.send_after_persist) == [(0, caccept(2, 2, 0, (A,)))]
+    assert ready.send == []
+    r4 = core(5, 4, thrifty=True)  # nearest of 4: 0 and 1
+    r4.propose(A, 0)
+    ready = drain(r4)
+    assert [to for to, _ in msgs(ready.send_after_persist)] == [0, 1]
+    assert ready.send == []
+
+
+def test_thrifty_follows_configured_preference() -> None:
+    r1 = core(5, 1, thrifty=True, preference=((1, 2, 3, 4), (4, 0, 2, 3), (0, 1, 3, 4),
+                                              (0, 1, 2, 4), (0, 1, 2, 3)))
+    r1.propose(A, 0)
+    ready = drain(r1)
+    assert [to for to, _ in msgs(ready.send_after_persist)] == [4, 0]
+    assert ready.send == []
+
+
+def test_commit_after_majority_of_cacks_and_ccommit_carries_batch_only_when_needed() -> None:
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(3, 1, 0), 1)
+    assert drain(r1).is_empty()  # 2 of 5
+    r1.step(cack(3, 1, 0), 1)  # a duplicate CAck counts once
+    assert drain(r1).is_empty()
+    r1.step(cack(2, 1, 0, ballot=99), 1)  # an ack for another ballot does not count
+    assert drain(r1).is_empty()
+    r1.step(cack(4, 1, 0), 1)
+    ready = drain(r1)
+    # every peer was sent the CAccept first on the same connection: no batch again
+    assert msgs(ready.send_after_persist) == [
+        (peer, ccommit(1, 1, 0, None)) for peer in (0, 2, 3, 4)
+    ]
+    assert ready.ready == []  # not ordered yet
+    r1.step(cack(0, 1, 0), 1)  # late: the instance is chosen already
+    assert drain(r1).is_empty()
+
+
+def test_thrifty_commit_carries_the_batch_to_the_peers_left_out_of_the_accept() -> None:
+    r4 = core(5, 4, thrifty=True)  # CAccepts go to 0 and 1 only
+    r4.propose(A, 0)
+    drain(r4)
+    r4.step(cack(0, 4, 0), 1)
+    r4.step(cack(1, 4, 0), 1)
+    assert msgs(drain(r4).send_after_persist, CCommit) == [
+        (0, ccommit(4, 4, 0, None)),
+        (1, ccommit(4, 4, 0, None)),
+        (2, ccommit(4, 4, 0, (A,))),
+        (3, ccommit(4, 4, 0, (A,))),
+    ]
+
+
+# =========================================================================== acceptor
+
+
+def test_acceptor_persists_and_acks_to_sender() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 5)
+    ready = drain(r2)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,))]
+    assert msgs(ready.send_after_persist) == [(1, cack(2, 1, 0))]
+    assert ready.send == []
+    # a duplicate is acknowledged again (its first CAck may be lost) without a new record
+    r2.step(caccept(1, 1, 0, (A,)), 6)
+    ready = drain(r2)
+    assert ready.persist == []
+    assert msgs(ready.send_after_persist) == [(1, cack(2, 1, 0))]
+
+
+def test_acceptor_rejects_lower_ballot() -> None:
+    high = ballot_of(1, 2)  # a recoverer (replica 2) took over C[1][0]
+    r0 = core(3, 0)
+    r0.step(caccept(2, 1, 0, (), ballot=high), 1)
+    drain(r0)
+    r0.step(caccept(1, 1, 0, (A,)), 2)  # the owner's original, at ballot (0, 1)
+    ready = drain(r0)
+    assert ready.persist == []
+    assert msgs(ready.send_after_persist, CAck) == []
+    assert msgs(ready.send_after_persist, CNack) == [
+        (1, CNack(src=0, view=0, owner=1, index=0, ballot=high))
+    ]
+    assert o_entries(ready) == []  # the sequencer does not order on a rejected CAccept
+
+
+def test_acceptor_higher_ballot_replaces_value() -> None:
+    # five replicas: with three, accepting A from its proposer would have chosen it
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    drain(r2)
+    high = ballot_of(1, 0)
+    r2.step(caccept(0, 1, 0, (B,), ballot=high), 2)
+    ready = drain(r2)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=high, batch=(B,))]
+    # with five replicas the acknowledgement goes to every replica (the proposer, 0, too)
+    ack = cack(2, 1, 0, ballot=high)
+    assert msgs(ready.send_after_persist) == [(0, ack), (1, ack), (3, ack), (4, ack)]
+
+
+def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_accept_itself() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # 1 accepted it before sending: with us, a majority
+    r2.step(oaccept((0, 1)), 1)  # the sequencer and we: slot 0 is chosen too
+    ready = drain(r2)
+    assert [e.command for e in ready.apply] == [A]  # no CCommit, no OCommit needed
+    assert (0, OAck(src=2, view=0, slots=(0,))) in msgs(ready.send_after_persist)
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(oaccept((0, 1)), 1)
+    assert list(drain(r2).apply) == []  # two of five: not yet
+
+
+def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # proposer 1 and we accepted: two of five
+    r2.step(ocommit(0, (0, 1)), 1)
+    ready = drain(r2)
+    assert list(ready.apply) == []
+    ack = cack(2, 1, 0)
+    assert msgs(ready.send_after_persist, CAck) == [(0, ack), (1, ack), (3, ack), (4, ack)]
+    r2.step(cack(3, 1, 0), 2)  # a third acceptance of ballot 1: chosen, no CCommit needed
+    assert [e.command for e in drain(r2).apply] == [A]
+
+
+def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
+    r2 = core(5, 2)
+    r2.step(ocommit(0, (0, 1)), 1)
+    r2.step(cack(3, 1, 0), 1)  # from acceptors nearer than the proposer
+    r2.step(cack(4, 1, 0), 1)
+    assert list(drain(r2).apply) == []  # we lack the value
+    r2.step(caccept(1, 1, 0, (A,)), 2)
+    assert [e.command for e in drain(r2).apply] == [A]
+
+
+def test_acks_kept_for_an_instance_are_dropped_once_it_is_decided() -> None:
+    # acknowledgements that overtook their Accept must not pile up in memory
+    r2 = core(5, 2)
+    r2.step(cack(3, 1, 0), 1)
+    assert r2.c_phase.c_acks_seen  # kept until the Accept comes
+    r2.step(ccommit(1, 1, 0, (A,)), 2)  # decided by the proposer's commit instead
+    assert r2.c_phase.c_acks_seen == {}
+    r2.step(cack(4, 1, 0), 3)  # a late acknowledgement of a decided instance
+    assert r2.c_phase.c_acks_seen == {}
+
+
+def test_acks_of_another_ballot_do_not_choose_what_we_accepted() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # we accepted A at the owner's ballot
+    r2.step(ocommit(0, (0, 1)), 1)
+    high = ballot_of(1, 0)
+    r2.step(cack(3, 1, 0, ballot=high), 2)  # 3 and 4 accepted a recoverer's value instead
+    r2.step(cack(4, 1, 0, ballot=high), 2)
+    r2.step(cack(4, 1, 0), 2)  # an older acknowledgement arriving late counts no more
+    assert list(drain(r2).apply) == []
+    r2.step(caccept(0, 1, 0, (B,), ballot=high), 3)  # now we accept it too: 0, 2, 3, 4
+    assert [e.command for e in drain(r2).apply] == [B]
+
+
+def test_an_overtaken_proposer_counts_acks_only_for_its_own_ballot() -> None:
+    """An owner that accepted a recoverer's higher ballot still leads its instance until it
+    learns the outcome: acknowledgements of the recoverer's ballot are not its own."""
+    r1 = core(5, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    high = ballot_of(1, 0)
+    r1.step(caccept(0, 1, 0, (B,), ballot=high), 1)  # the recoverer's value, accepted
+    drain(r1)
+    r1.step(ocommit(0, (0, 1)), 2)
+    r1.step(cack(3, 1, 0), 2)  # an acknowledgement of our own ballot: A is not chosen
+    assert list(drain(r1).apply) == []
+    r1.step(cack(4, 1, 0, ballot=high), 3)  # recoverer 0, we and 4 accepted B: chosen
+    ready = drain(r1)
+    assert [e.command for e in ready.apply] == [B]
+    assert [(f.command, f.definite) for f in ready.failed] == [(A, True)]
+
+
+def test_with_three_replicas_an_acceptor_acknowledges_to_the_proposer_only() -> None:
+    r2 = core(3, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    assert msgs(drain(r2).send_after_persist, CAck) == [(1, cack(2, 1, 0))]
+
+
+# ======================================================================== commits without the value
+
+
+def test_ccommit_without_batch_needs_matching_ballot() -> None:
+    r2 = core(5, 2)  # with three replicas accepting from the proposer would have chosen it
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # accepted at ballot (0, 1)
+    drain(r2)
+    r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
+    other = ballot_of(1, 0)  # chosen at a recoverer's ballot, perhaps with another value
+    r2.step(ccommit(0, 1, 0, None, ballot=other), 3)
+    assert drain(r2).apply == []  # not applied: our value may not be the chosen one
+    r2.step(ccommit(0, 1, 0, (B,), ballot=other), 4)
+    assert drain(r2).apply == [Execution(0, 0, B, False)]
+
+
+def test_ccommit_without_batch_at_matching_ballot_applies() -> None:
+    r2 = core(5, 2)
+    r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
+    r2.step(ccommit(1, 1, 0, None), 3)
+    assert drain(r2).apply == [Execution(0, 0, A, False)]
+
+
+def test_ccommit_without_batch_for_unknown_instance_is_ignored() -> None:
+    r2 = core(3, 2)
+    r2.step(ccommit(1, 1, 0, None), 1)
+    r2.step(ocommit(1, (0, 1)), 2)
+    assert drain(r2).apply == []
+
+
+# ============================================ views (C-instances are ordered by ballots, not views)
+
+
+def test_c_phase_messages_count_in_any_view() -> None:
+    # C-instances are ordered by ballots, not views: an acknowledgement or a recovery's
+    # promise that crossed a view change still counts (dropping it stalled failover)
+    r2 = in_view_1(2)
+    r2.propose(B, 1)  # C[2][0]
+    drain(r2)
+    r2.step(CAck(src=0, view=0, owner=2, index=0, ballot=2), 2)
+    assert len(msgs(drain(r2).send_after_persist, CCommit)) == 2
+    r2.step(caccept(0, 0, 0, (A,), view=0), 3)
+    assert msgs(drain(r2).send_after_persist, CAck) == [
+        (0, CAck(src=2, view=1, owner=0, index=0, ballot=0))
+    ]
+
+
+def test_older_view_ccommit_is_still_a_fact() -> None:
+    r2 = in_view_1(2)
+    r2.step(ccommit(0, 0, 0, (A,), view=0), 1)  # a chosen value is a fact in any view
+    assert drain(r2).is_empty()
+    r2.step(ocommit(1, (0, 0), view=1), 2)  # slot 0 => 0 committed in view 1
+    assert drain(r2).apply == [Execution(0, 0, A, False)]
+
+
+def test_n5_acceptor_ignores_c_accepts_from_an_older_view() -> None:
+    # With five replicas an owner's O-commit needs only the sequencer's OAccept. A voter of
+    # view 1 that accepted the owner's view-0 proposal beyond the c_high it reported would let
+    # the owner execute a slot view 1 gave to someone else.
+    r3 = core(5, 3)
+    r3.tick(0)
+    r3.step(VRequest(src=1, view=1, from_slot=0), 10 * r3.config.lease_us)
+    assert r3.view == 1
+    drain(r3)
+    r3.step(caccept(4, 4, 0, (A,), view=0), 1)
+    assert drain(r3).is_empty()
+    r3.step(caccept(4, 4, 0, (A,), view=1), 2)  # the owner caught up with view 1
+    ack = CAck(src=3, view=1, owner=4, index=0, ballot=4)
+    assert msgs(drain(r3).send_after_persist, CAck) == [(0, ack), (1, ack), (2, ack), (4, ack)]
+
+
+# ==================================================================== proposals held for a recovery
+
+
+def test_an_owner_never_accepts_its_own_proposal_below_a_ballot_it_promised() -> None:
+    # Replica 2 recovers replica 1's instances from index 0; replica 1 promises, then gets a
+    # command. Accepting it at its own ballot 1 broke that promise: with the sequencer's
+    # acceptance (it had not promised yet) it was chosen, while replica 2, promised by 1 and
+    # 2 (neither reporting it), chose a no-op for the same instance. Replicas 0 and 1 executed
+    # the command in slot 0 and replica 2 did not. The command now waits for replica 1's own
+    # recovery, which proposes it where nothing else was chosen.
+    net = Net(ProtocolConfig(replicas=3))
+    for r in range(3):
+        net.tick(r, 0)
+    net.bag.clear()
+    net.cores[2].recovery.start_recovery(1, 0)
+    net.flush(2)
+    (prepare,) = net.matching("2", "1", "CPrepare")
+    net.deliver(prepare)
+    (promise,) = net.matching("1", "2", "CPromise")
+    net.propose(1, C)
+    assert net.matching("1", "*", "CAccept") == []
+    assert not any(isinstance(r, CAcceptedRecord) and r.owner == 1 for r in net.durable[1])
+    # the old race: the sequencer hears from replica 1 before replica 2's Prepare reaches it,
+    # and replica 2 completes its recovery before hearing more from replica 1
+    for flight in [*net.matching("1", "0", "*"), *net.matching("0", "*", "*")]:
+        net.deliver(flight)
+    net.deliver(promise)
+    net.deliver_all()
+    chosen = {
+        (inst.ballot, inst.batch)
+        for replica in net.cores
+        if (inst := replica.c.get((1, 0))) is not None and inst.committed
+    }
+    assert len(chosen) == 1
+    # the command is chosen there (replica 2's no-op was not), and runs everywhere
+    assert [b for _, b in chosen] == [(C,)]
+    for r in range(3):
+        net.tick(r, 10_000_000)
+    net.deliver_all()
+    assert [[e.command for e in executed] for executed in net.executed] == [[C]] * 3
+
+
+def test_a_proposal_held_for_a_recovery_is_named_nowhere_until_it_is_durable() -> None:
+    # (N=3 WAN seeds 86 and 97, with a first version of the hold) a CRequest named the held
+    # index, the sequencer ordered it, and a restart (which forgets what was held) used the
+    # index again: a read proposed after the restart ran in a slot given out before a write
+    # it had seen acknowledged.
+    r1 = core(3, 1)
+    r1.tick(0)
+    r1.step(CPrepare(src=2, view=0, owner=1, from_index=0, ballot=ballot_of(1, 2)), 0)
+    drain(r1)
+    r1.propose(C, 1)
+    ready = drain(r1)
+    assert not any(isinstance(r, CAcceptedRecord) for r in ready.persist)
+    sent = [m for _, m in all_out(ready)]
+    for now in range(100_000, 3_000_000, 100_000):
+        r1.tick(now)
+        sent += [m for _, m in all_out(drain(r1))]
+        if now >= 1_000_000 and isinstance(sent[-1], CPrepare):
+            break
+    assert [m for m in sent if isinstance(m, CAccept | CRequest | CCommit)] == []
+    # its own recovery (retried while no promise came) is what proposes it, durably first
+    prepares = [m for m in sent if isinstance(m, CPrepare)]
+    assert {(m.owner, m.from_index) for m in prepares} == {(1, 0)}
+    r1.step(CPromise(src=0, view=0, owner=1, from_index=0, ballot=prepares[-1].ballot,
+                     accepted=(), high=-1, through=EVERY_INDEX), now)
+    ready = drain(r1)
+    assert [(r.index, r.batch) for r in ready.persist if isinstance(r, CAcceptedRecord)] == [
+        (0, (C,))
+    ]
+    assert {m.batch for _, m in msgs(ready.send_after_persist, CAccept)} == {(C,)}
+
+
+# =========================================================================== retransmission
+
+
+def test_retransmission_resends_caccept_to_non_ackers_and_crequest_with_prefix() -> None:
+    r1 = core(5, 1)
+    r1.step(oaccept((0, 2)), 0)  # slot 0 => 2 accepted: our o_prefix is 1
+    drain(r1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 10)
+    drain(r1)
+    r1.tick(199_999)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
+    r1.tick(200_000)
+    ready = drain(r1)
+    accept = caccept(1, 1, 0, (A,))
+    assert msgs(ready.send_after_persist, CAccept) == [(0, accept), (3, accept), (4, accept)]
+    assert msgs(ready.send, CRequest) == [(0, crequest(1, 0, o_prefix=1))]
+    # not again until another retransmit_us has passed
+    r1.tick(300_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
+    r1.tick(400_000)
+    ready = drain(r1)
+    assert len(msgs(ready.send_after_persist, CAccept)) == 3
+
+
+def test_the_retransmission_timeout_follows_how_long_commits_take() -> None:
+    # a loaded cluster chooses instances in 900 ms: re-sending after the 200 ms floor would
+    # only queue copies behind the originals (half the bytes of a saturated run). (Nothing
+    # is ever ordered here: a shorter election timeout would have replica 1 recover its own
+    # instances, and hold new ones until that recovery has its promises.)
+    r1 = core(3, 1, election_timeout_us=10_000_000)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 900_000)
+    drain(r1)
+    floor = r1.config.retransmit_us
+    assert r1.retransmit_timeout_us == min(900_000 + 4 * 450_000, 10 * floor)
+    r1.propose(B, 1_000_000)
+    drain(r1)
+    r1.tick(1_000_000 + 5 * floor)
+    assert msgs(drain(r1).send_after_persist, CAccept) == []
+    r1.tick(1_000_000 + r1.retransmit_timeout_us)
+    assert len(msgs(drain(r1).send_after_persist, CAccept)) == 2
+    # fast commits bring it back down to the floor (a retransmitted instance is no sample)
+    r1.step(cack(2, 1, 1), 3_100_000)
+    drain(r1)
+    assert r1.retransmit_timeout_us == 2_000_000
+    for i, now in enumerate(range(4_000_000, 5_000_000, 10_000), start=2):
+        r1.propose(cmd(7, i), now)
+        drain(r1)
+        r1.step(cack(2, 1, i), now + 1_000)
+        drain(r1)
+    assert r1.retransmit_timeout_us == floor
+
+
+def test_retransmission_after_commit_sends_only_crequest() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.propose(B, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(cack(2, 1, 1), 1)
+    drain(r1)
+    r1.tick(200_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    # one request for the highest late index covers the lower ones
+    assert msgs(ready.send, CRequest) == [(0, crequest(1, 1, o_prefix=0))]
+
+
+def test_ready_instance_is_not_retransmitted() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)
+    r1.step(cack(2, 1, 0), 1)
+    r1.step(oaccept((0, 1)), 1)
+    assert drain(r1).ready == [A]
+    r1.tick(500_000)
+    ready = drain(r1)
+    assert msgs(ready.send_after_persist, CAccept) == []
+    assert msgs(ready.send, CRequest) == []
