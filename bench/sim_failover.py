@@ -11,41 +11,35 @@ import argparse
 import json
 import statistics
 
+from consensus.messages import Command
+from consensus.sim.events import FaultCrash
 from consensus.sim.simulator import SimOptions, Simulation
 
 __all__ = ["add_arguments", "measure", "run"]
 
 CRASH_AT_US = 1_000_000
 
+#: how long after the crash a write must become ready for the seed to count as failed over
+FAILOVER_BOUND_US = 3_000_000
+
+#: the replica that crashes: the sequencer of the first view
+SEQUENCER = 0
+
 
 def measure(replicas: int, seed: int) -> int | None:
     options = SimOptions(replicas=replicas, network="lan", ops=100_000, concurrency=1,
                          heal_us=3_000_000, think_us=1_000)
     sim = Simulation(options, seed)
-    sim.start()
-    sim._push(CRASH_AT_US, "fault_crash", 0)
     first_ready: list[int] = []
-    original = sim._ready
 
-    def ready(rep, command):  # type: ignore[no-untyped-def]
-        opened = sim._open(command)
-        if opened is not None and sim.now > CRASH_AT_US and opened[1]["call"] > CRASH_AT_US:
+    def ready(replica: int, command: Command, called_at_us: int) -> None:
+        if sim.now > CRASH_AT_US and called_at_us > CRASH_AT_US:
             first_ready.append(sim.now)
-        original(rep, command)
 
-    sim._ready = ready  # type: ignore[method-assign]
-    sim.chaos_over = False  # fault events only act during the chaos phase
-    deadline = CRASH_AT_US + 3_000_000
-    import heapq
-
-    while sim.heap and not first_ready:
-        at, _, kind, target, payload = heapq.heappop(sim.heap)
-        if at > deadline:
-            break
-        sim.now = at
-        if kind in ("heal", "check"):
-            continue
-        sim._dispatch(kind, target, payload)
+    sim.on_ready = ready
+    sim.start()
+    sim.schedule(CRASH_AT_US, FaultCrash(SEQUENCER))
+    sim.run_until(lambda: bool(first_ready), deadline_us=CRASH_AT_US + FAILOVER_BOUND_US)
     return first_ready[0] - CRASH_AT_US if first_ready else None
 
 

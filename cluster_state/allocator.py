@@ -43,11 +43,13 @@ Requests that are invalid raise ``RequestError`` before anything changes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
+from cluster_state.config import NODES_START_BAD, RESERVE_PLACE_AT_ONCE
 from cluster_state.errors import RequestError
 from cluster_state.index import FREE, CellState
 from cluster_state.ops import (
@@ -67,6 +69,8 @@ from cluster_state.placement import Picker
 
 __all__ = ["Allocator", "Group"]
 
+_log = logging.getLogger(__name__)
+
 
 class Group:
     """One affinity group the store knows: placed or preempting."""
@@ -74,6 +78,8 @@ class Group:
     __slots__ = (
         "chain",
         "downgraded",
+        "downgraded_at",
+        "downgraded_by",
         "pods",
         "preempting",
         "preemptors",
@@ -88,6 +94,8 @@ class Group:
         self.pods = pods  # leaf ids per pod, pods in ``spec.pod_sizes`` order
         self.preempting = False
         self.downgraded = False  # lazily preempted: now runs as opportunistic
+        self.downgraded_at = -1  # ... at this log position
+        self.downgraded_by = ""  # ... for this preemptor ("" for a reconfiguration)
         self.token = -1  # log position it was placed at
         self.victims: set[str] = set()  # preempting: groups it waits for
         self.preemptors: set[str] = set()  # placed: preempting groups waiting for it
@@ -99,6 +107,17 @@ class Group:
     @property
     def guaranteed(self) -> bool:
         return self.priority >= 0
+
+    @property
+    def reserved(self) -> bool:
+        """A preemptor whose victims are all gone, waiting for the scheduler to confirm it."""
+        return self.preempting and not self.victims
+
+    @property
+    def state(self) -> str:
+        if not self.preempting:
+            return "placed"
+        return "preempting" if self.victims else "reserved"
 
     def leaves(self) -> list[int]:
         return [leaf for pod in self.pods for leaf in pod]
@@ -116,6 +135,7 @@ class Allocator:
 
     def __init__(self, topo: Topology) -> None:
         self.topo = topo
+        self.options = topo.config.options
         self.cells = CellState(topo)
         self.buddy = Buddy(topo, self.cells)
         self.groups: dict[str, Group] = {}
@@ -124,6 +144,7 @@ class Allocator:
         self.events: list[tuple[str, str, list[Any]]] = []
         self._maybe_free: set[int] = set()  # items whose usage dropped to 0
         self._dirty: set[int] = set()  # chains touched by the current operation
+        self._downgrader = ""  # the preemptor ``_downgrade`` records
 
     # ================================================================== validation
     def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
@@ -148,6 +169,15 @@ class Allocator:
             what = f"leaf type {spec.leaf_type}" if spec.leaf_type else "floating cells"
             raise RequestError(f"virtual cluster {spec.vc} has no {what}")
         biggest = max(spec.pod_sizes)
+        if spec.pinned:
+            # HiveD lets such a group wait for ever; it can never fit (until a reconfiguration
+            # grows the cell), so the store says so at once.
+            held = topo.leaf_number(topo.pinned_cells[spec.pinned])
+            if sum(spec.pod_sizes) > held:
+                raise RequestError(
+                    f"the group needs {sum(spec.pod_sizes)} leaf cells, pinned cell "
+                    f"{spec.pinned} holds {held}: it can never fit"
+                )
         fits = tuple(c for c in chains if self._unit_size(spec, c) >= biggest)
         if not fits:
             raise RequestError(
@@ -178,6 +208,8 @@ class Allocator:
         chains = self._chains_for(spec)
         group = self._existing(spec)
         if group is not None:
+            if group.reserved:  # the scheduler confirms the reservation: HiveD binds it now
+                self._promote(group, position)
             return self._status(group)
         sizes = spec.pod_sizes
         if spec.priority == OPPORTUNISTIC:
@@ -207,6 +239,7 @@ class Allocator:
         )
         if lazy:
             self._rollback(plan)
+            self._downgrader = spec.name
             undo = [self._downgrade(self.groups[name], position) for name in lazy]
             plan = self._plan_guaranteed(spec, chains, sizes, None) or self._plan_guaranteed(
                 spec, chains, sizes, spec.priority
@@ -231,8 +264,13 @@ class Allocator:
 
     def _placed(self, group: Group) -> Placed:
         topo = self.topo
+        # A pod whose node left the configuration has no leaves ("" node) until released.
         pods = tuple(
-            (len(pod), topo.node_name[pod[0]], tuple(topo.device[leaf] for leaf in pod))
+            (
+                len(pod),
+                topo.node_name[pod[0]] if pod else "",
+                tuple(topo.device[leaf] for leaf in pod),
+            )
             for pod in group.pods
         )
         return Placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
@@ -522,6 +560,8 @@ class Allocator:
         for leaf in leaves:
             buddy.item_used[item_of[leaf]] -= 1
         group.downgraded = True
+        group.downgraded_at = position
+        group.downgraded_by = self._downgrader
         self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
         for item in sorted(items):
             if not buddy.item_used[item] and not self.topo.items[item].pinned_id:
@@ -535,6 +575,7 @@ class Allocator:
             if buddy.item_cell[item] < 0:
                 buddy.bind(item, cell)
         group.downgraded = False
+        group.downgraded_at, group.downgraded_by = -1, ""
         self._hold(group, group.leaves(), position)
 
     # ================================================================== bind
@@ -575,7 +616,7 @@ class Allocator:
             raise RequestError("placement names a leaf cell twice")
         group = self._existing(spec)
         if group is not None:
-            raise RequestError(f"group {spec.name!r} already exists", static=False)
+            return self._confirm(group, resolved, position)
         for leaf in every:
             if cells.rev[leaf] > since:
                 return Conflict(
@@ -604,6 +645,19 @@ class Allocator:
                     spec.name, f"{topo.address[leaf]} is outside what {spec.vc} can hold there"
                 )
         return self._place(spec, _Plan(chain, resolved, fresh), position)
+
+    def _confirm(self, group: Group, pods: list[tuple[int, ...]], position: int) -> Result:
+        """A bind of a group that exists: it confirms a reservation when it names exactly the
+        reserved leaves (HiveD's scheduler binding a Preempting group)."""
+        name = group.spec.name
+        if not group.preempting:
+            raise RequestError(f"group {name!r} already exists", static=False)
+        if group.victims:
+            return Conflict(name, "still preempting " + ", ".join(sorted(group.victims)))
+        if tuple(pods) != group.pods:
+            return Conflict(name, "the placement is not the one reserved for the group")
+        self._promote(group, position)
+        return self._placed(group)
 
     def _bind_around(self, vc: str, chain: int, leaf: int, fresh: list[int]) -> bool:
         """Bind one of ``vc``'s unbound items (lowest level first) to the free cell of that
@@ -641,9 +695,13 @@ class Allocator:
         for preemptor_name in sorted(group.preemptors):
             preemptor = self.groups[preemptor_name]
             preemptor.victims.discard(name)
-            if not preemptor.victims:
+            if preemptor.victims:
+                continue
+            if self.options.reservations == RESERVE_PLACE_AT_ONCE:
                 self._promote(preemptor, position)
                 promoted.append(preemptor_name)
+            else:  # HiveD: Reserving -> Reserved; the scheduler confirms (submit or bind)
+                self.events.append(("reserved", preemptor_name, []))
         return Released(name, tuple(promoted))
 
     def _promote(self, group: Group, position: int) -> None:
@@ -662,7 +720,10 @@ class Allocator:
     def set_node_health(self, node: str, healthy: bool, position: int) -> Result:
         node_cells = self.topo.nodes.get(node)
         if node_cells is None:
-            raise RequestError(f"unknown node {node!r}")
+            # HiveD ignores informer events for nodes its configuration does not know.
+            warning = f"unknown node {node!r}: the health report is ignored"
+            _log.warning("%s", warning)
+            return NodeHealthSet(node, healthy, False, (), warning)
         changed = (node in self.bad_nodes) == healthy
         cancelled: list[str] = []
         if changed:
@@ -719,8 +780,9 @@ class Allocator:
             "leaf_type": spec.leaf_type,
             "pinned": spec.pinned,
             "lazy": spec.lazy,
-            "state": "preempting" if group.preempting else "placed",
+            "state": group.state,
             "downgraded": group.downgraded,
+            "lazy_preemption": self._lazy_status(group),
             "chain": placed.chain,
             "pods": [[n, node, list(d)] for n, node, d in placed.pods],
             "token": group.token,
@@ -734,7 +796,7 @@ class Allocator:
                 "name": name,
                 "vc": g.spec.vc,
                 "priority": g.priority,
-                "state": "preempting" if g.preempting else "placed",
+                "state": g.state,
                 "leaves": sum(len(p) for p in g.pods),
                 "chain": self.topo.chains[g.chain].name,
                 "token": g.token,
@@ -849,6 +911,8 @@ class Allocator:
                 [list(p) for p in g.pods],
                 g.token,
                 sorted(g.victims),
+                g.downgraded_at,
+                g.downgraded_by,
             ]
             for _, g in sorted(self.groups.items())
         ]
@@ -871,7 +935,8 @@ class Allocator:
         for node in bad_nodes:
             self.set_node_health(str(node), False, -1)
         held: list[tuple[Group, list[int]]] = []
-        for spec_raw, chain, preempting, downgraded, pods, token, victims in groups_raw:
+        for record in groups_raw:
+            spec_raw, chain, preempting, downgraded, pods, token, victims = record[:7]
             name, vc, priority, members, leaf_type, pinned, lazy = spec_raw
             spec = GroupSpec(
                 name=name,
@@ -885,6 +950,8 @@ class Allocator:
             group = Group(spec, chain, tuple(tuple(p) for p in pods))
             group.preempting, group.downgraded, group.token = preempting, downgraded, token
             group.victims = set(victims)
+            if len(record) > 7:  # snapshot format 1 did not record when and by whom
+                group.downgraded_at, group.downgraded_by = record[7], record[8]
             self.groups[name] = group
             leaves = group.leaves()
             for leaf in leaves:
@@ -926,3 +993,322 @@ class Allocator:
             list(cells.eff),
             [[[list(b) for b in level] for level in index] for index in cells.buckets],
         ]
+
+    # ================================================================== node health at start
+    def start_all_bad(self) -> None:
+        """``initialNodeHealth: bad``: every node is bad until a report says it is healthy
+        (HiveD marks every configured node bad until Kubernetes reports it)."""
+        for node in sorted(self.topo.nodes):
+            self._mark_bad(node, -1)
+        self._dirty.update(range(len(self.topo.chains)))
+        self.finish()
+
+    def _mark_bad(self, node: str, position: int) -> None:
+        leaves = [leaf for n in self.topo.nodes[node] for leaf in self.topo.leaves[n]]
+        self.cells.set_bad(leaves, True, position)
+        self.bad_nodes.add(node)
+
+    # ================================================================== reconfiguration
+    def reconfigured(self, topo: Topology, position: int) -> tuple[Allocator, dict[str, Any]]:
+        """A new allocator for ``topo`` holding this one's groups, as HiveD rebuilds its state
+        after a configuration change (``createAllocatedAffinityGroup``), and the report of
+        what happened to every group. Nothing here changes; the caller swaps allocators.
+
+        * A leaf is the same leaf when its node name, device index and leaf type are the same
+          (wherever its cells sit now: a node that moved chain is found in its new chain).
+        * Leaves missing from ``topo`` are dropped from their group (``trimmed``); a group
+          left with no leaf at all is released (``dropped``). A group's pods must share one
+          chain: leaves that landed in another chain than most of the group are dropped too.
+        * Guaranteed groups are given their VC's cells again, highest priority first (then
+          oldest), binding VC cells around their leaves as buddy allocation would and only
+          where safety allows; a group that no longer fits its VC (the VC or pinned cell is
+          gone, or its cells are now another VC's) is downgraded to opportunistic (HiveD's
+          lazy preemption), keeping its GPUs.
+        * Preempting and reserved groups are cancelled (HiveD keeps no reservation over a
+          restart either): their schedulers submit them again.
+        * Node health carries over by node name; a new node starts healthy, or bad with
+          ``initialNodeHealth: bad``.
+        """
+        new = Allocator(topo)
+        old_topo, old_cells = self.topo, self.cells
+        start_bad = topo.config.options.initial_node_health == NODES_START_BAD
+        for node in sorted(topo.nodes):
+            if node in self.bad_nodes or (start_bad and node not in old_topo.nodes):
+                new._mark_bad(node, position)
+        where: dict[tuple[str, int, str], int] = {}
+        for c in range(topo.size):
+            if topo.level[c] == 1 and topo.node_cell[c] >= 0:
+                leaf_type = topo.chains[topo.chain_of[c]].leaf_type
+                where[(topo.node_name[c], topo.device[c], leaf_type)] = c
+
+        def moved(leaf: int) -> int:
+            key = (
+                old_topo.node_name[leaf],
+                old_topo.device[leaf],
+                old_topo.chains[old_topo.chain_of[leaf]].leaf_type,
+            )
+            return where.get(key, -1)
+
+        outcomes: dict[str, dict[str, Any]] = {}
+        touched: set[str] = set()
+        for name, g in sorted(self.groups.items()):
+            if g.preempting:
+                outcomes[name] = {"outcome": "cancelled", "reason": "reservations end"}
+                new.events.append(("cancelled", name, ["reconfiguration"]))
+                touched.add(name)
+        order = sorted(
+            (g for g in self.groups.values() if not g.preempting),
+            key=lambda g: (not g.guaranteed, -g.priority, g.token, g.spec.name),
+        )
+        for g in order:
+            name = g.spec.name
+            mapped = [[moved(leaf) for leaf in pod] for pod in g.pods]
+            count: dict[int, int] = {}
+            for pod in mapped:
+                for leaf in pod:
+                    if leaf >= 0:
+                        count[topo.chain_of[leaf]] = count.get(topo.chain_of[leaf], 0) + 1
+            dropped = [
+                old_topo.address[old]
+                for pod, new_pod in zip(g.pods, mapped, strict=True)
+                for old, leaf in zip(pod, new_pod, strict=True)
+                if leaf < 0
+            ]
+            if not count:
+                outcomes[name] = {"outcome": "dropped", "dropped": dropped,
+                                  "reason": "none of its leaf cells is left"}
+                new.events.append(("released", name, []))
+                touched.add(name)
+                continue
+            chain = min(count, key=lambda c: (-count[c], topo.chains[c].name))
+            elsewhere = [
+                old_topo.address[old]
+                for pod, new_pod in zip(g.pods, mapped, strict=True)
+                for old, leaf in zip(pod, new_pod, strict=True)
+                if leaf >= 0 and topo.chain_of[leaf] != chain
+            ]
+            pods = tuple(
+                tuple(sorted(x for x in pod if x >= 0 and topo.chain_of[x] == chain))
+                for pod in mapped
+            )
+            group = Group(g.spec, chain, pods)
+            group.token = g.token
+            group.downgraded, group.downgraded_at = g.downgraded, g.downgraded_at
+            group.downgraded_by = g.downgraded_by
+            entry: dict[str, Any] = {"outcome": "kept"}
+            if old_topo.chains[g.chain].name != topo.chains[chain].name:
+                entry["moved"] = [old_topo.chains[g.chain].name, topo.chains[chain].name]
+            if dropped or elsewhere:
+                entry = {**entry, "outcome": "trimmed", "dropped": dropped + elsewhere}
+                touched.add(name)
+            if group.guaranteed:
+                reason = new._cover(group)
+                if reason:
+                    group.downgraded, group.downgraded_at = True, position
+                    group.downgraded_by = ""
+                    entry = {**entry, "outcome": "downgraded", "reason": reason}
+                    new.events.append(("downgraded", name, [""]))
+                    touched.add(name)
+            outcomes[name] = entry
+            new.groups[name] = group
+            leaves = group.leaves()
+            for leaf in leaves:
+                new.cells.owner[leaf] = name
+            new._hold(group, leaves, position)
+            if dropped or elsewhere:  # watchers (the GPU ledger) learn the smaller placement
+                new.events.append(("trimmed", name, self._placed_data(new._placed(group))))
+        # Leaves whose holder did not change keep their revision (a conditional bind that
+        # read them before still holds); every other leaf changed now.
+        back = {leaf: old for old in range(old_topo.size) if (leaf := moved(old)) >= 0}
+        for leaf, old in back.items():
+            holder = old_cells.owner[old] or old_cells.reserver[old]
+            if (holder is None or holder not in touched) and new.cells.owner[leaf] == holder:
+                new.cells.rev[leaf] = old_cells.rev[old]
+        new._dirty.update(range(len(topo.chains)))
+        nodes_before, nodes_now = set(old_topo.nodes), set(topo.nodes)
+        report = {
+            "groups": {name: outcomes[name] for name in sorted(outcomes)},
+            "nodes_added": sorted(nodes_now - nodes_before),
+            "nodes_removed": sorted(nodes_before - nodes_now),
+            "vcs_added": sorted(set(topo.vcs) - set(old_topo.vcs)),
+            "vcs_removed": sorted(set(old_topo.vcs) - set(topo.vcs)),
+        }
+        return new, report
+
+    def _cover(self, group: Group) -> str:
+        """Bind ``group``'s VC cells around its leaves (the cells already bound for groups
+        placed before it count); "" if every leaf is covered, else why not (nothing bound)."""
+        topo, cells, buddy = self.topo, self.cells, self.buddy
+        spec = group.spec
+        if spec.vc not in topo.vc_pinned:
+            return f"virtual cluster {spec.vc} is gone"
+        if spec.pinned:
+            item = topo.vc_pinned[spec.vc].get(spec.pinned)
+            if item is None:
+                return f"pinned cell {spec.pinned} is no longer {spec.vc}'s"
+            key = topo.items[item].key
+        else:
+            key = topo.key_of.get((spec.vc, group.chain), -1)
+            if key < 0:
+                return f"{spec.vc} has no cells in chain {topo.chains[group.chain].name}"
+        fresh: list[int] = []
+        for leaf in group.leaves():
+            item = cells.item_of[leaf]
+            if item >= 0 and cells.key_of_item[item] == key:
+                continue
+            bindable = item < 0 and not spec.pinned
+            if bindable and self._bind_around(spec.vc, group.chain, leaf, fresh):
+                continue
+            for item in reversed(fresh):
+                buddy.unbind(item)
+            return f"{topo.address[leaf]} is outside what {spec.vc} can hold now"
+        return ""
+
+    # ================================================================== inspect
+    def _lazy_status(self, group: Group) -> dict[str, Any] | None:
+        if not group.downgraded:
+            return None
+        return {"preemptor": group.downgraded_by, "position": group.downgraded_at}
+
+    def _leaf_state(self, leaf: int) -> str:
+        owner, reserver = self.cells.owner[leaf], self.cells.reserver[leaf]
+        if owner is not None:
+            return "reserving" if reserver is not None else "used"
+        return "reserved" if reserver is not None else "free"
+
+    def _cell_doc(self, c: int, virtual: str) -> dict[str, Any]:
+        """One physical cell and its subtree, HiveD's ``PhysicalCellStatus`` fields."""
+        topo, cells, buddy = self.topo, self.cells, self.buddy
+        doc: dict[str, Any] = {
+            "address": topo.address[c],
+            "type": topo.cell_type[c],
+            "level": topo.level[c],
+            "healthy": not cells.bad_n[c],
+        }
+        if topo.level[c] == 1:
+            doc["state"] = self._leaf_state(c)
+            doc["priority"] = cells.eff[c]
+            doc["group"] = cells.owner[c] or cells.reserver[c]
+        else:
+            states = {self._leaf_state(leaf) for leaf in topo.leaves[c]}
+            order = ("reserving", "reserved", "used")
+            doc["state"] = next((s for s in order if s in states), "free")
+            doc["priority"] = max((p for p in cells.hist[c]), default=FREE)
+            if not topo.complete[c]:
+                doc["partial"] = True
+        if topo.node_cell[c] == c:
+            doc["node"] = topo.node_name[c]
+        item = buddy.bound[c]
+        if item >= 0:
+            virtual = self._item_address(item)
+            doc["vc"] = topo.items[item].vc
+            doc["doomed"] = buddy.doomed[item]
+        if virtual:
+            doc["virtual"] = virtual
+        kids = topo.children[c]
+        if kids:
+            doc["children"] = [
+                self._cell_doc(k, f"{virtual}/{i}" if virtual else "") for i, k in enumerate(kids)
+            ]
+        return doc
+
+    def _item_address(self, item: int) -> str:
+        """A preassigned virtual cell's address, ``VC/<index among the VC's cells>`` (or
+        ``VC/<pinned id>``), as HiveD numbers them."""
+        it = self.topo.items[item]
+        if it.pinned_id:
+            return f"{it.vc}/{it.pinned_id}"
+        mine = [i.id for i in self.topo.items if i.vc == it.vc and not i.pinned_id]
+        return f"{it.vc}/{mine.index(item)}"
+
+    def inspect_physical(self, chain: str = "") -> list[dict[str, Any]]:
+        """Every physical cell tree (of ``chain``), top cells in address order."""
+        topo = self.topo
+        if chain and chain not in topo.chain_index:
+            raise RequestError(f"unknown chain {chain!r}")
+        return [
+            {"chain": info.name, "cells": [self._cell_doc(t, "") for t in info.tops]}
+            for info in topo.chains
+            if not chain or info.name == chain
+        ]
+
+    def inspect_vc(self, vc: str) -> dict[str, Any]:
+        """A VC's preassigned virtual cells with their virtual subtrees and, where bound, the
+        physical counterpart of each virtual cell; opportunistic use is not the VC's."""
+        topo, buddy = self.topo, self.buddy
+        if vc not in topo.vc_pinned:
+            raise RequestError(f"unknown virtual cluster {vc!r}")
+        cells = []
+        for it in topo.items:
+            if it.vc != vc:
+                continue
+            c = buddy.item_cell[it.id]
+            info = topo.chains[it.chain].info(it.level)
+            doc: dict[str, Any] = {
+                "address": self._item_address(it.id),
+                "chain": topo.chains[it.chain].name,
+                "type": info.cell_type,
+                "level": it.level,
+                "pinned": it.pinned_id,
+                "bound": c >= 0,
+                "doomed": buddy.doomed[it.id],
+                "used_leaves": buddy.item_used[it.id],
+            }
+            if c >= 0:
+                doc["physical"] = self._virtual_doc(c, doc["address"])
+            cells.append(doc)
+        return {"vc": vc, "cells": cells}
+
+    def _virtual_doc(self, c: int, virtual: str) -> dict[str, Any]:
+        topo, cells = self.topo, self.cells
+        doc: dict[str, Any] = {
+            "virtual": virtual,
+            "address": topo.address[c],
+            "healthy": not cells.bad_n[c],
+        }
+        if topo.level[c] == 1:
+            owner = cells.owner[c]
+            guaranteed = owner is not None and self.groups[owner].guaranteed
+            doc["state"] = self._leaf_state(c)
+            doc["priority"] = cells.eff[c]
+            doc["group"] = owner if guaranteed else None  # opportunistic users are no VC's
+        else:
+            doc["priority"] = max((p for p in cells.hist[c] if p >= 0), default=FREE)
+            doc["children"] = [
+                self._virtual_doc(k, f"{virtual}/{i}") for i, k in enumerate(topo.children[c])
+            ]
+        return doc
+
+    def inspect_group(self, name: str) -> dict[str, Any] | None:
+        """HiveD's affinity-group status: physical placement per node, virtual placement per
+        preassigned cell (none once lazily preempted) and the lazy-preemption status."""
+        group = self.groups.get(name)
+        if group is None:
+            return None
+        topo, cells = self.topo, self.cells
+        physical: dict[str, list[int]] = {}
+        virtual: dict[str, list[str]] = {}
+        for leaf in group.leaves():
+            physical.setdefault(topo.node_name[leaf], []).append(topo.device[leaf])
+            item = cells.item_of[leaf]
+            if group.guaranteed and item >= 0:
+                root = self.buddy.item_cell[item]
+                path = topo.ancestors[leaf]
+                steps = [
+                    str(topo.children[path[k + 1]].index(path[k]))
+                    for k in range(path.index(root) - 1, -1, -1)
+                ]
+                address = self._item_address(item)
+                virtual.setdefault(address, []).append("/".join([address, *steps]))
+        return {
+            "name": name,
+            "vc": group.spec.vc,
+            "priority": group.spec.priority,
+            "state": group.state,
+            "chain": topo.chains[group.chain].name,
+            "physical_placement": {node: sorted(d) for node, d in sorted(physical.items())},
+            "virtual_placement": {a: sorted(v) for a, v in sorted(virtual.items())},
+            "victims": sorted(group.victims),
+            "preempted_by": sorted(group.preemptors),
+            "lazy_preemption": self._lazy_status(group),
+        }

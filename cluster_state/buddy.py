@@ -80,14 +80,22 @@ class Buddy:
             self.demand[chain][level - 1] += len(topo.slot_items[slot])
         for info in topo.chains:
             for top in info.tops:
-                self.listed[top] = True
-                self.free[info.index][info.top_level - 1].append(top)
+                self._list_whole(top)
         for item in topo.items:
             if item.pinned_id:
                 self._take(item.pinned_cell)
                 self._attach(item.id, item.pinned_cell)
 
     # ------------------------------------------------------------------ free lists
+    def _list_whole(self, c: int) -> None:
+        """List ``c`` if it is complete, else its complete pieces (a partly filled cell is
+        split from the start and never merges)."""
+        if self.topo.complete[c]:
+            self._list(c)
+            return
+        for k in self.topo.children[c]:
+            self._list_whole(k)
+
     def region_root(self, c: int) -> int:
         """The free-listed ancestor-or-self of ``c`` (so ``c`` may be bound), else -1."""
         listed = self.listed
@@ -117,24 +125,38 @@ class Buddy:
             for sibling in self.topo.children[self.topo.parent[a]]:
                 if sibling != a:
                     self._list(sibling)
-        # The split cells on the way and everything under c leave the free region.
-        self.cells.set_region(path[1 : below + 1], False)
+        # The split cells on the way (and partly filled ones above the root, which are
+        # never listed) and everything under c leave the free region.
+        self.cells.set_region(path[1:], False)
         self.cells.set_region([d for cells in self.topo.desc[c] for d in cells], False)
 
     def _give(self, c: int) -> None:
         """Return ``c`` to the free region, merging buddies upward."""
         parent, children, listed = self.topo.parent, self.topo.children, self.listed
+        complete = self.topo.complete
         self.cells.set_region([d for cells in self.topo.desc[c] for d in cells], True)
         while True:
             p = parent[c]
-            if p < 0 or not all(listed[s] for s in children[p] if s != c):
+            if p < 0 or not complete[p] or not all(listed[s] for s in children[p] if s != c):
                 self._list(c)
+                self._refresh_partial(p)
                 return
             for s in children[p]:
                 if s != c:
                     self._unlist(s)
             self.cells.set_region([p], True)
             c = p
+
+    def _refresh_partial(self, p: int) -> None:
+        """Partly filled ancestors from ``p`` up are in the free region again once nothing
+        under them is bound."""
+        topo, in_region = self.topo, self.cells.in_region
+        while p >= 0 and not topo.complete[p]:
+            inside = all(in_region[k] for k in topo.children[p])
+            if in_region[p] == inside:
+                return
+            self.cells.set_region([p], inside)
+            p = topo.parent[p]
 
     # ------------------------------------------------------------------ bindings
     def _attach(self, item: int, c: int) -> None:
@@ -170,13 +192,6 @@ class Buddy:
         if self.doomed[item]:
             self.doomed[item] = False
             self.n_doomed[self.topo.items[item].chain] -= 1
-
-    def lowest_unbound(self, vc: str, chain: int, min_level: int) -> int:
-        """The VC's unbound floating item of the lowest level >= ``min_level`` (lowest id)."""
-        for slot in self.topo.vc_slots.get((vc, chain), ()):
-            if self.topo.slots[slot][2] >= min_level and self.unbound[slot]:
-                return self.unbound[slot][0]
-        return -1
 
     # ------------------------------------------------------------------ safety
     def surplus(self, chain: int) -> list[int]:

@@ -140,6 +140,13 @@ class Topology:
                 )
             )
         self.size = len(self.level)
+        # A partly filled cell (fewer children than its type's childCellNumber, somewhere
+        # under it) holds fewer leaves than its level promises: it is never handed out whole
+        # (never free-listed, never bound to a VC cell); its complete pieces are.
+        self.complete: list[bool] = [
+            len(self.leaves[c]) == self.chains[self.chain_of[c]].info(self.level[c]).leaf_number
+            for c in range(self.size)
+        ]
         self.chains_for_leaf: dict[str, tuple[int, ...]] = {}
         for chain_info in self.chains:
             previous = self.chains_for_leaf.get(chain_info.leaf_type, ())

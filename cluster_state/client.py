@@ -9,9 +9,10 @@ One class, two ways in, the same calls:
   (``consensus.runtime.node.ReplicaNode`` serving a ``ClusterStore``) calls it directly; a
   request that times out is proposed again with the same (client id, sequence number).
 
-Updates (``submit``, ``bind``, ``release``, ``set_node_health``) go through the log and are
-linearizable; queries (``status``, ``vc``, ``summary``, ``allocations``) are linearizable reads
-through the sequencer unless ``stale=True`` asks for the local replica's state.
+Updates (``submit``, ``bind``, ``release``, ``set_node_health``, ``reconfigure``) go through
+the log and are linearizable; queries (``status``, ``vc``, ``summary``, ``allocations``,
+``inspect``, ``plan_reconfiguration``) are linearizable reads through the sequencer unless
+``stale=True`` asks for the local replica's state.
 
 ``watch(r)`` yields every change event after revision ``r`` in order, exactly once. Embedded,
 it is fed by the node's apply hook and the store's own event log (no polling); remote, it reads
@@ -47,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgpack
 
 from cluster_state import ops
+from cluster_state.config import parse_config
 from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, PodPlacement
@@ -277,6 +279,24 @@ class AllocationStore:
             return result
         raise _unexpected(result)
 
+    async def reconfigure(self, config_yaml: str, *, seq: int | None = None) -> ops.Reconfigured:
+        """Run a new cluster configuration (HiveD's YAML) from now on, keeping the running
+        groups (see ``ClusterStore``). It is validated here first: an invalid one raises
+        ``ConfigError`` and nothing is proposed."""
+        parse_config(config_yaml)
+        result = await self._update(ops.reconfigure(config_yaml), seq)
+        if isinstance(result, ops.Reconfigured):
+            return result
+        raise _unexpected(result)
+
+    async def plan_reconfiguration(
+        self, config_yaml: str, *, stale: bool = False
+    ) -> dict[str, Any]:
+        """A dry run of ``reconfigure``: ``{"changed": bool, "groups": {...}, ...}``."""
+        parse_config(config_yaml)
+        info: dict[str, Any] = await self._query(ops.plan_reconfigure(config_yaml), stale)
+        return info
+
     async def _update(self, op: bytes, seq: int | None) -> ops.Result:
         if seq is not None and not 0 <= seq <= _MAX_ID:
             raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")
@@ -313,6 +333,14 @@ class AllocationStore:
         applied the same log agree; ask each one with ``stale=True`` to compare them."""
         info: dict[str, Any] = await self._query(ops.get_digest(), stale)
         return info
+
+    async def inspect(self, kind: str, name: str = "", *, stale: bool = False) -> Any:
+        """Cell trees, as HiveD's inspect API: ``physical`` (``name``: a chain, "" for all),
+        ``vc`` (a VC's virtual cells and their physical counterparts) or ``group`` (its
+        physical and virtual placement and lazy-preemption status; None if unknown)."""
+        if kind not in ops.INSPECT_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ops.INSPECT_KINDS)}")
+        return await self._query(ops.inspect(kind, name), stale)
 
     async def _query(self, op: bytes, stale: bool) -> Any:
         answer = msgpack.unpackb(await self._channel.query(op, stale))

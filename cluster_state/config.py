@@ -46,9 +46,14 @@ import yaml
 from cluster_state.errors import ConfigError
 
 __all__ = [
+    "NODES_START_BAD",
+    "NODES_START_HEALTHY",
+    "RESERVE_PLACE_AT_ONCE",
+    "RESERVE_UNTIL_CONFIRMED",
     "CellTypeSpec",
     "ClusterConfig",
     "PhysicalCellSpec",
+    "StoreOptions",
     "VirtualCellSpec",
     "VirtualClusterSpec",
     "load_config",
@@ -102,6 +107,31 @@ class VirtualClusterSpec:
     pinned_cells: tuple[str, ...] = ()
 
 
+#: ``StoreOptions.reservations``: a preemptor whose victims are gone stays reserved until the
+#: scheduler confirms it (a second submit or a bind), as HiveD's Preempting state does ...
+RESERVE_UNTIL_CONFIRMED = "confirm"
+#: ... or it is placed as soon as its last victim is released (this store's first behaviour).
+RESERVE_PLACE_AT_ONCE = "immediate"
+#: ``StoreOptions.initial_node_health``: every node starts healthy ...
+NODES_START_HEALTHY = "healthy"
+#: ... or bad until a health report says otherwise (HiveD trusts only what Kubernetes reports).
+NODES_START_BAD = "bad"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreOptions:
+    """The store's own settings, under the optional top-level key ``storeOptions`` (HiveD
+    ignores it): ``{reservations: confirm | immediate, initialNodeHealth: healthy | bad}``.
+    They are part of the configuration (and of its digest), so every replica applies the same
+    ones, and a reconfiguration may change them."""
+
+    reservations: str = RESERVE_UNTIL_CONFIRMED
+    initial_node_health: str = NODES_START_HEALTHY
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reservations": self.reservations, "initialNodeHealth": self.initial_node_health}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterConfig:
     """A validated configuration. ``cell_types`` and ``virtual_clusters`` are sorted by name;
@@ -110,6 +140,7 @@ class ClusterConfig:
     cell_types: tuple[CellTypeSpec, ...]
     physical_cells: tuple[PhysicalCellSpec, ...]
     virtual_clusters: tuple[VirtualClusterSpec, ...]
+    options: StoreOptions = StoreOptions()
 
     def type_table(self) -> dict[str, CellTypeSpec]:
         return {t.name: t for t in self.cell_types}
@@ -148,13 +179,16 @@ class ClusterConfig:
             if vc.pinned_cells:
                 entry["pinnedCells"] = [{"pinnedCellId": p} for p in vc.pinned_cells]
             vcs[vc.name] = entry
-        return {
+        out: dict[str, Any] = {
             "physicalCluster": {
                 "cellTypes": types,
                 "physicalCells": [cell(c, True) for c in self.physical_cells],
             },
             "virtualClusters": vcs,
         }
+        if self.options != StoreOptions():  # the default is left out: older digests hold
+            out["storeOptions"] = self.options.to_dict()
+        return out
 
     def to_yaml(self) -> str:
         text: str = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
@@ -195,10 +229,32 @@ def parse_config(source: str | Mapping[str, Any]) -> ClusterConfig:
         cell_types=tuple(types[name] for name in sorted(types)),
         physical_cells=cells,
         virtual_clusters=vcs,
+        options=_parse_options(root.get("storeOptions")),
     )
     for chain in chains:
         _check_fit(config, chain, types, levels)
     return config
+
+
+def _parse_options(raw: object) -> StoreOptions:
+    table = _mapping({} if raw is None else raw, "storeOptions")
+    known = {"reservations", "initialNodeHealth"}
+    unknown = sorted(str(k) for k in table if k not in known)
+    if unknown:  # a typo here would silently change how the store behaves
+        raise ConfigError(f"storeOptions: unknown option(s) {', '.join(unknown)}")
+    reservations = table.get("reservations", RESERVE_UNTIL_CONFIRMED)
+    if reservations not in (RESERVE_UNTIL_CONFIRMED, RESERVE_PLACE_AT_ONCE):
+        raise ConfigError(
+            f"storeOptions.reservations must be {RESERVE_UNTIL_CONFIRMED} or "
+            f"{RESERVE_PLACE_AT_ONCE}, not {reservations!r}"
+        )
+    health = table.get("initialNodeHealth", NODES_START_HEALTHY)
+    if health not in (NODES_START_HEALTHY, NODES_START_BAD):
+        raise ConfigError(
+            f"storeOptions.initialNodeHealth must be {NODES_START_HEALTHY} or "
+            f"{NODES_START_BAD}, not {health!r}"
+        )
+    return StoreOptions(reservations=reservations, initial_node_health=health)
 
 
 def _mapping(value: object, where: str) -> Mapping[str, Any]:
@@ -352,11 +408,13 @@ class _CellBuilder:
                 )
             self.nodes[key] = full
         number = type_spec.child_number
-        if children_raw is None:
+        if not children_raw:  # omitted (or empty, as HiveD reads it): every child inferred
             children_raw = [{}] * number
-        if not isinstance(children_raw, list) or len(children_raw) != number:
+        # Fewer children than childCellNumber is a partly filled cell (a rack with two of its
+        # three nodes), as HiveD accepts; see ``Topology.complete`` for what it may hold.
+        if not isinstance(children_raw, list) or len(children_raw) > number:
             raise ConfigError(
-                f"{where}: cellChildren must list exactly {number} cells "
+                f"{where}: cellChildren must list at most {number} cells "
                 f"(childCellNumber of {cell_type})"
             )
         # Default child addresses restart at the top-level cell and at the node.
@@ -378,9 +436,21 @@ class _CellBuilder:
                 raise ConfigError(f"{where}: duplicate child address {child.address}")
             seen.add(child.address)
             children.append(child)
-        return PhysicalCellSpec(
+        cell = PhysicalCellSpec(
             cell_type=cell_type, address=address, pinned_id=pinned_id, children=tuple(children)
         )
+        if type_spec.is_node_level:  # a leaf's address is its device index on the node
+            devices = [int(a) for a in _leaf_addresses(cell)]
+            twice = sorted({d for d in devices if devices.count(d) > 1})
+            if twice:
+                raise ConfigError(f"{where}: device index {twice[0]} used twice")
+        return cell
+
+
+def _leaf_addresses(cell: PhysicalCellSpec) -> list[str]:
+    if not cell.children:
+        return [cell.address]
+    return [a for child in cell.children for a in _leaf_addresses(child)]
 
 
 def _parse_vcs(
@@ -444,33 +514,56 @@ def _parse_vcs(
     return tuple(sorted(out, key=lambda vc: vc.name))
 
 
+def is_complete(cell: PhysicalCellSpec, types: Mapping[str, CellTypeSpec]) -> bool:
+    """Whether ``cell`` holds every child its type calls for, all the way down (a partly
+    filled cell does not)."""
+    spec = types.get(cell.cell_type)
+    if spec is None:
+        return True
+    return len(cell.children) == spec.child_number and all(
+        is_complete(child, types) for child in cell.children
+    )
+
+
 def _check_fit(
     config: ClusterConfig, chain: str, types: Mapping[str, CellTypeSpec], levels: Mapping[str, int]
 ) -> None:
     """HiveD's initial feasibility check (``initCellNums``), after binding pinned cells:
-    going down the chain, the cells left over at a level are split for the levels below."""
+    going down the chain, the cells left over at a level are split for the levels below.
+    A partly filled cell cannot be handed out whole, so it counts as split from the start:
+    only its complete pieces are obtainable (HiveD counts it as whole, which can overpromise)."""
     top = levels[chain]
-    free = [0] * (top + 1)  # free[l]: maximal cells at level l that hold no pinned cell
+    free = [0] * (top + 1)  # free[l]: maximal complete cells at level l that hold no pinned cell
     pinned_ids = {p for vc in config.virtual_clusters for p in vc.pinned_cells}
 
     def walk(cell: PhysicalCellSpec, level: int) -> bool:
-        """Counts the maximal pin-free pieces under ``cell``; True if it holds a pinned cell."""
+        """Counts the maximal free pieces under ``cell``; True if ``cell`` is not one (it
+        holds a pinned cell or is partly filled)."""
         if cell.pinned_id in pinned_ids:
+            if not is_complete(cell, types):
+                raise ConfigError(
+                    f"pinned cell {cell.pinned_id} ({cell.cell_type}) is partly filled: a "
+                    f"pinned cell must list every child of its type"
+                )
             return True
-        pins = [walk(child, level - 1) for child in cell.children]
-        if not any(pins):
+        whole = [not walk(child, level - 1) for child in cell.children]
+        spec = types.get(cell.cell_type)
+        if all(whole) and (spec is None or len(whole) == spec.child_number):
             return False
-        free[level - 1] += pins.count(False)
+        free[level - 1] += whole.count(True)
         return True
 
     for cell in config.physical_cells:
         if cell.cell_type == chain and not walk(cell, top):
             free[top] += 1
     demand = [0] * (top + 1)
+    claims: list[dict[str, int]] = [{} for _ in range(top + 1)]  # level -> vc -> cells
     for vc in config.virtual_clusters:
         for v in vc.virtual_cells:
             if v.chain == chain:
-                demand[levels.get(v.cell_type, 1)] += v.number
+                level = levels.get(v.cell_type, 1)
+                demand[level] += v.number
+                claims[level][vc.name] = claims[level].get(vc.name, 0) + v.number
     path = _chain_path(chain, types)  # path[i] has level top - i
     surplus = 0
     for level in range(top, 0, -1):
@@ -478,10 +571,16 @@ def _check_fit(
         available = free[level] + surplus * child_number
         surplus = available - demand[level]
         if surplus < 0:
+            # Every claim at this level or above competes for these cells: name them all.
+            who = ", ".join(
+                f"{vc} {n} x {path[top - lv]}"
+                for lv in range(top, level - 1, -1)
+                for vc, n in sorted(claims[lv].items())
+            )
             raise ConfigError(
                 f"virtual clusters do not fit in chain {chain} at level {level} "
                 f"({path[top - level]}): they claim {demand[level]} cells, "
-                f"{available} are obtainable"
+                f"{available} are obtainable; the claims at this level and above: {who}"
             )
 
 

@@ -4,6 +4,12 @@
     sdpaxos ctl --config cluster.toml release NAME
     sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV] | node NAME --bad
     sdpaxos ctl ... bind NAME --vc VC --pods 1x8 --on node-0003:0-7 --revision R
+    sdpaxos ctl ... inspect physical [CHAIN] | inspect vc NAME | inspect group NAME
+    sdpaxos ctl ... config apply FILE [--dry-run]
+
+``config apply`` validates FILE (HiveD's YAML format) here, then proposes it through the log:
+running groups keep their GPUs and the report says what happened to each (``--dry-run`` only
+reports). There is no admin role yet: whoever reaches the gRPC port may reconfigure.
 
 With ``--config`` every replica's ``grpc_address`` is a candidate, in the file's order: a call
 that finds a replica unavailable moves on to the next. Updates carry a session (a random client
@@ -97,6 +103,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     health = node.add_mutually_exclusive_group(required=True)
     health.add_argument("--healthy", dest="healthy", action="store_true")
     health.add_argument("--bad", dest="healthy", action="store_false")
+    inspect = verbs.add_parser("inspect", help="cell trees: physical, a VC's, a group's")
+    inspect.add_argument("kind", choices=["physical", "vc", "group"])
+    inspect.add_argument("name", nargs="?", default="",
+                         help="physical: a chain (default all); vc / group: its name")
+    inspect.add_argument("--stale", action="store_true", help="local read, possibly old")
+    config = verbs.add_parser("config", help="the cluster configuration")
+    config_verbs = config.add_subparsers(dest="config_verb", required=True, metavar="VERB")
+    apply = config_verbs.add_parser("apply", help="run a new configuration, keeping the groups")
+    apply.add_argument("file", help="HiveD-format YAML")
+    apply.add_argument("--dry-run", action="store_true",
+                       help="print what would happen to every group; change nothing")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -216,12 +233,12 @@ def _group(args: argparse.Namespace, pb: Any) -> Any:
 def _verb(args: argparse.Namespace, replicas: _Replicas) -> int:
     from cluster_state.grpc_api import cluster_state_pb2 as pb
 
-    verbs: dict[str, Callable[[argparse.Namespace, _Replicas, Any], None]] = {
+    verbs: dict[str, Callable[[argparse.Namespace, _Replicas, Any], int | None]] = {
         "submit": _submit, "bind": _bind, "release": _release, "status": _status,
         "vc": _vc, "summary": _summary, "watch": _watch, "node": _node,
+        "inspect": _inspect, "config": _config,
     }
-    verbs[args.verb](args, replicas, pb)
-    return 0
+    return verbs[args.verb](args, replicas, pb) or 0
 
 
 def _show_placed(args: argparse.Namespace, placed: Any) -> None:
@@ -319,9 +336,107 @@ def _node(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     reply = replicas.call("SetNodeHealth", request)
     doc = {"node": args.name, "healthy": args.healthy, "changed": reply.changed,
            "cancelled": list(reply.cancelled)}
+    if reply.warning:
+        doc["warning"] = reply.warning
+        print(f"sdpaxos ctl: warning: {reply.warning}", file=sys.stderr)
     _show(args, doc, f"{args.name} {'healthy' if args.healthy else 'bad'}"
           f"{'' if reply.changed else ' (unchanged)'}", ["cancelled preemptor"],
           [[g] for g in reply.cancelled])
+
+
+def _inspect(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
+    if args.kind != "physical" and not args.name:
+        print(f"sdpaxos ctl: inspect {args.kind} needs a name", file=sys.stderr)
+        return 2
+    request = pb.InspectRequest(kind=args.kind, name=args.name, stale=args.stale)
+    info = json.loads(replicas.call("Inspect", request).json)
+    if args.json:
+        print(json.dumps(info))
+        return None
+    from rich.console import Console
+    from rich.tree import Tree
+
+    if args.kind == "group":
+        rows = [[k, json.dumps(v)] for k, v in info.items()]
+        _show(args, info, f"group {args.name}", ["field", "value"], rows)
+        return None
+    if args.kind == "vc":
+        tree = Tree(f"virtual cluster {info['vc']}")
+        for cell in info["cells"]:
+            label = (f"{cell['address']} {cell['type']} (level {cell['level']}"
+                     f"{', pinned ' + cell['pinned'] if cell['pinned'] else ''})"
+                     f"{' doomed' if cell['doomed'] else ''}")
+            branch = tree.add(label if cell["bound"] else label + " unbound")
+            if cell["bound"]:
+                _virtual_tree(branch, cell["physical"])
+        Console().print(tree)
+        return None
+    tree = Tree("physical cluster")
+    for chain in info:
+        branch = tree.add(f"chain {chain['chain']}")
+        for cell in chain["cells"]:
+            _physical_tree(branch, cell)
+    Console().print(tree)
+    return None
+
+
+def _physical_tree(parent: Any, cell: dict[str, Any]) -> None:
+    label = (f"{cell['address']} {cell['type']} L{cell['level']} {cell['state']}"
+             f" prio {cell['priority']}{'' if cell['healthy'] else ' BAD'}")
+    if cell.get("partial"):
+        label += " partial"
+    if cell.get("vc"):
+        label += f" = {cell['virtual']}{' doomed' if cell['doomed'] else ''}"
+    if cell.get("group"):
+        label += f" [{cell['group']}]"
+    branch = parent.add(label)
+    for child in cell.get("children", []):
+        _physical_tree(branch, child)
+
+
+def _virtual_tree(parent: Any, cell: dict[str, Any]) -> None:
+    label = f"{cell['virtual']} = {cell['address']} prio {cell['priority']}"
+    if not cell["healthy"]:
+        label += " BAD"
+    if cell.get("group"):
+        label += f" [{cell['group']}]"
+    branch = parent.add(label)
+    for child in cell.get("children", []):
+        _virtual_tree(branch, child)
+
+
+def _config(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
+    from pathlib import Path
+
+    from cluster_state.config import parse_config
+    from cluster_state.errors import ConfigError
+
+    try:
+        text = Path(args.file).read_text()
+        parse_config(text)  # validated before anything is proposed
+    except (OSError, ConfigError) as exc:
+        print(f"sdpaxos ctl: {args.file}: {exc}", file=sys.stderr)
+        return 1
+    request = pb.ReconfigureRequest(config_yaml=text, dry_run=args.dry_run,
+                                    session=None if args.dry_run else _session())
+    reply = replicas.call("Reconfigure", request)
+    report = json.loads(reply.report_json)
+    doc = {"digest": reply.digest, "changed": reply.changed, "dry_run": args.dry_run, **report}
+    verb = "would run" if args.dry_run else "runs"
+    if not reply.changed:
+        title = f"the store already runs {args.file} ({reply.digest[:12]})"
+    else:
+        title = f"the store {verb} {args.file} ({reply.digest[:12]})"
+    rows = []
+    for group, entry in report.get("groups", {}).items():
+        detail = entry.get("reason", "")
+        if entry.get("moved"):
+            detail = f"moved {entry['moved'][0]} -> {entry['moved'][1]}; {detail}".rstrip("; ")
+        if entry.get("dropped"):
+            detail = f"{len(entry['dropped'])} leaf cells dropped; {detail}".rstrip("; ")
+        rows.append([group, entry["outcome"], detail])
+    _show(args, doc, title, ["group", "outcome", "detail"], rows)
+    return None
 
 
 def _show(args: argparse.Namespace, doc: Any, title: str, columns: list[str],

@@ -13,10 +13,14 @@ kind               subject                  data
 =================  =======================  ===============================================
 ``placed``         group                    ``[chain, pods, token]`` (as the placed result)
 ``preempting``     group                    ``[victim, ...]``
-``downgraded``     group (lazily preempted) ``[preemptor]``
+``downgraded``     group (lazily preempted) ``[preemptor]`` ("" for a reconfiguration)
+``reserved``       group (a preemptor)      ``[]``: its victims are gone; confirm it
 ``cancelled``      group (a preemptor)      ``[reason]``
 ``released``       group                    ``[]``
 ``node_health``    node                     ``[healthy]``
+``trimmed``        group                    ``[chain, pods, token]``: a reconfiguration
+                                            dropped some of its leaves
+``reconfigured``   ""                       ``[sha256 of the new configuration]``
 =================  =======================  ===============================================
 """
 

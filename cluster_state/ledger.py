@@ -30,6 +30,12 @@ class GpuLedger:
         self.revision = event.revision
         if event.kind == "placed":
             self._place(event.subject, event.data[1], event.revision)
+        elif event.kind == "trimmed":  # a reconfiguration dropped leaves: it holds fewer now
+            gpus = {(str(node), int(d)) for _, node, devices in event.data[1] for d in devices}
+            for gpu in self.held.get(event.subject, []):
+                if gpu not in gpus and self.owner.get(gpu) == event.subject:
+                    del self.owner[gpu]
+            self.held[event.subject] = sorted(gpus)
         elif event.kind == "released":
             for gpu in self.held.pop(event.subject, []):
                 if self.owner.get(gpu) == event.subject:
@@ -60,7 +66,7 @@ def double_allocations(groups: Iterable[dict[str, Any]]) -> list[str]:
     seen: dict[tuple[str, int], str] = {}
     problems = []
     for group in groups:
-        if group.get("state") == "preempting":
+        if group.get("state") in ("preempting", "reserved"):
             continue  # its pods are reserved, not used: the victims still hold them
         for _, node, devices in group.get("pods") or []:
             for device in devices:

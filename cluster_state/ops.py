@@ -11,7 +11,9 @@ op                                                             result
                                                                ``error``
 ``["release", name]``                                          ``["released", name, [promoted]]``
 ``["node_health", node, healthy]``                             ``["node_health", node, healthy,
-                                                               changed, [cancelled]]``
+                                                               changed, [cancelled], warning]``
+``["reconfigure", yaml_text]``                                 ``["reconfigured", sha256_hex,
+                                                               changed, report]`` | ``error``
 =============================================================  ===================================
 
 where ``group`` is ``[name, vc, priority, [[pod_number, leaf_cell_number], ...], leaf_type,
@@ -27,6 +29,16 @@ pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" 
 * ``["conflict", name, reason]`` — a ``bind`` whose cells changed after ``revision`` or are
   not free; nothing changed.
 * ``["error", reason]`` — invalid request; nothing changed.
+* ``node_health``'s ``warning`` is "" unless the report was ignored (a node the configuration
+  does not know: HiveD ignores those too).
+* ``["reconfigured", sha256_hex, changed, report]`` — the store now runs the configuration in
+  ``yaml_text`` (HiveD's format, validated again by every replica; an invalid one is an
+  ``error`` and changes nothing); ``changed`` is false when it was already running it.
+  ``report`` says what happened to every group (``ClusterStore.reconfigure``).
+* A preemptor whose victims are all gone is *reserved* (its ``group`` query says so and a
+  ``reserved`` event is emitted) until the scheduler confirms it with a second ``submit`` or a
+  ``bind`` of exactly its reserved placement, which answer ``placed`` (HiveD's Preempting
+  state); ``storeOptions: {reservations: immediate}`` places it at once instead.
 
 Reads (``ClusterStore.query``): ``["group", name]``, ``["vc", name]``, ``["summary"]``,
 ``["groups", vc_or_empty]``; each answers ``[kind, revision, info]`` with ``info`` a map
@@ -35,6 +47,11 @@ Reads (``ClusterStore.query``): ``["group", name]``, ``["vc", name]``, ``["summa
 revisions only) or ``["compacted", since, oldest]`` when events after ``since`` are gone.
 ``["digest"]`` answers ``["digest", revision, {"revision": r, "sha256": hex}]``, the hash of the
 replica's snapshot: replicas that applied the same log answer the same (a divergence check).
+``["inspect", "physical" | "vc" | "group", name]`` answers ``["inspect", revision, tree]``: the
+physical cell trees (``name``: a chain, or "" for all), a VC's virtual cell trees, or a group's
+physical and virtual placement and lazy-preemption status (HiveD's inspect API).
+``["plan", yaml_text]`` answers ``["plan", revision, report]``: what ``reconfigure`` would do
+now (a dry run; nothing changes).
 
 The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
 ``encode_result``/``decode_result`` pair converts the typed results.
@@ -63,14 +80,18 @@ __all__ = [
     "GetSummary",
     "GetVC",
     "GroupSpec",
+    "Inspect",
     "ListGroups",
     "Member",
     "NodeHealthSet",
     "Op",
     "Placed",
+    "PlanReconfigure",
     "PodPlacement",
     "Preempting",
     "Query",
+    "Reconfigure",
+    "Reconfigured",
     "Release",
     "Released",
     "Result",
@@ -87,7 +108,10 @@ __all__ = [
     "get_group",
     "get_summary",
     "get_vc",
+    "inspect",
     "list_groups",
+    "plan_reconfigure",
+    "reconfigure",
     "release",
     "set_node_health",
     "submit",
@@ -99,6 +123,8 @@ MAX_PRIORITY = 1000
 #: Upper bounds that keep one op's work bounded.
 MAX_PODS = 4096
 MAX_NAME = 256
+#: The kinds of tree ``inspect`` draws.
+INSPECT_KINDS = ("physical", "vc", "group")
 
 
 # --------------------------------------------------------------------------- requests
@@ -173,7 +199,14 @@ class SetNodeHealth:
     healthy: bool
 
 
-Op = Submit | Bind | Release | SetNodeHealth
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Run the configuration ``text`` (HiveD's YAML format) from now on, keeping the groups."""
+
+    text: str
+
+
+Op = Submit | Bind | Release | SetNodeHealth | Reconfigure
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +241,24 @@ class GetDigest:
     """The hash of the store's snapshot (replicas at the same point of the log agree)."""
 
 
-Query = GetGroup | GetVC | GetSummary | ListGroups | GetEvents | GetDigest
+@dataclass(frozen=True, slots=True)
+class Inspect:
+    """A cell tree: ``kind`` is ``physical`` (``name``: a chain or ""), ``vc`` or ``group``."""
+
+    kind: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PlanReconfigure:
+    """What reconfiguring to ``text`` would do now (a dry run)."""
+
+    text: str
+
+
+Query = (
+    GetGroup | GetVC | GetSummary | ListGroups | GetEvents | GetDigest | Inspect | PlanReconfigure
+)
 
 
 # --------------------------------------------------------------------------- results
@@ -252,6 +302,14 @@ class NodeHealthSet:
     healthy: bool
     changed: bool
     cancelled: tuple[str, ...]  # preempting groups cancelled because the node went bad
+    warning: str = ""  # why the report was ignored (an unknown node), else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    digest: str  # sha256 hex of the configuration now running
+    changed: bool
+    report: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +317,9 @@ class Error:
     reason: str
 
 
-Result = Placed | Preempting | Waiting | Conflict | Released | NodeHealthSet | Error
+Result = (
+    Placed | Preempting | Waiting | Conflict | Released | NodeHealthSet | Reconfigured | Error
+)
 
 
 def encode_result(result: Result) -> bytes:
@@ -276,8 +336,10 @@ def encode_result(result: Result) -> bytes:
             wire = ["conflict", group, reason]
         case Released(group, promoted):
             wire = ["released", group, list(promoted)]
-        case NodeHealthSet(node, healthy, changed, cancelled):
-            wire = ["node_health", node, healthy, changed, list(cancelled)]
+        case NodeHealthSet(node, healthy, changed, cancelled, warning):
+            wire = ["node_health", node, healthy, changed, list(cancelled), warning]
+        case Reconfigured(digest, changed, report):
+            wire = ["reconfigured", digest, changed, report]
         case Error(reason):
             wire = ["error", reason]
     return _pack(wire)
@@ -299,6 +361,12 @@ def decode_result(data: bytes) -> Result:
             return Released(group, tuple(promoted))
         case ["node_health", str(node), bool(healthy), bool(changed), list(cancelled)]:
             return NodeHealthSet(node, healthy, changed, tuple(cancelled))
+        case [
+            "node_health", str(node), bool(healthy), bool(changed), list(cancelled), str(warning)
+        ]:
+            return NodeHealthSet(node, healthy, changed, tuple(cancelled), warning)
+        case ["reconfigured", str(digest), bool(changed), dict(report)]:
+            return Reconfigured(digest, changed, report)
         case ["error", str(reason)]:
             return Error(reason)
         case ["expired"]:
@@ -369,6 +437,22 @@ def release(name: str) -> bytes:
 
 def set_node_health(node: str, healthy: bool) -> bytes:
     return _pack(["node_health", node, healthy])
+
+
+def reconfigure(text: str) -> bytes:
+    """Run the configuration ``text`` (HiveD YAML) from now on; validate it first with
+    ``cluster_state.config.parse_config`` (the store refuses an invalid one, changing nothing)."""
+    return _pack(["reconfigure", text])
+
+
+def plan_reconfigure(text: str) -> bytes:
+    """A dry run of ``reconfigure(text)``: what would happen to every group."""
+    return _pack(["plan", text])
+
+
+def inspect(kind: str, name: str = "") -> bytes:
+    """A cell tree: ``physical`` (``name``: a chain or "" for all), ``vc`` or ``group``."""
+    return _pack(["inspect", kind, name])
 
 
 def get_group(name: str) -> bytes:
@@ -487,6 +571,8 @@ def decode_op(data: bytes) -> Op:
         return Release(_text(op[1], "group name"))
     if name == "node_health" and len(op) == 3 and isinstance(op[2], bool):
         return SetNodeHealth(_text(op[1], "node"), op[2])
+    if name == "reconfigure" and len(op) == 2 and isinstance(op[1], str):
+        return Reconfigure(op[1])
     raise RequestError(f"unknown or malformed op {name!r}")
 
 
@@ -506,4 +592,8 @@ def decode_query(data: bytes) -> Query:
         return GetEvents(op[1])
     if name == "digest" and len(op) == 1:
         return GetDigest()
+    if name == "inspect" and len(op) == 3 and op[1] in INSPECT_KINDS:
+        return Inspect(op[1], _text(op[2], "name", empty=True))
+    if name == "plan" and len(op) == 2 and isinstance(op[1], str):
+        return PlanReconfigure(op[1])
     raise RequestError(f"unknown or malformed query {name!r}")

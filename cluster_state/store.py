@@ -18,6 +18,18 @@ which is what a conditional ``bind`` checks.
 **Snapshots** hold only the facts (groups, bindings, bad nodes, leaf revisions, recent events,
 sessions) in a canonical order; ``restore`` rebuilds every derived structure from them, so two
 replicas that applied the same log produce identical bytes, and ``restore(s).snapshot() == s``.
+
+**Reconfiguration** is a logged command (``ops.reconfigure(yaml_text)``): every replica parses
+and validates the text itself and rebuilds its allocator for the new configuration keeping the
+groups (``Allocator.reconfigured``: work-preserving, deterministic), so replicas stay identical.
+A snapshot carries the configuration it was taken under, and ``restore`` adopts it whatever
+this store was built with, so a replica restarted with an edited configuration file first
+catches up under the configuration the log ran with. **What a serving replica must do at
+start** (the serve path owns it): build the store from the configuration the log *began* with
+(keep that file beside the log), restore the snapshot and replay the log as usual, then — once
+the node serves — if ``store.needs_reconfiguration(file_config)``, propose
+``ops.reconfigure(file_text)`` through the log like any update. Several replicas proposing the
+same text is harmless: a configuration the store already runs answers ``changed: false``.
 """
 
 from __future__ import annotations
@@ -29,8 +41,8 @@ import msgpack
 
 from cluster_state.allocator import Allocator
 from cluster_state.cells import Topology
-from cluster_state.config import ClusterConfig
-from cluster_state.errors import EventsCompacted, RequestError, SnapshotError
+from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
+from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.ops import (
     Bind,
@@ -40,8 +52,12 @@ from cluster_state.ops import (
     GetGroup,
     GetSummary,
     GetVC,
+    Inspect,
     ListGroups,
     Op,
+    PlanReconfigure,
+    Reconfigure,
+    Reconfigured,
     Release,
     Result,
     SetNodeHealth,
@@ -55,8 +71,10 @@ from consensus.statemachine import SessionTable
 
 __all__ = ["SNAPSHOT_FORMAT", "ClusterStore"]
 
-#: Bumped whenever the snapshot layout changes.
-SNAPSHOT_FORMAT = 1
+#: Bumped whenever the snapshot layout changes (2: the configuration is in the snapshot).
+SNAPSHOT_FORMAT = 2
+#: The format before the configuration was kept (still read when the digests match).
+_SNAPSHOT_FORMAT_NO_CONFIG = 1
 
 #: about this many events per page of the watch stream (whole revisions only)
 EVENTS_PAGE = 512
@@ -84,6 +102,8 @@ class ClusterStore:
     def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096) -> None:
         self.topology = config if isinstance(config, Topology) else Topology(config)
         self.allocator = Allocator(self.topology)
+        if self.topology.config.options.initial_node_health == NODES_START_BAD:
+            self.allocator.start_all_bad()
         self.sessions = SessionTable()
         self.events = EventLog(event_limit)
         self.revision = -1
@@ -120,6 +140,41 @@ class ClusterStore:
                 return allocator.release(name, position)
             case SetNodeHealth(node, healthy):
                 return allocator.set_node_health(node, healthy, position)
+            case Reconfigure(text):
+                return self._reconfigure(text, position)
+
+    # ------------------------------------------------------------------ reconfiguration
+    @staticmethod
+    def _parse(text: str) -> Topology:
+        try:
+            return Topology(parse_config(text))
+        except ConfigError as exc:
+            raise RequestError(f"invalid configuration: {exc}") from None
+
+    def _reconfigure(self, text: str, position: int) -> Result:
+        topo = self._parse(text)
+        if topo.digest == self.topology.digest:
+            return Reconfigured(topo.digest.hex(), False, {})
+        old = self.allocator
+        self.allocator, report = old.reconfigured(topo, position)
+        self.topology = topo
+        self.allocator.events.append(("reconfigured", "", [topo.digest.hex()]))
+        return Reconfigured(topo.digest.hex(), True, report)
+
+    def needs_reconfiguration(self, config: ClusterConfig) -> bool:
+        """Whether the store runs another configuration than ``config`` (then propose
+        ``ops.reconfigure`` with its text)."""
+        return Topology(config).digest != self.topology.digest
+
+    def plan_reconfiguration(self, text: str) -> dict[str, Any]:
+        """What applying ``reconfigure(text)`` now would do (on a copy; nothing changes)."""
+        topo = self._parse(text)
+        if topo.digest == self.topology.digest:
+            return {"changed": False}
+        copy = Allocator(self.topology)
+        copy.import_state(self.allocator.export_state())
+        _, report = copy.reconfigured(topo, self.revision + 1)
+        return {"changed": True, **report}
 
     # ------------------------------------------------------------------ reads
     def query(self, op: bytes) -> bytes:
@@ -148,6 +203,14 @@ class ClusterStore:
                 case GetDigest():
                     digest = hashlib.sha256(self.snapshot()).hexdigest()
                     kind, info = "digest", {"revision": self.revision, "sha256": digest}
+                case Inspect("physical", name):
+                    kind, info = "inspect", allocator.inspect_physical(name)
+                case Inspect("vc", name):
+                    kind, info = "inspect", allocator.inspect_vc(name)
+                case Inspect(_, name):
+                    kind, info = "inspect", allocator.inspect_group(name)
+                case PlanReconfigure(text):
+                    kind, info = "plan", self.plan_reconfiguration(text)
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
@@ -162,6 +225,7 @@ class ClusterStore:
             [
                 SNAPSHOT_FORMAT,
                 self.topology.digest,
+                self.topology.config.to_dict(),
                 self.revision,
                 self.allocator.export_state(),
                 self.events.to_state(),
@@ -170,16 +234,41 @@ class ClusterStore:
         )
 
     def restore(self, data: bytes) -> None:
+        """Load a snapshot, adopting the configuration it was taken under (a store built
+        with another one runs the snapshot's until a ``reconfigure`` command changes it)."""
         try:
-            fmt, digest, revision, state, events, sessions = msgpack.unpackb(data)
+            fields = msgpack.unpackb(data)
+            fmt = fields[0]
         except Exception as exc:
             raise SnapshotError(f"not a cluster_state snapshot: {exc}") from None
-        if fmt != SNAPSHOT_FORMAT:
+        if fmt not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_NO_CONFIG):
             raise SnapshotError(f"snapshot format {fmt!r}, this build reads {SNAPSHOT_FORMAT}")
-        if digest != self.topology.digest:
-            raise SnapshotError("the snapshot was taken with a different cluster configuration")
-        allocator = Allocator(self.topology)
-        allocator.import_state(state)
+        try:
+            if fmt == _SNAPSHOT_FORMAT_NO_CONFIG:
+                _, digest, revision, state, events, sessions = fields
+                config = None
+            else:
+                _, digest, config, revision, state, events, sessions = fields
+        except Exception as exc:
+            raise SnapshotError(f"not a cluster_state snapshot: {exc}") from None
+        topology = self.topology
+        if digest != topology.digest:
+            if config is None:
+                raise SnapshotError(
+                    "the snapshot was taken with a different cluster configuration"
+                )
+            try:
+                topology = Topology(parse_config(config))
+            except ConfigError as exc:
+                raise SnapshotError(f"the snapshot's configuration is invalid: {exc}") from None
+            if topology.digest != digest:
+                raise SnapshotError("the snapshot's configuration does not match its digest")
+        allocator = Allocator(topology)
+        try:
+            allocator.import_state(state)
+        except Exception as exc:
+            raise SnapshotError(f"the snapshot's state does not load: {exc!r}") from None
+        self.topology = topology
         self.allocator = allocator
         self.events.load_state(events)
         self.sessions.load_state(sessions)

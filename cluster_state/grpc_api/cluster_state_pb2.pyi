@@ -157,12 +157,44 @@ class NodeHealthRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., healthy: _Optional[bool] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class NodeHealthReply(_message.Message):
-    __slots__ = ("changed", "cancelled")
+    __slots__ = ("changed", "cancelled", "warning")
     CHANGED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    WARNING_FIELD_NUMBER: _ClassVar[int]
     changed: bool
     cancelled: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, changed: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
+    warning: str
+    def __init__(self, changed: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ..., warning: _Optional[str] = ...) -> None: ...
+
+class ReconfigureRequest(_message.Message):
+    __slots__ = ("config_yaml", "dry_run", "session")
+    CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    config_yaml: str
+    dry_run: bool
+    session: Session
+    def __init__(self, config_yaml: _Optional[str] = ..., dry_run: _Optional[bool] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class ReconfigureReply(_message.Message):
+    __slots__ = ("digest", "changed", "report_json")
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    REPORT_JSON_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    changed: bool
+    report_json: str
+    def __init__(self, digest: _Optional[str] = ..., changed: _Optional[bool] = ..., report_json: _Optional[str] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("kind", "name", "stale")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    stale: bool
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
     __slots__ = ("name", "stale")

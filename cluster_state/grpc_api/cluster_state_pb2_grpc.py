@@ -79,6 +79,16 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.FromString,
                 _registered_method=True)
+        self.Reconfigure = channel.unary_unary(
+                '/sdpaxos.cluster_state.v1.AllocationService/Reconfigure',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureReply.FromString,
+                _registered_method=True)
+        self.Inspect = channel.unary_unary(
+                '/sdpaxos.cluster_state.v1.AllocationService/Inspect',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                _registered_method=True)
 
 
 class AllocationServiceServicer:
@@ -138,6 +148,18 @@ class AllocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Reconfigure(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Inspect(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,16 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.SerializeToString,
+            ),
+            'Reconfigure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reconfigure,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureReply.SerializeToString,
+            ),
+            'Inspect': grpc.unary_unary_rpc_method_handler(
+                    servicer.Inspect,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +462,60 @@ class AllocationService:
             '/sdpaxos.cluster_state.v1.AllocationService/Watch',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reconfigure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/Reconfigure',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inspect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/Inspect',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from cluster_state import ops
+from cluster_state.cells import Topology
 from cluster_state.client import AllocationStore, InvalidRequest
-from cluster_state.errors import EventsCompacted
+from cluster_state.config import parse_config
+from cluster_state.errors import ConfigError, EventsCompacted
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from consensus.errors import DefiniteFailure, SDPaxosError
@@ -121,7 +123,28 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             result = await self._call(
                 context, store.set_node_health(request.node, request.healthy, seq=seq)
             )
-        return pb.NodeHealthReply(changed=result.changed, cancelled=list(result.cancelled))
+        return pb.NodeHealthReply(changed=result.changed, cancelled=list(result.cancelled),
+                                  warning=result.warning)
+
+    async def Reconfigure(
+        self, request: pb.ReconfigureRequest, context: Any
+    ) -> pb.ReconfigureReply:
+        # Validated before anything is proposed: an invalid file never reaches the log.
+        try:
+            topology = Topology(parse_config(request.config_yaml))
+        except ConfigError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("context.abort returned") from None  # it raises
+        if request.dry_run:
+            with self._pool.store() as store:
+                plan = await self._call(context, store.plan_reconfiguration(request.config_yaml))
+            changed = bool(plan.pop("changed"))
+            return pb.ReconfigureReply(digest=topology.digest.hex(), changed=changed,
+                                       report_json=json.dumps(plan))
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.reconfigure(request.config_yaml, seq=seq))
+        return pb.ReconfigureReply(digest=result.digest, changed=result.changed,
+                                   report_json=json.dumps(result.report))
 
     @contextlib.asynccontextmanager
     async def _session(
@@ -162,6 +185,18 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             info = await self._call(
                 context, store.allocations(request.name, stale=request.stale)
             )
+        return pb.JsonReply(json=json.dumps(info))
+
+    async def Inspect(self, request: pb.InspectRequest, context: Any) -> pb.JsonReply:
+        if request.kind not in ops.INSPECT_KINDS:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"kind must be one of {', '.join(ops.INSPECT_KINDS)}")
+        with self._pool.store() as store:
+            info = await self._call(
+                context, store.inspect(request.kind, request.name, stale=request.stale)
+            )
+        if info is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no group {request.name!r}")
         return pb.JsonReply(json=json.dumps(info))
 
     # ------------------------------------------------------------------ watch

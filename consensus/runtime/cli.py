@@ -14,12 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
 from consensus.statemachine import StateMachine
 
 __all__ = ["add_cluster_arguments", "add_serve_arguments", "run_cluster", "run_serve"]
@@ -133,20 +134,9 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
 
 
 def _state_machine(config: ClusterConfig) -> StateMachine:
-    """The configured state machine, loaded (a bad GPU config is a ConfigError)."""
-    if config.state_machine == "kv":
-        from consensus.statemachine import KVStore
-
-        return KVStore()
-    from cluster_state.config import load_config
-    from cluster_state.errors import ClusterStateError
-    from cluster_state.store import ClusterStore
-
-    assert config.gpu_config is not None
-    try:
-        return ClusterStore(load_config(config.gpu_config))
-    except (ClusterStateError, OSError) as exc:
-        raise ConfigError(f"{config.gpu_config}: {exc}") from None
+    """The configured state machine, built by its kind (a bad file it names is a
+    ConfigError)."""
+    return state_machine_kind(config.state_machine).build(config)
 
 
 async def _serve(
@@ -184,13 +174,8 @@ async def _serve(
     await node.start()
     gc.freeze()
     gc.enable()
-    grpc_server = None
-    if spec.grpc_address is not None and config.state_machine == "cluster_state":
-        from cluster_state.grpc_api.service import serve_grpc
-
-        grpc_server = await serve_grpc(node, *spec.grpc_address)
-        log.info("replica %d serving the allocation store over gRPC on %s:%d", me,
-                 *spec.grpc_address)
+    # what the state machine serves beside the replica (a gRPC service, say)
+    service = await state_machine_kind(config.state_machine).serve(node, config, me)
     log.info("replica %d serving peers on %s:%d, clients on %s:%d", me, *spec.address,
              *spec.client_address)
     stop = asyncio.Event()
@@ -203,8 +188,8 @@ async def _serve(
     log.info("replica %d shutting down", me)
     if metrics is not None:
         metrics.close()
-    if grpc_server is not None:
-        await grpc_server.stop(1.0)
+    if service is not None:
+        await service.stop()
     await node.stop()
     if failed.done():
         failed.result()  # re-raise: the process exits non-zero
@@ -223,17 +208,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--force", action="store_true",
                       help="overwrite the cluster file of an existing --dir (its replicas' "
                       "data stays: delete data/ yourself to start empty)")
-    store = init.add_mutually_exclusive_group()
-    store.add_argument(
-        "--gpu-store",
-        action="store_true",
-        help="serve the GPU allocation store on a generated HiveD-style cluster (gpu.yaml)",
-    )
-    store.add_argument(
-        "--gpu-config",
-        metavar="FILE",
-        help="serve the GPU allocation store on this HiveD-style cluster file",
-    )
+    for kind in kinds().values():  # each installed state machine's own options
+        kind.add_init_arguments(init)
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
     up.add_argument("--dir", required=True)
     up.add_argument("--timeout", type=float, default=30.0)
@@ -263,8 +239,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         return cluster_ops.run_netem(args.config, args.id, args.device, args.apply)
     directory = Path(args.dir)
     if args.action == "init":
-        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan,
-                     gpu_store=args.gpu_store, gpu_config=args.gpu_config, force=args.force)
+        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan, args=args,
+                     force=args.force)
     if args.action == "up":
         return _up(directory, args.timeout, args.snapshot_every)
     return _down(directory)
@@ -272,11 +248,11 @@ def run_cluster(args: argparse.Namespace) -> int:
 
 def cluster_toml(
     replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local",
-    gpu_config: str | None = None,
+    state_machine: Mapping[str, str] | None = None, grpc: bool = False,
 ) -> str:
     """A loopback cluster file: replica i listens on base_port + i (peers), + 100 + i
-    (clients), + 200 + i (metrics) and, serving the GPU store on ``gpu_config``, + 300 + i
-    (gRPC)."""
+    (clients), + 200 + i (metrics) and, with ``grpc``, + 300 + i (gRPC). ``state_machine``:
+    the ``[state_machine]`` table (``kind`` and that kind's string-valued keys)."""
     lines = [f'cluster_id = "{cluster_id}"', 'data_dir = "data"', ""]
     for i in range(replicas):
         lines += [
@@ -286,20 +262,20 @@ def cluster_toml(
             f'client_address = "127.0.0.1:{base_port + 100 + i}"',
             f'metrics_address = "127.0.0.1:{base_port + 200 + i}"',
         ]
-        if gpu_config is not None:
+        if grpc:
             lines.append(f'grpc_address = "127.0.0.1:{base_port + 300 + i}"')
         lines += [f'site = "{SITES[i]}"', ""]
     lines += ["[protocol]", "heartbeat_us = 50000", "election_timeout_us = 300000", ""]
     if wan:
         lines += ["[wan]", "emulate = true", ""]
-    if gpu_config is not None:
-        lines += ["[state_machine]", 'kind = "cluster_state"',
-                  f"gpu_config = {json.dumps(gpu_config)}", ""]
+    if state_machine is not None:
+        lines += ["[state_machine]",
+                  *(f"{key} = {json.dumps(value)}" for key, value in state_machine.items()), ""]
     return "\n".join(lines)
 
 
-def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_store: bool,
-          gpu_config: str | None, force: bool = False) -> int:
+def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
+          args: argparse.Namespace, force: bool = False) -> int:
     path = directory / CONFIG_NAME
     if path.exists() and not force:
         # rewriting it under a cluster's logs (5 replicas over 3 replicas' data, say) starts
@@ -313,27 +289,25 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool, gpu_stor
               f"down --dir {directory} first", file=sys.stderr)
         return 1
     directory.mkdir(parents=True, exist_ok=True)
-    gpu: str | None = None
-    if gpu_config is not None:
-        from cluster_state.config import load_config
-        from cluster_state.errors import ClusterStateError
-
-        try:  # refuse a bad file now rather than when the replicas start
-            load_config(gpu_config)
-        except (ClusterStateError, OSError) as exc:
-            print(f"sdpaxos cluster init: {gpu_config}: {exc}", file=sys.stderr)
+    chosen: tuple[str, InitChoice] | None = None
+    for name, kind in kinds().items():  # argparse keeps the kinds' options apart
+        try:
+            choice = kind.init_choice(args, path)
+        except ConfigError as exc:  # refused now rather than when the replicas start
+            print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
             return 2
-        gpu = str(Path(gpu_config).resolve())
-    elif gpu_store:
-        from cluster_state.config import synthetic_config
-
-        gpu = "gpu.yaml"
-        (directory / gpu).write_text(synthetic_config(nodes=64, vcs=4, pinned=2).to_yaml())
-        print(f"wrote {directory / gpu} (64 nodes x 8 GPUs, 4 virtual clusters)")
-    path.write_text(cluster_toml(replicas, base_port, wan=wan, gpu_config=gpu))
+        if choice is not None and chosen is not None:
+            print(f"sdpaxos cluster init: options of two state machines ({chosen[0]} and "
+                  f"{name}) given; choose one", file=sys.stderr)
+            return 2
+        if choice is not None:
+            chosen = (name, choice)
+    table = None if chosen is None else {"kind": chosen[0], **chosen[1].table}
+    grpc = chosen is not None and chosen[1].grpc
+    path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc))
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
-    if gpu is not None:
-        print(f"the GPU allocation store: sdpaxos ctl --config {path} status")
+    if chosen is not None and chosen[1].hint:
+        print(chosen[1].hint)
     return 0
 
 

@@ -10,7 +10,7 @@ Example (``sdpaxos cluster init`` writes one like it)::
     address = "127.0.0.1:7000"     # peer port
     client_address = "127.0.0.1:7100"
     metrics_address = "127.0.0.1:7200"   # optional Prometheus endpoint
-    grpc_address = "127.0.0.1:7300"      # optional gRPC endpoint of the allocation store
+    grpc_address = "127.0.0.1:7300"      # optional: what the state machine serves over gRPC
     site = "CA"
 
     [protocol]                     # any ProtocolConfig field except replicas; µs
@@ -18,9 +18,9 @@ Example (``sdpaxos cluster init`` writes one like it)::
     heartbeat_us = 50000
     election_timeout_us = 300000
 
-    [state_machine]                # optional; default: the key-value store
-    kind = "cluster_state"         # the GPU allocation store ...
-    gpu_config = "gpu.yaml"        # ... on this HiveD-style cluster (relative to this file)
+    [state_machine]                # optional; default: kind = "kv", the key-value store
+    kind = "kv"                    # one of consensus.runtime.state_machines.kinds(); the
+                                   # kind's own keys follow (paths relative to this file)
 
     [wan]
     emulate = true                 # delay every frame by the one-way delay of its link
@@ -41,14 +41,21 @@ Example (``sdpaxos cluster init`` writes one like it)::
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from consensus.config import ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError
 from consensus.protocol.registry import PROTOCOLS
 from consensus.runtime.conn_limits import LimitsConfig
+from consensus.runtime.state_machines import (
+    grpc_requirement,
+    parse_state_machine_table,
+    state_machine_kind,
+)
 
 __all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
 
@@ -80,10 +87,13 @@ class ClusterConfig:
     one_way_us: tuple[tuple[int, ...], ...]
     #: which core the replicas run (``[protocol] name``): a ``consensus.protocol.registry`` key
     protocol_name: str = "sdpaxos"
-    #: the replicated state machine: "kv" (consensus.statemachine.KVStore) or "cluster_state"
+    #: the replicated state machine's kind (``[state_machine] kind``): a
+    #: ``consensus.runtime.state_machines.kinds()`` key
     state_machine: str = "kv"
-    #: the HiveD-style GPU cluster file of a "cluster_state" store
-    gpu_config: Path | None = None
+    #: that kind's options, as its ``parse_options`` read them from ``[state_machine]``
+    state_machine_options: Mapping[str, Any] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     #: connection caps, timeouts and buffer budget of the replicas' ports (``[limits]``)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
 
@@ -179,10 +189,12 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     except ConfigError as exc:
         raise fail(f"[protocol]: {exc}") from None
     one_way = _parse_wan(raw.get("wan", {}), specs, fail)
-    kind, gpu_config = _parse_state_machine(raw.get("state_machine", {}), base, fail)
-    if kind != "cluster_state" and any(spec.grpc_address for spec in specs):
-        raise fail('grpc_address serves the GPU allocation store: it needs [state_machine] '
-                   'kind = "cluster_state"')
+    try:
+        kind, options = parse_state_machine_table(raw.get("state_machine", {}), base)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    if not state_machine_kind(kind).grpc_service and any(spec.grpc_address for spec in specs):
+        raise fail(grpc_requirement())
     limits = _parse_limits(raw.get("limits", {}), len(specs), fail)
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
@@ -195,7 +207,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         one_way_us=one_way,
         protocol_name=protocol_name,
         state_machine=kind,
-        gpu_config=gpu_config,
+        state_machine_options=options,
         limits=limits,
     )
 
@@ -214,26 +226,6 @@ def _parse_limits(table: Any, replicas: int, fail: Any) -> LimitsConfig:
         raise fail(f"[limits].peer_max_connections must be 0 (automatic) or at least the "
                    f"{replicas - 1} other replicas, got {limits.peer_max_connections}")
     return limits
-
-
-def _parse_state_machine(table: Any, base: Path, fail: Any) -> tuple[str, Path | None]:
-    if not isinstance(table, dict):
-        raise fail("[state_machine] must be a table")
-    extra = sorted(set(table) - {"kind", "gpu_config"})
-    if extra:
-        raise fail(f"[state_machine]: unknown keys {extra}")
-    kind = table.get("kind", "kv")
-    if kind not in ("kv", "cluster_state"):
-        raise fail(f'[state_machine].kind must be "kv" or "cluster_state", got {kind!r}')
-    gpu = table.get("gpu_config")
-    if kind == "kv":
-        if gpu is not None:
-            raise fail("[state_machine].gpu_config is only for kind = \"cluster_state\"")
-        return kind, None
-    if not isinstance(gpu, str) or not gpu:
-        raise fail("[state_machine].gpu_config (the GPU cluster YAML file) is required")
-    path = Path(gpu)
-    return kind, path if path.is_absolute() else base / path
 
 
 def _parse_wan(

@@ -51,16 +51,16 @@ class LocalCluster:
         protocol: str = "",
         wan: bool = False,
         state_machine: str = "",
-        gpu_config: str | None = None,
+        grpc: bool = False,
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        """``gpu_config`` (a path relative to ``directory``): serve the GPU allocation store
-        on that cluster, with gRPC on every replica; ``state_machine``: the body of a
-        ``[state_machine]`` table instead (no gRPC)."""
+        """``state_machine``: the body of a ``[state_machine]`` table (paths relative to
+        ``directory``); ``grpc``: a gRPC address for every replica (a kind that serves
+        gRPC serves it there)."""
         self.directory = directory
         self.extra_args = extra_args
         directory.mkdir(parents=True, exist_ok=True)
-        text = cluster_toml(replicas, free_base_port(), wan=wan, gpu_config=gpu_config)
+        text = cluster_toml(replicas, free_base_port(), wan=wan, grpc=grpc)
         if protocol:
             text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
         if state_machine:  # the body of a [state_machine] table

@@ -30,10 +30,9 @@ machines, whose stamps this emulation cannot use.) Negative configured delays co
 delivery time - stamp: the whole hop from the send call.
 
 Bounds: a link's send backlog (frames not yet written plus the socket's write buffer) is at
-most ``max_queue_bytes``; beyond it new frames to that peer are dropped, and ``congested``
-reports a backlog over half of it so the node can stop taking client requests (backpressure).
-Frames a connection holds for delivery are bounded by ``max_queue_bytes`` too (payloads plus
-a small per-frame charge); beyond it arriving frames are dropped. Both count in
+most ``max_queue_bytes``; beyond it new frames to that peer are dropped. Frames a
+connection holds for delivery are bounded by ``max_queue_bytes`` too (payloads plus a small
+per-frame charge); beyond it arriving frames are dropped. Both count in
 ``frames_dropped``; the protocol retransmits. A connection closed for a bad frame (or an
 ``on_frame`` that raised) drops what it held; one the peer closed still delivers it.
 Inbound connections are capped (``max_connections``, ``conn_limits``): more are closed at
@@ -268,9 +267,6 @@ class PeerTransport:
         link.queue.append(wire)
         link.bytes_queued += len(wire)
         link.wakeup.set()
-
-    def congested(self) -> bool:
-        return any(_backlog(link) > self.max_queue_bytes // 2 for link in self._links.values())
 
     async def _dial(self, peer: int) -> None:
         backoff = RECONNECT_MIN_S

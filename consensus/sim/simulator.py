@@ -1,9 +1,10 @@
 """Deterministic simulation of a cluster of protocol cores, with faults and checkers.
 
 Everything random comes from one ``random.Random(seed)`` (sub-generators are derived from
-it); time is an integer clock in µs driven by an event heap ``(time, seq, ...)`` whose ``seq``
-breaks ties; nothing iterates an unordered container. The same seed and options therefore
-replay the same run exactly — a failing run prints the command line that replays it.
+it); time is an integer clock in µs driven by an event heap ``(time, seq, event)`` whose
+``seq`` breaks ties (the events: ``consensus.sim.events``); nothing iterates an unordered
+container. The same seed and options therefore replay the same run exactly — a failing run
+prints the command line that replays it.
 
 A replica's loop turn mirrors the asyncio driver: everything that arrived at one instant is
 fed to the core, then its ``Ready`` is carried out — records persisted, then (after
@@ -53,8 +54,8 @@ import random
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, assert_never
 
 import msgpack
 
@@ -67,6 +68,28 @@ from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
 from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.framing import frames_by_peer
+from consensus.sim.events import (
+    Chaos,
+    Check,
+    ClientTimeout,
+    Durable,
+    Event,
+    FaultCrash,
+    FaultRestart,
+    Frame,
+    Heal,
+    InboxEvent,
+    Issue,
+    LongLogRecover,
+    LongLogStep,
+    Propose,
+    Read,
+    RestartAll,
+    Resume,
+    SnapshotArrival,
+    Tick,
+    Turn,
+)
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.sim.network import LinkFaults, Network
@@ -78,6 +101,7 @@ __all__ = [
     "PROTOCOLS",
     "RECOVERY_BOUND_US",
     "RESTART_KINDS",
+    "ReadyHook",
     "RunResult",
     "SimOptions",
     "Simulation",
@@ -201,7 +225,7 @@ class _Replica:
     incarnation: int = 0
     busy_until: int = -1  # a "fsync" in progress
     paused_until: int = -1
-    inbox: list[tuple[str, Any]] = field(default_factory=list)
+    inbox: list[InboxEvent] = field(default_factory=list)
     canon_position: int = 0  # how many executions of the canonical order it has done
     rate: float = 1.0  # clock drift
     offset: int = 0
@@ -216,7 +240,16 @@ class _Client:
     op: dict[str, Any] | None = None  # the open operation
 
 
+#: ``Simulation.on_ready(replica, command, called_at_us)``: a client's command became ready
+#: (may be acknowledged) at ``replica``; the client called the operation at ``called_at_us``
+ReadyHook = Callable[[int, Command, int], None]
+
+
 class Simulation:
+    """One seeded run. ``run()`` plays it whole; a driver that plays its own scenario
+    (``bench.sim_failover``) calls ``start()``, adds events with ``schedule`` and plays
+    them with ``run_until``, watching commands become ready through ``on_ready``."""
+
     def __init__(self, options: SimOptions, seed: int) -> None:
         self.options = options
         self.seed = seed
@@ -317,8 +350,11 @@ class Simulation:
         self._probes: set[int] = set()
         #: long-log mode: the highest execution frontier, and when it was reached
         self._progress = (0, 0)
-        self.heap: list[tuple[int, int, str, int, Any]] = []
-        self.seq = 0
+        self._heap: list[tuple[int, int, Event]] = []
+        self._seq = 0
+        #: called when a client's open command becomes ready (see ``ReadyHook``)
+        self.on_ready: ReadyHook | None = None
+        self._handlers = self._event_handlers()
         self.now = 0
         self.canon: list[tuple[int, int, int, int]] = []
         self.issued = 0
@@ -352,9 +388,9 @@ class Simulation:
         continuing from a snapshot at ``slot`` is checked from there."""
         return bisect.bisect_left(self.canon, (slot,))
 
-    def _push(self, at: int, kind: str, target: int, payload: Any = None) -> None:
-        heapq.heappush(self.heap, (at, self.seq, kind, target, payload))
-        self.seq += 1
+    def _push(self, at: int, event: Event) -> None:
+        heapq.heappush(self._heap, (at, self._seq, event))
+        self._seq += 1
 
     def _log(self, text: str) -> None:
         self.trace.append(f"{self.now / 1000:10.3f} {text}")
@@ -368,9 +404,26 @@ class Simulation:
     def start(self) -> None:
         """Schedule the first events: every replica's timer, every client's first request."""
         for rep in self.replicas:
-            self._push(0, "tick", rep.rid)
+            self._push(0, Tick(rep.rid))
         for client in self.clients:
-            self._push(1_000 + self.rng_work.randrange(1_000), "issue", client.cid)
+            self._push(1_000 + self.rng_work.randrange(1_000), Issue(client.cid))
+
+    def schedule(self, at: int, event: Event) -> None:
+        """Add ``event`` at simulated time ``at`` (µs), after the events already there for
+        that instant."""
+        self._push(at, event)
+
+    def run_until(self, done: Callable[[], bool], *, deadline_us: int) -> bool:
+        """Play the scheduled events in order until ``done()`` holds (looked at before each
+        event), none is left, or the next one is after ``deadline_us``; whether ``done()``
+        held. Checkers and faults act as in ``run`` (a violation raises)."""
+        while self._heap and not done():
+            if self._heap[0][0] > deadline_us:
+                break
+            at, _, event = heapq.heappop(self._heap)
+            self.now = at
+            self._dispatch(event)
+        return done()
 
     def run(self) -> RunResult:
         started = time.perf_counter()
@@ -378,21 +431,21 @@ class Simulation:
         chaotic = self.options.faults & {"crash", "partition", "pause"}
         link_faults = self.options.faults & {"loss", "dup", "reorder"}
         if chaotic:
-            self._push(self.rng_fault.randrange(200_000, 600_000), "chaos", -1)
+            self._push(self.rng_fault.randrange(200_000, 600_000), Chaos())
         heal_at = self.chaos_us if chaotic or link_faults else 0
-        self._push(heal_at, "heal", -1)
+        self._push(heal_at, Heal())
         if self.options.long_log:
-            self._push(LONG_LOG_CHECK_US, "long_log", -1)
+            self._push(LONG_LOG_CHECK_US, LongLogStep())
         deadline = heal_at + self.heal_us
         try:
-            while self.heap:
-                at, _, kind, target, payload = heapq.heappop(self.heap)
+            while self._heap:
+                at, _, event = heapq.heappop(self._heap)
                 if at > deadline:
                     self.now = deadline
                     break
                 self.now = at
-                self._dispatch(kind, target, payload)
-                if kind == "check" and self.chaos_over and self._finished():
+                self._dispatch(event)
+                if isinstance(event, Check) and self.chaos_over and self._finished():
                     break
             self._final_checks()
         except Violation as exc:
@@ -412,68 +465,99 @@ class Simulation:
         self.result.sim_time_us = self.now
         return self.result
 
-    def _dispatch(self, kind: str, target: int, payload: Any) -> None:
-        if kind == "issue":
-            self._issue(self._client(target))
-        elif kind == "timeout":
-            self._client_timeout(self._client(target), payload)
-        elif kind == "chaos":
-            self._chaos()
-        elif kind == "heal":
-            self._heal()
-        elif kind == "long_log":
-            self._long_log_step()
-        elif kind == "long_log_recover":
-            self._start_recovery_check()
-        elif kind == "restart_all":
-            for rep in self.replicas:
-                if not rep.alive:
-                    self._restart(rep)
-        elif kind == "fault_crash":
-            rep = self.replicas[target]
-            down = sum(1 for r in self.replicas if not r.alive)
-            if rep.alive and down < self.f and not self.chaos_over:
-                self._crash(rep)
-        elif kind == "fault_restart":
-            if not self.replicas[target].alive and not self.chaos_over:
-                self._restart(self.replicas[target])
-        elif kind == "check":
-            if not self._finished():
-                self._push(self.now + 50_000, "check", -1)
-        elif kind == "durable":
-            self._durable(self.replicas[target], payload)
-        elif kind == "turn":
-            rep = self.replicas[target]
-            rep.turn_pending = False
-            ready_to_run = rep.busy_until <= self.now and rep.paused_until <= self.now
-            if rep.alive and payload == rep.incarnation and rep.inbox and ready_to_run:
-                self._turn(rep)
-        elif kind == "resume":
-            rep = self.replicas[target]
-            if rep.alive and rep.paused_until <= self.now and rep.inbox:
-                self._schedule_turn(rep)
-        else:
-            rep = self.replicas[target]
-            if kind == "tick":
-                self._push(self.now + self.tick_us, "tick", target)
-                item: tuple[str, Any] = ("tick", None)
-            elif kind in ("frame", "snapshot"):
-                if payload[0] != rep.incarnation:
-                    return  # sent to a replica that crashed since: the connection broke
-                item = (kind, payload[1])
-            else:
-                item = (kind, payload)
-            if not rep.alive:
-                return
-            rep.inbox.append(item)
+    def _dispatch(self, event: Event) -> None:
+        self._handlers[type(event)](event)
+
+    def _event_handlers(self) -> dict[type, Callable[[Any], None]]:
+        """Each kind of event's handler (``_dispatch`` looks it up by the event's class:
+        cheaper than trying kinds in turn, and a simulation plays millions of events)."""
+        return {
+            Frame: self._on_delivery,
+            SnapshotArrival: self._on_delivery,
+            Turn: self._on_turn,
+            Tick: self._on_tick,
+            Durable: self._on_durable,
+            Propose: self._on_request,
+            Read: self._on_request,
+            Issue: self._on_issue,
+            ClientTimeout: self._on_client_timeout,
+            Resume: self._on_resume,
+            Check: self._on_check,
+            Chaos: lambda _: self._chaos(),
+            Heal: lambda _: self._heal(),
+            FaultCrash: self._on_fault_crash,
+            FaultRestart: self._on_fault_restart,
+            LongLogStep: lambda _: self._long_log_step(),
+            LongLogRecover: lambda _: self._start_recovery_check(),
+            RestartAll: self._on_restart_all,
+        }
+
+    def _on_delivery(self, event: Frame | SnapshotArrival) -> None:
+        rep = self.replicas[event.rid]
+        if event.incarnation != rep.incarnation:
+            return  # sent to a replica that crashed since: the connection broke
+        self._deliver(rep, event)
+
+    def _on_turn(self, event: Turn) -> None:
+        rep = self.replicas[event.rid]
+        rep.turn_pending = False
+        ready_to_run = rep.busy_until <= self.now and rep.paused_until <= self.now
+        if rep.alive and event.incarnation == rep.incarnation and rep.inbox and ready_to_run:
+            self._turn(rep)
+
+    def _on_tick(self, event: Tick) -> None:
+        self._push(self.now + self.tick_us, event)  # the same timer again (events are values)
+        self._deliver(self.replicas[event.rid], event)
+
+    def _on_durable(self, event: Durable) -> None:
+        self._durable(self.replicas[event.rid], event)
+
+    def _on_request(self, event: Propose | Read) -> None:
+        self._deliver(self.replicas[event.rid], event)
+
+    def _on_issue(self, event: Issue) -> None:
+        self._issue(self._client(event.cid))
+
+    def _on_client_timeout(self, event: ClientTimeout) -> None:
+        self._client_timeout(self._client(event.cid), event)
+
+    def _on_resume(self, event: Resume) -> None:
+        rep = self.replicas[event.rid]
+        if rep.alive and rep.paused_until <= self.now and rep.inbox:
             self._schedule_turn(rep)
+
+    def _on_check(self, event: Check) -> None:
+        if not self._finished():
+            self._push(self.now + 50_000, Check())
+
+    def _on_fault_crash(self, event: FaultCrash) -> None:
+        rep = self.replicas[event.rid]
+        down = sum(1 for r in self.replicas if not r.alive)
+        if rep.alive and down < self.f and not self.chaos_over:
+            self._crash(rep)
+
+    def _on_fault_restart(self, event: FaultRestart) -> None:
+        if not self.replicas[event.rid].alive and not self.chaos_over:
+            self._restart(self.replicas[event.rid])
+
+    def _on_restart_all(self, event: RestartAll) -> None:
+        for rep in self.replicas:
+            if not rep.alive:
+                self._restart(rep)
+
+    def _deliver(self, rep: _Replica, event: InboxEvent) -> None:
+        """Into the replica's inbox, for its next loop turn (a crashed replica drops it)."""
+        if not rep.alive:
+            return
+        rep.inbox.append(event)
+        self._schedule_turn(rep)
 
     def _schedule_turn(self, rep: _Replica) -> None:
         """Everything that arrives at one instant makes one turn (busy or paused: later)."""
         if rep.turn_pending or rep.busy_until > self.now or rep.paused_until > self.now:
             return
         rep.turn_pending = True
-        self._push(self.now, "turn", rep.rid, rep.incarnation)
+        self._push(self.now, Turn(rep.rid, rep.incarnation))
 
     def _client(self, cid: int) -> _Client:
         return self.clients[cid - 1000]
@@ -483,18 +567,21 @@ class Simulation:
         items, rep.inbox = rep.inbox, []
         core = rep.core
         local = self._local(rep)
-        for kind, payload in items:
-            if kind == "frame":
-                for message in payload:
-                    core.step(message, local)
-            elif kind == "propose":
-                core.propose(payload, local)
-            elif kind == "read":
-                core.read(payload, local)
-            elif kind == "snapshot":
-                self._install_snapshot(rep, payload)
-            else:
-                core.tick(local)
+        for item in items:
+            match item:  # the most frequent first: a match tries its cases in turn
+                case Tick():
+                    core.tick(local)
+                case Frame(messages=messages):
+                    for message in messages:
+                        core.step(message, local)
+                case Propose(command=command):
+                    core.propose(command, local)
+                case Read(command=command):
+                    core.read(command, local)
+                case SnapshotArrival(snapshot=snapshot):
+                    self._install_snapshot(rep, snapshot)
+                case _:
+                    assert_never(item)
         ready = core.ready()
         self._count_messages(ready)
         self._send(rep, ready.send)
@@ -502,7 +589,7 @@ class Simulation:
             rep.unsynced.extend(ready.log)
         elif self.fsync_us > 0:
             rep.busy_until = self.now + self.fsync_us
-            self._push(rep.busy_until, "durable", rep.rid, (rep.incarnation, ready))
+            self._push(rep.busy_until, Durable(rep.rid, rep.incarnation, ready))
             return
         else:
             self._synced(rep, ready)
@@ -516,9 +603,9 @@ class Simulation:
         rep.durable.extend(ready.persist)
         rep.durable.extend(ready.log)
 
-    def _durable(self, rep: _Replica, payload: tuple[int, Ready]) -> None:
-        incarnation, ready = payload
-        if incarnation != rep.incarnation or not rep.alive:
+    def _durable(self, rep: _Replica, event: Durable) -> None:
+        ready = event.ready
+        if event.incarnation != rep.incarnation or not rep.alive:
             return
         rep.busy_until = -1
         self._synced(rep, ready)
@@ -595,7 +682,7 @@ class Simulation:
                 raise Violation(f"replica {rep.rid}'s snapshot at slot {meta.slot} decodes "
                                 "to another one")
         for at in self.network.arrivals(rep.rid, peer, self.now):
-            self._push(at, "snapshot", peer, (self.replicas[peer].incarnation, snapshot))
+            self._push(at, SnapshotArrival(peer, self.replicas[peer].incarnation, snapshot))
 
     def _install_snapshot(self, rep: _Replica, snapshot: tuple[SnapshotMeta, bytes]) -> None:
         """What the driver does with a peer's snapshot: ignore it unless it is ahead."""
@@ -627,7 +714,7 @@ class Simulation:
         for to in sorted(frames):
             for messages in frames[to]:
                 for at in self.network.arrivals(rep.rid, to, self.now):
-                    self._push(at, "frame", to, (self.replicas[to].incarnation, messages))
+                    self._push(at, Frame(to, self.replicas[to].incarnation, messages))
 
     def _through_codec(
         self, rep: _Replica, outgoing: list[Outgoing]
@@ -723,16 +810,15 @@ class Simulation:
         op = client.op
         assert op is not None
         target = (client.home + op["attempt"]) % self.n
-        kind = "read" if op.get("lease") else "propose"
-        self._push(self.now, kind, target, op["command"])
+        request = Read if op.get("lease") else Propose
+        self._push(self.now, request(target, op["command"]))
         op["proposed_at"] = op.get("proposed_at", self.now)
         timeout = 2 * self.config.election_timeout_us
-        self._push(self.now + timeout, "timeout", client.cid, (client.seq, op["attempt"]))
+        self._push(self.now + timeout, ClientTimeout(client.cid, client.seq, op["attempt"]))
 
-    def _client_timeout(self, client: _Client, payload: tuple[int, int]) -> None:
-        seq, attempt = payload
+    def _client_timeout(self, client: _Client, event: ClientTimeout) -> None:
         op = client.op
-        if op is None or client.seq != seq or op["attempt"] != attempt:
+        if op is None or client.seq != event.seq or op["attempt"] != event.attempt:
             return
         op["attempt"] += 1  # same (client id, seq), next replica
         self._submit(client)
@@ -750,6 +836,8 @@ class Simulation:
         if opened is None:
             return
         client, op = opened
+        if self.on_ready is not None:
+            self.on_ready(rep.rid, command, op["call"])
         if "ready_at" not in op:
             op["ready_at"] = self.now
             site = SITES[rep.rid] if rep.rid < len(SITES) else str(rep.rid)
@@ -786,7 +874,7 @@ class Simulation:
             # it never took effect (and was never sent anywhere else): no operation in the
             # history, move on. After a retry, another copy may still take effect.
             client.op = None
-            self._push(self.now + self.rng_work.randrange(self.think_us + 1), "issue", client.cid)
+            self._push(self.now + self.rng_work.randrange(self.think_us + 1), Issue(client.cid))
         else:
             op["attempt"] += 1
             self._submit(client)
@@ -807,7 +895,7 @@ class Simulation:
         client.op = None
         if op.get("probe"):
             self._probes.discard(client.cid)
-        self._push(self.now + self.rng_work.randrange(self.think_us + 1), "issue", client.cid)
+        self._push(self.now + self.rng_work.randrange(self.think_us + 1), Issue(client.cid))
 
     # ------------------------------------------------------------------ long-log mode
     def _long_log_step(self) -> None:
@@ -818,7 +906,7 @@ class Simulation:
         the others did) within ``recovery_bound_us``, or the run fails with what was stuck."""
         if self._phase == "done":
             return
-        self._push(self.now + LONG_LOG_CHECK_US, "long_log", -1)
+        self._push(self.now + LONG_LOG_CHECK_US, LongLogStep())
         executed = max(r.core.executed_through() for r in self.replicas)
         if executed > self._progress[0] or self._phase in ("down", "recover"):
             self._progress = (executed, self.now)
@@ -879,8 +967,8 @@ class Simulation:
         self._phase = "down"
         down = 2 * self.config.election_timeout_us if kind == "one" else self.tick_us
         self._restarted_at = self.now + down
-        self._push(self._restarted_at, "restart_all", -1)
-        self._push(self._restarted_at, "long_log_recover", -1)
+        self._push(self._restarted_at, RestartAll())
+        self._push(self._restarted_at, LongLogRecover())
 
     def _start_recovery_check(self) -> None:
         """Restarted: every site's first client owes a read through the log (answered once
@@ -888,7 +976,7 @@ class Simulation:
         self._phase = "recover"
         for client in self.clients[: self.n]:
             self._probes.add(client.cid)
-            self._push(self.now, "issue", client.cid)
+            self._push(self.now, Issue(client.cid))
 
     def _issue_probe(self, client: _Client) -> None:
         self.issued += 1
@@ -936,7 +1024,7 @@ class Simulation:
             actions.append("pause")
         if actions:
             self._apply_fault(rng.choice(actions))
-        self._push(self.now + rng.randrange(100_000, 1_000_000), "chaos", -1)
+        self._push(self.now + rng.randrange(100_000, 1_000_000), Chaos())
 
     def _sequencer_guess(self) -> int:
         """The replica the protocol leans on most: the stable leader of a core that has one
@@ -976,9 +1064,9 @@ class Simulation:
             first = self.replicas[rng.choice(alive)]
             self._crash(first)
             again = self.now + rng.randrange(500, 5_000)
-            self._push(again, "fault_restart", first.rid)
+            self._push(again, FaultRestart(first.rid))
             others = [r for r in alive if r != first.rid]
-            self._push(again + rng.randrange(0, 3_000), "fault_crash", rng.choice(others))
+            self._push(again + rng.randrange(0, 3_000), FaultCrash(rng.choice(others)))
         elif action == "split_sequencer_pair":
             # the sequencer and one replica go on alone, then both die (Figure 7's case)
             sequencer = self._sequencer_guess()
@@ -986,24 +1074,25 @@ class Simulation:
             self.network.split({sequencer, partner}, n)
             self._log(f"fault: split off sequencer {sequencer} with {partner}")
             later = self.now + rng.randrange(5_000, 200_000)
-            self._push(later, "fault_crash", sequencer)
-            self._push(later + rng.randrange(0, 2_000), "fault_crash", partner)
+            self._push(later, FaultCrash(sequencer))
+            self._push(later + rng.randrange(0, 2_000), FaultCrash(partner))
         elif action == "heal_links":
             self.network.heal()
             self._log("fault: links healed")
         elif action == "pause":
             paused = self.replicas[rng.choice(alive)]
             paused.paused_until = self.now + rng.randrange(100_000, 1_500_000)
-            self._push(paused.paused_until, "resume", paused.rid)
+            self._push(paused.paused_until, Resume(paused.rid))
             self._log(f"fault: pause replica {paused.rid} until {paused.paused_until / 1000:.0f}")
 
     def _crash(self, rep: _Replica) -> None:
         self._log(f"fault: crash replica {rep.rid}")
         if rep.busy_until > self.now:
             # the fsync in flight did not finish: a random prefix of its records made it
-            for _, _, kind, target, payload in self.heap:
-                if kind == "durable" and target == rep.rid and payload[0] == rep.incarnation:
-                    records = payload[1].persist
+            for _, _, event in self._heap:
+                if (isinstance(event, Durable) and event.rid == rep.rid
+                        and event.incarnation == rep.incarnation):
+                    records = event.ready.persist
                     rep.durable.extend(records[: self.rng_fault.randrange(len(records) + 1)])
         rep.unsynced.clear()
         rep.alive = False
@@ -1024,11 +1113,11 @@ class Simulation:
         fresh.rate, fresh.offset = rep.rate, rep.offset
         self.replicas[rep.rid] = fresh
         self.down_since.pop(rep.rid, None)
-        self._push(self.now, "tick", rep.rid)
+        self._push(self.now, Tick(rep.rid))
 
     def _heal(self) -> None:
         self.chaos_over = True
-        self._push(self.now + 50_000, "check", -1)
+        self._push(self.now + 50_000, Check())
         self._log("heal: all faults off")
         self.network.heal()
         self.network.faults = LinkFaults()
@@ -1037,7 +1126,7 @@ class Simulation:
                 self._restart(rep)
             elif rep.paused_until > self.now:
                 rep.paused_until = self.now
-                self._push(self.now, "resume", rep.rid)
+                self._push(self.now, Resume(rep.rid))
         for client in self.clients:  # waiting on a replica that was down: go again now
             if client.op is not None:
                 client.op["attempt"] += 1
@@ -1109,11 +1198,3 @@ def _summary(outgoing: list[Outgoing]) -> str:
     if longest is not None:
         parts.append(f"longest array: {longest[1]}.{longest[2]} of {longest[0]:,}")
     return ", ".join(parts)
-
-
-def run_one(options: SimOptions, seed: int) -> RunResult:
-    return Simulation(options, seed).run()
-
-
-def with_options(options: SimOptions, **changes: Any) -> SimOptions:
-    return replace(options, **changes)

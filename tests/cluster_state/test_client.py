@@ -18,6 +18,7 @@ from cluster_state.config import synthetic_config
 from cluster_state.errors import EventsCompacted
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import Conflict, GroupSpec, Member, Placed, PodPlacement
+from cluster_state.plugin import gpu_config_path
 from cluster_state.store import ClusterStore
 from consensus.errors import IndefiniteFailure
 from consensus.messages import Command
@@ -41,7 +42,7 @@ async def start(tmp_path: Path, event_limit: int = 4096) -> list[ReplicaNode]:
     text += '\n[state_machine]\nkind = "cluster_state"\ngpu_config = "gpu.yaml"\n'
     (tmp_path / "cluster.toml").write_text(text)
     config = load_cluster_config(tmp_path / "cluster.toml")
-    assert config.gpu_config is not None
+    assert gpu_config_path(config) == tmp_path / "gpu.yaml"
     nodes = [
         ReplicaNode(config, i, ClusterStore(synthetic_config(**GPU), event_limit=event_limit),
                     fsync=False)

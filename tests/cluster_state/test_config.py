@@ -181,10 +181,10 @@ def test_node_without_an_address_is_named() -> None:
     assert "needs a cellAddress (its node name)" in _error(config)
 
 
-def test_wrong_number_of_children_is_named() -> None:
+def test_too_many_children_are_named() -> None:
     config = raw()
-    config["physicalCluster"]["physicalCells"][2]["cellChildren"].pop()
-    assert "must list exactly 3 cells" in _error(config)
+    config["physicalCluster"]["physicalCells"][2]["cellChildren"].append({"cellAddress": "x"})
+    assert "must list at most 3 cells" in _error(config)
 
 
 def test_vc_assignment_that_does_not_fit_names_chain_and_level() -> None:

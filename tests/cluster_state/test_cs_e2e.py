@@ -273,7 +273,8 @@ def test_concurrent_schedulers_at_every_site_through_replica_processes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "gpu.yaml").write_text(synthetic_config(**GPU).to_yaml())
-    with LocalCluster(tmp_path, 3, gpu_config="gpu.yaml") as cluster:
+    with LocalCluster(tmp_path, 3, state_machine='kind = "cluster_state"\ngpu_config = "gpu.yaml"',
+                      grpc=True) as cluster:
         cluster.start_all()
         history, final = asyncio.run(asyncio.wait_for(drive(cluster), 120))
         # the load was real: groups were placed, and some had to wait or preempt

@@ -11,6 +11,7 @@ import pytest
 
 from bench.cli import main
 from cluster_state.config import load_config, synthetic_config
+from cluster_state.plugin import gpu_config_path, store_cluster_toml
 from consensus.errors import ConfigError
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import load_cluster_config
@@ -27,15 +28,15 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_the_state_machine_table_is_validated(tmp_path: Path) -> None:
     assert load_cluster_config(write(tmp_path, BASE)).state_machine == "kv"
-    config = load_cluster_config(write(tmp_path, cluster_toml(3, 7000, wan=False,
-                                                              gpu_config="sub/gpu.yaml")))
+    config = load_cluster_config(write(tmp_path, store_cluster_toml(3, 7000, wan=False,
+                                                                    gpu_config="sub/gpu.yaml")))
     assert config.state_machine == "cluster_state"
-    assert config.gpu_config == tmp_path / "sub" / "gpu.yaml"  # relative to the file
+    assert gpu_config_path(config) == tmp_path / "sub" / "gpu.yaml"  # relative to the file
     assert [r.grpc_address for r in config.replicas] == [("127.0.0.1", 7300 + i)
                                                          for i in range(3)]
     absolute = "/srv/gpu.yaml"
     text = BASE + f'\n[state_machine]\nkind = "cluster_state"\ngpu_config = "{absolute}"\n'
-    assert load_cluster_config(write(tmp_path, text)).gpu_config == Path(absolute)
+    assert gpu_config_path(load_cluster_config(write(tmp_path, text))) == Path(absolute)
     cases = [
         ('[state_machine]\nkind = "etcd"', 'kind must be "kv" or "cluster_state"'),
         ('[state_machine]\nkind = "cluster_state"', "gpu_config (the GPU cluster YAML file)"),
@@ -67,8 +68,8 @@ def test_cluster_init_writes_a_store_serving_cluster(
     assert main(["cluster", "init", "--dir", str(tmp_path / "a"), "--gpu-store"]) == 0
     assert "sdpaxos ctl --config" in capsys.readouterr().out
     config = load_cluster_config(tmp_path / "a" / "cluster.toml")
-    assert config.state_machine == "cluster_state" and config.gpu_config is not None
-    assert len(load_config(config.gpu_config).virtual_clusters) == 4
+    assert config.state_machine == "cluster_state"
+    assert len(load_config(gpu_config_path(config)).virtual_clusters) == 4
     assert all(r.grpc_address is not None for r in config.replicas)
 
     mine = tmp_path / "mine.yaml"
@@ -76,7 +77,7 @@ def test_cluster_init_writes_a_store_serving_cluster(
     assert main(["cluster", "init", "--dir", str(tmp_path / "b"), "--replicas", "5",
                  "--gpu-config", str(mine)]) == 0
     config = load_cluster_config(tmp_path / "b" / "cluster.toml")
-    assert config.gpu_config == mine.resolve() and len(config.replicas) == 5
+    assert gpu_config_path(config) == mine.resolve() and len(config.replicas) == 5
 
     (tmp_path / "broken.yaml").write_text("virtualClusters: {}\n")
     capsys.readouterr()

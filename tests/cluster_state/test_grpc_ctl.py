@@ -24,6 +24,7 @@ from cluster_state.ctl import _Replicas
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from cluster_state.grpc_api.service import serve_grpc
+from cluster_state.plugin import store_cluster_toml
 from cluster_state.store import ClusterStore
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import load_cluster_config
@@ -219,7 +220,7 @@ def test_ctl_with_a_cluster_file_moves_past_a_dead_replica(
     server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     base = free_base_port()
-    text = cluster_toml(3, base, wan=False, gpu_config="gpu.yaml")
+    text = store_cluster_toml(3, base, wan=False, gpu_config="gpu.yaml")
     live_port = int(server.rsplit(":", 1)[1])
     text = text.replace(f"127.0.0.1:{base + 301}", server)  # replica 1: the live service
     (tmp_path / "c.toml").write_text(text)  # replica 0's gRPC port: nobody listens

@@ -80,7 +80,6 @@ INVALID = [
     submit("", "VC1", 1, [(1, 1)]),
     submit("g" * 300, "VC1", 1, [(1, 1)]),
     msgpack.packb(["submit", ["g", "VC1", 1, [[1, 1]], "", "", 1]]),
-    set_node_health("nope", False),
 ]
 
 
@@ -159,8 +158,15 @@ def test_same_log_gives_byte_identical_snapshots_and_restore_continues_identical
 def test_restore_rejects_foreign_or_broken_snapshots() -> None:
     s = store()
     other = ClusterStore(synthetic_config(nodes=8, nodes_per_rack=4, vcs=2))
+    format_1 = msgpack.unpackb(other.snapshot())
+    del format_1[2]  # format 1 carried no configuration
+    format_1[0] = 1
     with pytest.raises(SnapshotError, match="different cluster configuration"):
-        s.restore(other.snapshot())
+        s.restore(msgpack.packb(format_1))
+    lying = msgpack.unpackb(other.snapshot())
+    lying[1] = b"\x00" * 32
+    with pytest.raises(SnapshotError, match="does not match its digest"):
+        s.restore(msgpack.packb(lying))
     with pytest.raises(SnapshotError):
         s.restore(b"\x00garbage")
     with pytest.raises(SnapshotError, match="format"):
