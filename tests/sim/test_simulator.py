@@ -9,7 +9,7 @@ import statistics
 import pytest
 import sim_util
 
-from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.protocol.sdpaxos.recovery import CRecovery
 from consensus.sim.cli import add_arguments, options_from, parse_faults, replay_command, run, sweep
 from consensus.sim.simulator import FAULT_CLASSES, SimOptions, Simulation
 
@@ -235,10 +235,10 @@ def test_ci_sweep_with_keyless_updates() -> None:
 def test_a_core_that_raises_is_a_replayable_violation(monkeypatch: pytest.MonkeyPatch) -> None:
     # a core must never raise on input from the network; if one does, the sweep reports the
     # run like any violation, with the command that replays it, instead of dying
-    def broken(self: SDPaxosReplica, msg: object) -> None:
+    def broken(self: CRecovery, msg: object) -> None:
         raise KeyError(63)
 
-    monkeypatch.setattr(SDPaxosReplica, "_on_cprepare", broken)
+    monkeypatch.setattr(CRecovery, "on_cprepare", broken)
     options = SimOptions(replicas=3, faults=parse_faults("crash"), network="lan")
     # seed 67 recovers C-instances (fewer runs do since a restarted replica executes
     # again from its records instead of waiting for its peers)
