@@ -79,6 +79,11 @@ def test_physical_vc_and_group_trees() -> None:
     assert d.query(inspect("vc", "nope"))[0] == "error"
     assert d.query(inspect("physical", "nope"))[0] == "error"
     assert d.query(inspect("physical"))[2][1]["chain"] == "V100-RACK"
+    # one cell's subtree by address, with the virtual address it is bound under
+    (one,) = d.query(inspect("physical", "rack-b/dgx-b0/0"))[2]
+    (socket,) = one["cells"]
+    assert socket["type"] == "V100-SOCKET" and socket["virtual"] == "VC1/VC1-PIN/0"
+    assert len([c for c in walk(socket) if c["level"] == 1]) == 4
 
 
 @pytest.fixture
