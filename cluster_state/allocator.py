@@ -1030,7 +1030,8 @@ class Allocator:
         what happened to every group. Nothing here changes; the caller swaps allocators.
 
         * A leaf is the same leaf when its node name, device index and leaf type are the same
-          (wherever its cells sit now: a node that moved chain is found in its new chain).
+          (wherever its cells sit now: a node that moved chain is found in its new chain), or
+          when the leaf type was renamed and that node's device is the only one left there.
         * Leaves missing from ``topo`` are dropped from their group (``trimmed``); a group
           left with no leaf at all is released (``dropped``). A group's pods must share one
           chain: leaves that landed in another chain than most of the group are dropped too.
@@ -1051,18 +1052,27 @@ class Allocator:
             if node in self.bad_nodes or (start_bad and node not in old_topo.nodes):
                 new._mark_bad(node, position)
         where: dict[tuple[str, int, str], int] = {}
+        by_device: dict[tuple[str, int], list[int]] = {}  # for a renamed leaf type
         for c in range(topo.size):
             if topo.level[c] == 1 and topo.node_cell[c] >= 0:
                 leaf_type = topo.chains[topo.chain_of[c]].leaf_type
                 where[(topo.node_name[c], topo.device[c], leaf_type)] = c
+                by_device.setdefault((topo.node_name[c], topo.device[c]), []).append(c)
+        old_types = {info.leaf_type for info in old_topo.chains}
 
         def moved(leaf: int) -> int:
-            key = (
-                old_topo.node_name[leaf],
-                old_topo.device[leaf],
-                old_topo.chains[old_topo.chain_of[leaf]].leaf_type,
-            )
-            return where.get(key, -1)
+            node, device = old_topo.node_name[leaf], old_topo.device[leaf]
+            leaf_type = old_topo.chains[old_topo.chain_of[leaf]].leaf_type
+            found = where.get((node, device, leaf_type), -1)
+            if found < 0:
+                # The leaf type was renamed: the same device of the same node is the same
+                # leaf when that is unambiguous (one new leaf there, of a new type name).
+                same = by_device.get((node, device), [])
+                if len(same) == 1:
+                    new_type = topo.chains[topo.chain_of[same[0]]].leaf_type
+                    if new_type not in old_types:
+                        found = same[0]
+            return found
 
         new._rebind(self, moved)
         outcomes: dict[str, dict[str, Any]] = {}

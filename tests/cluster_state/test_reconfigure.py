@@ -255,3 +255,15 @@ def test_an_untouched_cell_keeps_its_binding_and_its_leaves_their_revisions() ->
     devs = [topo.device[leaf] for leaf in free[:2]]
     placed = d.apply(bind("o", "VC3", -1, [(1, 2)], [(node, devs)], revision, leaf_type="V100"))
     assert placed[0] == "placed", placed
+
+
+def test_a_renamed_leaf_type_keeps_the_groups() -> None:
+    d = fresh()
+    d.apply(submit("k", "VC2", 3, [(1, 4)], leaf_type="K80"))
+    d.apply(submit("v", "VC1", 3, [(1, 8)], leaf_type="V100"))
+    renamed = variant("base").replace("childCellType: K80\n", "childCellType: K80-12G\n")
+    assert "K80-12G" in renamed
+    result = d.apply(reconfigure(renamed))
+    assert result[3]["groups"] == {"k": {"outcome": "kept"}, "v": {"outcome": "kept"}}
+    check_invariants(d.store.allocator)
+    assert d.store.topology.chains_for_leaf.keys() == {"K80-12G", "V100"}
