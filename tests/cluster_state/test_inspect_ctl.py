@@ -153,6 +153,9 @@ def test_config_apply_inspect_and_health_warning_over_grpc(
     assert plan["nodes_removed"] == [on[0]] and plan["vcs_removed"] == ["vc01"]
     code, out, _ = ctl(capsys, address, "status", "train")
     assert [pod[1] for pod in json.loads(out)["pods"]] == on  # the dry run changed nothing
+    assert main(["ctl", "--server", address, "config", "apply", str(path), "--dry-run"]) == 0
+    table = capsys.readouterr().out
+    assert "would run" in table and "trimmed" in table and "8 leaf cells dropped" in table
     code, out, _ = ctl(capsys, address, "config", "apply", str(path))
     done = json.loads(out)
     assert code == 0 and done["changed"] and done["groups"] == plan["groups"]
