@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.runtime.tls import accept_tls, start_server
+from consensus.runtime.tls import TlsServer, accept_tls, start_server
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
@@ -111,7 +111,7 @@ def render(node: ReplicaNode) -> str:
 
 async def serve_metrics(
     node: ReplicaNode, host: str, port: int, tls: ssl.SSLContext | None = None
-) -> asyncio.Server:
+) -> asyncio.Server | TlsServer:
     """Serve ``GET /metrics``; with ``tls`` (a cluster's ``[tls] metrics = true``) over mutual
     TLS 1.3: a scraper presents a certificate of the cluster's CA (any identity of it), and a
     connection without one is refused with a log line saying why."""
@@ -138,4 +138,4 @@ async def serve_metrics(
         finally:
             writer.close()
 
-    return await start_server(handle, host, port, tls=tls is not None)
+    return await start_server(handle, host, port, tls=tls, name="metrics")

@@ -73,7 +73,7 @@ from consensus.runtime.client_protocol import (
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
-from consensus.runtime.tls import Revocations, accept_tls, start_server
+from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import (
@@ -259,7 +259,7 @@ class ReplicaNode:
         self._reads: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
         self._dirty: set[_ClientConnection] = set()
         self._proposed_at: dict[tuple[int, int], int] = {}
-        self._client_server: asyncio.Server | None = None
+        self._client_server: asyncio.Server | TlsServer | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._lag_task: asyncio.Task[None] | None = None
         self._busy_since = 0.0  # when the piece of work under way began (longest_busy_s)
@@ -279,7 +279,7 @@ class ReplicaNode:
         await self.transport.start()
         host, port = self.config.replica(self.me).client_address
         self._client_server = await start_server(self._serve_client, host, port,
-                                                 tls=self._client_tls is not None)
+                                                 tls=self._client_tls, name="client")
         self._loop_task = asyncio.create_task(self._run(), name=f"replica-{self.me}")
 
     def _busy_until_now(self) -> None:

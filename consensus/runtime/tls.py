@@ -29,12 +29,13 @@ import datetime
 import ipaddress
 import logging
 import os
+import socket
 import ssl
 import tomllib
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from cryptography import x509
@@ -453,51 +454,129 @@ def refusal_reason(exc: BaseException) -> str:
     return f"TLS handshake failed: {reason} (a certificate of this cluster's CA is required)"
 
 
-class _PausedProtocol(asyncio.StreamReaderProtocol):
-    """A stream protocol that reads nothing until ``start_tls`` resumes it: bytes that
-    arrived before the handshake began (a ClientHello, a plaintext frame) must reach the TLS
-    layer, not the stream's buffer."""
+#: TLS handshakes under way on one port at most; more connections are closed at once (a
+#: handshake costs CPU and a slot for up to HANDSHAKE_TIMEOUT_S)
+MAX_HANDSHAKES: Final = 64
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are no asyncio.ReadTransport subclasses, but pause alike
-        transport.pause_reading()  # type: ignore[attr-defined]
-        super().connection_made(transport)
+
+class TlsServer:
+    """A listening socket whose connections are handed over only after a TLS handshake that
+    began with their first byte (``loop.connect_accepted_socket``): a handshake the peer
+    fails (plaintext, another CA, no certificate) is logged saying why and counted, where a
+    server's own ``ssl=`` drops it silently."""
+
+    def __init__(
+        self, sock: socket.socket, context: ssl.SSLContext,
+        callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
+        port: str, on_refused: Callable[[], None] | None,
+    ) -> None:
+        self.sockets = [sock]
+        self._context = context
+        self._callback = callback
+        self._port = port
+        self._on_refused = on_refused
+        self._handshakes: set[asyncio.Task[None]] = set()
+        #: the callbacks' tasks (referenced until done; like asyncio's, not cancelled by close)
+        self._connections: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.create_task(self._accept_loop(), name=f"tls-{port}")
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        sock = self.sockets[0]
+        while True:
+            try:
+                conn, address = await loop.sock_accept(sock)
+            except OSError as exc:  # out of descriptors, say: keep serving the others
+                log.warning("%s port: accept failed: %s", self._port, exc)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._handshakes) >= MAX_HANDSHAKES:
+                log.warning("refusing %s connection from %s: %d TLS handshakes under way",
+                            self._port, address, len(self._handshakes))
+                conn.close()
+                continue
+            task = asyncio.create_task(self._handshake(conn, address))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, address: object) -> None:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                transport, _ = await loop.connect_accepted_socket(
+                    lambda: protocol, conn, ssl=self._context,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                )
+        except (ssl.SSLError, TimeoutError, ConnectionError, OSError) as exc:
+            conn.close()
+            if isinstance(exc, ssl.SSLError | TimeoutError):
+                log.warning("refusing %s connection from %s: %s", self._port, address,
+                            refusal_reason(exc))
+                if self._on_refused is not None:
+                    self._on_refused()
+            return
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        # the connection lives on in its own task, as asyncio.start_server's callbacks do
+        task = asyncio.create_task(self._callback(reader, writer), name=f"{self._port}-conn")
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in self._handshakes:
+            task.cancel()
+        self.sockets[0].close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(self._accepting, *self._handshakes, return_exceptions=True)
 
 
 async def start_server(
-    callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-    host: str, port: int, *, tls: bool,
-) -> asyncio.Server:
-    """``asyncio.start_server``; with ``tls``, connections arrive not reading, for
-    ``accept_tls`` (which counts and logs its refusals, unlike a server's own ``ssl=``)."""
-    if not tls:
+    callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
+    host: str, port: int, *, tls: ssl.SSLContext | None, name: str = "",
+    on_refused: Callable[[], None] | None = None,
+) -> asyncio.Server | TlsServer:
+    """``asyncio.start_server``; with ``tls``, a ``TlsServer`` whose ``callback`` gets only
+    connections whose handshake succeeded (``accept_tls`` then checks their identity), and
+    which logs (port ``name``) and counts (``on_refused``) the others."""
+    if tls is None:
         return await asyncio.start_server(callback, host, port)
-    loop = asyncio.get_running_loop()
-
-    def factory() -> asyncio.StreamReaderProtocol:
-        return _PausedProtocol(asyncio.StreamReader(loop=loop), callback, loop=loop)
-
-    return await loop.create_server(factory, host, port)
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    sock = socket.socket(infos[0][0], socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(infos[0][4])
+        sock.listen(socket.SOMAXCONN)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return TlsServer(sock, tls, callback, name or f"{host}:{port}", on_refused)
 
 
 async def accept_tls(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, *, port: str, cluster_id: str,
     revocations: Revocations,
 ) -> Identity | None:
-    """Run the server side of a TLS handshake on a connection accepted by ``start_server``
-    (with ``tls``) and return
-    the identity its certificate names; None (the refusal logged, saying why) for a peer that
-    does not speak TLS, whose certificate is not of the CA, names nothing of this cluster or
-    is revoked. The caller closes a refused connection."""
-    peer = writer.get_extra_info("peername")
-    try:
-        async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-            await writer.start_tls(context)
-    except (ssl.SSLError, TimeoutError) as exc:
-        log.warning("refusing %s connection from %s: %s", port, peer, refusal_reason(exc))
-        return None
-    except (OSError, ConnectionError):
-        return None  # gone during the handshake
+    """The identity a connection's certificate names: the connection came from a
+    ``TlsServer`` (handshake done) or is upgraded here (``context``). None (the refusal
+    logged, saying why) for a peer that does not speak TLS, whose certificate is not of the
+    CA, names nothing of this cluster or is revoked. The caller closes a refused
+    connection."""
+    if writer.get_extra_info("ssl_object") is None:
+        peer = writer.get_extra_info("peername")
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                await writer.start_tls(context)
+        except (ssl.SSLError, TimeoutError) as exc:
+            log.warning("refusing %s connection from %s: %s", port, peer, refusal_reason(exc))
+            return None
+        except (OSError, ConnectionError):
+            return None  # gone during the handshake
     return checked_identity(writer, port=port, cluster_id=cluster_id, revocations=revocations)
 
 

@@ -75,6 +75,7 @@ from consensus.runtime.tls import (
 from consensus.runtime.tls import (
     Identity,
     Revocations,
+    TlsServer,
     accept_tls,
     checked_identity,
     refusal_reason,
@@ -251,7 +252,7 @@ class PeerTransport:
         self._stamped = (
             any(link.delay_us for link in self._links.values()) if stamped is None else stamped
         )
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -265,8 +266,8 @@ class PeerTransport:
         host, port = self.addresses[self.me]
         if self._stamped:
             self._timer = PreciseTimer()
-        self._server = await start_server(self._accept, host, port,
-                                          tls=self._tls_server is not None)
+        self._server = await start_server(self._accept, host, port, tls=self._tls_server,
+                                          name="peer", on_refused=self._refused)
         for peer in self._links:
             self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
 
@@ -375,6 +376,10 @@ class PeerTransport:
         if problem != link.tls_problem:
             link.tls_problem = problem
             log.warning("TLS connection to replica %d failed: %s", peer, problem)
+
+    def _refused(self) -> None:
+        """A TLS handshake failed (logged by the server)."""
+        self.stats.bad_connections += 1
 
     def _revoked(self, serials: frozenset[int]) -> None:
         """Close the connections of certificates just revoked (they cannot come back)."""
