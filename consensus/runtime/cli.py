@@ -508,6 +508,9 @@ def add_cert_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--config", required=True, help="cluster TOML file")
     init.add_argument("--force", action="store_true", help="replace existing files (a new CA: "
                       "every certificate it issued stops working)")
+    init.add_argument("--exist-ok", action="store_true",
+                      help="succeed without a change when every file exists already (an init "
+                      "step run at every start, as the compose demo's)")
     issue = actions.add_parser("issue", help="issue a client certificate with the cluster's CA")
     issue.add_argument("--config", required=True, help="cluster TOML file (its [tls] ca_key)")
     issue.add_argument("--client", required=True, metavar="NAME")
@@ -527,7 +530,7 @@ def add_cert_arguments(parser: argparse.ArgumentParser) -> None:
 def run_cert(args: argparse.Namespace) -> int:
     try:
         if args.action == "init":
-            return _cert_init(Path(args.config), force=args.force)
+            return _cert_init(Path(args.config), force=args.force, exist_ok=args.exist_ok)
         if args.action == "issue":
             return _cert_issue(Path(args.config), args.client, args.role, args.vcs, args.out)
         return _cert_revoke(Path(args.config), args.serial, args.cert)
@@ -545,7 +548,7 @@ def _tls_of(path: Path) -> tuple[ClusterConfig, TlsConfig]:
     return config, config.tls
 
 
-def _cert_init(path: Path, *, force: bool = False) -> int:
+def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> int:
     """The CA, every replica's certificate and the admin's, where ``[tls]`` names them."""
     from consensus.runtime import tls as tlsmod
 
@@ -556,6 +559,9 @@ def _cert_init(path: Path, *, force: bool = False) -> int:
     if tls.client is not None:
         files += [tls.client.cert, tls.client.key]
     existing = [str(f) for f in files if f.exists()]
+    if exist_ok and not force and len(existing) == len(files):
+        print(f"the certificates of {path} exist; kept")
+        return 0
     if existing and not force:
         raise ConfigError(f"{', '.join(existing)} exist; --force replaces them (with a new CA)")
     ca = tlsmod.make_ca(config.cluster_id)
