@@ -39,6 +39,7 @@ __all__ = [
     "READER",
     "ROLES",
     "SCHEDULER",
+    "AnswerFilter",
     "Authorizer",
     "AuthorizingMachine",
     "Denied",
@@ -152,6 +153,15 @@ class Authorizer(Protocol):
     def authorize(self, principal: Principal, op: bytes, *, read: bool) -> str | None: ...
 
 
+@runtime_checkable
+class AnswerFilter(Protocol):
+    """A state machine that trims a read's answer to what a principal may see (a scheduler's
+    watch page holds its own virtual clusters' events only). Called after ``authorize``
+    allowed the read; changes nothing."""
+
+    def filter_answer(self, principal: Principal, op: bytes, answer: bytes) -> bytes: ...
+
+
 def default_authorize(principal: Principal, *, read: bool) -> str | None:
     """For machines without an ``Authorizer``: admins everything, readers reads."""
     if principal.role == ADMIN or (principal.role == READER and read):
@@ -172,6 +182,7 @@ class AuthorizingMachine:
     def __init__(self, inner: StateMachine) -> None:
         self.inner = inner
         self._authorizer = inner if isinstance(inner, Authorizer) else None
+        self._filter = inner if isinstance(inner, AnswerFilter) else None
 
     def _check(self, op: bytes, *, read: bool) -> tuple[bytes, Denied | None]:
         try:
@@ -197,7 +208,14 @@ class AuthorizingMachine:
 
     def ask(self, op: bytes) -> bytes | Denied:
         inner_op, denied = self._check(op, read=True)
-        return denied if denied is not None else self.inner.query(inner_op)
+        if denied is not None:
+            return denied
+        answer = self.inner.query(inner_op)
+        if self._filter is not None and inner_op is not op:  # enveloped: someone's read
+            principal, _ = open_envelope(op)
+            if principal is not None:
+                answer = self._filter.filter_answer(principal, inner_op, answer)
+        return answer
 
     # the StateMachine protocol, for callers that do not tell refusals apart
     def apply(self, position: int, command: Command) -> bytes:
