@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "lincheck": ("consensus.sim.lincheck", "check a recorded JSON-lines history"),
     "serve": ("consensus.runtime.cli:serve", "run one replica from a cluster file"),
     "cluster": ("consensus.runtime.cli:cluster", "init / up / down a local cluster"),
+    "cert": ("consensus.runtime.cli:cert", "a TLS cluster's certificates: init / issue / revoke"),
     "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),
     "demo": ("cluster_state.demo", "a local geo-replicated GPU allocation store, live"),
     "scheduler": ("cluster_state.demo:scheduler", "run one site's demo schedulers"),

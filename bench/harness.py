@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -172,19 +173,22 @@ class BenchSession:
         wan: bool = False,
         cpus: Sequence[float] = (),
         ready_timeout: float = 60.0,
+        tls: bool = False,
     ) -> LocalCluster:
         """Start ``replicas`` processes running ``protocol``, wait until every one answers a
         read, then apply the CPU limits (``cpus[i]`` CPUs for replica i; 0: unlimited)."""
         extra = () if self.fsync else ("--no-fsync",)
         cluster = LocalCluster(
             self.next_dir(label), replicas, protocol=f'name = "{protocol}"', wan=wan,
-            extra_args=extra,
+            extra_args=extra, tls=tls,
         )  # fmt: skip
         self.clusters.append(cluster)
         with _interrupts_deferred():
             cluster.start_all()
         try:
-            asyncio.run(wait_ready(cluster.client_addresses, ready_timeout))
+            tls_files = cluster.config.tls
+            asyncio.run(wait_ready(cluster.client_addresses, ready_timeout,
+                                   tls_files.tool() if tls_files is not None else None))
         except Exception as exc:
             raise RuntimeError(f"cluster did not start: {exc}\n{cluster.logs()}") from None
         for replica, limit in enumerate(cpus):
@@ -294,8 +298,14 @@ def run_interruptible(coro: Coroutine[Any, Any, _T]) -> _T:
         raise
 
 
-async def wait_ready(addresses: Sequence[tuple[str, int]], timeout: float) -> None:
-    """Until every replica answers a linearizable read."""
+#: ``bench throughput|latency --tls``: the label of a protocol's runs over mutual TLS
+TLS_SUFFIX = "+tls"
+
+
+async def wait_ready(
+    addresses: Sequence[tuple[str, int]], timeout: float, tls: ssl.SSLContext | None = None
+) -> None:
+    """Until every replica answers a linearizable read (``tls``: a TLS cluster's context)."""
     from consensus.errors import SDPaxosError
     from consensus.runtime.client import Client
     from consensus.statemachine import kv_get
@@ -303,7 +313,7 @@ async def wait_ready(addresses: Sequence[tuple[str, int]], timeout: float) -> No
     deadline = time.monotonic() + timeout
     for home in range(len(addresses)):
         while True:
-            client = Client(1 << 40, addresses, home=home, timeout_s=2.0, attempts=1)
+            client = Client(1 << 40, addresses, home=home, timeout_s=2.0, attempts=1, tls=tls)
             try:
                 await client.read(kv_get("probe"), ["probe"])
                 break
@@ -515,6 +525,11 @@ def run_load(
             "executed_share": plan.executed_share, "bin_s": plan.bin_s,
             "request_timeout": plan.request_timeout, "seed": plan.seed * 1000 + index,
             "client_id_base": client_base,
+            # a TLS cluster: the load generators present its admin certificate
+            "tls": None if cluster.config.tls is None or cluster.config.tls.client is None else {
+                "ca": str(cluster.config.tls.ca), "cert": str(cluster.config.tls.client.cert),
+                "key": str(cluster.config.tls.client.key),
+            },
             "sites": [
                 {"site": s.site, "address": list(addresses[s.replica]),
                  "connections": s.connections, "outstanding": s.outstanding, "rate": s.rate}

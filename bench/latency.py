@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.bounds import BOUND_KINDS, ready_bounds_ms, sites_for
 from bench.harness import (
+    TLS_SUFFIX,
     BenchProgress,
     BenchSession,
     LoadPlan,
@@ -57,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--size", type=int, default=16, help="command bytes")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="run each protocol twice, over mutual TLS 1.3 (as PROTOCOL+tls) and without, "
+        "interleaved, and report TLS's cost",
+    )
+    parser.add_argument("--lan", action="store_true",
+                        help="no emulated WAN delays: loopback latency (what TLS adds shows)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=2.0)
     add_common_arguments(
@@ -82,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     machine = machine_info()
     protocols: list[str] = args.protocols
+    if args.tls:  # each protocol beside itself over TLS, interleaved like protocols
+        protocols = [v for p in protocols for v in (p, p + TLS_SUFFIX)]
     rows: list[dict[str, Any]] = []
     steps = len(args.replicas) * len(args.rate) * args.rounds * len(protocols)
     with (
@@ -116,7 +126,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             seed=args.seed + round_,
                         )  # fmt: skip
                         cluster = session.start_cluster(
-                            f"{protocol}-n{replicas}-r{rate:g}", replicas, protocol, wan=True
+                            f"{protocol}-n{replicas}-r{rate:g}", replicas,
+                            protocol.removesuffix(TLS_SUFFIX), wan=not args.lan,
+                            tls=protocol.endswith(TLS_SUFFIX),
                         )
                         try:
                             result = run_load(session, cluster, plan, progress)
@@ -132,7 +144,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             problems[protocol][key] += value
                         progress.end()
                 for protocol in protocols:
-                    bounds = ready_bounds_ms(protocol, sites)
+                    bounds = ready_bounds_ms(protocol.removesuffix(TLS_SUFFIX), sites)
                     for i, site in enumerate(sites):
                         ready, executed = merged[protocol][site]
                         rows.append({
@@ -153,7 +165,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "fsync": not args.no_fsync, "seed": args.seed, "quick": args.quick,
             "sequencer_or_leader": "CA (replica 0)",
         },
-        "bound_kinds": {p: BOUND_KINDS[p] for p in protocols},
+        "bound_kinds": {p: BOUND_KINDS[p.removesuffix(TLS_SUFFIX)] for p in protocols},
         "rows": rows,
     }  # fmt: skip
 
@@ -178,3 +190,13 @@ def show(report: dict[str, Any]) -> None:
              "mean", "p95", "p99", "requests"],
             table_rows,
         )  # fmt: skip
+    plain = {(r["replicas"], r["rate"], r["protocol"], r["site"]): r for r in report["rows"]}
+    for r in report["rows"]:
+        base = plain.get((r["replicas"], r["rate"], r["protocol"].removesuffix(TLS_SUFFIX),
+                          r["site"]))
+        if (r["protocol"].endswith(TLS_SUFFIX) and base is not None
+                and None not in (r["ready"]["p50_ms"], base["ready"]["p50_ms"])):
+            added = r["ready"]["p50_ms"] - base["ready"]["p50_ms"]
+            print(f"TLS cost: {r['protocol']}, {r['replicas']} replicas, {r['rate']:g}/s, "
+                  f"{r['site']}: ready p50 {r['ready']['p50_ms']} ms vs {base['ready']['p50_ms']}"
+                  f" ms without TLS ({added:+.3f} ms)")

@@ -41,6 +41,7 @@ from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import DecodeError
 from consensus.messages import Command
 from consensus.runtime.client_protocol import ClientRequest, Kind, decode_response
+from consensus.runtime.tls import TlsFiles, client_context
 
 __all__ = ["STREAMS", "main", "new_histogram"]
 
@@ -91,6 +92,11 @@ class Generator:
         self.bin_s: float = spec.get("bin_s", 0.1)
         self.timeout_s: float = spec.get("request_timeout", 10.0)
         self.rng = random.Random(spec["seed"])
+        #: a TLS cluster's context (its admin certificate): every connection speaks TLS
+        tls = spec.get("tls")
+        self.tls = None if not tls else client_context(
+            Path(tls["ca"]), TlsFiles(Path(tls["cert"]), Path(tls["key"]))
+        )
         chooser = parse_key_dist(spec["dist"], spec["keys"], self.rng, spec.get("theta", 0.99))
         keys = [key_name(i) for i in sample(chooser, POOL)]
         size: int = spec["size"]
@@ -252,7 +258,11 @@ class Connection(asyncio.Protocol):
         try:
             while self.transport is None:
                 try:
-                    await loop.create_connection(lambda: self, *self.site.address)
+                    tls = self.gen.tls
+                    await loop.create_connection(
+                        lambda: self, *self.site.address, ssl=tls,
+                        server_hostname=self.site.address[0] if tls is not None else None,
+                    )
                 except OSError:
                     if not retry or time.monotonic() > self.gen.stop_at:
                         return

@@ -24,6 +24,7 @@ import statistics
 from typing import Any
 
 from bench.harness import (
+    TLS_SUFFIX,
     BenchProgress,
     BenchSession,
     LoadPlan,
@@ -101,6 +102,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Multi-Paxos leader)",
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--tls", action="store_true",
+        help="run each protocol twice, over mutual TLS 1.3 (as PROTOCOL+tls) and without, "
+        "interleaved, and report TLS's cost",
+    )
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.5)
     add_common_arguments(
@@ -121,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     if args.straggler is not None:
         stragglers += args.straggler_replica
     configs = list(itertools.product(args.replicas, args.size, args.reads, stragglers))
+    if args.tls:  # each protocol beside itself over TLS, interleaved like protocols
+        args.protocols = [v for p in args.protocols for v in (p, p + TLS_SUFFIX)]
     with interrupts_to_exit_code("throughput") as code:
         report = measure(args, configs)
         write_json(args.json, report)
@@ -187,6 +195,7 @@ def measure(
                         "rounds": trials[protocol],
                     })  # fmt: skip
         _losses(results)
+        _tls_cost(results)
         return {
             "bench": "throughput",
             "machine": machine,
@@ -215,7 +224,10 @@ def _trial(
     reads: float,
     cpus: list[float],
 ) -> tuple[dict[str, Any], Any, Any]:
-    cluster = session.start_cluster(f"{protocol}-n{replicas}", replicas, protocol, cpus=cpus)
+    tls = protocol.endswith(TLS_SUFFIX)
+    protocol = protocol.removesuffix(TLS_SUFFIX)
+    cluster = session.start_cluster(f"{protocol}-n{replicas}{TLS_SUFFIX if tls else ''}",
+                                    replicas, protocol, cpus=cpus, tls=tls)
     try:
         targets = [0] if protocol == "multipaxos" else list(range(replicas))
         plan = LoadPlan(
@@ -283,6 +295,21 @@ def _losses(results: list[dict[str, Any]]) -> None:
         )  # fmt: skip
 
 
+def _tls_cost(results: list[dict[str, Any]]) -> None:
+    """``--tls``: each TLS result's throughput as a share of the same run without TLS."""
+    plain = {
+        (r["protocol"], r["replicas"], r["size"], r["reads_pct"], str(r["straggler"])): r
+        for r in results if not r["protocol"].endswith(TLS_SUFFIX)
+    }  # fmt: skip
+    for r in results:
+        if not r["protocol"].endswith(TLS_SUFFIX):
+            continue
+        base = plain.get((r["protocol"].removesuffix(TLS_SUFFIX), r["replicas"], r["size"],
+                          r["reads_pct"], str(r["straggler"])))
+        if base and base["throughput_per_s"]:
+            r["tls_throughput_ratio"] = round(r["throughput_per_s"] / base["throughput_per_s"], 3)
+
+
 def show(report: dict[str, Any]) -> None:
     limit = report["cpu_limit"]
     title = (
@@ -332,3 +359,8 @@ def show(report: dict[str, Any]) -> None:
             print(f"{what}: {timeouts} requests timed out in the load generator and were "
                   "replaced (without a straggler: past saturation, fewer --outstanding finds "
                   "the peak)")
+    for r in report["results"]:
+        if "tls_throughput_ratio" in r:
+            print(f"TLS cost: {r['protocol']}, {r['replicas']} replicas, {r['size']} B, "
+                  f"{r['reads_pct']:g}% reads: {r['throughput_per_s']} ops/s, "
+                  f"{r['tls_throughput_ratio']:.3f} x the same run without TLS")

@@ -22,8 +22,12 @@ opportunistic ones (-1) take any free leaf of a chain and bind nothing.
 2. *Preemptible leaves too* (effective priority strictly below the group's). Victims are the
    users of the chosen leaves (whole gangs); lower preemptors holding reservations there are
    cancelled. With victims the group becomes *preempting* and reserves its leaves, so nobody
-   but a still higher priority can take them; once its last victim is released it is placed.
-   Without victims it is placed at once.
+   but a still higher priority can take them. Once its last victim is released it is
+   *reserved* (HiveD's Reserved cells of a Preempting group) until its scheduler confirms it
+   with a second submit or a bind of exactly those leaves, which places it; a higher
+   priority overlapping it meanwhile cancels the reservation rather than preempting a running
+   group. ``storeOptions.reservations: immediate`` places it as its last victim leaves
+   instead. Without victims it is placed at once.
 3. *Lazy preemption*: victims that opted in are first downgraded to opportunistic (they keep
    running, their items are released) and the group is planned again; only a victim that the
    new plan still overlaps is preempted. If the new plan fails the downgrade is undone.
@@ -33,7 +37,17 @@ so their physical cells return to the free lists and merge. Releasing a group th
 preempts may complete that preemption.
 
 **Node health** marks leaves bad (used ones stay with their group: the decision is kept);
-preempting groups touching the node are cancelled, and doomed bindings are recomputed.
+preempting groups touching the node are cancelled, and doomed bindings are recomputed. With
+``storeOptions.initialNodeHealth: bad`` every node starts bad until reported healthy (as
+HiveD trusts only what Kubernetes reports); a report about a node the configuration does not
+know is ignored with a warning.
+
+**Reconfiguration** (``reconfigured``) builds the allocator of a new topology holding the same
+groups, keeping their GPUs (see that method for what happens to each group).
+
+**Smaller decisions.** A gang asking a pinned cell for more leaves than it holds is refused
+(HiveD lets it wait for ever). A gang of mixed member sizes is packed best-fit decreasing and
+may be placed where HiveD's smallest-pod-first scheduler would wait for a whole node set.
 
 **Conditional bind** places a group at an explicit placement chosen by an outside scheduler,
 provided none of its leaves changed after a revision the scheduler read.
@@ -44,6 +58,7 @@ Requests that are invalid raise ``RequestError`` before anything changes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1015,7 +1030,8 @@ class Allocator:
         what happened to every group. Nothing here changes; the caller swaps allocators.
 
         * A leaf is the same leaf when its node name, device index and leaf type are the same
-          (wherever its cells sit now: a node that moved chain is found in its new chain).
+          (wherever its cells sit now: a node that moved chain is found in its new chain), or
+          when the leaf type was renamed and that node's device is the only one left there.
         * Leaves missing from ``topo`` are dropped from their group (``trimmed``); a group
           left with no leaf at all is released (``dropped``). A group's pods must share one
           chain: leaves that landed in another chain than most of the group are dropped too.
@@ -1036,19 +1052,29 @@ class Allocator:
             if node in self.bad_nodes or (start_bad and node not in old_topo.nodes):
                 new._mark_bad(node, position)
         where: dict[tuple[str, int, str], int] = {}
+        by_device: dict[tuple[str, int], list[int]] = {}  # for a renamed leaf type
         for c in range(topo.size):
             if topo.level[c] == 1 and topo.node_cell[c] >= 0:
                 leaf_type = topo.chains[topo.chain_of[c]].leaf_type
                 where[(topo.node_name[c], topo.device[c], leaf_type)] = c
+                by_device.setdefault((topo.node_name[c], topo.device[c]), []).append(c)
+        old_types = {info.leaf_type for info in old_topo.chains}
 
         def moved(leaf: int) -> int:
-            key = (
-                old_topo.node_name[leaf],
-                old_topo.device[leaf],
-                old_topo.chains[old_topo.chain_of[leaf]].leaf_type,
-            )
-            return where.get(key, -1)
+            node, device = old_topo.node_name[leaf], old_topo.device[leaf]
+            leaf_type = old_topo.chains[old_topo.chain_of[leaf]].leaf_type
+            found = where.get((node, device, leaf_type), -1)
+            if found < 0:
+                # The leaf type was renamed: the same device of the same node is the same
+                # leaf when that is unambiguous (one new leaf there, of a new type name).
+                same = by_device.get((node, device), [])
+                if len(same) == 1:
+                    new_type = topo.chains[topo.chain_of[same[0]]].leaf_type
+                    if new_type not in old_types:
+                        found = same[0]
+            return found
 
+        new._rebind(self, moved)
         outcomes: dict[str, dict[str, Any]] = {}
         touched: set[str] = set()
         for name, g in sorted(self.groups.items()):
@@ -1135,6 +1161,43 @@ class Allocator:
         }
         return new, report
 
+    def _rebind(self, old: Allocator, moved: Callable[[int], int]) -> None:
+        """Bind the VC cells ``old`` had bound for running guaranteed groups to the same
+        cells again where they still exist whole (same type, leaves mapped into one cell,
+        safety permitting): HiveD's recovery finds each leaf's preassigned cell type in its
+        bind info, so a reconfiguration that did not touch a cell keeps its binding. Cells
+        used by higher priorities are bound first (a shrunk quota spares them)."""
+        old_topo, topo, buddy = old.topo, self.topo, self.buddy
+        users: dict[int, int] = {}  # old item -> highest priority of a group using it
+        for g in old.groups.values():
+            if g.guaranteed and not g.preempting:
+                for leaf in g.leaves():
+                    item = old.cells.item_of[leaf]
+                    users[item] = max(users.get(item, OPPORTUNISTIC), g.priority)
+        for item in sorted(users, key=lambda i: (-users[i], i)):
+            it, c = old_topo.items[item], old.buddy.item_cell[item]
+            if it.pinned_id or c < 0:
+                continue  # pinned cells are bound by the configuration itself
+            targets = {
+                topo.ancestors[n][it.level - 1]
+                for leaf in old_topo.leaves[c]
+                if (n := moved(leaf)) >= 0 and len(topo.ancestors[n]) >= it.level
+            }
+            if len(targets) != 1:
+                continue
+            (a,) = targets
+            if topo.cell_type[a] != old_topo.cell_type[c] or not topo.complete[a]:
+                continue
+            chain = topo.chain_of[a]
+            slot = topo.slot_of.get((it.vc, chain, it.level))
+            root = buddy.region_root(a)
+            if slot is None or not buddy.unbound[slot] or root < 0:
+                continue
+            if buddy.safe_take(chain, it.level, topo.level[root]):
+                rebound = buddy.unbound[slot][0]
+                buddy.bind(rebound, a)
+                self._maybe_free.add(rebound)  # unbound again if no group ends up in it
+
     def _cover(self, group: Group) -> str:
         """Bind ``group``'s VC cells around its leaves (the cells already bound for groups
         placed before it count); "" if every leaf is covered, else why not (nothing bound)."""
@@ -1212,6 +1275,18 @@ class Allocator:
             ]
         return doc
 
+    def _virtual_of(self, c: int) -> str:
+        """The virtual address ``c`` is bound under ("" if none)."""
+        topo, bound = self.topo, self.buddy.bound
+        path = topo.ancestors[c]
+        for k, a in enumerate(path):
+            if bound[a] >= 0:
+                steps = [
+                    str(topo.children[path[j + 1]].index(path[j])) for j in range(k - 1, -1, -1)
+                ]
+                return "/".join([self._item_address(bound[a]), *steps])
+        return ""
+
     def _item_address(self, item: int) -> str:
         """A preassigned virtual cell's address, ``VC/<index among the VC's cells>`` (or
         ``VC/<pinned id>``), as HiveD numbers them."""
@@ -1222,10 +1297,16 @@ class Allocator:
         return f"{it.vc}/{mine.index(item)}"
 
     def inspect_physical(self, chain: str = "") -> list[dict[str, Any]]:
-        """Every physical cell tree (of ``chain``), top cells in address order."""
+        """Every physical cell tree (of ``chain``), top cells in configured order. ``chain``
+        may also be a cell's full address (``rack-a/dgx-a0``): that cell's subtree only (a
+        whole large cluster's tree is megabytes)."""
         topo = self.topo
         if chain and chain not in topo.chain_index:
-            raise RequestError(f"unknown chain {chain!r}")
+            cell = next((c for c in range(topo.size) if topo.address[c] == chain), -1)
+            if cell < 0:
+                raise RequestError(f"no chain or cell address {chain!r}")
+            info = topo.chains[topo.chain_of[cell]]
+            return [{"chain": info.name, "cells": [self._cell_doc(cell, self._virtual_of(cell))]}]
         return [
             {"chain": info.name, "cells": [self._cell_doc(t, "") for t in info.tops]}
             for info in topo.chains

@@ -6,7 +6,10 @@ item is bound in or under (HiveD's ``freeCellList``); at start, the top-level ce
 pinned cells split off. Binding an item to cell ``c`` splits ``c``'s free ancestor down to
 ``c``; unbinding puts ``c`` back and merges buddies upward. The lists are therefore a function
 of the set of bound cells alone — whatever order bindings came and went in — which is what
-makes "release restores the exact previous state" and snapshot/restore hold.
+makes "release restores the exact previous state" and snapshot/restore hold. A partly filled
+cell (``Topology.complete``) is split from the start and never merges: only its complete
+pieces are listed, so every listed cell of a level holds that level's full leaf count and the
+safety arithmetic below stays exact.
 
 **Binding is isomorphic.** A VC item is bound to one physical cell of its own level, and its
 whole virtual subtree maps child-for-child onto the physical subtree. HiveD binds the lower

@@ -1,7 +1,9 @@
 """The static shape of the cluster: physical cells, chains and the VCs' preassigned cells.
 
 Built once from a ``ClusterConfig`` and never changed, so replicas (and a store restored from a
-snapshot) can share one ``Topology``. Everything is numbered:
+snapshot) can share one ``Topology``; a reconfiguration builds a new one. A cell may be partly
+filled (fewer children than its type's ``childCellNumber``, as HiveD accepts): ``complete[c]``
+says whether it holds its level's full leaf count. Everything is numbered:
 
 * **cells** get ids in depth-first pre-order over ``physicalCells`` in configured order, so
   "sorted by id" is the deterministic address order used for every tie-break. Per-cell facts

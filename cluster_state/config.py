@@ -45,6 +45,8 @@ import yaml
 
 from cluster_state.errors import ConfigError
 
+_YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 __all__ = [
     "NODES_START_BAD",
     "NODES_START_HEALTHY",
@@ -207,7 +209,9 @@ def parse_config(source: str | Mapping[str, Any]) -> ClusterConfig:
     """Validate a HiveD-format configuration given as YAML text or as the parsed mapping."""
     if isinstance(source, str):
         try:
-            source = yaml.safe_load(source)
+            # libyaml's loader when present: a reconfiguration parses the text in the apply
+            # path, and the pure-Python loader takes seconds for a 1000-node file.
+            source = yaml.load(source, Loader=_YAML_LOADER)  # a safe loader, C or Python
         except yaml.YAMLError as exc:
             raise ConfigError(f"configuration is not valid YAML: {exc}") from None
     root = _mapping(source, "configuration")
@@ -557,13 +561,14 @@ def _check_fit(
         if cell.cell_type == chain and not walk(cell, top):
             free[top] += 1
     demand = [0] * (top + 1)
-    claims: list[dict[str, int]] = [{} for _ in range(top + 1)]  # level -> vc -> cells
+    claims: dict[str, dict[int, int]] = {}  # vc -> level -> cells
     for vc in config.virtual_clusters:
         for v in vc.virtual_cells:
             if v.chain == chain:
                 level = levels.get(v.cell_type, 1)
                 demand[level] += v.number
-                claims[level][vc.name] = claims[level].get(vc.name, 0) + v.number
+                mine = claims.setdefault(vc.name, {})
+                mine[level] = mine.get(level, 0) + v.number
     path = _chain_path(chain, types)  # path[i] has level top - i
     surplus = 0
     for level in range(top, 0, -1):
@@ -572,15 +577,15 @@ def _check_fit(
         surplus = available - demand[level]
         if surplus < 0:
             # Every claim at this level or above competes for these cells: name them all.
-            who = ", ".join(
-                f"{vc} {n} x {path[top - lv]}"
-                for lv in range(top, level - 1, -1)
-                for vc, n in sorted(claims[lv].items())
+            who = "; ".join(
+                f"{vc} " + ", ".join(f"{n} x {path[top - lv]}" for lv, n in sorted(mine.items()))
+                for vc, mine in sorted(claims.items())
+                if any(lv >= level for lv in mine)
             )
             raise ConfigError(
                 f"virtual clusters do not fit in chain {chain} at level {level} "
                 f"({path[top - level]}): they claim {demand[level]} cells, "
-                f"{available} are obtainable; the claims at this level and above: {who}"
+                f"{available} are obtainable; the VCs claiming this level or above: {who}"
             )
 
 

@@ -9,7 +9,9 @@
 
 ``config apply`` validates FILE (HiveD's YAML format) here, then proposes it through the log:
 running groups keep their GPUs and the report says what happened to each (``--dry-run`` only
-reports). There is no admin role yet: whoever reaches the gRPC port may reconfigure.
+reports). Admin only where roles exist: over a TLS cluster's client port only an admin's
+certificate may change the store (``consensus.auth``: the store has no ``Authorizer`` of its own
+yet, so the default applies); the gRPC port and plaintext clusters check no role.
 
 With ``--config`` every replica's ``grpc_address`` is a candidate, in the file's order: a call
 that finds a replica unavailable moves on to the next. Updates carry a session (a random client

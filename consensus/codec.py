@@ -29,9 +29,10 @@ Every future format keeps the ``[version, ...]`` envelope, so an old reader repo
 changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
 matches ``consensus.messages``, or a message class without a tag, fails at import). A new
 class takes a new, never used tag and needs no bump (an old reader rejects it as an unknown
-tag): the baselines' messages use tags 32..42 and records 80..81. A bump that leaves every
-record's layout as it was adds the old version to ``RECORD_VERSIONS_READ``, so data
-directories survive the upgrade; peers must speak the same version (the handshake checks).
+tag): the baselines' messages use tags 32..42 and records 80..81, EPaxos's 48..54 and 84.
+A bump that leaves every record's layout as it was adds the old version to
+``RECORD_VERSIONS_READ``, so data directories survive the upgrade; peers must speak the same
+version (the handshake checks).
 
 A frame is the unit of per-peer message merging: the transport sends one frame per peer per
 loop turn. On TCP each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length,
@@ -101,6 +102,14 @@ from consensus.messages import (
     CPromiseRecord,
     CRequest,
     CVote,
+    EAccept,
+    EAcceptReply,
+    ECommit,
+    EInstanceRecord,
+    EPreAccept,
+    EPreAcceptReply,
+    EPrepare,
+    EPrepareReply,
     ExecutedRecord,
     Heartbeat,
     LeaseGrant,
@@ -220,6 +229,14 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         MenciusAccept: 40,
         MenciusAck: 41,
         MenciusSkip: 42,
+        # peer messages of EPaxos (consensus.protocol.epaxos)
+        EPreAccept: 48,
+        EPreAcceptReply: 49,
+        EAccept: 50,
+        EAcceptReply: 51,
+        ECommit: 52,
+        EPrepare: 53,
+        EPrepareReply: 54,
         # durable records
         CAcceptedRecord: 64,
         OAcceptedRecord: 65,
@@ -230,6 +247,8 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
+        # durable records of EPaxos
+        EInstanceRecord: 84,
         # nested values
         Command: 96,
         OEntry: 97,
@@ -266,6 +285,8 @@ _FieldType = str | _Array
 _KEYS: Final = _Array(_STR, MAX_KEYS_PER_COMMAND)
 _REQUEST_KEYS: Final = _Array(_STR, MAX_REQUEST_KEYS)
 _BATCH: Final = _Array(Command, MAX_BATCH)
+#: EPaxos dependencies: one index (or -1, none) per replica
+_DEPS: Final = _Array(_NONE, MAX_SLOTS)
 
 #: Every class's fields, in wire order (= dataclass declaration order, checked at import).
 _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
@@ -422,6 +443,76 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("skip_start", _UINT),
         ("skip_stop", _UINT),
     ),
+    # EPaxos
+    EPreAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
+    EPreAcceptReply: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+        ("changed", _BOOL),
+    ),
+    EAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
+    EAcceptReply: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+    ),
+    ECommit: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
+    EPrepare: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+    ),
+    EPrepareReply: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+        ("status", _UINT),
+        ("vballot", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
     # durable records
     CAcceptedRecord: (
         ("owner", _UINT),
@@ -440,6 +531,16 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ),
     SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
     SkipRecord: (("start", _UINT), ("stop", _UINT)),
+    EInstanceRecord: (
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("vballot", _UINT),
+        ("status", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
 }
 
 _NESTED_CLASSES: Final = tuple(

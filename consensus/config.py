@@ -51,6 +51,7 @@ UNSAFE_VARIANTS: Final = frozenset(
         "go_ready_rule",  # N=5 sequencer is ready before any OAck (the Go prototype's rule)
         "acks_any_ballot",  # N=5 learns a C-instance chosen from acknowledgements of any ballot
         "replay_accepted",  # a restart also executes what it accepted, as if it were chosen
+        "epaxos_exec_uncommitted",  # EPaxos runs an instance before its dependencies commit
     }
 )
 

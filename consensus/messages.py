@@ -57,6 +57,14 @@ __all__ = [
     "Catchup",
     "CatchupMarkers",
     "Command",
+    "EAccept",
+    "EAcceptReply",
+    "ECommit",
+    "EInstanceRecord",
+    "EPreAccept",
+    "EPreAcceptReply",
+    "EPrepare",
+    "EPrepareReply",
     "Heartbeat",
     "LeaseGrant",
     "MenciusAccept",
@@ -567,6 +575,134 @@ class MenciusSkip:
     skip_stop: int
 
 
+
+# --------------------------------------------------------------------------- EPaxos
+# EPaxos (Moraru, Andersen, Kaminsky, SOSP'13; ``consensus.protocol.epaxos``): every replica
+# leads its own instances ``(owner, index)``; an instance's value is a batch of commands with
+# its attributes, a sequence number ``seq`` and dependencies ``deps`` (``deps[r]``: the
+# highest index of replica r's instances it depends on, -1 for none; one entry per replica).
+# ``view`` is always 0. ``ok`` False in a reply: the sender promised a higher ``ballot``.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EPreAccept:
+    """EPaxos phase 1: pre-accept instance ``(owner, index)`` at ``ballot`` with ``batch`` and
+    the proposer's attributes ``seq`` and ``deps``."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EPreAcceptReply:
+    """EPaxos: ``src`` pre-accepted ``(owner, index)`` at ``ballot`` with attributes ``seq``
+    and ``deps`` (the proposer's merged with its own conflicts; ``changed``: they differ)."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    ok: bool
+    seq: int
+    deps: tuple[int, ...]
+    changed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EAccept:
+    """EPaxos phase 2 (the slow path): accept ``(owner, index)`` at ``ballot`` with final
+    attributes."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EAcceptReply:
+    """EPaxos: ``src`` accepted ``(owner, index)`` at ``ballot`` (or refused: ``ok`` False)."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    ok: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ECommit:
+    """EPaxos: ``(owner, index)`` is committed with ``batch``, ``seq`` and ``deps``."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EPrepare:
+    """EPaxos explicit prepare: ``src`` recovers ``(owner, index)`` at ``ballot``."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EPrepareReply:
+    """EPaxos: ``src``'s state of ``(owner, index)``: ``status`` (0 none, 1 pre-accepted with
+    changed attributes, 2 pre-accepted with the proposer's, 3 accepted, 4 committed), the
+    ballot ``vballot`` it (pre-)accepted them at, and the value. ``ok`` False: it promised
+    ``ballot``, higher than the prepare's (the rest is empty then)."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    ok: bool
+    status: int
+    vballot: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EInstanceRecord:
+    """EPaxos: this replica's state of instance ``(owner, index)`` (the latest record of an
+    instance wins): promised ``ballot``; ``status`` (as ``EPrepareReply.status``, 0: a
+    promise only) and the value and attributes (pre-)accepted at ``vballot``."""
+
+    owner: int
+    index: int
+    ballot: int
+    vballot: int
+    status: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
 PeerMessage = (
     CAccept
     | CAck
@@ -599,6 +735,13 @@ PeerMessage = (
     | MenciusAccept
     | MenciusAck
     | MenciusSkip
+    | EPreAccept
+    | EPreAcceptReply
+    | EAccept
+    | EAcceptReply
+    | ECommit
+    | EPrepare
+    | EPrepareReply
 )
 
 
@@ -687,4 +830,5 @@ Record = (
     | ExecutedRecord
     | SlotAcceptedRecord
     | SkipRecord
+    | EInstanceRecord
 )

@@ -35,7 +35,8 @@ def parse_cli(words: list[str]) -> None:
 
 def test_one_replica_and_one_scheduler_per_region_with_profiles() -> None:
     services = compose()["services"]
-    assert set(services) == {f"{kind}-{r}" for r in REGIONS for kind in ("replica", "scheduler")}
+    assert set(services) == {f"{kind}-{r}" for r in REGIONS for kind in ("replica", "scheduler")
+                             } | {"certs"}  # the TLS init step (tests/test_compose_tls.py)
     for i, region in enumerate(REGIONS):
         profiles = set(services[f"replica-{region}"]["profiles"])
         assert profiles == ({"three", "five"} if i < 3 else {"five"})
@@ -62,7 +63,7 @@ def test_every_command_is_a_cli_verb_and_its_config_parses(replicas: int) -> Non
         assert config.one_way_us[0][1] > 0  # WAN delays emulated by the transport
         parse_cli(expand(replica["healthcheck"]["test"][1:], replicas))
         parse_cli(expand(services[f"scheduler-{region}"]["command"], replicas))
-        assert replica["volumes"] == [f"wal-{region}:/var/lib/sdpaxos"]
+        assert replica["volumes"][0] == f"wal-{region}:/var/lib/sdpaxos"
     assert load_config(ROOT / "deploy" / "gpu-cluster.yaml")
 
 

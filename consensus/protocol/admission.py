@@ -100,6 +100,13 @@ from consensus.messages import (
     CPrepare,
     CPromise,
     CRequest,
+    EAccept,
+    EAcceptReply,
+    ECommit,
+    EPreAccept,
+    EPreAcceptReply,
+    EPrepare,
+    EPrepareReply,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -176,9 +183,10 @@ REJECTION_KINDS: Final = (
 _SDPAXOS: Final = frozenset({"sdpaxos"})
 _MULTIPAXOS: Final = frozenset({"multipaxos"})
 _MENCIUS: Final = frozenset({"mencius"})
-_EVERY: Final = _SDPAXOS | _MULTIPAXOS | _MENCIUS
+_EPAXOS: Final = frozenset({"epaxos"})
+_EVERY: Final = _SDPAXOS | _MULTIPAXOS | _MENCIUS | _EPAXOS
 #: protocols without views: every message they exchange carries view 0
-_VIEWLESS: Final = _MULTIPAXOS | _MENCIUS
+_VIEWLESS: Final = _MULTIPAXOS | _MENCIUS | _EPAXOS
 
 
 class Receiver(Protocol):
@@ -566,6 +574,39 @@ def _generate_passes(entry: Entry) -> Callable[[Any, Bounds], bool]:
     return passes
 
 
+# --------------------------------------------------------------------------- EPaxos
+
+#: the highest ``EPrepareReply.status`` (committed; see ``consensus.messages``)
+EPAXOS_MAX_STATUS: Final = 4
+
+
+def epaxos_deps(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """EPaxos dependencies: exactly N entries, entry r an index of replica r or -1 (within
+    ``INDEX_WINDOW`` of what the receiver executed of r)."""
+    if len(value) != b.replicas:
+        return "length", f"deps has {len(value)} entries, not {b.replicas}"
+    for owner, high in enumerate(value):
+        verdict = _index(high, owner, INDEX_WINDOW, True, b)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+def epaxos_status(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """``EPrepareReply.status``: 0..EPAXOS_MAX_STATUS."""
+    if _int_in(value, 0, EPAXOS_MAX_STATUS):
+        return None
+    return "counter", f"status {value!r} outside 0..{EPAXOS_MAX_STATUS}"
+
+
+#: an EPaxos message's instance: its owner, an index near what the receiver executed of it,
+#: and a ballot of some replica
+_E_INSTANCE: Final[tuple[tuple[str, Rule], ...]] = (
+    ("src", sender), ("view", baseline_view), ("owner", replica),
+    ("index", Index(INDEX_WINDOW)), ("ballot", ballot),
+)
+
+
 _SRC_VIEW: Final[tuple[tuple[str, Rule], ...]] = (("src", sender), ("view", view))
 _BASELINE: Final[tuple[tuple[str, Rule], ...]] = (("src", sender), ("view", baseline_view))
 
@@ -637,6 +678,20 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
                                      ("slots", slots), ("skip_start", slot),
                                      ("skip_stop", slot))),
         MenciusSkip: Entry(_MENCIUS, (*_BASELINE, ("skip_start", slot), ("skip_stop", slot))),
+        # ---------------------------------------------------------------- EPaxos
+        EPreAccept: Entry(_EPAXOS, (*_E_INSTANCE, ("batch", free), ("seq", counter),
+                                    ("deps", epaxos_deps))),
+        EPreAcceptReply: Entry(_EPAXOS, (*_E_INSTANCE, ("ok", free), ("seq", counter),
+                                         ("deps", epaxos_deps), ("changed", free))),
+        EAccept: Entry(_EPAXOS, (*_E_INSTANCE, ("batch", free), ("seq", counter),
+                                 ("deps", epaxos_deps))),
+        EAcceptReply: Entry(_EPAXOS, (*_E_INSTANCE, ("ok", free))),
+        ECommit: Entry(_EPAXOS, (*_E_INSTANCE, ("batch", free), ("seq", counter),
+                                 ("deps", epaxos_deps))),
+        EPrepare: Entry(_EPAXOS, _E_INSTANCE),
+        EPrepareReply: Entry(_EPAXOS, (*_E_INSTANCE, ("ok", free), ("status", epaxos_status),
+                                       ("vballot", ballot), ("batch", free), ("seq", counter),
+                                       ("deps", epaxos_deps))),
     }
 )
 

@@ -12,14 +12,15 @@ from consensus.errors import ConfigError
 
 if TYPE_CHECKING:
     from consensus.protocol.base import DrivenCore
+    from consensus.protocol.epaxos import EPaxosReplica
     from consensus.protocol.mencius import MenciusReplica
     from consensus.protocol.multipaxos import MultiPaxosReplica
     from consensus.protocol.sdpaxos import SDPaxosReplica
 
     def _every_core_is_driven(
-        a: SDPaxosReplica, b: MultiPaxosReplica, c: MenciusReplica
+        a: SDPaxosReplica, b: MultiPaxosReplica, c: MenciusReplica, d: EPaxosReplica
     ) -> list[DrivenCore]:
-        return [a, b, c]  # mypy checks each core against the driver's interface
+        return [a, b, c, d]  # mypy checks each core against the driver's interface
 
 
 __all__ = ["PROTOCOLS", "load_core"]
@@ -31,6 +32,7 @@ PROTOCOLS: Final[Mapping[str, str]] = MappingProxyType(
         "sdpaxos": "consensus.protocol.sdpaxos:SDPaxosReplica",
         "multipaxos": "consensus.protocol.multipaxos:MultiPaxosReplica",
         "mencius": "consensus.protocol.mencius:MenciusReplica",
+        "epaxos": "consensus.protocol.epaxos:EPaxosReplica",
     }
 )
 

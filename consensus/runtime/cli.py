@@ -1,4 +1,5 @@
-"""``sdpaxos serve`` (one replica) and ``sdpaxos cluster init|up|down`` (a local cluster)."""
+"""``sdpaxos serve`` (one replica), ``sdpaxos cluster init|up|down`` (a local cluster) and
+``sdpaxos cert init|issue|revoke`` (a TLS cluster's certificates, ``consensus.runtime.tls``)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,36 @@ import json
 import logging
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
+from consensus.runtime.tls import TlsConfig
 from consensus.statemachine import StateMachine
 
-__all__ = ["add_cluster_arguments", "add_serve_arguments", "run_cluster", "run_serve"]
+__all__ = [
+    "add_cert_arguments",
+    "add_cluster_arguments",
+    "add_serve_arguments",
+    "run_cert",
+    "run_cluster",
+    "run_serve",
+]
 
 CONFIG_NAME = "cluster.toml"
 PIDS_NAME = "pids.json"
+#: ``cluster init --tls``: where the certificates go (beside the cluster file) and the name of
+#: the admin client certificate the cluster's tools present
+TLS_DIR = "tls"
+ADMIN_NAME = "admin"
 
 
 class JsonFormatter(logging.Formatter):
@@ -170,7 +185,11 @@ async def _serve(
     metrics = None
     spec = config.replica(me)
     if spec.metrics_address is not None:  # answers while the log is executed again
-        metrics = await serve_metrics(node, *spec.metrics_address)
+        tls = config.tls
+        metrics = await serve_metrics(
+            node, *spec.metrics_address,
+            tls=tls.server(me) if tls is not None and tls.metrics else None,
+        )
     await node.start()
     gc.freeze()
     gc.enable()
@@ -182,6 +201,8 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config.tls is not None:  # the revocation list, read again without a restart
+        loop.add_signal_handler(signal.SIGHUP, node.revocations.reload)
     failed = asyncio.create_task(node.wait_failed())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait([failed, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -205,6 +226,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--dir", required=True)
     init.add_argument("--base-port", type=int, default=7000)
     init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
+    init.add_argument("--tls", action="store_true",
+                      help="mutual TLS 1.3 on every link: make a CA, a certificate per replica "
+                      f"and an admin client certificate in {TLS_DIR}/")
     init.add_argument("--force", action="store_true",
                       help="overwrite the cluster file of an existing --dir (its replicas' "
                       "data stays: delete data/ yourself to start empty)")
@@ -240,7 +264,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if args.action == "init":
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan, args=args,
-                     force=args.force)
+                     force=args.force, tls=args.tls)
     if args.action == "up":
         return _up(directory, args.timeout, args.snapshot_every)
     return _down(directory)
@@ -248,11 +272,12 @@ def run_cluster(args: argparse.Namespace) -> int:
 
 def cluster_toml(
     replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local",
-    state_machine: Mapping[str, str] | None = None, grpc: bool = False,
+    state_machine: Mapping[str, str] | None = None, grpc: bool = False, tls: bool = False,
 ) -> str:
     """A loopback cluster file: replica i listens on base_port + i (peers), + 100 + i
     (clients), + 200 + i (metrics) and, with ``grpc``, + 300 + i (gRPC). ``state_machine``:
-    the ``[state_machine]`` table (``kind`` and that kind's string-valued keys)."""
+    the ``[state_machine]`` table (``kind`` and that kind's string-valued keys). ``tls``: a
+    ``[tls]`` table and certificate files under ``tls/`` (``sdpaxos cert init`` makes them)."""
     lines = [f'cluster_id = "{cluster_id}"', 'data_dir = "data"', ""]
     for i in range(replicas):
         lines += [
@@ -264,10 +289,17 @@ def cluster_toml(
         ]
         if grpc:
             lines.append(f'grpc_address = "127.0.0.1:{base_port + 300 + i}"')
+        if tls:
+            lines += [f'tls_cert = "{TLS_DIR}/replica-{i}.pem"',
+                      f'tls_key = "{TLS_DIR}/replica-{i}.key"']
         lines += [f'site = "{SITES[i]}"', ""]
     lines += ["[protocol]", "heartbeat_us = 50000", "election_timeout_us = 300000", ""]
     if wan:
         lines += ["[wan]", "emulate = true", ""]
+    if tls:
+        lines += ["[tls]", f'ca = "{TLS_DIR}/ca.pem"', f'ca_key = "{TLS_DIR}/ca.key"',
+                  f'client_cert = "{TLS_DIR}/{ADMIN_NAME}.pem"',
+                  f'client_key = "{TLS_DIR}/{ADMIN_NAME}.key"', "revoked = []", ""]
     if state_machine is not None:
         lines += ["[state_machine]",
                   *(f"{key} = {json.dumps(value)}" for key, value in state_machine.items()), ""]
@@ -275,7 +307,7 @@ def cluster_toml(
 
 
 def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
-          args: argparse.Namespace, force: bool = False) -> int:
+          args: argparse.Namespace, force: bool = False, tls: bool = False) -> int:
     path = directory / CONFIG_NAME
     if path.exists() and not force:
         # rewriting it under a cluster's logs (5 replicas over 3 replicas' data, say) starts
@@ -304,8 +336,15 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
             chosen = (name, choice)
     table = None if chosen is None else {"kind": chosen[0], **chosen[1].table}
     grpc = chosen is not None and chosen[1].grpc
-    path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc))
+    path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc,
+                                 tls=tls))
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
+    if tls:
+        try:
+            _cert_init(path, force=force)
+        except ConfigError as exc:
+            print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
+            return 1
     if chosen is not None and chosen[1].hint:
         print(chosen[1].hint)
     return 0
@@ -342,7 +381,13 @@ def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> i
         processes.append(process)
     (directory / PIDS_NAME).write_text(json.dumps(pids))
     addresses = [spec.client_address for spec in config.replicas]
-    serving = asyncio.run(_wait_serving(addresses, timeout, processes))
+    try:
+        tls = config.tls.tool() if config.tls is not None else None
+    except ConfigError as exc:
+        print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
+        _down(directory)
+        return 2
+    serving = asyncio.run(_wait_serving(addresses, timeout, processes, tls))
     exited = [(spec.id, p.returncode) for spec, p in zip(config.replicas, processes, strict=True)
               if p.poll() is not None]
     if serving and not exited:
@@ -362,10 +407,10 @@ def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> i
 
 async def _wait_serving(
     addresses: list[tuple[str, int]], timeout: float,
-    processes: Sequence[subprocess.Popen[bytes]] = (),
+    processes: Sequence[subprocess.Popen[bytes]] = (), tls: ssl.SSLContext | None = None,
 ) -> bool:
     """Every address answers a linearizable read within ``timeout``; False as soon as one of
-    ``processes`` exits."""
+    ``processes`` exits. ``tls``: the cluster's tools' context (a TLS cluster)."""
     from consensus.runtime.client import Client
     from consensus.statemachine import kv_get
 
@@ -374,7 +419,8 @@ async def _wait_serving(
         while time.monotonic() < deadline:
             if any(process.poll() is not None for process in processes):
                 return False
-            client = Client(1 << 40, addresses, home=replica, timeout_s=1.0, attempts=1)
+            client = Client(1 << 40, addresses, home=replica, timeout_s=1.0, attempts=1,
+                            tls=tls)
             try:
                 await client.read(kv_get("__probe__"), ("__probe__",))
                 break
@@ -449,3 +495,137 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------- cert
+
+
+def add_cert_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    init = actions.add_parser(
+        "init", help="make the CA, every replica's and the admin's certificates named in a "
+        "cluster file's [tls] table (cluster init --tls does it for you)")
+    init.add_argument("--config", required=True, help="cluster TOML file")
+    init.add_argument("--force", action="store_true", help="replace existing files (a new CA: "
+                      "every certificate it issued stops working)")
+    init.add_argument("--exist-ok", action="store_true",
+                      help="succeed without a change when every file exists already (an init "
+                      "step run at every start, as the compose demo's)")
+    issue = actions.add_parser("issue", help="issue a client certificate with the cluster's CA")
+    issue.add_argument("--config", required=True, help="cluster TOML file (its [tls] ca_key)")
+    issue.add_argument("--client", required=True, metavar="NAME")
+    issue.add_argument("--role", required=True, choices=ROLES)
+    issue.add_argument("--vcs", metavar="VC1,VC2", help="a scheduler's virtual clusters")
+    issue.add_argument("--out", metavar="DIR",
+                       help="where NAME.pem and NAME.key go (default: beside the CA)")
+    revoke = actions.add_parser(
+        "revoke", help="add a certificate's serial to the cluster file's revocation list "
+        "(replicas read it again on SIGHUP)")
+    revoke.add_argument("--config", required=True, help="cluster TOML file")
+    which = revoke.add_mutually_exclusive_group(required=True)
+    which.add_argument("--serial", help="hex serial number")
+    which.add_argument("--cert", help="the certificate file (PEM)")
+
+
+def run_cert(args: argparse.Namespace) -> int:
+    try:
+        if args.action == "init":
+            return _cert_init(Path(args.config), force=args.force, exist_ok=args.exist_ok)
+        if args.action == "issue":
+            return _cert_issue(Path(args.config), args.client, args.role, args.vcs, args.out)
+        return _cert_revoke(Path(args.config), args.serial, args.cert)
+    except ConfigError as exc:
+        print(f"sdpaxos cert {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _tls_of(path: Path) -> tuple[ClusterConfig, TlsConfig]:
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    config = load_cluster_config(path)
+    if config.tls is None:
+        raise ConfigError(f"{path} has no [tls] table")
+    return config, config.tls
+
+
+def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> int:
+    """The CA, every replica's certificate and the admin's, where ``[tls]`` names them."""
+    from consensus.runtime import tls as tlsmod
+
+    config, tls = _tls_of(path)
+    if tls.ca_key is None:
+        raise ConfigError(f"{path}: [tls].ca_key is needed to make the CA")
+    files = [tls.ca, tls.ca_key, *(f for r in tls.replicas for f in (r.cert, r.key))]
+    if tls.client is not None:
+        files += [tls.client.cert, tls.client.key]
+    existing = [str(f) for f in files if f.exists()]
+    if exist_ok and not force and len(existing) == len(files):
+        print(f"the certificates of {path} exist; kept")
+        return 0
+    if existing and not force:
+        raise ConfigError(f"{', '.join(existing)} exist; --force replaces them (with a new CA)")
+    ca = tlsmod.make_ca(config.cluster_id)
+    ca.write(tlsmod.TlsFiles(tls.ca, tls.ca_key))
+    for spec, files_of in zip(config.replicas, tls.replicas, strict=True):
+        hosts = {spec.address[0], spec.client_address[0]}
+        hosts |= {a[0] for a in (spec.metrics_address, spec.grpc_address) if a is not None}
+        tlsmod.issue_replica(ca, config.cluster_id, spec.id, hosts).write(files_of)
+    made = f"a CA and {len(tls.replicas)} replica certificates"
+    if tls.client is not None:
+        admin = Principal(ADMIN_NAME, ADMIN)
+        tlsmod.issue_client(ca, config.cluster_id, admin).write(tls.client)
+        made += f" and the {ADMIN_NAME} client certificate"
+    print(f"made {made} in {tls.ca.parent} (private keys mode 0600)")
+    return 0
+
+
+def _cert_issue(path: Path, name: str, role: str, vcs: str | None, out: str | None) -> int:
+    from consensus.runtime import tls as tlsmod
+
+    config, tls = _tls_of(path)
+    principal = tlsmod.parse_principal_args(name, role, vcs)
+    if tls.ca_key is None:
+        raise ConfigError(f"{path}: [tls].ca_key names no CA key to issue with")
+    ca = tlsmod.load_ca(tls.ca, tls.ca_key)
+    directory = Path(out) if out is not None else tls.ca.parent
+    if "/" in name or name.startswith("."):
+        raise ConfigError(f"client name {name!r} cannot name a file")
+    files = tlsmod.TlsFiles(directory / f"{name}.pem", directory / f"{name}.key")
+    issued = tlsmod.issue_client(ca, config.cluster_id, principal)
+    issued.write(files)
+    print(f"issued {files.cert} and {files.key} for {principal.describe()}, serial "
+          f"{issued.cert.serial_number:x}")
+    return 0
+
+
+def _cert_revoke(path: Path, serial_text: str | None, cert: str | None) -> int:
+    """Add a serial to ``[tls] revoked`` (the line ``cluster init --tls`` writes)."""
+    import re
+    import tomllib
+
+    from consensus.runtime.tls import parse_revoked, serial_of_pem
+
+    _, tls = _tls_of(path)
+    if cert is not None:
+        try:
+            serial = serial_of_pem(Path(cert).read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"{cert}: cannot read: {exc.strerror}") from None
+    else:
+        assert serial_text is not None
+        serial = next(iter(parse_revoked([serial_text], "--serial")))
+    if serial in tls.revoked:
+        print(f"serial {serial:x} is already revoked")
+        return 0
+    text = path.read_text()
+    serials = [f'"{s:x}"' for s in sorted(tls.revoked | {serial})]
+    line = re.compile(r"^revoked\s*=\s*\[[^\]]*\]", re.MULTILINE)
+    new_text, count = line.subn(f"revoked = [{', '.join(serials)}]", text)
+    if count == 0:
+        new_text = text.replace("[tls]\n", f"[tls]\nrevoked = [{', '.join(serials)}]\n", 1)
+    check = tomllib.loads(new_text).get("tls", {})
+    if serial not in parse_revoked(check.get("revoked", []), str(path)):
+        raise ConfigError(f"{path}: could not add the serial to [tls] revoked; edit it yourself")
+    path.write_text(new_text)
+    print(f"revoked serial {serial:x} in {path}; send SIGHUP to the replicas to apply it")
+    return 0

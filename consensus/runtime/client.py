@@ -9,6 +9,11 @@ is final.
 A replica closes client connections idle for long (``conn_limits``): a request lost because
 its pooled connection turned out closed is sent again at once on a new connection to the same
 replica, without using up an attempt (once per attempt; a fresh connection's loss counts).
+
+A TLS cluster (``tls``: an ``ssl.SSLContext`` from ``consensus.runtime.tls``, e.g.
+``config.tls.tool()``) is reached over mutual TLS 1.3; what the client's certificate names is
+the principal its requests are checked as, and a refused one raises
+``consensus.auth.PermissionDenied`` (a ``DefiniteFailure``).
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from collections.abc import Sequence
 
 import msgpack
 
+from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure
 from consensus.messages import Command
@@ -31,8 +38,9 @@ Reply = ClientResponse
 
 
 class _Connection:
-    def __init__(self, address: tuple[str, int]) -> None:
+    def __init__(self, address: tuple[str, int], tls: ssl.SSLContext | None = None) -> None:
         self.address = address
+        self.tls = tls
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         self.pending: dict[int, asyncio.Future[ClientResponse]] = {}
@@ -46,7 +54,7 @@ class _Connection:
         async with self._connecting:
             if self.writer is not None and not self.writer.is_closing():
                 return False
-            reader, writer = await asyncio.open_connection(*self.address)
+            reader, writer = await _open(self.address, self.tls)
             self.writer = writer
             self.reader_task = asyncio.create_task(self._read(reader, writer))
             return True
@@ -92,11 +100,12 @@ class Client:
         home: int = 0,
         timeout_s: float = 2.0,
         attempts: int = 3,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("a client needs at least one replica address")
         self.client_id = client_id
-        self._connections = [_Connection(address) for address in addresses]
+        self._connections = [_Connection(address, tls) for address in addresses]
         self._home = home % len(addresses)
         self.timeout_s = timeout_s
         self.attempts = attempts
@@ -143,6 +152,8 @@ class Client:
                 continue
             if reply.status == "ok":
                 return reply
+            if reply.status == "denied":
+                raise PermissionDenied(str(reply.payload))
             if reply.status in ("definite", "error"):
                 raise DefiniteFailure(str(reply.payload))
             last_error = IndefiniteFailure(str(reply.payload))
@@ -173,10 +184,21 @@ class Client:
         await self.close()
 
 
-async def cut_off(address: tuple[str, int], peers: Sequence[int], timeout_s: float = 5.0) -> None:
+async def _open(
+    address: tuple[str, int], tls: ssl.SSLContext | None
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    if tls is None:
+        return await asyncio.open_connection(*address)
+    return await asyncio.open_connection(*address, ssl=tls, server_hostname=address[0])
+
+
+async def cut_off(
+    address: tuple[str, int], peers: Sequence[int], timeout_s: float = 5.0,
+    tls: ssl.SSLContext | None = None,
+) -> None:
     """Test only: tell the replica at client ``address`` (run with ``--fault-injection``) to
     drop every frame to and from ``peers`` from now on; ``[]`` heals it."""
-    reader, writer = await asyncio.open_connection(*address)
+    reader, writer = await _open(address, tls)
     try:
         command = Command(client_id=0, seq=0, op=msgpack.packb(list(peers)), keys=(), blind=False)
         writer.write(frame_to_wire(ClientRequest(1, "partition", command).encode()))

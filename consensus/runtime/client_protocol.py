@@ -16,7 +16,9 @@ Response ``[req_id, status, payload, position]``:
   when ready) and ``position`` its place in the global log (-1 when not executed yet or a read);
 * ``"definite"``: it did not and will not take effect, ``payload`` says why (str);
 * ``"indefinite"``: it may or may not take effect; retry with the same ``(client_id, seq)``;
-* ``"error"``: the request itself was invalid (str reason); nothing was done.
+* ``"error"``: the request itself was invalid (str reason); nothing was done;
+* ``"denied"``: a TLS cluster refused it to the principal of the client's certificate (str
+  reason); nothing was done (a definite failure: ``consensus.auth.PermissionDenied``).
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ __all__ = [
 ]
 
 Kind = Literal["cmd", "read", "stale", "partition"]
-Status = Literal["ok", "definite", "indefinite", "error"]
+Status = Literal["ok", "definite", "indefinite", "error", "denied"]
 KINDS = ("cmd", "read", "stale", "partition")
-STATUSES = ("ok", "definite", "indefinite", "error")
+STATUSES = ("ok", "definite", "indefinite", "error", "denied")
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,15 @@ Example (``sdpaxos cluster init`` writes one like it)::
     client_max_frame_bytes = 2097152       # the largest client frame
     client_max_buffered_bytes = 67108864   # partial-frame bytes over all client connections
     peer_max_connections = 0       # 0: two per other replica plus 8 for handshakes
+
+    [tls]                          # optional: mutual TLS 1.3 on every link (runtime/tls.py)
+    ca = "tls/ca.pem"              # the cluster's CA: the only issuer any link accepts
+    ca_key = "tls/ca.key"          # optional: only `sdpaxos cert issue` reads it
+    client_cert = "tls/admin.pem"  # optional: what this cluster's tools present (an admin)
+    client_key = "tls/admin.key"
+    revoked = ["5f3a..."]          # revoked serial numbers (hex); reloaded on SIGHUP
+    metrics = false                # true: the metrics endpoint speaks TLS too
+    # and in every [[replica]]: tls_cert = "tls/replica-0.pem", tls_key = "tls/replica-0.key"
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from consensus.runtime.state_machines import (
     parse_state_machine_table,
     state_machine_kind,
 )
+from consensus.runtime.tls import TlsConfig, TlsFiles, parse_revoked
 
 __all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
 
@@ -96,6 +106,8 @@ class ClusterConfig:
     )
     #: connection caps, timeouts and buffer budget of the replicas' ports (``[limits]``)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    #: mutual TLS on every link (``[tls]``); None: plaintext (local development)
+    tls: TlsConfig | None = None
 
     def replica(self, replica_id: int) -> ReplicaSpec:
         if not 0 <= replica_id < len(self.replicas):
@@ -121,7 +133,8 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine", "limits"}
+    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine", "limits",
+             "tls"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise fail(f"unknown top-level keys {unknown}")
@@ -141,7 +154,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
             )
         extra = sorted(
             set(entry) - {"id", "address", "client_address", "metrics_address", "grpc_address",
-                          "site"}
+                          "site", "tls_cert", "tls_key"}
         )
         if extra:
             raise fail(f"{where}: unknown keys {extra}")
@@ -196,6 +209,8 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     if not state_machine_kind(kind).grpc_service and any(spec.grpc_address for spec in specs):
         raise fail(grpc_requirement())
     limits = _parse_limits(raw.get("limits", {}), len(specs), fail)
+    tls = _parse_tls(raw.get("tls"), sorted(entries, key=lambda e: e.get("id", -1)), base,
+                     source, fail)
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
         data_dir = base / data_dir
@@ -209,6 +224,59 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         state_machine=kind,
         state_machine_options=options,
         limits=limits,
+        tls=tls,
+    )
+
+
+#: the keys of ``[tls]``
+_TLS_KEYS = frozenset({"ca", "ca_key", "client_cert", "client_key", "revoked", "metrics"})
+
+
+def _parse_tls(
+    table: Any, entries: list[dict[str, Any]], base: Path, source: str, fail: Any
+) -> TlsConfig | None:
+    def path(value: Any, where: str) -> Path:
+        if not isinstance(value, str) or not value:
+            raise fail(f"{where} must be a file name")
+        found = Path(value)
+        return found if found.is_absolute() else base / found
+
+    if table is None:
+        if any("tls_cert" in e or "tls_key" in e for e in entries):
+            raise fail("replica tls_cert/tls_key need a [tls] table (its ca)")
+        return None
+    if not isinstance(table, dict):
+        raise fail("[tls] must be a table")
+    extra = sorted(set(table) - _TLS_KEYS)
+    if extra:
+        raise fail(f"[tls]: unknown keys {extra} (allowed: {sorted(_TLS_KEYS)})")
+    if "ca" not in table:
+        raise fail("[tls].ca (the cluster's CA certificate) is required")
+    replicas = []
+    for entry in entries:
+        where = f"replica {entry.get('id')}"
+        if "tls_cert" not in entry or "tls_key" not in entry:
+            raise fail(f"{where}: tls_cert and tls_key are required in a TLS cluster")
+        replicas.append(TlsFiles(path(entry["tls_cert"], f"{where}.tls_cert"),
+                                 path(entry["tls_key"], f"{where}.tls_key")))
+    if ("client_cert" in table) != ("client_key" in table):
+        raise fail("[tls]: client_cert and client_key go together")
+    client = None
+    if "client_cert" in table:
+        client = TlsFiles(path(table["client_cert"], "[tls].client_cert"),
+                          path(table["client_key"], "[tls].client_key"))
+    metrics = table.get("metrics", False)
+    if not isinstance(metrics, bool):
+        raise fail("[tls].metrics must be true or false")
+    source_path = Path(source)
+    return TlsConfig(
+        ca=path(table["ca"], "[tls].ca"),
+        ca_key=path(table["ca_key"], "[tls].ca_key") if "ca_key" in table else None,
+        replicas=tuple(replicas),
+        client=client,
+        revoked=parse_revoked(table.get("revoked", []), f"{source}: [tls]"),
+        metrics=metrics,
+        source=source_path if source_path.is_file() else None,
     )
 
 

@@ -26,7 +26,10 @@ async def check_health(config: ClusterConfig, me: int, timeout_s: float) -> bool
     from consensus.runtime.client import Client
     from consensus.statemachine import kv_get
 
-    client = Client(1 << 42, [config.replica(me).client_address], timeout_s=timeout_s, attempts=1)
+    # a TLS cluster's tools present its admin certificate (a missing one: a ConfigError)
+    tls = config.tls.tool() if config.tls is not None else None
+    client = Client(1 << 42, [config.replica(me).client_address], timeout_s=timeout_s, attempts=1,
+                    tls=tls)
     try:
         await client.read(kv_get("__health__"), ("__health__",))
         return True

@@ -53,20 +53,26 @@ class LocalCluster:
         state_machine: str = "",
         grpc: bool = False,
         extra_args: tuple[str, ...] = (),
+        tls: bool = False,
     ) -> None:
         """``state_machine``: the body of a ``[state_machine]`` table (paths relative to
         ``directory``); ``grpc``: a gRPC address for every replica (a kind that serves
-        gRPC serves it there)."""
+        gRPC serves it there); ``tls``: mutual TLS on every link, certificates made in
+        ``directory/tls`` (``sdpaxos cluster init --tls``)."""
         self.directory = directory
         self.extra_args = extra_args
         directory.mkdir(parents=True, exist_ok=True)
-        text = cluster_toml(replicas, free_base_port(), wan=wan, grpc=grpc)
+        text = cluster_toml(replicas, free_base_port(), wan=wan, grpc=grpc, tls=tls)
         if protocol:
             text = text.replace("[protocol]\n", f"[protocol]\n{protocol}\n")
         if state_machine:  # the body of a [state_machine] table
             text += f"\n[state_machine]\n{state_machine}\n"
         self.config_path = directory / "cluster.toml"
         self.config_path.write_text(text)
+        if tls:
+            from consensus.runtime.cli import _cert_init
+
+            _cert_init(self.config_path, force=True)
         self.config: ClusterConfig = load_cluster_config(self.config_path)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import ssl
 from typing import TYPE_CHECKING
 
 from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.runtime.tls import TlsServer, accept_tls, start_server
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
@@ -107,9 +109,20 @@ def render(node: ReplicaNode) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def serve_metrics(node: ReplicaNode, host: str, port: int) -> asyncio.Server:
+async def serve_metrics(
+    node: ReplicaNode, host: str, port: int, tls: ssl.SSLContext | None = None
+) -> asyncio.Server | TlsServer:
+    """Serve ``GET /metrics``; with ``tls`` (a cluster's ``[tls] metrics = true``) over mutual
+    TLS 1.3: a scraper presents a certificate of the cluster's CA (any identity of it), and a
+    connection without one is refused with a log line saying why."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
+            if tls is not None and await accept_tls(
+                writer, tls, port="metrics", cluster_id=node.config.cluster_id,
+                revocations=node.revocations,
+            ) is None:
+                return
             async with asyncio.timeout(5):
                 request = await reader.readline()
             if request.startswith(b"GET /metrics"):
@@ -125,4 +138,4 @@ async def serve_metrics(node: ReplicaNode, host: str, port: int) -> asyncio.Serv
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host, port)
+    return await start_server(handle, host, port, tls=tls, name="metrics")

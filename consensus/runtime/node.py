@@ -9,6 +9,12 @@ to the state machine, answer the rest, ``advance``.
 
 Clients reach the node through ``submit`` / ``read`` (in-process, for embedding) or the client
 port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``.
+
+TLS (a cluster file with ``[tls]``): the peer mesh and the client port speak mutual TLS 1.3
+(``consensus.runtime.tls``). The client port seals every operation of a client in an envelope
+naming the principal its certificate names (``consensus.auth``), and the node applies commands
+and answers reads through ``AuthorizingMachine``: a refused one changes nothing and its client
+gets ``PermissionDenied`` (the native port's ``"denied"`` status).
 """
 
 from __future__ import annotations
@@ -24,7 +30,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from consensus.auth import (
+    ADMIN,
+    ENVELOPE_OVERHEAD,
+    AuthorizingMachine,
+    Denied,
+    PermissionDenied,
+    Principal,
+    seal,
+)
 from consensus.codec import (
+    MAX_OP_BYTES,
     FrameReader,
     decode_frame,
     decode_record,
@@ -57,6 +73,7 @@ from consensus.runtime.client_protocol import (
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
+from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import (
@@ -94,6 +111,9 @@ SNAPSHOT_MAX_SLOTS = VIEW_SPAN
 SNAPSHOT_LOG_BYTES = 256 << 20
 #: default: a snapshot at least this often while commands are applied (seconds)
 SNAPSHOT_INTERVAL_S = 600.0
+
+#: TLS: the longest op a client may send (its principal's envelope must fit the codec's limit)
+_MAX_SEALED_OP = MAX_OP_BYTES - ENVELOPE_OVERHEAD
 
 __all__ = ["NodeStats", "ReplicaNode", "Result"]
 
@@ -140,10 +160,13 @@ class NodeStats:
 class _ClientConnection:
     """Answers for one client connection, written once per loop turn."""
 
-    __slots__ = ("out", "tracked", "writer")
+    __slots__ = ("out", "principal", "serial", "tracked", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter, tracked: Tracked) -> None:
         self.writer = writer
+        #: TLS: who the client's certificate names, and its serial
+        self.principal: Principal | None = None
+        self.serial = -1
         self.out: list[bytes] = []
         #: its record in the client port's limits (outstanding requests, deadlines)
         self.tracked = tracked
@@ -207,6 +230,14 @@ class ReplicaNode:
         )
         protocol = config.protocol
         self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
+        tls = config.tls
+        #: TLS: the revoked serials (``reload`` on SIGHUP), the client port's context and the
+        #: state machine behind the principals' check
+        self.revocations = tls.revocations() if tls is not None else Revocations(frozenset())
+        self._client_tls = tls.server(me) if tls is not None else None
+        self._authz = AuthorizingMachine(state_machine) if tls is not None else None
+        self._client_connections: set[_ClientConnection] = set()
+        self.revocations.subscribe(self._revoked)
         self.transport = PeerTransport(
             cluster_id=config.cluster_id,
             me=me,
@@ -215,6 +246,9 @@ class ReplicaNode:
             stamped=any(any(row) for row in config.one_way_us),
             on_frame=self._on_frame,
             max_connections=config.limits.peer_cap(len(config.replicas)),
+            tls_server=tls.server(me) if tls is not None else None,
+            tls_dialer=tls.dialer(me) if tls is not None else None,
+            revocations=self.revocations,
         )
         #: the client port's connection caps, idle/slow timeouts and buffer budget
         self.client_limits = ClientPortLimits(config.limits)
@@ -225,7 +259,7 @@ class ReplicaNode:
         self._reads: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
         self._dirty: set[_ClientConnection] = set()
         self._proposed_at: dict[tuple[int, int], int] = {}
-        self._client_server: asyncio.Server | None = None
+        self._client_server: asyncio.Server | TlsServer | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._lag_task: asyncio.Task[None] | None = None
         self._busy_since = 0.0  # when the piece of work under way began (longest_busy_s)
@@ -244,7 +278,8 @@ class ReplicaNode:
         self._lag_task = asyncio.create_task(self._probe_lag(), name=f"lag-{self.me}")
         await self.transport.start()
         host, port = self.config.replica(self.me).client_address
-        self._client_server = await asyncio.start_server(self._serve_client, host, port)
+        self._client_server = await start_server(self._serve_client, host, port,
+                                                 tls=self._client_tls, name="client")
         self._loop_task = asyncio.create_task(self._run(), name=f"replica-{self.me}")
 
     def _busy_until_now(self) -> None:
@@ -298,15 +333,23 @@ class ReplicaNode:
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=True)
 
     # ------------------------------------------------------------------ embedded API
-    async def submit(self, command: Command) -> Result:
-        """Propose ``command``; its result once executed (blind: once ready)."""
+    async def submit(self, command: Command, *, principal: Principal | None = None) -> Result:
+        """Propose ``command``; its result once executed (blind: once ready). ``principal``:
+        on whose behalf (TLS: checked as the command applies, ``PermissionDenied``)."""
+        if principal is not None:
+            command = _sealed(command, principal)
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._commands[(command.client_id, command.seq)].append(future)
         self._post("cmd", command)
         return await future
 
-    async def read(self, command: Command, *, stale: bool = False) -> bytes:
-        """A linearizable read through the sequencer (``stale=True``: local, possibly old)."""
+    async def read(
+        self, command: Command, *, stale: bool = False, principal: Principal | None = None
+    ) -> bytes:
+        """A linearizable read through the sequencer (``stale=True``: local, possibly old).
+        ``principal``: on whose behalf (checked as the read is answered)."""
+        if principal is not None:
+            command = _sealed(command, principal)
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._reads[(command.client_id, command.seq)].append(future)
         self._post("stale" if stale else "read", command)
@@ -473,7 +516,17 @@ class ReplicaNode:
                 await asyncio.sleep(0)
                 self._busy_since = time.perf_counter()
                 slice_end = self._busy_since + APPLY_SLICE_S
-            result = machine.apply(execution.position, execution.command)
+            if self._authz is not None:
+                outcome = self._authz.run(execution.position, execution.command)
+                if isinstance(outcome, Denied):  # nothing changed: no hooks
+                    self.stats.commands_applied += 1
+                    if execution.led_here:
+                        key = (execution.command.client_id, execution.command.seq)
+                        self._fail(key, PermissionDenied(outcome.reason), reads=False)
+                    continue
+                result = outcome
+            else:
+                result = machine.apply(execution.position, execution.command)
             self.stats.commands_applied += 1
             for hook in self.on_apply:
                 hook(execution.position, execution.command, result)
@@ -484,9 +537,13 @@ class ReplicaNode:
         for command in ready.reads:
             waiters = self._reads.pop((command.client_id, command.seq), ())
             if waiters:
-                answer = machine.query(command.op)
+                answered = (
+                    machine.query(command.op) if self._authz is None
+                    else self._authz.ask(command.op)
+                )
                 for waiter in waiters:
-                    self._resolve(waiter, Result(answer, -1))
+                    self._resolve(waiter, PermissionDenied(answered.reason)
+                                  if isinstance(answered, Denied) else Result(answered, -1))
         for failure in ready.failed:
             key = (failure.command.client_id, failure.command.seq)
             error = DefiniteFailure if failure.definite else IndefiniteFailure
@@ -623,7 +680,8 @@ class ReplicaNode:
                 wire = ok_response_wire(req_id, outcome.value, outcome.position)
             else:
                 status: Status = (
-                    "definite" if isinstance(outcome, DefiniteFailure) else "indefinite"
+                    "denied" if isinstance(outcome, PermissionDenied)
+                    else "definite" if isinstance(outcome, DefiniteFailure) else "indefinite"
                 )
                 wire = frame_to_wire(ClientResponse(req_id, status, str(outcome)).encode())
             connection.out.append(wire)
@@ -635,11 +693,16 @@ class ReplicaNode:
                 waiter.set_exception(outcome)
 
     # ------------------------------------------------------------------ client port
-    def _partition(self, request: ClientRequest) -> ClientResponse:
+    def _partition(
+        self, request: ClientRequest, principal: Principal | None = None
+    ) -> ClientResponse:
         """The test-only fault layer: cut this replica off from some peers."""
         if not self.fault_injection:
             return ClientResponse(request.req_id, "error", "fault injection is disabled "
                                   "(sdpaxos serve --fault-injection)")
+        if principal is not None and principal.role != ADMIN:
+            return ClientResponse(request.req_id, "denied", "permission denied: only an admin "
+                                  "may inject faults")
         try:
             blocked = decode_partition(request.command.op, len(self.config.replicas))
         except DecodeError as exc:
@@ -659,6 +722,9 @@ class ReplicaNode:
         frames = FrameReader(limits.config.client_max_frame_bytes)
         connection = _ClientConnection(writer, tracked)
         try:
+            if self._client_tls is not None and not await self._authenticate(connection):
+                return
+            principal = connection.principal
             while not self._stopping:
                 data = await reader.read(1 << 16)
                 if not data:
@@ -674,8 +740,16 @@ class ReplicaNode:
                         writer.write(frame_to_wire(ClientResponse(0, "error", str(exc)).encode()))
                         continue
                     if request.kind == "partition":
-                        writer.write(frame_to_wire(self._partition(request).encode()))
+                        writer.write(frame_to_wire(self._partition(request, principal).encode()))
                         continue
+                    if principal is not None:
+                        if len(request.command.op) > _MAX_SEALED_OP:
+                            writer.write(frame_to_wire(ClientResponse(
+                                request.req_id, "error", f"op over {_MAX_SEALED_OP} bytes (a "
+                                "TLS cluster's commands carry their principal)").encode()))
+                            continue
+                        request = ClientRequest(request.req_id, request.kind,
+                                                _sealed(request.command, principal))
                     key = (request.command.client_id, request.command.seq)
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
@@ -688,7 +762,44 @@ class ReplicaNode:
             pass
         finally:
             writer.close()
+            self._client_connections.discard(connection)
             limits.closed(tracked)
+
+    async def _authenticate(self, connection: _ClientConnection) -> bool:
+        """TLS: the handshake and the principal of the client's certificate (False: refused,
+        logged saying why)."""
+        assert self._client_tls is not None
+        identity = await accept_tls(
+            connection.writer, self._client_tls, port="client", cluster_id=self.config.cluster_id,
+            revocations=self.revocations,
+        )
+        if identity is None:
+            return False
+        if identity.principal is None:
+            log.warning("refusing client connection from %s: %s is no client",
+                        connection.writer.get_extra_info("peername"), identity.describe())
+            return False
+        connection.principal = identity.principal
+        connection.serial = identity.serial
+        self._client_connections.add(connection)
+        return True
+
+    def _revoked(self, serials: frozenset[int]) -> None:
+        """Close the client connections of certificates just revoked."""
+        for connection in list(self._client_connections):
+            if connection.serial in serials:
+                log.warning("closing the connection of a client whose certificate (serial %x) "
+                            "was revoked", connection.serial)
+                connection.writer.transport.abort()
+
+
+def _sealed(command: Command, principal: Principal) -> Command:
+    """``command`` on behalf of ``principal``: its op in an envelope. Only an admin's writes
+    may stay blind (acknowledged before they apply): anyone else's may be refused as they
+    apply, and the refusal must reach the client."""
+    return Command(client_id=command.client_id, seq=command.seq,
+                   op=seal(principal, command.op), keys=command.keys,
+                   blind=command.blind and principal.role == ADMIN)
 
 
 def _now_us() -> int:

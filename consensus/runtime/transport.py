@@ -41,6 +41,14 @@ once; a first frame too long to be a handshake closes its connection before it i
 ``blocked`` (test-only): frames to blocked peers are dropped at ``send``, frames from them on
 arrival and again at delivery (all counted in ``frames_dropped``).
 
+TLS (``consensus.runtime.tls``; a cluster file with ``[tls]``): every connection is mutual
+TLS 1.3 before the handshake frame. The listener requires a certificate of the cluster's CA
+that names a replica, and the replica id the handshake claims must be the one the certificate
+names; the dialer requires the replica it dialed to present that replica's certificate. A peer
+that does not speak TLS, or whose certificate is of another CA, names another replica or is
+revoked, is refused with a log line saying why. A reload of the revocation list
+(``Revocations.reload``) closes the connections of newly revoked certificates.
+
 Bytes from the network never raise out of this module: a bad frame closes its connection.
 """
 
@@ -49,6 +57,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import ssl
 import struct
 import time
 from collections.abc import Callable
@@ -60,6 +69,18 @@ from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import DecodeError, LocalProtocolError
 from consensus.runtime.conn_limits import PortGuard, peer_connection_cap
 from consensus.runtime.precise_timer import PreciseTimer
+from consensus.runtime.tls import (
+    HANDSHAKE_TIMEOUT_S as TLS_HANDSHAKE_TIMEOUT_S,
+)
+from consensus.runtime.tls import (
+    Identity,
+    Revocations,
+    TlsServer,
+    accept_tls,
+    checked_identity,
+    refusal_reason,
+    start_server,
+)
 
 __all__ = ["Handshake", "PeerTransport", "TransportStats"]
 
@@ -138,10 +159,17 @@ class TransportStats:
 class _Link:
     """The outgoing connection to one peer."""
 
-    __slots__ = ("bytes_queued", "connected", "delay_us", "queue", "wakeup", "writer")
+    __slots__ = (
+        "bytes_queued", "connected", "delay_us", "queue", "serial", "tls_problem", "wakeup",
+        "writer",
+    )  # fmt: skip
 
     def __init__(self, delay_us: int) -> None:
         self.delay_us = max(0, delay_us)
+        #: TLS: the serial of the certificate the peer presented, and the last reason a TLS
+        #: dial failed (logged when it changes, not at every retry)
+        self.serial = -1
+        self.tls_problem = ""
         self.connected = False
         self.writer: asyncio.StreamWriter | None = None
         self.queue: collections.deque[bytes] = collections.deque()
@@ -187,13 +215,25 @@ class PeerTransport:
         max_queue_bytes: int = 64 << 20,
         stamped: bool | None = None,
         max_connections: int | None = None,
+        tls_server: ssl.SSLContext | None = None,
+        tls_dialer: ssl.SSLContext | None = None,
+        revocations: Revocations | None = None,
     ) -> None:
         """``stamped``: whether this cluster emulates WAN delays (every replica must agree;
         default: whether any of this replica's links has a delay). A replica whose own links
         all have none still stamps when its peers' links have delays. ``max_connections``:
         inbound connections at most (default ``conn_limits.peer_connection_cap``); more are
-        closed at once."""
+        closed at once. ``tls_server``/``tls_dialer``: mutual TLS on every connection (both or
+        neither), certificates checked against ``revocations``."""
+        if (tls_server is None) != (tls_dialer is None):
+            raise ValueError("TLS needs both a server and a dialer context")
         self.cluster_id = cluster_id
+        self._tls_server = tls_server
+        self._tls_dialer = tls_dialer
+        self.revocations = revocations if revocations is not None else Revocations(frozenset())
+        self.revocations.subscribe(self._revoked)
+        #: TLS inbound connections: writer -> the serial of the peer's certificate
+        self._inbound_serials: dict[asyncio.StreamWriter, int] = {}
         self.me = me
         self.addresses = addresses
         self.on_frame = on_frame
@@ -212,7 +252,7 @@ class PeerTransport:
         self._stamped = (
             any(link.delay_us for link in self._links.values()) if stamped is None else stamped
         )
-        self._server: asyncio.Server | None = None
+        self._server: asyncio.Server | TlsServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -226,7 +266,8 @@ class PeerTransport:
         host, port = self.addresses[self.me]
         if self._stamped:
             self._timer = PreciseTimer()
-        self._server = await asyncio.start_server(self._accept, host, port)
+        self._server = await start_server(self._accept, host, port, tls=self._tls_server,
+                                          name="peer", on_refused=self._refused)
         for peer in self._links:
             self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
 
@@ -275,11 +316,23 @@ class PeerTransport:
         hello = Handshake(self.cluster_id, self.me, FORMAT_VERSION, self._stamped).encode()
         while not self._closing:
             try:
-                _, writer = await asyncio.open_connection(host, port)
-            except OSError:
+                if self._tls_dialer is None:
+                    _, writer = await asyncio.open_connection(host, port)
+                else:
+                    _, writer = await asyncio.open_connection(
+                        host, port, ssl=self._tls_dialer, server_hostname=host,
+                        ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
+                    )
+                    if not self._dialed_right(peer, link, writer):
+                        writer.close()
+                        raise ConnectionRefusedError
+            except (OSError, TimeoutError) as exc:
+                if isinstance(exc, ssl.SSLError | TimeoutError):
+                    self._tls_dial_failed(peer, link, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RECONNECT_MAX_S)
                 continue
+            link.tls_problem = ""
             backoff = RECONNECT_MIN_S
             link.connected = True
             link.writer = writer
@@ -300,6 +353,46 @@ class PeerTransport:
             link.queue.clear()
             link.bytes_queued = 0
             await asyncio.sleep(backoff)
+
+    def _dialed_right(self, peer: int, link: _Link, writer: asyncio.StreamWriter) -> bool:
+        """TLS: the replica dialed presented its own certificate (logged once if not)."""
+        identity = checked_identity(writer, port="outgoing peer", cluster_id=self.cluster_id,
+                                    revocations=self.revocations)
+        if identity is not None and identity.replica == peer:
+            link.serial = identity.serial
+            return True
+        problem = (
+            "its certificate is refused" if identity is None
+            else f"it presents the certificate of {identity.describe()}"
+        )
+        if problem != link.tls_problem:
+            link.tls_problem = problem
+            log.warning("not connecting to replica %d at %s:%d: %s", peer,
+                        *self.addresses[peer], problem)
+        return False
+
+    def _tls_dial_failed(self, peer: int, link: _Link, exc: BaseException) -> None:
+        problem = refusal_reason(exc)
+        if problem != link.tls_problem:
+            link.tls_problem = problem
+            log.warning("TLS connection to replica %d failed: %s", peer, problem)
+
+    def _refused(self) -> None:
+        """A TLS handshake failed (logged by the server)."""
+        self.stats.bad_connections += 1
+
+    def _revoked(self, serials: frozenset[int]) -> None:
+        """Close the connections of certificates just revoked (they cannot come back)."""
+        for writer, serial in list(self._inbound_serials.items()):
+            if serial in serials:
+                log.warning("closing a peer connection: its certificate (serial %x) was "
+                            "revoked", serial)
+                writer.transport.abort()
+        for peer, link in self._links.items():
+            if link.serial in serials and link.writer is not None:
+                log.warning("closing the connection to replica %d: its certificate (serial "
+                            "%x) was revoked", peer, link.serial)
+                link.writer.transport.abort()
 
     async def _pump(self, link: _Link, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -328,8 +421,18 @@ class PeerTransport:
         frames = FrameReader(min(self.max_frame + extra, 0xFFFFFFFF))
         deliverer: asyncio.Task[None] | None = None
         try:
+            identity: Identity | None = None
+            if self._tls_server is not None:
+                identity = await accept_tls(
+                    writer, self._tls_server, port="peer", cluster_id=self.cluster_id,
+                    revocations=self.revocations,
+                )
+                if identity is None:
+                    self.stats.bad_connections += 1
+                    return
+                self._inbound_serials[writer] = identity.serial
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                hello = await self._handshake(reader, frames)
+                hello = await self._handshake(reader, frames, identity)
             if hello is None:
                 return
             peer, early = hello
@@ -363,15 +466,17 @@ class PeerTransport:
             log.exception("handling a frame from %s failed; closing its connection", peername)
         finally:
             writer.close()
+            self._inbound_serials.pop(writer, None)
             if deliverer is not None:
                 deliverer.cancel()
             self._readers.discard(task)
             self.inbound_limits.release()
 
     async def _handshake(
-        self, reader: asyncio.StreamReader, frames: FrameReader
+        self, reader: asyncio.StreamReader, frames: FrameReader, identity: Identity | None
     ) -> tuple[int, list[bytes]] | None:
-        """The peer's id and the frames that came with its handshake, or None if refused."""
+        """The peer's id and the frames that came with its handshake, or None if refused.
+        ``identity``: what the peer's TLS certificate names (None: plaintext cluster)."""
         while True:
             data = await reader.read(4096)
             if not data:
@@ -390,6 +495,11 @@ class PeerTransport:
             problem = f"wire version {hello.version}, this build speaks {FORMAT_VERSION}"
         elif hello.replica_id not in self._links:
             problem = f"unknown replica id {hello.replica_id}"
+        elif identity is not None and identity.replica != hello.replica_id:
+            problem = (
+                f"its handshake claims replica id {hello.replica_id} but its certificate "
+                f"names {identity.describe()}"
+            )
         elif hello.stamped and not self._stamped:
             problem = (
                 f"replica {hello.replica_id} stamps its frames (WAN emulation on), this one "

@@ -79,6 +79,11 @@ def test_physical_vc_and_group_trees() -> None:
     assert d.query(inspect("vc", "nope"))[0] == "error"
     assert d.query(inspect("physical", "nope"))[0] == "error"
     assert d.query(inspect("physical"))[2][1]["chain"] == "V100-RACK"
+    # one cell's subtree by address, with the virtual address it is bound under
+    (one,) = d.query(inspect("physical", "rack-b/dgx-b0/0"))[2]
+    (socket,) = one["cells"]
+    assert socket["type"] == "V100-SOCKET" and socket["virtual"] == "VC1/VC1-PIN/0"
+    assert len([c for c in walk(socket) if c["level"] == 1]) == 4
 
 
 @pytest.fixture
@@ -148,6 +153,9 @@ def test_config_apply_inspect_and_health_warning_over_grpc(
     assert plan["nodes_removed"] == [on[0]] and plan["vcs_removed"] == ["vc01"]
     code, out, _ = ctl(capsys, address, "status", "train")
     assert [pod[1] for pod in json.loads(out)["pods"]] == on  # the dry run changed nothing
+    assert main(["ctl", "--server", address, "config", "apply", str(path), "--dry-run"]) == 0
+    table = capsys.readouterr().out
+    assert "would run" in table and "trimmed" in table and "8 leaf cells dropped" in table
     code, out, _ = ctl(capsys, address, "config", "apply", str(path))
     done = json.loads(out)
     assert code == 0 and done["changed"] and done["groups"] == plan["groups"]

@@ -14,7 +14,7 @@ from hypothesis.stateful import rule
 from reconfig_helpers import VARIANTS, variant
 from test_stateful import AllocationMachine
 
-from cluster_state import ClusterStore, Topology
+from cluster_state import ClusterStore, Topology, bind, release, submit
 from cluster_state.ops import plan_reconfigure, reconfigure
 
 TEXTS = {name: variant(name) for name in VARIANTS}
@@ -23,7 +23,8 @@ TEXTS = {name: variant(name) for name in VARIANTS}
 class ReconfigMachine(AllocationMachine):
     topo = Topology(multi_chain_config())
 
-    @rule(name=st.sampled_from(sorted(TEXTS)), dry=st.booleans())
+    # removing a node is the change that trims groups: drawn more often
+    @rule(name=st.sampled_from([*sorted(TEXTS), "without_a3", "without_a3"]), dry=st.booleans())
     def reconfigure(self, name: str, dry: bool) -> None:
         store = self.store
         old_topo = store.topology
@@ -42,6 +43,7 @@ class ReconfigMachine(AllocationMachine):
             if not plan["changed"]:
                 return
         result = self._apply(reconfigure(TEXTS[name]))
+        event(f"reconfigure to {name}: changed {result[2]}")
         assert result[0] == "reconfigured", result
         topo = store.topology
         self.topo = topo  # the other rules draw VCs and nodes from the running configuration
@@ -61,6 +63,38 @@ class ReconfigMachine(AllocationMachine):
                 assert kept == gpus, g  # work-preserving: every GPU stays with its group
         assert not any(g.preempting for g in after.values()) or not result[2]
 
+    @rule(data=st.data(), by_bind=st.booleans())
+    def confirm_reserved(self, data: st.DataObject, by_bind: bool) -> None:
+        """The scheduler of a preemptor whose victims are gone confirms it (HiveD: it is
+        scheduled again), by a second submit or by binding exactly its reserved GPUs."""
+        alloc = self.store.allocator
+        names = sorted(n for n, g in alloc.groups.items() if g.reserved)
+        if not names:  # make one: release every victim of a preemptor
+            waiting = sorted(n for n, g in alloc.groups.items() if g.preempting)
+            if not waiting:
+                return
+            preemptor = data.draw(st.sampled_from(waiting))
+            for victim in sorted(alloc.groups[preemptor].victims):
+                self._apply(release(victim))
+            group = alloc.groups[preemptor]
+            if not group.reserved:  # reservations: immediate placed it at once
+                assert not group.preempting
+                return
+            names = [preemptor]
+        group = alloc.groups[data.draw(st.sampled_from(names))]
+        topo, spec = self.store.topology, group.spec
+        members = [(m.pods, m.leaves) for m in spec.members]
+        options = {"leaf_type": spec.leaf_type, "pinned": spec.pinned, "lazy": spec.lazy}
+        if by_bind:
+            pods = [(topo.node_name[p[0]], [topo.device[x] for x in p]) for p in group.pods]
+            op = bind(spec.name, spec.vc, spec.priority, members, pods, -1, **options)
+        else:
+            op = submit(spec.name, spec.vc, spec.priority, members, **options)
+        result = self._apply(op)
+        event(f"confirmed by {'bind' if by_bind else 'submit'}")
+        assert result[0] == "placed", result
+        assert not alloc.groups[spec.name].preempting
+
     def _query(self, op: bytes) -> dict[str, object]:
         import msgpack
 
@@ -79,7 +113,7 @@ class ReconfigMachine(AllocationMachine):
 
 TestReconfig = ReconfigMachine.TestCase
 TestReconfig.settings = settings(
-    max_examples=60,
+    max_examples=150,
     stateful_step_count=30,
     deadline=None,
     derandomize=True,

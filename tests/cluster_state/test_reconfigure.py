@@ -11,7 +11,7 @@ from typing import Any
 from cs_helpers import Driver, allocation_state, check_invariants, devices, multi_chain_config
 from reconfig_helpers import variant
 
-from cluster_state import ClusterStore, Topology, parse_config, release, submit
+from cluster_state import ClusterStore, Topology, bind, parse_config, release, submit
 from cluster_state.ledger import GpuLedger
 from cluster_state.ops import get_group, inspect, plan_reconfigure, reconfigure
 
@@ -223,3 +223,47 @@ def test_a_released_group_after_reconfiguration_frees_its_cells() -> None:
     assert all(n == 0 for n in d.store.allocator.buddy.item_used)
     tree = d.query(inspect("vc", "VC2"))[2]
     assert not any(cell["bound"] for cell in tree["cells"])
+
+
+def test_an_untouched_cell_keeps_its_binding_and_its_leaves_their_revisions() -> None:
+    d = fresh()
+    d.apply(submit("a", "VC1", 5, [(1, 4)], leaf_type="V100"))
+    d.apply(submit("b", "VC2", 5, [(2, 8)], leaf_type="V100"))
+    d.apply(submit("k", "VC2", 5, [(1, 2)], leaf_type="K80"))
+    alloc, topo = d.store.allocator, d.store.topology
+
+    def bindings(alloc: Any) -> set[tuple[str, str]]:
+        return {
+            (it.vc, alloc.topo.address[alloc.buddy.item_cell[it.id]])
+            for it in alloc.topo.items
+            if alloc.buddy.item_cell[it.id] >= 0 and not alloc.buddy.doomed[it.id]
+        }  # (rack-c starts bad: VC3's new cells there are doomed, a binding of its own)
+
+    before = bindings(alloc)
+    revision = d.store.revision
+    node, free = next(
+        (name, free)
+        for name, cells in sorted(topo.nodes.items())
+        if topo.chains[topo.chain_of[cells[0]]].leaf_type == "V100"
+        and len(free := [x for x in topo.leaves[cells[0]] if alloc.cells.owner[x] is None]) >= 2
+    )
+    result = d.apply(reconfigure(variant("rack_c_added")))
+    assert all(e == {"outcome": "kept"} for e in result[3]["groups"].values())
+    assert bindings(d.store.allocator) == before  # the same cells, bound to the same VCs
+    check_invariants(d.store.allocator)
+    # the reconfiguration touched none of these leaves: a bind that read them before holds
+    devs = [topo.device[leaf] for leaf in free[:2]]
+    placed = d.apply(bind("o", "VC3", -1, [(1, 2)], [(node, devs)], revision, leaf_type="V100"))
+    assert placed[0] == "placed", placed
+
+
+def test_a_renamed_leaf_type_keeps_the_groups() -> None:
+    d = fresh()
+    d.apply(submit("k", "VC2", 3, [(1, 4)], leaf_type="K80"))
+    d.apply(submit("v", "VC1", 3, [(1, 8)], leaf_type="V100"))
+    renamed = variant("base").replace("childCellType: K80\n", "childCellType: K80-12G\n")
+    assert "K80-12G" in renamed
+    result = d.apply(reconfigure(renamed))
+    assert result[3]["groups"] == {"k": {"outcome": "kept"}, "v": {"outcome": "kept"}}
+    check_invariants(d.store.allocator)
+    assert d.store.topology.chains_for_leaf.keys() == {"K80-12G", "V100"}

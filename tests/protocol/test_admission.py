@@ -29,6 +29,13 @@ from consensus.messages import (
     CPromise,
     CRequest,
     CVote,
+    EAccept,
+    EAcceptReply,
+    ECommit,
+    EPreAccept,
+    EPreAcceptReply,
+    EPrepare,
+    EPrepareReply,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -74,8 +81,10 @@ from consensus.protocol.admission import (
 )
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of
 from consensus.protocol.base import DrivenCore
+from consensus.protocol.epaxos import EPaxosReplica
 from consensus.protocol.mencius import MAX_AHEAD, MenciusReplica
 from consensus.protocol.multipaxos import MultiPaxosReplica
+from consensus.protocol.registry import PROTOCOLS
 from consensus.protocol.sdpaxos import SDPaxosReplica
 
 PEER_CLASSES: tuple[type, ...] = get_args(PeerMessage)
@@ -150,18 +159,40 @@ def valid_mencius(n: int, me: int, s: int) -> list[PeerMessage]:
             PaxosCommit(src=s, view=0, slot=me, ballot=me, batch=None)]
 
 
+def valid_epaxos(n: int, me: int, s: int) -> list[PeerMessage]:
+    deps = tuple(0 if r == s else -1 for r in range(n))
+    none = (-1,) * n
+    return [Heartbeat(src=s, view=0, executed=2, lease_request=-1),
+            SnapshotChunk(src=s, view=0, slot=4, offset=0, total=1, data=b"x"),
+            EPreAccept(src=s, view=0, owner=s, index=1, ballot=s, batch=(command(),), seq=2,
+                       deps=deps),
+            EPreAcceptReply(src=s, view=0, owner=me, index=0, ballot=me, ok=True, seq=1,
+                            deps=none, changed=False),
+            EAccept(src=s, view=0, owner=s, index=0, ballot=s, batch=(command(),), seq=1,
+                    deps=none),
+            EAcceptReply(src=s, view=0, owner=me, index=0, ballot=me, ok=False),
+            ECommit(src=s, view=0, owner=s, index=0, ballot=s, batch=(command(),), seq=1,
+                    deps=none),
+            EPrepare(src=s, view=0, owner=me, index=0, ballot=ballot_of(1, s)),
+            EPrepareReply(src=s, view=0, owner=s, index=0, ballot=ballot_of(1, me), ok=True,
+                          status=2, vballot=s, batch=(command(),), seq=1, deps=deps)]
+
+
 Factory = Callable[[ProtocolConfig, int], DrivenCore]
 VALID: dict[str, Callable[[int, int, int], list[PeerMessage]]] = {
     "sdpaxos": valid_sdpaxos, "multipaxos": valid_multipaxos, "mencius": valid_mencius,
+    "epaxos": valid_epaxos,
 }
 FACTORIES: dict[str, Callable[..., DrivenCore]] = {
     "sdpaxos": SDPaxosReplica, "multipaxos": MultiPaxosReplica, "mencius": MenciusReplica,
+    "epaxos": EPaxosReplica,
 }
 #: (protocol, replicas, receiver, sender): sequencer / leader and not, three and five replicas
 SETUPS = [
     ("sdpaxos", 3, 0, 1), ("sdpaxos", 3, 1, 2), ("sdpaxos", 5, 0, 3), ("sdpaxos", 5, 2, 0),
     ("sdpaxos", 5, 1, 3),
     ("multipaxos", 3, 0, 1), ("multipaxos", 3, 1, 0), ("mencius", 3, 1, 2),
+    ("epaxos", 3, 0, 1), ("epaxos", 5, 2, 4),
 ]
 
 
@@ -267,6 +298,12 @@ def bad_values(rule: Any, msg: Any, name: str, n: int, me: int) -> list[Any]:
         return [high, -1, msg.from_index - 1, INT64_MAX - 1, 1 << 62]
     if rule is a.accepted_view:
         return [msg.view + 1, -2, 1 << 62]
+    if rule is a.epaxos_deps:
+        minus = (-1,) * n
+        return [minus[:-1], (*minus, -1), (-2, *minus[1:]),
+                (*minus[:-1], index_window(n - 1, me, INDEX_WINDOW)), (1 << 62, *minus[1:])]
+    if rule is a.epaxos_status:
+        return [-1, a.EPAXOS_MAX_STATUS + 1, *huge]
     if rule is a.free:
         return []
     raise AssertionError(f"no mutations for rule {rule!r} of {type(msg).__name__}.{name}")
@@ -284,11 +321,14 @@ def edge_values(rule: Any, msg: Any, name: str, b: Bounds) -> list[Any]:
         a.slot_or_none: [-1, SLOT_WINDOW], a.counter: [0, MAX_COUNTER],
         a.counter_or_none: [-1, MAX_COUNTER], a.baseline_ballot: [n - 1],
         a.ballot: [n - 1, MAX_COUNTER - BALLOT_STRIDE + n - 1],
+        a.epaxos_status: [0, a.EPAXOS_MAX_STATUS],
     }
     if isinstance(rule, Index):
         return [-1 if rule.none_ok else 0, index_window(msg.owner, me, rule.window) - 1]
     if rule is a.promise_through:
         return [EVERY_INDEX, msg.from_index, index_window(msg.owner, me, ORDER_WINDOW) - 1]
+    if rule is a.epaxos_deps:
+        return [(-1,) * n, tuple(index_window(r, me, INDEX_WINDOW) - 1 for r in range(n))]
     return edges.get(rule, [])
 
 
@@ -299,7 +339,7 @@ def test_every_peer_message_class_has_a_table_entry_naming_every_field() -> None
     assert set(ADMISSION_TABLE) == set(PEER_CLASSES), "a peer message class lacks admission"
     for cls, entry in ADMISSION_TABLE.items():
         assert [name for name, _ in entry.rules] == [f.name for f in dataclasses.fields(cls)]
-        assert entry.protocols and entry.protocols <= {"sdpaxos", "multipaxos", "mencius"}
+        assert entry.protocols and entry.protocols <= set(PROTOCOLS)
 
 
 def test_the_slot_window_is_mencius_own_plausibility_bound() -> None:

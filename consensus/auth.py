@@ -1,0 +1,233 @@
+"""Who asked: the authenticated principal a TLS cluster's commands carry through the log.
+
+A TLS cluster (``[tls]`` in the cluster file, ``consensus.runtime.tls``) knows every client by
+its certificate, which names it, its role and, for a scheduler, the virtual clusters it may
+touch. The replica that serves a client authenticates it and wraps each of its operations in
+an *envelope* naming that principal, ``ENVELOPE_MAGIC + msgpack([name, role, [vcs], op])``;
+the envelope is the command's ``op`` in the log, so every replica checks the same principal
+against the same state when it applies the command and reaches the same verdict.
+
+``ENVELOPE_MAGIC`` begins with 0xC1, the one byte msgpack never uses, so no msgpack-encoded
+operation (the built-in key-value store's, the GPU store's) is mistaken for an envelope. A
+client cannot forge one: the serving replica wraps whatever a TLS client sends, so a forged
+envelope ends up *inside* a real one, and an envelope whose operation is itself an envelope is
+refused. Operations without an envelope come from the replica's own process (an embedded
+caller), which is trusted.
+
+Roles: ``admin`` may do everything; ``reader`` may read everything and change nothing;
+``scheduler`` acts only on its virtual clusters (what that means is the state machine's to say:
+``Authorizer``). A state machine that implements no ``Authorizer`` lets admins do everything,
+readers read and nobody else anything.
+
+Nothing here does I/O (the simulator and the state machines import it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Protocol, runtime_checkable
+
+import msgpack
+
+from consensus.errors import DecodeError, DefiniteFailure
+from consensus.messages import Command
+from consensus.statemachine import StateMachine
+
+__all__ = [
+    "ADMIN",
+    "ENVELOPE_MAGIC",
+    "READER",
+    "ROLES",
+    "SCHEDULER",
+    "AnswerFilter",
+    "Authorizer",
+    "AuthorizingMachine",
+    "Denied",
+    "PermissionDenied",
+    "Principal",
+    "open_envelope",
+    "seal",
+]
+
+ADMIN: Final = "admin"
+SCHEDULER: Final = "scheduler"
+READER: Final = "reader"
+ROLES: Final = (ADMIN, SCHEDULER, READER)
+
+#: 0xC1 is never produced by msgpack: no msgpack operation starts like an envelope
+ENVELOPE_MAGIC: Final = b"\xc1sdpaxos-principal\x00"
+#: bounds on what a certificate may name (a principal travels with every command)
+MAX_NAME_BYTES: Final = 128
+MAX_VCS: Final = 64
+MAX_VC_BYTES: Final = 128
+#: the most an envelope adds to an operation (magic, msgpack headers, name, role, VCs)
+ENVELOPE_OVERHEAD: Final = (
+    len(ENVELOPE_MAGIC) + 16 + MAX_NAME_BYTES + 16 + MAX_VCS * (MAX_VC_BYTES + 2)
+)
+
+
+class PermissionDenied(DefiniteFailure):
+    """The principal may not do this; nothing was changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated client: its name, role and (scheduler) virtual clusters."""
+
+    name: str
+    role: str
+    vcs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        problem = principal_problem(self.name, self.role, self.vcs)
+        if problem is not None:
+            raise ValueError(problem)
+
+    def describe(self) -> str:
+        vcs = f" on {','.join(self.vcs)}" if self.role == SCHEDULER else ""
+        return f"{self.role} {self.name!r}{vcs}"
+
+
+def principal_problem(name: str, role: str, vcs: tuple[str, ...]) -> str | None:
+    """Why these cannot be a principal (None: they can)."""
+    if not name or len(name.encode()) > MAX_NAME_BYTES:
+        return f"a principal's name must be 1..{MAX_NAME_BYTES} bytes"
+    if role not in ROLES:
+        return f"role must be one of {', '.join(ROLES)}, got {role!r}"
+    if role == SCHEDULER and not vcs:
+        return "a scheduler needs at least one virtual cluster"
+    if role != SCHEDULER and vcs:
+        return f"only a scheduler is restricted to virtual clusters, not a {role}"
+    if len(vcs) > MAX_VCS or any(not vc or len(vc.encode()) > MAX_VC_BYTES for vc in vcs):
+        return f"at most {MAX_VCS} virtual clusters of 1..{MAX_VC_BYTES} bytes each"
+    if list(vcs) != sorted(set(vcs)):
+        return "virtual clusters must be sorted and distinct"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """An operation refused by authorization (nothing was changed)."""
+
+    reason: str
+
+
+def seal(principal: Principal, op: bytes) -> bytes:
+    """``op`` in an envelope naming ``principal``."""
+    packed: bytes = msgpack.packb([principal.name, principal.role, list(principal.vcs), op])
+    return ENVELOPE_MAGIC + packed
+
+
+def open_envelope(op: bytes) -> tuple[Principal | None, bytes]:
+    """``(principal, inner op)`` of an envelope, ``(None, op)`` of a bare operation.
+    ``DecodeError`` for a malformed envelope or one nested in another."""
+    if not op.startswith(ENVELOPE_MAGIC):
+        return None, op
+    try:
+        fields = msgpack.unpackb(
+            op[len(ENVELOPE_MAGIC):], max_array_len=max(MAX_VCS, 4), max_map_len=0
+        )
+    except Exception as exc:
+        raise DecodeError(f"malformed principal envelope: {exc}") from None
+    match fields:
+        case [str(name), str(role), list(vcs), bytes(inner)] if all(
+            isinstance(vc, str) for vc in vcs
+        ):
+            pass
+        case _:
+            raise DecodeError("a principal envelope must be [name, role, [vcs], op]")
+    problem = principal_problem(name, role, tuple(vcs))
+    if problem is not None:
+        raise DecodeError(f"bad principal in envelope: {problem}")
+    if inner.startswith(ENVELOPE_MAGIC):
+        raise DecodeError("an envelope inside an envelope (a client sent one of its own)")
+    return Principal(name, role, tuple(vcs)), inner
+
+
+@runtime_checkable
+class Authorizer(Protocol):
+    """A state machine that judges its own operations by principal. ``authorize`` must be
+    deterministic over the machine's state (every replica calls it as it applies), change
+    nothing, and answer None (allowed) or the reason of a refusal."""
+
+    def authorize(self, principal: Principal, op: bytes, *, read: bool) -> str | None: ...
+
+
+@runtime_checkable
+class AnswerFilter(Protocol):
+    """A state machine that trims a read's answer to what a principal may see (a scheduler's
+    watch page holds its own virtual clusters' events only). Called after ``authorize``
+    allowed the read; changes nothing."""
+
+    def filter_answer(self, principal: Principal, op: bytes, answer: bytes) -> bytes: ...
+
+
+def default_authorize(principal: Principal, *, read: bool) -> str | None:
+    """For machines without an ``Authorizer``: admins everything, readers reads."""
+    if principal.role == ADMIN or (principal.role == READER and read):
+        return None
+    return f"{principal.describe()} may not {'read' if read else 'change'} this state"
+
+
+class AuthorizingMachine:
+    """A state machine behind the envelope check: what a TLS cluster's replicas apply to.
+
+    ``apply``/``query`` take enveloped or bare operations. A refused or malformed envelope
+    changes nothing; ``run``/``ask`` return it as ``Denied`` (the node answers the client with
+    a definite error), ``apply``/``query`` as the inner machine's refusal bytes are not known
+    here, so as an empty answer. The wrapper holds no state of its own: snapshots are the
+    inner machine's.
+    """
+
+    def __init__(self, inner: StateMachine) -> None:
+        self.inner = inner
+        self._authorizer = inner if isinstance(inner, Authorizer) else None
+        self._filter = inner if isinstance(inner, AnswerFilter) else None
+
+    def _check(self, op: bytes, *, read: bool) -> tuple[bytes, Denied | None]:
+        try:
+            principal, inner_op = open_envelope(op)
+        except DecodeError as exc:
+            return op, Denied(str(exc))
+        if principal is None:
+            return inner_op, None
+        if self._authorizer is not None:
+            reason = self._authorizer.authorize(principal, inner_op, read=read)
+        else:
+            reason = default_authorize(principal, read=read)
+        return inner_op, None if reason is None else Denied(f"permission denied: {reason}")
+
+    def run(self, position: int, command: Command) -> bytes | Denied:
+        inner_op, denied = self._check(command.op, read=False)
+        if denied is not None:
+            return denied
+        if inner_op is not command.op:
+            command = Command(client_id=command.client_id, seq=command.seq, op=inner_op,
+                              keys=command.keys, blind=command.blind)
+        return self.inner.apply(position, command)
+
+    def ask(self, op: bytes) -> bytes | Denied:
+        inner_op, denied = self._check(op, read=True)
+        if denied is not None:
+            return denied
+        answer = self.inner.query(inner_op)
+        if self._filter is not None and inner_op is not op:  # enveloped: someone's read
+            principal, _ = open_envelope(op)
+            if principal is not None:
+                answer = self._filter.filter_answer(principal, inner_op, answer)
+        return answer
+
+    # the StateMachine protocol, for callers that do not tell refusals apart
+    def apply(self, position: int, command: Command) -> bytes:
+        result = self.run(position, command)
+        return b"" if isinstance(result, Denied) else result
+
+    def query(self, op: bytes) -> bytes:
+        result = self.ask(op)
+        return b"" if isinstance(result, Denied) else result
+
+    def snapshot(self) -> bytes:
+        return self.inner.snapshot()
+
+    def restore(self, data: bytes) -> None:
+        self.inner.restore(data)
