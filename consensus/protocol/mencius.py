@@ -63,7 +63,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.slotlog import Slot, SlotLogCore
-from consensus.protocol.types import SnapshotMeta
+from consensus.protocol.types import NEVER, SnapshotMeta
 
 __all__ = ["MAX_AHEAD", "SKIP_RUN", "MenciusReplica"]
 
@@ -269,7 +269,7 @@ class MenciusReplica(SlotLogCore):
                 if not inst.committed:
                     # ours, outcome unknown: drive it again (same value, same ballot)
                     inst.acks = {self.me}
-                    inst.sent_at = -(1 << 62)
+                    inst.sent_at = NEVER
                     self._open[slot] = inst
 
     # ------------------------------------------------------------------ the loop turn

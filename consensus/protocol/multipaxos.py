@@ -53,7 +53,7 @@ from consensus.messages import (
 from consensus.protocol.ballot import ballot_of
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.slotlog import Key, Slot, SlotLogCore, key_of
-from consensus.protocol.types import SnapshotMeta
+from consensus.protocol.types import NEVER, SnapshotMeta
 
 __all__ = ["MultiPaxosReplica"]
 
@@ -227,7 +227,7 @@ class MultiPaxosReplica(SlotLogCore):
                 inst = self._drive(slot, inst.batch)
             else:
                 continue
-            inst.sent_at = -(1 << 62)  # send at the first tick
+            inst.sent_at = NEVER  # send at the first tick
             for command in inst.batch:
                 self._inflight[key_of(command)] = slot
             if len(inst.acks) >= self.q:

@@ -58,7 +58,7 @@ from consensus.messages import (
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
-from consensus.protocol.types import SnapshotMeta
+from consensus.protocol.types import NEVER, SnapshotMeta
 
 __all__ = [
     "BASELINE_UNSAFE_VARIANTS",
@@ -144,7 +144,7 @@ class SlotLogCore(ABC):
         self._peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self._next_heartbeat = 0
         self._exec_progress_at = 0
-        self._last_catchup_at = -(1 << 62)
+        self._last_catchup_at = NEVER
         self._catchup_peer = 0
         # a commit named a slot whose value we lack: ask for values, not markers
         self._catchup_lacks_values = False

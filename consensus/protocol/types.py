@@ -2,7 +2,8 @@
 
 ``SnapshotMeta`` says where a state-machine snapshot stands in a log (every core compacts to
 one and installs one; storage encodes it; the node and the simulator ship it). ``Role`` is
-what a replica does in its current view (reported by status and metrics).
+what a replica does in its current view (reported by status and metrics). ``NEVER`` is
+the time of what never happened, for every core's timers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["Role", "SnapshotMeta"]
+__all__ = ["NEVER", "Role", "SnapshotMeta"]
+
+#: a time before any other: what never happened (a timestamp that is always long ago)
+NEVER = -(1 << 62)
 
 
 class Role(enum.Enum):

@@ -18,6 +18,7 @@ from consensus.messages import (
     Command,
     CPromise,
 )
+from consensus.protocol.types import NEVER
 
 #: the ballot of an own C-instance held for our recovery (nothing accepted, see
 #: ``CPhase._hold_for_recovery``)
@@ -29,8 +30,6 @@ NO_INDEX = -1
 NO_BALLOT = -1
 #: below every slot
 NO_SLOT = -1
-#: a time before any other: what never happened
-NEVER = -(1 << 62)
 #: ``CInstance.overtaken_at`` of an instance no recoverer took over
 NOT_OVERTAKEN = -1
 
