@@ -38,6 +38,7 @@ from consensus.auth import (
     PermissionDenied,
     Principal,
     seal,
+    sealer,
 )
 from consensus.codec import (
     MAX_OP_BYTES,
@@ -160,12 +161,13 @@ class NodeStats:
 class _ClientConnection:
     """Answers for one client connection, written once per loop turn."""
 
-    __slots__ = ("out", "principal", "serial", "tracked", "writer")
+    __slots__ = ("out", "principal", "sealer", "serial", "tracked", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter, tracked: Tracked) -> None:
         self.writer = writer
         #: TLS: who the client's certificate names, and its serial
         self.principal: Principal | None = None
+        self.sealer = b""  # what goes in front of its every op (consensus.auth.sealer)
         self.serial = -1
         self.out: list[bytes] = []
         #: its record in the client port's limits (outstanding requests, deadlines)
@@ -748,8 +750,8 @@ class ReplicaNode:
                                 request.req_id, "error", f"op over {_MAX_SEALED_OP} bytes (a "
                                 "TLS cluster's commands carry their principal)").encode()))
                             continue
-                        request = ClientRequest(request.req_id, request.kind,
-                                                _sealed(request.command, principal))
+                        request = ClientRequest(request.req_id, request.kind, _sealed(
+                            request.command, principal, connection.sealer))
                     key = (request.command.client_id, request.command.seq)
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
@@ -780,6 +782,7 @@ class ReplicaNode:
                         connection.writer.get_extra_info("peername"), identity.describe())
             return False
         connection.principal = identity.principal
+        connection.sealer = sealer(identity.principal)
         connection.serial = identity.serial
         self._client_connections.add(connection)
         return True
@@ -793,12 +796,13 @@ class ReplicaNode:
                 connection.writer.transport.abort()
 
 
-def _sealed(command: Command, principal: Principal) -> Command:
+def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Command:
     """``command`` on behalf of ``principal``: its op in an envelope. Only an admin's writes
     may stay blind (acknowledged before they apply): anyone else's may be refused as they
-    apply, and the refusal must reach the client."""
-    return Command(client_id=command.client_id, seq=command.seq,
-                   op=seal(principal, command.op), keys=command.keys,
+    apply, and the refusal must reach the client. ``prefix``: ``sealer(principal)``, if
+    known."""
+    op = prefix + command.op if prefix else seal(principal, command.op)
+    return Command(client_id=command.client_id, seq=command.seq, op=op, keys=command.keys,
                    blind=command.blind and principal.role == ADMIN)
 
 

@@ -1,0 +1,77 @@
+"""Principal envelopes (``consensus.auth``): what a replica seals is what every replica opens;
+forged, nested, cut or mangled envelopes are refused as they apply and change nothing; roles
+without a state machine's own rules (the key-value store): admins all, readers reads."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+
+from consensus.auth import (
+    ADMIN,
+    ENVELOPE_MAGIC,
+    READER,
+    SCHEDULER,
+    AuthorizingMachine,
+    Denied,
+    Principal,
+    open_envelope,
+    seal,
+)
+from consensus.errors import DecodeError
+from consensus.messages import Command
+from consensus.statemachine import KVStore, kv_get, kv_put
+
+SCHED = Principal("s", SCHEDULER, ("vc1", "vc2"))
+
+
+def test_sealed_ops_open_to_their_principal() -> None:
+    for who in (Principal("root", ADMIN), Principal("ro", READER), SCHED):
+        assert open_envelope(seal(who, b"op")) == (who, b"op")
+    assert open_envelope(b"\x92plain") == (None, b"\x92plain")
+
+
+def test_a_principal_is_validated() -> None:
+    with pytest.raises(ValueError):
+        Principal("s", SCHEDULER)  # a scheduler without VCs
+    with pytest.raises(ValueError):
+        Principal("r", READER, ("vc1",))
+    with pytest.raises(ValueError):
+        Principal("x", "superuser")
+
+
+def test_forged_and_mangled_envelopes_are_refused_and_change_nothing() -> None:
+    machine = AuthorizingMachine(KVStore())
+    root = Principal("root", ADMIN)
+    assert not isinstance(machine.run(0, Command(client_id=1, seq=0,
+                                                 op=seal(root, kv_put("k", "v")))), Denied)
+    before = machine.snapshot()
+    # a client that sent an envelope of its own: the replica wraps it in the real one
+    forged = seal(Principal("ro", READER), seal(root, kv_put("k", "forged")))
+    outcome = machine.run(1, Command(client_id=2, seq=0, op=forged))
+    assert isinstance(outcome, Denied) and "inside an envelope" in outcome.reason
+    rng = random.Random(22)
+    valid = seal(SCHED, kv_put("k", "x"))
+    for i in range(500):
+        data = bytearray(valid)
+        for _ in range(rng.randrange(1, 4)):
+            position = rng.randrange(len(ENVELOPE_MAGIC), len(data))
+            data[position] = rng.randrange(256)
+        if rng.random() < 0.3:
+            del data[rng.randrange(len(ENVELOPE_MAGIC), len(data)):]
+        with contextlib.suppress(DecodeError):  # the only way it may fail
+            open_envelope(bytes(data))
+        outcome = machine.run(2 + i, Command(client_id=3, seq=i, op=bytes(data)))
+        assert isinstance(outcome, Denied)  # a scheduler has no rights in a key-value store
+    assert machine.snapshot() == before
+
+
+def test_roles_of_a_machine_without_rules_of_its_own() -> None:
+    machine = AuthorizingMachine(KVStore())
+    reader = Principal("ro", READER)
+    assert isinstance(machine.run(0, Command(client_id=1, seq=0,
+                                             op=seal(reader, kv_put("k", "v")))), Denied)
+    assert not isinstance(machine.ask(seal(reader, kv_get("k"))), Denied)
+    assert isinstance(machine.ask(seal(SCHED, kv_get("k"))), Denied)
