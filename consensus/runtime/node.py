@@ -273,6 +273,8 @@ class ReplicaNode:
         self._last_seen_view: tuple[int, object] = (-1, None)
         #: called with (position, command, result) after each command applies (watchers)
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
+        #: peer -> time.monotonic() of its last frame (readiness: ``consensus.runtime.health``)
+        self.peer_heard_at: dict[int, float] = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -364,6 +366,7 @@ class ReplicaNode:
     # ------------------------------------------------------------------ network input
     def _on_frame(self, peer: int, payload: bytes) -> None:
         self._busy_since = time.perf_counter()
+        self.peer_heard_at[peer] = time.monotonic()
         try:
             self._take_frame(peer, payload)
         finally:
