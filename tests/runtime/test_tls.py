@@ -32,7 +32,7 @@ from consensus.runtime.tls import (
     make_ca,
     serial_of_pem,
 )
-from consensus.runtime.transport import Handshake
+from consensus.runtime.transport import Handshake, PeerTransport
 from consensus.statemachine import kv_get, kv_put
 
 from .polling import wait_until
@@ -334,3 +334,37 @@ async def test_no_key_material_in_logs(
                 assert line not in text and line[::-1] not in text, f"{key.name} in the logs"
     assert "PRIVATE KEY" not in text
     assert os.fspath(broken) in str(failure.value)
+
+
+async def test_dialer_refuses_a_listener_presenting_another_replicas_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica 0 dials replica 1's address, where replica 2's certificate answers (a hijacked
+    address): it sends nothing there and says why."""
+    caplog.set_level(logging.INFO)
+    path = write_tls_cluster(tmp_path)
+    config = load_cluster_config(path)
+    assert config.tls is not None
+    impostor_context = config.tls.server(2)
+    received: list[bytes] = []
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(1 << 16))
+        writer.close()
+
+    host, port = config.replica(1).address
+    server = await asyncio.start_server(impostor, host, port, ssl=impostor_context)
+    transport = PeerTransport(
+        cluster_id=CLUSTER, me=0, addresses={r.id: r.address for r in config.replicas},
+        one_way_us={}, on_frame=lambda peer, payload: None,
+        tls_server=config.tls.server(0), tls_dialer=config.tls.dialer(0),
+    )
+    await transport.start()
+    try:
+        await refused(caplog, "not connecting to replica 1", "certificate of replica 2")
+        transport.send(1, b"secret")
+        assert transport.stats.frames_sent == 0
+        assert not any(b"secret" in data for data in received)
+    finally:
+        await transport.close()
+        server.close()
