@@ -52,10 +52,12 @@ from cluster_state.ops import (
     GetGroup,
     GetSummary,
     GetVC,
+    GroupSpec,
     Inspect,
     ListGroups,
     Op,
     PlanReconfigure,
+    PlanSubmit,
     Reconfigure,
     Reconfigured,
     Release,
@@ -176,6 +178,14 @@ class ClusterStore:
         _, report = copy.reconfigured(topo, self.revision + 1)
         return {"changed": True, **report}
 
+    def plan_submit(self, spec: GroupSpec) -> list[Any]:
+        """The wire form of what ``submit(spec)`` would answer now, run on a copy (nothing
+        changes, nothing is reserved: HiveD's filtering phase)."""
+        copy = Allocator(self.topology)
+        copy.import_state(self.allocator.export_state())
+        result: list[Any] = msgpack.unpackb(encode_result(copy.submit(spec, self.revision + 1)))
+        return result
+
     # ------------------------------------------------------------------ reads
     def query(self, op: bytes) -> bytes:
         """Answer a read-only query (``cluster_state.ops.get_group`` & co)."""
@@ -211,6 +221,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_group(name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
+                case PlanSubmit(spec):
+                    kind, info = "plan_submit", self.plan_submit(spec)
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
