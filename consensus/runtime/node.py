@@ -37,8 +37,8 @@ from consensus.auth import (
     Denied,
     PermissionDenied,
     Principal,
-    seal,
     sealer,
+    session_id,
 )
 from consensus.codec import (
     MAX_OP_BYTES,
@@ -803,9 +803,10 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
     """``command`` on behalf of ``principal``: its op in an envelope. Only an admin's writes
     may stay blind (acknowledged before they apply): anyone else's may be refused as they
     apply, and the refusal must reach the client. ``prefix``: ``sealer(principal)``, if
-    known."""
-    op = prefix + command.op if prefix else seal(principal, command.op)
-    return Command(client_id=command.client_id, seq=command.seq, op=op, keys=command.keys,
+    known. Its client id becomes the principal's own session (``consensus.auth.session_id``)."""
+    prefix = prefix or sealer(principal)
+    return Command(client_id=session_id(prefix, command.client_id), seq=command.seq,
+                   op=prefix + command.op, keys=command.keys,
                    blind=command.blind and principal.role == ADMIN)
 
 

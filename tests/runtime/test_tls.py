@@ -368,3 +368,23 @@ async def test_dialer_refuses_a_listener_presenting_another_replicas_certificate
     finally:
         await transport.close()
         server.close()
+
+
+async def test_sessions_belong_to_their_principal(tmp_path: Path) -> None:
+    """Two principals using the same client id and sequence numbers each get their own
+    session: neither takes the other's result, both commands execute; a retry of a
+    principal's own command answers its first result."""
+    path = write_tls_cluster(tmp_path)
+    async with running(path) as (config, _):
+        assert config.tls is not None
+        other = context_of(config, issue(config, tmp_path, Principal("admin-2", "admin")))
+        async with client(config, 5, config.tls.tool()) as first, \
+                client(config, 5, other) as second:
+            one = await first.execute(kv_put("a", "1"), ["a"], seq=0)
+            two = await second.execute(kv_put("b", "2"), ["b"], seq=0)
+            assert one.position != two.position  # both went through the log
+            again = await first.execute(kv_put("a", "changed"), ["a"], seq=0)
+            assert again.payload == one.payload  # the first result, not executed again
+            value = (await second.read(kv_get("a"), ["a"])).payload
+            assert b"1" in value and b"changed" not in value
+            assert b"2" in (await first.read(kv_get("b"), ["b"])).payload
