@@ -142,11 +142,15 @@ class AuthorizedStore(ClusterStore):
     # ------------------------------------------------------------------ the watch stream
     def visible(self, principal: Principal, event: ChangeEvent) -> bool:
         """Whether ``principal`` may see ``event``."""
+        return self.visible_kind(principal, event.kind, event.subject)
+
+    def visible_kind(self, principal: Principal, kind: str, subject: str) -> bool:
+        """Whether ``principal`` may see an event of ``kind`` about ``subject``."""
         if principal.role != SCHEDULER:
             return True
-        if event.kind not in _GROUP_EVENTS:
+        if kind not in _GROUP_EVENTS:
             return False
-        return self.seen_vc_of(event.subject) in principal.vcs
+        return self.seen_vc_of(subject) in principal.vcs
 
     def filter_answer(self, principal: Principal, op: bytes, answer: bytes) -> bytes:
         if principal.role != SCHEDULER:
