@@ -1,4 +1,5 @@
-"""Two extender instances on one 3-replica store (real replica processes), each behind its own
+"""Two extender instances on one 3-replica TLS store (real replica processes; one extender is
+an ``sdpaxos extender`` process, the other runs in the test), each behind its own
 kube-scheduler stand-in, filter and bind gangs concurrently through the extender HTTP API
 against a fake API server. No GPU is bound twice, gangs are all-or-nothing, the store agrees
 with the Bindings, and killing a store replica (the sequencer) and one extender changes
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,7 @@ import pytest
 import yaml
 
 from cluster_state.client import AllocationStore
+from cluster_state.k8s.cli import connect_store
 from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION
 from cluster_state.k8s.kube import KubeApi
@@ -126,31 +131,57 @@ async def check(api: FakeApiServer, store: AllocationStore,
 def test_two_extenders_share_one_store(tmp_path: Path) -> None:
     shutil.copy(GPU_CONFIG, tmp_path / "gpu.yaml")
     with LocalCluster(tmp_path, 3, state_machine='kind = "cluster_state"\n'
-                      'gpu_config = "gpu.yaml"') as cluster:
+                      'gpu_config = "gpu.yaml"', tls=True) as cluster:
         cluster.start_all()
-        asyncio.run(asyncio.wait_for(scenario(cluster), 100))
+        asyncio.run(asyncio.wait_for(scenario(cluster, tmp_path), 100))
 
 
-async def scenario(cluster: LocalCluster) -> None:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+#: how long three replicas and an extender process may take to serve on a busy machine
+SERVE_S = 40
+
+
+async def wait_serving(url: str, store: AllocationStore, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + SERVE_S
+    while True:
+        try:
+            if (await request(url, "GET", "/healthz", timeout_s=1.0))[0] == 200:
+                await store.summary()
+                return
+        except Exception:
+            pass
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.2)
+
+
+async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
     api = FakeApiServer()
     await api.start()
     for node in NODES:
         api.set_node(node, True)
     kube = KubeApi(api.url)
-    stores = [AllocationStore.connect(cluster.client_addresses, home=i, timeout_s=1.0,
-                                      attempts=4) for i in range(2)]
-    for store in stores:  # the cluster serves before the load starts
-        deadline = asyncio.get_running_loop().time() + 20
-        while True:
-            try:
-                await store.summary()
-                break
-            except Exception:
-                assert asyncio.get_running_loop().time() < deadline, cluster.logs()
-                await asyncio.sleep(0.2)
-    servers = [await serve(Extender(store, kube).handle, "127.0.0.1", 0) for store in stores]
-    reapers = [asyncio.create_task(GangReaper(store, kube).run()) for store in stores]
-    urls = [f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
+    config = str(cluster.config_path)
+    # extender 0: `sdpaxos extender`, a process of its own, through replica 0 (over TLS)
+    port = free_port()
+    log = (tmp_path / "extender-0.log").open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.cli", "extender", "--config", config, "--home", "0",
+         "--listen", f"127.0.0.1:{port}", "--kube-api", api.url],
+        stdout=log, stderr=subprocess.STDOUT)
+    # extender 1: in this process, through replica 1
+    store = connect_store(config, 1)
+    server = await serve(Extender(store, kube).handle, "127.0.0.1", 0)
+    reaper = asyncio.create_task(GangReaper(store, kube).run())
+    urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"]
+    for url in urls:
+        await wait_serving(url, store, f"{url} does not serve\n" + cluster.logs()
+                           + (tmp_path / "extender-0.log").read_text())
     all_gangs = gangs()
     for pods in all_gangs.values():
         for pod in pods:
@@ -173,17 +204,16 @@ async def scenario(cluster: LocalCluster) -> None:
         assert binds == [{"error": ""}] * 2
         schedulers[0].bound += 1
         schedulers[1].bound += 1
-        await check(api, stores[1], all_gangs)
+        await check(api, store, all_gangs)
         for _ in range(ROUNDS):
             await asyncio.gather(*(s.round() for s in schedulers))
-        first = await check(api, stores[1], all_gangs)
+        first = await check(api, store, all_gangs)
         assert len(first) == 4  # two gangs fill each VC
         assert sum(s.bound for s in schedulers) == 8
 
         # the sequencer (replica 0, extender 0's home) and extender 0 die
         cluster.kill(0)
-        servers[0].close()
-        reapers[0].cancel()
+        process.kill()
         done = sorted(first)[::2]  # one gang of each VC finishes: its pods go
         for gang in done:
             for pod in all_gangs[gang]:
@@ -192,7 +222,7 @@ async def scenario(cluster: LocalCluster) -> None:
 
         async def released() -> bool:
             nonlocal groups
-            groups = {g["name"] for g in await stores[1].allocations()}
+            groups = {g["name"] for g in await store.allocations()}
             return not groups & set(done)
 
         deadline = asyncio.get_running_loop().time() + 30
@@ -202,27 +232,27 @@ async def scenario(cluster: LocalCluster) -> None:
         for _ in range(ROUNDS):
             await asyncio.gather(*(s.round() for s in schedulers))
         assert schedulers[0].failovers >= 1
-        second = await check(api, stores[1], all_gangs)
+        second = await check(api, store, all_gangs)
         assert len(second) == 4 and not second & set(done)
         assert sum(s.bound for s in schedulers) == 12
-        assert await _converged(cluster), "the surviving replicas differ"
+        assert await _converged(config), "the surviving replicas differ"
     finally:
-        for task in reapers:
-            task.cancel()
-        for server in servers:
-            server.close()
-        for store in stores:
-            await store.close()
+        process.kill()
+        process.wait()
+        log.close()
+        reaper.cancel()
+        server.close()
+        await store.close()
         await api.stop()
 
 
-async def _converged(cluster: LocalCluster) -> bool:
+async def _converged(config: str) -> bool:
     """Whether replicas 1 and 2 hold the same store (one may apply a little later: poll)."""
     deadline = asyncio.get_running_loop().time() + 10
     while asyncio.get_running_loop().time() < deadline:
         digests = set()
         for replica in (1, 2):
-            single = AllocationStore.connect([cluster.client_addresses[replica]], timeout_s=2)
+            single = connect_store(config, replica)  # a stale read: its home replica's state
             digests.add((await single.digest(stale=True))["sha256"])
             await single.close()
         if len(digests) == 1:
