@@ -228,3 +228,19 @@ async def test_node_watch_feeds_node_health(setup: Setup) -> None:
             assert all(n and n[0] != "n2" for n in nodes), nodes
         else:  # no two healthy nodes left for vc2: it waits, nothing placed
             assert nodes == [[], []] and s.group("wide-vc2") is None
+
+
+async def test_bytes_that_are_not_http_get_400_and_the_extender_goes_on(setup: Setup) -> None:
+    s = setup
+    port = int(s.url.rsplit(":", 1)[1])
+    for garbage in (b"\x00\xff garbage\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1\r\n"
+                    b"Content-Length: 99999999999\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1"
+                    b"\r\nContent-Length: 5\r\n\r\n{nope", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(garbage)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400"), (garbage, answer[:80])
+    status, body = await s.get("/healthz")
+    assert (status, body) == (200, {"status": "ok"})
