@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from consensus.auth import READER, SCHEDULER, PermissionDenied, Principal
+from consensus.auth import READER, SCHEDULER, PermissionDenied, Principal, seal
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
 from consensus.errors import IndefiniteFailure
 from consensus.messages import Heartbeat
@@ -223,6 +223,10 @@ async def test_roles_are_checked_as_commands_apply(tmp_path: Path) -> None:
         )
         async with client(config, 1, config.tls.tool()) as admin:
             await admin.execute(kv_put("k", "v"), ["k"])
+            # an admin's ops travel bare, but one that looks like an envelope is sealed, so
+            # nobody names another principal through it
+            with pytest.raises(PermissionDenied, match="inside an envelope"):
+                await admin.execute(seal(Principal("x", READER), kv_put("k", "x")), ["k"])
         async with client(config, 2, reader) as ro:
             assert b"v" in (await ro.read(kv_get("k"), ["k"])).payload
             with pytest.raises(PermissionDenied, match="may not change"):
