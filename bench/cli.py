@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("cluster_state.demo", "a local geo-replicated GPU allocation store, live"),
     "scheduler": ("cluster_state.demo:scheduler", "run one site's demo schedulers"),
     "ctl": ("cluster_state.ctl", "the GPU allocation store over gRPC: submit, release, ..."),
+    "extender": ("cluster_state.k8s.cli", "a HiveD-compatible Kubernetes scheduler extender"),
     "nemesis": ("bench.nemesis", "kill/stop/restart/partition a local cluster under load"),
 }
 

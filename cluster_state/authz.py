@@ -17,10 +17,12 @@ The verdict depends on the principal, the operation and the store's state at the
 place in the log, so every replica reaches the same one; a refused command changes nothing
 (it is not even remembered in the session table: a retry is judged again).
 
-Events are attributed to a VC by their group: through the store's groups, then the VCs this
-replica saw groups submitted or bound into (kept in memory, not in snapshots: it only filters
-what a scheduler reads). An event whose group's VC is unknown here (a group released before
-this replica restarted from a snapshot) is not shown to a scheduler: filtering fails closed.
+Verdicts on updates read replicated state only (the store's groups), so every replica reaches
+the same. Reads are judged by the serving replica alone, and events are attributed to a VC by
+their group: through the store's groups, then the VCs this replica saw groups submitted or
+bound into (kept in memory, not in snapshots: it only filters what a scheduler reads). An
+event whose group's VC is unknown here (a group released before this replica restarted from a
+snapshot) is not shown to a scheduler: filtering fails closed.
 """
 
 from __future__ import annotations
@@ -73,11 +75,16 @@ class AuthorizedStore(ClusterStore):
         return super().apply(position, command)
 
     def vc_of(self, group: str) -> str | None:
-        """The VC of ``group``: a group of the store, or one seen here before."""
+        """The VC of ``group`` if the store holds it: replicated state only, what the
+        verdicts on updates may depend on (every replica must reach the same)."""
         found = self.allocator.groups.get(group)
-        if found is not None:
-            return found.spec.vc
-        return self._seen_vcs.get(group)
+        return found.spec.vc if found is not None else None
+
+    def seen_vc_of(self, group: str) -> str | None:
+        """``vc_of``, or the VC this replica saw the group submitted or bound into: for
+        filtering what a scheduler reads (not replicated: never for a verdict on an
+        update)."""
+        return self.vc_of(group) or self._seen_vcs.get(group)
 
     # ------------------------------------------------------------------ the verdicts
     def authorize(self, principal: Principal, op: bytes, *, read: bool) -> str | None:
@@ -122,7 +129,7 @@ class AuthorizedStore(ClusterStore):
         if isinstance(query, ops.GetGroup) or (
             isinstance(query, ops.Inspect) and query.kind == "group"
         ):
-            owner = self.vc_of(query.name)
+            owner = self.seen_vc_of(query.name)
             return None if owner is None or owner in mine else (
                 f"{who} may not read group {query.name!r} of another virtual cluster")
         if isinstance(query, ops.GetVC | ops.ListGroups) or (
@@ -135,11 +142,15 @@ class AuthorizedStore(ClusterStore):
     # ------------------------------------------------------------------ the watch stream
     def visible(self, principal: Principal, event: ChangeEvent) -> bool:
         """Whether ``principal`` may see ``event``."""
+        return self.visible_kind(principal, event.kind, event.subject)
+
+    def visible_kind(self, principal: Principal, kind: str, subject: str) -> bool:
+        """Whether ``principal`` may see an event of ``kind`` about ``subject``."""
         if principal.role != SCHEDULER:
             return True
-        if event.kind not in _GROUP_EVENTS:
+        if kind not in _GROUP_EVENTS:
             return False
-        return self.vc_of(event.subject) in principal.vcs
+        return self.seen_vc_of(subject) in principal.vcs
 
     def filter_answer(self, principal: Principal, op: bytes, answer: bytes) -> bytes:
         if principal.role != SCHEDULER:

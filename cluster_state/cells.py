@@ -27,7 +27,24 @@ import msgpack
 
 from cluster_state.config import ClusterConfig, PhysicalCellSpec
 
-__all__ = ["ChainInfo", "Item", "LevelInfo", "Topology"]
+__all__ = ["ChainInfo", "Item", "LevelInfo", "Topology", "topology_of"]
+
+#: topologies of the last few configurations, by identity (see ``topology_of``)
+_TOPOLOGY_CACHE_SIZE = 4
+_topologies: list[tuple[ClusterConfig, Topology]] = []
+
+
+def topology_of(config: ClusterConfig) -> Topology:
+    """``Topology(config)``, shared with the last few calls for the same configuration object
+    (``parse_config`` returns one object per text): a replica's start builds the store and
+    compares the file's digest with it, and a 100k-GPU topology takes a second to build."""
+    for known, topology in _topologies:
+        if known is config:
+            return topology
+    topology = Topology(config)
+    _topologies.append((config, topology))
+    del _topologies[:-_TOPOLOGY_CACHE_SIZE]
+    return topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +179,8 @@ class Topology:
             name: tuple(sorted(cells, key=lambda c: self.chain_of[c]))
             for name, cells in sorted(nodes.items())
         }
+        #: every leaf's id, ascending
+        self.leaf_ids: tuple[int, ...] = tuple(c for c in range(self.size) if self.level[c] == 1)
         self.device_leaf: dict[tuple[int, int], int] = {
             (self.node_cell[c], self.device[c]): c for c in range(self.size) if self.level[c] == 1
         }

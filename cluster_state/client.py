@@ -297,6 +297,24 @@ class AllocationStore:
         info: dict[str, Any] = await self._query(ops.plan_reconfigure(config_yaml), stale)
         return info
 
+    async def plan_submit(
+        self, spec: GroupSpec, *, stale: bool = False
+    ) -> tuple[int, ops.Placed | ops.Preempting | ops.Waiting]:
+        """A dry run of ``submit`` (nothing changes, nothing is reserved): the revision it
+        read at and what ``submit`` would answer. A ``Placed`` answer can be taken with
+        ``bind(spec, placement, revision)``, which fails if any of its GPUs changed since."""
+        op = ops.plan_submit(spec.name, spec.vc, spec.priority, spec.members,
+                             leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+        answer = msgpack.unpackb(await self._channel.query(op, stale))
+        if answer[0] == "error":
+            raise InvalidRequest(answer[1])
+        result = ops.decode_result(msgpack.packb(answer[2]))
+        if isinstance(result, ops.Error):
+            raise InvalidRequest(result.reason)
+        if isinstance(result, ops.Placed | ops.Preempting | ops.Waiting):
+            return int(answer[1]), result
+        raise _unexpected(result)
+
     async def _update(self, op: bytes, seq: int | None) -> ops.Result:
         if seq is not None and not 0 <= seq <= _MAX_ID:
             raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")

@@ -35,7 +35,11 @@ of any size for tests, benchmarks and demos.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
+import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +50,12 @@ import yaml
 from cluster_state.errors import ConfigError
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+#: validated configurations by the sha256 of their text: the serve path reads the same file
+#: several times at start (the log's first configuration, the file's, the proposal's), and a
+#: 100k-GPU file takes seconds to validate (configurations are immutable, so sharing is safe)
+_PARSED_CACHE_SIZE = 4
+_parsed: OrderedDict[bytes, ClusterConfig] = OrderedDict()
 
 __all__ = [
     "NODES_START_BAD",
@@ -147,18 +157,31 @@ class ClusterConfig:
     def type_table(self) -> dict[str, CellTypeSpec]:
         return {t.name: t for t in self.cell_types}
 
-    def to_dict(self) -> dict[str, Any]:
-        """The configuration in HiveD's format, every cell written out (canonical)."""
+    def to_dict(self, *, compact: bool = False) -> dict[str, Any]:
+        """The configuration in HiveD's format, every cell written out (canonical), or with
+        ``compact`` the children of nodes left out where they are what parsing would infer
+        (a 100k-GPU file shrinks tenfold; it parses to the same configuration)."""
+        types_table = self.type_table()
+        inferred = _InferredNodes(types_table) if compact else None
+        # Cells inside nodes are shared by every node of a type (see ``_CellBuilder``): their
+        # dicts are built once (the caller only reads or serializes the result).
+        done: dict[int, dict[str, Any]] = {}
 
         def cell(spec: PhysicalCellSpec, top: bool) -> dict[str, Any]:
+            known = done.get(id(spec))
+            if known is not None and not top:
+                return known
             out: dict[str, Any] = {}
             if top:
                 out["cellType"] = spec.cell_type
             out["cellAddress"] = spec.address
             if spec.pinned_id:
                 out["pinnedCellId"] = spec.pinned_id
-            if spec.children:
+            if spec.children and not (
+                inferred is not None and inferred.matches(spec)
+            ):
                 out["cellChildren"] = [cell(child, False) for child in spec.children]
+            done[id(spec)] = out
             return out
 
         types: dict[str, Any] = {}
@@ -193,8 +216,32 @@ class ClusterConfig:
         return out
 
     def to_yaml(self) -> str:
-        text: str = yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+        """YAML text that parses to this configuration (``to_dict(compact=True)``)."""
+        text: str = yaml.dump(self.to_dict(compact=True), Dumper=_YAML_DUMPER, sort_keys=False,
+                              default_flow_style=None)
         return text
+
+
+class _InferredNodes:
+    """Whether a node-level cell's children are exactly those parsing infers when they are
+    left out (then ``to_dict(compact=True)`` leaves them out)."""
+
+    __slots__ = ("_children", "_types")
+
+    def __init__(self, types: Mapping[str, CellTypeSpec]) -> None:
+        self._types = types
+        self._children: dict[str, tuple[PhysicalCellSpec, ...]] = {}
+
+    def matches(self, spec: PhysicalCellSpec) -> bool:
+        type_spec = self._types.get(spec.cell_type)
+        if type_spec is None or not type_spec.is_node_level:
+            return False
+        children = self._children.get(spec.cell_type)
+        if children is None:
+            builder = _CellBuilder(self._types)
+            children = builder.top({"cellType": spec.cell_type, "cellAddress": "n"}, 0).children
+            self._children[spec.cell_type] = children
+        return spec.children == children
 
 
 # --------------------------------------------------------------------------- parsing
@@ -208,12 +255,37 @@ def load_config(path: str | Path) -> ClusterConfig:
 def parse_config(source: str | Mapping[str, Any]) -> ClusterConfig:
     """Validate a HiveD-format configuration given as YAML text or as the parsed mapping."""
     if isinstance(source, str):
+        key = hashlib.sha256(source.encode()).digest()
+        cached = _parsed.get(key)
+        if cached is not None:
+            _parsed.move_to_end(key)
+            return cached
+        config = _parse_text(source)
+        _parsed[key] = config
+        while len(_parsed) > _PARSED_CACHE_SIZE:
+            _parsed.popitem(last=False)
+        return config
+    return _parse_mapping(source)
+
+
+def _parse_text(source: str) -> ClusterConfig:
+    raw: object = None
+    if source.lstrip().startswith("{"):
+        # JSON is YAML too, and the json module reads it tens of times faster than libyaml
+        # (generated 100k-GPU files may be written as JSON); anything else goes to YAML.
+        with contextlib.suppress(ValueError):
+            raw = json.loads(source)
+    if raw is None:
         try:
             # libyaml's loader when present: a reconfiguration parses the text in the apply
             # path, and the pure-Python loader takes seconds for a 1000-node file.
-            source = yaml.load(source, Loader=_YAML_LOADER)  # a safe loader, C or Python
+            raw = yaml.load(source, Loader=_YAML_LOADER)  # a safe loader, C or Python
         except yaml.YAMLError as exc:
             raise ConfigError(f"configuration is not valid YAML: {exc}") from None
+    return _parse_mapping(raw)
+
+
+def _parse_mapping(source: object) -> ClusterConfig:
     root = _mapping(source, "configuration")
     physical = _mapping(root.get("physicalCluster"), "physicalCluster")
     types = _parse_cell_types(physical.get("cellTypes"))
@@ -343,6 +415,10 @@ class _CellBuilder:
         self.pinned: dict[str, tuple[str, str]] = {}  # pinned id -> (chain, full address)
         self.nodes: dict[tuple[str, str], str] = {}  # (leaf type, node name) -> full address
         self.addresses: set[str] = set()
+        # Cells inside a node with nothing given (``{}``) are the same subtree on every node of
+        # a type (addresses restart at the node), and specs are immutable: built once, shared.
+        # 12,288 nodes x 8 GPUs is 170k such cells; this keeps parsing proportional to nodes.
+        self.inferred: dict[tuple[str, int], PhysicalCellSpec] = {}
 
     def top(self, raw: object, index: int) -> PhysicalCellSpec:
         where = f"physicalCells[{index}]"
@@ -365,6 +441,18 @@ class _CellBuilder:
         where: str,
         below_node: bool,
     ) -> PhysicalCellSpec:
+        if below_node and not spec:
+            shared = self.inferred.get((cell_type, default))
+            if shared is not None:
+                # Its own full address still counts (a sibling may name it explicitly); the
+                # ones below it are unique by construction (siblings' addresses are checked).
+                full = "/".join((*parents, shared.address))
+                if full in self.addresses:
+                    raise ConfigError(
+                        f"physical cell {full} ({cell_type}): duplicate cell address {full}"
+                    )
+                self.addresses.add(full)
+                return shared
         raw_address = spec.get("cellAddress")
         address = (
             str(default) if raw_address is None else _name(raw_address, f"{where}: cellAddress")
@@ -398,7 +486,11 @@ class _CellBuilder:
                 raise ConfigError(f"{where}: a leaf cell has no cellChildren")
             if not address.isdigit():
                 raise ConfigError(f"{where}: a leaf cell's address must be its device index")
-            return PhysicalCellSpec(cell_type=cell_type, address=address, pinned_id=pinned_id)
+            leaf_cell = PhysicalCellSpec(cell_type=cell_type, address=address,
+                                         pinned_id=pinned_id)
+            if below_node and not spec:
+                self.inferred[(cell_type, default)] = leaf_cell
+            return leaf_cell
         type_spec = self.types[cell_type]
         if type_spec.is_node_level:
             if raw_address is None:
@@ -448,6 +540,8 @@ class _CellBuilder:
             twice = sorted({d for d in devices if devices.count(d) > 1})
             if twice:
                 raise ConfigError(f"{where}: device index {twice[0]} used twice")
+        if below_node and not spec:
+            self.inferred[(cell_type, default)] = cell
         return cell
 
 

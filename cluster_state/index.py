@@ -41,6 +41,7 @@ class CellState:
         "bad",
         "bad_n",
         "buckets",
+        "bulk",
         "chain_bad",
         "eff",
         "free_n",
@@ -74,16 +75,39 @@ class CellState:
         self.in_region: list[bool] = [True] * n  # in the free region (see the docstring)
         self.n_chains = len(topo.chains)
         self.n_keys = len(topo.key_chain)
+        #: while set, the indexes are not kept (``_move``, ``set_region`` and ``mark_item``
+        #: leave the buckets alone) until ``rebuild_indexes``: a restore changes most cells,
+        #: and rebuilding once costs a pass where keeping up costs a sorted insert per change
+        self.bulk = False
         self.buckets: list[list[list[list[int]]]] = []
+        self.rebuild_indexes()
+
+    def rebuild_indexes(self) -> None:
+        """Every bucket from the counters (``free_n``, ``in_region``, ``item_of``) alone, and
+        leave bulk mode: the indexes are a function of those."""
+        topo = self.topo
+        self.bulk = False
+        self.buckets = []
         index_chains = [*range(self.n_chains), *topo.key_chain, *range(self.n_chains)]
         for chain in index_chains:
             levels = topo.chains[chain].levels
             self.buckets.append([[[] for _ in range(i.leaf_number + 1)] for i in levels])
-        level, chain_of = topo.level, topo.chain_of
-        for c in range(n):  # ids ascend, so appending keeps every bucket sorted
-            if level[c] >= 2:
-                self.buckets[chain_of[c]][level[c] - 1][self.free_n[c]].append(c)
-                self.buckets[self.region(chain_of[c])][level[c] - 1][self.free_n[c]].append(c)
+        level, chain_of, parent = topo.level, topo.chain_of, topo.parent
+        free_n, in_region, item_of = self.free_n, self.in_region, self.item_of
+        buckets, key_of_item = self.buckets, self.key_of_item
+        first_key, first_region = self.n_chains, self.n_chains + self.n_keys
+        for c in range(topo.size):  # ids ascend, so appending keeps every bucket sorted
+            free = free_n[c]
+            if not free:
+                continue
+            lv = level[c]
+            if lv >= 2:
+                buckets[chain_of[c]][lv - 1][free].append(c)
+                if in_region[c]:
+                    buckets[first_region + chain_of[c]][lv - 1][free].append(c)
+            item = item_of[c]
+            if item >= 0 and (lv >= 2 or parent[c] < 0 or item_of[parent[c]] != item):
+                buckets[first_key + key_of_item[item]][lv - 1][free].append(c)
 
     # ------------------------------------------------------------------ queries
     def region(self, chain: int) -> int:
@@ -109,6 +133,8 @@ class CellState:
 
     # ------------------------------------------------------------------ updates
     def _move(self, c: int, old: int, new: int) -> None:
+        if self.bulk:
+            return
         topo = self.topo
         level = topo.level[c]
         if level >= 2:
@@ -221,7 +247,7 @@ class CellState:
             if in_region[c] == inside:
                 continue
             in_region[c] = inside
-            if level[c] >= 2 and free_n[c]:
+            if level[c] >= 2 and free_n[c] and not self.bulk:
                 bucket = self.buckets[self.region(chain_of[c])][level[c] - 1][free_n[c]]
                 if inside:
                     insort(bucket, c)
@@ -236,7 +262,7 @@ class CellState:
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = item
-                if (level >= 2 or c == root) and free_n[c]:
+                if (level >= 2 or c == root) and free_n[c] and not self.bulk:
                     insort(buckets[level - 1][free_n[c]], c)
 
     def unmark_item(self, root: int) -> None:
@@ -246,6 +272,6 @@ class CellState:
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = -1
-                if (level >= 2 or c == root) and free_n[c]:
+                if (level >= 2 or c == root) and free_n[c] and not self.bulk:
                     bucket = buckets[level - 1][free_n[c]]
                     del bucket[bisect_left(bucket, c)]

@@ -51,7 +51,9 @@ replica's snapshot: replicas that applied the same log answer the same (a diverg
 physical cell trees (``name``: a chain, or "" for all), a VC's virtual cell trees, or a group's
 physical and virtual placement and lazy-preemption status (HiveD's inspect API).
 ``["plan", yaml_text]`` answers ``["plan", revision, report]``: what ``reconfigure`` would do
-now (a dry run; nothing changes).
+now (a dry run; nothing changes). ``["plan_submit", group]`` answers ``["plan_submit",
+revision, result]``: the wire form of what ``submit`` would answer now (a dry run on a copy:
+nothing changes, nothing is reserved — HiveD's filtering phase).
 
 The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
 ``encode_result``/``decode_result`` pair converts the typed results.
@@ -87,6 +89,7 @@ __all__ = [
     "Op",
     "Placed",
     "PlanReconfigure",
+    "PlanSubmit",
     "PodPlacement",
     "Preempting",
     "Query",
@@ -111,6 +114,7 @@ __all__ = [
     "inspect",
     "list_groups",
     "plan_reconfigure",
+    "plan_submit",
     "reconfigure",
     "release",
     "set_node_health",
@@ -256,8 +260,16 @@ class PlanReconfigure:
     text: str
 
 
+@dataclass(frozen=True, slots=True)
+class PlanSubmit:
+    """What submitting ``spec`` would answer now (a dry run: HiveD's filtering phase)."""
+
+    spec: GroupSpec
+
+
 Query = (
     GetGroup | GetVC | GetSummary | ListGroups | GetEvents | GetDigest | Inspect | PlanReconfigure
+    | PlanSubmit
 )
 
 
@@ -450,6 +462,20 @@ def plan_reconfigure(text: str) -> bytes:
     return _pack(["plan", text])
 
 
+def plan_submit(
+    name: str,
+    vc: str,
+    priority: int,
+    members: list[tuple[int, int]] | tuple[tuple[int, int], ...] | tuple[Member, ...],
+    *,
+    leaf_type: str = "",
+    pinned: str = "",
+    lazy: bool = False,
+) -> bytes:
+    """A dry run of ``submit``: what it would answer now (nothing changes, nothing reserved)."""
+    return _pack(["plan_submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)])
+
+
 def inspect(kind: str, name: str = "") -> bytes:
     """A cell tree: ``physical`` (``name``: a chain or "" for all), ``vc`` or ``group``."""
     return _pack(["inspect", kind, name])
@@ -596,4 +622,6 @@ def decode_query(data: bytes) -> Query:
         return Inspect(op[1], _text(op[2], "name", empty=True))
     if name == "plan" and len(op) == 2 and isinstance(op[1], str):
         return PlanReconfigure(op[1])
+    if name == "plan_submit" and len(op) == 2:
+        return PlanSubmit(_decode_spec(op[1]))
     raise RequestError(f"unknown or malformed query {name!r}")

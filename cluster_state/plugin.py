@@ -7,10 +7,34 @@
 
 * the cluster file: ``gpu_config``, the HiveD-style cluster YAML file (relative to the cluster
   file); a replica's ``grpc_address`` is accepted because this kind serves gRPC;
-* ``sdpaxos serve``: the ``ClusterStore`` built from that file, and the allocation service
-  (``cluster_state.grpc_api.service``) on the replica's ``grpc_address``, stopped with it;
+* ``sdpaxos serve``: the ``ClusterStore`` built from the configuration the log *began* with
+  (below), and the allocation service (``cluster_state.grpc_api.service``) on the replica's
+  ``grpc_address``, stopped with it;
 * ``sdpaxos cluster init --gpu-store | --gpu-config FILE``: a generated or given GPU cluster
   and a ``grpc_address`` for every replica.
+
+**The configuration a replica starts from.** Every replica must apply its log under the
+configuration the log ran with, or one that executes its log again from the start after the
+operator edited ``gpu_config`` would place groups on other GPUs than its peers did. So the
+first start copies the configuration into the cluster's data directory, beside the replicas'
+own directories (``START_CONFIG_NAME``: temp file, fsync, exclusive link, fsync of the
+directory), and every start builds the store from that copy, never from the current file. The
+copy is what the log began with: the current file for a data directory that starts empty;
+for one seeded from a snapshot (a replica directory that already holds one when there is no
+copy yet: data from before the copy was kept, or a snapshot put there by hand) the snapshot is
+where its log begins, so the copy is the configuration that snapshot carries (format 2).
+Restoring a snapshot adopts its own configuration anyway, so once a replica has one the copy
+only matters to a replica that executes its log from slot 0. The copy is shared by the
+replicas of a local cluster (one ``data_dir``) and kept by each one's volume in compose.
+
+**A changed file is proposed through the log.** Once the node serves, a replica whose store
+runs another configuration than the file's proposes ``ops.reconfigure(file text)`` through its
+embedded client, retried until it applies (the others, restarted with the same file, propose
+the same text: a configuration the store already runs answers ``changed: false`` and changes
+no allocation). A file that does not load or validate is logged as an error and the replica
+keeps serving the configuration its log runs: it never stops over it. The file is what a
+restart applies: after ``sdpaxos ctl config apply FILE``, put FILE in ``gpu_config`` too, or
+the next replica to restart proposes the older file again.
 
 The store, its configuration and gRPC are imported when used: ``sdpaxos cluster`` loads every
 installed kind to offer its ``init`` options.
@@ -19,7 +43,10 @@ installed kind to offer its ``init`` options.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -32,6 +59,7 @@ from consensus.runtime.state_machines import InitChoice, Service, StateMachineKi
 if TYPE_CHECKING:
     import grpc
 
+    from cluster_state.config import ClusterConfig as GpuConfig
     from cluster_state.store import ClusterStore
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.node import ReplicaNode
@@ -39,9 +67,12 @@ if TYPE_CHECKING:
 __all__ = [
     "CLUSTER_STATE",
     "NAME",
+    "START_CONFIG_NAME",
     "ClusterStateKind",
     "gpu_config_path",
     "load_store",
+    "start_config_path",
+    "start_store",
     "store_cluster_toml",
     "store_table",
 ]
@@ -61,6 +92,19 @@ GENERATED_PINNED: Final = 2
 #: how long a stopping replica lets the gRPC calls in flight finish (seconds)
 GRPC_STOP_GRACE_S: Final = 1.0
 
+#: the copy of the GPU configuration the log began with, in the cluster's ``data_dir``
+START_CONFIG_NAME: Final = "gpu-config.start.yaml"
+
+#: a replica's snapshots, in its own directory (as ``consensus.runtime.node`` keeps them):
+#: read at a first start to find the configuration of a data directory seeded from one
+SNAPSHOTS_DIR_NAME: Final = "snapshots"
+
+#: after a proposal of the file's configuration failed (no quorum yet while the other
+#: replicas start, a failover), wait this long before the next one (seconds), doubled each
+#: time up to the cap: the proposal is retried until it applies
+RECONFIGURE_RETRY_S: Final = 0.2
+RECONFIGURE_RETRY_MAX_S: Final = 5.0
+
 _log = logging.getLogger("sdpaxos.serve")  # the replica's own logger: one stream of its events
 
 
@@ -78,17 +122,24 @@ class ClusterStateKind(StateMachineKind):
         return MappingProxyType({GPU_CONFIG_KEY: path if path.is_absolute() else base / path})
 
     def build(self, config: ClusterConfig) -> ClusterStore:
-        return load_store(config)
+        return start_store(config)
 
     async def serve(self, node: ReplicaNode, config: ClusterConfig, me: int) -> Service | None:
+        server = None
         address = config.replica(me).grpc_address
-        if address is None:
-            return None
-        from cluster_state.grpc_api.service import serve_grpc
+        if address is not None:
+            from cluster_state.grpc_api.service import serve_grpc
 
-        server = await serve_grpc(node, *address)
-        _log.info("replica %d serving the allocation store over gRPC on %s:%d", me, *address)
-        return _GrpcService(server)
+            server = await serve_grpc(node, *address)
+            _log.info("replica %d serving the allocation store over gRPC on %s:%d", me,
+                      *address)
+        # the file's configuration, proposed through the log if the store runs another one
+        proposing = asyncio.create_task(
+            _propose_file_config(node, gpu_config_path(config), me),
+            name=f"reconfigure-{me}",
+        )
+        proposing.add_done_callback(_log_failure)
+        return _StoreServices(server, proposing)
 
     def add_init_arguments(self, parser: argparse.ArgumentParser) -> None:
         store = parser.add_mutually_exclusive_group()
@@ -136,12 +187,82 @@ class ClusterStateKind(StateMachineKind):
 CLUSTER_STATE: Final = ClusterStateKind()
 
 
-class _GrpcService:
-    def __init__(self, server: grpc.aio.Server) -> None:
+class _StoreServices:
+    """What the store serves beside a replica: gRPC (if it has an address) and the proposal
+    of the file's configuration (while it is under way)."""
+
+    def __init__(self, server: grpc.aio.Server | None, proposing: asyncio.Task[None]) -> None:
         self._server = server
+        self._proposing = proposing
 
     async def stop(self) -> None:
-        await self._server.stop(GRPC_STOP_GRACE_S)
+        self._proposing.cancel()
+        await asyncio.wait([self._proposing])  # its failure, if any, was logged
+        if self._server is not None:
+            await self._server.stop(GRPC_STOP_GRACE_S)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    # A bug in the proposal must not stop the replica (it serves the configuration it runs),
+    # but it must not vanish either.
+    if not task.cancelled() and task.exception() is not None:
+        _log.error("proposing the GPU configuration file failed",
+                   exc_info=task.exception())
+
+
+async def _propose_file_config(node: ReplicaNode, path: Path, me: int) -> None:
+    """Propose the configuration in ``path`` through the log until the store runs it; an
+    invalid file is logged and changes nothing."""
+    from cluster_state.client import AllocationStore
+    from cluster_state.errors import ClusterStateError
+    from cluster_state.store import ClusterStore
+    from consensus.errors import SDPaxosError
+
+    store = node.state_machine
+    if not isinstance(store, ClusterStore):  # not reachable with this kind's build
+        return
+    try:
+        text, wanted = _read_gpu_config(path)
+        needed = store.needs_reconfiguration(wanted)  # validates the whole configuration
+    except (ClusterStateError, OSError) as exc:
+        _log.error("replica %d: the GPU configuration file %s is not applied, still serving "
+                   "configuration %s: %s", me, path, store.topology.digest.hex()[:12], exc)
+        return
+    if not needed:
+        return
+    client = AllocationStore.embedded(node)
+    delay = RECONFIGURE_RETRY_S
+    # Checked again before each attempt: another replica's proposal of the same file may
+    # have applied meanwhile (proposing it again would be harmless, but it is not needed).
+    while store.needs_reconfiguration(wanted):
+        _log.info("replica %d: proposing the changed GPU configuration file %s", me, path)
+        try:
+            result = await client.reconfigure(text)
+        except ClusterStateError as exc:  # refused by the store: a retry is refused too
+            _log.error("replica %d: the GPU configuration file %s was refused, still "
+                       "serving configuration %s: %s", me, path,
+                       store.topology.digest.hex()[:12], exc)
+            return
+        except SDPaxosError as exc:  # no outcome (no quorum yet, a failover): again
+            _log.warning("replica %d: proposing the GPU configuration file: %s; again in "
+                         "%.1f s", me, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONFIGURE_RETRY_MAX_S)
+            continue
+        groups = result.report.get("groups", {})
+        _log.info("replica %d: the log runs GPU configuration %s from %s (changed: %s; "
+                  "groups: %s)", me, result.digest[:12], path, result.changed,
+                  {name: info.get("outcome") for name, info in sorted(groups.items())})
+        return
+
+
+def _read_gpu_config(path: Path) -> tuple[str, GpuConfig]:
+    """The text of a GPU configuration file and its configuration (``ClusterStateError``
+    or ``OSError``)."""
+    from cluster_state.config import parse_config
+
+    text = path.read_text()
+    return text, parse_config(text)
 
 
 def gpu_config_path(config: ClusterConfig) -> Path:
@@ -155,7 +276,8 @@ def gpu_config_path(config: ClusterConfig) -> Path:
 
 
 def load_store(config: ClusterConfig) -> ClusterStore:
-    """A fresh store on the cluster's GPU file (``ConfigError`` when it is missing or bad)."""
+    """A fresh store on the cluster's GPU file as it is now (``ConfigError`` when it is
+    missing or bad); a replica serves ``start_store``."""
     from cluster_state.config import load_config
     from cluster_state.errors import ClusterStateError
     from cluster_state.store import ClusterStore
@@ -165,6 +287,111 @@ def load_store(config: ClusterConfig) -> ClusterStore:
         return ClusterStore(load_config(path))
     except (ClusterStateError, OSError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
+
+
+def start_config_path(config: ClusterConfig) -> Path:
+    """Where the configuration the cluster's log began with is kept (``START_CONFIG_NAME``
+    in its data directory)."""
+    return config.data_dir / START_CONFIG_NAME
+
+
+def start_store(config: ClusterConfig) -> ClusterStore:
+    """A fresh store on the configuration the log began with (``start_config_path``; written
+    from the GPU file, or a snapshot's configuration, at the first start). ``ConfigError``
+    when the copy is bad or, at a first start, the GPU file is."""
+    from cluster_state.config import parse_config
+    from cluster_state.errors import ClusterStateError
+    from cluster_state.store import ClusterStore
+
+    copy = start_config_path(config)
+    try:
+        text = copy.read_text()
+    except FileNotFoundError:
+        text = _first_start(config, copy)
+    except OSError as exc:
+        raise ConfigError(f"{copy}: {exc}") from None
+    try:
+        return ClusterStore(parse_config(text))
+    except ClusterStateError as exc:
+        raise ConfigError(f"{copy} (the configuration the log began with): {exc}") from None
+
+
+def _first_start(config: ClusterConfig, copy: Path) -> str:
+    """Keep the configuration the log begins with at ``copy`` and return its text (that of
+    the copy another replica sharing the data directory kept first, if one did)."""
+    from cluster_state.config import parse_config
+    from cluster_state.errors import ClusterStateError
+    from cluster_state.store import ClusterStore
+
+    path = gpu_config_path(config)
+    try:
+        text = path.read_text()
+        store = ClusterStore(parse_config(text))
+    except (ClusterStateError, OSError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    seeded = _seeded_config(config, store)
+    if seeded is not None:
+        _log.info("the data directory %s was seeded from a snapshot: its log begins with "
+                  "the snapshot's GPU configuration", config.data_dir)
+        text = seeded
+    return _keep_once(copy, text)
+
+
+def _seeded_config(config: ClusterConfig, store: ClusterStore) -> str | None:
+    """The configuration of the oldest snapshot in the replicas' directories (where the log
+    they hold begins) when it is not ``store``'s; None without one (or when it does not load:
+    the replica refuses it when it restores it, naming the file)."""
+    from cluster_state.errors import ClusterStateError
+    from consensus.errors import DecodeError
+    from consensus.storage.snapshot import latest_snapshot
+
+    oldest: tuple[int, bytes] | None = None
+    for spec in config.replicas:
+        try:
+            found = latest_snapshot(config.replica_dir(spec.id) / SNAPSHOTS_DIR_NAME)
+        except (DecodeError, OSError):
+            continue
+        if found is not None and (oldest is None or found[1].slot < oldest[0]):
+            oldest = (found[1].slot, found[2])
+    if oldest is None:
+        return None
+    digest = store.topology.digest
+    try:
+        store.restore(oldest[1])  # adopts the snapshot's configuration
+    except ClusterStateError:
+        return None
+    if store.topology.digest == digest:
+        return None  # the file's own text, as the operator wrote it
+    return store.topology.config.to_yaml()
+
+
+def _keep_once(copy: Path, text: str) -> str:
+    """Durably create ``copy`` holding ``text`` unless it exists, and return what it holds.
+
+    Temp file, fsync, then a hard link rather than a rename: the link fails if the file
+    exists, so of replicas sharing the data directory that start together the first one's
+    copy is the one they all read. Then the directory is fsynced (the new name is durable).
+    """
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    temp = copy.with_name(f"{copy.name}.{os.getpid()}.tmp")
+    try:
+        with open(temp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        with contextlib.suppress(FileExistsError):
+            os.link(temp, copy)
+        fd = os.open(copy.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return copy.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{copy}: {exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            temp.unlink()
 
 
 def store_table(gpu_config: str) -> dict[str, str]:

@@ -40,7 +40,7 @@ from typing import Any
 import msgpack
 
 from cluster_state.allocator import Allocator
-from cluster_state.cells import Topology
+from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
@@ -52,10 +52,12 @@ from cluster_state.ops import (
     GetGroup,
     GetSummary,
     GetVC,
+    GroupSpec,
     Inspect,
     ListGroups,
     Op,
     PlanReconfigure,
+    PlanSubmit,
     Reconfigure,
     Reconfigured,
     Release,
@@ -71,8 +73,13 @@ from consensus.statemachine import SessionTable
 
 __all__ = ["SNAPSHOT_FORMAT", "ClusterStore"]
 
-#: Bumped whenever the snapshot layout changes (2: the configuration is in the snapshot).
-SNAPSHOT_FORMAT = 2
+#: Bumped whenever the snapshot layout changes (2: the configuration is in the snapshot;
+#: 3: it is kept packed, compact, as one bytes field, so a restore under the same
+#: configuration never decodes it: a 100k-GPU configuration is 4 MB of nested maps written out
+#: in full, 0.4 MB compact, and decoding it dominated the restore).
+SNAPSHOT_FORMAT = 3
+#: The format with the configuration as nested maps (still read).
+_SNAPSHOT_FORMAT_CONFIG_MAP = 2
 #: The format before the configuration was kept (still read when the digests match).
 _SNAPSHOT_FORMAT_NO_CONFIG = 1
 
@@ -94,13 +101,30 @@ def _pack(value: object) -> bytes:
     return packed
 
 
+#: the snapshot field of the last few topologies (a replica snapshots the same one repeatedly)
+_packed_configs: dict[bytes, bytes] = {}
+_PACKED_CONFIGS_KEPT = 4
+
+
+def _packed_config(topology: Topology) -> bytes:
+    """The configuration as a snapshot keeps it: its compact form, packed (canonical: every
+    replica writes the same bytes for the same configuration)."""
+    packed = _packed_configs.get(topology.digest)
+    if packed is None:
+        packed = _pack(topology.config.to_dict(compact=True))
+        if len(_packed_configs) >= _PACKED_CONFIGS_KEPT:
+            _packed_configs.pop(next(iter(_packed_configs)))
+        _packed_configs[topology.digest] = packed
+    return packed
+
+
 class ClusterStore:
     """A replicated GPU allocation store (HiveD's model); implements ``StateMachine``."""
 
     __slots__ = ("allocator", "applied_position", "events", "revision", "sessions", "topology")
 
     def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096) -> None:
-        self.topology = config if isinstance(config, Topology) else Topology(config)
+        self.topology = config if isinstance(config, Topology) else topology_of(config)
         self.allocator = Allocator(self.topology)
         if self.topology.config.options.initial_node_health == NODES_START_BAD:
             self.allocator.start_all_bad()
@@ -147,7 +171,7 @@ class ClusterStore:
     @staticmethod
     def _parse(text: str) -> Topology:
         try:
-            return Topology(parse_config(text))
+            return topology_of(parse_config(text))
         except ConfigError as exc:
             raise RequestError(f"invalid configuration: {exc}") from None
 
@@ -164,7 +188,7 @@ class ClusterStore:
     def needs_reconfiguration(self, config: ClusterConfig) -> bool:
         """Whether the store runs another configuration than ``config`` (then propose
         ``ops.reconfigure`` with its text)."""
-        return Topology(config).digest != self.topology.digest
+        return topology_of(config).digest != self.topology.digest
 
     def plan_reconfiguration(self, text: str) -> dict[str, Any]:
         """What applying ``reconfigure(text)`` now would do (on a copy; nothing changes)."""
@@ -175,6 +199,14 @@ class ClusterStore:
         copy.import_state(self.allocator.export_state())
         _, report = copy.reconfigured(topo, self.revision + 1)
         return {"changed": True, **report}
+
+    def plan_submit(self, spec: GroupSpec) -> list[Any]:
+        """The wire form of what ``submit(spec)`` would answer now, run on a copy (nothing
+        changes, nothing is reserved: HiveD's filtering phase)."""
+        copy = Allocator(self.topology)
+        copy.import_state(self.allocator.export_state())
+        result: list[Any] = msgpack.unpackb(encode_result(copy.submit(spec, self.revision + 1)))
+        return result
 
     # ------------------------------------------------------------------ reads
     def query(self, op: bytes) -> bytes:
@@ -211,6 +243,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_group(name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
+                case PlanSubmit(spec):
+                    kind, info = "plan_submit", self.plan_submit(spec)
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
@@ -225,7 +259,7 @@ class ClusterStore:
             [
                 SNAPSHOT_FORMAT,
                 self.topology.digest,
-                self.topology.config.to_dict(),
+                _packed_config(self.topology),
                 self.revision,
                 self.allocator.export_state(),
                 self.events.to_state(),
@@ -241,7 +275,7 @@ class ClusterStore:
             fmt = fields[0]
         except Exception as exc:
             raise SnapshotError(f"not a cluster_state snapshot: {exc}") from None
-        if fmt not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_NO_CONFIG):
+        if fmt not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_CONFIG_MAP, _SNAPSHOT_FORMAT_NO_CONFIG):
             raise SnapshotError(f"snapshot format {fmt!r}, this build reads {SNAPSHOT_FORMAT}")
         try:
             if fmt == _SNAPSHOT_FORMAT_NO_CONFIG:
@@ -258,7 +292,9 @@ class ClusterStore:
                     "the snapshot was taken with a different cluster configuration"
                 )
             try:
-                topology = Topology(parse_config(config))
+                if fmt == SNAPSHOT_FORMAT:
+                    config = msgpack.unpackb(config)
+                topology = topology_of(parse_config(config))
             except ConfigError as exc:
                 raise SnapshotError(f"the snapshot's configuration is invalid: {exc}") from None
             if topology.digest != digest:

@@ -245,6 +245,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     health.add_argument("--config", required=True, help="cluster TOML file")
     health.add_argument("--id", type=int, required=True)
     health.add_argument("--timeout", type=float, default=3.0)
+    health.add_argument("--probe", choices=("livez", "readyz"), default=None,
+                        help="GET /livez or /readyz from the replica's metrics port instead of "
+                        "a read (consensus.runtime.health)")
     netem = actions.add_parser(
         "netem", help="print (--apply: run) tc netem commands for a replica's WAN delays"
     )
@@ -258,6 +261,10 @@ def run_cluster(args: argparse.Namespace) -> int:
     if args.action in ("health", "netem"):
         from consensus.runtime import cluster_ops
 
+        if args.action == "health" and args.probe is not None:
+            from consensus.runtime.health import run_probe
+
+            return run_probe(args.config, args.id, args.probe, args.timeout)
         if args.action == "health":
             return cluster_ops.run_health(args.config, args.id, args.timeout)
         return cluster_ops.run_netem(args.config, args.id, args.device, args.apply)

@@ -1,4 +1,5 @@
-"""A Prometheus text endpoint (``GET /metrics``) for one replica node, on plain asyncio."""
+"""A Prometheus text endpoint (``GET /metrics``) for one replica node, on plain asyncio; the
+same port answers ``GET /livez`` and ``GET /readyz`` (``consensus.runtime.health``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.runtime.health import HTTP_OK, PROBES, probe_response
 from consensus.runtime.tls import TlsServer, accept_tls, start_server
 
 if TYPE_CHECKING:
@@ -128,6 +130,11 @@ async def serve_metrics(
             if request.startswith(b"GET /metrics"):
                 body = render(node).encode()
                 head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+            elif probe := next((p for p in PROBES if request.startswith(f"GET /{p}".encode())),
+                               None):
+                status, body = probe_response(node, probe)
+                reason = b"OK" if status == HTTP_OK else b"Service Unavailable"
+                head = b"HTTP/1.0 %d %s\r\nContent-Type: text/plain\r\n" % (status, reason)
             else:
                 body = b"not found\n"
                 head = b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n"

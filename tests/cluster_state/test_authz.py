@@ -114,3 +114,16 @@ def test_schedulers_read_and_watch_their_own_vcs_only() -> None:
     last = page[2][-1]
     assert last[1] == SKIPPED and last[0] == everything[-1][0]
     assert last[2] == "" and last[3] == []
+
+
+def test_a_replica_restored_from_a_snapshot_reaches_the_same_verdicts() -> None:
+    """Verdicts on updates read replicated state only: a replica that restored a snapshot
+    (and so never saw the groups released before it) decides as the one that applied all."""
+    old, restored = Replica(), Replica()
+    for who, op in ((B, job("b1", "vc01")), (B, ops.release("b1"))):
+        assert not isinstance(old.run(who, op), Denied)
+    restored.store.restore(old.store.snapshot())
+    restored.position = old.position
+    for who, op in ((A, ops.release("b1")), (A, job("b1", "vc00")), (A, ops.release("b1"))):
+        assert old.run(who, op) == restored.run(who, op)
+    assert old.store.snapshot() == restored.store.snapshot()

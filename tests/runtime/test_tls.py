@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from consensus.auth import READER, SCHEDULER, PermissionDenied, Principal
+from consensus.auth import READER, SCHEDULER, PermissionDenied, Principal, seal
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
 from consensus.errors import IndefiniteFailure
 from consensus.messages import Heartbeat
@@ -32,7 +32,7 @@ from consensus.runtime.tls import (
     make_ca,
     serial_of_pem,
 )
-from consensus.runtime.transport import Handshake
+from consensus.runtime.transport import Handshake, PeerTransport
 from consensus.statemachine import kv_get, kv_put
 
 from .polling import wait_until
@@ -223,6 +223,10 @@ async def test_roles_are_checked_as_commands_apply(tmp_path: Path) -> None:
         )
         async with client(config, 1, config.tls.tool()) as admin:
             await admin.execute(kv_put("k", "v"), ["k"])
+            # an admin's ops travel bare, but one that looks like an envelope is sealed, so
+            # nobody names another principal through it
+            with pytest.raises(PermissionDenied, match="inside an envelope"):
+                await admin.execute(seal(Principal("x", READER), kv_put("k", "x")), ["k"])
         async with client(config, 2, reader) as ro:
             assert b"v" in (await ro.read(kv_get("k"), ["k"])).payload
             with pytest.raises(PermissionDenied, match="may not change"):
@@ -334,3 +338,57 @@ async def test_no_key_material_in_logs(
                 assert line not in text and line[::-1] not in text, f"{key.name} in the logs"
     assert "PRIVATE KEY" not in text
     assert os.fspath(broken) in str(failure.value)
+
+
+async def test_dialer_refuses_a_listener_presenting_another_replicas_certificate(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Replica 0 dials replica 1's address, where replica 2's certificate answers (a hijacked
+    address): it sends nothing there and says why."""
+    caplog.set_level(logging.INFO)
+    path = write_tls_cluster(tmp_path)
+    config = load_cluster_config(path)
+    assert config.tls is not None
+    impostor_context = config.tls.server(2)
+    received: list[bytes] = []
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        received.append(await reader.read(1 << 16))
+        writer.close()
+
+    host, port = config.replica(1).address
+    server = await asyncio.start_server(impostor, host, port, ssl=impostor_context)
+    transport = PeerTransport(
+        cluster_id=CLUSTER, me=0, addresses={r.id: r.address for r in config.replicas},
+        one_way_us={}, on_frame=lambda peer, payload: None,
+        tls_server=config.tls.server(0), tls_dialer=config.tls.dialer(0),
+    )
+    await transport.start()
+    try:
+        await refused(caplog, "not connecting to replica 1", "certificate of replica 2")
+        transport.send(1, b"secret")
+        assert transport.stats.frames_sent == 0
+        assert not any(b"secret" in data for data in received)
+    finally:
+        await transport.close()
+        server.close()
+
+
+async def test_sessions_belong_to_their_principal(tmp_path: Path) -> None:
+    """Two principals using the same client id and sequence numbers each get their own
+    session: neither takes the other's result, both commands execute; a retry of a
+    principal's own command answers its first result."""
+    path = write_tls_cluster(tmp_path)
+    async with running(path) as (config, _):
+        assert config.tls is not None
+        other = context_of(config, issue(config, tmp_path, Principal("admin-2", "admin")))
+        async with client(config, 5, config.tls.tool()) as first, \
+                client(config, 5, other) as second:
+            one = await first.execute(kv_put("a", "1"), ["a"], seq=0)
+            two = await second.execute(kv_put("b", "2"), ["b"], seq=0)
+            assert one.position != two.position  # both went through the log
+            again = await first.execute(kv_put("a", "changed"), ["a"], seq=0)
+            assert again.payload == one.payload  # the first result, not executed again
+            value = (await second.read(kv_get("a"), ["a"])).payload
+            assert b"1" in value and b"changed" not in value
+            assert b"2" in (await first.read(kv_get("b"), ["b"])).payload

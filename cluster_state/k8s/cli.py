@@ -1,0 +1,131 @@
+"""``sdpaxos extender``: run the HiveD-compatible scheduler extender (``cluster_state.k8s``)
+against a replicated allocation store.
+
+    sdpaxos extender --config cluster.toml --listen 0.0.0.0:30096 --home 0 [--watch-nodes]
+
+The store is reached through the cluster file's client addresses (its own ``[tls]`` client
+certificate when the cluster runs TLS), starting with replica ``--home``. The Kubernetes API is
+``--kube-api URL`` (plain HTTP: a test's fake server or ``kubectl proxy``) or, inside a pod,
+the service account's in-cluster configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import AsyncGenerator, Sequence
+
+from cluster_state.client import AllocationStore, new_client_id
+from cluster_state.events import ChangeEvent
+
+__all__ = ["add_arguments", "connect_store", "run"]
+
+log = logging.getLogger("sdpaxos.extender")
+
+
+class _TlsChannel:
+    """The store over the native client protocol, presenting the cluster's client
+    certificate (``AllocationStore.connect`` speaks plaintext). The extender only updates
+    and queries; its watches are the Kubernetes API's."""
+
+    def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
+                 tls: ssl.SSLContext) -> None:
+        from consensus.runtime.client import Client
+
+        self.client = Client(client_id, list(addresses), home=home, tls=tls)
+
+    async def update(self, op: bytes, seq: int | None) -> bytes:
+        reply = await self.client.execute(op, seq=seq)
+        return bytes(reply.payload)  # type: ignore[arg-type]
+
+    async def query(self, op: bytes, stale: bool) -> bytes:
+        reply = await self.client.read(op, stale=stale)
+        return bytes(reply.payload)  # type: ignore[arg-type]
+
+    def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+        raise NotImplementedError("the extender watches the Kubernetes API, not the store")
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+def connect_store(config_path: str, home: int) -> AllocationStore:
+    """A session with the store of the cluster file at ``config_path``."""
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    config = load_cluster_config(config_path)
+    config.replica(home)  # a ConfigError for an unknown replica
+    addresses = [spec.client_address for spec in config.replicas]
+    client_id = new_client_id()
+    if config.tls is None:
+        return AllocationStore.connect(addresses, client_id=client_id, home=home)
+    return AllocationStore(_TlsChannel(addresses, client_id, home, config.tls.tool()), client_id)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+    return host or "0.0.0.0", int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the store's cluster file")
+    parser.add_argument("--home", type=int, default=0,
+                        help="the replica to talk to first (the one at this site)")
+    parser.add_argument("--listen", type=_host_port, default=("0.0.0.0", 30096),
+                        metavar="HOST:PORT",
+                        help="where kube-scheduler reaches the extender (HiveD's port 30096)")
+    parser.add_argument("--kube-api", default="", metavar="URL",
+                        help="the Kubernetes API (default: the pod's in-cluster service account)")
+    parser.add_argument("--watch-nodes", action="store_true",
+                        help="turn node Ready conditions and deletions into node health")
+    parser.add_argument("--no-release", action="store_true",
+                        help="do not release groups whose pods are all gone (another instance "
+                        "does)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from consensus.errors import ConfigError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        store = connect_store(args.config, args.home)
+    except ConfigError as exc:
+        print(f"sdpaxos extender: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(store, args))
+
+
+async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
+    from cluster_state.k8s.extender import Extender, GangReaper
+    from cluster_state.k8s.kube import KubeApi
+    from cluster_state.k8s.nodes import NodeWatcher
+    from cluster_state.k8s.web import serve
+
+    kube = KubeApi(args.kube_api) if args.kube_api else KubeApi.in_cluster()
+    extender = Extender(store, kube)
+    server = await serve(extender.handle, *args.listen)
+    tasks = []
+    if args.watch_nodes:
+        tasks.append(asyncio.create_task(NodeWatcher(store, kube).run(), name="nodes"))
+    if not args.no_release:
+        tasks.append(asyncio.create_task(GangReaper(store, kube).run(), name="reaper"))
+    log.info("extender listening on %s:%d", *server.sockets[0].getsockname()[:2])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    server.close()
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await store.close()
+    return 0

@@ -1,0 +1,164 @@
+"""Liveness and readiness of one replica: ``GET /livez`` and ``GET /readyz`` on its metrics port.
+
+**Liveness** (``/livez``) says only that the process runs: its event loop answers and the
+replica's loop task has not died. It never depends on peers, so a replica cut off in a
+minority partition stays live (restarting it would not heal the partition, and restarting
+every replica of a partitioned majority at once is how an outage starts).
+
+**Readiness** (``/readyz``) says the replica can serve clients now, from what it knows itself:
+
+1. *serving*: the log is replayed and the replica's loop runs (not stopping);
+2. *view accepted*: a core that has views (SDPaxos) holds the current one — it is a follower
+   or the sequencer of a view whose NewView it accepted, not a candidate or a sequencer still
+   establishing its view;
+3. *majority heard*: counting itself, a majority of the replicas sent it a frame within the
+   last ``heard_window_s`` (by default ``READY_HEARD_TIMEOUTS`` election timeouts: heartbeats
+   flow every heartbeat interval, so silence that long means the peer is gone or cut off);
+4. *caught up*: its applied position is at most ``max_lag`` slots behind the best position a
+   peer reported (heartbeats carry it; cores that do not report peers' positions skip this).
+
+A replica in a minority partition fails (3) and answers 503 while ``/livez`` answers 200.
+``Readiness.reasons`` names every failed condition; the 503 body lists them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from consensus.errors import ConfigError
+from consensus.protocol.types import Role
+
+if TYPE_CHECKING:
+    from consensus.runtime.node import ReplicaNode
+
+__all__ = [
+    "PROBES",
+    "READY_HEARD_TIMEOUTS",
+    "READY_MAX_LAG",
+    "Readiness",
+    "http_probe",
+    "liveness",
+    "readiness",
+    "run_probe",
+]
+
+#: how many election timeouts of silence make a peer count as not heard from
+READY_HEARD_TIMEOUTS = 2
+#: how many slots a ready replica may be behind the best position a peer reported
+READY_MAX_LAG = 1000
+#: the probe paths served beside /metrics
+PROBES = ("livez", "readyz")
+#: HTTP status codes of a passed and a failed probe
+HTTP_OK = 200
+HTTP_UNAVAILABLE = 503
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reasons: tuple[str, ...]  # the failed conditions; empty when ready
+
+
+def liveness(node: ReplicaNode) -> Readiness:
+    """The process runs: always, unless the replica's loop task died."""
+    task = node._loop_task
+    if task is not None and task.done() and not node._stopping:
+        return Readiness(False, ("the replica's event loop stopped",))
+    return Readiness(True, ())
+
+
+def readiness(
+    node: ReplicaNode, *, now: float | None = None, heard_window_s: float | None = None,
+    max_lag: int = READY_MAX_LAG,
+) -> Readiness:
+    """The conditions of the module documentation, judged now (``time.monotonic()``)."""
+    now = time.monotonic() if now is None else now
+    config = node.config
+    n = len(config.replicas)
+    reasons: list[str] = []
+    task = node._loop_task
+    if task is None or task.done() or node._stopping:
+        reasons.append("not serving (replaying its log, stopping or stopped)")
+    core = node.core
+    role = getattr(core, "role", None)
+    if not getattr(core, "view_ready", True) or role in (Role.CANDIDATE, Role.ESTABLISHING):
+        reasons.append(f"view {core.view} not accepted yet (role {getattr(role, 'value', role)})")
+    if heard_window_s is None:
+        heard_window_s = READY_HEARD_TIMEOUTS * config.protocol.election_timeout_us / 1e6
+    heard = 1 + sum(
+        1
+        for peer, at in node.peer_heard_at.items()
+        if peer != node.me and now - at <= heard_window_s
+    )
+    majority = n // 2 + 1
+    if heard < majority:
+        reasons.append(
+            f"heard from {heard} of {n} replicas (itself included) in the last "
+            f"{heard_window_s:.3g}s, a majority is {majority}"
+        )
+    positions: dict[int, int] | None = getattr(core, "_peer_executed", None)
+    if positions:
+        best = max(positions.values())
+        if best - node.executed_slot > max_lag:
+            reasons.append(
+                f"applied up to slot {node.executed_slot}, a peer reported {best} "
+                f"(more than {max_lag} behind)"
+            )
+    return Readiness(not reasons, tuple(reasons))
+
+
+def probe_response(node: ReplicaNode, path: str) -> tuple[int, bytes]:
+    """(HTTP status, body) for ``/livez`` or ``/readyz``."""
+    verdict = liveness(node) if path == "livez" else readiness(node)
+    if verdict.ready:
+        return HTTP_OK, b"ok\n"
+    return HTTP_UNAVAILABLE, ("\n".join(verdict.reasons) + "\n").encode()
+
+
+async def http_probe(
+    host: str, port: int, path: str, timeout_s: float, tls: ssl.SSLContext | None = None
+) -> tuple[int, str]:
+    """GET ``/path`` from a replica's metrics port: (status, body); status 0 if unreachable."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(
+                host, port, ssl=tls, server_hostname=host if tls is not None else None
+            )
+            try:
+                writer.write(f"GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+                await writer.drain()
+                raw = await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, ssl.SSLError) as exc:
+        return 0, str(exc) or type(exc).__name__
+    head, _, body = raw.partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        return 0, "not an HTTP answer"
+    return status, body.decode(errors="replace")
+
+
+def run_probe(config_path: str, me: int, path: str, timeout_s: float) -> int:
+    """``sdpaxos cluster health --probe livez|readyz``: 0 if the probe passes, 1 if not, 2 on
+    a bad configuration (a health check command for compose and exec probes)."""
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    try:
+        config = load_cluster_config(config_path)
+        address = config.replica(me).metrics_address
+        if address is None:
+            raise ConfigError(f"replica {me} has no metrics_address to probe")
+        tls = config.tls.tool() if config.tls is not None and config.tls.metrics else None
+    except ConfigError as exc:
+        print(f"sdpaxos cluster health: {exc}", file=sys.stderr)
+        return 2
+    status, body = asyncio.run(http_probe(*address, path, timeout_s, tls))
+    print(f"replica {me} /{path}: {status or 'unreachable'} {body.strip()}")
+    return 0 if status == HTTP_OK else 1

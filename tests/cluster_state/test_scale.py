@@ -1,0 +1,158 @@
+"""What keeps a 100k-GPU store fast (issue 27): compact configuration text, parsing once per
+text, shared inferred subtrees, the packed snapshot format and the one-pass index rebuild of a
+restore — each checked against the slow, obvious way it replaces."""
+
+import json
+import random
+
+import msgpack
+from cs_helpers import check_invariants
+
+from cluster_state import (
+    ClusterStore,
+    Topology,
+    parse_config,
+    release,
+    set_node_health,
+    submit,
+    synthetic_config,
+)
+from cluster_state.config import ClusterConfig
+from cluster_state.index import CellState
+from consensus.messages import Command
+
+EXPLICIT_NODE = """
+physicalCluster:
+  cellTypes:
+    K80-2GPU: {childCellType: K80, childCellNumber: 2}
+    K80-NODE: {childCellType: K80-2GPU, childCellNumber: 2, isNodeLevel: true}
+    K80-RACK: {childCellType: K80-NODE, childCellNumber: 3}
+  physicalCells:
+  - cellType: K80-RACK
+    cellChildren:
+    - cellAddress: n0
+    - cellAddress: n1
+      cellChildren:
+      - cellChildren: [{cellAddress: 1}, {cellAddress: 3}]
+      - cellChildren: [{cellAddress: 0}, {cellAddress: 2}]
+    - cellAddress: n2
+      cellChildren:
+      - {}
+virtualClusters:
+  VC1: {virtualCells: [{cellType: K80-RACK.K80-NODE, cellNumber: 1}]}
+"""
+
+
+def test_compact_yaml_leaves_out_only_what_parsing_infers() -> None:
+    config = parse_config(EXPLICIT_NODE)
+    text = config.to_yaml()
+    again = parse_config(text)
+    assert again == config
+    assert Topology(again).digest == Topology(config).digest
+    nodes = {c["cellAddress"]: c for c in config.to_dict(compact=True)["physicalCluster"][
+        "physicalCells"][0]["cellChildren"]}
+    assert "cellChildren" not in nodes["n0"]  # inferred: left out
+    assert "cellChildren" in nodes["n1"]  # non-standard device indices: kept
+    assert len(nodes["n2"]["cellChildren"]) == 1  # partly filled: kept
+
+
+def test_a_large_synthetic_configuration_round_trips_compactly() -> None:
+    config = synthetic_config(nodes=256, vcs=8, pinned=2)
+    text = config.to_yaml()
+    full = json.dumps(config.to_dict())
+    assert len(text) * 5 < len(full)  # the nodes' insides are left out
+    again = parse_config(text)
+    assert again == config
+    assert Topology(again).digest == Topology(config).digest
+
+
+def test_inferred_subtrees_are_shared_and_equal_to_built_ones() -> None:
+    config = synthetic_config(nodes=16, vcs=2)
+    node_a = config.physical_cells[0].children[0]
+    node_b = config.physical_cells[1].children[3]
+    assert node_a.children[0] is node_b.children[0]  # one object for every node
+    # ... and the same as spelling the node out in full
+    spelled = parse_config(json.dumps(config.to_dict()))
+    assert spelled == config
+
+
+def test_the_same_text_is_parsed_once() -> None:
+    text = synthetic_config(nodes=32, vcs=4).to_yaml()
+    first = parse_config(text)
+    assert parse_config(text) is first
+    assert ClusterStore(parse_config(text)).topology is ClusterStore(first).topology
+    assert parse_config(text + "\n") == first  # another text: parsed again, same config
+
+
+def test_a_json_configuration_parses_like_its_yaml() -> None:
+    config = synthetic_config(nodes=16, vcs=2, pinned=1)
+    assert parse_config(json.dumps(config.to_dict(compact=True))) == config
+
+
+def _run(store: ClusterStore, steps: int, seed: int, start: int = 0) -> list[bytes]:
+    rng = random.Random(seed)
+    vcs = [vc.name for vc in store.topology.config.virtual_clusters]
+    live: list[str] = []
+    results = []
+    for position in range(start, start + steps):
+        if live and rng.random() < 0.4:
+            op = release(live.pop(rng.randrange(len(live))))
+        else:
+            name = f"g{position}"
+            op = submit(name, rng.choice(vcs), rng.choice([-1, 0, 5, 50, 500]),
+                        [(rng.choice([1, 2]), rng.choice([1, 2, 4, 8]))])
+            live.append(name)
+        results.append(store.apply(position, Command(client_id=1, seq=position, op=op)))
+    return results
+
+
+def _indexes(cells: CellState) -> list[list[list[list[int]]]]:
+    return [[[list(b) for b in level] for level in index] for index in cells.buckets]
+
+
+def test_a_restore_rebuilds_the_same_indexes_and_makes_the_same_choices() -> None:
+    config = synthetic_config(nodes=64, vcs=4, pinned=1)
+    a = ClusterStore(config)
+    _run(a, 400, seed=3)
+    a.apply(400, Command(client_id=2, seq=0, op=set_node_health("node0005", False)))
+    b = ClusterStore(config)
+    b.restore(a.snapshot())
+    assert b.snapshot() == a.snapshot()
+    assert _indexes(b.allocator.cells) == _indexes(a.allocator.cells)
+    assert b.allocator.cells.free_n == a.allocator.cells.free_n
+    assert b.allocator.cells.hist == a.allocator.cells.hist
+    check_invariants(b.allocator)
+    assert _run(b, 300, seed=4, start=401) == _run(a, 300, seed=4, start=401)
+    assert b.snapshot() == a.snapshot()
+
+
+def _as_format_2(snapshot: bytes) -> bytes:
+    """The layout before format 3: the configuration as maps, leaf revisions as pairs."""
+    fields = msgpack.unpackb(snapshot)
+    fields[0] = 2
+    config = parse_config(msgpack.unpackb(fields[2]))
+    fields[2] = config.to_dict()
+    topo = Topology(config)
+    state = fields[4]
+    revs = msgpack.unpackb(msgpack.packb(list(memoryview(state[3]).cast("q"))))
+    state[3] = [[leaf, rev] for leaf, rev in zip(topo.leaf_ids, revs, strict=True) if rev >= 0]
+    packed: bytes = msgpack.packb(fields)
+    return packed
+
+
+def test_format_2_snapshots_still_restore() -> None:
+    config: ClusterConfig = synthetic_config(nodes=32, vcs=2)
+    a = ClusterStore(config)
+    _run(a, 200, seed=5)
+    old = _as_format_2(a.snapshot())
+    elsewhere = ClusterStore(synthetic_config(nodes=16, vcs=2))  # adopts the snapshot's
+    elsewhere.restore(old)
+    assert elsewhere.snapshot() == a.snapshot()
+
+
+def test_the_snapshot_keeps_the_configuration_compact_and_packed() -> None:
+    config = synthetic_config(nodes=64, vcs=4)
+    fields = msgpack.unpackb(ClusterStore(config).snapshot())
+    assert fields[0] == 3
+    assert isinstance(fields[2], bytes)
+    assert parse_config(msgpack.unpackb(fields[2])) == config

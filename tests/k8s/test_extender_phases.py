@@ -1,0 +1,246 @@
+"""The extender's HiveD phases against a fake API server, over HTTP with the extender API's
+JSON, on an in-process store (every decision still goes through ``ClusterStore.apply`` /
+``query`` as the replicated one does): filter reserves nothing, preempt reserves and names
+victims by pod UID, re-filter is idempotent, ignoreK8sSuggestedNodes, the bind annotations
+and fencing token, gang release by the reaper, node health from the node watch, inspect."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncGenerator, AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from runtime.polling import wait_until
+
+from cluster_state.client import AllocationStore
+from cluster_state.config import load_config
+from cluster_state.events import ChangeEvent
+from cluster_state.k8s.extender import Extender, GangReaper
+from cluster_state.k8s.hived import BIND_INFO_ANNOTATION, FENCING_ANNOTATION, ISOLATION_ANNOTATION
+from cluster_state.k8s.kube import KubeApi
+from cluster_state.k8s.nodes import NodeWatcher
+from cluster_state.k8s.web import request, serve
+from cluster_state.store import ClusterStore
+from consensus.messages import Command
+
+from .fake_apiserver import FakeApiServer, hived_pod
+
+GPU_CONFIG = Path(__file__).with_name("gpu.yaml")
+NODES = ("n0", "n1", "n2", "n3")
+
+
+class LocalChannel:
+    """The store in this process: updates apply at the next log position, queries read."""
+
+    def __init__(self, store: ClusterStore) -> None:
+        self.store = store
+        self.positions = itertools.count()
+        self.seq = itertools.count()
+
+    async def update(self, op: bytes, seq: int | None) -> bytes:
+        command = Command(client_id=1, seq=next(self.seq) if seq is None else seq, op=op)
+        return self.store.apply(next(self.positions), command)
+
+    async def query(self, op: bytes, stale: bool) -> bytes:
+        return self.store.query(op)
+
+    async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+        yield self.store.events_since(since)
+
+    async def close(self) -> None:
+        return None
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.store = ClusterStore(load_config(GPU_CONFIG))
+        self.api = FakeApiServer()
+        self.client = AllocationStore(LocalChannel(self.store), 1)  # type: ignore[arg-type]
+        self.url = ""
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def post(self, verb: str, body: Any) -> tuple[int, Any]:
+        return await request(self.url, "POST", f"/v1/extender/{verb}", body)
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        return await request(self.url, "GET", path)
+
+    async def filter(self, pod: dict[str, Any], nodes: tuple[str, ...] = NODES) -> Any:
+        status, body = await self.post("filter", {"Pod": pod, "NodeNames": list(nodes)})
+        assert status == 200, body
+        return body
+
+    def group(self, name: str) -> dict[str, Any] | None:
+        info: dict[str, Any] | None = self.store.allocator.group_info(name)
+        return info
+
+
+@pytest.fixture
+async def setup() -> AsyncIterator[Setup]:
+    s = Setup()
+    await s.api.start()
+    for node in NODES:
+        s.api.set_node(node, True)
+    kube = KubeApi(s.api.url)
+    server = await serve(Extender(s.client, kube).handle, "127.0.0.1", 0)
+    s.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    s.reaper = GangReaper(s.client, kube)  # type: ignore[attr-defined]
+    s.nodes = NodeWatcher(s.client, kube)  # type: ignore[attr-defined]
+    s.tasks = [asyncio.create_task(s.reaper.run()),  # type: ignore[attr-defined]
+               asyncio.create_task(s.nodes.run())]  # type: ignore[attr-defined]
+    yield s
+    for task in s.tasks:
+        task.cancel()
+    server.close()
+    await s.api.stop()
+
+
+def gang(prefix: str, pods: int, leaves: int, *, vc: str = "vc1", priority: int = 10,
+         **kw: Any) -> list[dict[str, Any]]:
+    return [hived_pod(f"{prefix}-{i}", vc=vc, priority=priority, leaves=leaves, group=prefix,
+                      members=[(pods, leaves)], **kw) for i in range(pods)]
+
+
+async def schedule(s: Setup, pod: dict[str, Any]) -> str:
+    """Filter then bind, as kube-scheduler does; the node."""
+    result = await s.filter(pod)
+    assert result["nodenames"], result
+    node: str = result["nodenames"][0]
+    meta = pod["metadata"]
+    status, body = await s.post("bind", {"PodName": meta["name"], "PodNamespace": "default",
+                                         "PodUID": meta["uid"], "Node": node})
+    assert (status, body) == (200, {"error": ""})
+    return node
+
+
+async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
+    s = setup
+    low = gang("low", 2, 4)
+    for pod in low:
+        s.api.add_pod(pod)
+    first = await s.filter(low[0])
+    again = await s.filter(low[0])  # a re-filter of a binding pod answers the same node
+    assert first["nodenames"] == again["nodenames"] and len(first["nodenames"]) == 1
+    assert set(first["failedNodes"]) == set(NODES) - set(first["nodenames"])
+    placed = s.group("low")
+    assert placed is not None and placed["state"] == "placed"
+    nodes = {await schedule(s, pod) for pod in low}
+    assert len(nodes) == 2  # a 4-GPU pod per node, the gang on two nodes
+    binding = s.api.bindings[0]
+    annotations = binding["metadata"]["annotations"]
+    info = yaml.safe_load(annotations[BIND_INFO_ANNOTATION])
+    assert info["node"] == binding["target"]["name"] and info["fencingToken"] == placed["token"]
+    assert annotations[FENCING_ANNOTATION] == str(placed["token"])
+    assert annotations[ISOLATION_ANNOTATION] == ",".join(map(str, info["leafCellIsolation"]))
+    assert len(info["affinityGroupBindInfo"][0]["podPlacements"]) == 2
+    # vc1 is full: a higher priority needs victims; the filter says so and reserves nothing
+    high = gang("high", 1, 4, priority=100)[0]
+    s.api.add_pod(high)
+    failed = await s.filter(high)
+    assert failed["nodenames"] == [] and "victims low" in next(iter(failed["failedNodes"].values()))
+    assert s.group("high") is None
+    status, preempt = await s.post("preempt", {
+        "Pod": high, "NodeNameToMetaVictims": {n: {"Pods": [], "NumPDBViolations": 0}
+                                               for n in NODES}})
+    assert status == 200
+    victims = preempt["nodeNameToMetaVictims"]
+    assert len(victims) == 1
+    (victim_node, meta), = victims.items()
+    on_node = [p["metadata"]["uid"] for p in low if p["spec"]["nodeName"] == victim_node]
+    assert [v["uid"] for v in meta["pods"]] == on_node
+    assert s.group("high")["state"] == "preempting"  # type: ignore[index]
+    assert "waiting for the preemption" in next(iter((await s.filter(high))["failedNodes"]
+                                                    .values()))
+    for pod in low:  # Kubernetes deletes the victims (the whole gang goes)
+        s.api.delete_pod("default", pod["metadata"]["name"])
+    await wait_until(lambda: s.group("low") is None, "the reaper releases the gang")
+    assert s.group("high")["state"] == "reserved"  # type: ignore[index]
+    node = await schedule(s, high)  # the filter confirms the reservation, then binds
+    assert s.group("high")["state"] == "placed"  # type: ignore[index]
+    assert s.api.bindings[-1]["target"]["name"] == node
+
+
+async def test_ignore_k8s_suggested_nodes_false_waits_for_suggested_ones(setup: Setup) -> None:
+    s = setup
+    pod = gang("picky", 1, 4, vc="vc2", ignore_suggested=False)[0]
+    s.api.add_pod(pod)
+    _, plan = await s.client.plan_submit(
+        (await asyncio.to_thread(lambda: None)) or __import__(
+            "cluster_state.k8s.hived", fromlist=["pod_request"]).pod_request(pod).spec)
+    planned = plan.pods[0][1]  # type: ignore[union-attr]
+    others = tuple(n for n in NODES if n != planned)
+    refused = await s.filter(pod, others)
+    assert refused["nodenames"] == [] and "filtered out" in refused["failedNodes"][others[0]]
+    assert s.group("picky") is None
+    # the default (true) takes the plan whatever Kubernetes suggests, as HiveD does
+    lax = gang("lax", 1, 4, vc="vc2")[0]
+    s.api.add_pod(lax)
+    assert (await s.filter(lax, others))["nodenames"]
+    assert (await s.filter(pod, NODES))["nodenames"]
+
+
+async def test_bad_requests_and_inspect(setup: Setup) -> None:
+    s = setup
+    bad = hived_pod("bad", vc="nope", priority=10, leaves=4, group="bad", members=[(1, 4)])
+    status, body = await s.post("filter", {"pod": bad, "nodenames": list(NODES)})
+    assert status == 400 and "nope" in body["error"]
+    no_spec = {"metadata": {"name": "plain", "namespace": "default", "uid": "u"}}
+    assert (await s.post("filter", {"pod": no_spec}))[0] == 400
+    wrong = hived_pod("w", vc="vc1", priority=5000, leaves=4, group="w", members=[(1, 4)])
+    assert (await s.post("filter", {"pod": wrong}))[0] == 400
+    assert (await s.post("nothing", {}))[0] == 404
+    pod = gang("seen", 1, 2)[0]
+    s.api.add_pod(pod)
+    await schedule(s, pod)
+    status, groups = await s.get("/v1/inspect/affinitygroups/")
+    assert status == 200 and [g["name"] for g in groups["items"]] == ["seen"]
+    status, group = await s.get("/v1/inspect/affinitygroups/seen")
+    assert status == 200 and group
+    assert (await s.get("/v1/inspect/affinitygroups/unknown"))[0] == 404
+    status, cluster = await s.get("/v1/inspect/clusterstatus")
+    assert status == 200 and set(cluster["virtualClusters"]) == {"vc1", "vc2"}
+    assert (await s.get("/v1/inspect/clusterstatus/physicalcluster"))[0] == 200
+    assert (await s.get("/v1/inspect/clusterstatus/virtualclusters/vc2"))[0] == 200
+    assert (await s.get("/v1/inspect/clusterstatus/virtualclusters/none"))[0] == 400
+
+
+async def test_node_watch_feeds_node_health(setup: Setup) -> None:
+    s = setup
+    bad = lambda: set(s.store.allocator.bad_nodes)  # noqa: E731
+    await wait_until(lambda: s.nodes.known == dict.fromkeys(NODES, True),  # type: ignore[attr-defined]
+                     "the watcher reports every listed node")
+    s.api.set_node("n3", False)
+    await wait_until(lambda: bad() == {"n3"}, "a NotReady node becomes bad")
+    s.api.set_node("n3", True)
+    await wait_until(lambda: bad() == set(), "Ready again: healthy")
+    s.api.delete_node("n2")
+    await wait_until(lambda: bad() == {"n2"}, "a deleted node is bad")
+    for vc in ("vc1", "vc2"):  # four nodes' worth of cells, three healthy nodes
+        pods = gang(f"wide-{vc}", 2, 4, vc=vc)
+        for pod in pods:
+            s.api.add_pod(pod)
+        nodes = [(await s.filter(pod))["nodenames"] for pod in pods]
+        if vc == "vc1":
+            assert all(n and n[0] != "n2" for n in nodes), nodes
+        else:  # no two healthy nodes left for vc2: it waits, nothing placed
+            assert nodes == [[], []] and s.group("wide-vc2") is None
+
+
+async def test_bytes_that_are_not_http_get_400_and_the_extender_goes_on(setup: Setup) -> None:
+    s = setup
+    port = int(s.url.rsplit(":", 1)[1])
+    for garbage in (b"\x00\xff garbage\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1\r\n"
+                    b"Content-Length: 99999999999\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1"
+                    b"\r\nContent-Length: 5\r\n\r\n{nope", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(garbage)
+        await writer.drain()
+        answer = await reader.read()
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 400"), (garbage, answer[:80])
+    status, body = await s.get("/healthz")
+    assert (status, body) == (200, {"status": "ok"})
