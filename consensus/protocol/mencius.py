@@ -79,9 +79,9 @@ from consensus.messages import (
     SkipRecord,
     SlotAcceptedRecord,
 )
+from consensus.protocol.admission import REVOKE_SLOTS
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of, next_ballot
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.admission import REVOKE_SLOTS
 from consensus.protocol.slotlog import Slot, SlotLogCore
 from consensus.protocol.types import SnapshotMeta
 
