@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -71,6 +72,8 @@ async def scenario(tmp_path: Path) -> None:
                           Preempting)
         got = samples(render(nodes[0]))
         documented = helps(render(nodes[0]))
+        every_name = {name for family in text_string_to_metric_families(render(nodes[0]))
+                      for name in (family.name, *(s.name for s in family.samples))}
         # the other replicas applied the same commands and count the same
         peers = [samples(render(node)) for node in nodes[1:]]
     finally:
@@ -102,6 +105,16 @@ async def scenario(tmp_path: Path) -> None:
     assert got[("sdpaxos_store_revision", ())] >= 0
     for other in peers:
         assert other == got
+    # the README's operations section names only families a replica of the store serves
+    # ("sdpaxos_client_connections_*": a prefix; the key-value store's own is not served here)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Operating a cluster", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(sdpaxos_[a-z_]+)", section)) - {"sdpaxos_kv_keys"}
+    assert len(named) > 20, named
+    missing = [name for name in named
+               if not any(have == name or (name.endswith("_") and have.startswith(name))
+                          for have in every_name)]
+    assert not missing, missing
 
 
 def test_store_families_after_allocations(tmp_path: Path) -> None:
