@@ -25,12 +25,13 @@ import argparse
 import gc
 import json
 import random
+import sys
 import time
 from typing import Any
 
 import msgpack
 
-from cluster_state import ClusterStore, release, submit, synthetic_config
+from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
 from consensus.messages import Command
 
 __all__ = ["run"]
@@ -182,6 +183,27 @@ def run(
     }
 
 
+#: the exit status of a usage error (argparse's)
+USAGE_ERROR = 2
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """What makes these parameters impossible (one line), or None."""
+    if min(args.nodes, args.gpus_per_node, args.nodes_per_rack, args.vcs) < 1:
+        return "--nodes, --gpus-per-node, --nodes-per-rack and --vcs must be positive"
+    if args.ops < 1:
+        return f"--ops must be positive, not {args.ops}"
+    if not 0 < args.fill <= 1:
+        return f"--fill must be in (0, 1], not {args.fill}"
+    try:
+        synthetic_config(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                         nodes_per_rack=args.nodes_per_rack, vcs=args.vcs,
+                         pinned=args.vcs // 4)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1024)
@@ -193,6 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-gc-freeze", dest="freeze_gc", action="store_false")
     args = parser.parse_args(argv)
+    problem = check_arguments(args)
+    if problem is not None:
+        print(f"alloc_bench: error: {problem}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR)
     print(
         json.dumps(
             run(

@@ -1,13 +1,26 @@
 """``sdpaxos bench alloc-e2e``: allocations per second through replicated GPU store processes.
 
 Three (or five) replica processes on loopback, fsync on, serving the allocation store on a
-1,024-node x 8-GPU cluster with 16 virtual clusters. A scheduler per site (one session with
-its own site's replica, in this process) keeps ``outstanding`` jobs in flight: submit a gang
-from the demo's job mix (``cluster_state.workload``), release it as soon as the store answers.
+synthetic cluster (``--nodes`` x 8 GPUs, ``--vcs`` virtual clusters). ``--schedulers`` scheduler
+clients (default: one per site), spread round-robin over the sites, each one session (client
+id) with its own site's replica, keep ``--outstanding`` jobs in flight each: submit a gang from
+the demo's job mix (``cluster_state.workload``), release it as soon as the store answers.
 Counted: placements per second (each also costs a release through the log, so the log runs
-twice as many commands), and the submit latency. At the end every group must be gone and every
-replica must hold the same state (snapshot hashes), or the report says so. The replicas' WAN
-emulation is off unless ``wan``.
+twice as many commands) and the submit latency, in total and per site. At the end every group
+must be gone and every replica must hold the same state (snapshot hashes), or the report says
+so. The replicas' WAN emulation is off unless ``wan``.
+
+Also reported: ``startup_s``, from starting the replica processes to every replica serving (the
+configuration written, parsed and validated in each of them); each replica's resident memory
+(``rss_mb``, from /proc) at the end. ``--watchers N`` opens N pushed watch streams (gRPC
+``WatchPushed``, spread over the replicas) for the whole run: each must see every event once,
+in order (checked against replica 0's event log), and the report gives the event delay (from
+the apply of the command, as the submitting scheduler's answer marks it, to the watcher)
+percentiles; ``--slow-watchers K`` of them stop reading after their first page and must be
+dropped with ``EventsCompacted`` rather than slow anything down. ``--profile DIR`` records every
+replica and this process with py-spy (``pip install .[bench]``) and prints the top entries.
+
+Impossible parameters are usage errors (exit 2, one line), checked before anything starts.
 
     python -m bench.alloc_e2e [--seconds 10] [--outstanding 64]   # prints one JSON object
 """
@@ -16,82 +29,201 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
+import os
 import random
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_arguments", "measure", "run"]
+__all__ = ["add_arguments", "check_arguments", "measure", "run"]
+
+#: GPUs per synthetic node and nodes per rack (``synthetic_config``'s DGX-like defaults)
+GPUS_PER_NODE = 8
+NODES_PER_RACK = 8
+#: the session table remembers this many results per client id (consensus.statemachine): a
+#: scheduler with more in flight could see a retry answered "expired"
+from consensus.statemachine import SESSION_WINDOW  # noqa: E402  (a constant, kept near its use)
+
+#: the exit status of a usage error (argparse's)
+USAGE_ERROR = 2
+#: how long the replicas get to start serving before the bench gives up
+START_TIMEOUT_S = 300.0
+#: py-spy's sampling rate for --profile (samples/s): low, the machine is shared
+PROFILE_RATE = 50
+#: entries of each profile printed
+PROFILE_TOP = 12
+#: gRPC connections from the bench to each replica for the watchers
+WATCH_CONNECTIONS_PER_REPLICA = 4
+#: after the watch streams opened, before the load starts
+WATCH_SETTLE_S = 1.0
+#: how long the watchers get to see the last change after the load stopped
+WATCH_DRAIN_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--outstanding", type=int, default=64,
-                        help="jobs in flight per site (below the session window of 256)")
-    parser.add_argument("--nodes", type=int, default=1024)
+                        help=f"jobs in flight per scheduler (below the session window of "
+                             f"{SESSION_WINDOW})")
+    parser.add_argument("--schedulers", type=int, default=0,
+                        help="scheduler clients, round-robin over the sites (default: one "
+                             "per site)")
+    parser.add_argument("--nodes", type=int, default=1024,
+                        help=f"{GPUS_PER_NODE}-GPU nodes, a multiple of {NODES_PER_RACK}")
     parser.add_argument("--vcs", type=int, default=16)
+    parser.add_argument("--watchers", type=int, default=0,
+                        help="pushed gRPC watch streams open during the run")
+    parser.add_argument("--slow-watchers", type=int, default=0,
+                        help="of the watchers, how many stop reading after one page")
     parser.add_argument("--wan", action="store_true", help="emulate the paper's WAN delays")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", metavar="DIR", default="",
+                        help="record the replicas and the load generator with py-spy")
     parser.add_argument("--json", action="store_true")
+
+
+def check_arguments(args: argparse.Namespace) -> str | None:
+    """What makes these parameters impossible (one line), or None."""
+    if not args.seconds > 0:
+        return f"--seconds must be positive, not {args.seconds}"
+    if not 1 <= args.outstanding < SESSION_WINDOW:
+        return (f"--outstanding must be in 1..{SESSION_WINDOW - 1} (a session remembers "
+                f"{SESSION_WINDOW} results), not {args.outstanding}")
+    if args.schedulers < 0:
+        return f"--schedulers must be positive, not {args.schedulers}"
+    if args.nodes < NODES_PER_RACK or args.nodes % NODES_PER_RACK:
+        return (f"--nodes must be a positive multiple of {NODES_PER_RACK} (racks of "
+                f"{NODES_PER_RACK} nodes), not {args.nodes}")
+    if args.vcs < 1 or args.nodes // args.vcs < 1:
+        return f"--vcs must be in 1..{args.nodes} (a node each at least), not {args.vcs}"
+    if args.watchers < 0 or not 0 <= args.slow_watchers <= args.watchers:
+        return (f"--watchers must be >= 0 and --slow-watchers in 0..--watchers, not "
+                f"{args.watchers} and {args.slow_watchers}")
+    if args.profile and shutil.which("py-spy") is None:
+        return "--profile needs py-spy (pip install .[bench])"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     """The ``sdpaxos bench`` entry point: measure, print, exit 0 if the end state checks out."""
-    report = measure(args.replicas, args.seconds, args.outstanding, nodes=args.nodes,
-                     vcs=args.vcs, wan=args.wan, seed=args.seed)
+    problem = check_arguments(args)
+    if problem is not None:
+        print(f"sdpaxos bench alloc-e2e: error: {problem}", file=sys.stderr)
+        return USAGE_ERROR
+    from cluster_state.errors import ConfigError
+
+    try:
+        report = measure(args.replicas, args.seconds, args.outstanding, nodes=args.nodes,
+                         vcs=args.vcs, wan=args.wan, seed=args.seed,
+                         schedulers=args.schedulers or args.replicas, watchers=args.watchers,
+                         slow_watchers=args.slow_watchers,
+                         profile=Path(args.profile) if args.profile else None)
+    except ConfigError as exc:  # the synthetic cluster cannot be built (checked above too)
+        print(f"sdpaxos bench alloc-e2e: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
     if args.json:
         print(json.dumps(report))
     else:
         print(f"{report['allocations_per_s']:.0f} allocations/s through {args.replicas} replicas "
               f"({report['placed']} placed of {report['submitted']} submitted in "
-              f"{report['seconds']:.1f}s); submit latency p50 {report['p50_ms']:.1f} ms, "
-              f"p99 {report['p99_ms']:.1f} ms; replicas identical: "
-              f"{report['replicas_identical']}")
+              f"{report['seconds']:.1f}s, {report['gpus']} GPUs, {report['schedulers']} "
+              f"schedulers); submit latency p50 {report['p50_ms']:.1f} ms, "
+              f"p99 {report['p99_ms']:.1f} ms; start-up {report['startup_s']:.1f} s; "
+              f"replicas identical: {report['replicas_identical']}")
+        for site, figures in report["sites"].items():
+            print(f"  site {site}: {figures['allocations_per_s']:.0f} allocations/s, "
+                  f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms")
+        if report.get("watch"):
+            print(f"  watch: {json.dumps(report['watch'])}")
+    for name, top in report.get("profile", {}).items():
+        print(f"profile {name}:", file=sys.stderr)
+        for line in top:
+            print(f"  {line}", file=sys.stderr)
     return 0 if report["ok"] else 1
 
 
 def measure(replicas: int = 3, seconds: float = 10.0, outstanding: int = 64, *,
-            nodes: int = 1024, vcs: int = 16, wan: bool = False,
-            seed: int = 1) -> dict[str, Any]:
+            nodes: int = 1024, vcs: int = 16, wan: bool = False, seed: int = 1,
+            schedulers: int = 0, watchers: int = 0, slow_watchers: int = 0,
+            profile: Path | None = None) -> dict[str, Any]:
     """Start the replicas, run the load for ``seconds``, stop them; the report as a dict."""
     from cluster_state.config import synthetic_config
     from consensus.runtime.local_cluster import LocalCluster
 
+    schedulers = schedulers or replicas
     with tempfile.TemporaryDirectory(prefix="sdpaxos-alloc-") as tmp:
         directory = Path(tmp)
         (directory / "gpu.yaml").write_text(synthetic_config(nodes=nodes, vcs=vcs).to_yaml())
-        cluster = LocalCluster(directory, replicas, wan=wan,
+        cluster = LocalCluster(directory, replicas, wan=wan, grpc=watchers > 0,
                                state_machine='kind = "cluster_state"\ngpu_config = "gpu.yaml"')
+        began = time.monotonic()
         cluster.start_all()
         try:
-            report = asyncio.run(_load(cluster, seconds, outstanding, vcs, seed))
+            report = asyncio.run(_load(cluster, began, seconds, outstanding, vcs, seed,
+                                       schedulers, watchers, slow_watchers, profile))
         finally:
             cluster.stop_all()
-    report.update(replicas=replicas, nodes=nodes, gpus=nodes * 8, vcs=vcs, wan=wan,
-                  fsync=True, outstanding_per_site=outstanding)
+    report.update(replicas=replicas, nodes=nodes, gpus=nodes * GPUS_PER_NODE, vcs=vcs, wan=wan,
+                  fsync=True, outstanding_per_scheduler=outstanding, schedulers=schedulers)
     return report
 
 
-async def _load(cluster: Any, seconds: float, outstanding: int, vcs: int,
-                seed: int) -> dict[str, Any]:
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    ordered = sorted(values)
+    return {
+        "count": len(ordered),
+        "p50_ms": round(statistics.median(ordered), 2),
+        "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 2),
+        "max_ms": round(ordered[-1], 2),
+    }
+
+
+async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vcs: int,
+                seed: int, schedulers: int, watchers: int, slow_watchers: int,
+                profile: Path | None) -> dict[str, Any]:
     from cluster_state.client import AllocationStore
     from cluster_state.demo import _wait_serving
     from cluster_state.ops import GroupSpec, Member, Placed, Preempting, Waiting
     from cluster_state.workload import next_job
 
-    await _wait_serving(cluster)
+    await _wait_serving(cluster, timeout=START_TIMEOUT_S)
+    startup_s = time.monotonic() - began
     addresses = cluster.client_addresses
     names = [f"vc{k:02d}" for k in range(vcs)]
-    latencies: list[float] = []
+    sites = [str(spec.site) for spec in cluster.config.replicas]
+    latencies: dict[int, list[float]] = collections.defaultdict(list)
+    placed_at: dict[int, int] = collections.Counter()
     outcomes = {"placed": 0, "preempting": 0, "waiting": 0}
-    stop_at = time.monotonic() + seconds
+    applied_at: dict[int, float] = {}  # revision -> when its submitter heard of it
     rng = random.Random(seed)
+    watch = _Watchers(cluster, watchers, slow_watchers) if watchers else None
+    if watch is not None:
+        await watch.start(names[0])
+    recorders = _start_profiles(cluster, profile, seconds)
+    stop_at = time.monotonic() + seconds
 
-    async def job_loop(store: AllocationStore, prefix: str, worker_rng: random.Random) -> None:
+    async def job_loop(store: AllocationStore, home: int, prefix: str,
+                       worker_rng: random.Random) -> None:
         n = 0
         while time.monotonic() < stop_at:
             n += 1
@@ -100,9 +232,12 @@ async def _load(cluster: Any, seconds: float, outstanding: int, vcs: int,
                              members=tuple(Member(p, g) for p, g in job.members))
             started = time.monotonic()
             result = await store.submit(spec)
-            latencies.append((time.monotonic() - started) * 1000)
+            answered = time.monotonic()
+            latencies[home].append((answered - started) * 1000)
             if isinstance(result, Placed):
                 outcomes["placed"] += 1
+                placed_at[home] += 1
+                applied_at[result.token] = answered
             elif isinstance(result, Preempting):
                 outcomes["preempting"] += 1
             elif isinstance(result, Waiting):
@@ -110,30 +245,231 @@ async def _load(cluster: Any, seconds: float, outstanding: int, vcs: int,
                 continue  # nothing to release
             await store.release(job.name)  # placed or reserving: free it again
 
-    stores = [AllocationStore.connect(addresses, home=home) for home in range(len(addresses))]
-    began = time.monotonic()
+    stores = [AllocationStore.connect(addresses, home=k % len(addresses))
+              for k in range(schedulers)]
+    started = time.monotonic()
     await asyncio.gather(*[
-        job_loop(store, f"s{home}w{k}", random.Random(rng.getrandbits(64)))
-        for home, store in enumerate(stores) for k in range(outstanding)
+        job_loop(store, k % len(addresses), f"s{k}w{j}", random.Random(rng.getrandbits(64)))
+        for k, store in enumerate(stores) for j in range(outstanding)
     ])
-    elapsed = time.monotonic() - began
+    elapsed = time.monotonic() - started
+    profiles = _finish_profiles(recorders)
     leftover = len(await stores[0].allocations())
     identical = await _replicas_identical(addresses)
+    watch_report = await watch.finish(applied_at) if watch is not None else None
     for store in stores:
         await store.close()
-    ordered = sorted(latencies)
-    return {
-        "ok": identical and leftover == 0,
+    everything = [v for values in latencies.values() for v in values]
+    report: dict[str, Any] = {
+        "ok": identical and leftover == 0 and (watch_report is None or watch_report["ok"]),
         "allocations_per_s": outcomes["placed"] / elapsed,
-        "submits_per_s": len(latencies) / elapsed,
-        "submitted": len(latencies),
+        "submits_per_s": len(everything) / elapsed,
+        "submitted": len(everything),
         **outcomes,
         "seconds": elapsed,
-        "p50_ms": statistics.median(ordered),
-        "p99_ms": ordered[int(0.99 * (len(ordered) - 1))],
+        "p50_ms": statistics.median(everything),
+        "p99_ms": sorted(everything)[int(0.99 * (len(everything) - 1))],
+        "sites": {
+            sites[home]: {"allocations_per_s": placed_at[home] / elapsed,
+                          **_percentiles(latencies[home])}
+            for home in sorted(latencies)
+        },
+        "startup_s": round(startup_s, 2),
+        "rss_mb": [round(_rss_mb(p.pid), 1) for _, p in sorted(cluster.processes.items())],
         "groups_left": leftover,
         "replicas_identical": identical,
     }
+    if watch_report is not None:
+        report["watch"] = watch_report
+    if profiles:
+        report["profile"] = profiles
+    return report
+
+
+#: watchers that check every event (a running hash of each, and the delay of placements);
+#: the others check that each page follows the last one (revisions) and count the events:
+#: 1,000 streams at 2,000 events/s is 2 million events/s, more than this process can look at
+WATCHERS_CHECKED = 50
+
+
+class _Watcher:
+    __slots__ = ("count", "digest", "last", "ordered")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = -1
+        self.ordered = True
+        self.digest: Any = None
+
+
+class _Watchers:
+    """``count`` pushed watch streams (gRPC ``WatchPushed``) over the replicas, round-robin;
+    the first ``slow`` stop reading after their first page."""
+
+    def __init__(self, cluster: Any, count: int, slow: int) -> None:
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+
+        self._targets = [f"{host}:{port}" for host, port in cluster.grpc_addresses]
+        self._addresses = cluster.client_addresses
+        # a few connections per replica: one would funnel every stream through one socket
+        self._channels = [grpc.aio.insecure_channel(t) for t in self._targets
+                          for _ in range(WATCH_CONNECTIONS_PER_REPLICA)]
+        # the slow watchers' own connections keep HTTP/2's initial 64 KiB window (no BDP
+        # probing), so what they leave unread backs up to the replica within the run
+        self._slow_channels = [grpc.aio.insecure_channel(t, options=[("grpc.http2.bdp_probe",
+                                                                       0)])
+                               for t in self._targets] if slow else []
+        self._stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
+                       for c in self._channels]
+        self._slow_stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
+                            for c in self._slow_channels]
+        self._count, self._slow = count, slow
+        self._tasks: list[asyncio.Task[None]] = []
+        self.state = [_Watcher() for _ in range(count)]
+        self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
+        self.compacted = 0
+        self.errors: list[str] = []
+
+    async def start(self, vc: str) -> None:
+        """Open the streams, then place and release one job: once every watcher saw it,
+        every stream is open (and the slow ones stopped reading)."""
+        import hashlib
+
+        from cluster_state.client import AllocationStore
+        from cluster_state.ops import GroupSpec, Member
+
+        for k in range(self._count):
+            if self._slow <= k < self._slow + WATCHERS_CHECKED:
+                self.state[k].digest = hashlib.sha256()
+            self._tasks.append(asyncio.ensure_future(self._one(k)))
+        await asyncio.sleep(WATCH_SETTLE_S)
+        store = AllocationStore.connect(self._addresses)
+        try:
+            await store.submit(GroupSpec(name="warm-up", vc=vc, priority=0,
+                                         members=(Member(1, 1),)))
+            await store.release("warm-up")
+        finally:
+            await store.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while any(w.count == 0 for w in self.state) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _one(self, k: int) -> None:
+        from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+        me = self.state[k]
+        if k < self._slow:
+            stub = self._slow_stubs[k % len(self._slow_stubs)]
+        else:
+            stub = self._stubs[k % len(self._stubs)]
+        try:
+            async for batch in stub.WatchPushed(pb.WatchRequest(since=-1)):
+                if batch.compacted:
+                    self.compacted += 1
+                    return
+                events = batch.events
+                if not events:
+                    continue
+                if events[0].revision <= me.last:
+                    me.ordered = False
+                me.last = events[-1].revision
+                me.count += len(events)
+                if me.digest is not None:
+                    now = time.monotonic()
+                    for event in events:
+                        me.digest.update(event.SerializeToString())
+                        if event.kind == "placed":
+                            self.marks.append((event.revision, now))
+                if k < self._slow:
+                    await asyncio.sleep(3600)  # stops reading: the replica must drop it
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.errors.append(f"watcher {k}: {exc!r}")
+
+    async def finish(self, applied_at: dict[int, float]) -> dict[str, Any]:
+        from cluster_state.client import AllocationStore
+
+        store = AllocationStore.connect(self._addresses)
+        try:
+            final = (await store.digest())["revision"]  # linearizable: the last change
+        finally:
+            await store.close()
+        fast = self.state[self._slow:]
+        deadline = time.monotonic() + WATCH_DRAIN_S
+        while time.monotonic() < deadline and (
+            any(w.last < final for w in fast) or self.compacted < self._slow
+        ):
+            await asyncio.sleep(0.1)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._channels + self._slow_channels:
+            await channel.close()
+        counts = {w.count for w in fast}
+        digests = {w.digest.hexdigest() for w in fast if w.digest is not None}
+        same = len(counts) == 1 and len(digests) <= 1 and all(w.ordered for w in fast)
+        delays = [(at - applied_at[rev]) * 1000 for rev, at in self.marks if rev in applied_at]
+        return {
+            "ok": same and not self.errors and self.compacted == self._slow
+            and all(w.last >= final for w in fast),
+            "watchers": self._count,
+            "slow_watchers": self._slow,
+            "slow_dropped_with_compacted": self.compacted,
+            "events_per_watcher": sorted(counts),
+            "checked_event_by_event": min(WATCHERS_CHECKED, len(fast)),
+            "all_same_events_in_order": same,
+            "errors": self.errors[:5],
+            # from the submitting scheduler hearing its placement to a watcher seeing it
+            "delay": _percentiles(delays),
+        }
+
+
+def _start_profiles(cluster: Any, profile: Path | None,
+                    seconds: float) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+    if profile is None:
+        return []
+    profile.mkdir(parents=True, exist_ok=True)
+    pids = {f"replica{r}": p.pid for r, p in sorted(cluster.processes.items())}
+    pids["loadgen"] = os.getpid()
+    recorders = []
+    for name, pid in pids.items():
+        out = profile / f"{name}.txt"
+        recorders.append((name, out, subprocess.Popen(
+            ["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
+             "--rate", str(PROFILE_RATE), "--format", "raw", "--nonblocking", "-o", str(out)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
+    return recorders
+
+
+def _finish_profiles(
+    recorders: list[tuple[str, Path, subprocess.Popen[bytes]]],
+) -> dict[str, list[str]]:
+    tops: dict[str, list[str]] = {}
+    for name, out, process in recorders:
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        tops[name] = top_entries(out) if out.exists() else ["(no profile written)"]
+    return tops
+
+
+def top_entries(collapsed: Path, count: int = PROFILE_TOP) -> list[str]:
+    """The functions most often on top of the stack in a py-spy raw (collapsed) profile,
+    as "share% function (file:line)" lines; idle waiting (select/epoll) included."""
+    own: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        if not stack or not samples.isdigit():
+            continue
+        n = int(samples)
+        total += n
+        own[stack.split(";")[-1]] += n
+    return [f"{100 * n / total:5.1f}% {frame}" for frame, n in own.most_common(count)]
 
 
 async def _replicas_identical(addresses: list[tuple[str, int]], timeout: float = 30.0) -> bool:

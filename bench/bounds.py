@@ -10,6 +10,8 @@
   Reads go through the log like writes.
 * Mencius: no closed form (a slot waits to hear every other replica's skips, which depends
   on their load), so the any-protocol bound is reported.
+* EPaxos (``consensus.protocol.epaxos``): a command without conflicts commits on the fast
+  path, one round trip to the nearest fast quorum (2F replicas, itself included).
 """
 
 from __future__ import annotations
@@ -18,13 +20,21 @@ from collections.abc import Sequence
 
 from consensus.config import SITES, site_rtt_ms
 
-__all__ = ["BOUND_KINDS", "majority_rtt_ms", "read_bounds_ms", "ready_bounds_ms", "sites_for"]
+__all__ = [
+    "BOUND_KINDS",
+    "fast_quorum_rtt_ms",
+    "majority_rtt_ms",
+    "read_bounds_ms",
+    "ready_bounds_ms",
+    "sites_for",
+]
 
 #: what each protocol's reported bound is
 BOUND_KINDS: dict[str, str] = {
     "sdpaxos": "max(RTT to nearest majority, RTT to sequencer)",
     "multipaxos": "RTT to leader + leader's RTT to its nearest majority",
     "mencius": "RTT to nearest majority (lower bound for any protocol)",
+    "epaxos": "RTT to nearest fast quorum (2F replicas, itself included)",
 }
 
 
@@ -42,6 +52,14 @@ def majority_rtt_ms(sites: Sequence[str], me: int) -> float:
     return float(rtts[quorum - 1])
 
 
+def fast_quorum_rtt_ms(sites: Sequence[str], me: int) -> float:
+    """RTT from ``sites[me]`` to its nearest EPaxos fast quorum (2F replicas, itself
+    included; a cluster of one is its own quorum)."""
+    quorum = max(1, 2 * (len(sites) // 2))
+    rtts = sorted(site_rtt_ms(sites[me], other) for other in sites)
+    return float(rtts[quorum - 1])
+
+
 def ready_bounds_ms(protocol: str, sites: Sequence[str], *, leader: int = 0) -> list[float]:
     """Lowest possible write (ready) latency at each site; ``leader`` is the SDPaxos sequencer
     or the Multi-Paxos leader."""
@@ -55,6 +73,8 @@ def ready_bounds_ms(protocol: str, sites: Sequence[str], *, leader: int = 0) -> 
             bounds.append(nearest if me == leader else to_leader + majority_rtt_ms(sites, leader))
         elif protocol == "mencius":
             bounds.append(nearest)
+        elif protocol == "epaxos":
+            bounds.append(fast_quorum_rtt_ms(sites, me))
         else:
             raise ValueError(f"no bound known for protocol {protocol!r}")
     return bounds

@@ -6,7 +6,8 @@ leader are at CA. At every site an open-loop client process sends Poisson arriva
 ``--rate`` requests/s to its own replica: blind writes, answered when *ready*, and (a share
 ``--executed-share`` of them) writes answered after *execution*. Reported per site and protocol:
 p50 / mean / p95 / p99 of both, beside the site's theoretical ready-latency bound computed from
-the RTT table (``bench.bounds``). Protocols are interleaved round by round.
+the RTT table (``bench.bounds``; EPaxos's: the nearest fast quorum). Protocols are
+interleaved round by round.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--protocols",
         type=parse_protocols,
-        default=parse_protocols("sdpaxos,multipaxos,mencius"),
+        default=parse_protocols("sdpaxos,multipaxos,mencius,epaxos"),
         help="comma-separated, side by side (interleaved round by round)",
     )
     parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3])

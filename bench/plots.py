@@ -1,17 +1,26 @@
 """Figures of the process benchmarks (matplotlib, Agg backend: no display needed).
 
 Shaped like the paper's: throughput bars per protocol and configuration (Figs. 9 and 11),
-latency per site per protocol with the theoretical bounds (Fig. 12), read latency per
-workload, and a per-site throughput timeline around a sequencer failure (Fig. 14).
+throughput against the share of commands on a hot key, one line per protocol (Fig. 10),
+latency per site per protocol with the theoretical bounds (Figs. 8 and 12), read latency per
+workload, and a per-site throughput timeline around a failure, one panel per protocol and
+kill (Fig. 14).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["failover_figure", "latency_figure", "reads_figure", "throughput_figure"]
+__all__ = [
+    "contention_figure",
+    "failover_figure",
+    "latency_figure",
+    "reads_figure",
+    "throughput_figure",
+]
 
-COLORS = {"sdpaxos": "#1f77b4", "multipaxos": "#d62728", "mencius": "#2ca02c"}
+COLORS = {"sdpaxos": "#1f77b4", "multipaxos": "#d62728", "mencius": "#2ca02c",
+          "epaxos": "#9467bd"}
 
 
 def _pyplot() -> Any:
@@ -48,6 +57,9 @@ def _bars(
 
 
 def throughput_figure(report: dict[str, Any], path: str) -> None:
+    if any(r.get("contention_pct") is not None for r in report["results"]):
+        contention_figure(report, path)
+        return
     plt = _pyplot()
     results = report["results"]
     groups: list[str] = []
@@ -72,6 +84,41 @@ def throughput_figure(report: dict[str, Any], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def contention_figure(report: dict[str, Any], path: str) -> None:
+    """Fig. 10's shape: throughput (median, min-max bars) against the percent of commands on
+    the hot key, a line per protocol, a panel per replica count (and straggler setting)."""
+    plt = _pyplot()
+    results = [r for r in report["results"] if r.get("contention_pct") is not None]
+    panels = list(dict.fromkeys(_contention_panel(r) for r in results))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels, strict=True):
+        rows = [r for r in results if _contention_panel(r) == panel]
+        for protocol in dict.fromkeys(r["protocol"] for r in rows):
+            points = sorted((r["contention_pct"], r) for r in rows if r["protocol"] == protocol)
+            xs = [x for x, _ in points]
+            ys = [r["throughput_per_s"] for _, r in points]
+            err = [[y - r["throughput_min"] for y, (_, r) in zip(ys, points, strict=True)],
+                   [r["throughput_max"] - y for y, (_, r) in zip(ys, points, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=protocol,
+                        color=COLORS.get(protocol))
+        ax.set_title(panel)
+        ax.set_xlabel("commands on the hot key (%)")
+        ax.set_ylabel("requests / s (median, min-max over rounds)")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _contention_panel(r: dict[str, Any]) -> str:
+    label = f"N={r['replicas']}, {r['size']} B"
+    straggler = r["straggler"]
+    if straggler:
+        label += f", straggler {straggler['site']} @ {straggler['cpus']:.2f}"
+    return label
 
 
 def _throughput_group(r: dict[str, Any]) -> str:
@@ -170,7 +217,9 @@ def failover_figure(report: dict[str, Any], path: str) -> None:
             ys = [count / bin_s for count in site["timeline"]]
             ax.plot(xs, ys, label=site["site"], drawstyle="steps-post")
         ax.axvline(0, color="black", linestyle="--", linewidth=1)
-        ax.text(0, ax.get_ylim()[1] * 0.9, f" {run['killed_site']} (sequencer) killed", fontsize=8)
+        protocol = run.get("protocol", "sdpaxos")
+        ax.set_title(protocol)
+        ax.text(0, ax.get_ylim()[1] * 0.9, f" {run['killed_site']} killed", fontsize=8)
         ax.set_xlabel(f"seconds from the kill ({int(bin_s * 1000)} ms bins)")
         ax.set_ylabel("completed requests / s")
         ax.legend()

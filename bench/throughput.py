@@ -8,7 +8,10 @@ clients in ``--client-procs`` separate processes keep ``--outstanding`` requests
 each of ``--clients`` connections. Connections are spread over the replicas, except for
 Multi-Paxos, where they all go to the leader (as in the paper: a follower would only forward).
 Commands are ``--size``-byte puts, or with ``--reads`` percent linearizable reads, over
-uniformly random keys. Writes are blind (acknowledged when ready).
+uniformly random keys; with ``--contention P`` (the paper's §5.2, Fig. 10) P percent of them
+touch one hot key and the rest keys of their own, each P a configuration of its own (EPaxos
+orders only conflicting commands: its throughput falls as P grows, the others' do not).
+Writes are blind (acknowledged when ready).
 
 Several protocols in one run are interleaved: round r runs them in an order rotated by r, each on
 a fresh cluster, so machine noise spreads over all of them. Reported per configuration and
@@ -40,6 +43,7 @@ from bench.harness import (
     write_json,
 )
 from bench.loadgen import new_histogram
+from bench.workload import HOT_PREFIX
 from consensus.config import SITES
 from consensus.runtime.local_cluster import LocalCluster
 from consensus.statemachine import SESSION_WINDOW
@@ -51,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--protocols",
         type=parse_protocols,
-        default=parse_protocols("sdpaxos,multipaxos,mencius"),
+        default=parse_protocols("sdpaxos,multipaxos,mencius,epaxos"),
         help="comma-separated, interleaved round by round",
     )
     parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3])
@@ -68,6 +72,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=[0.0],
         help="percent of linearizable reads (0-100)",
+    )
+    parser.add_argument(
+        "--contention",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="P",
+        help="percent of commands on one hot key, the rest on keys of their own (0-100); "
+        "one configuration per value (default: uniform keys, no hot key)",
     )
     parser.add_argument(
         "--clients",
@@ -119,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--outstanding must be in 1..{SESSION_WINDOW}")
     if any(not 0 <= r <= 100 for r in args.reads):
         raise SystemExit("--reads is a percentage (0-100)")
+    contention: list[float | None] = list(args.contention) if args.contention else [None]
+    if any(c is not None and not 0 <= c <= 100 for c in contention):
+        raise SystemExit("--contention is a percentage (0-100)")
     if args.quick:
         args.replicas, args.size, args.reads = args.replicas[:1], args.size[:1], args.reads[:1]
         args.straggler_replica = args.straggler_replica[:1]
@@ -126,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
     stragglers: list[int | None] = [None]
     if args.straggler is not None:
         stragglers += args.straggler_replica
-    configs = list(itertools.product(args.replicas, args.size, args.reads, stragglers))
+    configs = list(
+        itertools.product(args.replicas, args.size, args.reads, stragglers, contention)
+    )
     if args.tls:  # each protocol beside itself over TLS, interleaved like protocols
         args.protocols = [v for p in args.protocols for v in (p, p + TLS_SUFFIX)]
     with interrupts_to_exit_code("throughput") as code:
@@ -141,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def measure(
-    args: argparse.Namespace, configs: list[tuple[int, int, float, int | None]]
+    args: argparse.Namespace, configs: list[tuple[int, int, float, int | None, float | None]]
 ) -> dict[str, Any]:
     machine = machine_info()
     protocols: list[str] = args.protocols
@@ -152,7 +170,7 @@ def measure(
         steps = len(configs) * args.rounds * len(protocols)
         results = []
         with BenchProgress("throughput", steps) as progress:
-            for replicas, size, reads, straggling in configs:
+            for replicas, size, reads, straggling, hot in configs:
                 cpus = [args.cpu] * replicas
                 straggler = None
                 if straggling is not None:
@@ -168,12 +186,13 @@ def measure(
                 for round_ in range(args.rounds):
                     shift = round_ % len(protocols)
                     for protocol in protocols[shift:] + protocols[:shift]:
+                        contended = "" if hot is None else f", {hot:g}% contention"
                         progress.begin(
-                            f"N={replicas} {size} B {reads:g}% reads, {protocol}, "
+                            f"N={replicas} {size} B {reads:g}% reads{contended}, {protocol}, "
                             f"round {round_ + 1}/{args.rounds}"
                         )
                         trial, writes, read_hist = _trial(
-                            session, progress, args, protocol, replicas, size, reads, cpus
+                            session, progress, args, protocol, replicas, size, reads, cpus, hot
                         )
                         trials[protocol].append(trial)
                         histograms[protocol][0].add(writes)
@@ -183,7 +202,7 @@ def measure(
                     rates = [t["throughput_per_s"] for t in trials[protocol]]
                     results.append({
                         "protocol": protocol, "replicas": replicas, "size": size,
-                        "reads_pct": reads, "straggler": straggler,
+                        "reads_pct": reads, "straggler": straggler, "contention_pct": hot,
                         "throughput_per_s": round(statistics.median(rates)),
                         "throughput_min": round(min(rates)),
                         "throughput_max": round(max(rates)),
@@ -196,6 +215,7 @@ def measure(
                     })  # fmt: skip
         _losses(results)
         _tls_cost(results)
+        _ratios(results)
         return {
             "bench": "throughput",
             "machine": machine,
@@ -223,6 +243,7 @@ def _trial(
     size: int,
     reads: float,
     cpus: list[float],
+    hot: float | None = None,
 ) -> tuple[dict[str, Any], Any, Any]:
     tls = protocol.endswith(TLS_SUFFIX)
     protocol = protocol.removesuffix(TLS_SUFFIX)
@@ -234,7 +255,7 @@ def _trial(
             mode="closed",
             sites=spread(targets, SITES, args.clients, args.outstanding, args.client_procs),
             warmup=args.warmup, duration=args.duration, size=size, reads=reads / 100,
-            seed=args.seed,
+            seed=args.seed, dist="uniform" if hot is None else f"{HOT_PREFIX}{hot:g}",
         )  # fmt: skip
         result = run_load(session, cluster, plan, progress)
         traffic = _peer_traffic(cluster, replicas)
@@ -284,11 +305,14 @@ def _median_of(trials: list[dict[str, Any]], key: str) -> int | None:
 def _losses(results: list[dict[str, Any]]) -> None:
     """Each straggler result's throughput loss against the same configuration without one."""
     baseline = {
-        (r["protocol"], r["replicas"], r["size"], r["reads_pct"]): r["throughput_per_s"]
+        (r["protocol"], r["replicas"], r["size"], r["reads_pct"], r["contention_pct"]):
+        r["throughput_per_s"]
         for r in results if r["straggler"] is None
     }  # fmt: skip
     for r in results:
-        base = baseline.get((r["protocol"], r["replicas"], r["size"], r["reads_pct"]))
+        base = baseline.get(
+            (r["protocol"], r["replicas"], r["size"], r["reads_pct"], r["contention_pct"])
+        )
         r["loss_pct"] = (
             round(100 * (1 - r["throughput_per_s"] / base), 1)
             if r["straggler"] is not None and base else None
@@ -310,6 +334,21 @@ def _tls_cost(results: list[dict[str, Any]]) -> None:
             r["tls_throughput_ratio"] = round(r["throughput_per_s"] / base["throughput_per_s"], 3)
 
 
+def _ratios(results: list[dict[str, Any]]) -> None:
+    """Each result's throughput as a ratio of EPaxos's in the same configuration and run (the
+    paper's claim: SDPaxos 1.7x EPaxos at 5 % contention), when EPaxos ran."""
+    epaxos = {
+        (r["replicas"], r["size"], r["reads_pct"], str(r["straggler"]), r["contention_pct"]):
+        r["throughput_per_s"]
+        for r in results if r["protocol"] == "epaxos"
+    }  # fmt: skip
+    for r in results:
+        base = epaxos.get(
+            (r["replicas"], r["size"], r["reads_pct"], str(r["straggler"]), r["contention_pct"])
+        )
+        r["vs_epaxos"] = round(r["throughput_per_s"] / base, 2) if base else None
+
+
 def show(report: dict[str, Any]) -> None:
     limit = report["cpu_limit"]
     title = (
@@ -324,8 +363,10 @@ def show(report: dict[str, Any]) -> None:
             for i in range(r["replicas"])
         ]
         straggler = r["straggler"]
+        hot = r.get("contention_pct")
         rows.append([
             r["protocol"], r["replicas"], r["size"], r["reads_pct"],
+            "-" if hot is None else f"{hot:g} %",
             f"{straggler['site']} @ {straggler['cpus']:.2f}" if straggler else "-",
             r["throughput_per_s"], f"{r['throughput_min']:,}-{r['throughput_max']:,}",
             "-" if r["loss_pct"] is None else f"{r['loss_pct']:g} %",
@@ -333,12 +374,13 @@ def show(report: dict[str, Any]) -> None:
             r["read_latency_ms"]["p50_ms"], r["read_latency_ms"]["p99_ms"],
             " ".join(f"{c:.2f}" for c in cpu),
             "-" if r.get("peer_bytes_per_command") is None else r["peer_bytes_per_command"],
+            "-" if r.get("vs_epaxos") is None else f"{r['vs_epaxos']:.2f}x",
         ])  # fmt: skip
     print_table(
         title,
-        ["protocol", "N", "bytes", "reads %", "straggler", "ops/s (median)", "min-max", "loss",
-         "write p50 ms", "write p99", "read p50 ms", "read p99", "replica CPUs used",
-         "peer B/cmd"],
+        ["protocol", "N", "bytes", "reads %", "contention", "straggler", "ops/s (median)",
+         "min-max", "loss", "write p50 ms", "write p99", "read p50 ms", "read p99",
+         "replica CPUs used", "peer B/cmd", "vs EPaxos"],
         rows,
     )  # fmt: skip
     for r in report["results"]:

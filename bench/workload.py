@@ -1,5 +1,5 @@
-"""Workload generators for the process benchmarks: Poisson arrivals, Zipf and uniform keys,
-and key-value commands of an exact size.
+"""Workload generators for the process benchmarks: Poisson arrivals, Zipf, uniform and
+hot-key (contention) keys, and key-value commands of an exact size.
 
 Everything takes an explicit ``random.Random`` so a ``--seed`` reproduces the request stream.
 """
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from consensus.statemachine import kv_get, kv_put
 
 __all__ = [
+    "HOT_PREFIX",
+    "HotKeys",
     "KeyChooser",
     "PoissonArrivals",
     "UniformKeys",
@@ -135,7 +137,30 @@ class UniformKeys:
         return self.rng.randrange(self.n)
 
 
-KeyChooser = ZipfKeys | UniformKeys
+class HotKeys:
+    """The paper's contention workload (§5.2, Fig. 10): a share ``percent`` of the commands
+    touch one hot key (item 0), the others keys drawn uniformly from the rest of ``[1, n)``
+    (distinct but for chance collisions, rare with ``n`` far above the commands in flight)."""
+
+    def __init__(self, n: int, percent: float, rng: random.Random) -> None:
+        if n < 2:
+            raise ValueError("a hot key and the rest need at least 2 items")
+        if not 0 <= percent <= 100:
+            raise ValueError(f"contention is a percentage (0-100), got {percent}")
+        self.n = n
+        self.share = percent / 100
+        self.rng = rng
+
+    def next(self) -> int:
+        if self.rng.random() < self.share:
+            return 0
+        return 1 + self.rng.randrange(self.n - 1)
+
+
+KeyChooser = ZipfKeys | UniformKeys | HotKeys
+
+#: ``hot:P`` names the contention distribution with P percent of commands on the hot key
+HOT_PREFIX = "hot:"
 
 
 def parse_key_dist(name: str, n: int, rng: random.Random, theta: float = 0.99) -> KeyChooser:
@@ -143,7 +168,13 @@ def parse_key_dist(name: str, n: int, rng: random.Random, theta: float = 0.99) -
         return ZipfKeys(n, theta, rng)
     if name == "uniform":
         return UniformKeys(n, rng)
-    raise ValueError(f"unknown key distribution {name!r} (uniform or zipf)")
+    if name.startswith(HOT_PREFIX):
+        try:
+            percent = float(name.removeprefix(HOT_PREFIX))
+        except ValueError:
+            raise ValueError(f"bad contention in {name!r}: expected hot:PERCENT") from None
+        return HotKeys(n, percent, rng)
+    raise ValueError(f"unknown key distribution {name!r} (uniform, zipf or hot:PERCENT)")
 
 
 def sample(chooser: KeyChooser, count: int) -> Sequence[int]:

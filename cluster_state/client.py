@@ -20,7 +20,11 @@ pages of the event log with linearizable reads, waiting ``poll_s`` when there is
 Either way a watcher that lost its connection resumes with ``watch(last.revision)`` — at any
 replica, since every replica holds the same events — and if the store no longer keeps them it
 raises ``EventsCompacted`` (re-read the state with ``allocations()``, then watch from the
-revision it reports).
+revision it reports). ``connect(..., watch_targets=[grpc host:port, ...])`` watches over the
+replicas' pushed gRPC stream instead (``PushedWatch``: no polling, batches pushed as commands
+apply, resumed at the next target if the stream breaks; a watcher that reads too slowly gets
+``EventsCompacted`` rather than slowing the replica). Many watchers in one process share one
+``PushedWatch`` (one connection per target).
 
 A store answer ``["error", reason]`` raises ``InvalidRequest`` (nothing changed); an answer
 that may or may not have taken effect raises ``consensus.errors.IndefiniteFailure``.
@@ -41,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -59,7 +64,8 @@ from consensus.messages import Command
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "new_client_id"]
+__all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "PushedWatch",
+           "new_client_id"]
 
 #: the codec's bound on a client id (and a sequence number)
 _MAX_ID = (1 << 63) - 1
@@ -87,11 +93,13 @@ class _Channel(Protocol):
 
 class _Remote:
     def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
-                 timeout_s: float, attempts: int) -> None:
+                 timeout_s: float, attempts: int, watch_targets: Sequence[str] = ()) -> None:
         from consensus.runtime.client import Client
 
         self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
                              attempts=attempts)
+        self.home = home
+        self.pushed = PushedWatch(watch_targets) if watch_targets else None
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         reply = await self.client.execute(op, seq=seq)
@@ -102,6 +110,11 @@ class _Remote:
         return bytes(reply.payload)  # type: ignore[arg-type]
 
     async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+        if self.pushed is not None:
+            async with contextlib.aclosing(self.pushed.watch(since, self.home)) as pages:
+                async for page in pages:
+                    yield page
+            return
         # A page of events per linearizable read: a page is never older than what the
         # watcher already saw, whichever replica answers, so resuming anywhere is exact.
         while True:
@@ -117,6 +130,72 @@ class _Remote:
 
     async def close(self) -> None:
         await self.client.close()
+        if self.pushed is not None:
+            await self.pushed.close()
+
+
+#: the gRPC status codes after which a pushed watch resumes at the next target
+_WATCH_RETRY_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN")
+#: a pushed watch gives up after this many broken streams in a row without an event
+_WATCH_ATTEMPTS = 6
+#: ... pausing this long between rounds over every target
+_WATCH_RETRY_PAUSE_S = 0.2
+
+
+class PushedWatch:
+    """Watch streams pushed by the replicas' gRPC service (``WatchPushed``), over one
+    channel per target, shared by every ``watch`` call (see the module documentation)."""
+
+    def __init__(self, targets: Sequence[str]) -> None:
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+
+        if not targets:
+            raise ValueError("PushedWatch needs at least one gRPC target (host:port)")
+        self.targets = list(targets)
+        self._channels = [grpc.aio.insecure_channel(target) for target in self.targets]
+        self._stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
+                       for c in self._channels]
+
+    async def watch(self, since: int, first: int = 0) -> AsyncGenerator[list[ChangeEvent], None]:
+        """Pages of events after ``since``, starting at target ``first``; a broken stream
+        resumes at the next target after the last revision seen (pages hold whole
+        revisions)."""
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+        k, failures = first % len(self._stubs), 0
+        while True:
+            call = self._stubs[k].WatchPushed(pb.WatchRequest(since=since))
+            try:
+                async for batch in call:
+                    if batch.compacted:
+                        raise EventsCompacted(batch.revision, batch.oldest)
+                    events = [ChangeEvent(e.revision, e.kind, e.subject,
+                                          tuple(json.loads(e.data_json))) for e in batch.events]
+                    if events:
+                        failures = 0
+                        since = events[-1].revision
+                        yield events
+                broke = "the stream ended"  # the server is stopping: resume elsewhere
+            except grpc.aio.AioRpcError as exc:
+                if exc.code().name not in _WATCH_RETRY_CODES:
+                    raise
+                broke = str(exc.details())
+            finally:
+                call.cancel()
+            failures += 1
+            if failures >= _WATCH_ATTEMPTS * len(self._stubs):
+                raise IndefiniteFailure(f"no watch stream from {self.targets}: {broke}")
+            k = (k + 1) % len(self._stubs)
+            if k == first % len(self._stubs):
+                await asyncio.sleep(_WATCH_RETRY_PAUSE_S)
+
+    async def close(self) -> None:
+        for channel in self._channels:
+            await channel.close()
 
 
 class _Embedded:
@@ -202,11 +281,15 @@ class AllocationStore:
         home: int = 0,
         timeout_s: float = 2.0,
         attempts: int = 3,
+        watch_targets: Sequence[str] = (),
     ) -> AllocationStore:
         """Talk to the replicas at ``addresses`` (client ports), ``addresses[home]`` first.
-        A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times."""
+        A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times.
+        With ``watch_targets`` (the replicas' gRPC host:port, in the same order), ``watch``
+        uses their pushed stream, ``watch_targets[home]`` first."""
         client_id = _checked_id(client_id)
-        return cls(_Remote(addresses, client_id, home, timeout_s, attempts), client_id)
+        return cls(_Remote(addresses, client_id, home, timeout_s, attempts, watch_targets),
+                   client_id)
 
     @classmethod
     def embedded(

@@ -26,6 +26,7 @@ import contextlib
 import json
 import random
 import statistics
+import sys
 import tempfile
 import time
 import urllib.request
@@ -94,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.duration > 0 or args.schedulers_per_site < 1:  # impossible: a usage error
+        print("sdpaxos demo: error: --duration and --schedulers-per-site must be positive",
+              file=sys.stderr)
+        return 2
     if args.dir:
         return asyncio.run(_demo(args, Path(args.dir)))
     with tempfile.TemporaryDirectory(prefix="sdpaxos-demo-") as tmp:
@@ -464,6 +469,9 @@ def run_scheduler(args: argparse.Namespace) -> int:
     from consensus.errors import ConfigError
     from consensus.runtime.cluster_config import load_cluster_config
 
+    if args.schedulers < 1:
+        print("sdpaxos scheduler: error: --schedulers must be positive", file=sys.stderr)
+        return 2
     try:
         config = load_cluster_config(args.config)
     except ConfigError as exc:

@@ -38,6 +38,9 @@ the next replica to restart proposes the older file again.
 
 The store, its configuration and gRPC are imported when used: ``sdpaxos cluster`` loads every
 installed kind to offer its ``init`` options.
+
+``/metrics``: the store's per-VC GPU and group gauges and its preemption counters
+(``cluster_state.metrics``).
 """
 
 from __future__ import annotations
@@ -54,7 +57,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from consensus.errors import ConfigError
 from consensus.runtime.cli import cluster_toml
-from consensus.runtime.state_machines import InitChoice, Service, StateMachineKind
+from consensus.runtime.state_machines import (
+    InitChoice,
+    MetricsSource,
+    Service,
+    StateMachineKind,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -140,6 +148,17 @@ class ClusterStateKind(StateMachineKind):
         )
         proposing.add_done_callback(_log_failure)
         return _StoreServices(server, proposing)
+
+    def metrics(self, node: ReplicaNode) -> MetricsSource | None:
+        """The store's gauges and counters (``cluster_state.metrics``)."""
+        from cluster_state.metrics import StoreMetrics
+        from cluster_state.store import ClusterStore
+
+        if not isinstance(node.state_machine, ClusterStore):
+            return None
+        metrics = StoreMetrics(node.state_machine)
+        node.on_apply.append(metrics.applied)
+        return metrics
 
     def add_init_arguments(self, parser: argparse.ArgumentParser) -> None:
         store = parser.add_mutually_exclusive_group()

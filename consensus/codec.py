@@ -29,7 +29,7 @@ Every future format keeps the ``[version, ...]`` envelope, so an old reader repo
 changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
 matches ``consensus.messages``, or a message class without a tag, fails at import). A new
 class takes a new, never used tag and needs no bump (an old reader rejects it as an unknown
-tag): the baselines' messages use tags 32..42 and records 80..81, EPaxos's 48..54 and 84.
+tag): the baselines' messages use tags 32..46 and records 80..83, EPaxos's 48..54 and 84.
 A bump that leaves every record's layout as it was adds the old version to
 ``RECORD_VERSIONS_READ``, so data directories survive the upgrade; peers must speak the same
 version (the handshake checks).
@@ -115,6 +115,9 @@ from consensus.messages import (
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
+    MenciusPrepare,
+    MenciusPromise,
+    MenciusPromiseRecord,
     MenciusSkip,
     NewView,
     NewViewAck,
@@ -129,6 +132,9 @@ from consensus.messages import (
     PaxosAck,
     PaxosCommit,
     PaxosForward,
+    PaxosPrepare,
+    PaxosPromise,
+    PaxosPromiseRecord,
     PeerMessage,
     PreVote,
     PreVoteReply,
@@ -229,6 +235,11 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         MenciusAccept: 40,
         MenciusAck: 41,
         MenciusSkip: 42,
+        # baseline failover: Multi-Paxos takeover, Mencius revocation
+        PaxosPrepare: 43,
+        PaxosPromise: 44,
+        MenciusPrepare: 45,
+        MenciusPromise: 46,
         # peer messages of EPaxos (consensus.protocol.epaxos)
         EPreAccept: 48,
         EPreAcceptReply: 49,
@@ -249,6 +260,9 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         SkipRecord: 81,
         # durable records of EPaxos
         EInstanceRecord: 84,
+        # durable records of baseline failover
+        PaxosPromiseRecord: 82,
+        MenciusPromiseRecord: 83,
         # nested values
         Command: 96,
         OEntry: 97,
@@ -443,6 +457,35 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("skip_start", _UINT),
         ("skip_stop", _UINT),
     ),
+    PaxosPrepare: (("src", _UINT), ("view", _UINT), ("ballot", _UINT), ("from_slot", _UINT)),
+    PaxosPromise: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+        ("from_slot", _UINT),
+        ("through", _UINT),
+        ("complete", _BOOL),
+        ("accepted", _Array(CVote, MAX_ENTRIES)),
+    ),
+    MenciusPrepare: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("start", _UINT),
+        ("stop", _UINT),
+        ("ballot", _UINT),
+    ),
+    MenciusPromise: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("start", _UINT),
+        ("stop", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+        ("accepted", _Array(CVote, MAX_ENTRIES)),
+    ),
     # EPaxos
     EPreAccept: (
         ("src", _UINT),
@@ -531,6 +574,13 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ),
     SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
     SkipRecord: (("start", _UINT), ("stop", _UINT)),
+    PaxosPromiseRecord: (("ballot", _UINT),),
+    MenciusPromiseRecord: (
+        ("owner", _UINT),
+        ("start", _UINT),
+        ("stop", _UINT),
+        ("ballot", _UINT),
+    ),
     EInstanceRecord: (
         ("owner", _UINT),
         ("index", _UINT),

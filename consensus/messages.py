@@ -69,6 +69,9 @@ __all__ = [
     "LeaseGrant",
     "MenciusAccept",
     "MenciusAck",
+    "MenciusPrepare",
+    "MenciusPromise",
+    "MenciusPromiseRecord",
     "MenciusSkip",
     "NewView",
     "NewViewAck",
@@ -83,6 +86,9 @@ __all__ = [
     "PaxosAck",
     "PaxosCommit",
     "PaxosForward",
+    "PaxosPrepare",
+    "PaxosPromise",
+    "PaxosPromiseRecord",
     "PeerMessage",
     "PreVote",
     "PreVoteReply",
@@ -703,6 +709,85 @@ class EInstanceRecord:
     deps: tuple[int, ...]
 
 
+
+# --------------------------------------------------------------------------- baseline failover
+# Multi-Paxos leader takeover (phase 1 over the log) and Mencius revocation of a suspected
+# owner's slots. ``CVote.index`` is a global slot in their ``accepted`` lists.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosPrepare:
+    """Multi-Paxos phase 1: ``src`` asks for promises at ``ballot`` and for every value
+    accepted in global slots from ``from_slot`` on."""
+
+    src: int
+    view: int
+    ballot: int
+    from_slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosPromise:
+    """Multi-Paxos: ``src`` promised ``ballot``; ``accepted`` is every value it accepted in
+    slots ``from_slot..through`` (all of them from ``from_slot`` on when ``complete``). ``ok``
+    False: it refuses, having promised the higher ``ballot`` (also a leader's Accept's
+    refusal)."""
+
+    src: int
+    view: int
+    ballot: int
+    ok: bool
+    from_slot: int
+    through: int
+    complete: bool
+    accepted: tuple[CVote, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusPrepare:
+    """Mencius revocation: ``src`` asks for promises at ``ballot`` for ``owner``'s slots in
+    ``[start, stop)``."""
+
+    src: int
+    view: int
+    owner: int
+    start: int
+    stop: int
+    ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusPromise:
+    """Mencius: ``src`` promised ``ballot`` for ``owner``'s slots in ``[start, stop)`` and
+    reports what it accepted there (``ok`` False: it promised the higher ``ballot``)."""
+
+    src: int
+    view: int
+    owner: int
+    start: int
+    stop: int
+    ballot: int
+    ok: bool
+    accepted: tuple[CVote, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaxosPromiseRecord:
+    """Multi-Paxos: this replica promised ``ballot`` (for every slot)."""
+
+    ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MenciusPromiseRecord:
+    """Mencius: this replica promised ``ballot`` for ``owner``'s slots in ``[start, stop)``."""
+
+    owner: int
+    start: int
+    stop: int
+    ballot: int
+
+
 PeerMessage = (
     CAccept
     | CAck
@@ -742,6 +827,10 @@ PeerMessage = (
     | ECommit
     | EPrepare
     | EPrepareReply
+    | PaxosPrepare
+    | PaxosPromise
+    | MenciusPrepare
+    | MenciusPromise
 )
 
 
@@ -831,4 +920,6 @@ Record = (
     | SlotAcceptedRecord
     | SkipRecord
     | EInstanceRecord
+    | PaxosPromiseRecord
+    | MenciusPromiseRecord
 )

@@ -70,6 +70,10 @@ MINUS_ONE_ALLOWED = {
     (messages.Vote, "c_high"),
     (messages.CPromise, "high"),
     (messages.RReply, "slot"),
+    # EPaxos dependencies: -1 where an instance depends on none of a replica's
+    *((cls, "deps") for cls in (messages.EPreAccept, messages.EPreAcceptReply,
+                                 messages.EAccept, messages.ECommit, messages.EPrepareReply,
+                                 messages.EInstanceRecord)),
 }
 
 # --------------------------------------------------------------------------- strategies
@@ -221,6 +225,17 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "MenciusAccept": 40,
         "MenciusAck": 41,
         "MenciusSkip": 42,
+        "PaxosPrepare": 43,
+        "PaxosPromise": 44,
+        "MenciusPrepare": 45,
+        "MenciusPromise": 46,
+        "EPreAccept": 48,
+        "EPreAcceptReply": 49,
+        "EAccept": 50,
+        "EAcceptReply": 51,
+        "ECommit": 52,
+        "EPrepare": 53,
+        "EPrepareReply": 54,
         "CAcceptedRecord": 64,
         "OAcceptedRecord": 65,
         "ViewRecord": 66,
@@ -229,6 +244,9 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "ExecutedRecord": 69,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
+        "PaxosPromiseRecord": 82,
+        "MenciusPromiseRecord": 83,
+        "EInstanceRecord": 84,
         "Command": 96,
         "OEntry": 97,
         "OVote": 98,

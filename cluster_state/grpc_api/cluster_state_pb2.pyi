@@ -227,3 +227,15 @@ class Event(_message.Message):
     subject: str
     data_json: str
     def __init__(self, revision: _Optional[int] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., data_json: _Optional[str] = ...) -> None: ...
+
+class EventBatch(_message.Message):
+    __slots__ = ("events", "compacted", "revision", "oldest")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    compacted: bool
+    revision: int
+    oldest: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., compacted: _Optional[bool] = ..., revision: _Optional[int] = ..., oldest: _Optional[int] = ...) -> None: ...

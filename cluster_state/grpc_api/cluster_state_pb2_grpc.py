@@ -79,6 +79,11 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.FromString,
                 _registered_method=True)
+        self.WatchPushed = channel.unary_stream(
+                '/sdpaxos.cluster_state.v1.AllocationService/WatchPushed',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.FromString,
+                _registered_method=True)
         self.Reconfigure = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/Reconfigure',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.SerializeToString,
@@ -143,7 +148,15 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Watch(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One event per message (kept for older clients; OUT_OF_RANGE when compacted).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchPushed(self, request, context):
+        """The pushed stream for many watchers: batches, bounded memory per watcher.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -207,6 +220,11 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.SerializeToString,
+            ),
+            'WatchPushed': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchPushed,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.SerializeToString,
             ),
             'Reconfigure': grpc.unary_unary_rpc_method_handler(
                     servicer.Reconfigure,
@@ -462,6 +480,33 @@ class AllocationService:
             '/sdpaxos.cluster_state.v1.AllocationService/Watch',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.Event.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchPushed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/WatchPushed',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,7 @@ from cluster_state.config import parse_config
 from cluster_state.errors import ConfigError, EventsCompacted
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+from cluster_state.watch_hub import DEFAULT_MAX_PENDING, Batch, WatchHub
 from consensus.errors import DefiniteFailure, SDPaxosError
 
 if TYPE_CHECKING:
@@ -86,9 +87,12 @@ class _Pool:
 
 
 class AllocationServicer(pb_grpc.AllocationServiceServicer):
-    def __init__(self, node: ReplicaNode) -> None:
+    def __init__(self, node: ReplicaNode, *, watch_max_pending: int = DEFAULT_MAX_PENDING
+                 ) -> None:
         self._node = node
         self._pool = _Pool(node)
+        # every watch stream of this replica is fed by one hook (see ``WatchHub``)
+        self._hub = WatchHub(node, max_pending=watch_max_pending)
 
     # ------------------------------------------------------------------ updates
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitReply:
@@ -201,15 +205,29 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
 
     # ------------------------------------------------------------------ watch
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.Event]:
-        # Fed by this replica's own apply hook: the stream is the replica's event log, which
-        # is the same on every replica, so a client resumes anywhere from its last revision.
-        store = AllocationStore.embedded(self._node)
+        # Fed by this replica's watch hub: the stream is the replica's event log, which is
+        # the same on every replica, so a client resumes anywhere from its last revision.
         try:
-            async for event in store.watch(request.since):
-                yield pb.Event(revision=event.revision, kind=event.kind, subject=event.subject,
-                               data_json=json.dumps(list(event.data)))
+            async for batches in self._hub.watch(request.since):
+                for batch in batches:
+                    for event in _batch_pb(batch).events:
+                        yield event
         except EventsCompacted as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+
+    async def WatchPushed(
+        self, request: pb.WatchRequest, context: Any
+    ) -> AsyncIterator[pb.EventBatch]:
+        # One message per wake-up, holding every batch queued meanwhile; a batch is encoded
+        # once for all the watchers it reaches.
+        try:
+            async for batches in self._hub.watch(request.since):
+                if len(batches) == 1:
+                    yield _batch_pb(batches[0])
+                else:
+                    yield pb.EventBatch(events=[e for b in batches for e in _batch_pb(b).events])
+        except EventsCompacted as exc:
+            yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
 
     # ------------------------------------------------------------------ errors
     async def _call(self, context: Any, call: Awaitable[_T]) -> _T:
@@ -222,6 +240,17 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         except SDPaxosError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         raise AssertionError("context.abort returned")  # it raises
+
+
+def _batch_pb(batch: Batch) -> pb.EventBatch:
+    if batch.encoded is None:
+        batch.encoded = pb.EventBatch(events=[
+            pb.Event(revision=e.revision, kind=e.kind, subject=e.subject,
+                     data_json=json.dumps(list(e.data)))
+            for e in batch.events
+        ])
+    encoded: pb.EventBatch = batch.encoded  # type: ignore[assignment]
+    return encoded
 
 
 async def serve_grpc(node: ReplicaNode, host: str, port: int) -> grpc.aio.Server:

@@ -2,28 +2,37 @@
 credentials (a client certificate of the cluster's CA required), channel credentials for
 clients, and the principal of a call.
 
-The servicer authenticates each call (``Authenticator.principal``): the peer's certificate
-must name a client of this cluster and not be revoked (the replica's ``Revocations``, which a
-SIGHUP reloads: a revoked certificate's next call is refused, its connection may stay up).
-What it names is the principal the call's commands carry through the log.
+The servicer authenticates each call (``authenticate_servicer`` wraps every RPC method): the
+peer's certificate must name a client of this cluster and not be revoked (the replica's
+``Revocations``, which a SIGHUP reloads: a revoked certificate's next call is refused with
+UNAUTHENTICATED, its connection may stay up). What it names is the principal the call's
+commands carry through the log (``CALLER`` holds it for the call's task), and a scheduler's
+watch streams are trimmed to the events it may see.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
 
 import grpc
 
-from consensus.auth import Principal
+from cluster_state.grpc_api import cluster_state_pb2 as pb
+from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+from consensus.auth import SCHEDULER, Principal
 from consensus.errors import ConfigError
 from consensus.runtime.tls import REPLICA_DNS_NAME, Revocations, TlsConfig, TlsFiles
 from consensus.runtime.tls import identity_of_pem as _identity_of_pem
 
 __all__ = [
+    "CALLER",
     "CHANNEL_OPTIONS",
     "Authenticator",
     "Unauthenticated",
+    "authenticate_servicer",
     "channel_credentials",
     "server_credentials",
 ]
@@ -31,6 +40,8 @@ __all__ = [
 #: every replica certificate carries ``REPLICA_DNS_NAME``: a client checks the server's name
 #: against it, whatever address it dialed
 CHANNEL_OPTIONS: Final = (("grpc.ssl_target_name_override", REPLICA_DNS_NAME),)
+#: the principal of the call a task serves (None: not a TLS cluster)
+CALLER: ContextVar[Principal | None] = ContextVar("sdpaxos_grpc_caller", default=None)
 #: certificates parsed lately, by their PEM bytes (a call costs a lookup, not a parse)
 _CACHE_SIZE: Final = 1024
 
@@ -96,3 +107,62 @@ class Authenticator:
             raise Unauthenticated(f"the certificate of {principal.describe()} (serial "
                                   f"{serial:x}) is revoked")
         return principal
+
+
+#: whether a principal may see an event of this kind about this subject
+Visibility = Callable[[Principal, str, str], bool]
+
+
+def authenticate_servicer(servicer: Any, authenticator: Authenticator,
+                          visible: Visibility) -> None:
+    """Make every RPC method of ``servicer`` (before it is added to a server) authenticate
+    its call first, set ``CALLER`` for it, and trim what a scheduler's streams yield to the
+    events ``visible`` lets it see."""
+    for name in vars(pb_grpc.AllocationServiceServicer):
+        if not name.startswith("_"):
+            setattr(servicer, name, _authenticated(getattr(servicer, name), authenticator,
+                                                   visible))
+
+
+async def _principal(authenticator: Authenticator, context: Any) -> Principal:
+    try:
+        return authenticator.principal(context)
+    except Unauthenticated as exc:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        raise AssertionError("context.abort returned") from None  # it raises
+
+
+def _authenticated(method: Any, authenticator: Authenticator, visible: Visibility) -> Any:
+    if inspect.isasyncgenfunction(method):
+        async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            principal = await _principal(authenticator, context)
+            CALLER.set(principal)
+            async for item in method(request, context):
+                kept = _trimmed(item, principal, visible)
+                if kept is not None:
+                    yield kept
+
+        return stream
+
+    async def unary(request: Any, context: Any) -> Any:
+        CALLER.set(await _principal(authenticator, context))
+        call: Awaitable[Any] = method(request, context)
+        return await call
+
+    return unary
+
+
+def _trimmed(item: Any, principal: Principal, visible: Visibility) -> Any:
+    """A streamed ``Event`` or ``EventBatch`` as ``principal`` may see it (None: nothing)."""
+    if principal.role != SCHEDULER:
+        return item
+    if isinstance(item, pb.Event):
+        return item if visible(principal, item.kind, item.subject) else None
+    if isinstance(item, pb.EventBatch):
+        kept = [e for e in item.events if visible(principal, e.kind, e.subject)]
+        if item.compacted:
+            return item
+        if not kept:
+            return None
+        return item if len(kept) == len(item.events) else pb.EventBatch(events=kept)
+    return item

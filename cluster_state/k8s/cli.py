@@ -88,12 +88,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-release", action="store_true",
                         help="do not release groups whose pods are all gone (another instance "
                         "does)")
+    from consensus.runtime.logs import add_log_level_argument
+
+    add_log_level_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from consensus.errors import ConfigError
+    from consensus.runtime.logs import configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)  # JSON lines, as the replicas log
     try:
         store = connect_store(args.config, args.home)
     except ConfigError as exc:

@@ -111,6 +111,8 @@ from consensus.messages import (
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
+    MenciusPrepare,
+    MenciusPromise,
     MenciusSkip,
     NewView,
     NewViewAck,
@@ -121,6 +123,8 @@ from consensus.messages import (
     PaxosAck,
     PaxosCommit,
     PaxosForward,
+    PaxosPrepare,
+    PaxosPromise,
     PeerMessage,
     PreVote,
     PreVoteReply,
@@ -185,8 +189,9 @@ _MULTIPAXOS: Final = frozenset({"multipaxos"})
 _MENCIUS: Final = frozenset({"mencius"})
 _EPAXOS: Final = frozenset({"epaxos"})
 _EVERY: Final = _SDPAXOS | _MULTIPAXOS | _MENCIUS | _EPAXOS
-#: protocols without views: every message they exchange carries view 0
-_VIEWLESS: Final = _MULTIPAXOS | _MENCIUS | _EPAXOS
+#: protocols without views: every message they exchange carries view 0 (Multi-Paxos's
+#: heartbeats carry the sender's ballot as their view: it has leaders)
+_VIEWLESS: Final = _MENCIUS | _EPAXOS
 
 
 class Receiver(Protocol):
@@ -385,6 +390,16 @@ def own_baseline_ballot(value: Any, msg: Any, b: Bounds) -> Verdict:
     return "ballot", f"ballot {value!r} is not replica {msg.src}'s"
 
 
+def own_ballot(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """A ballot of the message's sender (any round): a leader's or revoker's Accept."""
+    verdict = ballot(value, msg, b)
+    if verdict is not None:
+        return verdict
+    if value % BALLOT_STRIDE != msg.src:
+        return "ballot", f"ballot {value} is not replica {msg.src}'s"
+    return None
+
+
 def free(value: Any, msg: Any, b: Bounds) -> Verdict:
     """Opaque payload (commands, keys, bytes, flags): nothing here names a replica, an
     instance, a slot, a view or a ballot."""
@@ -493,6 +508,30 @@ def promise_through(value: Any, msg: Any, b: Bounds) -> Verdict:
     if type(value) is int and value < msg.from_index:
         return "index", f"page through {value} before its start {msg.from_index}"
     return _index(value, msg.owner, ORDER_WINDOW, False, b)
+
+
+def slot_votes(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """``CVote`` values naming global slots (``PaxosPromise``, ``MenciusPromise``): a slot
+    inside the window and a ballot."""
+    high = b.slot_max
+    for vote in value:
+        verdict = _slot_at_most(vote.index, high, False) or ballot(vote.ballot, msg, b)
+        if verdict is not None:
+            return verdict
+    return None
+
+
+#: the most slots one Mencius revocation names (``consensus.protocol.mencius.REVOKE_SPAN``)
+REVOKE_SLOTS: Final = 1 << 16
+
+
+def _revoked_range(msg: Any, b: Bounds) -> Verdict:
+    """A revocation's ``[start, stop)``: in order, at most ``REVOKE_SLOTS`` slots."""
+    if msg.start > msg.stop:
+        return "slot", f"range {msg.start}..{msg.stop} is reversed"
+    if msg.stop - msg.start > REVOKE_SLOTS:
+        return "length", f"range of {msg.stop - msg.start} slots over {REVOKE_SLOTS}"
+    return None
 
 
 def accepted_view(value: Any, msg: Any, b: Bounds) -> Verdict:
@@ -642,7 +681,7 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
         # ---------------------------------------------------------------- views, leases
         Heartbeat: Entry(_EVERY, (*_SRC_VIEW, ("executed", counter),
                                   ("lease_request", counter_or_none))),
-        LeaseGrant: Entry(_SDPAXOS, (*_SRC_VIEW, ("request", counter))),
+        LeaseGrant: Entry(_SDPAXOS | _MULTIPAXOS, (*_SRC_VIEW, ("request", counter))),
         PreVote: Entry(_SDPAXOS, _SRC_VIEW),
         PreVoteReply: Entry(_SDPAXOS, (*_SRC_VIEW, ("granted", free))),
         VRequest: Entry(_SDPAXOS, (*_SRC_VIEW, ("from_slot", counter))),
@@ -663,13 +702,17 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
                              (_snapshot_chunk,)),
         # ---------------------------------------------------------------- Multi-Paxos
         PaxosForward: Entry(_MULTIPAXOS, (*_BASELINE, ("commands", free))),
-        PaxosAccept: Entry(_MULTIPAXOS, (*_BASELINE, ("slot", slot),
-                                         ("ballot", own_baseline_ballot), ("batch", free))),
-        PaxosAck: Entry(_MULTIPAXOS, (*_BASELINE, ("ballot", baseline_ballot),
-                                      ("slots", slots))),
+        PaxosAccept: Entry(_MULTIPAXOS | _MENCIUS, (*_BASELINE, ("slot", slot),
+                                                   ("ballot", own_ballot), ("batch", free))),
+        PaxosAck: Entry(_MULTIPAXOS | _MENCIUS, (*_BASELINE, ("ballot", ballot),
+                                                ("slots", slots))),
         PaxosCommit: Entry(_MULTIPAXOS | _MENCIUS, (*_BASELINE, ("slot", slot),
-                                                   ("ballot", baseline_ballot),
-                                                   ("batch", free))),
+                                                   ("ballot", ballot), ("batch", free))),
+        PaxosPrepare: Entry(_MULTIPAXOS, (*_BASELINE, ("ballot", prepare_ballot),
+                                          ("from_slot", slot))),
+        PaxosPromise: Entry(_MULTIPAXOS, (*_BASELINE, ("ballot", ballot), ("ok", free),
+                                          ("from_slot", slot), ("through", slot),
+                                          ("complete", free), ("accepted", slot_votes))),
         # ---------------------------------------------------------------- Mencius
         MenciusAccept: Entry(_MENCIUS, (*_BASELINE, ("slot", slot),
                                         ("ballot", own_baseline_ballot), ("batch", free),
@@ -678,6 +721,13 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
                                      ("slots", slots), ("skip_start", slot),
                                      ("skip_stop", slot))),
         MenciusSkip: Entry(_MENCIUS, (*_BASELINE, ("skip_start", slot), ("skip_stop", slot))),
+        MenciusPrepare: Entry(_MENCIUS, (*_BASELINE, ("owner", replica), ("start", slot),
+                                         ("stop", slot), ("ballot", prepare_ballot)),
+                              (_revoked_range,)),
+        MenciusPromise: Entry(_MENCIUS, (*_BASELINE, ("owner", replica), ("start", slot),
+                                         ("stop", slot), ("ballot", ballot), ("ok", free),
+                                         ("accepted", slot_votes)),
+                              (_revoked_range,)),
         # ---------------------------------------------------------------- EPaxos
         EPreAccept: Entry(_EPAXOS, (*_E_INSTANCE, ("batch", free), ("seq", counter),
                                     ("deps", epaxos_deps))),

@@ -34,9 +34,22 @@ proposes a command in its slot; anyone else could only ever propose a no-op ther
   waits for, which first skips that slot if it is still unused, then answers with every chosen
   value (no-ops included) from there.
 
-Normal case only: there is no revocation (the paper's Prepare by another replica to no-op a
-crashed owner's slots), so every replica must stay up for the log to advance; a restarted
-replica recovers its next own slot from its records and re-drives its unfinished proposals.
+* **Revocation.** The log stops at a crashed or cut-off owner's next slot. A replica stuck
+  there that has heard nothing from that owner for a randomized election timeout, and is the
+  first replica after it (in id order, wrapping) it has heard from recently — or anyone once
+  twice that long passed — revokes the owner's slots from the stuck one up to ``REVOKE_SPAN``
+  of them beyond everything known: ``MenciusPrepare`` at a higher ballot; acceptors that
+  promised no higher ballot there persist a ``MenciusPromiseRecord``, refuse the owner's
+  lower-ballot Accepts in the range from then on, and report what they accepted in it
+  (``MenciusPromise``). With a majority, the revoker re-proposes (``PaxosAccept`` at its
+  ballot) the value of the highest ballot in every slot and a no-op in the others, and
+  commits each once a majority acknowledged it (``PaxosAck``, ``PaxosCommit``). The owner,
+  when back (or if it was only slow), learns its revoked slots from those commits and the
+  promises, never proposes in them again, and proposes again, in its next free slot, the
+  commands of a proposal that a revocation replaced with a no-op.
+
+A restarted replica recovers its next own slot from its records (skips, promises, accepted
+values) and re-drives its unfinished proposals.
 """
 
 from __future__ import annotations
@@ -51,21 +64,28 @@ from consensus.messages import (
     Catchup,
     CatchupMarkers,
     Command,
+    CVote,
     MenciusAccept,
     MenciusAck,
+    MenciusPrepare,
+    MenciusPromise,
+    MenciusPromiseRecord,
     MenciusSkip,
+    PaxosAccept,
+    PaxosAck,
     PaxosCommit,
     PeerMessage,
     Record,
     SkipRecord,
     SlotAcceptedRecord,
 )
-from consensus.protocol.ballot import ballot_of
+from consensus.protocol.admission import REVOKE_SLOTS
+from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of, next_ballot
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.slotlog import Slot, SlotLogCore
 from consensus.protocol.types import NEVER, SnapshotMeta
 
-__all__ = ["MAX_AHEAD", "SKIP_RUN", "MenciusReplica"]
+__all__ = ["MAX_AHEAD", "REVOKE_SPAN", "SKIP_RUN", "MenciusReplica"]
 
 #: Most own slots one skip run (in a message) names; longer skips travel by catch-up.
 SKIP_RUN: Final = 4096
@@ -74,6 +94,30 @@ SKIP_RUN: Final = 4096
 #: would allocate a no-op per own slot (correct peers are never more than the commands in
 #: flight ahead).
 MAX_AHEAD: Final = 1 << 20
+
+#: A revocation covers the owner's slots up to this many of them beyond everything known
+#: (``consensus.protocol.admission.REVOKE_SLOTS`` bounds a range at N times this, N <= 255).
+REVOKE_SPAN: Final = 256
+
+
+class _Revocation:
+    """A revocation under way: ``owner``'s slots in ``[start, stop)`` at ``ballot``."""
+
+    __slots__ = ("ballot", "owner", "promised", "start", "started", "stop", "values")
+
+    def __init__(self, owner: int, start: int, stop: int, ballot: int, now: int) -> None:
+        self.owner = owner
+        self.start = start
+        self.stop = stop
+        self.ballot = ballot
+        self.started = now
+        self.promised: set[int] = set()
+        self.values: dict[int, tuple[int, tuple[Command, ...]]] = {}
+
+    def add(self, slot: int, ballot: int, batch: tuple[Command, ...]) -> None:
+        known = self.values.get(slot)
+        if known is None or ballot > known[0]:
+            self.values[slot] = (ballot, batch)
 
 
 class MenciusReplica(SlotLogCore):
@@ -95,6 +139,16 @@ class MenciusReplica(SlotLogCore):
         self._open: dict[int, Slot] = {}  # own proposals not executed here yet
         self._ack_out: dict[tuple[int, int], list[int]] = {}  # (owner, ballot) -> slots
         self._skipped = False  # skipped something this turn
+        self._ignore_accepted = "takeover_ignores_accepted" in config.unsafe
+        #: revocation promises: (owner, start, stop, ballot), the owner's slots in [start, stop)
+        self._promises: list[tuple[int, int, int, int]] = []
+        self._revocation: _Revocation | None = None
+        self._revoking: dict[int, Slot] = {}  # slots re-proposed by our revocation, not chosen
+        self._heard: list[int] = [0] * self.n  # when each peer was last heard from
+        self._revocation_seen_at = 0  # when we last promised somebody's revocation
+        #: own proposals not chosen yet (the slot's value may change under a revocation)
+        self._proposals: dict[int, tuple[Command, ...]] = {}
+        self._suspect_after = 0
         self._restore(recovered, snapshot)
 
     # ------------------------------------------------------------------ inputs
@@ -103,7 +157,9 @@ class MenciusReplica(SlotLogCore):
             self._propose()
 
     def _step(self, message: PeerMessage) -> None:
-        if isinstance(message, MenciusAccept | PaxosCommit) and not self._plausible(message.slot):
+        if isinstance(message, MenciusAccept | PaxosCommit | PaxosAccept) and not self._plausible(
+            message.slot
+        ):
             return
         match message:
             case MenciusAccept():
@@ -111,10 +167,25 @@ class MenciusReplica(SlotLogCore):
             case MenciusAck():
                 self._learn_skip(message.src, message.skip_start, message.skip_stop)
                 self._on_ack(message)
+                if self._revoking:
+                    self._on_revoked_ack(message)  # (acknowledgements are merged per peer)
             case MenciusSkip():
                 self._learn_skip(message.src, message.skip_start, message.skip_stop)
             case PaxosCommit():
                 self._learn(message.slot, message.ballot, message.batch)
+            case MenciusPrepare():
+                self._on_prepare(message)
+            case MenciusPromise():
+                self._on_promise(message)
+            case PaxosAccept():
+                self._on_revoked_accept(message)
+            case PaxosAck():
+                self._on_revoked_ack(message)
+
+    def step(self, message: PeerMessage, now: int) -> None:
+        if 0 <= message.src < self.n:
+            self._heard[message.src] = now
+        super().step(message, now)
 
     # ------------------------------------------------------------------ owner
     def _propose(self) -> None:
@@ -125,6 +196,7 @@ class MenciusReplica(SlotLogCore):
         inst.acks.add(self.me)
         inst.sent_at = self.now
         self._open[slot] = inst
+        self._proposals[slot] = batch
         self.known_high = max(self.known_high, slot + 1)
         self._persist(SlotAcceptedRecord(slot=slot, ballot=self.ballot, batch=batch))
         accept = self._accept_message(slot, inst)
@@ -163,6 +235,8 @@ class MenciusReplica(SlotLogCore):
         if msg.slot % self.n != msg.src or not msg.batch:
             return  # only the owner proposes in its slot, and never a no-op
         self._learn_skip(msg.src, msg.skip_start, msg.skip_stop)
+        if self._promised(msg.slot) > msg.ballot:
+            return  # revoked: the revoker decides this slot
         if self._accept(msg.slot, msg.ballot, msg.batch):
             self._ack_out.setdefault((msg.src, msg.ballot), []).append(msg.slot)
         self._skip_below(msg.slot)
@@ -211,13 +285,22 @@ class MenciusReplica(SlotLogCore):
 
     # ------------------------------------------------------------------ hooks
     def _chosen(self, slot: int, inst: Slot) -> None:
+        self._revoking.pop(slot, None)
         if inst.batch:
             self._skip_below(slot)
-            if slot % self.n == self.me and slot >= self.next_own:
-                self.next_own = slot + self.n  # ours, chosen: never reuse it
+        if slot % self.n == self.me:
+            if slot >= self.next_own:
+                self.next_own = slot + self.n  # ours, chosen (perhaps revoked): never reuse it
+            mine = self._proposals.pop(slot, None)
+            if mine is not None and mine != inst.batch:
+                # a revocation chose something else here: propose ours again
+                for command in mine:
+                    if command not in inst.batch:
+                        self._submit(command)
 
     def _executed_slot(self, slot: int, inst: Slot) -> None:
         self._open.pop(slot, None)
+        self._proposals.pop(slot, None)
 
     def _catchup_target(self) -> int:
         owner = self.exec_slot % self.n
@@ -237,11 +320,17 @@ class MenciusReplica(SlotLogCore):
         return slot + (self.me - slot) % self.n
 
     def _keeps(self, inst: Slot) -> bool:
-        return bool(inst.batch)  # no-ops are skips: ours are in SkipRecords, others' are facts
+        # no-ops are skips (ours are in SkipRecords, others' are facts), unless a revoker
+        # accepted them at its ballot: that is an acceptance to remember
+        return bool(inst.batch) or inst.ballot >= BALLOT_STRIDE
 
     def _own_records(self) -> list[Record]:
-        """Our skips beyond the compaction point, as runs."""
-        records: list[Record] = []
+        """Our skips beyond the compaction point, as runs; our revocation promises."""
+        records: list[Record] = [
+            MenciusPromiseRecord(owner=owner, start=start, stop=stop, ballot=ballot)
+            for owner, start, stop, ballot in self._promises
+            if stop > self._compacted
+        ]
         start = -1
         slot = self._own_at_or_above(self._compacted)
         while slot <= self.next_own:
@@ -258,19 +347,24 @@ class MenciusReplica(SlotLogCore):
     def _restored(self, records: Sequence[Record]) -> None:
         self.next_own = max(self.next_own, self._own_at_or_above(self._compacted))
         for record in records:
+            if isinstance(record, MenciusPromiseRecord):
+                self._promises.append((record.owner, record.start, record.stop, record.ballot))
+                if record.owner == self.me:
+                    self.next_own = max(self.next_own, self._own_at_or_above(record.stop))
             if isinstance(record, SkipRecord):
                 for slot in range(record.start, record.stop, self.n):
                     if slot >= self._compacted:
                         self.slots[slot] = Slot(self.ballot, (), committed=True)
                 self.next_own = max(self.next_own, record.stop)
         for slot, inst in sorted(self.slots.items()):
-            if slot % self.n == self.me and inst.batch:
+            if slot % self.n == self.me and (inst.batch or inst.ballot >= BALLOT_STRIDE):
                 self.next_own = max(self.next_own, slot + self.n)
-                if not inst.committed:
+                if not inst.committed and inst.ballot == self.ballot:
                     # ours, outcome unknown: drive it again (same value, same ballot)
                     inst.acks = {self.me}
                     inst.sent_at = NEVER
                     self._open[slot] = inst
+                    self._proposals[slot] = inst.batch
 
     # ------------------------------------------------------------------ the loop turn
     def _flush(self) -> None:
@@ -298,7 +392,187 @@ class MenciusReplica(SlotLogCore):
                     self._send(peer, skip)
         self._skipped = False
 
+    # ------------------------------------------------------------------ revocation
+    def _promised(self, slot: int) -> int:
+        """The highest ballot promised for ``slot`` (its owner's 0 unless revoked)."""
+        owner = slot % self.n
+        best = ballot_of(0, owner)
+        for who, start, stop, ballot in self._promises:
+            if who == owner and start <= slot < stop and ballot > best:
+                best = ballot
+        return best
+
+    def _range_promised(self, owner: int, start: int, stop: int) -> int:
+        best = ballot_of(0, owner)
+        for who, low, high, ballot in self._promises:
+            if who == owner and low < stop and start < high and ballot > best:
+                best = ballot
+        return best
+
+    def _maybe_revoke(self) -> None:
+        """Stuck at a slot whose owner has been silent too long: revoke its slots."""
+        if self._revocation is not None:
+            if self.now - self._revocation.started < 2 * self.config.election_timeout_us:
+                return
+            self._revocation = None  # no majority in time: try again (a higher ballot)
+        stuck = self.exec_slot
+        owner = stuck % self.n
+        inst = self.slots.get(stuck)
+        if inst is not None and inst.committed:
+            return
+        timeout = self.config.election_timeout_us
+        if not self._suspect_after:
+            self._suspect_after = timeout + self.rng.randrange(timeout // 2 + 1)
+        stalled = self.now - max(self._exec_progress_at, self._revocation_seen_at)
+        if stalled < self._suspect_after:
+            return
+        revoked = self._promised(stuck) > ballot_of(0, owner) or (
+            inst is not None and inst.ballot >= BALLOT_STRIDE
+        )
+        if not revoked:
+            # the owner still holds it: revoke only if it has been silent, and let the first
+            # live replica after it do it (anyone once twice that long passed)
+            silent = self.now - self._heard[owner]
+            if owner == self.me or silent < self._suspect_after:
+                return
+            order = [(owner + k) % self.n for k in range(1, self.n)]
+            first = next(r for r in order if r == self.me or self.now - self._heard[r] < timeout)
+            if first != self.me and silent < 2 * self._suspect_after:
+                return
+        # (a revoked slot nobody finished, its revoker gone: anyone, the owner too, finishes it)
+        self._suspect_after = 0
+        start = stuck
+        stop = self._own_of(stuck, owner) + REVOKE_SPAN * self.n
+        ballot = next_ballot(self._range_promised(owner, start, stop), self.me)
+        self._promise(owner, start, stop, ballot)
+        revocation = self._revocation = _Revocation(owner, start, stop, ballot, self.now)
+        self._report_accepted(revocation, self.me)
+        prepare = MenciusPrepare(src=self.me, view=0, owner=owner, start=start, stop=stop,
+                                 ballot=ballot)
+        for peer in self._peers:
+            self._send(peer, prepare)
+        self._maybe_revoked(revocation)
+
+    def _own_of(self, slot: int, owner: int) -> int:
+        """``owner``'s first slot at or above ``slot``."""
+        return slot + (owner - slot) % self.n
+
+    def _promise(self, owner: int, start: int, stop: int, ballot: int) -> None:
+        self._promises.append((owner, start, stop, ballot))
+        self._persist(MenciusPromiseRecord(owner=owner, start=start, stop=stop, ballot=ballot))
+        if owner == self.me:
+            # revoked: our unused slots there are the revoker's to fill (with no-ops)
+            self.next_own = max(self.next_own, self._own_of(stop, self.me))
+
+    def _accepted_in(self, owner: int, start: int, stop: int) -> list[CVote]:
+        votes = []
+        for slot in range(self._own_of(start, owner), stop, self.n):
+            inst = self.slots.get(slot)
+            if inst is not None:
+                votes.append(CVote(index=slot, ballot=inst.ballot, batch=inst.batch))
+        return votes
+
+    def _report_accepted(self, revocation: _Revocation, src: int) -> None:
+        for vote in self._accepted_in(revocation.owner, revocation.start, revocation.stop):
+            revocation.add(vote.index, vote.ballot, vote.batch)
+        revocation.promised.add(src)
+
+    def _on_prepare(self, msg: MenciusPrepare) -> None:
+        if msg.ballot % BALLOT_STRIDE != msg.src or not 0 <= msg.stop - msg.start <= REVOKE_SLOTS:
+            return
+        promised = self._range_promised(msg.owner, msg.start, msg.stop)
+        if msg.ballot < promised:
+            self._send(msg.src, MenciusPromise(src=self.me, view=0, owner=msg.owner,
+                                               start=msg.start, stop=msg.stop, ballot=promised,
+                                               ok=False, accepted=()))
+            return
+        if msg.start < self._compacted:
+            self._out.snapshot_requests.append(msg.src)  # it must catch up first
+            return
+        if msg.ballot > promised:
+            self._promise(msg.owner, msg.start, msg.stop, msg.ballot)
+            self._revocation_seen_at = self.now  # give it time before revoking ourselves
+            if self._revocation is not None and self._revocation.ballot < msg.ballot:
+                self._revocation = None
+        self._send(msg.src, MenciusPromise(
+            src=self.me, view=0, owner=msg.owner, start=msg.start, stop=msg.stop,
+            ballot=msg.ballot, ok=True,
+            accepted=tuple(self._accepted_in(msg.owner, msg.start, msg.stop)),
+        ))
+
+    def _on_promise(self, msg: MenciusPromise) -> None:
+        revocation = self._revocation
+        if revocation is None or (msg.owner, msg.start, msg.stop) != (
+            revocation.owner, revocation.start, revocation.stop
+        ):
+            return
+        if not msg.ok:
+            if msg.ballot > revocation.ballot:
+                self._revocation = None  # somebody revokes at a higher ballot
+            return
+        if msg.ballot != revocation.ballot or msg.src in revocation.promised:
+            return
+        for vote in msg.accepted:
+            if revocation.start <= vote.index < revocation.stop and vote.index % self.n == (
+                revocation.owner
+            ):
+                revocation.add(vote.index, vote.ballot, vote.batch)
+        revocation.promised.add(msg.src)
+        self._maybe_revoked(revocation)
+
+    def _maybe_revoked(self, revocation: _Revocation) -> None:
+        """With a majority's promises: re-propose what may have been chosen, no-op the rest."""
+        if len(revocation.promised) < self.q:
+            return
+        self._revocation = None
+        for slot in range(self._own_of(revocation.start, revocation.owner), revocation.stop,
+                          self.n):
+            inst = self.slots.get(slot)
+            if slot < self.exec_slot or (inst is not None and inst.committed):
+                continue
+            _, batch = revocation.values.get(slot, (0, ()))
+            if self._ignore_accepted:
+                batch = ()  # unsafe: as if nobody had accepted anything
+            if not self._accept(slot, revocation.ballot, batch):
+                continue
+            inst = self.slots[slot]
+            inst.acks = {self.me}
+            inst.sent_at = self.now
+            self._revoking[slot] = inst
+            accept = PaxosAccept(src=self.me, view=0, slot=slot, ballot=revocation.ballot,
+                                 batch=batch)
+            for peer in self._peers:
+                self._send(peer, accept)
+            if len(inst.acks) >= self.q:
+                self._commit(slot, inst)
+
+    def _on_revoked_accept(self, msg: PaxosAccept) -> None:
+        if msg.ballot % BALLOT_STRIDE != msg.src or msg.ballot < self._promised(msg.slot):
+            return
+        if self._accept(msg.slot, msg.ballot, msg.batch):
+            self._ack_out.setdefault((msg.src, msg.ballot), []).append(msg.slot)
+
+    def _on_revoked_ack(self, msg: PaxosAck | MenciusAck) -> None:
+        for slot in msg.slots:
+            inst = self._revoking.get(slot)
+            if inst is None or inst.ballot != msg.ballot:
+                continue
+            inst.acks.add(msg.src)
+            if not inst.committed and len(inst.acks) >= self.q:
+                self._commit(slot, inst)
+
     def _timers(self) -> None:
+        self._maybe_revoke()
+        for slot in sorted(self._revoking):
+            inst = self._revoking[slot]
+            if inst.sent_at > self.now - self.config.retransmit_us:
+                continue
+            inst.sent_at = self.now
+            again = PaxosAccept(src=self.me, view=0, slot=slot, ballot=inst.ballot,
+                                batch=inst.batch)
+            for peer in self._peers:
+                if peer not in inst.acks:
+                    self._send(peer, again)
         deadline = self.now - self.config.retransmit_us
         for slot in sorted(self._open):
             inst = self._open[slot]

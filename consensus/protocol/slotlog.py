@@ -5,9 +5,10 @@ Theory of operation
 -------------------
 ``SlotLogCore`` is the acceptor, learner and executor; a subclass is the proposer and decides
 who proposes what in which slot (Multi-Paxos: the stable leader, in slot order; Mencius: the
-slot's round-robin owner). In the normal case, the only one these baselines handle, every slot
-runs at its proposer's pre-prepared ballot ``ballot_of(0, proposer)``: there is no Prepare
-phase, no promise and no failover.
+slot's round-robin owner). In the normal case every slot runs at its proposer's pre-prepared
+ballot ``ballot_of(0, proposer)``, with no Prepare phase; failover (a Multi-Paxos takeover, a
+Mencius revocation) runs Prepare at a higher ballot and is the subclass's business, which
+checks its promises before calling ``_accept``.
 
 * **Accept.** ``_accept`` stores a value at a ballot and queues a ``SlotAcceptedRecord``; the
   acknowledgement the subclass then sends leaves through ``send_after_persist`` (``_send``),
@@ -74,8 +75,13 @@ __all__ = [
 #: Most slots one Catchup answer carries.
 CATCHUP_BATCH: Final = 256
 
-#: The deliberately broken variants (``consensus.config.UNSAFE_VARIANTS``) the baselines have.
-BASELINE_UNSAFE_VARIANTS: Final = frozenset({"ack_before_persist"})
+#: The deliberately broken variants (``consensus.config.UNSAFE_VARIANTS``) the baselines have:
+#: besides acknowledging early, a Multi-Paxos leader serving reads without a majority of leases
+#: (``no_lease_check``), a takeover or revocation that ignores the values it was told were
+#: accepted (``takeover_ignores_accepted``)
+BASELINE_UNSAFE_VARIANTS: Final = frozenset(
+    {"ack_before_persist", "no_lease_check", "takeover_ignores_accepted"}
+)
 
 Batch = tuple[Command, ...]
 #: a client request's identity: (client id, sequence number)
@@ -185,6 +191,7 @@ class SlotLogCore(ABC):
         if isinstance(message, Heartbeat):
             if message.executed > self._peer_executed[src]:
                 self._peer_executed[src] = message.executed
+            self._on_heartbeat(message)
         elif isinstance(message, Catchup | CatchupMarkers):
             self._answer_catchup(message)
         else:
@@ -195,8 +202,7 @@ class SlotLogCore(ABC):
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_us
             for peer in self._peers:
-                beat = Heartbeat(src=self.me, view=0, executed=self.exec_slot, lease_request=-1)
-                self._request(peer, beat)
+                self._request(peer, self._heartbeat_message())
         self._timers()
         self._maybe_catch_up()
 
@@ -237,6 +243,14 @@ class SlotLogCore(ABC):
     @abstractmethod
     def _timers(self) -> None:
         """Time passed: retransmit what was not acknowledged."""
+
+    def _heartbeat_message(self) -> Heartbeat:
+        """What this replica heartbeats to every peer (its execution frontier)."""
+        return Heartbeat(src=self.me, view=0, executed=self.exec_slot, lease_request=-1)
+
+    def _on_heartbeat(self, message: Heartbeat) -> None:
+        """A peer's heartbeat arrived (after its frontier was noted)."""
+        return  # a hook: nothing by default
 
     def _chosen(self, slot: int, inst: Slot) -> None:
         """``slot`` was just learned chosen (before it executes)."""

@@ -23,6 +23,7 @@ from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.logs import DEFAULT_LEVEL, add_log_level_argument, configure_logging
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
 from consensus.runtime.tls import TlsConfig
 from consensus.statemachine import StateMachine
@@ -44,25 +45,11 @@ TLS_DIR = "tls"
 ADMIN_NAME = "admin"
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line: structured logs a collector can parse."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "ts": round(record.created, 6),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="cluster TOML file")
     parser.add_argument("--id", type=int, required=True, help="this replica's id")
     parser.add_argument("--no-fsync", action="store_true", help="unsafe: skip fsync")
+    add_log_level_argument(parser)
     parser.add_argument(
         "--no-wan-emulation",
         action="store_true",
@@ -102,9 +89,7 @@ def _positive_int(text: str) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     from consensus.runtime.cluster_config import load_cluster_config
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    configure_logging(args.log_level)
     try:
         config = load_cluster_config(args.config)
         config.replica(args.id)
@@ -239,6 +224,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     up.add_argument("--timeout", type=float, default=30.0)
     up.add_argument("--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
                     help="passed to every replica's serve")
+    add_log_level_argument(up)  # the replicas' (their logs: replica-<id>.log in --dir)
     down = actions.add_parser("down", help="stop the processes started by 'up'")
     down.add_argument("--dir", required=True)
     health = actions.add_parser("health", help="exit 0 if a replica serves linearizable reads")
@@ -273,7 +259,7 @@ def run_cluster(args: argparse.Namespace) -> int:
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan, args=args,
                      force=args.force, tls=args.tls)
     if args.action == "up":
-        return _up(directory, args.timeout, args.snapshot_every)
+        return _up(directory, args.timeout, args.snapshot_every, args.log_level)
     return _down(directory)
 
 
@@ -357,7 +343,10 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
     return 0
 
 
-def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> int:
+def _up(
+    directory: Path, timeout: float, snapshot_every: int | None = None,
+    log_level: str = DEFAULT_LEVEL,
+) -> int:
     from consensus.runtime.cluster_config import load_cluster_config
 
     path = directory / CONFIG_NAME
@@ -375,6 +364,7 @@ def _up(directory: Path, timeout: float, snapshot_every: int | None = None) -> i
     pids: dict[str, int] = {}
     processes: list[subprocess.Popen[bytes]] = []
     extra = [] if snapshot_every is None else ["--snapshot-every", str(snapshot_every)]
+    extra += ["--log-level", log_level]
     for spec in config.replicas:
         log_file = open(directory / f"replica-{spec.id}.log", "ab")  # noqa: SIM115
         process = subprocess.Popen(

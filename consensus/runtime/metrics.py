@@ -1,114 +1,290 @@
 """A Prometheus text endpoint (``GET /metrics``) for one replica node, on plain asyncio; the
-same port answers ``GET /livez`` and ``GET /readyz`` (``consensus.runtime.health``)."""
+same port answers ``GET /livez`` and ``GET /readyz`` (``consensus.runtime.health``).
+
+The exposition is ``prometheus_client``'s, from a registry of the node's own (several nodes
+share a process in tests and embeddings), whose collector reads ``ReplicaNode.stats``, the
+transport's counters and the core at every scrape: every family has HELP text, per-peer
+traffic carries a ``peer`` label, peer messages a ``kind`` label (the message class), and the
+durations are fixed-bucket histograms (``consensus.runtime.histogram``), so a scrape costs
+O(buckets + peers + message kinds) however many commands ran. The state machine's kind may
+add families of its own (``StateMachineKind.metrics``; the GPU store's per-VC gauges, say).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import ssl
+import weakref
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.health import HTTP_OK, PROBES, probe_response
+from consensus.runtime.histogram import Histogram
+from consensus.runtime.state_machines import MetricsSource, StateMetric, state_machine_kind
 from consensus.runtime.tls import TlsServer, accept_tls, start_server
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["LATENCY_BUCKETS_S", "render", "serve_metrics"]
+__all__ = ["CONTENT_TYPE", "NodeMetrics", "metrics_of", "render", "serve_metrics"]
 
-LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+#: the Prometheus text format's content type
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: the lease gauges' value when this replica granted no lease (or it expired)
+NO_LEASE = -1
 
 
 def render(node: ReplicaNode) -> str:
-    core, stats, transport = node.core, node.stats, node.transport.stats
+    """``node``'s metrics in the Prometheus text format."""
+    return metrics_of(node).render()
+
+
+_BY_NODE: weakref.WeakKeyDictionary[ReplicaNode, NodeMetrics] = weakref.WeakKeyDictionary()
+
+
+def metrics_of(node: ReplicaNode) -> NodeMetrics:
+    """The metrics of ``node``, made at the first call (call it before the node starts for
+    the state machine's counters to include a restart's replay: ``serve_metrics`` does)."""
+    metrics = _BY_NODE.get(node)
+    if metrics is None:
+        metrics = _BY_NODE[node] = NodeMetrics(node)
+    return metrics
+
+
+class NodeMetrics:
+    """A node's registry: its collector, and the state machine kind's source."""
+
+    def __init__(self, node: ReplicaNode) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.state: MetricsSource | None = state_machine_kind(node.config.state_machine).metrics(
+            node
+        )
+        self.registry.register(_Collector(node, self))
+
+    def render(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+class _Collector:
+    """What a scrape reads, each family with its HELP text (``collect``)."""
+
+    def __init__(self, node: ReplicaNode, metrics: NodeMetrics) -> None:
+        # weak: the registry lives as long as the node, never longer because of us
+        self._node = weakref.ref(node)
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return ()  # no fixed set: the peers, message kinds and the kind's families vary
+
+    def collect(self) -> Iterator[Metric]:
+        node = self._node()
+        if node is None:
+            return
+        yield from _core_families(node)
+        yield from _traffic_families(node)
+        yield from _histogram_families(node)
+        yield from _connection_families(node)
+        state = self._metrics.state
+        if state is not None:
+            yield from (_family(metric) for metric in state.collect())
+
+
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    # prometheus_client adds "_total" to a counter's samples
+    return CounterMetricFamily(name.removesuffix("_total"), help_text, value=value)
+
+
+def _labelled_counter(
+    name: str, help_text: str, label: str, values: Iterable[tuple[str, float]]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name.removesuffix("_total"), help_text, labels=[label])
+    for label_value, value in values:
+        family.add_metric([label_value], value)
+    return family
+
+
+def _family(metric: StateMetric) -> Metric:
+    """A kind's ``StateMetric`` as a prometheus_client family."""
+    family: GaugeMetricFamily | CounterMetricFamily
+    if metric.type == "counter":
+        family = CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
+                                     labels=list(metric.labels))
+    else:
+        family = GaugeMetricFamily(metric.name, metric.help, labels=list(metric.labels))
+    for labels, value in metric.samples:
+        family.add_metric(list(labels), value)
+    return family
+
+
+def _core_families(node: ReplicaNode) -> Iterator[Metric]:
+    core, stats = node.core, node.stats
+    # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0 / -1
+    sdpaxos = core if isinstance(core, SDPaxosReplica) else None
+    yield _gauge("sdpaxos_view", "The view (sequencer epoch) this replica is in.", core.view)
+    yield _counter("sdpaxos_view_changes_total",
+                   "Times this replica's view moved on since it started (a new sequencer).",
+                   stats.view_changes)
+    yield _gauge("sdpaxos_is_sequencer", "1 if this replica is the sequencer of its view.",
+                 int(sdpaxos is not None and sdpaxos.role.value == "sequencer"))
+    yield _gauge("sdpaxos_lease_valid",
+                 "1 if this replica is the sequencer and holds read leases from a majority "
+                 "(it may answer linearizable reads).",
+                 int(sdpaxos is not None and sdpaxos.lease_valid()))
+    yield _gauge("sdpaxos_lease_granted_to",
+                 "The replica this one granted its read lease to while it runs (it votes for "
+                 "no other sequencer meanwhile); -1 for none.",
+                 NO_LEASE if sdpaxos is None else sdpaxos.lease_granted())
+    yield _counter("sdpaxos_c_recoveries_total",
+                   "C-instance recoveries this replica started (a Prepare over a suspected "
+                   "replica's unfinished instances).",
+                   0 if sdpaxos is None else sdpaxos.recoveries_started)
+    yield _counter("sdpaxos_candidacies_too_wide_total",
+                   "Candidacies given up because their NewView would not fit in a message.",
+                   0 if sdpaxos is None else sdpaxos.too_wide_views)
+    yield _gauge("sdpaxos_executed_slots",
+                 "One past the last global log slot applied to the state machine.",
+                 node.executed_slot)
+    yield _counter("sdpaxos_commands_applied_total",
+                   "Commands applied to the state machine (a restart's replay included).",
+                   stats.commands_applied)
+    yield _counter("sdpaxos_loop_turns_total", "Turns of the replica's event loop.", stats.turns)
+    yield _gauge("sdpaxos_loop_turn_longest_seconds",
+                 "The longest loop turn since start, yields to the event loop included.",
+                 stats.longest_turn_s)
+    yield _gauge("sdpaxos_busy_longest_seconds",
+                 "The longest piece of the replica's own work between two yields to the event "
+                 "loop since start.", stats.longest_busy_s)
+    yield _gauge("sdpaxos_loop_stall_longest_seconds",
+                 "The longest the event loop was held by anything since start (20 ms "
+                 "resolution): how long a peer frame, a client or a scrape waited at most.",
+                 stats.longest_stall_s)
+    yield _gauge("sdpaxos_replayed_slots",
+                 "Slots executed again from the write-ahead log at start.", stats.replayed_slots)
+    yield _gauge("sdpaxos_replay_seconds", "How long executing them again took.",
+                 stats.replay_seconds)
+    yield _counter("sdpaxos_fsyncs_total", "fsyncs of the write-ahead log (group commits).",
+                   stats.fsyncs)
+    yield _counter("sdpaxos_fsync_seconds_total", "Seconds spent in those fsyncs.",
+                   stats.fsync_seconds)
+    yield _counter("sdpaxos_snapshots_taken_total",
+                   "Snapshots of the state machine this replica took.", stats.snapshots_taken)
+    yield _counter("sdpaxos_snapshots_installed_total",
+                   "Snapshots this replica installed from a peer (it was too far behind).",
+                   stats.snapshots_installed)
+
+
+def _traffic_families(node: ReplicaNode) -> Iterator[Metric]:
+    stats, transport = node.stats, node.transport.stats
+    peers = sorted(transport.peers.items())
+    for name, attribute, help_text in (
+        ("sdpaxos_frames_sent_total", "frames_sent", "Frames written to the peer."),
+        ("sdpaxos_frames_received_total", "frames_received", "Frames read from the peer."),
+        ("sdpaxos_peer_bytes_sent_total", "bytes_sent",
+         "Frame bytes written to the peer (length prefixes and WAN stamps included)."),
+        ("sdpaxos_peer_bytes_received_total", "bytes_received",
+         "Frame bytes read from the peer (length prefixes and WAN stamps included)."),
+        ("sdpaxos_frames_dropped_total", "frames_dropped",
+         "Frames to or from the peer dropped: unreachable, over the send or hold bound, or "
+         "cut off by fault injection (the protocol retransmits)."),
+    ):
+        yield _labelled_counter(name, help_text, "peer",
+                                ((str(peer), getattr(traffic, attribute))
+                                 for peer, traffic in peers))
+    yield _counter("sdpaxos_bad_frames_total",
+                   "Peer frames that did not decode, and peer connections closed or refused "
+                   "for bad bytes or a bad handshake.",
+                   stats.bad_frames + transport.bad_connections)
+    # decoded peer frames that failed admission, by the kind of field that failed
+    yield _labelled_counter("sdpaxos_peer_frames_rejected_total",
+                            "Decoded peer frames dropped by admission, by the kind of field "
+                            "that failed (consensus.protocol.admission).",
+                            "kind", ((kind, stats.peer_frames_rejected.get(kind, 0))
+                                     for kind in REJECTION_KINDS))
+    for name, counts, help_text in (
+        ("sdpaxos_messages_sent_total", stats.messages_sent,
+         "Peer messages this replica's core produced for its peers, by message kind."),
+        ("sdpaxos_messages_received_total", stats.messages_received,
+         "Peer messages received and admitted, by message kind."),
+    ):
+        yield _labelled_counter(name, help_text, "kind", sorted(
+            (kind.__name__, count) for kind, count in counts.items()))
+
+
+def _histogram(
+    family: HistogramMetricFamily, labels: list[str], histogram: Histogram
+) -> None:
+    family.add_metric(
+        labels,
+        [(_le(bound), count) for bound, count in histogram.cumulative()],
+        histogram.sum,
+    )
+
+
+def _le(bound: float) -> str:
+    """A bucket's ``le`` label: the bound's shortest exact text, ``+Inf`` for the last."""
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+def _histogram_families(node: ReplicaNode) -> Iterator[Metric]:
+    stats = node.stats
+    commit = HistogramMetricFamily(
+        "sdpaxos_commit_latency_seconds",
+        "Seconds from the proposal of a command led here to its answer: answer=\"ready\" "
+        "for blind writes (acknowledged once ready), answer=\"executed\" for the others.",
+        labels=["answer"],
+    )
+    _histogram(commit, ["ready"], stats.ready_latency)
+    _histogram(commit, ["executed"], stats.executed_latency)
+    yield commit
+    for name, help_text, histogram in (
+        ("sdpaxos_fsync_duration_seconds", "Seconds per fsync of the write-ahead log.",
+         stats.fsync_latency),
+        ("sdpaxos_apply_duration_seconds",
+         "Seconds a loop turn spent applying its committed commands to the state machine "
+         "(turns that applied any; yields to the event loop excluded).",
+         stats.apply_latency),
+        ("sdpaxos_loop_turn_duration_seconds",
+         "Seconds per turn of the replica's event loop (yields included).",
+         stats.turn_latency),
+    ):
+        family = HistogramMetricFamily(name, help_text)
+        _histogram(family, [], histogram)
+        yield family
+
+
+def _connection_families(node: ReplicaNode) -> Iterator[Metric]:
     # connection hygiene of the client and peer ports (conn_limits)
     client, peer = node.client_limits.stats, node.transport.inbound_limits.stats
-    # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0
-    sdpaxos = core if isinstance(core, SDPaxosReplica) else None
-    lines = [
-        "# TYPE sdpaxos_view gauge",
-        f"sdpaxos_view {core.view}",
-        "# TYPE sdpaxos_is_sequencer gauge",
-        f"sdpaxos_is_sequencer {int(sdpaxos is not None and sdpaxos.role.value == 'sequencer')}",
-        "# TYPE sdpaxos_lease_valid gauge",
-        f"sdpaxos_lease_valid {int(sdpaxos is not None and sdpaxos.lease_valid())}",
-        "# TYPE sdpaxos_executed_slots gauge",
-        f"sdpaxos_executed_slots {node.executed_slot}",
-        "# TYPE sdpaxos_commands_applied_total counter",
-        f"sdpaxos_commands_applied_total {stats.commands_applied}",
-        "# TYPE sdpaxos_loop_turns_total counter",
-        f"sdpaxos_loop_turns_total {stats.turns}",
-        "# TYPE sdpaxos_loop_turn_longest_seconds gauge",
-        f"sdpaxos_loop_turn_longest_seconds {stats.longest_turn_s:.6f}",
-        "# TYPE sdpaxos_busy_longest_seconds gauge",
-        f"sdpaxos_busy_longest_seconds {stats.longest_busy_s:.6f}",
-        "# TYPE sdpaxos_loop_stall_longest_seconds gauge",
-        f"sdpaxos_loop_stall_longest_seconds {stats.longest_stall_s:.6f}",
-        "# TYPE sdpaxos_replayed_slots gauge",
-        f"sdpaxos_replayed_slots {stats.replayed_slots}",
-        "# TYPE sdpaxos_replay_seconds gauge",
-        f"sdpaxos_replay_seconds {stats.replay_seconds:.6f}",
-        "# TYPE sdpaxos_fsyncs_total counter",
-        f"sdpaxos_fsyncs_total {stats.fsyncs}",
-        "# TYPE sdpaxos_fsync_seconds_total counter",
-        f"sdpaxos_fsync_seconds_total {stats.fsync_seconds:.6f}",
-        "# TYPE sdpaxos_frames_sent_total counter",
-        f"sdpaxos_frames_sent_total {transport.frames_sent}",
-        "# TYPE sdpaxos_frames_received_total counter",
-        f"sdpaxos_frames_received_total {transport.frames_received}",
-        "# TYPE sdpaxos_peer_bytes_sent_total counter",
-        f"sdpaxos_peer_bytes_sent_total {transport.bytes_sent}",
-        "# TYPE sdpaxos_peer_bytes_received_total counter",
-        f"sdpaxos_peer_bytes_received_total {transport.bytes_received}",
-        "# TYPE sdpaxos_frames_dropped_total counter",
-        f"sdpaxos_frames_dropped_total {transport.frames_dropped}",
-        "# TYPE sdpaxos_bad_frames_total counter",
-        f"sdpaxos_bad_frames_total {stats.bad_frames + transport.bad_connections}",
-        # decoded peer frames that failed admission, by the kind of field that failed
-        "# TYPE sdpaxos_peer_frames_rejected_total counter",
-        *(
-            f'sdpaxos_peer_frames_rejected_total{{kind="{kind}"}} '
-            f"{stats.peer_frames_rejected.get(kind, 0)}"
-            for kind in REJECTION_KINDS
-        ),
-        "# TYPE sdpaxos_c_recoveries_total counter",
-        f"sdpaxos_c_recoveries_total {0 if sdpaxos is None else sdpaxos.recoveries_started}",
-        "# TYPE sdpaxos_candidacies_too_wide_total counter",
-        f"sdpaxos_candidacies_too_wide_total {0 if sdpaxos is None else sdpaxos.too_wide_views}",
-        "# TYPE sdpaxos_client_connections_open gauge",
-        f"sdpaxos_client_connections_open {client.open}",
-        "# TYPE sdpaxos_client_connections_refused_total counter",
-        f"sdpaxos_client_connections_refused_total {client.refused}",
-        "# TYPE sdpaxos_client_connections_idle_closed_total counter",
-        f"sdpaxos_client_connections_idle_closed_total {client.closed_idle}",
-        "# TYPE sdpaxos_client_connections_slow_closed_total counter",
-        f"sdpaxos_client_connections_slow_closed_total {client.closed_slow}",
-        "# TYPE sdpaxos_client_connections_over_budget_total counter",
-        f"sdpaxos_client_connections_over_budget_total {client.closed_over_budget}",
-        "# TYPE sdpaxos_client_buffered_bytes gauge",
-        f"sdpaxos_client_buffered_bytes {client.buffered_bytes}",
-        "# TYPE sdpaxos_peer_connections_open gauge",
-        f"sdpaxos_peer_connections_open {peer.open}",
-        "# TYPE sdpaxos_peer_connections_refused_total counter",
-        f"sdpaxos_peer_connections_refused_total {peer.refused}",
-        "# TYPE sdpaxos_commit_latency_seconds histogram",
-    ]
-    counts = [0] * (len(LATENCY_BUCKETS_S) + 1)
-    total = 0.0
-    for latency_us in stats.latencies_us:
-        seconds = latency_us / 1e6
-        total += seconds
-        counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
-    cumulative = 0
-    for bound, count in zip(LATENCY_BUCKETS_S, counts, strict=False):
-        cumulative += count
-        lines.append(f'sdpaxos_commit_latency_seconds_bucket{{le="{bound}"}} {cumulative}')
-    lines.append(f'sdpaxos_commit_latency_seconds_bucket{{le="+Inf"}} {len(stats.latencies_us)}')
-    lines.append(f"sdpaxos_commit_latency_seconds_sum {total:.6f}")
-    lines.append(f"sdpaxos_commit_latency_seconds_count {len(stats.latencies_us)}")
-    return "\n".join(lines) + "\n"
+    yield _gauge("sdpaxos_client_connections_open", "Open client connections.", client.open)
+    yield _counter("sdpaxos_client_connections_refused_total",
+                   "Client connections refused over the connection cap.", client.refused)
+    yield _counter("sdpaxos_client_connections_idle_closed_total",
+                   "Client connections closed for idling too long.", client.closed_idle)
+    yield _counter("sdpaxos_client_connections_slow_closed_total",
+                   "Client connections closed for sending a frame too slowly.",
+                   client.closed_slow)
+    yield _counter("sdpaxos_client_connections_over_budget_total",
+                   "Client connections closed for buffering over their byte budget.",
+                   client.closed_over_budget)
+    yield _gauge("sdpaxos_client_buffered_bytes",
+                 "Bytes the client connections hold buffered.", client.buffered_bytes)
+    yield _gauge("sdpaxos_peer_connections_open", "Open inbound peer connections.", peer.open)
+    yield _counter("sdpaxos_peer_connections_refused_total",
+                   "Inbound peer connections refused over the connection cap.", peer.refused)
 
 
 async def serve_metrics(
@@ -117,6 +293,7 @@ async def serve_metrics(
     """Serve ``GET /metrics``; with ``tls`` (a cluster's ``[tls] metrics = true``) over mutual
     TLS 1.3: a scraper presents a certificate of the cluster's CA (any identity of it), and a
     connection without one is refused with a log line saying why."""
+    metrics = metrics_of(node)  # before the node starts: its replay counts
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -128,8 +305,8 @@ async def serve_metrics(
             async with asyncio.timeout(5):
                 request = await reader.readline()
             if request.startswith(b"GET /metrics"):
-                body = render(node).encode()
-                head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                body = metrics.render().encode()
+                head = b"HTTP/1.0 200 OK\r\nContent-Type: %s\r\n" % CONTENT_TYPE.encode()
             elif probe := next((p for p in PROBES if request.startswith(f"GET /{p}".encode())),
                                None):
                 status, body = probe_response(node, probe)

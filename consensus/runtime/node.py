@@ -75,6 +75,7 @@ from consensus.runtime.client_protocol import (
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
+from consensus.runtime.histogram import Histogram
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
@@ -155,8 +156,20 @@ class NodeStats:
     peer_frames_rejected: dict[str, int] = field(default_factory=dict)
     #: peers whose frames admission rejected (each is logged once)
     rejected_peers: set[int] = field(default_factory=set)
-    #: latencies (µs) of commands led here, from proposal to answer
-    latencies_us: list[int] = field(default_factory=list)
+    #: seconds from proposal to answer of the commands led here: blind writes answered
+    #: when ready, the others once executed (``/metrics``: sdpaxos_commit_latency_seconds)
+    ready_latency: Histogram = field(default_factory=Histogram)
+    executed_latency: Histogram = field(default_factory=Histogram)
+    #: seconds per fsync of the write-ahead log, per loop turn, and per turn's applying of
+    #: its committed commands (the turns that applied any; yields to the loop excluded)
+    fsync_latency: Histogram = field(default_factory=Histogram)
+    turn_latency: Histogram = field(default_factory=Histogram)
+    apply_latency: Histogram = field(default_factory=Histogram)
+    #: peer messages handed to the transport and taken from it (admitted), by message class
+    messages_sent: dict[type, int] = field(default_factory=dict)
+    messages_received: dict[type, int] = field(default_factory=dict)
+    #: times the core's view moved on while this node ran
+    view_changes: int = 0
 
 
 class _ClientConnection:
@@ -272,6 +285,7 @@ class ReplicaNode:
         self.executed_slot = 0
         self._stopping = False
         self._last_seen_view: tuple[int, object] = (-1, None)
+        self._counted_view = self.core.view  # the view changes counted in NodeStats
         #: called with (position, command, result) after each command applies (watchers)
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
         #: peer -> time.monotonic() of its last frame (readiness: ``consensus.runtime.health``)
@@ -393,6 +407,10 @@ class ReplicaNode:
                             "per peer; counted in sdpaxos_peer_frames_rejected_total): %s",
                             peer, rejection)
             return
+        received = self.stats.messages_received
+        for message in messages:
+            kind = type(message)
+            received[kind] = received.get(kind, 0) + 1
         chunks = [m for m in messages if isinstance(m, SnapshotChunk)]
         for chunk in chunks:
             self._on_snapshot_chunk(chunk)
@@ -440,9 +458,13 @@ class ReplicaNode:
             await self._carry_out(self.core.ready(), now)
             self._busy_until_now()
             turn = time.perf_counter() - started
+            self.stats.turn_latency.observe(turn)
             if turn > self.stats.longest_turn_s:
                 self.stats.longest_turn_s = turn
             core = self.core
+            if core.view != self._counted_view:
+                self._counted_view = core.view
+                self.stats.view_changes += 1
             if isinstance(core, SDPaxosReplica) and (core.view, core.role) != self._last_seen_view:
                 self._last_seen_view = (core.view, core.role)
                 log.info(
@@ -504,23 +526,28 @@ class ReplicaNode:
             self.wal.sync(fsync=self.fsync)
             self.stats.fsyncs += 1
             self.stats.fsync_seconds += self.wal.last_sync_seconds
+            self.stats.fsync_latency.observe(self.wal.last_sync_seconds)
         elif ready.log:
             self.wal.sync(fsync=False)  # written; the next fsync makes it durable
         for command in ready.ready:
             if command.blind:
-                self._complete((command.client_id, command.seq), Result(b"", -1), now)
+                self._complete((command.client_id, command.seq), Result(b"", -1), now,
+                               self.stats.ready_latency)
         self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
         machine = self.state_machine
-        slice_end = time.perf_counter() + APPLY_SLICE_S
+        slice_start = time.perf_counter()
+        slice_end = slice_start + APPLY_SLICE_S
+        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
         for count, execution in enumerate(ready.apply, 1):
             if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
                 # A catch-up (or a restart's replay) hands over thousands of commands at
                 # once: let the loop read sockets and answer /metrics between slices, so no
                 # callback holds it for long (what arrives waits for the next turn anyway).
                 self._busy_until_now()
+                applying += time.perf_counter() - slice_start
                 await asyncio.sleep(0)
-                self._busy_since = time.perf_counter()
+                self._busy_since = slice_start = time.perf_counter()
                 slice_end = self._busy_since + APPLY_SLICE_S
             if self._authz is not None:
                 outcome = self._authz.run(execution.position, execution.command)
@@ -538,7 +565,10 @@ class ReplicaNode:
                 hook(execution.position, execution.command, result)
             if execution.led_here and not execution.command.blind:
                 key = (execution.command.client_id, execution.command.seq)
-                self._complete(key, Result(result, execution.position), now)
+                self._complete(key, Result(result, execution.position), now,
+                               self.stats.executed_latency)
+        if ready.apply:
+            self.stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
         for command in ready.reads:
             waiters = self._reads.pop((command.client_id, command.seq), ())
@@ -661,14 +691,20 @@ class ReplicaNode:
         log.info("replica %d: installed a snapshot at slot %d", self.me, meta.slot)
 
     def _send(self, outgoing: list[Outgoing]) -> None:
+        sent = self.stats.messages_sent
+        for out in outgoing:
+            kind = type(out.message)
+            sent[kind] = sent.get(kind, 0) + 1
         for peer, frames in frames_by_peer(outgoing, self.transport.max_frame).items():
             for frame in frames:
                 self.transport.send(peer, frame)
 
-    def _complete(self, key: tuple[int, int], result: Result, now: int) -> None:
+    def _complete(
+        self, key: tuple[int, int], result: Result, now: int, latency: Histogram
+    ) -> None:
         started = self._proposed_at.pop(key, None)
-        if started is not None and len(self.stats.latencies_us) < 1_000_000:
-            self.stats.latencies_us.append(now - started)
+        if started is not None:
+            latency.observe((now - started) / 1e6)
         for waiter in self._commands.pop(key, ()):
             self._resolve(waiter, result)
 

@@ -2,7 +2,9 @@
 
 A kind is a ``StateMachineKind`` object: it reads its own keys of the ``[state_machine]``
 table, builds the state machine a replica applies commands to, may serve something beside the
-replica (on the replica's ``grpc_address``), and may add options to ``sdpaxos cluster init``.
+replica (on the replica's ``grpc_address``), may add options to ``sdpaxos cluster init``, and
+may add metrics of its own to the replica's ``/metrics`` (``metrics``: plain ``StateMetric``
+values, so a kind needs no metrics library and ``consensus`` knows nothing of what they count).
 ``consensus`` names none but its own: ``kv`` (``consensus.statemachine.KVStore``) is built in,
 and any installed distribution adds kinds through the ``sdpaxos.state_machines`` entry point
 group (``name = "module:object"`` in its pyproject.toml), as this project's replicated
@@ -15,12 +17,12 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from consensus.errors import ConfigError
 from consensus.statemachine import KVStore, StateMachine
@@ -33,8 +35,10 @@ __all__ = [
     "DEFAULT_KIND",
     "ENTRY_POINT_GROUP",
     "InitChoice",
+    "MetricsSource",
     "Service",
     "StateMachineKind",
+    "StateMetric",
     "grpc_requirement",
     "kinds",
     "parse_state_machine_table",
@@ -72,6 +76,26 @@ class InitChoice:
     hint: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateMetric:
+    """One metric family a kind adds to a replica's ``/metrics``: its full name (a counter's
+    without ``_total``, which the exposition adds), its HELP text, and one value per
+    combination of label values (in the order of ``labels``)."""
+
+    name: str
+    help: str
+    type: Literal["gauge", "counter"]
+    labels: tuple[str, ...] = ()
+    samples: Sequence[tuple[tuple[str, ...], float]] = ()
+
+
+class MetricsSource(Protocol):
+    """What a kind's ``metrics`` returns: asked for the current values at every scrape (on
+    the event loop: keep it cheap, O(what it reports))."""
+
+    def collect(self) -> Iterable[StateMetric]: ...
+
+
 class StateMachineKind:
     """A kind of replicated state machine; subclasses override what they need."""
 
@@ -97,6 +121,12 @@ class StateMachineKind:
         """Start serving beside replica ``me`` (its node started); None: nothing to serve."""
         return None
 
+    def metrics(self, node: ReplicaNode) -> MetricsSource | None:
+        """The metrics this kind adds to ``node``'s ``/metrics`` (None: none). Called once
+        per node, before it starts, so the source may count applied commands from the first
+        one (``node.on_apply``; a restart's replay included)."""
+        return None
+
     def add_init_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Add this kind's options to ``sdpaxos cluster init``."""
 
@@ -112,6 +142,22 @@ class _KVKind(StateMachineKind):
 
     def build(self, config: ClusterConfig) -> StateMachine:
         return KVStore()
+
+    def metrics(self, node: ReplicaNode) -> MetricsSource | None:
+        machine = node.state_machine
+        return _KVMetrics(machine) if isinstance(machine, KVStore) else None
+
+
+class _KVMetrics:
+    __slots__ = ("_store",)
+
+    def __init__(self, store: KVStore) -> None:
+        self._store = store
+
+    def collect(self) -> Iterable[StateMetric]:
+        yield StateMetric(name="sdpaxos_kv_keys", type="gauge",
+                          help="Keys the key-value store holds at this replica.",
+                          samples=(((), len(self._store.data)),))
 
 
 #: the built-in key-value store

@@ -82,7 +82,7 @@ from consensus.runtime.tls import (
     start_server,
 )
 
-__all__ = ["Handshake", "PeerTransport", "TransportStats"]
+__all__ = ["Handshake", "PeerTraffic", "PeerTransport", "TransportStats"]
 
 log = logging.getLogger("sdpaxos.transport")
 
@@ -139,6 +139,17 @@ class Handshake:
 
 
 @dataclass(slots=True)
+class PeerTraffic:
+    """What went to and came from one peer (the ``peer`` label of ``/metrics``)."""
+
+    frames_sent: int = 0
+    frames_received: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    frames_dropped: int = 0
+
+
+@dataclass(slots=True)
 class TransportStats:
     frames_sent: int = 0
     frames_received: int = 0
@@ -154,6 +165,15 @@ class TransportStats:
     delay_samples: collections.deque[tuple[int, int]] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    #: the same counts per peer (the totals above are their sums)
+    peers: dict[int, PeerTraffic] = field(default_factory=dict)
+
+    def peer(self, peer: int) -> PeerTraffic:
+        """``peer``'s counts (created at its first frame)."""
+        traffic = self.peers.get(peer)
+        if traffic is None:
+            traffic = self.peers[peer] = PeerTraffic()
+        return traffic
 
 
 class _Link:
@@ -298,6 +318,7 @@ class PeerTransport:
             # a peer we cannot reach gets nothing queued: by the time it is back it would all
             # be stale, and the protocol retransmits what matters
             self.stats.frames_dropped += 1
+            self.stats.peer(peer).frames_dropped += 1
             return
         if self._stamped:
             if len(payload) > self.max_frame:
@@ -338,7 +359,7 @@ class PeerTransport:
             link.writer = writer
             try:
                 writer.write(hello)
-                await self._pump(link, writer)
+                await self._pump(link, writer, self.stats.peer(peer))
             except asyncio.CancelledError:
                 raise
             except (OSError, ConnectionError, RuntimeError) as exc:
@@ -394,7 +415,9 @@ class PeerTransport:
                             "%x) was revoked", peer, link.serial)
                 link.writer.transport.abort()
 
-    async def _pump(self, link: _Link, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self, link: _Link, writer: asyncio.StreamWriter, traffic: PeerTraffic
+    ) -> None:
         while True:
             if not link.queue:
                 link.wakeup.clear()
@@ -403,9 +426,11 @@ class PeerTransport:
             chunks = list(link.queue)
             link.queue.clear()
             self.stats.bytes_sent += link.bytes_queued
+            traffic.bytes_sent += link.bytes_queued
             link.bytes_queued = 0
             writer.write(b"".join(chunks))
             self.stats.frames_sent += len(chunks)
+            traffic.frames_sent += len(chunks)
             await writer.drain()
 
     # ------------------------------------------------------------------ receiving
@@ -519,13 +544,17 @@ class PeerTransport:
     def _received(self, inbound: _Inbound, payloads: list[bytes]) -> None:
         """Frames off the socket: delivered now, or held until their time if stamped."""
         peer = inbound.peer
+        traffic = self.stats.peer(peer)
         for payload in payloads:
             self.stats.frames_received += 1
+            traffic.frames_received += 1
             self.stats.bytes_received += _LENGTH_PREFIX + len(payload)  # stamp included
+            traffic.bytes_received += _LENGTH_PREFIX + len(payload)
             if inbound.failed:
                 continue
             if peer in self.blocked:
                 self.stats.frames_dropped += 1
+                traffic.frames_dropped += 1
                 continue
             if not self._stamped:
                 self.on_frame(peer, payload)
@@ -562,6 +591,7 @@ class PeerTransport:
                 self._deliver(inbound, stamp, body)
             elif inbound.bytes_held + len(body) + _HELD_OVERHEAD > self.max_queue_bytes:
                 self.stats.frames_dropped += 1
+                traffic.frames_dropped += 1
             else:
                 inbound.pending.append((due, stamp, body))
                 inbound.bytes_held += len(body) + _HELD_OVERHEAD
@@ -603,6 +633,7 @@ class PeerTransport:
     def _deliver(self, inbound: _Inbound, stamp: int, body: bytes) -> None:
         if inbound.peer in self.blocked:
             self.stats.frames_dropped += 1
+            self.stats.peer(inbound.peer).frames_dropped += 1
             return
         if stamp >= 0 and inbound.delay_us:
             self.stats.delay_samples.append((inbound.delay_us, _now_us() - stamp))

@@ -40,6 +40,8 @@ from consensus.messages import (
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
+    MenciusPrepare,
+    MenciusPromise,
     MenciusSkip,
     NewView,
     NewViewAck,
@@ -52,6 +54,8 @@ from consensus.messages import (
     PaxosAck,
     PaxosCommit,
     PaxosForward,
+    PaxosPrepare,
+    PaxosPromise,
     PeerMessage,
     PreVote,
     PreVoteReply,
@@ -142,7 +146,13 @@ def valid_multipaxos(n: int, me: int, s: int) -> list[PeerMessage]:
               SnapshotChunk(src=s, view=0, slot=4, offset=0, total=1, data=b"x"),
               PaxosForward(src=s, view=0, commands=(command(),)),
               PaxosAck(src=s, view=0, ballot=0, slots=(0,)),
-              PaxosCommit(src=s, view=0, slot=0, ballot=0, batch=(command(),))]
+              PaxosCommit(src=s, view=0, slot=0, ballot=0, batch=(command(),)),
+              PaxosPrepare(src=s, view=0, ballot=ballot_of(1, s), from_slot=0),
+              PaxosPromise(src=s, view=0, ballot=ballot_of(1, me), ok=True, from_slot=0,
+                           through=1, complete=True,
+                           accepted=(CVote(index=1, ballot=0, batch=(command(),)),)),
+              LeaseGrant(src=s, view=0, request=7),
+              PaxosAccept(src=s, view=0, slot=0, ballot=ballot_of(2, s), batch=(command(),))]
     if s == 0:
         shared.append(PaxosAccept(src=0, view=0, slot=0, ballot=0, batch=(command(),)))
     return shared
@@ -156,7 +166,14 @@ def valid_mencius(n: int, me: int, s: int) -> list[PeerMessage]:
                           skip_start=s, skip_stop=s + n),
             MenciusAck(src=s, view=0, ballot=me, slots=(me,), skip_start=s, skip_stop=s + n),
             MenciusSkip(src=s, view=0, skip_start=s, skip_stop=s + 2 * n),
-            PaxosCommit(src=s, view=0, slot=me, ballot=me, batch=None)]
+            PaxosCommit(src=s, view=0, slot=me, ballot=me, batch=None),
+            MenciusPrepare(src=s, view=0, owner=me, start=me, stop=me + 4 * n,
+                           ballot=ballot_of(1, s)),
+            MenciusPromise(src=s, view=0, owner=me, start=me, stop=me + 4 * n,
+                           ballot=ballot_of(1, me), ok=True,
+                           accepted=(CVote(index=me, ballot=me, batch=(command(),)),)),
+            PaxosAccept(src=s, view=0, slot=me, ballot=ballot_of(1, s), batch=()),
+            PaxosAck(src=s, view=0, ballot=ballot_of(1, me), slots=(me,))]
 
 
 def valid_epaxos(n: int, me: int, s: int) -> list[PeerMessage]:
@@ -298,6 +315,12 @@ def bad_values(rule: Any, msg: Any, name: str, n: int, me: int) -> list[Any]:
         return [high, -1, msg.from_index - 1, INT64_MAX - 1, 1 << 62]
     if rule is a.accepted_view:
         return [msg.view + 1, -2, 1 << 62]
+    if rule is a.own_ballot:
+        return [(msg.src + 1) % n, ballot_of(1, (msg.src + 1) % n), -1, INT64_MAX]
+    if rule is a.slot_votes:
+        return [_Nested("index", v) for v in (SLOT_WINDOW + 1, -1, 1 << 62)] + [
+            _Nested("ballot", v) for v in (n, ballot_of(1, n + 7), -1)
+        ]
     if rule is a.epaxos_deps:
         minus = (-1,) * n
         return [minus[:-1], (*minus, -1), (-2, *minus[1:]),
@@ -314,6 +337,8 @@ def edge_values(rule: Any, msg: Any, name: str, b: Bounds) -> list[Any]:
     a, n, me = admission, b.replicas, b.me
     if isinstance(msg, SnapshotChunk) and name != "slot":
         return []  # offset and total: see test_snapshot_chunks_stay_inside_their_total
+    if isinstance(msg, MenciusPrepare | MenciusPromise) and name in ("start", "stop"):
+        return []  # see test_revocation_ranges_are_ordered_and_bounded
     if isinstance(msg, NewView) and rule is a.slot:  # its last slot is inside the window
         return [SLOT_WINDOW - len(msg.owners) + 1]
     edges: dict[Any, list[Any]] = {
@@ -322,6 +347,8 @@ def edge_values(rule: Any, msg: Any, name: str, b: Bounds) -> list[Any]:
         a.counter_or_none: [-1, MAX_COUNTER], a.baseline_ballot: [n - 1],
         a.ballot: [n - 1, MAX_COUNTER - BALLOT_STRIDE + n - 1],
         a.epaxos_status: [0, a.EPAXOS_MAX_STATUS],
+        a.own_ballot: [msg.src, MAX_COUNTER - BALLOT_STRIDE + msg.src]
+        if hasattr(msg, "src") else [],
     }
     if isinstance(rule, Index):
         return [-1 if rule.none_ok else 0, index_window(msg.owner, me, rule.window) - 1]
@@ -420,6 +447,17 @@ def test_snapshot_chunks_stay_inside_their_total() -> None:
                 dataclasses.replace(chunk, total=MAX_SNAPSHOT_BYTES + 1, offset=0)):
         rejection = check_message(bad, b)
         assert rejection is not None and rejection.kind == "length"
+
+
+def test_revocation_ranges_are_ordered_and_bounded() -> None:
+    b = bounds_of("mencius", 3, 1)
+    prepare = MenciusPrepare(src=2, view=0, owner=1, start=4, stop=4 + admission.REVOKE_SLOTS,
+                             ballot=ballot_of(1, 2))
+    assert check_message(prepare, b) is None
+    for bad in (dataclasses.replace(prepare, stop=prepare.stop + 1),
+                dataclasses.replace(prepare, start=5, stop=4)):
+        rejection = check_message(bad, b)
+        assert rejection is not None and rejection.kind in ("length", "slot")
 
 
 def test_the_reported_crashes_are_refused() -> None:

@@ -351,7 +351,7 @@ def test_messages_round_trip_and_admission_bounds_the_deps() -> None:
 
 def test_an_unsafe_variant_epaxos_lacks_is_refused() -> None:
     with pytest.raises(ConfigError, match="only the unsafe variants"):
-        replica(0, unsafe=frozenset({"no_lease_check"}))
+        replica(0, unsafe=frozenset({"go_ready_rule"}))
 
 
 def test_peer_bytes_never_crash_the_core() -> None:

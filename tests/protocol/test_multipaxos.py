@@ -310,7 +310,7 @@ def test_core_contract() -> None:
     with pytest.raises(LocalProtocolError, match="op"):
         leader.propose(cmd(1, 1).__class__(client_id=1, seq=1, op=b"x" * (2 << 20)), 0)
     with pytest.raises(ConfigError, match="unsafe"):
-        replica(0, unsafe=frozenset({"no_lease_check"}))
+        replica(0, unsafe=frozenset({"go_ready_rule"}))
 
 
 def test_compacting_to_an_older_snapshot_rewrites_nothing_executed() -> None:

@@ -187,5 +187,5 @@ def _labelled(text: str, name: str) -> dict[str, int]:
     for line in text.splitlines():
         if line.startswith(name + "{"):
             label, value = line.split()
-            out[label.split('"')[1]] = int(value)
+            out[label.split('"')[1]] = int(float(value))
     return out

@@ -78,6 +78,7 @@ from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
 from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance
+from consensus.protocol.sdpaxos.leases import NO_HOLDER
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
@@ -366,6 +367,12 @@ class SDPaxosReplica:
     def retransmit_timeout_us(self) -> int:
         """The adaptive retransmission timeout (see ``RtoEstimator``)."""
         return self.c_phase.rto.timeout_us
+
+    def lease_granted(self) -> int:
+        """The replica this one granted its read lease to, while that lease runs (it votes
+        for no other sequencer meanwhile); ``NO_HOLDER`` otherwise."""
+        leases = self.election.leases
+        return leases.granted_to if leases.granted_until > self.now else NO_HOLDER
 
     def lease_valid(self) -> bool:
         """Serving with read leases from a majority (linearizable reads answered here)."""

@@ -1,0 +1,146 @@
+"""The long-running verbs' logs (``consensus.runtime.logs``): JSON lines with ISO-8601 UTC
+timestamps, a logged exception's traceback inside its one line, and ``--log-level``, here in
+process and on real ``sdpaxos serve`` replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from consensus.runtime.health import HTTP_OK, http_probe
+from consensus.runtime.local_cluster import LocalCluster
+from consensus.runtime.logs import LOG_LEVELS, configure_logging
+from consensus.runtime.node import ReplicaNode
+
+#: how long replicas may take to answer /livez and to log that they serve
+SETTLE_S = 20.0
+
+
+@pytest.fixture
+def restore_root_logger() -> Iterator[None]:
+    """configure_logging replaces the root logger's handlers: give pytest's back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def parse(text: str) -> list[dict[str, Any]]:
+    """Every line of ``text`` as a JSON object (a line that is not one fails)."""
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def check_timestamp(entry: dict[str, Any]) -> None:
+    stamp = datetime.fromisoformat(entry["ts"])
+    assert stamp.utcoffset() == timedelta(0), entry["ts"]  # UTC, said so
+    assert abs(datetime.now(UTC) - stamp) < timedelta(minutes=5), entry["ts"]
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_a_logged_exception_is_one_json_line_with_its_traceback() -> None:
+    stream = io.StringIO()
+    configure_logging("info", stream)
+    log = logging.getLogger("sdpaxos.test")
+    try:
+        {}["missing"]
+    except KeyError:
+        log.exception("replica %d: event loop failed", 3)
+    (entry,) = parse(stream.getvalue())  # one line, and it is JSON
+    assert entry["level"] == "error" and entry["logger"] == "sdpaxos.test"
+    assert entry["msg"] == "replica 3: event loop failed"
+    assert entry["exc"].startswith("Traceback (most recent call last):")
+    assert "{}[\"missing\"]" in entry["exc"] and entry["exc"].endswith("KeyError: 'missing'")
+    check_timestamp(entry)
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_the_level_filters_and_stack_info_stays_inside() -> None:
+    stream = io.StringIO()
+    configure_logging("warning", stream)
+    log = logging.getLogger("sdpaxos.test")
+    log.info("not shown")
+    log.warning("shown", stack_info=True)
+    (entry,) = parse(stream.getvalue())
+    assert entry["msg"] == "shown" and entry["level"] == "warning"
+    assert entry["stack"].startswith("Stack (most recent call last):")
+    with pytest.raises(ValueError, match="log level must be one of"):
+        configure_logging("chatty")
+    assert LOG_LEVELS[0] == "debug"
+
+
+def test_serve_logs_json_lines_at_its_log_level(tmp_path: Path) -> None:
+    """Replica 0 at --log-level info says it serves and stops, in JSON lines; replica 1 at
+    --log-level error, serving all the same (its /livez answers), says nothing."""
+    cluster = LocalCluster(tmp_path, 3)
+    levels = {0: "info", 1: "error", 2: "info"}
+    for replica, level in levels.items():
+        cluster.extra_args = ("--log-level", level)
+        cluster.start(replica)
+    log_of = {replica: tmp_path / f"replica-{replica}.log" for replica in levels}
+
+    async def serving() -> None:
+        deadline = time.monotonic() + SETTLE_S
+        for replica in levels:
+            address = cluster.config.replica(replica).metrics_address
+            assert address is not None
+            while (await http_probe(*address, "livez", 1.0))[0] != HTTP_OK:
+                assert time.monotonic() < deadline, cluster.logs()
+                await asyncio.sleep(0.05)
+        while "serving peers" not in log_of[0].read_text():
+            assert time.monotonic() < deadline, cluster.logs()
+            await asyncio.sleep(0.05)
+
+    try:
+        asyncio.run(serving())
+    finally:
+        cluster.stop_all()
+    chatty = parse(log_of[0].read_text())
+    assert any(e["msg"].startswith("replica 0 serving peers") for e in chatty), chatty
+    assert any(e["msg"] == "replica 0 shutting down" for e in chatty), chatty
+    for entry in chatty:
+        check_timestamp(entry)
+    assert log_of[1].read_text() == "", "an info line at --log-level error"
+
+
+def test_the_replica_loop_failing_is_logged_with_its_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node's own ``log.exception`` (its loop died) goes through the JSON formatter as
+    one line holding the traceback."""
+    from consensus.runtime.cli import cluster_toml
+    from consensus.runtime.cluster_config import load_cluster_config
+    from consensus.runtime.local_cluster import free_base_port
+    from consensus.runtime.logs import JsonFormatter
+    from consensus.statemachine import KVStore
+
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    node = ReplicaNode(load_cluster_config(path), 0, KVStore(), fsync=False)
+
+    async def broken_loop() -> None:
+        raise RuntimeError("disk on fire")
+
+    node._loop = broken_loop  # type: ignore[method-assign]
+
+    async def run() -> None:
+        with pytest.raises(RuntimeError):
+            await node._run()
+
+    with caplog.at_level(logging.ERROR, logger="sdpaxos.node"):
+        asyncio.run(run())
+    (record,) = [r for r in caplog.records if r.name == "sdpaxos.node"]
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["msg"] == "replica 0: event loop failed"
+    assert "RuntimeError: disk on fire" in entry["exc"] and "broken_loop" in entry["exc"]
