@@ -73,12 +73,11 @@ from consensus.messages import (
     Heartbeat,
     PeerMessage,
     Record,
-    check_command,
 )
 from consensus.protocol.ballot import ballot_of, ballot_round, next_ballot
 from consensus.protocol.batch import CommandBatch
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
-from consensus.protocol.slotlog import Key, key_of
+from consensus.protocol.slotlog import Key, check_command, key_of
 from consensus.protocol.types import SnapshotMeta
 
 __all__ = [
