@@ -51,6 +51,11 @@ _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "ca
                            "released", "trimmed"})
 
 
+#: how a submit's and a bind's op begin after their msgpack array header (``ops.submit``)
+_SUBMIT = msgpack.packb("submit")
+_BIND = msgpack.packb("bind")
+
+
 def group_event_kinds() -> frozenset[str]:
     return _GROUP_EVENTS
 
@@ -66,12 +71,15 @@ class AuthorizedStore(ClusterStore):
 
     # ------------------------------------------------------------------ bookkeeping
     def apply(self, position: int, command: Command) -> bytes:
-        try:
-            op = ops.decode_op(command.op)
-        except RequestError:
-            op = None
-        if isinstance(op, ops.Submit | ops.Bind):
-            self._seen_vcs[op.spec.name] = op.spec.vc
+        # only submits and binds name a group's VC: the others are not decoded twice
+        data = command.op
+        if data[1:8] == _SUBMIT or data[1:6] == _BIND:
+            try:
+                op = ops.decode_op(data)
+            except RequestError:
+                op = None
+            if isinstance(op, ops.Submit | ops.Bind):
+                self._seen_vcs[op.spec.name] = op.spec.vc
         return super().apply(position, command)
 
     def vc_of(self, group: str) -> str | None:

@@ -10,13 +10,14 @@ reserving preemptor's priority; -1 for opportunistic use). Every cell keeps, ove
 * ``bad_n[c]``   — bad leaves (a cell is bad iff this is non-zero).
 
 The **indexes** answer "which cells at level l have at least n free leaves, fewest first, then
-lowest id" without scanning: per index and level, ``buckets[count]`` is a sorted list of the
-cells with exactly that many free leaves (cells with none are not listed). Index ``chain`` holds
-every cell of a chain at level >= 2 (opportunistic placement); index ``n_chains + key`` holds
+lowest id" without scanning: per index and level, ``buckets[count]`` is a sorted set of the
+cells (``SortedIds``) with exactly that many free leaves (cells with none are not listed).
+Index ``chain`` holds every cell of a chain at level >= 2 (opportunistic placement); index
+``n_chains + key`` holds
 the cells inside the items bound under placement key ``key`` (guaranteed placement inside a
 VC), including a bound item's own cell even at level 1; index ``region(chain)`` holds the
 cells of the chain's *free region* (no item bound in, under or above them), where opportunistic
-groups go first. Buckets are sorted lists, not insertion ordered, so the order is a function of
+groups go first. Buckets are sorted, not insertion ordered, so the order is a function of
 the state alone and a store rebuilt from a snapshot makes the same choices as one that never
 restarted.
 """
@@ -30,10 +31,88 @@ from itertools import chain as iterate_all
 
 from cluster_state.cells import Topology
 
-__all__ = ["FREE", "CellState"]
+__all__ = ["FREE", "CellState", "SortedIds"]
 
 #: The effective priority of a free leaf (HiveD's "free" priority).
 FREE = -2
+#: most ids in one chunk of a ``SortedIds``: an insert or delete moves at most this many
+_CHUNK = 512
+
+
+class SortedIds:
+    """A sorted set of cell ids, kept in chunks of at most ``_CHUNK``: adding or removing one
+    costs two bisects and a short move, whatever the size. (A plain sorted list moves half of
+    itself on every insert and delete: at 100k GPUs a bucket holds tens of thousands of cells,
+    and those moves were most of the apply time.) Iterates in ascending order; do not change
+    it while iterating."""
+
+    __slots__ = ("_chunks", "_maxes")
+
+    def __init__(self) -> None:
+        self._chunks: list[list[int]] = []
+        self._maxes: list[int] = []  # the last id of each chunk
+
+    def append(self, c: int) -> None:
+        """Add ``c``, larger than every id held (building in ascending order)."""
+        if self._chunks and len(self._chunks[-1]) < _CHUNK:
+            self._chunks[-1].append(c)
+            self._maxes[-1] = c
+        else:
+            self._chunks.append([c])
+            self._maxes.append(c)
+
+    def add(self, c: int) -> None:
+        maxes, chunks = self._maxes, self._chunks
+        k = bisect_left(maxes, c)
+        if k == len(maxes):
+            if not chunks:
+                self.append(c)
+                return
+            k -= 1
+            chunk = chunks[k]
+            chunk.append(c)
+            maxes[k] = c
+        else:
+            chunk = chunks[k]
+            insort(chunk, c)
+        if len(chunk) > _CHUNK:
+            upper = chunk[_CHUNK // 2:]
+            del chunk[_CHUNK // 2:]
+            chunks.insert(k + 1, upper)
+            maxes[k] = chunk[-1]
+            maxes.insert(k + 1, upper[-1])
+
+    def remove(self, c: int) -> None:
+        """Remove ``c`` (which must be held)."""
+        k = bisect_left(self._maxes, c)
+        chunk = self._chunks[k]
+        del chunk[bisect_left(chunk, c)]
+        if chunk:
+            self._maxes[k] = chunk[-1]
+        else:
+            del self._chunks[k]
+            del self._maxes[k]
+
+    def __iter__(self) -> Iterator[int]:
+        return iterate_all.from_iterable(self._chunks)
+
+    def __len__(self) -> int:
+        return sum(map(len, self._chunks))
+
+    def __bool__(self) -> bool:
+        return bool(self._chunks)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a ``SortedIds`` or a list holding the same ids in the same order (checks
+        compare the indexes with lists built the obvious way)."""
+        if isinstance(other, SortedIds | list):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"SortedIds({list(self)!r})"
 
 
 class CellState:
@@ -79,7 +158,7 @@ class CellState:
         #: leave the buckets alone) until ``rebuild_indexes``: a restore changes most cells,
         #: and rebuilding once costs a pass where keeping up costs a sorted insert per change
         self.bulk = False
-        self.buckets: list[list[list[list[int]]]] = []
+        self.buckets: list[list[list[SortedIds]]] = []
         self.rebuild_indexes()
 
     def rebuild_indexes(self) -> None:
@@ -91,7 +170,8 @@ class CellState:
         index_chains = [*range(self.n_chains), *topo.key_chain, *range(self.n_chains)]
         for chain in index_chains:
             levels = topo.chains[chain].levels
-            self.buckets.append([[[] for _ in range(i.leaf_number + 1)] for i in levels])
+            self.buckets.append([[SortedIds() for _ in range(i.leaf_number + 1)]
+                                 for i in levels])
         level, chain_of, parent = topo.level, topo.chain_of, topo.parent
         free_n, in_region, item_of = self.free_n, self.in_region, self.item_of
         buckets, key_of_item = self.buckets, self.key_of_item
@@ -148,12 +228,11 @@ class CellState:
             self._rebucket(self.buckets[index][level - 1], c, old, new)
 
     @staticmethod
-    def _rebucket(buckets: list[list[int]], c: int, old: int, new: int) -> None:
+    def _rebucket(buckets: list[SortedIds], c: int, old: int, new: int) -> None:
         if old:
-            bucket = buckets[old]
-            del bucket[bisect_left(bucket, c)]
+            buckets[old].remove(c)
         if new:
-            insort(buckets[new], c)
+            buckets[new].add(c)
 
     def set_leaves(self, leaves: Sequence[int], effs: Sequence[int], rev: int) -> None:
         """Give ``leaves[i]`` effective priority ``effs[i]`` (``FREE`` for free) and stamp
@@ -250,9 +329,9 @@ class CellState:
             if level[c] >= 2 and free_n[c] and not self.bulk:
                 bucket = self.buckets[self.region(chain_of[c])][level[c] - 1][free_n[c]]
                 if inside:
-                    insort(bucket, c)
+                    bucket.add(c)
                 else:
-                    del bucket[bisect_left(bucket, c)]
+                    bucket.remove(c)
 
     def mark_item(self, root: int, item: int) -> None:
         """The cells under ``root`` now belong to bound item ``item``: list them in its key's
@@ -263,7 +342,7 @@ class CellState:
             for c in cells:
                 item_of[c] = item
                 if (level >= 2 or c == root) and free_n[c] and not self.bulk:
-                    insort(buckets[level - 1][free_n[c]], c)
+                    buckets[level - 1][free_n[c]].add(c)
 
     def unmark_item(self, root: int) -> None:
         item = self.item_of[root]
@@ -273,5 +352,4 @@ class CellState:
             for c in cells:
                 item_of[c] = -1
                 if (level >= 2 or c == root) and free_n[c] and not self.bulk:
-                    bucket = buckets[level - 1][free_n[c]]
-                    del bucket[bisect_left(bucket, c)]
+                    buckets[level - 1][free_n[c]].remove(c)

@@ -94,7 +94,8 @@ class WatchHub:
         self._watchers: set[_Watcher] = set()
         self._last = -1  # the newest revision handed to the watchers
         self._timer: asyncio.TimerHandle | None = None
-        self._idle: asyncio.Task[None] | None = None
+        self._idle: asyncio.TimerHandle | None = None  # a timer, not a task: nothing to
+        # cancel-and-await when the loop goes away with streams still open
         self.batches_sent = 0  # fan-outs that found new events (for tests and metrics)
         self.dropped = 0  # watchers dropped for falling behind
 
@@ -144,7 +145,7 @@ class WatchHub:
         kept = self._store.events.events
         self._last = kept[-1].revision if kept else self._store.events.floor
         self._node.on_apply.append(self._applied)
-        self._idle = asyncio.get_running_loop().create_task(self._idle_check())
+        self._idle = asyncio.get_running_loop().call_later(IDLE_CHECK_S, self._idle_check)
 
     def _unhook(self) -> None:
         with contextlib.suppress(ValueError):
@@ -162,10 +163,9 @@ class WatchHub:
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self._delay, self._fan_out)
 
-    async def _idle_check(self) -> None:
-        while True:
-            await asyncio.sleep(IDLE_CHECK_S)
-            self._fan_out()
+    def _idle_check(self) -> None:
+        self._idle = asyncio.get_running_loop().call_later(IDLE_CHECK_S, self._idle_check)
+        self._fan_out()
 
     def _fan_out(self) -> None:
         if self._timer is not None:  # called early (a new watcher): the batch goes out now

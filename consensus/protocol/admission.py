@@ -717,7 +717,8 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
         MenciusAccept: Entry(_MENCIUS, (*_BASELINE, ("slot", slot),
                                         ("ballot", own_baseline_ballot), ("batch", free),
                                         ("skip_start", slot), ("skip_stop", slot))),
-        MenciusAck: Entry(_MENCIUS, (*_BASELINE, ("ballot", baseline_ballot),
+        # (a revoker's accepts are acknowledged in MenciusAcks too: any replica's ballot)
+        MenciusAck: Entry(_MENCIUS, (*_BASELINE, ("ballot", ballot),
                                      ("slots", slots), ("skip_start", slot),
                                      ("skip_stop", slot))),
         MenciusSkip: Entry(_MENCIUS, (*_BASELINE, ("skip_start", slot), ("skip_stop", slot))),

@@ -187,6 +187,13 @@ class MenciusReplica(SlotLogCore):
             self._heard[message.src] = now
         super().step(message, now)
 
+    def _enter(self, now: int) -> None:
+        if not self._started:
+            # everyone counts as heard at boot: a peer is suspected after a silence, not
+            # before its first heartbeat had time to arrive
+            self._heard = [now] * self.n
+        super()._enter(now)
+
     # ------------------------------------------------------------------ owner
     def _propose(self) -> None:
         batch = self._batch.take()

@@ -54,10 +54,13 @@ def add_log_level_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def configure_logging(level: str = DEFAULT_LEVEL, stream: TextIO | None = None) -> None:
-    """Send every log record at ``level`` or above to ``stream`` (stderr) as JSON lines,
-    replacing any handler the root logger had."""
+    """Send every log record at ``level`` or above to ``stream`` (stderr) as JSON lines.
+    A process whose root logger has handlers already (a program running a verb in-process,
+    a test runner) keeps its own configuration: nothing changes."""
     if level not in LOG_LEVELS:
         raise ValueError(f"log level must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    if logging.getLogger().handlers:
+        return
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.basicConfig(level=level.upper(), handlers=[handler])

@@ -114,6 +114,12 @@ def test_schedulers_read_and_watch_their_own_vcs_only() -> None:
     last = page[2][-1]
     assert last[1] == SKIPPED and last[0] == everything[-1][0]
     assert last[2] == "" and last[3] == []
+    # a group released is gone from the store: its release still shows to its own VC only
+    assert not isinstance(replica.run(A, ops.release("a1")), Denied)
+    assert not isinstance(replica.run(B, ops.release("b1")), Denied)
+    since = everything[-1][0]
+    mine = answer(replica.ask(A, ops.get_events(since)))[2]
+    assert [(e[1], e[2]) for e in mine if e[1] != SKIPPED] == [("released", "a1")]
 
 
 def test_a_replica_restored_from_a_snapshot_reaches_the_same_verdicts() -> None:

@@ -156,3 +156,61 @@ def test_the_snapshot_keeps_the_configuration_compact_and_packed() -> None:
     assert fields[0] == 3
     assert isinstance(fields[2], bytes)
     assert parse_config(msgpack.unpackb(fields[2])) == config
+
+
+def test_a_hundred_schedulers_retries_take_effect_once() -> None:
+    """100 scheduler sessions interleaved, each with many requests in flight (up to the
+    session window): any of them retried later answers its first result and changes
+    nothing (issue 27 point 6)."""
+    from consensus.statemachine import SESSION_WINDOW
+
+    store = ClusterStore(synthetic_config(nodes=256, vcs=8))
+    vcs = [vc.name for vc in store.topology.config.virtual_clusters]
+    schedulers, per_scheduler = 100, 4
+    first: dict[tuple[int, int], bytes] = {}
+    position = 0
+    for seq in range(per_scheduler):
+        for client in range(1, schedulers + 1):
+            op = submit(f"c{client}-{seq}", vcs[client % len(vcs)], 10, [(1, 1)])
+            first[(client, seq)] = store.apply(position, Command(client_id=client, seq=seq,
+                                                                 op=op))
+            position += 1
+    # one scheduler keeps going, up to a window's worth of requests after its first one
+    for seq in range(per_scheduler, SESSION_WINDOW - 1):
+        store.apply(position, Command(client_id=1, seq=seq, op=release(f"c1-{seq % 4}")))
+        position += 1
+    before = store.snapshot()
+    events = len(store.events.events)
+    for (client, seq), result in sorted(first.items()):
+        op = submit(f"c{client}-{seq}", vcs[client % len(vcs)], 10, [(1, 1)])
+        again = store.apply(position, Command(client_id=client, seq=seq, op=op))
+        position += 1
+        assert again == result
+    assert len(store.events.events) == events
+    assert store.snapshot() == before
+
+
+def test_sorted_ids_behave_as_a_sorted_list() -> None:
+    from bisect import insort
+
+    from cluster_state.index import SortedIds
+
+    rng = random.Random(7)
+    ids, plain = SortedIds(), []
+    for c in range(0, 3000, 3):
+        ids.append(c)
+        plain.append(c)
+    for _ in range(20_000):  # enough to split and empty chunks many times
+        c = rng.randrange(6000)
+        if c in plain and rng.random() < 0.6:
+            ids.remove(c)
+            plain.remove(c)
+        elif c not in plain:
+            ids.add(c)
+            insort(plain, c)
+    assert list(ids) == plain and len(ids) == len(plain) and bool(ids) == bool(plain)
+    for c in list(plain):
+        ids.remove(c)
+    assert list(ids) == [] and not ids
+    ids.add(5)
+    assert list(ids) == [5]

@@ -173,7 +173,10 @@ def valid_mencius(n: int, me: int, s: int) -> list[PeerMessage]:
                            ballot=ballot_of(1, me), ok=True,
                            accepted=(CVote(index=me, ballot=me, batch=(command(),)),)),
             PaxosAccept(src=s, view=0, slot=me, ballot=ballot_of(1, s), batch=()),
-            PaxosAck(src=s, view=0, ballot=ballot_of(1, me), slots=(me,))]
+            PaxosAck(src=s, view=0, ballot=ballot_of(1, me), slots=(me,)),
+            # acknowledging a revoker's accept (the acks of a turn are merged)
+            MenciusAck(src=s, view=0, ballot=ballot_of(1, me), slots=(me,), skip_start=0,
+                       skip_stop=0)]
 
 
 def valid_epaxos(n: int, me: int, s: int) -> list[PeerMessage]:

@@ -5,6 +5,7 @@ process and on real ``sdpaxos serve`` replicas."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -25,14 +26,18 @@ from consensus.runtime.node import ReplicaNode
 SETTLE_S = 20.0
 
 
-@pytest.fixture
-def restore_root_logger() -> Iterator[None]:
-    """configure_logging replaces the root logger's handlers: give pytest's back."""
+@contextlib.contextmanager
+def fresh_root_logger() -> Iterator[None]:
+    """A root logger without handlers, as a fresh ``sdpaxos`` process has (configure_logging
+    leaves a configured one alone); pytest's handlers and level come back afterwards."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    root.handlers.clear()
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def parse(text: str) -> list[dict[str, Any]]:
@@ -46,15 +51,15 @@ def check_timestamp(entry: dict[str, Any]) -> None:
     assert abs(datetime.now(UTC) - stamp) < timedelta(minutes=5), entry["ts"]
 
 
-@pytest.mark.usefixtures("restore_root_logger")
 def test_a_logged_exception_is_one_json_line_with_its_traceback() -> None:
     stream = io.StringIO()
-    configure_logging("info", stream)
     log = logging.getLogger("sdpaxos.test")
-    try:
-        {}["missing"]
-    except KeyError:
-        log.exception("replica %d: event loop failed", 3)
+    with fresh_root_logger():
+        configure_logging("info", stream)
+        try:
+            {}["missing"]
+        except KeyError:
+            log.exception("replica %d: event loop failed", 3)
     (entry,) = parse(stream.getvalue())  # one line, and it is JSON
     assert entry["level"] == "error" and entry["logger"] == "sdpaxos.test"
     assert entry["msg"] == "replica 3: event loop failed"
@@ -63,19 +68,24 @@ def test_a_logged_exception_is_one_json_line_with_its_traceback() -> None:
     check_timestamp(entry)
 
 
-@pytest.mark.usefixtures("restore_root_logger")
 def test_the_level_filters_and_stack_info_stays_inside() -> None:
     stream = io.StringIO()
-    configure_logging("warning", stream)
     log = logging.getLogger("sdpaxos.test")
-    log.info("not shown")
-    log.warning("shown", stack_info=True)
-    (entry,) = parse(stream.getvalue())
+    with fresh_root_logger():
+        configure_logging("warning", stream)
+        log.info("not shown")
+        log.warning("shown", stack_info=True)
+        # configured once: a second call (a verb run in-process again) changes nothing
+        configure_logging("debug", io.StringIO())
+        log.info("still not shown")
+        log.warning("shown again")
+    (entry, again) = parse(stream.getvalue())
     assert entry["msg"] == "shown" and entry["level"] == "warning"
     assert entry["stack"].startswith("Stack (most recent call last):")
     with pytest.raises(ValueError, match="log level must be one of"):
         configure_logging("chatty")
     assert LOG_LEVELS[0] == "debug"
+    assert again["msg"] == "shown again"
 
 
 def test_serve_logs_json_lines_at_its_log_level(tmp_path: Path) -> None:
