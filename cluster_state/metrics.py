@@ -112,9 +112,12 @@ class StoreMetrics:
             if vc not in gpus:  # a VC a reconfiguration dropped: reported under its name
                 gpus[vc] = dict.fromkeys(VC_GPU_STATES, 0)
                 groups[vc] = dict.fromkeys(GROUP_STATES, 0)
-            leaves = sum(len(pod) for pod in group.pods)
-            state = "downgraded" if group.downgraded else group.state
-            groups[vc][state] += 1
+            leaves = sum(map(len, group.pods))  # (a generator here cost a third of a scrape)
+            if group.downgraded:  # lazily preempted: runs as opportunistic
+                groups[vc]["downgraded"] += 1
+                gpus[vc]["opportunistic"] += leaves
+                continue
+            groups[vc][group.state] += 1
             if not group.guaranteed:
                 gpus[vc]["opportunistic"] += leaves
             else:
