@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("consensus.runtime.cli:serve", "run one replica from a cluster file"),
     "cluster": ("consensus.runtime.cli:cluster", "init / up / down a local cluster"),
     "cert": ("consensus.runtime.cli:cert", "a TLS cluster's certificates: init / issue / revoke"),
+    "snapshot": ("consensus.runtime.backup:snapshot",
+                 "back up a live cluster (save) / seed a new one from a backup (restore)"),
     "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),
     "demo": ("cluster_state.demo", "a local geo-replicated GPU allocation store, live"),
     "scheduler": ("cluster_state.demo:scheduler", "run one site's demo schedulers"),

@@ -207,18 +207,10 @@ async def _serve(
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     init = actions.add_parser("init", help="write a ready-to-run local cluster config")
-    init.add_argument("--replicas", type=int, choices=(3, 5), default=3)
-    init.add_argument("--dir", required=True)
-    init.add_argument("--base-port", type=int, default=7000)
-    init.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
-    init.add_argument("--tls", action="store_true",
-                      help="mutual TLS 1.3 on every link: make a CA, a certificate per replica "
-                      f"and an admin client certificate in {TLS_DIR}/")
+    add_init_options(init, cluster_id_default=DEFAULT_CLUSTER_ID)
     init.add_argument("--force", action="store_true",
                       help="overwrite the cluster file of an existing --dir (its replicas' "
                       "data stays: delete data/ yourself to start empty)")
-    for kind in kinds().values():  # each installed state machine's own options
-        kind.add_init_arguments(init)
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
     up.add_argument("--dir", required=True)
     up.add_argument("--timeout", type=float, default=30.0)
@@ -243,6 +235,31 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     netem.add_argument("--apply", action="store_true")
 
 
+def add_init_options(parser: argparse.ArgumentParser, *, cluster_id_default: str | None) -> None:
+    """The options of a new local cluster (``cluster init``, ``snapshot restore``)."""
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
+    parser.add_argument("--dir", required=True, help="the cluster's directory")
+    parser.add_argument("--base-port", type=int, default=7000,
+                        help="replica i listens on base+i (peers), base+100+i (clients), "
+                        "base+200+i (metrics), base+300+i (gRPC)")
+    parser.add_argument("--no-wan", action="store_true", help="no emulated WAN delays")
+    parser.add_argument("--cluster-id", default=cluster_id_default,
+                        help="the cluster's id (peers and clients of another id are refused)"
+                        + ("" if cluster_id_default else "; default: restored-<random>"))
+    parser.add_argument("--tls", action="store_true",
+                        help="mutual TLS 1.3 on every link: make a CA, a certificate per "
+                        f"replica and an admin client certificate in {TLS_DIR}/")
+    for kind in kinds().values():  # each installed state machine's own options
+        kind.add_init_arguments(parser)
+
+
+def init_cluster(args: argparse.Namespace, *, cluster_id: str) -> int:
+    """``cluster init`` with ``args`` (``add_init_options``), never over an existing one."""
+    return _init(Path(args.dir), args.replicas, args.base_port, wan=not args.no_wan, args=args,
+                 force=False, tls=args.tls, cluster_id=cluster_id)
+
+
 def run_cluster(args: argparse.Namespace) -> int:
     if args.action in ("health", "netem"):
         from consensus.runtime import cluster_ops
@@ -257,21 +274,25 @@ def run_cluster(args: argparse.Namespace) -> int:
     directory = Path(args.dir)
     if args.action == "init":
         return _init(directory, args.replicas, args.base_port, wan=not args.no_wan, args=args,
-                     force=args.force, tls=args.tls)
+                     force=args.force, tls=args.tls, cluster_id=args.cluster_id)
     if args.action == "up":
         return _up(directory, args.timeout, args.snapshot_every, args.log_level)
     return _down(directory)
 
 
+#: the cluster id ``cluster init`` gives a local cluster
+DEFAULT_CLUSTER_ID = "local"
+
+
 def cluster_toml(
-    replicas: int, base_port: int, *, wan: bool, cluster_id: str = "local",
+    replicas: int, base_port: int, *, wan: bool, cluster_id: str = DEFAULT_CLUSTER_ID,
     state_machine: Mapping[str, str] | None = None, grpc: bool = False, tls: bool = False,
 ) -> str:
     """A loopback cluster file: replica i listens on base_port + i (peers), + 100 + i
     (clients), + 200 + i (metrics) and, with ``grpc``, + 300 + i (gRPC). ``state_machine``:
     the ``[state_machine]`` table (``kind`` and that kind's string-valued keys). ``tls``: a
     ``[tls]`` table and certificate files under ``tls/`` (``sdpaxos cert init`` makes them)."""
-    lines = [f'cluster_id = "{cluster_id}"', 'data_dir = "data"', ""]
+    lines = [f"cluster_id = {json.dumps(cluster_id)}", 'data_dir = "data"', ""]
     for i in range(replicas):
         lines += [
             "[[replica]]",
@@ -300,7 +321,8 @@ def cluster_toml(
 
 
 def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
-          args: argparse.Namespace, force: bool = False, tls: bool = False) -> int:
+          args: argparse.Namespace, force: bool = False, tls: bool = False,
+          cluster_id: str = DEFAULT_CLUSTER_ID) -> int:
     path = directory / CONFIG_NAME
     if path.exists() and not force:
         # rewriting it under a cluster's logs (5 replicas over 3 replicas' data, say) starts
@@ -330,7 +352,7 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
     table = None if chosen is None else {"kind": chosen[0], **chosen[1].table}
     grpc = chosen is not None and chosen[1].grpc
     path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc,
-                                 tls=tls))
+                                 tls=tls, cluster_id=cluster_id))
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
     if tls:
         try:

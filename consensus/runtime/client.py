@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import ssl
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ import msgpack
 
 from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
-from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure
+from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure, SDPaxosError
 from consensus.messages import Command
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
 
@@ -132,6 +133,44 @@ class Client:
         command = Command(client_id=self.client_id, seq=self.next_seq(), op=op, keys=tuple(keys))
         return await self._call("stale" if stale else "read", command)
 
+    async def backup(self) -> bytes:
+        """A consistent snapshot of the cluster's state, as a snapshot file's bytes: one
+        replica takes it after a linearizable read barrier and hands it over in chunks, all
+        from that replica (``consensus.runtime.backup``). Raises ``DefiniteFailure`` if the
+        replica drops it meanwhile or its checksum does not match, ``PermissionDenied`` for a
+        non-admin of a TLS cluster."""
+        last_error: BaseException | None = None
+        for attempt in range(self.attempts):
+            connection = self._connections[(self._home + attempt) % len(self._connections)]
+            command = Command(client_id=self.client_id, seq=self.next_seq(), op=b"", keys=())
+            try:
+                await connection.ensure()
+                reply = await self._request(connection, "backup", command)
+                if reply.status != "ok":
+                    last_error = _failure(reply)
+                    if reply.status == "indefinite":
+                        continue
+                    raise last_error
+                token, size, digest, _ = msgpack.unpackb(reply.payload)
+                data = bytearray()
+                while len(data) < size:
+                    ask = Command(client_id=self.client_id, seq=command.seq,
+                                  op=msgpack.packb([token, len(data)]), keys=())
+                    chunk = await self._request(connection, "backup-chunk", ask)
+                    if chunk.status != "ok":
+                        raise _failure(chunk)
+                    if not isinstance(chunk.payload, bytes) or not chunk.payload:
+                        raise DefiniteFailure(f"backup {token} ended at {len(data)} of "
+                                              f"{size} bytes")
+                    data += chunk.payload
+            except (OSError, ConnectionError, TimeoutError) as exc:
+                last_error = exc
+                continue
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DefiniteFailure(f"backup {token}: checksum mismatch after transfer")
+            return bytes(data)
+        raise IndefiniteFailure(f"no backup after {self.attempts} tries: {last_error}")
+
     async def _call(self, kind: Kind, command: Command) -> Reply:
         last_error: BaseException | None = None
         for attempt in range(self.attempts):
@@ -152,11 +191,9 @@ class Client:
                 continue
             if reply.status == "ok":
                 return reply
-            if reply.status == "denied":
-                raise PermissionDenied(str(reply.payload))
-            if reply.status in ("definite", "error"):
-                raise DefiniteFailure(str(reply.payload))
-            last_error = IndefiniteFailure(str(reply.payload))
+            last_error = _failure(reply)
+            if reply.status != "indefinite":
+                raise last_error
         raise IndefiniteFailure(
             f"no answer for ({command.client_id}, {command.seq}) after {self.attempts} tries: "
             f"{last_error}"
@@ -182,6 +219,15 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _failure(reply: Reply) -> SDPaxosError:
+    """The error a non-``ok`` reply stands for."""
+    if reply.status == "denied":
+        return PermissionDenied(str(reply.payload))
+    if reply.status in ("definite", "error"):
+        return DefiniteFailure(str(reply.payload))
+    return IndefiniteFailure(str(reply.payload))
 
 
 async def _open(

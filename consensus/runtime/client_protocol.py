@@ -7,6 +7,12 @@ Request ``[req_id, kind, client_id, seq, op, keys, blind]``:
   ``"partition"`` is the test-only fault layer (refused unless the replica runs with
   ``--fault-injection``): ``op`` is a msgpack array of the peer ids to cut off from now on, in
   both directions (empty: heal), and ``client_id``, ``seq``, ``keys`` are ignored;
+* ``"backup"`` takes a consistent snapshot (``consensus.runtime.backup``): a linearizable read
+  barrier, then the state machine's snapshot at the position it reached, kept by the replica
+  for chunked reading; the ``ok`` payload is msgpack ``[token, size, sha256, slot]``. A TLS
+  cluster answers it to an admin only. ``"backup-chunk"``: ``op`` is msgpack
+  ``[token, offset]``, the ``ok`` payload the next bytes of that snapshot (``definite`` once
+  the replica dropped it: a newer backup replaced it);
 * ``req_id`` is the connection's own number for matching answers (pipelining);
 * ``(client_id, seq)`` identifies the request across retries and replicas.
 
@@ -47,9 +53,9 @@ __all__ = [
     "ok_response_wire",
 ]
 
-Kind = Literal["cmd", "read", "stale", "partition"]
+Kind = Literal["cmd", "read", "stale", "partition", "backup", "backup-chunk"]
 Status = Literal["ok", "definite", "indefinite", "error", "denied"]
-KINDS = ("cmd", "read", "stale", "partition")
+KINDS = ("cmd", "read", "stale", "partition", "backup", "backup-chunk")
 STATUSES = ("ok", "definite", "indefinite", "error", "denied")
 
 

@@ -20,6 +20,7 @@ gets ``PermissionDenied`` (the native port's ``"denied"`` status).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import math
@@ -29,6 +30,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgpack
 
 from consensus.auth import (
     ADMIN,
@@ -114,6 +117,11 @@ SNAPSHOT_MAX_SLOTS = VIEW_SPAN
 SNAPSHOT_LOG_BYTES = 256 << 20
 #: default: a snapshot at least this often while commands are applied (seconds)
 SNAPSHOT_INTERVAL_S = 600.0
+
+#: bytes of a backup per ``"backup-chunk"`` answer (a client frame holds it easily)
+BACKUP_CHUNK = 512 << 10
+#: backups a replica keeps for chunked reading (a newer one drops the oldest)
+BACKUPS_KEPT = 2
 
 #: TLS: the longest op a client may send (its principal's envelope must fit the codec's limit)
 _MAX_SEALED_OP = MAX_OP_BYTES - ENVELOPE_OVERHEAD
@@ -273,6 +281,11 @@ class ReplicaNode:
         self._wakeup = asyncio.Event()
         self._commands: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
         self._reads: dict[tuple[int, int], list[Waiter]] = defaultdict(list)
+        #: reads that are backup barriers (answered with a snapshot token, not a query)
+        self._backup_keys: set[tuple[int, int]] = set()
+        #: token -> a backup's snapshot bytes, kept for chunked reading (BACKUPS_KEPT)
+        self._backups: dict[int, bytes] = {}
+        self._backup_tokens = itertools.count(1)
         self._dirty: set[_ClientConnection] = set()
         self._proposed_at: dict[tuple[int, int], int] = {}
         self._client_server: asyncio.Server | TlsServer | None = None
@@ -373,6 +386,18 @@ class ReplicaNode:
         self._reads[(command.client_id, command.seq)].append(future)
         self._post("stale" if stale else "read", command)
         return (await future).value
+
+    async def backup(self, client_id: int, seq: int) -> bytes:
+        """A consistent snapshot (a snapshot file's bytes): a linearizable read barrier, then
+        the state machine's snapshot at the position it reached (see
+        ``consensus.runtime.backup``)."""
+        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        key = (client_id, seq)
+        self._reads[key].append(future)
+        self._backup_keys.add(key)
+        self._post("read", Command(client_id=client_id, seq=seq, op=b"", keys=()))
+        token, _, _, _ = msgpack.unpackb((await future).value)
+        return self._backups[token]
 
     def _post(self, kind: str, item: object) -> None:
         self._events.append((kind, item))
@@ -571,8 +596,13 @@ class ReplicaNode:
             self.stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
         for command in ready.reads:
-            waiters = self._reads.pop((command.client_id, command.seq), ())
-            if waiters:
+            key = (command.client_id, command.seq)
+            waiters = self._reads.pop(key, ())
+            if key in self._backup_keys:
+                self._backup_keys.discard(key)
+                for waiter in waiters:
+                    self._resolve(waiter, Result(self._take_backup(), -1))
+            elif waiters:
                 answered = (
                     machine.query(command.op) if self._authz is None
                     else self._authz.ask(command.op)
@@ -637,6 +667,35 @@ class ReplicaNode:
         self.wal.rewrite([encode_record(record) for record in records])
         log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
                  previous[1].slot if previous else 0)
+
+    def _take_backup(self) -> bytes:
+        """Snapshot the state machine now (every command of the turn applied) for a backup;
+        the answer: msgpack ``[token, size, sha256, slot]``."""
+        meta = self.core.snapshot_meta()
+        data = encode_snapshot(meta, self.state_machine.snapshot())
+        token = next(self._backup_tokens)
+        self._backups[token] = data
+        while len(self._backups) > BACKUPS_KEPT:
+            del self._backups[min(self._backups)]
+        log.info("replica %d: backup %d taken at slot %d (%d bytes)", self.me, token,
+                 meta.slot, len(data))
+        answer: bytes = msgpack.packb([token, len(data), hashlib.sha256(data).hexdigest(),
+                                       meta.slot])
+        return answer
+
+    def _backup_chunk(self, request: ClientRequest) -> ClientResponse:
+        try:
+            token, offset = msgpack.unpackb(request.command.op, max_array_len=2, max_map_len=0)
+        except Exception:
+            token = offset = None
+        if type(token) is not int or type(offset) is not int or offset < 0:
+            return ClientResponse(request.req_id, "error", "a backup-chunk op is msgpack "
+                                  "[token, offset] (non-negative ints)")
+        data = self._backups.get(token)
+        if data is None:
+            return ClientResponse(request.req_id, "definite", f"backup {token} is no longer "
+                                  "kept here (a newer one replaced it): take a new one")
+        return ClientResponse(request.req_id, "ok", data[offset : offset + BACKUP_CHUNK])
 
     def _send_snapshot(self, peer: int) -> None:
         if self._snapshot is None:
@@ -783,6 +842,22 @@ class ReplicaNode:
                         continue
                     if request.kind == "partition":
                         writer.write(frame_to_wire(self._partition(request, principal).encode()))
+                        continue
+                    if request.kind in ("backup", "backup-chunk"):
+                        if principal is not None and principal.role != ADMIN:
+                            writer.write(frame_to_wire(ClientResponse(
+                                request.req_id, "denied", "backups are an admin's: "
+                                f"{principal.describe()} may not take one").encode()))
+                            continue
+                        if request.kind == "backup-chunk":
+                            writer.write(frame_to_wire(self._backup_chunk(request).encode()))
+                            continue
+                        key = (request.command.client_id, request.command.seq)
+                        self._reads[key].append((connection, request.req_id))
+                        self._backup_keys.add(key)
+                        limits.request_started(tracked)
+                        barrier = Command(client_id=key[0], seq=key[1], op=b"", keys=())
+                        self._client_requests.append(("read", barrier))
                         continue
                     if principal is not None:
                         if len(request.command.op) > _MAX_SEALED_OP:
