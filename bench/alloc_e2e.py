@@ -216,7 +216,7 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
     outcomes = {"placed": 0, "preempting": 0, "waiting": 0}
     applied_at: dict[int, float] = {}  # revision -> when its submitter heard of it
     rng = random.Random(seed)
-    watch = _Watchers(cluster, watchers, slow_watchers) if watchers else None
+    watch = _WatcherProcesses(cluster, watchers, slow_watchers) if watchers else None
     if watch is not None:
         await watch.start(names[0])
     recorders = _start_profiles(cluster, profile, seconds)
@@ -288,8 +288,12 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
 
 #: watchers that check every event (a running hash of each, and the delay of placements);
 #: the others check that each page follows the last one (revisions) and count the events:
-#: 1,000 streams at 2,000 events/s is 2 million events/s, more than this process can look at
+#: 1,000 streams at 2,000 events/s is 2 million events/s, more than Python looks at
 WATCHERS_CHECKED = 50
+#: watch streams per watcher process
+WATCHERS_PER_PROCESS = 250
+#: the longest report line of a watcher process (its marks: revision and time per placement)
+WATCH_REPORT_LIMIT = 1 << 28
 
 
 class _Watcher:
@@ -303,55 +307,45 @@ class _Watcher:
 
 
 class _Watchers:
-    """``count`` pushed watch streams (gRPC ``WatchPushed``) over the replicas, round-robin;
-    the first ``slow`` stop reading after their first page."""
+    """``count`` pushed watch streams (gRPC ``WatchPushed``) over the replicas' ``targets``,
+    round-robin from ``offset``; the first ``slow`` stop reading after their first page, the
+    next ``checked`` check every event. Runs in a watcher process (``_watch_child``)."""
 
-    def __init__(self, cluster: Any, count: int, slow: int) -> None:
+    def __init__(self, targets: list[str], count: int, slow: int, checked: int,
+                 offset: int) -> None:
         import grpc
 
         from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 
-        self._targets = [f"{host}:{port}" for host, port in cluster.grpc_addresses]
-        self._addresses = cluster.client_addresses
         # a few connections per replica: one would funnel every stream through one socket
-        self._channels = [grpc.aio.insecure_channel(t) for t in self._targets
+        self._channels = [grpc.aio.insecure_channel(t) for t in targets
                           for _ in range(WATCH_CONNECTIONS_PER_REPLICA)]
         # the slow watchers' own connections keep HTTP/2's initial 64 KiB window (no BDP
-        # probing), so what they leave unread backs up to the replica within the run
+        # probing), so what they leave unread backs up to the replica sooner
         self._slow_channels = [grpc.aio.insecure_channel(t, options=[("grpc.http2.bdp_probe",
                                                                        0)])
-                               for t in self._targets] if slow else []
+                               for t in targets] if slow else []
         self._stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
                        for c in self._channels]
         self._slow_stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
                             for c in self._slow_channels]
-        self._count, self._slow = count, slow
+        self._count, self._slow, self._checked, self._offset = count, slow, checked, offset
         self._tasks: list[asyncio.Task[None]] = []
         self.state = [_Watcher() for _ in range(count)]
         self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
         self.compacted = 0
         self.errors: list[str] = []
 
-    async def start(self, vc: str) -> None:
-        """Open the streams, then place and release one job: once every watcher saw it,
-        every stream is open (and the slow ones stopped reading)."""
+    def start(self) -> None:
         import hashlib
 
-        from cluster_state.client import AllocationStore
-        from cluster_state.ops import GroupSpec, Member
-
         for k in range(self._count):
-            if self._slow <= k < self._slow + WATCHERS_CHECKED:
+            if self._slow <= k < self._slow + self._checked:
                 self.state[k].digest = hashlib.sha256()
             self._tasks.append(asyncio.ensure_future(self._one(k)))
-        await asyncio.sleep(WATCH_SETTLE_S)
-        store = AllocationStore.connect(self._addresses)
-        try:
-            await store.submit(GroupSpec(name="warm-up", vc=vc, priority=0,
-                                         members=(Member(1, 1),)))
-            await store.release("warm-up")
-        finally:
-            await store.close()
+
+    async def ready(self) -> None:
+        """Once every watcher saw an event (the parent's warm-up job)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while any(w.count == 0 for w in self.state) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -361,9 +355,9 @@ class _Watchers:
 
         me = self.state[k]
         if k < self._slow:
-            stub = self._slow_stubs[k % len(self._slow_stubs)]
+            stub = self._slow_stubs[(k + self._offset) % len(self._slow_stubs)]
         else:
-            stub = self._stubs[k % len(self._stubs)]
+            stub = self._stubs[(k + self._offset) % len(self._stubs)]
         try:
             async for batch in stub.WatchPushed(pb.WatchRequest(since=-1)):
                 if batch.compacted:
@@ -387,16 +381,10 @@ class _Watchers:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.errors.append(f"watcher {k}: {exc!r}")
+            self.errors.append(f"watcher {k + self._offset}: {exc!r}")
 
-    async def finish(self, applied_at: dict[int, float]) -> dict[str, Any]:
-        from cluster_state.client import AllocationStore
-
-        store = AllocationStore.connect(self._addresses)
-        try:
-            final = (await store.digest())["revision"]  # linearizable: the last change
-        finally:
-            await store.close()
+    async def drain(self, final: int) -> dict[str, Any]:
+        """Wait for every reading watcher to reach revision ``final``; their figures."""
         fast = self.state[self._slow:]
         deadline = time.monotonic() + WATCH_DRAIN_S
         while time.monotonic() < deadline and (
@@ -408,21 +396,113 @@ class _Watchers:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for channel in self._channels + self._slow_channels:
             await channel.close()
-        counts = {w.count for w in fast}
-        digests = {w.digest.hexdigest() for w in fast if w.digest is not None}
-        same = len(counts) == 1 and len(digests) <= 1 and all(w.ordered for w in fast)
-        delays = [(at - applied_at[rev]) * 1000 for rev, at in self.marks if rev in applied_at]
         return {
-            "ok": same and not self.errors and self.compacted == self._slow
-            and all(w.last >= final for w in fast),
-            "watchers": self._count,
-            "slow_watchers": self._slow,
-            "slow_dropped_with_compacted": self.compacted,
-            "events_per_watcher": sorted(counts),
-            "checked_event_by_event": min(WATCHERS_CHECKED, len(fast)),
-            "all_same_events_in_order": same,
+            "counts": [w.count for w in fast],
+            "lasts": [w.last for w in fast],
+            "ordered": all(w.ordered for w in fast),
+            "digests": [w.digest.hexdigest() for w in fast if w.digest is not None],
+            "marks": self.marks,
+            "compacted": self.compacted,
             "errors": self.errors[:5],
-            # from the submitting scheduler hearing its placement to a watcher seeing it
+        }
+
+
+def _watch_child(spec: str) -> None:
+    """A watcher process: the streams of ``_Watchers(**json spec)``; prints "ready" once they
+    all saw an event, then reads the final revision from stdin and prints its figures."""
+
+    async def main() -> None:
+        watchers = _Watchers(**json.loads(spec))
+        watchers.start()
+        await watchers.ready()
+        print("ready", flush=True)
+        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        print(json.dumps(await watchers.drain(int(line))), flush=True)
+
+    asyncio.run(main())
+
+
+class _WatcherProcesses:
+    """The watchers, split over processes of ``WATCHERS_PER_PROCESS`` (one Python process
+    decodes only so many messages per second); the slow ones all in the first."""
+
+    def __init__(self, cluster: Any, count: int, slow: int) -> None:
+        self._targets = [f"{host}:{port}" for host, port in cluster.grpc_addresses]
+        self._addresses = cluster.client_addresses
+        self._count, self._slow = count, slow
+        self._children: list[asyncio.subprocess.Process] = []
+
+    async def start(self, vc: str) -> None:
+        """Start the watcher processes, then place and release one job: once every watcher
+        saw it, every stream is open (and the slow ones stopped reading)."""
+        from cluster_state.client import AllocationStore
+        from cluster_state.ops import GroupSpec, Member
+
+        processes = max(1, -(-self._count // WATCHERS_PER_PROCESS))
+        share = -(-self._count // processes)
+        offset = 0
+        for k in range(processes):
+            count = min(share, self._count - offset)
+            slow = self._slow if k == 0 else 0
+            spec = {"targets": self._targets, "count": count, "slow": slow,
+                    "checked": -(-WATCHERS_CHECKED // processes), "offset": offset}
+            self._children.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-c",
+                f"from bench.alloc_e2e import _watch_child; _watch_child({json.dumps(spec)!r})",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                limit=WATCH_REPORT_LIMIT))
+            offset += count
+        await asyncio.sleep(WATCH_SETTLE_S)
+        store = AllocationStore.connect(self._addresses)
+        try:
+            await store.submit(GroupSpec(name="warm-up", vc=vc, priority=0,
+                                         members=(Member(1, 1),)))
+            await store.release("warm-up")
+        finally:
+            await store.close()
+        for child in self._children:
+            assert child.stdout is not None
+            line = await asyncio.wait_for(child.stdout.readline(), START_TIMEOUT_S)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"a watcher process did not start: {line!r}")
+
+    async def finish(self, applied_at: dict[int, float]) -> dict[str, Any]:
+        from cluster_state.client import AllocationStore
+
+        store = AllocationStore.connect(self._addresses)
+        try:
+            final = (await store.digest())["revision"]  # linearizable: the last change
+        finally:
+            await store.close()
+        parts = []
+        for child in self._children:
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.write(f"{final}\n".encode())
+            await child.stdin.drain()
+        for child in self._children:
+            assert child.stdout is not None
+            parts.append(json.loads(await child.stdout.readline()))
+            await child.wait()
+        counts = {n for part in parts for n in part["counts"]}
+        digests = {d for part in parts for d in part["digests"]}
+        lasts = [last for part in parts for last in part["lasts"]]
+        compacted = sum(part["compacted"] for part in parts)
+        errors = [e for part in parts for e in part["errors"]]
+        same = len(counts) == 1 and len(digests) <= 1 and all(p["ordered"] for p in parts)
+        delays = [(at - applied_at[rev]) * 1000 for part in parts for rev, at in part["marks"]
+                  if rev in applied_at]
+        return {
+            "ok": same and not errors and compacted == self._slow
+            and all(last >= final for last in lasts),
+            "watchers": self._count,
+            "watcher_processes": len(self._children),
+            "slow_watchers": self._slow,
+            "slow_dropped_with_compacted": compacted,
+            "events_per_watcher": sorted(counts),
+            "checked_event_by_event": sum(len(p["digests"]) for p in parts),
+            "all_same_events_in_order": same,
+            "errors": errors[:5],
+            # from the submitting scheduler hearing of its placement to a watcher seeing it
             "delay": _percentiles(delays),
         }
 

@@ -43,8 +43,13 @@ __all__ = ["DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", "Batch", "WatchHub"]
 DEFAULT_MAX_PENDING = 2048
 #: how long after an apply the hub collects the new events: commands applied within it share
 #: one batch (one message per watcher), which is what lets one replica feed 1,000 streams;
-#: small against the watch delay budget (100 ms at p99)
+#: small against the watch delay budget (100 ms at p99) ...
 FAN_OUT_DELAY_S = 0.01
+#: ... plus this much per watcher (every message costs each stream a gRPC write: hundreds
+#: of streams at 100 batches/s is more than a replica's loop can write) ...
+FAN_OUT_DELAY_PER_WATCHER_S = 0.0001
+#: ... up to this (half the delay budget)
+FAN_OUT_DELAY_MAX_S = 0.05
 #: a quiet hub looks at the store this often anyway (a snapshot installed from a peer
 #: replaces the events without calling the apply hook)
 IDLE_CHECK_S = 1.0
@@ -161,7 +166,9 @@ class WatchHub:
     def _applied(self, position: int, command: Command, result: bytes) -> None:
         # Called right after each command applies, on the node's loop: just arm the timer.
         if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(self._delay, self._fan_out)
+            delay = min(FAN_OUT_DELAY_MAX_S,
+                        self._delay + FAN_OUT_DELAY_PER_WATCHER_S * len(self._watchers))
+            self._timer = asyncio.get_running_loop().call_later(delay, self._fan_out)
 
     def _idle_check(self) -> None:
         self._idle = asyncio.get_running_loop().call_later(IDLE_CHECK_S, self._idle_check)

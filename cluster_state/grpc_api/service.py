@@ -218,14 +218,12 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
     async def WatchPushed(
         self, request: pb.WatchRequest, context: Any
     ) -> AsyncIterator[pb.EventBatch]:
-        # One message per wake-up, holding every batch queued meanwhile; a batch is encoded
-        # once for all the watchers it reaches.
+        # One message per batch: a batch is encoded once for all the watchers it reaches
+        # (merging the batches a slow reader has queued would copy them for it alone).
         try:
             async for batches in self._hub.watch(request.since):
-                if len(batches) == 1:
-                    yield _batch_pb(batches[0])
-                else:
-                    yield pb.EventBatch(events=[e for b in batches for e in _batch_pb(b).events])
+                for batch in batches:
+                    yield _batch_pb(batch)
         except EventsCompacted as exc:
             yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
 
