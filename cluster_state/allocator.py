@@ -52,6 +52,13 @@ may be placed where HiveD's smallest-pod-first scheduler would wait for a whole 
 **Conditional bind** places a group at an explicit placement chosen by an outside scheduler,
 provided none of its leaves changed after a revision the scheduler read.
 
+**Incarnations and claims.** A group remembers the log position that created it (its
+*incarnation*: a gang released and submitted again under the same name is another one), and a
+placed group the pod that claimed each of its member pods (``claim``: slot -> pod UID, a
+compare-and-set conditional on the incarnation; see ``cluster_state.ops``). Claims change no
+cell: they are the schedulers' record of which pod runs on which member's GPUs, kept here so
+that every scheduler sharing the store agrees on it.
+
 Requests that are invalid raise ``RequestError`` before anything changes.
 """
 
@@ -71,6 +78,7 @@ from cluster_state.errors import RequestError
 from cluster_state.index import FREE, CellState
 from cluster_state.ops import (
     OPPORTUNISTIC,
+    Claimed,
     Conflict,
     GroupSpec,
     Member,
@@ -86,6 +94,9 @@ from cluster_state.placement import Picker
 
 __all__ = ["Allocator", "Group"]
 
+#: a claim's holder: (pod UID, "namespace/name")
+ClaimHolder = tuple[str, str]
+
 _log = logging.getLogger(__name__)
 
 
@@ -97,6 +108,8 @@ class Group:
     __slots__ = (
         "_spec_wire",
         "chain",
+        "claims",
+        "created",
         "downgraded",
         "downgraded_at",
         "downgraded_by",
@@ -119,6 +132,8 @@ class Group:
         self.token = -1  # log position it was placed at
         self.victims: set[str] = set()  # preempting: groups it waits for
         self.preemptors: set[str] = set()  # placed: preempting groups waiting for it
+        self.created = -1  # log position that created it (its incarnation)
+        self.claims: dict[int, ClaimHolder] = {}  # placed: member pod slot -> the pod holding it
         self._spec_wire: tuple[GroupSpec, list[Any]] | None = None
 
     def spec_wire(self) -> list[Any]:
@@ -493,6 +508,7 @@ class Allocator:
     def _place(self, spec: GroupSpec, plan: _Plan, position: int) -> Placed:
         group = Group(spec, plan.chain, tuple(plan.pods))
         group.token = position
+        group.created = position
         self.groups[spec.name] = group
         leaves = group.leaves()
         for leaf in leaves:
@@ -546,6 +562,7 @@ class Allocator:
         lower = sorted({r for leaf in leaves if (r := cells.reserver[leaf]) is not None})
         group = Group(spec, plan.chain, tuple(plan.pods))
         group.preempting = True
+        group.created = position
         self.groups[spec.name] = group
         for leaf in leaves:
             cells.reserver[leaf] = spec.name
@@ -731,6 +748,49 @@ class Allocator:
                 self.events.append(("reserved", preemptor_name, []))
         return Released(name, tuple(promoted))
 
+    def release_if(self, name: str, incarnation: int, position: int) -> Result:
+        """``release`` provided ``name`` is still incarnation ``incarnation``."""
+        group = self.groups.get(name)
+        if group is None:
+            raise RequestError(f"no group {name!r}", static=False)
+        if group.created != incarnation:
+            return Conflict(
+                name, f"group {name} is incarnation {group.created}, not {incarnation}"
+            )
+        return self.release(name, position)
+
+    # ================================================================== claims
+    def claim(self, name: str, incarnation: int, slot: int, holder: ClaimHolder,
+              previous: str) -> Result:
+        """Give member pod ``slot`` of ``name`` to ``holder`` if ``previous`` ("" for nobody)
+        holds it now (see the module documentation); nothing changes unless it answers a new
+        ``Claimed``."""
+        group = self.groups.get(name)
+        if group is None or group.created != incarnation:
+            now = "gone" if group is None else f"incarnation {group.created}"
+            return Conflict(name, f"group {name} incarnation {incarnation} is {now}")
+        if group.preempting:
+            return Conflict(name, f"group {name} is {group.state}, not placed")
+        if slot >= len(group.pods):
+            raise RequestError(
+                f"group {name} has {len(group.pods)} member pods, no slot {slot}", static=False
+            )
+        uid = holder[0]
+        held = group.claims.get(slot)
+        if held is not None and held[0] == uid:
+            return Claimed(name, incarnation, slot, uid)  # a retry, or a re-filter
+        other = next((s for s, h in sorted(group.claims.items()) if h[0] == uid), None)
+        if other is not None:
+            return Conflict(name, f"pod {uid} holds member pod {other} of {name}")
+        current = "" if held is None else held[0]
+        if current != previous:
+            return Conflict(
+                name, f"member pod {slot} of {name} is held by {current or 'nobody'}, "
+                f"not {previous or 'nobody'}"
+            )
+        group.claims[slot] = holder
+        return Claimed(name, incarnation, slot, uid)
+
     def _promote(self, group: Group, position: int) -> None:
         """Every victim is gone: the reserved leaves become used."""
         cells = self.cells
@@ -815,6 +875,8 @@ class Allocator:
             "token": group.token,
             "victims": sorted(group.victims),
             "preempted_by": sorted(group.preemptors),
+            "incarnation": group.created,
+            "claims": [[slot, uid, pod] for slot, (uid, pod) in sorted(group.claims.items())],
         }
 
     def list_groups(self, vc: str = "") -> list[dict[str, Any]]:
@@ -828,6 +890,7 @@ class Allocator:
                 "chain": self.topo.chains[g.chain].name,
                 "token": g.token,
                 "pods": [[n, node, list(d)] for n, node, d in self._placed(g).pods],
+                "incarnation": g.created,
             }
             for name, g in sorted(self.groups.items())
             if not vc or g.spec.vc == vc
@@ -941,6 +1004,8 @@ class Allocator:
                 sorted(g.victims) if g.victims else [],
                 g.downgraded_at,
                 g.downgraded_by,
+                g.created,
+                [[slot, uid, pod] for slot, (uid, pod) in sorted(g.claims.items())],
             ]
             for _, g in sorted(self.groups.items())
         ]
@@ -985,6 +1050,11 @@ class Allocator:
             group.victims = set(victims)
             if len(record) > 7:  # snapshot format 1 did not record when and by whom
                 group.downgraded_at, group.downgraded_by = record[7], record[8]
+            if len(record) > 9:  # incarnation and claims (older snapshots: none recorded)
+                group.created = int(record[9])
+                group.claims = {int(s): (str(uid), str(pod)) for s, uid, pod in record[10]}
+            elif not preempting:
+                group.created = token
             self.groups[name] = group
             leaves = group.leaves()
             for leaf in leaves:
@@ -1157,6 +1227,7 @@ class Allocator:
             )
             group = Group(g.spec, chain, pods)
             group.token = g.token
+            group.created, group.claims = g.created, dict(g.claims)
             group.downgraded, group.downgraded_at = g.downgraded, g.downgraded_at
             group.downgraded_by = g.downgraded_by
             entry: dict[str, Any] = {"outcome": "kept"}
@@ -1430,4 +1501,6 @@ class Allocator:
             "victims": sorted(group.victims),
             "preempted_by": sorted(group.preemptors),
             "lazy_preemption": self._lazy_status(group),
+            # HiveD's allocatedPods: the pods holding its member pods (their claims)
+            "allocated_pods": [uid for _, (uid, _) in sorted(group.claims.items())],
         }

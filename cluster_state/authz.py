@@ -6,8 +6,9 @@ principal may (``consensus.auth``). ``AuthorizedStore`` is the ``ClusterStore`` 
 
 * ``admin``: everything — updates, node health, reconfiguration, every query.
 * ``reader``: every query; no update.
-* ``scheduler`` of virtual clusters S: ``submit`` and ``bind`` of groups in S, ``release`` of
-  groups in S (a group of another VC is refused; an unknown name gets the store's own answer),
+* ``scheduler`` of virtual clusters S: ``submit`` and ``bind`` of groups in S, ``release``
+  (conditional or not) and ``claim`` of groups in S (a group of another VC is refused; an
+  unknown name gets the store's own answer),
   and the queries about S: a group in S (or unknown), a VC in S, the groups of a VC in S,
   inspect of a VC in S or of a group in S, and the watch stream with the events of S's groups
   only. Node health, reconfiguration, its plan, the cluster summary, the digest, the physical
@@ -118,10 +119,11 @@ class AuthorizedStore(ClusterStore):
             if owner is not None and owner not in principal.vcs:
                 return f"{who} may not touch group {op.spec.name!r} (another virtual cluster)"
             return None
-        if isinstance(op, ops.Release):
+        if isinstance(op, ops.Release | ops.ReleaseIf | ops.Claim):
             owner = self.vc_of(op.name)
             if owner is not None and owner not in principal.vcs:
-                return f"{who} may not release group {op.name!r} of another virtual cluster"
+                verb = "claim pods of" if isinstance(op, ops.Claim) else "release"
+                return f"{who} may not {verb} group {op.name!r} of another virtual cluster"
             return None
         return f"{who} may not {type(op).__name__.lower()}: that is an admin's"
 

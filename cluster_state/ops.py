@@ -10,6 +10,11 @@ op                                                             result
 ``["bind", group, [[node, [device, ...]], ...], revision]``    ``placed`` | ``conflict`` |
                                                                ``error``
 ``["release", name]``                                          ``["released", name, [promoted]]``
+``["release", name, incarnation]``                             ``released`` | ``conflict`` |
+                                                               ``error``
+``["claim", name, incarnation, slot, uid, pod, previous]``     ``["claimed", name, incarnation,
+                                                               slot, uid]`` | ``conflict`` |
+                                                               ``error``
 ``["node_health", node, healthy]``                             ``["node_health", node, healthy,
                                                                changed, [cancelled], warning]``
 ``["reconfigure", yaml_text]``                                 ``["reconfigured", sha256_hex,
@@ -29,6 +34,22 @@ pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" 
 * ``["conflict", name, reason]`` — a ``bind`` whose cells changed after ``revision`` or are
   not free; nothing changed.
 * ``["error", reason]`` — invalid request; nothing changed.
+* A group's *incarnation* is the log position that created it (``incarnation`` in its
+  ``group`` query): a group released and submitted again under the same name is another
+  incarnation. ``["release", name, incarnation]`` releases the group only if it is still that
+  incarnation (else ``conflict``, nothing changed), so a releaser that decided from an old
+  view never releases a newer gang of the same name.
+* ``claim`` records which pod takes which member pod (*slot*: an index into ``placed``'s
+  pods) of a placed group: slot ``slot`` of incarnation ``incarnation`` of group ``name`` is
+  given to the pod of UID ``uid`` (``pod``: its "namespace/name", for whoever must check it is
+  gone) provided the slot is held by ``previous`` now ("" for nobody: a compare-and-set; a
+  scheduler names the previous holder only once it knows that pod is gone for good). It
+  answers ``claimed`` again, changing nothing, when ``uid`` holds that slot already; it is a
+  ``conflict`` (nothing changed) when the group is gone, another incarnation or not placed,
+  when the slot is held by another pod than ``previous``, or when ``uid`` holds another slot.
+  So one slot's GPUs are never handed to two live pods, whoever asks and in whatever order.
+  The group's ``claims`` (its ``group`` query) list ``[slot, uid, pod]``; releasing the group
+  drops them.
 * ``node_health``'s ``warning`` is "" unless the report was ignored (a node the configuration
   does not know: HiveD ignores those too).
 * ``["reconfigured", sha256_hex, changed, report]`` — the store now runs the configuration in
@@ -74,6 +95,8 @@ __all__ = [
     "MAX_PRIORITY",
     "OPPORTUNISTIC",
     "Bind",
+    "Claim",
+    "Claimed",
     "Conflict",
     "Error",
     "GetDigest",
@@ -96,12 +119,14 @@ __all__ = [
     "Reconfigure",
     "Reconfigured",
     "Release",
+    "ReleaseIf",
     "Released",
     "Result",
     "SetNodeHealth",
     "Submit",
     "Waiting",
     "bind",
+    "claim",
     "decode_op",
     "decode_query",
     "decode_result",
@@ -117,6 +142,7 @@ __all__ = [
     "plan_submit",
     "reconfigure",
     "release",
+    "release_if",
     "set_node_health",
     "submit",
 ]
@@ -127,6 +153,8 @@ MAX_PRIORITY = 1000
 #: Upper bounds that keep one op's work bounded.
 MAX_PODS = 4096
 MAX_NAME = 256
+#: Upper bound of a claim's pod key, "namespace/name" (Kubernetes: 63 + 1 + 253 characters).
+MAX_POD_KEY = 2 * MAX_NAME
 #: The kinds of tree ``inspect`` draws.
 INSPECT_KINDS = ("physical", "vc", "group")
 
@@ -210,7 +238,28 @@ class Reconfigure:
     text: str
 
 
-Op = Submit | Bind | Release | SetNodeHealth | Reconfigure
+@dataclass(frozen=True, slots=True)
+class ReleaseIf:
+    """Release group ``name`` only if it is still incarnation ``incarnation``."""
+
+    name: str
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Give member pod ``slot`` of incarnation ``incarnation`` of group ``name`` to the pod
+    ``uid`` (``pod``: "namespace/name"), if ``previous`` ("" for nobody) holds it now."""
+
+    name: str
+    incarnation: int
+    slot: int
+    uid: str
+    pod: str
+    previous: str = ""
+
+
+Op = Submit | Bind | Release | SetNodeHealth | Reconfigure | ReleaseIf | Claim
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,12 +374,21 @@ class Reconfigured:
 
 
 @dataclass(frozen=True, slots=True)
+class Claimed:
+    group: str
+    incarnation: int
+    slot: int
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     reason: str
 
 
 Result = (
-    Placed | Preempting | Waiting | Conflict | Released | NodeHealthSet | Reconfigured | Error
+    Placed | Preempting | Waiting | Conflict | Released | NodeHealthSet | Reconfigured | Claimed
+    | Error
 )
 
 
@@ -352,6 +410,8 @@ def encode_result(result: Result) -> bytes:
             wire = ["node_health", node, healthy, changed, list(cancelled), warning]
         case Reconfigured(digest, changed, report):
             wire = ["reconfigured", digest, changed, report]
+        case Claimed(group, incarnation, slot, uid):
+            wire = ["claimed", group, incarnation, slot, uid]
         case Error(reason):
             wire = ["error", reason]
     return _pack(wire)
@@ -379,6 +439,8 @@ def decode_result(data: bytes) -> Result:
             return NodeHealthSet(node, healthy, changed, tuple(cancelled), warning)
         case ["reconfigured", str(digest), bool(changed), dict(report)]:
             return Reconfigured(digest, changed, report)
+        case ["claimed", str(group), int(incarnation), int(slot), str(uid)]:
+            return Claimed(group, incarnation, slot, uid)
         case ["error", str(reason)]:
             return Error(reason)
         case ["expired"]:
@@ -445,6 +507,18 @@ def bind(
 
 def release(name: str) -> bytes:
     return _pack(["release", name])
+
+
+def release_if(name: str, incarnation: int) -> bytes:
+    """Release group ``name`` only if it is still ``incarnation`` (its ``group`` query's)."""
+    return _pack(["release", name, incarnation])
+
+
+def claim(name: str, incarnation: int, slot: int, uid: str, pod: str,
+          previous: str = "") -> bytes:
+    """Give member pod ``slot`` of group ``name`` (incarnation ``incarnation``) to pod ``uid``
+    ("namespace/name" ``pod``) if ``previous`` ("" for nobody) holds it now."""
+    return _pack(["claim", name, incarnation, slot, uid, pod, previous])
 
 
 def set_node_health(node: str, healthy: bool) -> bytes:
@@ -572,6 +646,18 @@ def _decode_spec(raw: object) -> GroupSpec:
     )
 
 
+def _decode_claim(op: list[Any]) -> Claim:
+    _, group, incarnation, slot, uid, pod, previous = op
+    if not _is_int(incarnation) or incarnation < 0:
+        raise RequestError("claim's incarnation must be an integer >= 0")
+    if not _is_int(slot) or not 0 <= slot < MAX_PODS:
+        raise RequestError(f"claim's slot must be an integer in [0, {MAX_PODS})")
+    if not isinstance(pod, str) or not pod or len(pod) > MAX_POD_KEY:
+        raise RequestError(f"claim's pod must be a non-empty string of <= {MAX_POD_KEY}")
+    return Claim(_text(group, "group name"), incarnation, slot, _text(uid, "pod uid"), pod,
+                 _text(previous, "previous pod uid", empty=True))
+
+
 def decode_op(data: bytes) -> Op:
     """The typed write operation in ``data``; ``RequestError`` if it is not one."""
     op = _unpack(data)
@@ -595,6 +681,12 @@ def decode_op(data: bytes) -> Op:
         return Bind(spec, tuple(pods), op[3])
     if name == "release" and len(op) == 2:
         return Release(_text(op[1], "group name"))
+    if name == "release" and len(op) == 3:
+        if not _is_int(op[2]) or op[2] < 0:
+            raise RequestError("release must be [release, name, incarnation >= 0]")
+        return ReleaseIf(_text(op[1], "group name"), op[2])
+    if name == "claim" and len(op) == 7:
+        return _decode_claim(op)
     if name == "node_health" and len(op) == 3 and isinstance(op[2], bool):
         return SetNodeHealth(_text(op[1], "node"), op[2])
     if name == "reconfigure" and len(op) == 2 and isinstance(op[1], str):

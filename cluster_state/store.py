@@ -46,6 +46,7 @@ from cluster_state.errors import ConfigError, EventsCompacted, RequestError, Sna
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.ops import (
     Bind,
+    Claim,
     Error,
     GetDigest,
     GetEvents,
@@ -61,6 +62,7 @@ from cluster_state.ops import (
     Reconfigure,
     Reconfigured,
     Release,
+    ReleaseIf,
     Result,
     SetNodeHealth,
     Submit,
@@ -166,6 +168,10 @@ class ClusterStore:
                 return allocator.set_node_health(node, healthy, position)
             case Reconfigure(text):
                 return self._reconfigure(text, position)
+            case ReleaseIf(name, incarnation):
+                return allocator.release_if(name, incarnation, position)
+            case Claim(name, incarnation, slot, uid, pod, previous):
+                return allocator.claim(name, incarnation, slot, (uid, pod), previous)
 
     # ------------------------------------------------------------------ reconfiguration
     @staticmethod

@@ -29,19 +29,29 @@ old (no JSON tags) and new (``k8s.io/kube-scheduler/extender/v1`` tags) both wor
 * ``GET /healthz`` — the extender runs.
 
 **Which pod gets which part of its group.** The store places the whole gang at once (one
-placement per pod, HiveD's affinity group); which pod takes which placement is a pure
-function of the gang's pods in the API server, so every extender instance computes the same:
-a bound pod keeps the placement its ``pod-bind-info`` names, and the unbound pods of a
-leafCellNumber take the free placements of that size in pod-name order. (Two extenders that
-see *different* sets of a gang's unbound pods — a pod created or deleted between their two
-listings — could give two pods one placement; the Binding of the second then names GPUs the
-first holds. Kubernetes' own Binding cannot detect that; creating a gang's pods before any is
-scheduled, as job controllers do, avoids it.)
+placement per pod — a *member slot* — HiveD's affinity group); which pod takes which slot is a
+fact of the store too: a ``claim`` (``cluster_state.ops``), one logged compare-and-set on the
+group's incarnation, gives slot k to pod UID u. The filter of a pod of a placed group claims
+its slot before answering the slot's node, and the bind claims it again (idempotent for the
+same UID) before posting the Binding, so whatever each extender's pod listing shows, a slot's
+GPUs go to one pod only: a second pod's claim of a held slot is refused, and its extender
+reads the claims again and picks another. The listing only *suggests* the slot (so that
+extenders rarely collide): the pod's claim if it has one, else the free slots of its
+leafCellNumber (not claimed, and not held by a pod bound before claims existed, by its
+``pod-bind-info``) in the pod-name order of the gang's unclaimed unbound pods. A slot held by
+a pod that is gone for good — the API server answers 404 for it, another UID under its name,
+or a pod deleting or finished, none of which Kubernetes binds any more — is taken over with a
+claim naming that holder as the previous one (a restarted pod of a running gang). A pod that
+is already bound keeps its GPUs until it is deleted, as HiveD's.
 
 **Releasing.** ``GangReaper`` watches pods: when a HiveD pod is deleted and no live pod of its
 gang remains, it releases the group in the store (HiveD's DeleteAllocatedPod /
 DeleteUnallocatedPod: a preempting group's reservation is cancelled), which completes the
-preemptions waiting for it. ``NodeWatcher`` (``cluster_state.k8s.nodes``) feeds node health.
+preemptions waiting for it. It reads the group's incarnation *before* listing the pods and
+releases only that incarnation (``release_if``): a new gang of the same name placed after
+that read is another incarnation, and one placed before it has its pods in the listing (a
+pod exists before it is filtered), so a new gang is never released by an old one's reaper.
+``NodeWatcher`` (``cluster_state.k8s.nodes``) feeds node health.
 """
 
 from __future__ import annotations
@@ -62,9 +72,9 @@ from cluster_state.k8s.hived import (
     pod_request,
     slot_of_bound_pod,
 )
-from cluster_state.k8s.kube import CONFLICT, CREATED, KubeApi
+from cluster_state.k8s.kube import CONFLICT, CREATED, NOT_FOUND, KubeApi
 from cluster_state.k8s.web import HttpError, Reply, Stream
-from cluster_state.ops import Conflict, Placed, PodPlacement, Preempting, Waiting
+from cluster_state.ops import Claimed, Conflict, Placed, PodPlacement, Preempting, Waiting
 from consensus.errors import SDPaxosError
 
 __all__ = ["Extender", "GangReaper", "field"]
@@ -73,6 +83,8 @@ log = logging.getLogger(__name__)
 
 #: how many times a filter plans again when another scheduler took its GPUs first
 FILTER_ATTEMPTS = 5
+#: how many times a pod claims a member slot again when another pod claimed it first
+CLAIM_ATTEMPTS = 5
 #: what a kube-scheduler reads in FailedNodes for a pod HiveD's way (the extender's name)
 EXTENDER = "sdpaxos-extender"
 #: pod phases that hold no resources any more
@@ -163,10 +175,12 @@ class Extender:
         if isinstance(outcome, str):
             return {"nodenames": [], "failedNodes": dict.fromkeys(suggested, outcome),
                     "error": ""}
-        slot = await self._slot(request, outcome)
-        if isinstance(slot, str):
-            return {"nodenames": [], "failedNodes": dict.fromkeys(suggested, slot), "error": ""}
-        node = outcome.pods[slot][1]
+        claimed = await self._claim(request)
+        if isinstance(claimed, str):
+            return {"nodenames": [], "failedNodes": dict.fromkeys(suggested, claimed),
+                    "error": ""}
+        placed, slot = claimed
+        node = placed.pods[slot][1]
         failed = {n: f"{EXTENDER}: the pod's group is placed on {node}"
                   for n in suggested if n != node}
         result: dict[str, Any] = {"nodenames": [node], "failedNodes": failed, "error": ""}
@@ -231,27 +245,76 @@ class Extender:
                 gang.append((pod, member))
         return gang
 
-    async def _slot(self, request: PodRequest, placed: Placed) -> int | str:
-        """Which of ``placed``'s pods ``request`` is (see the module documentation)."""
+    async def _claim(self, request: PodRequest) -> tuple[Placed, int] | str:
+        """The placed group of ``request`` and the member slot its pod holds in the store,
+        claiming one first if it holds none (see the module documentation); else why not."""
+        if not request.uid:
+            raise SpecError(f"pod {request.namespace}/{request.name} has no uid")
+        name = request.spec.name
+        for _ in range(CLAIM_ATTEMPTS):
+            info = await self.store.status(name)
+            if info is None or info["state"] != "placed":
+                return f"{EXTENDER}: group {name} is not placed; filter the pod again"
+            placed = _placed_from_info(info)
+            claims = {int(s): (str(uid), str(pod)) for s, uid, pod in info.get("claims") or []}
+            mine = next((s for s, (uid, _) in claims.items() if uid == request.uid), None)
+            if mine is not None:
+                return placed, mine
+            choice = await self._choose(request, placed, claims)
+            if isinstance(choice, str):
+                return choice
+            slot, previous = choice
+            result = await self.store.claim(
+                name, int(info["incarnation"]), slot, request.uid,
+                f"{request.namespace}/{request.name}", previous)
+            if isinstance(result, Claimed):
+                log.info("pod %s/%s (%s) claimed member pod %d of %s", request.namespace,
+                         request.name, request.uid, slot, name)
+                return placed, slot
+            log.info("claim of %s slot %d: %s; reading the claims again", name, slot,
+                     result.reason)
+        return f"{EXTENDER}: the claims of group {name} kept changing; retry"
+
+    async def _choose(self, request: PodRequest, placed: Placed,
+                      claims: dict[int, tuple[str, str]]) -> tuple[int, str] | str:
+        """The slot ``request`` should claim and its holder now ("" for none): a suggestion
+        from the pod listing, which the store's claim checks."""
         gang = await self._gang_pods(request)
-        taken: dict[int, str] = {}
+        claimed_uids = {uid for uid, _ in claims.values()}
+        taken = set(claims)
         waiting: set[tuple[str, str]] = {(request.namespace, request.name)}
         for pod, member in gang:
             if (pod.get("spec") or {}).get("nodeName"):
-                slot = slot_of_bound_pod(pod, placed)
-                if slot is not None:
-                    taken[slot] = member.uid
-                    if member.uid == request.uid and member.name == request.name:
-                        return slot
-            elif member.leaves == request.leaves:
+                # a pod bound before claims existed holds what its bind info names
+                legacy = slot_of_bound_pod(pod, placed)
+                if legacy is not None and member.uid not in claimed_uids:
+                    if member.uid == request.uid and legacy not in claims:
+                        return legacy, ""  # the pod itself: it adopts what it holds
+                    taken.add(legacy)
+            elif member.leaves == request.leaves and member.uid not in claimed_uids:
                 waiting.add((member.namespace, member.name))
-        free = [i for i, (n, _, _) in enumerate(placed.pods)
-                if n == request.leaves and i not in taken]
+        sized = [i for i, (n, _, _) in enumerate(placed.pods) if n == request.leaves]
+        candidates: list[tuple[int, str]] = [(i, "") for i in sized if i not in taken]
+        live = {member.uid for _, member in gang}
+        for i in sized:  # then the slots of pods that are gone for good
+            if i in claims and claims[i][0] not in live and await self._gone(*claims[i]):
+                candidates.append((i, claims[i][0]))
         rank = sorted(waiting).index((request.namespace, request.name))
-        if rank >= len(free):
+        if rank >= len(candidates):
             return (f"{EXTENDER}: group {request.spec.name} has no free place for another pod "
                     f"of {request.leaves} leaf cells (more pods than its members declare)")
-        return free[rank]
+        return candidates[rank]
+
+    async def _gone(self, uid: str, pod: str) -> bool:
+        """Whether the pod ``uid`` ("namespace/name" ``pod``) can never be bound again."""
+        namespace, _, name = pod.partition("/")
+        try:
+            found = await self.kube.get_pod(namespace, name)
+        except HttpError as exc:
+            if exc.status == NOT_FOUND:
+                return True
+            raise
+        return str((found.get("metadata") or {}).get("uid") or "") != uid or not _live(found)
 
     # ------------------------------------------------------------------ preempt
     async def preempt(self, args: Any) -> dict[str, Any]:
@@ -302,13 +365,10 @@ class Extender:
         request = pod_request(pod)
         if uid and request.uid and uid != request.uid:
             return {"error": f"pod {namespace}/{name} is now uid {request.uid}, not {uid}"}
-        info = await self.store.status(request.spec.name)
-        if info is None or info["state"] != "placed":
-            return {"error": f"group {request.spec.name} is not placed; filter the pod again"}
-        placed = _placed_from_info(info)
-        slot = await self._slot(request, placed)
-        if isinstance(slot, str):
-            return {"error": slot}
+        claimed = await self._claim(request)  # the filter's claim, or a new one
+        if isinstance(claimed, str):
+            return {"error": claimed}
+        placed, slot = claimed
         if placed.pods[slot][1] != node:
             return {"error": f"the pod's placement is on {placed.pods[slot][1]}, not {node}"}
         annotations = bind_annotations(request.spec, placed, slot)
@@ -379,11 +439,18 @@ class GangReaper:
                 "annotations") or {}):
             return
         name = member.spec.name
+        # The incarnation first, then the listing (see the module documentation).
+        info = await self.store.status(name)
+        if info is None:
+            return
         pods = (await self.kube.list_pods()).get("items") or []
         if any(_live(p) and (m := _gang_of(p)) is not None and m.spec.name == name
                for p in pods):
             return
         with contextlib.suppress(InvalidRequest):  # released already (by another extender)
-            await self.store.release(name)
+            result = await self.store.release_if(name, int(info["incarnation"]))
+            if isinstance(result, Conflict):  # a new gang of that name: not ours to release
+                log.info("group %s not released: %s", name, result.reason)
+                return
             self.released.append(name)
             log.info("released group %s: its last pod is gone", name)

@@ -21,7 +21,7 @@ __all__ = ["SERVICE_ACCOUNT", "KubeApi"]
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: HTTP statuses of the API server the extender tells apart
-CREATED, CONFLICT, OK = 201, 409, 200
+CREATED, CONFLICT, OK, NOT_FOUND = 201, 409, 200, 404
 
 
 class KubeApi:

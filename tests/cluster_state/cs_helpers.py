@@ -127,6 +127,16 @@ def check_invariants(alloc: Allocator) -> None:
         assert cells.owner[leaf] == owner.get(leaf), f"owner of {topo.address[leaf]}"
         assert cells.reserver[leaf] == reserver.get(leaf), f"reserver of {topo.address[leaf]}"
 
+    # -- claims: only a placed group's member pods, each held by one pod, a pod holding one
+    for name, g in groups.items():
+        assert g.preempting or g.created <= g.token, f"{name} placed before it was created"
+        if g.preempting:
+            assert not g.claims, f"preempting {name} has claims"
+        uids = [uid for uid, _ in g.claims.values()]
+        assert all(0 <= slot < len(g.pods) for slot in g.claims), f"{name}: claimed slot"
+        assert all(uids) and all(pod for _, pod in g.claims.values()), f"{name}: empty claim"
+        assert len(set(uids)) == len(uids), f"{name}: a pod holds two member pods"
+
     # -- priorities and preemption rules
     def prio(name: str) -> int:
         g = groups[name]
