@@ -352,6 +352,28 @@ class AllocationStore:
             return result
         raise _unexpected(result)
 
+    async def release_if(
+        self, name: str, incarnation: int, *, seq: int | None = None
+    ) -> ops.Released | ops.Conflict:
+        """``release`` provided the group is still ``incarnation`` (its status'): a conflict,
+        changing nothing, if it is a newer group of the same name."""
+        result = await self._update(ops.release_if(name, incarnation), seq)
+        if isinstance(result, ops.Released | ops.Conflict):
+            return result
+        raise _unexpected(result)
+
+    async def claim(
+        self, name: str, incarnation: int, slot: int, uid: str, pod: str,
+        previous: str = "", *, seq: int | None = None,
+    ) -> ops.Claimed | ops.Conflict:
+        """Record that pod ``uid`` ("namespace/name" ``pod``) takes member pod ``slot`` of
+        group ``name`` (incarnation ``incarnation``), if ``previous`` ("" for nobody) holds it
+        now; idempotent for the same pod (see ``cluster_state.ops``)."""
+        result = await self._update(ops.claim(name, incarnation, slot, uid, pod, previous), seq)
+        if isinstance(result, ops.Claimed | ops.Conflict):
+            return result
+        raise _unexpected(result)
+
     async def set_node_health(
         self, node: str, healthy: bool, *, seq: int | None = None
     ) -> ops.NodeHealthSet:
