@@ -203,8 +203,7 @@ class MultiPaxosReplica(SlotLogCore):
                 if self.is_leader:
                     self._on_ack(message)
             case PaxosCommit():
-                if message.src == self.leader:
-                    self._leader_heard_at = self.now
+                # (no sign of a live leader: catch-up answers are commits too, from anyone)
                 self._learn(message.slot, message.ballot, message.batch)
             case PaxosPrepare():
                 self._on_prepare(message)
