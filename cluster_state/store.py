@@ -127,6 +127,9 @@ class ClusterStore:
 
     def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096) -> None:
         self.topology = config if isinstance(config, Topology) else topology_of(config)
+        # Packed now, at start, rather than by the first snapshot (on the replica's event
+        # loop: a 100k-GPU configuration takes a few hundred milliseconds).
+        _packed_config(self.topology)
         self.allocator = Allocator(self.topology)
         if self.topology.config.options.initial_node_health == NODES_START_BAD:
             self.allocator.start_all_bad()
