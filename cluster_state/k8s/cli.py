@@ -4,9 +4,10 @@ against a replicated allocation store.
     sdpaxos extender --config cluster.toml --listen 0.0.0.0:30096 --home 0 [--watch-nodes]
 
 The store is reached through the cluster file's client addresses (its own ``[tls]`` client
-certificate when the cluster runs TLS), starting with replica ``--home``. The Kubernetes API is
-``--kube-api URL`` (plain HTTP: a test's fake server or ``kubectl proxy``) or, inside a pod,
-the service account's in-cluster configuration.
+certificate when the cluster runs TLS), starting with replica ``--home``. The Kubernetes API
+(through ``kubernetes_asyncio``, the ``k8s`` extra) is ``--kube-api URL`` (no credentials: a
+test's fake server or ``kubectl proxy``), ``--kubeconfig PATH`` (with ``--kube-context``) or,
+by default, the pod's in-cluster service account.
 """
 
 from __future__ import annotations
@@ -19,9 +20,13 @@ import signal
 import ssl
 import sys
 from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING
 
 from cluster_state.client import AllocationStore, new_client_id
 from cluster_state.events import ChangeEvent
+
+if TYPE_CHECKING:
+    from cluster_state.k8s.kube import KubeApi
 
 __all__ = ["add_arguments", "connect_store", "run"]
 
@@ -82,7 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="HOST:PORT",
                         help="where kube-scheduler reaches the extender (HiveD's port 30096)")
     parser.add_argument("--kube-api", default="", metavar="URL",
-                        help="the Kubernetes API (default: the pod's in-cluster service account)")
+                        help="the Kubernetes API, without credentials (default: the pod's "
+                        "in-cluster service account)")
+    parser.add_argument("--kubeconfig", default="", metavar="PATH",
+                        help="reach the Kubernetes API as this kubeconfig says")
+    parser.add_argument("--kube-context", default="", metavar="NAME",
+                        help="the kubeconfig's context (default: its current one)")
     parser.add_argument("--watch-nodes", action="store_true",
                         help="turn node Ready conditions and deletions into node health")
     parser.add_argument("--no-release", action="store_true",
@@ -99,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
 
     configure_logging(args.log_level)  # JSON lines, as the replicas log
     try:
+        import cluster_state.k8s.kube  # noqa: F401  (kubernetes_asyncio: the k8s extra)
+    except ImportError as exc:
+        print(f"sdpaxos extender: {exc}", file=sys.stderr)
+        return 2
+    try:
         store = connect_store(args.config, args.home)
     except ConfigError as exc:
         print(f"sdpaxos extender: {exc}", file=sys.stderr)
@@ -106,13 +121,27 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(store, args))
 
 
+async def _kube(args: argparse.Namespace) -> KubeApi:
+    from cluster_state.k8s.kube import KubeApi
+
+    if args.kube_api:
+        return KubeApi(args.kube_api)
+    if args.kubeconfig or args.kube_context:
+        return await KubeApi.from_kubeconfig(args.kubeconfig, args.kube_context)
+    return KubeApi.in_cluster()
+
+
 async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
     from cluster_state.k8s.extender import Extender, GangReaper
-    from cluster_state.k8s.kube import KubeApi
     from cluster_state.k8s.nodes import NodeWatcher
     from cluster_state.k8s.web import serve
 
-    kube = KubeApi(args.kube_api) if args.kube_api else KubeApi.in_cluster()
+    try:
+        kube = await _kube(args)
+    except RuntimeError as exc:  # no in-cluster configuration, a bad kubeconfig
+        print(f"sdpaxos extender: {exc}", file=sys.stderr)
+        await store.close()
+        return 2
     extender = Extender(store, kube)
     server = await serve(extender.handle, *args.listen)
     tasks = []
@@ -131,5 +160,6 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+    await kube.close()
     await store.close()
     return 0

@@ -73,7 +73,7 @@ from cluster_state.k8s.hived import (
     slot_of_bound_pod,
 )
 from cluster_state.k8s.kube import CONFLICT, CREATED, NOT_FOUND, KubeApi
-from cluster_state.k8s.web import HttpError, Reply, Stream
+from cluster_state.k8s.web import HttpError, Reply
 from cluster_state.ops import Claimed, Conflict, Placed, PodPlacement, Preempting, Waiting
 from consensus.errors import SDPaxosError
 
@@ -138,7 +138,7 @@ class Extender:
 
     # ------------------------------------------------------------------ routing
     async def handle(self, method: str, path: str, query: dict[str, list[str]],
-                     body: Any) -> Reply | Stream:
+                     body: Any) -> Reply:
         try:
             if method == "POST" and path.startswith("/v1/extender/"):
                 verb = path.removeprefix("/v1/extender/").strip("/")

@@ -70,10 +70,11 @@ class NodeWatcher:
                     name = str((node.get("metadata") or {}).get("name") or "")
                     kind = event.get("type")
                     if not name or kind not in ("ADDED", "MODIFIED", "DELETED"):
-                        continue
+                        continue  # a BOOKMARK only moves the watch's resume version on
                     await self._report(name, kind != "DELETED" and node_healthy(node))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the API server or the store went away: list again
+            except Exception as exc:  # the API server or the store went away, or the
+                # version expired (410 Gone: the watch resumes by itself otherwise): list again
                 log.warning("node watch: %s; listing again", exc)
             await asyncio.sleep(REWATCH_S)

@@ -1,29 +1,23 @@
-"""Just enough HTTP/1.1 on asyncio for the extender and the Kubernetes API (no dependency).
+"""Just enough HTTP/1.1 on asyncio for what the extender serves (kube-scheduler's calls).
 
 ``serve(handler, host, port)`` answers requests on keep-alive connections: ``handler(method,
-path, query, body)`` returns ``Reply(status, json_body)`` or ``Stream(async_iterator)`` (a
-chunked stream of JSON lines: the API server's watch). A request it cannot parse gets 400 and
-the connection is closed; a handler that raises gets 500 with the error's text; a peer never
-crashes the server.
-
-``request(...)`` is the client half: one request on a fresh connection (optionally TLS with a
-bearer token: the in-cluster service account), the JSON reply; ``stream(...)`` yields the JSON
-lines of a chunked watch.
+path, query, body)`` returns ``Reply(status, json_body)``. A request it cannot parse gets 400
+and the connection is closed; a handler that raises gets 500 with the error's text; a peer
+never crashes the server. (The extender's calls to the Kubernetes API go through
+``kubernetes_asyncio``: ``cluster_state.k8s.kube``.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["HttpError", "Reply", "Stream", "request", "serve", "stream"]
+__all__ = ["HttpError", "Reply", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +45,7 @@ class Reply:
     body: Any
 
 
-@dataclass(frozen=True, slots=True)
-class Stream:
-    events: AsyncIterator[Any]
-
-
-Handler = Callable[[str, str, dict[str, list[str]], Any], Awaitable[Reply | Stream]]
+Handler = Callable[[str, str, dict[str, list[str]], Any], Awaitable[Reply]]
 
 
 async def _read_head(reader: asyncio.StreamReader) -> list[bytes] | None:
@@ -140,9 +129,6 @@ async def serve(handler: Handler, host: str, port: int) -> asyncio.Server:
                 except Exception as exc:  # a bug answers 500, and the server goes on
                     log.exception("%s %s failed", method, url.path)
                     answer = Reply(500, {"error": f"{type(exc).__name__}: {exc}"})
-                if isinstance(answer, Stream):
-                    await _write_stream(writer, answer)
-                    return
                 writer.write(_encode(answer.status, answer.body, close=close))
                 await writer.drain()
                 if close:
@@ -155,97 +141,3 @@ async def serve(handler: Handler, host: str, port: int) -> asyncio.Server:
             writer.close()
 
     return await asyncio.start_server(connection, host, port, limit=MAX_HEAD)
-
-
-async def _write_stream(writer: asyncio.StreamWriter, answer: Stream) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Transfer-Encoding: chunked\r\n\r\n")
-    async for event in answer.events:
-        line = json.dumps(event).encode() + b"\n"
-        writer.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-        await writer.drain()
-    writer.write(b"0\r\n\r\n")
-    await writer.drain()
-
-
-async def _open(url: str, tls: ssl.SSLContext | None) -> tuple[
-        asyncio.StreamReader, asyncio.StreamWriter, str]:
-    parts = urlsplit(url)
-    https = parts.scheme == "https"
-    host = parts.hostname or "localhost"
-    port = parts.port or (443 if https else 80)
-    context = (tls or ssl.create_default_context()) if https else None
-    reader, writer = await asyncio.open_connection(
-        host, port, ssl=context, server_hostname=host if context else None, limit=MAX_HEAD)
-    return reader, writer, host
-
-
-def _request_bytes(method: str, host: str, path: str, body: Any, token: str) -> bytes:
-    data = b"" if body is None else json.dumps(body).encode()
-    head = [f"{method} {path} HTTP/1.1", f"Host: {host}", "Accept: application/json",
-            "Connection: close", f"Content-Length: {len(data)}"]
-    if data:
-        head.append("Content-Type: application/json")
-    if token:
-        head.append(f"Authorization: Bearer {token}")
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
-
-
-async def request(
-    base: str, method: str, path: str, body: Any = None, *, token: str = "",
-    tls: ssl.SSLContext | None = None, timeout_s: float = 10.0,
-) -> tuple[int, Any]:
-    """One request to ``base`` (``http[s]://host:port``): (status, decoded JSON body)."""
-    async with asyncio.timeout(timeout_s):
-        reader, writer, host = await _open(base, tls)
-        try:
-            writer.write(_request_bytes(method, host, path, body, token))
-            await writer.drain()
-            lines = await _read_head(reader)
-            if lines is None:
-                raise HttpError(502, "the server closed the connection")
-            status = int(lines[0].split(b" ", 2)[1])
-            headers = _headers(lines[1:])
-            if "content-length" in headers or "transfer-encoding" in headers:
-                raw = await _read_body(reader, headers)
-            else:
-                raw = await reader.read()
-        finally:
-            writer.close()
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, {"error": raw.decode(errors="replace")}
-
-
-async def stream(
-    base: str, path: str, *, token: str = "", tls: ssl.SSLContext | None = None,
-    connect_timeout_s: float = 10.0,
-) -> AsyncIterator[Any]:
-    """The JSON lines of a chunked GET (a Kubernetes watch), as they come."""
-    async with asyncio.timeout(connect_timeout_s):
-        reader, writer, host = await _open(base, tls)
-        writer.write(_request_bytes("GET", host, path, None, token))
-        await writer.drain()
-        lines = await _read_head(reader)
-    try:
-        if lines is None:
-            raise HttpError(502, "the server closed the connection")
-        status = int(lines[0].split(b" ", 2)[1])
-        if status != 200:
-            raise HttpError(status, f"watch {path} refused")
-        buffer = b""
-        while True:
-            size_line = await reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";")[0], 16)
-            if size == 0:
-                return
-            buffer += (await reader.readexactly(size + 2))[:-2]
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                if line.strip():
-                    yield json.loads(line)
-    finally:
-        writer.close()
-        with contextlib.suppress(OSError, ConnectionError):
-            await writer.wait_closed()

@@ -63,9 +63,14 @@ class Env:
         self.store = ClusterStore(load_config(GPU_CONFIG))
         self.api = FakeApiServer()
         self.client = AllocationStore(LocalChannel(self.store), 1)
+        self.views: list[View] = []  # closed at the end of the test
+
+    def view(self, **view: Any) -> View:
+        self.views.append(View(self.api.url, **view))
+        return self.views[-1]
 
     def extender(self, **view: Any) -> Extender:
-        return Extender(self.client, View(self.api.url, **view))
+        return Extender(self.client, self.view(**view))
 
     def add_gang(self, name: str, pods: list[str], leaves: int = 1) -> list[dict[str, Any]]:
         made = [hived_pod(p, vc="vc1", priority=10, leaves=leaves, group=name,
@@ -94,6 +99,8 @@ async def env() -> AsyncIterator[Env]:
     for node in NODES:
         e.api.set_node(node, True)
     yield e
+    for view in e.views:
+        await view.close()
     await e.api.stop()
 
 
@@ -185,7 +192,7 @@ async def test_the_reaper_spares_a_new_gang_of_the_same_name(env: Env) -> None:
     await filter_node(ext, old[0])
     first = env.store.allocator.groups["r"].created
     gate = asyncio.Event()
-    view = View(env.api.url, gate=gate)
+    view = env.view(gate=gate)
     reaper = GangReaper(env.client, view)
     env.api.delete_pod("default", "r-0")
     gone = asyncio.create_task(reaper._gone(old[0]))
@@ -201,7 +208,7 @@ async def test_the_reaper_spares_a_new_gang_of_the_same_name(env: Env) -> None:
     assert reaper.released == [] and env.store.allocator.groups["r"].created == second
     # with a view that sees the new gang's pods gone too, the new incarnation is released
     env.api.delete_pod("default", "r-new")
-    await GangReaper(env.client, KubeApi(env.api.url))._gone(new[0])
+    await GangReaper(env.client, env.view())._gone(new[0])
     assert "r" not in env.store.allocator.groups
 
 

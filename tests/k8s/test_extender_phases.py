@@ -23,11 +23,12 @@ from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION, FENCING_ANNOTATION, ISOLATION_ANNOTATION
 from cluster_state.k8s.kube import KubeApi
 from cluster_state.k8s.nodes import NodeWatcher
-from cluster_state.k8s.web import request, serve
+from cluster_state.k8s.web import serve
 from cluster_state.store import ClusterStore
 from consensus.messages import Command
 
 from .fake_apiserver import FakeApiServer, hived_pod
+from .http_client import request
 
 GPU_CONFIG = Path(__file__).with_name("gpu.yaml")
 NODES = ("n0", "n1", "n2", "n3")
@@ -95,6 +96,8 @@ async def setup() -> AsyncIterator[Setup]:
     yield s
     for task in s.tasks:
         task.cancel()
+    await asyncio.gather(*s.tasks, return_exceptions=True)
+    await kube.close()
     server.close()
     await s.api.stop()
 

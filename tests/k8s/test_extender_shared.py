@@ -24,10 +24,11 @@ from cluster_state.k8s.cli import connect_store
 from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION
 from cluster_state.k8s.kube import KubeApi
-from cluster_state.k8s.web import request, serve
+from cluster_state.k8s.web import serve
 from consensus.runtime.local_cluster import LocalCluster
 
 from .fake_apiserver import FakeApiServer, hived_pod
+from .http_client import request
 
 GPU_CONFIG = Path(__file__).with_name("gpu.yaml")
 NODES = ["n0", "n1", "n2", "n3"]
@@ -241,6 +242,8 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         process.wait()
         log.close()
         reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
+        await kube.close()
         server.close()
         await store.close()
         await api.stop()
