@@ -9,7 +9,8 @@ COPY pyproject.toml README.md ./
 COPY consensus ./consensus
 COPY cluster_state ./cluster_state
 COPY bench ./bench
-RUN pip install --no-cache-dir .
+# the k8s extra: the scheduler extender (sdpaxos extender) talks to Kubernetes through it
+RUN pip install --no-cache-dir '.[k8s]'
 COPY deploy /etc/sdpaxos
 # Everything runs as an unprivileged user. The directories its volumes mount on belong to it
 # in the image, so new volumes do too: the write-ahead log (/var/lib/sdpaxos), the
