@@ -67,7 +67,7 @@ make a handler do:
   election timeout apart: a replica would have to miss years of them to be that far behind.
 
 What admission does not bound: the work a message inside the windows legitimately causes.
-The sharpest case known is ``SDPaxosReplica._fill_for`` (N=5 view change), quadratic in the
+The sharpest case known is ``sdpaxos.view_change.fill_for`` (N=5 view change), quadratic in the
 holes it fills: a vote with ``c_high[m]`` k above the candidate's count costs it about
 0.07 s at k = 1,024, 1.3 s at 4,096 and 4.4 s at 8,192. Narrowing ``VOTE_WINDOW`` would drop
 correct votes after a long sequencer outage and stall the view change for good; the fix

@@ -88,7 +88,7 @@ class Executor:
     def log_executed(self) -> None:
         """Record the slots executed since the last record (``ExecutedRecord``), after the
         chosen values among them that our records lack: a restart executes them again from
-        its own records (``_replay_executed``) instead of re-learning the log from peers."""
+        its own records (``replay_executed``) instead of re-learning the log from peers."""
         r = self.r
         start = max(r.logged_exec, r.compacted)
         if start >= r.exec_slot:

@@ -71,7 +71,7 @@ class Reads:
     def send_rrequest(self, read_id: int, reads: tuple[Command, ...]) -> None:
         r = self.r
         if r.is_sequencer:
-            return  # we answer ourselves once serving with a lease (see _retry_reads)
+            return  # we answer ourselves once serving with a lease (see retry_reads)
         request = RRequest(src=r.me, view=r.view, read_id=read_id, keys=union_keys(reads))
         r.request(r.sequencer, request)
 

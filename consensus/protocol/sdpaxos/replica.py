@@ -138,7 +138,7 @@ class SDPaxosReplica:
         self.unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self.restart_pending: list[int] = []  # own indexes found in records at restart
         # ... with the batches the records hold: executed as they are, they are ready, even
-        # if something decided them before this incarnation drove them (then _unready lacks
+        # if something decided them before this incarnation drove them (then unready lacks
         # them): the new incarnation reports them like the old one would have
         self.restart_batches: dict[int, Batch] = {}
         # instances we re-propose (a recovery's), retransmitted like our own client batches

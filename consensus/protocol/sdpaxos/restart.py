@@ -55,7 +55,7 @@ class Restart:
                 inst.acks = {r.me}
                 inst.sent_at = NEVER  # retransmit at once
                 r.unready[index] = inst.batch
-                r.restart_batches.pop(index, None)  # reported from _unready now
+                r.restart_batches.pop(index, None)  # reported from unready now
         r.restart_pending = []
 
     def recover(self, records: Sequence[Record]) -> None:

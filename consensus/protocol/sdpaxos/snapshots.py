@@ -122,7 +122,7 @@ class Snapshots:
 
     def durable_records(self) -> list[Record]:
         """Everything this replica promised and accepted beyond its execution frontier: a
-        restart begins at a snapshot of it and skips what it executed (``_recover``), so
+        restart begins at a snapshot of it and skips what it executed (``Restart.recover``), so
         rewriting executed instances that are kept in memory for peers would only cost."""
         r = self.r
         records: list[Record] = [
