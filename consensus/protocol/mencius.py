@@ -269,7 +269,9 @@ class MenciusReplica(SlotLogCore):
         start = slot
         while start - self.n >= 0 and slot - start < SKIP_RUN * self.n:
             inst = self.slots.get(start - self.n)
-            if inst is None or inst.batch or not inst.committed:
+            # (a no-op a revoker chose is no skip of ours: announced as one, it would stand at
+            # our ballot 0, where we may have proposed a command that the revocation replaced)
+            if inst is None or inst.batch or not inst.committed or inst.ballot != self.ballot:
                 break
             start -= self.n
         return (start, slot) if start < slot else (0, 0)
@@ -584,8 +586,8 @@ class MenciusReplica(SlotLogCore):
         for slot in sorted(self._open):
             inst = self._open[slot]
             missing = [peer for peer in self._peers if peer not in inst.acks]
-            if inst.sent_at > deadline or not missing:
-                continue
+            if inst.sent_at > deadline or not missing or inst.ballot != self.ballot:
+                continue  # (a revoker's value now: the revoker drives it)
             inst.sent_at = self.now
             accept = self._accept_message(slot, inst)
             for peer in missing:

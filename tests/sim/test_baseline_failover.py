@@ -60,3 +60,13 @@ def test_a_takeover_that_ignores_accepted_values_is_caught(protocol: str, seed: 
     unsafe = dataclasses.replace(options, unsafe=frozenset({"takeover_ignores_accepted"}))
     assert Simulation(unsafe, seed).run().violation is not None
     assert Simulation(options, seed).run().ok
+
+
+# (Found by the 1,000-seed sweep: the owner announced a slot a revoker had made a no-op as one
+# of its own skips, at its ballot 0 where its replaced command stood; after a restart it
+# re-drove the command there and a commit at that ballot meant two values.)
+@pytest.mark.parametrize("seed", [114, 202])
+def test_a_revoked_slot_is_not_announced_as_the_owners_skip(seed: int) -> None:
+    options = SimOptions(protocol="mencius", faults=parse_faults("all"))
+    result = Simulation(options, seed).run()
+    assert result.ok, result.violation or result.liveness
