@@ -22,6 +22,7 @@ from consensus.messages import (
     Heartbeat,
     PeerMessage,
     Record,
+    check_command,
 )
 from consensus.protocol.ballot import ballot_of, ballot_round
 from consensus.protocol.batch import CommandBatch
@@ -43,7 +44,7 @@ from consensus.protocol.epaxos.state import (
     merge,
 )
 from consensus.protocol.ready import Failure, Outgoing, Ready
-from consensus.protocol.slotlog import Key, check_command, key_of
+from consensus.protocol.slotlog import Key, key_of
 from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["EPaxosReplica"]
