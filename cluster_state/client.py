@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import msgpack
 
 from cluster_state import ops
+from cluster_state.authz import SKIPPED
 from cluster_state.config import parse_config
 from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest
 from cluster_state.events import ChangeEvent
@@ -62,6 +63,11 @@ from consensus.errors import IndefiniteFailure
 from consensus.messages import Command
 
 if TYPE_CHECKING:
+    import ssl
+
+    import grpc
+
+    from consensus.auth import Principal
     from consensus.runtime.node import ReplicaNode
 
 __all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "PushedWatch",
@@ -93,13 +99,16 @@ class _Channel(Protocol):
 
 class _Remote:
     def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
-                 timeout_s: float, attempts: int, watch_targets: Sequence[str] = ()) -> None:
+                 timeout_s: float, attempts: int, watch_targets: Sequence[str] = (),
+                 tls: ssl.SSLContext | None = None,
+                 watch_credentials: grpc.ChannelCredentials | None = None) -> None:
         from consensus.runtime.client import Client
 
         self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
-                             attempts=attempts)
+                             attempts=attempts, tls=tls)
         self.home = home
-        self.pushed = PushedWatch(watch_targets) if watch_targets else None
+        self.pushed = (PushedWatch(watch_targets, credentials=watch_credentials)
+                       if watch_targets else None)
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         reply = await self.client.execute(op, seq=seq)
@@ -123,9 +132,13 @@ class _Remote:
                 raise EventsCompacted(answer[1], answer[2])
             events = [ChangeEvent.from_wire(wire) for wire in answer[2]]
             if events:
-                yield events
                 since = events[-1].revision
-            else:
+                # a TLS cluster ends a scheduler's page it may not see all of with a
+                # placeholder (cluster_state.authz): where to resume, nothing to show
+                events = [e for e in events if e.kind != SKIPPED]
+            if events:
+                yield events
+            elif not answer[2]:
                 await asyncio.sleep(poll_s)
 
     async def close(self) -> None:
@@ -146,15 +159,22 @@ class PushedWatch:
     """Watch streams pushed by the replicas' gRPC service (``WatchPushed``), over one
     channel per target, shared by every ``watch`` call (see the module documentation)."""
 
-    def __init__(self, targets: Sequence[str]) -> None:
+    def __init__(self, targets: Sequence[str], *,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """``credentials``: a TLS cluster's (``cluster_state.grpc_api.tls``)."""
         import grpc
 
         from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+        from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
 
         if not targets:
             raise ValueError("PushedWatch needs at least one gRPC target (host:port)")
         self.targets = list(targets)
-        self._channels = [grpc.aio.insecure_channel(target) for target in self.targets]
+        self._channels = [
+            grpc.aio.insecure_channel(target) if credentials is None
+            else grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+            for target in self.targets
+        ]
         self._stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
                        for c in self._channels]
 
@@ -200,7 +220,7 @@ class PushedWatch:
 
 class _Embedded:
     def __init__(self, node: ReplicaNode, client_id: int, timeout_s: float,
-                 attempts: int) -> None:
+                 attempts: int, principal: Principal | None = None) -> None:
         if not isinstance(node.state_machine, ClusterStore):
             raise TypeError("AllocationStore.embedded needs a node serving a ClusterStore, not "
                             f"{type(node.state_machine).__name__}")
@@ -209,6 +229,8 @@ class _Embedded:
         self.client_id = client_id
         self.timeout_s = timeout_s
         self.attempts = attempts
+        #: on whose behalf (a TLS cluster's gRPC caller), checked as the commands apply
+        self.principal = principal
         self._seq = itertools.count()
 
     def _command(self, op: bytes, seq: int | None = None) -> Command:
@@ -220,13 +242,16 @@ class _Embedded:
         # proposing the same (client id, seq) again is safe, the session table applies it
         # once. A DefiniteFailure is final, as with the remote client.
         command = self._command(op, seq)
-        result = await self._retried(lambda: self.node.submit(command),
+        result = await self._retried(lambda: self.node.submit(command,
+                                                              principal=self.principal),
                                      f"no result for ({command.client_id}, {command.seq})")
         return result.value
 
     async def query(self, op: bytes, stale: bool) -> bytes:
-        return await self._retried(lambda: self.node.read(self._command(op), stale=stale),
-                                   "no answer to a read")
+        return await self._retried(
+            lambda: self.node.read(self._command(op), stale=stale, principal=self.principal),
+            "no answer to a read",
+        )
 
     async def _retried(self, call: Callable[[], Awaitable[_T]], what: str) -> _T:
         for _ in range(self.attempts):
@@ -282,14 +307,19 @@ class AllocationStore:
         timeout_s: float = 2.0,
         attempts: int = 3,
         watch_targets: Sequence[str] = (),
+        tls: ssl.SSLContext | None = None,
+        watch_credentials: grpc.ChannelCredentials | None = None,
     ) -> AllocationStore:
         """Talk to the replicas at ``addresses`` (client ports), ``addresses[home]`` first.
         A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times.
         With ``watch_targets`` (the replicas' gRPC host:port, in the same order), ``watch``
-        uses their pushed stream, ``watch_targets[home]`` first."""
+        uses their pushed stream, ``watch_targets[home]`` first. A TLS cluster: ``tls``
+        (``config.tls.tool()`` or a scheduler's ``consensus.runtime.tls.client_context``) and,
+        with ``watch_targets``, ``watch_credentials``; what the certificate names is what the
+        session may do (``cluster_state.authz``; a refusal raises ``PermissionDenied``)."""
         client_id = _checked_id(client_id)
-        return cls(_Remote(addresses, client_id, home, timeout_s, attempts, watch_targets),
-                   client_id)
+        return cls(_Remote(addresses, client_id, home, timeout_s, attempts, watch_targets,
+                           tls, watch_credentials), client_id)
 
     @classmethod
     def embedded(
@@ -299,12 +329,14 @@ class AllocationStore:
         client_id: int | None = None,
         timeout_s: float = 5.0,
         attempts: int = 3,
+        principal: Principal | None = None,
     ) -> AllocationStore:
         """Use the replica ``node`` (a started ``ReplicaNode`` serving a ``ClusterStore``)
         hosted in this process. A request with no outcome after ``timeout_s`` is proposed
-        again, ``attempts`` times."""
+        again, ``attempts`` times. ``principal``: on whose behalf, in a TLS cluster (None:
+        this process's own, unchecked)."""
         client_id = _checked_id(client_id)
-        return cls(_Embedded(node, client_id, timeout_s, attempts), client_id)
+        return cls(_Embedded(node, client_id, timeout_s, attempts, principal), client_id)
 
     async def close(self) -> None:
         await self._channel.close()

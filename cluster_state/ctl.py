@@ -68,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--config", help="a cluster file: use its replicas' grpc_address")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+    tls = parser.add_argument_group(
+        "TLS", "a TLS cluster: present a client certificate of its CA (with --config, the "
+        "file's [tls] client_cert unless these are given)")
+    tls.add_argument("--ca", help="the cluster's CA certificate (PEM)")
+    tls.add_argument("--cert", help="the client certificate (PEM), e.g. a scheduler's")
+    tls.add_argument("--key", help="its private key (PEM)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def gang(verb: argparse.ArgumentParser) -> None:
@@ -124,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
     targets = [args.server] if args.server else _from_config(args.config)
     if not targets:
         return 2
-    replicas = _Replicas(targets, args.timeout)
+    try:
+        credentials = _credentials(args)
+    except ValueError as exc:
+        print(f"sdpaxos ctl: {exc}", file=sys.stderr)
+        return 2
+    replicas = _Replicas(targets, args.timeout, credentials)
     try:
         return _verb(args, replicas)
     except grpc.RpcError as exc:
@@ -152,16 +163,53 @@ def _from_config(path: str) -> list[str]:
     return targets
 
 
+def _credentials(args: argparse.Namespace) -> Any:
+    """The gRPC channel credentials of a TLS cluster (None: plaintext); ``ValueError``
+    saying what is missing or unreadable."""
+    from pathlib import Path
+
+    from cluster_state.grpc_api.tls import channel_credentials
+    from consensus.errors import ConfigError
+    from consensus.runtime.cluster_config import load_cluster_config
+    from consensus.runtime.tls import TlsFiles
+
+    given = [args.ca, args.cert, args.key]
+    tls = None
+    if args.config:
+        try:
+            tls = load_cluster_config(args.config).tls
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+    if not any(given) and tls is None:
+        return None
+    ca = Path(args.ca) if args.ca else tls.ca if tls is not None else None
+    if ca is None:
+        raise ValueError("--ca (the cluster's CA certificate) is needed with --cert/--key")
+    if (args.cert is None) != (args.key is None):
+        raise ValueError("--cert and --key go together")
+    files = (TlsFiles(Path(args.cert), Path(args.key)) if args.cert
+             else tls.client if tls is not None else None)
+    try:
+        return channel_credentials(ca, files)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
 class _Replicas:
     """Stubs for the candidate replicas; ``call`` tries them in turn."""
 
-    def __init__(self, targets: list[str], timeout: float) -> None:
+    def __init__(self, targets: list[str], timeout: float, credentials: Any = None) -> None:
         import grpc
 
         from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+        from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
 
         self.timeout = timeout
-        self.channels = [grpc.insecure_channel(target) for target in targets]
+        self.channels = [
+            grpc.insecure_channel(target) if credentials is None
+            else grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+            for target in targets
+        ]
         self.stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
                       for c in self.channels]
 

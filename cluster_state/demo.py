@@ -497,9 +497,12 @@ async def _schedule_forever(config: Any, home: int, args: argparse.Namespace) ->
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     rng = random.Random(args.seed)
+    # a TLS cluster (the compose demo): the schedulers present the cluster's client
+    # certificate (its [tls] client_cert)
+    tls = config.tls.tool() if config.tls is not None else None
     stores = [
         AllocationStore.connect(addresses, client_id=(home + 1) * 10_000 + k + rng.randrange(
-            1 << 20) * 100, home=home)
+            1 << 20) * 100, home=home, tls=tls)
         for k in range(args.schedulers)
     ]
     tasks = [

@@ -130,7 +130,13 @@ class ClusterStateKind(StateMachineKind):
         return MappingProxyType({GPU_CONFIG_KEY: path if path.is_absolute() else base / path})
 
     def build(self, config: ClusterConfig) -> ClusterStore:
-        return start_store(config)
+        store = start_store(config)
+        if config.tls is None:
+            return store
+        from cluster_state.authz import AuthorizedStore
+
+        # a TLS cluster's store judges the principals its commands carry
+        return AuthorizedStore(store.topology)
 
     async def serve(self, node: ReplicaNode, config: ClusterConfig, me: int) -> Service | None:
         server = None
@@ -138,7 +144,7 @@ class ClusterStateKind(StateMachineKind):
         if address is not None:
             from cluster_state.grpc_api.service import serve_grpc
 
-            server = await serve_grpc(node, *address)
+            server = await serve_grpc(node, *address, tls=config.tls, me=me)
             _log.info("replica %d serving the allocation store over gRPC on %s:%d", me,
                       *address)
         # the file's configuration, proposed through the log if the store runs another one

@@ -6,13 +6,19 @@ status codes: an invalid request is ``INVALID_ARGUMENT`` (nothing changed), an o
 replica cannot vouch for (a failover while the update was in flight) is ``UNAVAILABLE``
 (retrying an update is safe when it carries a ``Session``: the same (client id, seq) takes
 effect once, at any replica), compacted watch history is ``OUT_OF_RANGE``.
+
+In a TLS cluster (``serve_grpc(..., tls=...)``) clients present certificates of the cluster's
+CA (``cluster_state.grpc_api.tls``): a call is refused ``UNAUTHENTICATED`` unless its
+certificate names a client of this cluster and is not revoked, its commands carry that
+principal through the log, and what the principal may not do is ``PERMISSION_DENIED``
+(``cluster_state.authz``; nothing changed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -24,11 +30,19 @@ from cluster_state.config import parse_config
 from cluster_state.errors import ConfigError, EventsCompacted
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+from cluster_state.grpc_api.tls import (
+    CALLER,
+    Authenticator,
+    authenticate_servicer,
+    server_credentials,
+)
 from cluster_state.watch_hub import DEFAULT_MAX_PENDING, Batch, WatchHub
+from consensus.auth import SCHEDULER, PermissionDenied, Principal
 from consensus.errors import DefiniteFailure, SDPaxosError
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
+    from consensus.runtime.tls import TlsConfig
 
 __all__ = [
     "AllocationServicer",
@@ -75,15 +89,18 @@ class _Pool:
 
     def __init__(self, node: ReplicaNode) -> None:
         self._node = node
-        self._idle: list[AllocationStore] = []
+        #: by the principal the calls are made for (TLS: the caller's, ``CALLER``)
+        self._idle: dict[Principal | None, list[AllocationStore]] = {}
 
     @contextlib.contextmanager
     def store(self) -> Iterator[AllocationStore]:
-        store = self._idle.pop() if self._idle else AllocationStore.embedded(self._node)
+        principal = CALLER.get()
+        idle = self._idle.setdefault(principal, [])
+        store = idle.pop() if idle else AllocationStore.embedded(self._node, principal=principal)
         try:
             yield store
         finally:
-            self._idle.append(store)
+            idle.append(store)
 
 
 class AllocationServicer(pb_grpc.AllocationServiceServicer):
@@ -164,7 +181,8 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
                 f"session client_id and seq must be below 2^63, got ({session.client_id}, "
                 f"{session.seq})",
             )
-        yield AllocationStore.embedded(self._node, client_id=session.client_id), session.seq
+        yield AllocationStore.embedded(self._node, client_id=session.client_id,
+                                       principal=CALLER.get()), session.seq
 
     # ------------------------------------------------------------------ queries
     async def GetGroup(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
@@ -233,6 +251,8 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             return await call
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+        except PermissionDenied as exc:  # a TLS cluster's principal may not: nothing changed
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except DefiniteFailure as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         except SDPaxosError as exc:
@@ -251,14 +271,34 @@ def _batch_pb(batch: Batch) -> pb.EventBatch:
     return encoded
 
 
-async def serve_grpc(node: ReplicaNode, host: str, port: int) -> grpc.aio.Server:
+async def serve_grpc(
+    node: ReplicaNode, host: str, port: int, *, tls: TlsConfig | None = None, me: int = 0
+) -> grpc.aio.Server:
     """Start the service for ``node`` on host:port; returns the grpc.aio server (the caller
-    stops it)."""
+    stops it). ``tls``: the cluster's (``me``: this replica's id), client certificates
+    required and every call authenticated."""
     server = grpc.aio.server()
+    servicer = AllocationServicer(node)
+    if tls is not None:
+        authenticate_servicer(servicer, Authenticator(node.config.cluster_id, node.revocations),
+                              _visibility(node))
     pb_grpc.add_AllocationServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        AllocationServicer(node), server
+        servicer, server
     )
-    if server.add_insecure_port(f"{host}:{port}") == 0:
+    bound = (server.add_insecure_port(f"{host}:{port}") if tls is None
+             else server.add_secure_port(f"{host}:{port}", server_credentials(tls, me)))
+    if bound == 0:
         raise OSError(f"cannot listen on {host}:{port} for gRPC")
     await server.start()
     return server
+
+
+def _visibility(node: ReplicaNode) -> Callable[[Principal, str, str], bool]:
+    """Which events a principal's watch streams show: the store's rules, or none of a
+    scheduler's without them (fail closed)."""
+    from cluster_state.authz import AuthorizedStore
+
+    store = node.state_machine
+    if isinstance(store, AuthorizedStore):
+        return store.visible_kind
+    return lambda principal, kind, subject: principal.role != SCHEDULER
