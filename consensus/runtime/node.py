@@ -769,6 +769,8 @@ class ReplicaNode:
 
     def _fail(self, key: tuple[int, int], error: SDPaxosError, *, reads: bool) -> None:
         self._proposed_at.pop(key, None)
+        if reads:
+            self._backup_keys.discard(key)  # a failed barrier leaves no backup waiting
         table = self._reads if reads else self._commands
         for waiter in table.pop(key, ()):
             self._resolve(waiter, error)
