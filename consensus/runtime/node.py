@@ -741,10 +741,16 @@ class ReplicaNode:
         replicas = self.config.protocol.replicas
         if meta.slot <= self.core.exec_slot or len(meta.exec_counts) != replicas:
             return
+        # the core first: it may refuse a snapshot that lacks something it executed (EPaxos:
+        # a peer's executed set may hold other independent instances), and then the state
+        # machine must keep its own state
+        records = self.core.install_snapshot(meta)
+        if self.core.exec_slot < meta.slot:
+            log.info("replica %d: the core refused a snapshot at slot %d", self.me, meta.slot)
+            return
         self.state_machine.restore(state)
         write_snapshot(self.snapshot_dir, data, meta.slot)
         self._snapshot = (data, meta)
-        records = self.core.install_snapshot(meta)
         self.wal.rewrite([encode_record(record) for record in records])
         self.stats.snapshots_installed += 1
         log.info("replica %d: installed a snapshot at slot %d", self.me, meta.slot)
