@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from baseline_util import Net, cmd, config, of_type, records_of, tick, turn
+from util import Net, cmd, config, msgs, records_of, tick, turn
 
 from consensus.codec import decode_frame, encode_frame
 from consensus.errors import ConfigError
@@ -39,11 +39,11 @@ def replica(me: int = 0, n: int = 3, **changes: object) -> EPaxosReplica:
 
 
 def net(n: int = 3) -> Net:
-    return Net.of(EPaxosReplica, config(n))  # type: ignore[type-var]
+    return Net(config(n), EPaxosReplica)  # type: ignore[type-var]
 
 
 def key_cmd(seq: int, key: str, client: int = 1) -> Command:
-    return cmd(seq, client, key=key)
+    return cmd(client, seq, keys=(key,))
 
 
 def pre_accept(owner: int, index: int, *commands: Command, seq: int = 1,
@@ -62,22 +62,22 @@ def test_a_turn_becomes_one_instance_persisted_before_its_preaccepts_leave() -> 
     [record] = records_of(ready, EInstanceRecord)
     assert (record.owner, record.index, record.status) == (0, 0, PREACCEPTED_EQ)
     assert len(record.batch) == 2 and record.deps == (-1, -1, -1) and record.seq == 1
-    sent = of_type(ready.send_after_persist, EPreAccept)
+    sent = msgs(ready.send_after_persist, EPreAccept)
     assert [to for to, _ in sent] == [1, 2]
-    assert not of_type(ready.send, EPreAccept)
+    assert not msgs(ready.send, EPreAccept)
 
 
 def test_acceptor_adds_its_conflicts_and_persists_before_replying() -> None:
     r1 = replica(1)
     turn(r1, pre_accept(2, 0, key_cmd(1, "a", client=2)))  # r1 knows C[2][0] on key a
     ready = turn(r1, pre_accept(0, 0, key_cmd(1, "a")))
-    [(to, reply)] = of_type(ready.send_after_persist, EPreAcceptReply)
+    [(to, reply)] = msgs(ready.send_after_persist, EPreAcceptReply)
     assert to == 0 and reply.ok and reply.changed
     assert reply.deps == (-1, -1, 0) and reply.seq == 2
     assert records_of(ready, EInstanceRecord)[0].status == PREACCEPTED
     # a command on another key conflicts with nothing: the attributes come back unchanged
     ready = turn(r1, pre_accept(0, 1, key_cmd(2, "b")))
-    [(_, reply)] = of_type(ready.send_after_persist, EPreAcceptReply)
+    [(_, reply)] = msgs(ready.send_after_persist, EPreAcceptReply)
     assert not reply.changed and reply.deps == (-1, -1, -1)
 
 
@@ -87,11 +87,11 @@ def test_a_command_without_keys_conflicts_with_everything() -> None:
     turn(r1, pre_accept(0, 0, key_cmd(1, "b")))
     keyless = Command(client_id=3, seq=1, op=b"x", keys=())
     ready = turn(r1, pre_accept(2, 1, keyless, deps=(-1, -1, 0)))
-    [(_, reply)] = of_type(ready.send_after_persist, EPreAcceptReply)
+    [(_, reply)] = msgs(ready.send_after_persist, EPreAcceptReply)
     assert reply.deps == (0, -1, 0)
     # and a keyed command after it depends on it
     ready = turn(r1, pre_accept(0, 1, key_cmd(2, "z"), deps=(0, -1, -1)))
-    [(_, reply)] = of_type(ready.send_after_persist, EPreAcceptReply)
+    [(_, reply)] = msgs(ready.send_after_persist, EPreAcceptReply)
     assert reply.deps == (0, -1, 1) and reply.seq > 1
 
 
@@ -100,9 +100,9 @@ def test_fast_path_commits_after_one_round_trip_with_unchanged_attributes() -> N
     cluster.propose(0, key_cmd(1, "a"))
     cluster.run()
     # the owner committed without an accept phase, and everyone executed the command
-    assert not any("EAccept" in line for line in cluster.log)
-    assert [c.seq for c in cluster.ready[0]] == [1]
-    assert all(len(cluster.applied[r]) == 1 for r in range(3))
+    assert not any("EAccept" in line for line in cluster.sent)
+    assert [c.seq for c in cluster.ready_cmds[0]] == [1]
+    assert all(len(cluster.executed[r]) == 1 for r in range(3))
 
 
 def test_slow_path_when_a_reply_changed_the_attributes() -> None:
@@ -111,7 +111,7 @@ def test_slow_path_when_a_reply_changed_the_attributes() -> None:
     changed = EPreAcceptReply(src=1, view=0, owner=0, index=0, ballot=0, ok=True, seq=3,
                               deps=(-1, -1, 4), changed=True)
     ready = turn(r0, changed)
-    accepts = of_type(ready.send_after_persist, EAccept)
+    accepts = msgs(ready.send_after_persist, EAccept)
     assert [to for to, _ in accepts] == [1, 2]
     assert accepts[0][1].deps == (-1, -1, 4) and accepts[0][1].seq == 3
     assert records_of(ready, EInstanceRecord)[0].status == ACCEPTED
@@ -119,7 +119,7 @@ def test_slow_path_when_a_reply_changed_the_attributes() -> None:
     ready = turn(r0, EAcceptReply(src=2, view=0, owner=0, index=0, ballot=0, ok=True))
     assert [c.seq for c in ready.ready] == [1]
     assert records_of(ready, EInstanceRecord)[0].status == COMMITTED
-    commits = of_type(ready.send_after_persist, ECommit)
+    commits = msgs(ready.send_after_persist, ECommit)
     assert [to for to, _ in commits] == [1, 2] and commits[0][1].deps == (-1, -1, 4)
 
 
@@ -130,7 +130,7 @@ def test_fast_quorum_at_five_replicas_waits_for_more_than_a_majority() -> None:
     for src in (1, 2):
         ready = turn(r0, EPreAcceptReply(src=src, view=0, owner=0, index=0, ballot=0, ok=True,
                                          seq=1, deps=none, changed=False))
-        assert ready.ready == [] and not of_type(ready.send_after_persist, EAccept)
+        assert ready.ready == [] and not msgs(ready.send_after_persist, EAccept)
     ready = turn(r0, EPreAcceptReply(src=3, view=0, owner=0, index=0, ballot=0, ok=True,
                                      seq=1, deps=none, changed=False))
     assert [c.seq for c in ready.ready] == [1]  # 2F = 4 with the owner
@@ -141,7 +141,7 @@ def test_conflicting_commands_execute_in_the_same_order_everywhere() -> None:
     for r in range(3):
         cluster.propose(r, key_cmd(1, "hot", client=10 + r))
     cluster.run()
-    orders = [[e.command.client_id for e in cluster.applied[r]] for r in range(3)]
+    orders = [[e.command.client_id for e in cluster.executed[r]] for r in range(3)]
     assert orders[0] == orders[1] == orders[2] and sorted(orders[0]) == [10, 11, 12]
 
 
@@ -193,10 +193,10 @@ def test_reads_are_commands_served_after_they_execute() -> None:
     cluster.run()
     read = Command(client_id=5, seq=1, op=b"get", keys=("a",))
     cluster.cores[2].read(read, 0)
-    cluster.inbox[2].append(key_cmd(9, "other", client=9))  # a turn to carry the read out
+    cluster.propose(2, key_cmd(9, "other", client=9))  # a turn to carry the read out
     cluster.run()
     assert cluster.reads[2] == [read]
-    assert [e.command for e in cluster.applied[2]][-2:].count(read) == 1
+    assert [e.command for e in cluster.executed[2]][-2:].count(read) == 1
 
 
 # --------------------------------------------------------------------------- recovery
@@ -215,7 +215,7 @@ def recovering(me: int = 1, owner: int = 0) -> tuple[EPaxosReplica, int]:
     core.step(_heartbeat(owner, 1), 0)
     core.advance(core.ready())
     ready = tick(core, 10 * ELECTION_US)
-    [(_, prepare)] = of_type(ready.send_after_persist, EPrepare)[:1]
+    [(_, prepare)] = msgs(ready.send_after_persist, EPrepare)[:1]
     assert prepare.owner == owner and prepare.ballot > 255
     return core, prepare.ballot
 
@@ -231,7 +231,7 @@ def test_recovery_re_accepts_the_value_accepted_at_the_highest_ballot() -> None:
     value = (key_cmd(1, "a"),)
     ready = turn(core, prepare_reply(2, ACCEPTED, vballot=0, batch=value, seq=3,
                                      deps=(-1, -1, 1), ballot=ballot))
-    [(_, accept)] = of_type(ready.send_after_persist, EAccept)[:1]
+    [(_, accept)] = msgs(ready.send_after_persist, EAccept)[:1]
     assert accept.batch == value and accept.seq == 3 and accept.ballot == ballot
 
 
@@ -240,7 +240,7 @@ def test_recovery_keeps_attributes_that_may_have_committed_on_the_fast_path() ->
     value = (key_cmd(1, "a"),)
     ready = turn(core, prepare_reply(2, PREACCEPTED_EQ, vballot=0, batch=value, seq=1,
                                      ballot=ballot))
-    [(_, accept)] = of_type(ready.send_after_persist, EAccept)[:1]
+    [(_, accept)] = msgs(ready.send_after_persist, EAccept)[:1]
     assert accept.batch == value and accept.deps == (-1, -1, -1)
 
 
@@ -249,15 +249,15 @@ def test_recovery_re_runs_pre_accept_when_the_owner_answers_it_never_committed()
     value = (key_cmd(1, "a"),)
     ready = turn(core, prepare_reply(0, PREACCEPTED_EQ, vballot=0, batch=value, seq=1,
                                      ballot=ballot))
-    [(_, again)] = of_type(ready.send_after_persist, EPreAccept)[:1]
+    [(_, again)] = msgs(ready.send_after_persist, EPreAccept)[:1]
     assert again.batch == value and again.ballot == ballot
-    assert not of_type(ready.send_after_persist, EAccept)
+    assert not msgs(ready.send_after_persist, EAccept)
 
 
 def test_recovery_of_an_instance_nobody_saw_commits_a_no_op_and_the_owner_fails_it() -> None:
     core, ballot = recovering()
     ready = turn(core, prepare_reply(2, NONE, ballot=ballot))
-    [(_, accept)] = of_type(ready.send_after_persist, EAccept)[:1]
+    [(_, accept)] = msgs(ready.send_after_persist, EAccept)[:1]
     assert accept.batch == () and accept.ballot == ballot
     # the owner proposed it and crashed before any PreAccept left; it hears of the no-op
     owner = replica(0)
@@ -271,34 +271,34 @@ def test_a_prepare_at_a_higher_ballot_stops_the_owner_and_refuses_lower_ballots(
     r0 = replica(0)
     turn(r0, key_cmd(1, "a"))
     ready = turn(r0, EPrepare(src=1, view=0, owner=0, index=0, ballot=257))
-    [(_, reply)] = of_type(ready.send_after_persist, EPrepareReply)
+    [(_, reply)] = msgs(ready.send_after_persist, EPrepareReply)
     assert reply.ok and reply.status == PREACCEPTED_EQ
     assert records_of(ready, EInstanceRecord)[0].ballot == 257  # the promise is durable
     # a fast-path quorum of late replies at the default ballot no longer commits
     ready = turn(r0, EPreAcceptReply(src=2, view=0, owner=0, index=0, ballot=0, ok=True,
                                      seq=1, deps=(-1, -1, -1), changed=False))
-    assert ready.ready == [] and not of_type(ready.send_after_persist, ECommit)
+    assert ready.ready == [] and not msgs(ready.send_after_persist, ECommit)
     r2 = replica(2)
     turn(r2, EPrepare(src=1, view=0, owner=0, index=0, ballot=257))
     ready = turn(r2, pre_accept(0, 0, key_cmd(1, "a")))
-    [(_, refusal)] = of_type(ready.send_after_persist, EPreAcceptReply)
+    [(_, refusal)] = msgs(ready.send_after_persist, EPreAcceptReply)
     assert not refusal.ok and refusal.ballot == 257
 
 
 def test_a_crashed_owners_instance_is_recovered_and_executed_by_the_others() -> None:
     cluster = net(3)
-    cluster.drop = lambda src, dst, msg: (src == 0 and dst == 2) or (src == 0 and
+    cluster.lose = lambda src, dst, msg: (src == 0 and dst == 2) or (src == 0 and
                                                                    isinstance(msg, ECommit))
     cluster.propose(0, key_cmd(1, "a"))
     cluster.run()
     # r1 pre-accepted; the owner committed on the fast path but its commits were lost
-    assert cluster.applied[1] == [] and cluster.applied[2] == []
+    assert cluster.executed[1] == [] and cluster.executed[2] == []
     cluster.cores[0] = replica(0)  # ... and it crashed with nothing persisted
-    cluster.drop = lambda src, dst, msg: src == 0 or dst == 0
+    cluster.lose = lambda src, dst, msg: src == 0 or dst == 0
     for step in range(1, 8):
-        cluster.tick(step * ELECTION_US)
-    assert [e.command.seq for e in cluster.applied[1]] == [1]
-    assert [e.command.seq for e in cluster.applied[2]] == [1]
+        cluster.tick_all(step * ELECTION_US)
+    assert [e.command.seq for e in cluster.executed[1]] == [1]
+    assert [e.command.seq for e in cluster.executed[2]] == [1]
 
 
 def test_restart_never_reuses_an_index_and_recovers_its_unfinished_instances() -> None:
@@ -307,9 +307,9 @@ def test_restart_never_reuses_an_index_and_recovers_its_unfinished_instances() -
     records += records_of(turn(r0, key_cmd(2, "b")), EInstanceRecord)
     again = EPaxosReplica(config(3), 0, recovered=records, rng=random.Random(0))
     ready = turn(again, key_cmd(3, "c"))
-    assert [m.index for _, m in of_type(ready.send_after_persist, EPreAccept)] == [2, 2]
+    assert [m.index for _, m in msgs(ready.send_after_persist, EPreAccept)] == [2, 2]
     ready = tick(again, 1)
-    assert sorted({m.index for _, m in of_type(ready.send_after_persist, EPrepare)}) == [0, 1]
+    assert sorted({m.index for _, m in msgs(ready.send_after_persist, EPrepare)}) == [0, 1]
 
 
 def test_snapshot_compaction_forgets_executed_instances_and_sends_the_snapshot() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from baseline_util import Net, cmd, config, of_type, records_of, turn
+from util import Net, cmd, config, msgs, records_of, turn
 
 from consensus.messages import (
     CVote,
@@ -28,14 +28,14 @@ def replica(me: int, n: int = 3, **changes: object) -> MenciusReplica:
 
 
 def cluster(n: int = 3, **changes: object) -> Net:
-    return Net.of(MenciusReplica, config(n, election_timeout_us=ELECTION_US, **changes))
+    return Net(config(n, election_timeout_us=ELECTION_US, **changes), MenciusReplica)
 
 
 def stuck_revoker() -> tuple[MenciusReplica, MenciusPrepare]:
     """Replica 1 knows of its own command in slot 1 and waits for owner 0's slot 0, while
     replica 0 stays silent: it revokes 0's slots."""
     r1 = replica(1)
-    turn(r1, cmd(1, client=1), now=0)
+    turn(r1, cmd(1, 1, keys=("k",)), now=0)
     now = 0
     prepares: list[MenciusPrepare] = []
     while not prepares:
@@ -44,7 +44,7 @@ def stuck_revoker() -> tuple[MenciusReplica, MenciusPrepare]:
         r1.tick(now)
         ready = r1.ready()
         r1.advance(ready)
-        prepares = [m for _, m in of_type(ready.send_after_persist, MenciusPrepare)]
+        prepares = [m for _, m in msgs(ready.send_after_persist, MenciusPrepare)]
         if prepares:
             assert records_of(ready, MenciusPromiseRecord)[0].owner == 0
     return r1, prepares[0]
@@ -57,16 +57,16 @@ def test_a_replica_stuck_at_a_silent_owners_slot_revokes_its_slots() -> None:
     # replica 2 accepted 0's command in slot 3; nobody accepted anything in slot 0
     promise = MenciusPromise(src=2, view=0, owner=0, start=0, stop=prepare.stop,
                              ballot=prepare.ballot, ok=True,
-                             accepted=(CVote(index=3, ballot=0, batch=(cmd(7, client=0),)),))
+                             accepted=(CVote(index=3, ballot=0, batch=(cmd(0, 7, keys=("k",)),)),))
     ready = turn(r1, promise, now=10 * ELECTION_US)
-    accepts = {m.slot: m.batch for _, m in of_type(ready.send_after_persist, PaxosAccept)}
-    assert accepts[0] == () and accepts[3] == (cmd(7, client=0),)
+    accepts = {m.slot: m.batch for _, m in msgs(ready.send_after_persist, PaxosAccept)}
+    assert accepts[0] == () and accepts[3] == (cmd(0, 7, keys=("k",)),)
     assert set(accepts) == set(range(0, prepare.stop, 3))
     # a majority acknowledges: the revoked slots are chosen, and the log runs again
     ack = MenciusAck(src=2, view=0, ballot=prepare.ballot, slots=(0, 3), skip_start=0,
                      skip_stop=0)
     ready = turn(r1, ack, now=10 * ELECTION_US)
-    commits = {m.slot for _, m in of_type(ready.send_after_persist, PaxosCommit)}
+    commits = {m.slot for _, m in msgs(ready.send_after_persist, PaxosCommit)}
     assert {0, 3} <= commits
     assert r1.slots[0].committed and r1.slots[0].batch == ()
 
@@ -76,44 +76,44 @@ def test_an_acceptor_that_promised_refuses_the_owners_lower_ballot() -> None:
     r2.tick(0)
     ready = turn(r2, MenciusPrepare(src=1, view=0, owner=0, start=0, stop=30,
                                     ballot=ballot_of(1, 1)))
-    [(_, promise)] = of_type(ready.send_after_persist, MenciusPromise)
+    [(_, promise)] = msgs(ready.send_after_persist, MenciusPromise)
     assert promise.ok and promise.accepted == ()
     assert records_of(ready, MenciusPromiseRecord) == [
         MenciusPromiseRecord(owner=0, start=0, stop=30, ballot=ballot_of(1, 1))
     ]
-    late = MenciusAccept(src=0, view=0, slot=6, ballot=0, batch=(cmd(1, client=0),),
+    late = MenciusAccept(src=0, view=0, slot=6, ballot=0, batch=(cmd(0, 1, keys=("k",)),),
                          skip_start=0, skip_stop=0)
     ready = turn(r2, late)
-    assert of_type(ready.send_after_persist, MenciusAck) == []
+    assert msgs(ready.send_after_persist, MenciusAck) == []
     # a lower ballot of another revoker is refused, naming the promise
     ready = turn(r2, MenciusPrepare(src=0, view=0, owner=0, start=0, stop=30,
                                     ballot=ballot_of(0, 0) + 256))
-    [(_, refusal)] = of_type(ready.send_after_persist, MenciusPromise)
+    [(_, refusal)] = msgs(ready.send_after_persist, MenciusPromise)
     assert not refusal.ok and refusal.ballot == ballot_of(1, 1)
 
 
 def test_an_owner_whose_proposal_was_revoked_proposes_it_again() -> None:
     r0 = replica(0)
-    turn(r0, cmd(1, client=0))  # slot 0
+    turn(r0, cmd(0, 1, keys=("k",)))  # slot 0
     ballot = ballot_of(1, 1)
     ready = turn(r0, MenciusPrepare(src=1, view=0, owner=0, start=0, stop=30, ballot=ballot))
-    assert of_type(ready.send_after_persist, MenciusPromise)[0][1].ok
+    assert msgs(ready.send_after_persist, MenciusPromise)[0][1].ok
     assert r0.next_own == 30  # its slots there are the revoker's now
     ready = turn(r0, PaxosCommit(src=1, view=0, slot=0, ballot=ballot, batch=()))
-    again = of_type(ready.send_after_persist, MenciusAccept)
+    again = msgs(ready.send_after_persist, MenciusAccept)
     assert [(to, m.slot, m.batch) for to, m in again] == [
-        (peer, 30, (cmd(1, client=0),)) for peer in (1, 2)
+        (peer, 30, (cmd(0, 1, keys=("k",)),)) for peer in (1, 2)
     ]
 
 
 def test_the_cluster_runs_on_without_a_crashed_replica() -> None:
     net = cluster()
-    net.drop = lambda src, dst, msg: 0 in (src, dst)  # replica 0 is gone
-    net.propose(1, cmd(1, client=1))
-    net.propose(2, cmd(1, client=2))
+    net.lose = lambda src, dst, msg: 0 in (src, dst)  # replica 0 is gone
+    net.propose(1, cmd(1, 1, keys=("k",)))
+    net.propose(2, cmd(2, 1, keys=("k",)))
     now = 0
-    while not (net.applied[1] and net.applied[2]) and now < 20 * ELECTION_US:
+    while not (net.executed[1] and net.executed[2]) and now < 20 * ELECTION_US:
         now += 50_000
-        net.tick(now)
-    assert [e.command.client_id for e in net.applied[1]] == [1, 2]
-    assert [e.command.client_id for e in net.applied[2]] == [1, 2]
+        net.tick_all(now)
+    assert [e.command.client_id for e in net.executed[1]] == [1, 2]
+    assert [e.command.client_id for e in net.executed[2]] == [1, 2]
