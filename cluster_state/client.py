@@ -59,8 +59,9 @@ from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequ
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, PodPlacement
 from cluster_state.store import ClusterStore
-from consensus.errors import IndefiniteFailure
+from consensus.errors import ConfigError, IndefiniteFailure
 from consensus.messages import Command
+from consensus.runtime.cluster_config import parse_address
 
 if TYPE_CHECKING:
     import ssl
@@ -300,7 +301,7 @@ class AllocationStore:
     @classmethod
     def connect(
         cls,
-        addresses: Sequence[tuple[str, int]],
+        addresses: Sequence[tuple[str, int] | str],
         *,
         client_id: int | None = None,
         home: int = 0,
@@ -310,7 +311,8 @@ class AllocationStore:
         tls: ssl.SSLContext | None = None,
         watch_credentials: grpc.ChannelCredentials | None = None,
     ) -> AllocationStore:
-        """Talk to the replicas at ``addresses`` (client ports), ``addresses[home]`` first.
+        """Talk to the replicas at ``addresses`` (client ports: ``"host:port"`` strings or
+        ``(host, port)`` pairs; anything else raises ``ConfigError``), ``addresses[home]`` first.
         A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times.
         With ``watch_targets`` (the replicas' gRPC host:port, in the same order), ``watch``
         uses their pushed stream, ``watch_targets[home]`` first. A TLS cluster: ``tls``
@@ -318,7 +320,8 @@ class AllocationStore:
         with ``watch_targets``, ``watch_credentials``; what the certificate names is what the
         session may do (``cluster_state.authz``; a refusal raises ``PermissionDenied``)."""
         client_id = _checked_id(client_id)
-        return cls(_Remote(addresses, client_id, home, timeout_s, attempts, watch_targets,
+        pairs = [_client_address(address) for address in addresses]
+        return cls(_Remote(pairs, client_id, home, timeout_s, attempts, watch_targets,
                            tls, watch_credentials), client_id)
 
     @classmethod
@@ -519,6 +522,19 @@ class AllocationStore:
             async for events in pages:
                 for event in events:
                     yield event
+
+
+def _client_address(address: tuple[str, int] | str) -> tuple[str, int]:
+    """``"host:port"`` or ``(host, port)`` as a pair; ``ConfigError`` for anything else."""
+    if isinstance(address, str):
+        return parse_address(address, "replica client address")
+    if (
+        isinstance(address, tuple) and len(address) == 2 and isinstance(address[0], str)
+        and isinstance(address[1], int) and 0 < address[1] < 65536
+    ):
+        return address
+    raise ConfigError(f"replica client address: expected \"host:port\" or (host, port), got "
+                      f"{address!r}")
 
 
 def _checked_id(client_id: int | None) -> int:

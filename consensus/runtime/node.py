@@ -343,6 +343,14 @@ class ReplicaNode:
             log.info("replica %d: executed %d commands again from its records in %.2f s",
                      self.me, self.stats.commands_applied, self.stats.replay_seconds)
 
+    async def __aenter__(self) -> ReplicaNode:
+        """``async with ReplicaNode(...) as node``: started here, stopped on the way out."""
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         self._stopping = True
         self._wakeup.set()
