@@ -17,13 +17,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-import ssl
 import sys
-from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from cluster_state.client import AllocationStore, new_client_id
-from cluster_state.events import ChangeEvent
 
 if TYPE_CHECKING:
     from cluster_state.k8s.kube import KubeApi
@@ -31,32 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["add_arguments", "connect_store", "run"]
 
 log = logging.getLogger("sdpaxos.extender")
-
-
-class _TlsChannel:
-    """The store over the native client protocol, presenting the cluster's client
-    certificate (``AllocationStore.connect`` speaks plaintext). The extender only updates
-    and queries; its watches are the Kubernetes API's."""
-
-    def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
-                 tls: ssl.SSLContext) -> None:
-        from consensus.runtime.client import Client
-
-        self.client = Client(client_id, list(addresses), home=home, tls=tls)
-
-    async def update(self, op: bytes, seq: int | None) -> bytes:
-        reply = await self.client.execute(op, seq=seq)
-        return bytes(reply.payload)  # type: ignore[arg-type]
-
-    async def query(self, op: bytes, stale: bool) -> bytes:
-        reply = await self.client.read(op, stale=stale)
-        return bytes(reply.payload)  # type: ignore[arg-type]
-
-    def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
-        raise NotImplementedError("the extender watches the Kubernetes API, not the store")
-
-    async def close(self) -> None:
-        await self.client.close()
 
 
 def connect_store(config_path: str, home: int) -> AllocationStore:
@@ -67,9 +38,9 @@ def connect_store(config_path: str, home: int) -> AllocationStore:
     config.replica(home)  # a ConfigError for an unknown replica
     addresses = [spec.client_address for spec in config.replicas]
     client_id = new_client_id()
-    if config.tls is None:
-        return AllocationStore.connect(addresses, client_id=client_id, home=home)
-    return AllocationStore(_TlsChannel(addresses, client_id, home, config.tls.tool()), client_id)
+    # a TLS cluster's extender presents the cluster file's client certificate
+    tls = config.tls.tool() if config.tls is not None else None
+    return AllocationStore.connect(addresses, client_id=client_id, home=home, tls=tls)
 
 
 def _host_port(text: str) -> tuple[str, int]:
