@@ -395,18 +395,6 @@ class ReplicaNode:
         self._post("stale" if stale else "read", command)
         return (await future).value
 
-    async def backup(self, client_id: int, seq: int) -> bytes:
-        """A consistent snapshot (a snapshot file's bytes): a linearizable read barrier, then
-        the state machine's snapshot at the position it reached (see
-        ``consensus.runtime.backup``)."""
-        future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        key = (client_id, seq)
-        self._reads[key].append(future)
-        self._backup_keys.add(key)
-        self._post("read", Command(client_id=client_id, seq=seq, op=b"", keys=()))
-        token, _, _, _ = msgpack.unpackb((await future).value)
-        return self._backups[token]
-
     def _post(self, kind: str, item: object) -> None:
         self._events.append((kind, item))
         self._wakeup.set()
