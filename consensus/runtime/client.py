@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import ssl
 from collections.abc import Sequence
+from typing import Any
 
 import msgpack
 
@@ -170,6 +171,25 @@ class Client:
                 raise DefiniteFailure(f"backup {token}: checksum mismatch after transfer")
             return bytes(data)
         raise IndefiniteFailure(f"no backup after {self.attempts} tries: {last_error}")
+
+    async def status(self) -> dict[str, Any]:
+        """What the home replica reports about itself (``consensus.runtime.status``): asked of
+        that replica alone, once (a status is about one replica, so no other may answer it).
+        Raises ``OSError``/``TimeoutError``/``ConnectionError`` if it is unreachable,
+        ``DecodeError`` if its answer is not a status."""
+        connection = self._connections[self._home]
+        await connection.ensure()
+        command = Command(client_id=self.client_id, seq=self.next_seq(), op=b"", keys=())
+        reply = await self._request(connection, "status", command)
+        if reply.status != "ok":
+            raise _failure(reply)
+        try:
+            status = msgpack.unpackb(reply.payload) if isinstance(reply.payload, bytes) else None
+        except Exception as exc:
+            raise DecodeError(f"status answer is not msgpack: {exc}") from None
+        if not isinstance(status, dict):
+            raise DecodeError("status answer is not a map")
+        return status
 
     async def _call(self, kind: Kind, command: Command) -> Reply:
         last_error: BaseException | None = None

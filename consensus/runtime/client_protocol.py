@@ -13,6 +13,9 @@ Request ``[req_id, kind, client_id, seq, op, keys, blind]``:
   cluster answers it to an admin only. ``"backup-chunk"``: ``op`` is msgpack
   ``[token, offset]``, the ``ok`` payload the next bytes of that snapshot (``definite`` once
   the replica dropped it: a newer backup replaced it);
+* ``"status"`` asks the replica about itself (``consensus.runtime.status``): the ``ok``
+  payload is a msgpack map (role, view, applied position, lag, disk use, readiness, the
+  cluster's members, ...); it goes through no log and any client may ask;
 * ``req_id`` is the connection's own number for matching answers (pipelining);
 * ``(client_id, seq)`` identifies the request across retries and replicas.
 
@@ -53,9 +56,9 @@ __all__ = [
     "ok_response_wire",
 ]
 
-Kind = Literal["cmd", "read", "stale", "partition", "backup", "backup-chunk"]
+Kind = Literal["cmd", "read", "stale", "partition", "backup", "backup-chunk", "status"]
 Status = Literal["ok", "definite", "indefinite", "error", "denied"]
-KINDS = ("cmd", "read", "stale", "partition", "backup", "backup-chunk")
+KINDS = ("cmd", "read", "stale", "partition", "backup", "backup-chunk", "status")
 STATUSES = ("ok", "definite", "indefinite", "error", "denied")
 
 

@@ -816,6 +816,12 @@ class ReplicaNode:
         self.transport.blocked = blocked - {self.me}
         return ClientResponse(request.req_id, "ok", b"")
 
+    def _status(self, request: ClientRequest) -> ClientResponse:
+        """What this replica reports about itself (``consensus.runtime.status``)."""
+        from consensus.runtime.status import replica_status
+
+        return ClientResponse(request.req_id, "ok", msgpack.packb(replica_status(self)))
+
     async def _serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -846,6 +852,9 @@ class ReplicaNode:
                         continue
                     if request.kind == "partition":
                         writer.write(frame_to_wire(self._partition(request, principal).encode()))
+                        continue
+                    if request.kind == "status":
+                        writer.write(frame_to_wire(self._status(request).encode()))
                         continue
                     if request.kind in ("backup", "backup-chunk"):
                         if principal is not None and principal.role != ADMIN:

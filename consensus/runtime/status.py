@@ -1,0 +1,105 @@
+"""What a replica reports about itself: the answer to the client port's ``"status"`` request
+(``sdpaxos endpoint status|health``, ``consensus.runtime.endpoint``).
+
+``replica_status(node)`` is a msgpack-able dict with string keys (``STATUS_FIELDS``): who the
+replica is (id, site, client address, cluster id, state machine, protocol, version), where
+it stands (role, view, the sequencer/leader it follows, applied position, the best position a
+peer reported and its lag behind it), what it holds on disk (bytes of write-ahead log and of
+snapshots), its readiness verdict with the failed conditions (``consensus.runtime.health``:
+the same judgement as ``/readyz``) and the cluster's members as its cluster file lists them
+(so a tool that knows one endpoint learns every replica).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from consensus.protocol.types import Role
+from consensus.runtime.health import liveness, readiness
+
+if TYPE_CHECKING:
+    from consensus.runtime.node import ReplicaNode
+
+__all__ = ["DISTRIBUTION", "STATUS_FIELDS", "package_version", "replica_status"]
+
+#: the distribution whose version a replica reports
+DISTRIBUTION = "sdpaxos"
+#: the keys of a status answer (members: ``[id, site, "host:port"]`` client addresses)
+STATUS_FIELDS = (
+    "id", "site", "address", "cluster_id", "state_machine", "protocol", "version", "role",
+    "view", "leader", "applied", "best_peer_applied", "lag", "wal_bytes", "snapshot_bytes",
+    "live", "ready", "reasons", "members",
+)
+#: the role of a replica of a leaderless core (Mencius, EPaxos): every replica leads its own
+PEER_ROLE = "peer"
+
+
+@functools.cache
+def package_version() -> str:
+    """The installed distribution's version ("unknown" when run from an uninstalled tree)."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _bytes_under(directory: Path) -> int:
+    """Bytes of the files directly in ``directory`` (0 if it does not exist): the write-ahead
+    log's segments, the snapshots."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0
+    return total
+
+
+def _role(node: ReplicaNode) -> tuple[str, int]:
+    """(role, the replica it follows: sequencer or leader; -1 for a leaderless core)."""
+    core = node.core
+    role = getattr(core, "role", None)
+    if isinstance(role, Role):  # SDPaxos: views with a sequencer
+        return role.value, int(getattr(core, "sequencer", -1))
+    leader = getattr(core, "leader", None)
+    if isinstance(leader, int):  # Multi-Paxos
+        return ("leader" if leader == node.me else "follower"), leader
+    return PEER_ROLE, -1
+
+
+def replica_status(node: ReplicaNode) -> dict[str, Any]:
+    config = node.config
+    spec = config.replica(node.me)
+    role, leader = _role(node)
+    positions: dict[int, int] | None = getattr(node.core, "_peer_executed", None)
+    best = max(positions.values()) if positions else node.executed_slot
+    verdict = readiness(node)
+    replica_dir = config.replica_dir(node.me)
+    return {
+        "id": node.me,
+        "site": spec.site,
+        "address": f"{spec.client_address[0]}:{spec.client_address[1]}",
+        "cluster_id": config.cluster_id,
+        "state_machine": config.state_machine,
+        "protocol": config.protocol_name,
+        "version": package_version(),
+        "role": role,
+        "view": int(node.core.view),
+        "leader": leader,
+        "applied": node.executed_slot,
+        "best_peer_applied": best,
+        "lag": max(0, best - node.executed_slot),
+        "wal_bytes": _bytes_under(replica_dir / "wal"),
+        "snapshot_bytes": _bytes_under(node.snapshot_dir),
+        "live": liveness(node).ready,
+        "ready": verdict.ready,
+        "reasons": list(verdict.reasons),
+        "members": [[r.id, r.site, f"{r.client_address[0]}:{r.client_address[1]}"]
+                    for r in config.replicas],
+    }

@@ -1,0 +1,66 @@
+"""The client port's ``"status"`` request (issue 21 point 2): each replica reports who it is,
+its role and view, where it stands in the log, its disk use, its readiness and the members."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from consensus.runtime.cli import cluster_toml
+from consensus.runtime.client import Client
+from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.local_cluster import free_base_port
+from consensus.runtime.node import ReplicaNode
+from consensus.runtime.status import STATUS_FIELDS, package_version
+from consensus.statemachine import KVStore, kv_put
+from tests.runtime.polling import wait_until
+
+WRITES = 20
+
+
+def test_every_replica_reports_its_role_position_disk_use_and_the_members(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    config = load_cluster_config(path)
+    addresses = [spec.client_address for spec in config.replicas]
+
+    async def statuses() -> list[dict[str, Any]]:
+        answers = []
+        for home in range(len(addresses)):
+            async with Client(5, addresses, home=home, timeout_s=5.0) as client:
+                answers.append(await client.status())
+        return answers
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        for node in nodes:
+            await node.start()
+        try:
+            before = await statuses()
+            async with Client(7, addresses, timeout_s=5.0) as client:
+                for i in range(WRITES):
+                    await client.execute(kv_put(f"k{i}", "v"), [f"k{i}"])
+            await wait_until(lambda: all(n.executed_slot >= nodes[0].executed_slot
+                                         for n in nodes), "every replica applied the writes")
+            return before, await statuses()
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    before, after = asyncio.run(asyncio.wait_for(run(), 60))
+    for replica, status in enumerate(after):
+        assert set(status) == set(STATUS_FIELDS)
+        spec = config.replicas[replica]
+        assert (status["id"], status["site"], status["cluster_id"]) == (replica, spec.site, "local")
+        assert status["address"] == f"{spec.client_address[0]}:{spec.client_address[1]}"
+        assert status["version"] == package_version()
+        assert status["role"] == ("sequencer" if replica == 0 else "follower")
+        assert status["leader"] == 0 and status["view"] == 0
+        assert status["applied"] >= before[replica]["applied"] + 1  # the writes moved it on
+        assert status["wal_bytes"] > 0 and status["live"] is True
+        assert status["lag"] == max(0, status["best_peer_applied"] - status["applied"])
+        assert [m[0] for m in status["members"]] == [0, 1, 2]
+        assert status["members"][replica][2] == status["address"]
