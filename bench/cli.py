@@ -21,6 +21,13 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),
     "demo": ("cluster_state.demo", "a local geo-replicated GPU allocation store, live"),
     "scheduler": ("cluster_state.demo:scheduler", "run one site's demo schedulers"),
+    "endpoint": ("consensus.runtime.endpoint:endpoint",
+                 "each replica's status / health (--cluster: every member)"),
+    "get": ("consensus.runtime.kv_cli:get", "key-value store: read a key"),
+    "put": ("consensus.runtime.kv_cli:put", "key-value store: write a key"),
+    "del": ("consensus.runtime.kv_cli:del", "key-value store: delete a key"),
+    "cas": ("consensus.runtime.kv_cli:cas", "key-value store: compare-and-set a key"),
+    "watch": ("consensus.runtime.kv_cli:watch", "key-value store: print a key's changes"),
     "ctl": ("cluster_state.ctl", "the GPU allocation store over gRPC: submit, release, ..."),
     "extender": ("cluster_state.k8s.cli", "a HiveD-compatible Kubernetes scheduler extender"),
     "nemesis": ("bench.nemesis", "kill/stop/restart/partition a local cluster under load"),
@@ -31,6 +38,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sdpaxos", description="SDPaxos replication library and GPU allocation store"
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (location, help_text) in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
@@ -43,6 +52,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         add(sub)
         sub.set_defaults(_run=run)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sdpaxos")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,8 +18,16 @@ that finds a replica unavailable moves on to the next. Updates carry a session (
 id and sequence number 0), so an update re-sent to another replica takes effect once; a watch
 that loses its replica resumes at the next one from the last revision it printed.
 
-Tables on the terminal (rich); ``--json`` prints JSON instead. Exit status 1 with a message on
-an error (invalid request, no replica reachable), 2 on bad usage.
+Where the store is: ``--endpoints HOST:PORT,...`` (gRPC addresses; ``--server`` is the same
+option), ``--config`` (every replica's ``grpc_address``), else ``$SDPAXOS_ENDPOINTS`` /
+``$SDPAXOS_CONFIG`` (``consensus.runtime.client_options``). These and ``--json``,
+``--timeout``, ``--ca/--cert/--key`` go before or after the verb.
+
+Tables on the terminal (rich); ``--json`` prints JSON instead. Exit codes
+(``consensus.runtime.exit_codes``, the same as ``sdpaxos``'s client verbs): 0 done; 1 a
+definite refusal (a submit left waiting, a bind conflict, an invalid request, NOT_FOUND,
+PERMISSION_DENIED; a watch that saw fewer than ``--count`` events within ``--wait``); 2 bad
+usage; 3 unavailable (no replica reachable, a deadline exceeded).
 """
 
 from __future__ import annotations
@@ -30,10 +38,14 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from consensus.runtime.exit_codes import REFUSED
+
 __all__ = ["add_arguments", "parse_devices", "parse_pods", "run"]
 
 #: gRPC codes after which the same request may go to another replica
 _RETRY_ELSEWHERE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+#: gRPC codes that exit UNAVAILABLE (no answer, rather than a refusal); any other is REFUSED
+_UNAVAILABLE_CODES = (*_RETRY_ELSEWHERE, "CANCELLED")
 
 
 def parse_pods(text: str) -> list[tuple[int, int]]:
@@ -62,27 +74,43 @@ def parse_devices(text: str) -> tuple[str, list[int]]:
     return node, devices
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--server", help="a replica's gRPC address, host:port")
-    where.add_argument("--config", help="a cluster file: use its replicas' grpc_address")
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call")
+def _global_options(parser: argparse.ArgumentParser, *, after_verb: bool) -> None:
+    """Where the store is, output and TLS: accepted before and after the verb (after it with
+    SUPPRESS defaults, so an option given before is not reset)."""
+    from consensus.runtime.client_options import add_client_options, parse_endpoints
+
+    add_client_options(parser, after_verb=after_verb, endpoints_are="gRPC addresses",
+                       timeout_s=CALL_TIMEOUT_S)
+    parser.add_argument("--server", dest="endpoints", type=parse_endpoints,
+                        default=argparse.SUPPRESS, metavar="HOST:PORT",
+                        help="a replica's gRPC address (the same as --endpoints)")
     tls = parser.add_argument_group(
         "TLS", "a TLS cluster: present a client certificate of its CA (with --config, the "
         "file's [tls] client_cert unless these are given)")
-    tls.add_argument("--ca", help="the cluster's CA certificate (PEM)")
-    tls.add_argument("--cert", help="the client certificate (PEM), e.g. a scheduler's")
-    tls.add_argument("--key", help="its private key (PEM)")
+    unset = argparse.SUPPRESS if after_verb else None
+    tls.add_argument("--ca", default=unset, help="the cluster's CA certificate (PEM)")
+    tls.add_argument("--cert", default=unset,
+                     help="the client certificate (PEM), e.g. a scheduler's")
+    tls.add_argument("--key", default=unset, help="its private key (PEM)")
+
+
+#: default seconds per gRPC call
+CALL_TIMEOUT_S = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _global_options(parser, after_verb=False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     def gang(verb: argparse.ArgumentParser) -> None:
-        verb.add_argument("name")
-        verb.add_argument("--vc", required=True)
+        verb.add_argument("name", help="the group's (gang's) name")
+        verb.add_argument("--vc", required=True, help="the virtual cluster it runs in")
         verb.add_argument("--priority", type=int, default=0,
                           help="0..1000, or -1 opportunistic")
-        verb.add_argument("--pods", type=parse_pods, required=True, help="e.g. 2x8,1x4")
-        verb.add_argument("--leaf-type", default="")
+        verb.add_argument("--pods", type=parse_pods, required=True,
+                          help="PODSxGPUS per member, e.g. 2x8,1x4")
+        verb.add_argument("--leaf-type", default="",
+                          help="the GPU (leaf cell) type (default: any)")
         verb.add_argument("--pinned", default="", help="a pinned cell id of the VC")
         verb.add_argument("--lazy", action="store_true", help="lazy preemption")
 
@@ -94,25 +122,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bind.add_argument("--revision", type=int, required=True,
                       help="conflict if one of these GPUs changed after this revision")
     release = verbs.add_parser("release", help="release a group's GPUs")
-    release.add_argument("name")
+    release.add_argument("name", help="the group's name")
     status = verbs.add_parser("status", help="one group, or every allocation")
-    status.add_argument("name", nargs="?", default="")
+    status.add_argument("name", nargs="?", default="",
+                        help="the group's name (default: every allocation)")
     status.add_argument("--vc", default="", help="only this virtual cluster's allocations")
     status.add_argument("--stale", action="store_true", help="local read, possibly old")
     vc = verbs.add_parser("vc", help="a virtual cluster's cells and GPU use")
-    vc.add_argument("name")
+    vc.add_argument("name", help="the virtual cluster's name")
     verbs.add_parser("summary", help="GPU use per chain")
     watch = verbs.add_parser("watch", help="stream change events")
     watch.add_argument("--from", dest="since", type=int, default=-1,
                        help="events after this revision (default: all the store keeps)")
     watch.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
+    watch.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                       help="stop after this long (with --count: exit 1 if fewer events "
+                       "came); default: no limit")
     node = verbs.add_parser("node", help="mark a node healthy or bad")
-    node.add_argument("name")
+    node.add_argument("name", help="the node's name")
     health = node.add_mutually_exclusive_group(required=True)
-    health.add_argument("--healthy", dest="healthy", action="store_true")
-    health.add_argument("--bad", dest="healthy", action="store_false")
+    health.add_argument("--healthy", dest="healthy", action="store_true",
+                        help="the node is healthy again")
+    health.add_argument("--bad", dest="healthy", action="store_false",
+                        help="the node is bad: its GPUs take no new groups")
     inspect = verbs.add_parser("inspect", help="cell trees: physical, a VC's, a group's")
-    inspect.add_argument("kind", choices=["physical", "vc", "group"])
+    inspect.add_argument("kind", choices=["physical", "vc", "group"],
+                         help="which tree: physical, a virtual cluster's, a group's")
     inspect.add_argument("name", nargs="?", default="",
                          help="physical: a chain (default all); vc / group: its name")
     inspect.add_argument("--stale", action="store_true", help="local read, possibly old")
@@ -122,25 +157,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     apply.add_argument("file", help="HiveD-format YAML")
     apply.add_argument("--dry-run", action="store_true",
                        help="print what would happen to every group; change nothing")
+    for verb in (*verbs.choices.values(), apply):  # the global options after the verb too
+        if verb is not config:
+            _global_options(verb, after_verb=True)
 
 
 def run(args: argparse.Namespace) -> int:
     import grpc
 
-    targets = [args.server] if args.server else _from_config(args.config)
+    from consensus.errors import ConfigError
+    from consensus.runtime.client_options import client_target
+    from consensus.runtime.exit_codes import UNAVAILABLE, USAGE
+
+    try:
+        target = client_target(args)
+    except ConfigError as exc:
+        print(f"sdpaxos ctl: {exc}", file=sys.stderr)
+        return USAGE
+    args.config = target.config_path  # its certificates, also beside explicit endpoints
+    targets = ([f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                for host, port in target.endpoints] if target.endpoints
+               else _from_config(target.config_path or ""))
     if not targets:
-        return 2
+        return USAGE
     try:
         credentials = _credentials(args)
     except ValueError as exc:
         print(f"sdpaxos ctl: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     replicas = _Replicas(targets, args.timeout, credentials)
     try:
         return _verb(args, replicas)
     except grpc.RpcError as exc:
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+        return UNAVAILABLE if exc.code().name in _UNAVAILABLE_CODES else REFUSED
     except KeyboardInterrupt:
         return 130
     finally:
@@ -299,7 +349,7 @@ def _show_placed(args: argparse.Namespace, placed: Any) -> None:
           ["GPUs", "node", "devices"], rows)
 
 
-def _submit(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+def _submit(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
     request = pb.SubmitRequest(group=_group(args, pb), session=_session())
     reply = replicas.call("Submit", request)
     outcome = reply.WhichOneof("outcome")
@@ -313,9 +363,11 @@ def _submit(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     else:
         _show(args, {"waiting": reply.waiting.group, "reason": reply.waiting.reason},
               f"{args.name} waiting: {reply.waiting.reason}", [], [])
+        return REFUSED  # queued, not placed: a script must not take it for done
+    return None
 
 
-def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
     pods = [pb.PodPlacement(node=node, devices=devices) for node, devices in args.on]
     request = pb.BindRequest(group=_group(args, pb), pods=pods, revision=args.revision,
                              session=_session())
@@ -325,6 +377,8 @@ def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     else:
         _show(args, {"conflict": reply.conflict.group, "reason": reply.conflict.reason},
               f"{args.name} not bound: {reply.conflict.reason}", [], [])
+        return REFUSED
+    return None
 
 
 def _release(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
@@ -369,16 +423,43 @@ def _summary(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
           ["chain", "leaf type", "GPUs", "free", "guaranteed", "opportunistic", "bad"], rows)
 
 
-def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
-    for seen, event in enumerate(replicas.watch(args.since), start=1):
-        if args.json:
-            print(json.dumps({"revision": event.revision, "kind": event.kind,
-                              "subject": event.subject, "data": json.loads(event.data_json)}),
-                  flush=True)
-        else:
-            print(f"{event.revision:>8}  {event.kind:<11} {event.subject}", flush=True)
-        if args.count and seen >= args.count:
-            break
+def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
+    import threading
+
+    import grpc
+
+    waited_out = threading.Event()
+
+    def stop() -> None:  # closing the channels ends the stream (CANCELLED) where it waits
+        waited_out.set()
+        replicas.close()
+
+    timer = threading.Timer(args.wait, stop) if args.wait is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    seen = 0
+    try:
+        for seen, event in enumerate(replicas.watch(args.since), start=1):
+            if args.json:
+                print(json.dumps({"revision": event.revision, "kind": event.kind,
+                                  "subject": event.subject,
+                                  "data": json.loads(event.data_json)}), flush=True)
+            else:
+                print(f"{event.revision:>8}  {event.kind:<11} {event.subject}", flush=True)
+            if args.count and seen >= args.count:
+                break
+    except grpc.RpcError:
+        if not waited_out.is_set():
+            raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if waited_out.is_set() and args.count and seen < args.count:
+        print(f"sdpaxos ctl: {seen} of {args.count} events within {args.wait:g}s",
+              file=sys.stderr)
+        return REFUSED
+    return None
 
 
 def _node(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
