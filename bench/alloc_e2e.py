@@ -68,8 +68,9 @@ WATCH_DRAIN_S = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds of measured load")
     parser.add_argument("--outstanding", type=int, default=64,
                         help=f"jobs in flight per scheduler (below the session window of "
                              f"{SESSION_WINDOW})")
@@ -78,16 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "per site)")
     parser.add_argument("--nodes", type=int, default=1024,
                         help=f"{GPUS_PER_NODE}-GPU nodes, a multiple of {NODES_PER_RACK}")
-    parser.add_argument("--vcs", type=int, default=16)
+    parser.add_argument("--vcs", type=int, default=16, help="virtual clusters")
     parser.add_argument("--watchers", type=int, default=0,
                         help="pushed gRPC watch streams open during the run")
     parser.add_argument("--slow-watchers", type=int, default=0,
                         help="of the watchers, how many stop reading after one page")
     parser.add_argument("--wan", action="store_true", help="emulate the paper's WAN delays")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="the workload's seed")
     parser.add_argument("--profile", metavar="DIR", default="",
                         help="record the replicas and the load generator with py-spy")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:

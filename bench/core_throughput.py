@@ -83,12 +83,12 @@ def measure(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--replicas", type=int, default=3, help="how many replicas")
     parser.add_argument("--commands", type=int, default=300_000, help="commands to push through")
     parser.add_argument("--batch", type=int, default=256, help="commands per replica per round")
     parser.add_argument("--codec", action="store_true", help="encode and decode every frame")
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=parse_protocols("sdpaxos,multipaxos,mencius,epaxos"),
         help="comma-separated, interleaved round by round",
     )
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument("--wan", action="store_true", help="the paper's RTTs between sites")
     parser.add_argument("--connections", type=int, default=2, help="per site")
     parser.add_argument("--outstanding", type=int, default=8, help="per connection")

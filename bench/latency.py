@@ -47,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=parse_protocols("sdpaxos,multipaxos,mencius,epaxos"),
         help="comma-separated, side by side (interleaved round by round)",
     )
-    parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3])
+    parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3],
+                        help="replica counts, measured one after the other")
     parser.add_argument(
         "--rate", type=float, nargs="+", default=[20.0, 500.0], help="requests/s per site (Poisson)"
     )
@@ -58,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of writes answered after execution (the rest when ready)",
     )
     parser.add_argument("--size", type=int, default=16, help="command bytes")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every protocol, interleaved")
     parser.add_argument(
         "--tls", action="store_true",
         help="run each protocol twice, over mutual TLS 1.3 (as PROTOCOL+tls) and without, "
@@ -67,7 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lan", action="store_true",
                         help="no emulated WAN delays: loopback latency (what TLS adds shows)")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--warmup", type=float, default=2.0,
+                        help="seconds of load before measuring")
     add_common_arguments(
         parser, "short settings, only the first of the replica counts and rates: under a minute"
     )

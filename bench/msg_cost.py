@@ -56,10 +56,11 @@ def measure(replicas: int, ops: int, seed: int = 1) -> dict[str, float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, nargs="+", default=[3, 5])
-    parser.add_argument("--ops", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--replicas", type=int, nargs="+", default=[3, 5],
+                        help="replica counts, measured one after the other")
+    parser.add_argument("--ops", type=int, default=500, help="client operations per replica count")
+    parser.add_argument("--seed", type=int, default=1, help="the simulator's seed")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -922,7 +922,8 @@ def _positive(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (__doc__ or "").split("\n\n")[0]
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument("--seconds", type=_positive, default=30.0,
                         help="length of the fault phase per seed")
     parser.add_argument("--seed", type=int, action="append", dest="seed_list", metavar="SEED",
@@ -936,7 +937,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heal-bound", type=_positive, default=10.0,
                         help="seconds each replica has to serve again, and to converge, "
                         "after the heal")
-    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--clients", type=int, default=6,
+                        help="closed-loop clients writing during the faults")
     parser.add_argument("--check-timeout", type=_positive, default=CHECK_TIMEOUT_S,
                         help="time budget of the linearizability check per seed, seconds")
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed "

@@ -63,14 +63,17 @@ def _workload(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--protocols", type=parse_protocols, default=parse_protocols("sdpaxos"))
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--protocols", type=parse_protocols, default=parse_protocols("sdpaxos"),
+                        help="comma-separated protocols, interleaved round by round")
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument(
         "--workloads",
         type=_workload,
         nargs="+",
         default=list(DEFAULT_WORKLOADS),
         metavar="DIST-R:W",
+        help="workloads measured one after the other: key distribution and read:write mix",
     )
     parser.add_argument("--keys", type=int, default=500_000, help="distinct keys (paper: 500k)")
     parser.add_argument("--size", type=int, default=16, help="bytes of a write")
@@ -82,9 +85,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outstanding", type=int, default=32, help="per connection (LAN)")
     parser.add_argument("--client-procs", type=int, default=2, help="LAN")
     parser.add_argument("--cpu", type=float, default=0.3, help="CPUs per replica (LAN; 0: none)")
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every protocol, interleaved")
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--warmup", type=float, default=1.5,
+                        help="seconds of load before measuring")
     add_common_arguments(parser)
 
 

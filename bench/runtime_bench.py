@@ -218,16 +218,20 @@ def _executed_slots(cluster: LocalCluster, replica: int) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=("peak", "single", "rate", "restart"), default="peak")
+    parser.add_argument("--mode", choices=("peak", "single", "rate", "restart"), default="peak",
+                        help="peak: closed-loop throughput; single: one client's latency; rate: "
+                        "open loop at --rate; restart: recovery after --writes")
     parser.add_argument("--writes", type=int, default=1_000_000, help="before the restart")
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
-    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
+    parser.add_argument("--clients", type=int, default=6, help="client connections")
     parser.add_argument("--outstanding", type=int, default=200, help="per client (peak)")
     parser.add_argument("--rate", type=float, default=1000.0, help="requests/s (rate mode)")
-    parser.add_argument("--duration", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--no-fsync", action="store_true")
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=1.0,
+                        help="seconds of load before measuring")
+    parser.add_argument("--no-fsync", action="store_true", help="unsafe: the replicas skip fsync")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
         "--workdir", metavar="DIR",
         help="keep the cluster's files and replica logs here (default: a temporary directory)",

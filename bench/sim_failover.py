@@ -44,9 +44,9 @@ def measure(replicas: int, seed: int) -> int | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, default=3)
-    parser.add_argument("--seeds", type=int, default=100)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--replicas", type=int, default=3, help="how many replicas")
+    parser.add_argument("--seeds", type=int, default=100, help="how many seeded runs")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=parse_protocols("sdpaxos,multipaxos,mencius,epaxos"),
         help="comma-separated, interleaved round by round",
     )
-    parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3])
+    parser.add_argument("--replicas", type=int, nargs="+", choices=(3, 5), default=[3],
+                        help="replica counts, measured one after the other")
     parser.add_argument(
         "--size",
         type=int,
@@ -114,14 +115,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which replicas straggle, one configuration each (0: the SDPaxos sequencer, the "
         "Multi-Paxos leader)",
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of every protocol, interleaved")
     parser.add_argument(
         "--tls", action="store_true",
         help="run each protocol twice, over mutual TLS 1.3 (as PROTOCOL+tls) and without, "
         "interleaved, and report TLS's cost",
     )
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=1.5)
+    parser.add_argument("--warmup", type=float, default=1.5,
+                        help="seconds of load before measuring")
     add_common_arguments(
         parser, "short settings, only the first replica count, size and read share: under a minute"
     )

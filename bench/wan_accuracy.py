@@ -147,14 +147,14 @@ def _summary(prefix: str, ordered: list[int]) -> dict[str, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--one-way-ms", type=float, default=10.0, help="10 ms = a 20 ms RTT")
-    parser.add_argument("--frames", type=int, default=2000)
+    parser.add_argument("--frames", type=int, default=2000, help="frames to send")
     parser.add_argument("--rate", type=float, default=500.0, help="frames per second")
-    parser.add_argument("--port", type=int, default=17900)
+    parser.add_argument("--port", type=int, default=17900, help="the receiver's loopback port")
     parser.add_argument(
         "--same-process", action="store_true",
         help="sender and receiver on one event loop (no cross-process wake-up)",
     )  # fmt: skip
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
 
 
 def _install_uvloop() -> None:

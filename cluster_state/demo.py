@@ -85,11 +85,13 @@ class DemoState:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3)
+    parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
+                        help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of workload")
     parser.add_argument("--no-failover", action="store_true", help="do not kill the sequencer")
-    parser.add_argument("--schedulers-per-site", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--schedulers-per-site", type=int, default=4,
+                        help="scheduler clients per site")
+    parser.add_argument("--seed", type=int, default=1, help="the workload's seed")
     parser.add_argument("--dir", help="keep the cluster's files here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON only")
 
@@ -460,8 +462,9 @@ def _print_report(console: Any, report: dict[str, Any]) -> None:
 def add_scheduler_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the cluster file")
     parser.add_argument("--site", required=True, help="schedule through this site's replica")
-    parser.add_argument("--schedulers", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--schedulers", type=int, default=4, help="scheduler clients to run")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the workload's seed (default: random)")
 
 
 def run_scheduler(args: argparse.Namespace) -> int:

@@ -1,13 +1,14 @@
 """``sdpaxos snapshot save | restore``: back up a live cluster, seed a new one from a backup.
 
-``save FILE --config C [--id N]`` asks one replica (``--id``, else the first that answers)
-for a consistent snapshot: the replica runs a linearizable read barrier through the
-sequencer, so the snapshot holds every write acknowledged before the request, then snapshots
-its state machine at the position it reached (the log position is in the file) and hands it
-over in chunks (``Client.backup``; a TLS cluster's tool presents the admin certificate, and
-only an admin may take one). The file (``consensus.storage.backup``) carries the source
-cluster's id and state machine kind, the position, and a sha256 of the snapshot; it is written
-atomically (temp file, fsync, rename).
+``save FILE --config C [--id N]`` (or ``--endpoints``, or ``$SDPAXOS_CONFIG`` /
+``$SDPAXOS_ENDPOINTS``: ``consensus.runtime.client_options``) asks one replica (``--id``, else
+the first that answers) for a consistent snapshot: the replica runs a linearizable read barrier
+through the sequencer, so the snapshot holds every write acknowledged before the request, then
+snapshots its state machine at the position it reached (the log position is in the file) and
+hands it over in chunks (``Client.backup``; a TLS cluster's tool presents the admin
+certificate, and only an admin may take one). The file (``consensus.storage.backup``) carries
+the source cluster's id and state machine kind, the position, and a sha256 of the snapshot; it
+is written atomically (temp file, fsync, rename).
 
 ``restore FILE --dir D`` checks the file, writes a new cluster in ``D`` as ``sdpaxos cluster
 init`` does (same options; a new cluster id, ``restored-<random>`` unless ``--cluster-id``:
@@ -16,8 +17,9 @@ the snapshot as its state at slot 0 of the new log. ``sdpaxos cluster up --dir D
 serves it. The state machine kind of the new cluster must be the backup's (pass the kind's
 ``init`` options, e.g. ``--gpu-store`` with its configuration, for a GPU store).
 
-Exit codes: 0 done; 1 a definite refusal (no replica answered, permission denied, a damaged
-file, ``D`` already holds a cluster); 2 usage (a bad option, an unreadable cluster file).
+Exit codes (``consensus.runtime.exit_codes``): 0 done; 1 a definite refusal (permission
+denied, a damaged file, ``D`` already holds a cluster); 2 usage (a bad option, an unreadable
+cluster file, no endpoint); 3 unavailable (no replica answered).
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ import argparse
 import asyncio
 import os
 import secrets
+import ssl
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consensus.errors import ConfigError, DecodeError, SDPaxosError
+from consensus.errors import ConfigError, DecodeError, IndefiniteFailure, SDPaxosError
 from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
 from consensus.storage.backup import decode_backup, encode_backup
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
 
@@ -42,17 +46,21 @@ __all__ = ["add_snapshot_arguments", "run_snapshot"]
 BACKUP_CLIENT_ID = 1 << 43
 
 
+#: default seconds per request of ``save`` to a replica
+SAVE_TIMEOUT_S = 10.0
+
+
 def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
     from consensus.runtime.cli import add_init_options
+    from consensus.runtime.client_options import add_client_options
 
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     save = actions.add_parser("save", help="back up a live cluster into FILE")
     save.add_argument("file", metavar="FILE", help="where to write the backup")
-    save.add_argument("--config", required=True, help="the cluster's TOML file")
+    add_client_options(save, timeout_s=SAVE_TIMEOUT_S, json_output=False)
     save.add_argument("--id", type=int, default=None,
-                      help="ask this replica (default: the first of the file that answers)")
-    save.add_argument("--timeout", type=float, default=10.0,
-                      help="seconds per request to a replica")
+                      help="with --config: ask this replica (default: the first of the file "
+                      "that answers)")
     restore = actions.add_parser("restore", help="seed a new cluster in --dir from FILE")
     restore.add_argument("file", metavar="FILE", help="a backup written by snapshot save")
     add_init_options(restore, cluster_id_default=None)
@@ -60,44 +68,78 @@ def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_snapshot(args: argparse.Namespace) -> int:
     if args.action == "save":
-        return _save(Path(args.file), args.config, args.id, args.timeout)
+        return _save(Path(args.file), args, args.id, args.timeout)
     return _restore(Path(args.file), args)
 
 
-def _save(path: Path, config_path: str, me: int | None, timeout_s: float) -> int:
+def _save(path: Path, args: argparse.Namespace, me: int | None, timeout_s: float) -> int:
     from consensus.runtime.client import Client
+    from consensus.runtime.client_options import native_target
 
     try:
-        config = load_cluster_config(config_path)
-        specs = [config.replica(me)] if me is not None else list(config.replicas)
-        tls = config.tls.tool() if config.tls is not None else None
+        target = native_target(args)
+        addresses = target.addresses
+        if me is not None:
+            if target.config is None:
+                raise ConfigError("--id names a replica of --config: give the cluster file")
+            addresses = [target.config.replica(me).client_address]
     except ConfigError as exc:
         print(f"sdpaxos snapshot save: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
 
-    async def take() -> bytes:
-        client = Client(BACKUP_CLIENT_ID, [spec.client_address for spec in specs],
-                        timeout_s=timeout_s, attempts=len(specs), tls=tls)
+    async def take() -> tuple[bytes, str, str, int]:
+        """The snapshot, and the cluster's id, state machine and size (from the cluster file,
+        else from the status of the first replica that answers)."""
+        client = Client(BACKUP_CLIENT_ID, addresses, timeout_s=timeout_s,
+                        attempts=len(addresses), tls=target.tls)
         try:
-            return await client.backup()
+            if target.config is not None:
+                config = target.config
+                about = (config.cluster_id, config.state_machine, len(config.replicas))
+            else:
+                about = await _cluster_of(addresses, timeout_s, target.tls)
+            return (await client.backup(), *about)
         finally:
             await client.close()
 
     try:
-        snapshot = asyncio.run(take())
+        snapshot, cluster_id, state_machine, replicas = asyncio.run(take())
         data = encode_backup(
-            cluster_id=config.cluster_id, state_machine=config.state_machine,
-            replicas=len(config.replicas), snapshot=snapshot,
-            taken_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            cluster_id=cluster_id, state_machine=state_machine, replicas=replicas,
+            snapshot=snapshot, taken_at=datetime.now(UTC).isoformat(timespec="seconds"),
         )
         header, _, _ = decode_backup(data)
         _write_atomically(path, data)
+    except (IndefiniteFailure, ConnectionError, TimeoutError) as exc:
+        print(f"sdpaxos snapshot save: unavailable: {exc}", file=sys.stderr)
+        return UNAVAILABLE
     except (SDPaxosError, DecodeError, OSError) as exc:
         print(f"sdpaxos snapshot save: {exc}", file=sys.stderr)
-        return 1
-    print(f"wrote {path}: {config.state_machine} state of cluster {config.cluster_id!r} at log "
+        return REFUSED
+    print(f"wrote {path}: {state_machine} state of cluster {cluster_id!r} at log "
           f"position {header.slot}, {len(data)} bytes, sha256 {header.sha256[:16]}…")
-    return 0
+    return OK
+
+
+async def _cluster_of(
+    addresses: list[tuple[str, int]], timeout_s: float, tls: ssl.SSLContext | None
+) -> tuple[str, str, int]:
+    """(cluster id, state machine, replicas) from the first replica's status that answers."""
+    from consensus.runtime.client import Client
+
+    last: BaseException | None = None
+    for address in addresses:
+        try:
+            async with Client(BACKUP_CLIENT_ID, [address], timeout_s=timeout_s, attempts=1,
+                              tls=tls) as client, asyncio.timeout(timeout_s):
+                status = await client.status()
+            return (str(status["cluster_id"]), str(status["state_machine"]),
+                    len(status["members"]))
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            last = exc
+        except (KeyError, TypeError) as exc:
+            raise DecodeError(f"a replica's status lacks {exc}") from None
+    raise IndefiniteFailure(f"no replica told the cluster's id: {last}")
 
 
 def _restore(path: Path, args: argparse.Namespace) -> int:

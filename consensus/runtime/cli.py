@@ -212,17 +212,18 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                       help="overwrite the cluster file of an existing --dir (its replicas' "
                       "data stays: delete data/ yourself to start empty)")
     up = actions.add_parser("up", help="start the cluster in --dir as background processes")
-    up.add_argument("--dir", required=True)
-    up.add_argument("--timeout", type=float, default=30.0)
+    up.add_argument("--dir", required=True, help="the cluster's directory (of cluster init)")
+    up.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for every replica to serve")
     up.add_argument("--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
                     help="passed to every replica's serve")
     add_log_level_argument(up)  # the replicas' (their logs: replica-<id>.log in --dir)
     down = actions.add_parser("down", help="stop the processes started by 'up'")
-    down.add_argument("--dir", required=True)
+    down.add_argument("--dir", required=True, help="the cluster's directory (of cluster up)")
     health = actions.add_parser("health", help="exit 0 if a replica serves linearizable reads")
     health.add_argument("--config", required=True, help="cluster TOML file")
-    health.add_argument("--id", type=int, required=True)
-    health.add_argument("--timeout", type=float, default=3.0)
+    health.add_argument("--id", type=int, required=True, help="the replica to ask")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for its answer")
     health.add_argument("--probe", choices=("livez", "readyz"), default=None,
                         help="GET /livez or /readyz from the replica's metrics port instead of "
                         "a read (consensus.runtime.health)")
@@ -230,9 +231,10 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
         "netem", help="print (--apply: run) tc netem commands for a replica's WAN delays"
     )
     netem.add_argument("--config", required=True, help="cluster TOML file")
-    netem.add_argument("--id", type=int, required=True)
-    netem.add_argument("--device", default="eth0")
-    netem.add_argument("--apply", action="store_true")
+    netem.add_argument("--id", type=int, required=True, help="the replica whose delays these are")
+    netem.add_argument("--device", default="eth0", help="the network interface to delay")
+    netem.add_argument("--apply", action="store_true",
+                       help="run the commands (as root) instead of printing them")
 
 
 def add_init_options(parser: argparse.ArgumentParser, *, cluster_id_default: str | None) -> None:
@@ -532,8 +534,9 @@ def add_cert_arguments(parser: argparse.ArgumentParser) -> None:
                       "step run at every start, as the compose demo's)")
     issue = actions.add_parser("issue", help="issue a client certificate with the cluster's CA")
     issue.add_argument("--config", required=True, help="cluster TOML file (its [tls] ca_key)")
-    issue.add_argument("--client", required=True, metavar="NAME")
-    issue.add_argument("--role", required=True, choices=ROLES)
+    issue.add_argument("--client", required=True, metavar="NAME",
+                       help="the client's name (its certificate's principal)")
+    issue.add_argument("--role", required=True, choices=ROLES, help="what the client may do")
     issue.add_argument("--vcs", metavar="VC1,VC2", help="a scheduler's virtual clusters")
     issue.add_argument("--out", metavar="DIR",
                        help="where NAME.pem and NAME.key go (default: beside the CA)")

@@ -71,8 +71,10 @@ def parse_endpoints(text: str) -> tuple[tuple[str, int], ...]:
 def add_client_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, after_verb: bool = False,
     endpoints_are: str = "client ports", timeout_s: float = DEFAULT_TIMEOUT_S,
+    json_output: bool = True,
 ) -> None:
-    """``--endpoints``, ``--config``, ``--timeout`` and ``--json`` (see the module)."""
+    """``--endpoints``, ``--config``, ``--timeout`` and (``json_output``) ``--json`` (see the
+    module)."""
 
     def default(value: object) -> object:
         return argparse.SUPPRESS if after_verb else value
@@ -86,8 +88,9 @@ def add_client_options(
         help=f"the cluster file: its replicas and [tls] certificates (default: ${CONFIG_ENV})")
     parser.add_argument("--timeout", type=float, default=default(timeout_s), metavar="SECONDS",
                         help=f"seconds to wait for each answer (default: {timeout_s:g})")
-    parser.add_argument("--json", action="store_true", default=default(False),
-                        help="print JSON instead of a table")
+    if json_output:
+        parser.add_argument("--json", action="store_true", default=default(False),
+                            help="print JSON instead of a table")
 
 
 @dataclass(frozen=True, slots=True)

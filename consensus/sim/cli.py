@@ -80,10 +80,12 @@ def _share(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="sdpaxos")
-    parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="sdpaxos",
+                        help="the protocol core to simulate")
+    parser.add_argument("--replicas", type=int, default=3, help="replicas per run")
     parser.add_argument("--seeds", type=int, default=20, help="how many runs")
-    parser.add_argument("--start-seed", type=int, default=1)
+    parser.add_argument("--start-seed", type=int, default=1,
+                        help="the first run's seed (the others follow it)")
     parser.add_argument(
         "--faults", type=parse_faults, default=frozenset(),
         help=f"none, all, or a comma list of: {', '.join(FAULT_CLASSES)}",
@@ -95,7 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=None,
                         help=f"clients per site (default: {DEFAULT_CONCURRENCY}, with "
                         f"--long-log {LONG_LOG_CONCURRENCY})")
-    parser.add_argument("--reads", choices=("log", "lease", "mixed"), default="mixed")
+    parser.add_argument("--reads", choices=("log", "lease", "mixed"), default="mixed",
+                        help="how reads are served: through the log, by the sequencer's lease, or "
+                        "both")
     parser.add_argument("--snapshot-every", type=_non_negative, default=0, metavar="N",
                         help="each replica snapshots and compacts its log every N applied "
                         "commands, and replicas behind a peer's compaction point install "

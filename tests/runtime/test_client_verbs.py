@@ -199,3 +199,20 @@ def test_watch_prints_each_change_and_ends_at_wait_with_fewer_than_count(
         if watcher.poll() is None:
             os.kill(watcher.pid, signal.SIGKILL)
             watcher.wait()
+
+
+def test_snapshot_save_through_endpoints_learns_the_cluster_from_a_replica(
+    cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from consensus.storage.backup import decode_backup
+
+    backup = tmp_path / "b.bak"
+    one = _endpoints(cluster)[2]
+    assert main(["snapshot", "save", str(backup), "--endpoints", one]) == OK
+    header, _, _ = decode_backup(backup.read_bytes())
+    assert (header.cluster_id, header.state_machine, header.replicas) == ("local", "kv", 3)
+    assert main(["snapshot", "save", str(backup), "--endpoints", one, "--id", "0"]) == USAGE
+    dead = f"127.0.0.1:{free_base_port()}"
+    assert main(["snapshot", "save", str(tmp_path / "no.bak"), "--endpoints", dead,
+                 "--timeout", "1"]) == UNAVAILABLE
+    assert not (tmp_path / "no.bak").exists()
