@@ -38,8 +38,10 @@ __all__ = ["add_endpoint_arguments", "run_endpoint"]
 #: the client id of the status tool (a status request opens no session)
 STATUS_CLIENT_ID = 1 << 44
 #: binary prefixes of the sizes in the table
-_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+_UNITS = ("B", "K", "M", "G", "T")
 _UNIT_STEP = 1024
+#: the table's width when stdout is no terminal (rich would wrap it at 80 columns)
+_PIPE_WIDTH = 160
 
 
 def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,7 +153,7 @@ def _size(count: object) -> str:
     value = float(count)
     for unit in _UNITS:
         if value < _UNIT_STEP or unit == _UNITS[-1]:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
         value /= _UNIT_STEP
     raise AssertionError("unreachable")
 
@@ -170,8 +172,6 @@ def _print_status(rows: list[Row], *, as_json: bool) -> None:
             table.append(["?", "?", row.endpoint, row.error, "", "", "", "", "", ""])
             continue
         role = s.get("role", "?")
-        if role != "sequencer" and s.get("leader", -1) >= 0 and role != "leader":
-            role = f"{role} (of {s['leader']})"
         table.append([str(s.get("id")), str(s.get("site")), str(s.get("address")), str(role),
                       str(s.get("view")), str(s.get("applied")), str(s.get("lag")),
                       _size(s.get("wal_bytes")), _size(s.get("snapshot_bytes")),
@@ -195,12 +195,13 @@ def _print_health(rows: list[Row], *, as_json: bool) -> None:
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in columns:
         table.add_column(column)
     for row in rows:
         table.add_row(*row)
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH).print(table)
