@@ -255,4 +255,4 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         # plaintext against a TLS replica: refused
         code = await asyncio.to_thread(
             main, ["ctl", "--server", c.target, "--timeout", "2", "--json", "vc", "vc00"])
-        assert code == 1 and "UNAVAILABLE" in capsys.readouterr().err
+        assert code == 3 and "UNAVAILABLE" in capsys.readouterr().err  # exit_codes.UNAVAILABLE
