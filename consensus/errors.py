@@ -4,7 +4,10 @@
 
     SDPaxosError
     ├── ConfigError            invalid configuration (local misuse, raised at construction)
-    │   └── DataDirInUse       another process serves this replica's data directory
+    │   ├── DataDirInUse       another process serves this replica's data directory
+    │   ├── ForeignDataDir     the data directory belongs to another cluster or replica
+    │   └── MissingIdentity    an empty (wiped?) data directory of an existing cluster
+    ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
@@ -21,8 +24,11 @@ __all__ = [
     "DataDirInUse",
     "DecodeError",
     "DefiniteFailure",
+    "ForeignDataDir",
     "IndefiniteFailure",
     "LocalProtocolError",
+    "MemberRefused",
+    "MissingIdentity",
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
@@ -53,6 +59,53 @@ class DataDirInUse(ConfigError):
 
     def __reduce__(self) -> tuple[type[DataDirInUse], tuple[object, int | None]]:
         return (type(self), (self.directory, self.holder))
+
+
+class ForeignDataDir(ConfigError):
+    """The data directory's identity names another cluster or replica than the one starting."""
+
+    def __init__(self, directory: object, owner: str, starting: str) -> None:
+        super().__init__(
+            f"data directory {directory} belongs to {owner}, not to {starting}: check the "
+            "cluster file's data_dir and --id (a replica runs only on its own directory)"
+        )
+        self.directory = directory
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str]]:
+        return (ConfigError, (str(self),))
+
+
+class MissingIdentity(ConfigError):
+    """An empty data directory, for a replica of a cluster that is not being bootstrapped:
+    a replica that lost its disk must not rejoin as if it had not."""
+
+    def __init__(self, directory: object, replica: int, cluster_id: str) -> None:
+        super().__init__(
+            f"data directory {directory} of replica {replica} of cluster {cluster_id!r} is "
+            "empty (no IDENTITY): either this replica lost its disk — then it must not rejoin "
+            "as if it had not, since it forgot what it promised and accepted: restore its "
+            "directory, or seed a new cluster from a backup (sdpaxos snapshot save / "
+            "restore); replacing one member while serving (sdpaxos member replace) is not "
+            "built yet — or this is the first start of a new cluster: start it with "
+            "--initial-cluster-state new (sdpaxos cluster init writes the identities itself)"
+        )
+        self.directory = directory
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str]]:
+        return (ConfigError, (str(self),))
+
+
+class MemberRefused(SDPaxosError):
+    """A peer refused this replica's identity (a retired incarnation, or a wiped or re-created
+    data directory); the replica stops rather than run without a vote."""
+
+    def __init__(self, peer: int, reason: str) -> None:
+        super().__init__(f"replica {peer} refuses this replica: {reason}")
+        self.peer = peer
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[MemberRefused], tuple[int, str]]:
+        return (type(self), (self.peer, self.reason))
 
 
 class LocalProtocolError(SDPaxosError):

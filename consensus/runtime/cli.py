@@ -27,6 +27,7 @@ from consensus.runtime.logs import DEFAULT_LEVEL, add_log_level_argument, config
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
 from consensus.runtime.tls import TlsConfig
 from consensus.statemachine import StateMachine
+from consensus.storage.identity import open_identity
 
 __all__ = [
     "add_cert_arguments",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 CONFIG_NAME = "cluster.toml"
+#: ``serve --initial-cluster-state`` (etcd's names)
+NEW_CLUSTER = "new"
+EXISTING_CLUSTER = "existing"
 PIDS_NAME = "pids.json"
 #: ``cluster init --tls``: where the certificates go (beside the cluster file) and the name of
 #: the admin client certificate the cluster's tools present
@@ -49,6 +53,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="cluster TOML file")
     parser.add_argument("--id", type=int, required=True, help="this replica's id")
     parser.add_argument("--no-fsync", action="store_true", help="unsafe: skip fsync")
+    parser.add_argument(
+        "--initial-cluster-state", choices=(NEW_CLUSTER, EXISTING_CLUSTER),
+        default=EXISTING_CLUSTER,
+        help="'new': an empty data directory is a new cluster's replica (it gets an identity; "
+        "for deployments without 'cluster init', e.g. containers with empty volumes); "
+        "'existing' (default): an empty data directory is refused (a wiped replica must not "
+        "rejoin as if it had not). Either way peers refuse a replica wiped after they met it",
+    )  # fmt: skip
     add_log_level_argument(parser)
     parser.add_argument(
         "--no-wan-emulation",
@@ -105,6 +117,12 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"sdpaxos serve: {exc}", file=sys.stderr)
         return 1
     try:
+        try:  # refused here, before anything else touches the directory
+            open_identity(config.replica_dir(args.id), config.cluster_id, args.id,
+                          bootstrap=args.initial_cluster_state == NEW_CLUSTER)
+        except ConfigError as exc:
+            print(f"sdpaxos serve: {exc}", file=sys.stderr)
+            return 2
         return _serve_locked(args, config, machine)
     finally:
         lock.release()
@@ -162,6 +180,7 @@ async def _serve(
     gc.disable()
     node = ReplicaNode(
         config, me, machine, fsync=fsync, fault_injection=faults, snapshot_every=every,
+        bootstrap=False,  # run_serve gave a new cluster's directory its identity
         snapshot_bytes=SNAPSHOT_LOG_BYTES if snapshot_bytes is None else snapshot_bytes,
         snapshot_interval_s=(
             SNAPSHOT_INTERVAL_S if snapshot_interval_s is None else snapshot_interval_s
@@ -356,6 +375,11 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
     path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc,
                                  tls=tls, cluster_id=cluster_id))
     print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
+    try:
+        init_identities(path)
+    except ConfigError as exc:  # --force over another cluster's data
+        print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
+        return 2
     if tls:
         try:
             _cert_init(path, force=force)
@@ -365,6 +389,16 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
     if chosen is not None and chosen[1].hint:
         print(chosen[1].hint)
     return 0
+
+
+def init_identities(path: Path) -> None:
+    """Give every replica of the cluster file ``path`` its identity in its data directory
+    (one that has one keeps it; ``ConfigError`` if it belongs to another cluster or replica)."""
+    from consensus.runtime.cluster_config import load_cluster_config
+
+    config = load_cluster_config(path)
+    for spec in config.replicas:
+        open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id, bootstrap=True)
 
 
 def _up(

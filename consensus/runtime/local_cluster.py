@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from consensus.runtime.cli import cluster_toml
+from consensus.runtime.cli import cluster_toml, init_identities
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 
 __all__ = ["LocalCluster", "free_base_port"]
@@ -87,6 +87,7 @@ class LocalCluster:
             from consensus.runtime.cli import _cert_init
 
             _cert_init(self.config_path, force=True)
+        init_identities(self.config_path)  # as ``cluster init`` does
         self.config: ClusterConfig = load_cluster_config(self.config_path)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 

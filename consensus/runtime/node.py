@@ -58,6 +58,7 @@ from consensus.errors import (
     DefiniteFailure,
     IndefiniteFailure,
     LocalProtocolError,
+    MemberRefused,
     SDPaxosError,
 )
 from consensus.messages import Command, SnapshotChunk
@@ -82,6 +83,7 @@ from consensus.runtime.histogram import Histogram
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
+from consensus.storage.identity import KnownMembers, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
     encode_snapshot,
@@ -215,7 +217,12 @@ class ReplicaNode:
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
         snapshot_on_stop: bool = True,
         fault_injection: bool = False,
+        bootstrap: bool = True,
     ) -> None:
+        """``bootstrap``: an empty data directory is a new cluster's replica (it gets an
+        identity); False refuses one (``MissingIdentity``: ``serve`` without
+        ``--initial-cluster-state new``). Either way peers refuse a directory that was wiped
+        after it met them (``consensus.storage.identity``)."""
         self.config = config
         self.fault_injection = fault_injection
         self.me = me
@@ -239,7 +246,12 @@ class ReplicaNode:
         self._snapshot_sent: dict[int, tuple[int, float]] = {}
         self._applied_since_snapshot = 0
         self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
-        self.wal = WriteAheadLog(config.replica_dir(me) / "wal")
+        directory = config.replica_dir(me)
+        self.identity = open_identity(directory, config.cluster_id, me, bootstrap=bootstrap)
+        self.known_members = KnownMembers(directory)
+        #: why a peer refused this replica (it stops: ``wait_failed`` raises it)
+        self._refused: MemberRefused | None = None
+        self.wal = WriteAheadLog(directory / "wal")
         records = [decode_record(payload) for payload in self.wal.recovered]
         meta = None
         found = latest_snapshot(self.snapshot_dir)
@@ -273,6 +285,9 @@ class ReplicaNode:
             tls_server=tls.server(me) if tls is not None else None,
             tls_dialer=tls.dialer(me) if tls is not None else None,
             revocations=self.revocations,
+            identity=(self.identity.incarnation, self.identity.token),
+            admit=self.known_members.admit,
+            on_refused=self._on_refused,
         )
         #: the client port's connection caps, idle/slow timeouts and buffer budget
         self.client_limits = ClientPortLimits(config.limits)
@@ -447,9 +462,17 @@ class ReplicaNode:
         assert self._loop_task is not None
         await asyncio.shield(self._loop_task)
 
+    def _on_refused(self, peer: int, reason: str) -> None:
+        """A peer refuses our identity: stop, rather than serve with no vote (and no hope)."""
+        if self._refused is None:
+            self._refused = MemberRefused(peer, reason)
+            self._wakeup.set()
+
     async def _run(self) -> None:
         try:
             await self._loop()
+        except MemberRefused:
+            raise  # not a bug: ``serve`` says why and exits
         except Exception:
             log.exception("replica %d: event loop failed", self.me)
             raise
@@ -458,6 +481,8 @@ class ReplicaNode:
         loop = asyncio.get_running_loop()
         next_tick = 0
         while not self._stopping:
+            if self._refused is not None:
+                raise self._refused
             if not self._events and not self._client_requests:
                 # whole milliseconds, rounded up: the loop's timers are millisecond-grained
                 # and fire at once for less, which spun the loop until the tick was due

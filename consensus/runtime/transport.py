@@ -2,13 +2,17 @@
 
 Each replica dials every peer and sends on that connection; it receives on the connections its
 peers dial to it. A connection opens with a handshake frame ``[cluster_id, replica_id,
-FORMAT_VERSION]``, with a fourth element ``true`` if the dialer stamps its frames (WAN
-emulation, below); a three-element handshake (an older peer) means "not stamped". A listener
-refuses (and logs why) a peer of another cluster, an unknown id, another wire version or a
-stamping other than its own. After that every frame is ``codec.frame_to_wire(payload)``, or
-with stamping ``codec.frame_to_wire(stamp + payload)``: ``stamp`` is 8 bytes, big-endian
-unsigned, the sender's ``CLOCK_MONOTONIC`` in µs (``time.monotonic_ns() // 1000``) at its
-``send`` call.
+FORMAT_VERSION, stamped, incarnation, member_token]``: ``stamped`` is true if the dialer stamps
+its frames (WAN emulation, below); the last two are the dialer's identity
+(``consensus.storage.identity``). Older peers send the first three or four elements: "not
+stamped", no identity. A listener refuses (and logs why) a peer of another cluster, an unknown
+id, another wire version or a stamping other than its own; and a peer whose identity ``admit``
+refuses (a retired incarnation, a wiped data directory), to which it first writes one frame
+``["refused", reason]``: the dialer hands the reason to ``on_refused`` (its replica stops). A
+listener writes nothing else on a connection. After that every frame is
+``codec.frame_to_wire(payload)``, or with stamping ``codec.frame_to_wire(stamp + payload)``:
+``stamp`` is 8 bytes, big-endian unsigned, the sender's ``CLOCK_MONOTONIC`` in µs
+(``time.monotonic_ns() // 1000``) at its ``send`` call.
 
 WAN emulation: a transport of a cluster with any non-zero one-way delay configured stamps its
 frames (``stamped``: the whole cluster shares one delay table, so every replica agrees; without
@@ -56,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import ssl
 import struct
@@ -81,6 +86,7 @@ from consensus.runtime.tls import (
     refusal_reason,
     start_server,
 )
+from consensus.storage.identity import NO_INCARNATION
 
 __all__ = ["Handshake", "PeerTraffic", "PeerTransport", "TransportStats"]
 
@@ -113,17 +119,22 @@ class Handshake:
     version: int
     #: the dialer's frames carry its send time (WAN emulation on)
     stamped: bool = False
+    #: the dialer's incarnation and member token (``NO_INCARNATION``: an older build's)
+    incarnation: int = NO_INCARNATION
+    token: str = ""
 
     def encode(self) -> bytes:
         fields: list[object] = [self.cluster_id, self.replica_id, self.version]
-        if self.stamped:
-            fields.append(True)
+        if self.stamped or self.incarnation != NO_INCARNATION:
+            fields.append(self.stamped)
+        if self.incarnation != NO_INCARNATION:
+            fields += [self.incarnation, self.token]
         return frame_to_wire(msgpack.packb(fields))
 
     @staticmethod
     def decode(payload: bytes) -> Handshake:
         try:
-            fields = msgpack.unpackb(payload, max_str_len=256, max_array_len=4, max_bin_len=0)
+            fields = msgpack.unpackb(payload, max_str_len=256, max_array_len=6, max_bin_len=0)
         except Exception as exc:
             raise DecodeError(f"handshake is not msgpack: {exc}") from None
         match fields:
@@ -133,9 +144,38 @@ class Handshake:
                 type(replica_id) is int
             ):
                 return Handshake(cluster_id, replica_id, version, stamped)
+            case [str(cluster_id), int(replica_id), int(version), bool(stamped),
+                  int(incarnation), str(token)] if (
+                type(replica_id) is int and type(incarnation) is int and incarnation > 0
+            ):
+                return Handshake(cluster_id, replica_id, version, stamped, incarnation, token)
         raise DecodeError(
-            f"handshake must be [cluster_id, replica_id, version(, stamped)], got {fields!r}"
+            "handshake must be [cluster_id, replica_id, version(, stamped(, incarnation, "
+            f"token))], got {fields!r}"
         )
+
+
+#: what a listener writes before closing a connection whose dialer's identity it refuses
+REFUSED = "refused"
+#: a refusal frame is at most this long (a reason is one line)
+MAX_REFUSAL_BYTES = 1 << 10
+
+
+def encode_refusal(reason: str) -> bytes:
+    return frame_to_wire(msgpack.packb([REFUSED, reason]))
+
+
+def decode_refusal(payload: bytes) -> str | None:
+    """The reason in a refusal frame, or None for anything else (bytes from the network)."""
+    try:
+        fields = msgpack.unpackb(payload, max_str_len=MAX_REFUSAL_BYTES, max_array_len=2,
+                                 max_bin_len=0)
+    except Exception:
+        return None
+    match fields:
+        case [str(kind), str(reason)] if kind == REFUSED:
+            return reason
+    return None
 
 
 @dataclass(slots=True)
@@ -238,16 +278,25 @@ class PeerTransport:
         tls_server: ssl.SSLContext | None = None,
         tls_dialer: ssl.SSLContext | None = None,
         revocations: Revocations | None = None,
+        identity: tuple[int, str] | None = None,
+        admit: Callable[[int, int, str], str | None] | None = None,
+        on_refused: Callable[[int, str], None] | None = None,
     ) -> None:
         """``stamped``: whether this cluster emulates WAN delays (every replica must agree;
         default: whether any of this replica's links has a delay). A replica whose own links
         all have none still stamps when its peers' links have delays. ``max_connections``:
         inbound connections at most (default ``conn_limits.peer_connection_cap``); more are
         closed at once. ``tls_server``/``tls_dialer``: mutual TLS on every connection (both or
-        neither), certificates checked against ``revocations``."""
+        neither), certificates checked against ``revocations``. ``identity``: this replica's
+        (incarnation, member token), sent in its handshakes; ``admit(peer, incarnation,
+        token)``: None to take a dialer's frames, else the reason it is refused (sent back to
+        it); ``on_refused(peer, reason)``: a peer refused this replica's identity."""
         if (tls_server is None) != (tls_dialer is None):
             raise ValueError("TLS needs both a server and a dialer context")
         self.cluster_id = cluster_id
+        self.identity = identity
+        self.admit = admit
+        self.on_refused = on_refused
         self._tls_server = tls_server
         self._tls_dialer = tls_dialer
         self.revocations = revocations if revocations is not None else Revocations(frozenset())
@@ -334,13 +383,15 @@ class PeerTransport:
         backoff = RECONNECT_MIN_S
         host, port = self.addresses[peer]
         link = self._links[peer]
-        hello = Handshake(self.cluster_id, self.me, FORMAT_VERSION, self._stamped).encode()
+        incarnation, token = self.identity or (NO_INCARNATION, "")
+        hello = Handshake(self.cluster_id, self.me, FORMAT_VERSION, self._stamped, incarnation,
+                          token).encode()
         while not self._closing:
             try:
                 if self._tls_dialer is None:
-                    _, writer = await asyncio.open_connection(host, port)
+                    reader, writer = await asyncio.open_connection(host, port)
                 else:
-                    _, writer = await asyncio.open_connection(
+                    reader, writer = await asyncio.open_connection(
                         host, port, ssl=self._tls_dialer, server_hostname=host,
                         ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S,
                     )
@@ -357,6 +408,8 @@ class PeerTransport:
             backoff = RECONNECT_MIN_S
             link.connected = True
             link.writer = writer
+            refusal = asyncio.create_task(self._watch_refusal(peer, reader),
+                                          name=f"refusal-{peer}")
             try:
                 writer.write(hello)
                 await self._pump(link, writer, self.stats.peer(peer))
@@ -367,6 +420,7 @@ class PeerTransport:
             except Exception:
                 log.exception("sending to replica %d failed; reconnecting", peer)
             finally:
+                refusal.cancel()
                 link.connected = False
                 link.writer = None
                 writer.close()
@@ -374,6 +428,19 @@ class PeerTransport:
             link.queue.clear()
             link.bytes_queued = 0
             await asyncio.sleep(backoff)
+
+    async def _watch_refusal(self, peer: int, reader: asyncio.StreamReader) -> None:
+        """A listener writes on our connection only to refuse us: hand its reason on."""
+        frames = FrameReader(MAX_REFUSAL_BYTES)
+        with contextlib.suppress(DecodeError, OSError, ConnectionError):
+            while (data := await reader.read(MAX_REFUSAL_BYTES)) != b"":
+                payloads = frames.feed(data)
+                if payloads:
+                    reason = decode_refusal(payloads[0])
+                    if reason is not None and self.on_refused is not None:
+                        log.error("replica %d refuses this replica: %s", peer, reason)
+                        self.on_refused(peer, reason)
+                    return
 
     def _dialed_right(self, peer: int, link: _Link, writer: asyncio.StreamWriter) -> bool:
         """TLS: the replica dialed presented its own certificate (logged once if not)."""
@@ -457,7 +524,7 @@ class PeerTransport:
                     return
                 self._inbound_serials[writer] = identity.serial
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                hello = await self._handshake(reader, frames, identity)
+                hello = await self._handshake(reader, writer, frames, identity)
             if hello is None:
                 return
             peer, early = hello
@@ -498,7 +565,8 @@ class PeerTransport:
             self.inbound_limits.release()
 
     async def _handshake(
-        self, reader: asyncio.StreamReader, frames: FrameReader, identity: Identity | None
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader,
+        identity: Identity | None,
     ) -> tuple[int, list[bytes]] | None:
         """The peer's id and the frames that came with its handshake, or None if refused.
         ``identity``: what the peer's TLS certificate names (None: plaintext cluster)."""
@@ -535,6 +603,13 @@ class PeerTransport:
                 f"replica {hello.replica_id} does not stamp its frames (WAN emulation off or "
                 "an older build), this one emulates WAN delays"
             )
+        elif self.admit is not None and (
+            refused := self.admit(hello.replica_id, hello.incarnation, hello.token)
+        ) is not None:
+            problem = refused
+            writer.write(encode_refusal(refused))  # the peer stops, saying why
+            with contextlib.suppress(OSError, ConnectionError):
+                await writer.drain()
         if problem is not None:
             self.stats.bad_connections += 1
             log.warning("refusing peer connection: %s", problem)
