@@ -31,7 +31,7 @@ import json
 import secrets
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
@@ -41,6 +41,9 @@ from consensus.runtime.client_options import add_client_options, native_target
 from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
 from consensus.runtime.state_machines import DEFAULT_KIND
 from consensus.statemachine import kv_cas, kv_delete, kv_get, kv_put
+
+if TYPE_CHECKING:
+    from consensus.runtime.client import Client
 
 __all__ = [
     "add_cas_arguments",
@@ -114,7 +117,7 @@ def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---------------------------------------------------------------------------- running
 
-Verb = Callable[[Any, argparse.Namespace], Awaitable[int]]
+Verb = Callable[["Client", argparse.Namespace], Awaitable[int]]
 
 
 def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
@@ -168,7 +171,7 @@ def _emit(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
     print(json.dumps(doc) if args.json else text, flush=True)
 
 
-async def _get(client: Any, args: argparse.Namespace) -> int:
+async def _get(client: Client, args: argparse.Namespace) -> int:
     reply = await client.read(kv_get(args.key), (args.key,), stale=args.stale)
     value = _result(reply.payload, "value")[1]
     if value is None:
@@ -180,14 +183,14 @@ async def _get(client: Any, args: argparse.Namespace) -> int:
     return OK
 
 
-async def _put(client: Any, args: argparse.Namespace) -> int:
+async def _put(client: Client, args: argparse.Namespace) -> int:
     reply = await client.execute(kv_put(args.key, args.value), (args.key,))
     _result(reply.payload, "ok")
     _emit(args, {"key": args.key, "value": args.value, "position": reply.position}, "OK")
     return OK
 
 
-async def _del(client: Any, args: argparse.Namespace) -> int:
+async def _del(client: Client, args: argparse.Namespace) -> int:
     reply = await client.execute(kv_delete(args.key), (args.key,))
     existed = bool(_result(reply.payload, "deleted")[1])
     _emit(args, {"key": args.key, "deleted": existed, "position": reply.position},
@@ -198,7 +201,7 @@ async def _del(client: Any, args: argparse.Namespace) -> int:
     return OK
 
 
-async def _cas(client: Any, args: argparse.Namespace) -> int:
+async def _cas(client: Client, args: argparse.Namespace) -> int:
     expected = None if args.absent else args.expect
     reply = await client.execute(kv_cas(args.key, expected, args.new), (args.key,))
     _, swapped, before = _result(reply.payload, "cas")
@@ -209,7 +212,7 @@ async def _cas(client: Any, args: argparse.Namespace) -> int:
     return OK if swapped else REFUSED
 
 
-async def _watch(client: Any, args: argparse.Namespace) -> int:
+async def _watch(client: Client, args: argparse.Namespace) -> int:
     seen = 0
 
     async def changes() -> None:
