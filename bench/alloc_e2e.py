@@ -13,11 +13,13 @@ so. The replicas' WAN emulation is off unless ``wan``.
 Also reported: ``startup_s``, from starting the replica processes to every replica serving (the
 configuration written, parsed and validated in each of them); each replica's resident memory
 (``rss_mb``, from /proc) at the end. ``--watchers N`` opens N pushed watch streams (gRPC
-``WatchPushed``, spread over the replicas) for the whole run: each must see every event once,
+``WatchAcked``, acknowledged as ``AllocationStore.watch`` does, spread over the replicas) for the
+whole run: each must see every event once,
 in order (checked against replica 0's event log), and the report gives the event delay (from
 the apply of the command, as the submitting scheduler's answer marks it, to the watcher)
-percentiles; ``--slow-watchers K`` of them stop reading after their first page and must be
-dropped with ``EventsCompacted`` rather than slow anything down. ``--profile DIR`` records every
+percentiles; ``--slow-watchers K`` of them stop reading after their first page until the load
+ends and must be dropped with ``EventsCompacted`` (their stream's last message, read then)
+rather than slow anything down. ``--profile DIR`` records every
 replica and this process with py-spy (``pip install .[bench]``) and prints the top entries.
 
 Impossible parameters are usage errors (exit 2, one line), checked before anything starts.
@@ -336,6 +338,7 @@ class _Watchers:
         self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
         self.compacted = 0
         self.errors: list[str] = []
+        self._resume = asyncio.Event()  # the slow watchers read again
 
     def start(self) -> None:
         import hashlib
@@ -359,11 +362,21 @@ class _Watchers:
             stub = self._slow_stubs[(k + self._offset) % len(self._slow_stubs)]
         else:
             stub = self._stubs[(k + self._offset) % len(self._stubs)]
+        from cluster_state.watch_hub import ACK_EVERY
+
+        # the acknowledged stream, as AllocationStore's watch reads it
+        call = stub.WatchAcked()
+        consumed = 0
         try:
-            async for batch in stub.WatchPushed(pb.WatchRequest(since=-1)):
+            await call.write(pb.WatchControl(start=pb.WatchRequest(since=-1, typed=True)))
+            async for batch in call:
                 if batch.compacted:
                     self.compacted += 1
                     return
+                consumed += len(batch.events) + batch.skipped
+                if consumed >= ACK_EVERY:
+                    await call.write(pb.WatchControl(ack=batch.through))
+                    consumed = 0
                 events = batch.events
                 if not events:
                     continue
@@ -377,8 +390,10 @@ class _Watchers:
                         me.digest.update(event.SerializeToString())
                         if event.kind == "placed":
                             self.marks.append((event.revision, now))
-                if k < self._slow:
-                    await asyncio.sleep(3600)  # stops reading: the replica must drop it
+                if k < self._slow and not self._resume.is_set():
+                    # stops reading (and acknowledging) until the load is over: the replica
+                    # must drop it, and the stream's last message, read then, says so
+                    await self._resume.wait()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -387,6 +402,7 @@ class _Watchers:
     async def drain(self, final: int) -> dict[str, Any]:
         """Wait for every reading watcher to reach revision ``final``; their figures."""
         fast = self.state[self._slow:]
+        self._resume.set()
         deadline = time.monotonic() + WATCH_DRAIN_S
         while time.monotonic() < deadline and (
             any(w.last < final for w in fast) or self.compacted < self._slow

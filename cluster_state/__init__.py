@@ -19,7 +19,7 @@ Modules, one job each:
 
 from cluster_state.allocator import Allocator, Group
 from cluster_state.cells import ChainInfo, Item, LevelInfo, Topology
-from cluster_state.client import AllocationStore
+from cluster_state.client import Allocations, AllocationStore
 from cluster_state.config import (
     CellTypeSpec,
     ClusterConfig,
@@ -36,10 +36,21 @@ from cluster_state.errors import (
     ConfigError,
     EventsCompacted,
     InvalidRequest,
+    NotFound,
     RequestError,
     SnapshotError,
 )
-from cluster_state.events import ChangeEvent, EventLog
+from cluster_state.events import (
+    CancelledDetails,
+    ChangeEvent,
+    DowngradedDetails,
+    EventDetails,
+    EventLog,
+    NodeHealthDetails,
+    PlacedDetails,
+    PreemptingDetails,
+    ReconfiguredDetails,
+)
 from cluster_state.ops import (
     MAX_PRIORITY,
     OPPORTUNISTIC,
@@ -57,6 +68,7 @@ from cluster_state.ops import (
     Op,
     Placed,
     PlanReconfigure,
+    Pod,
     PodPlacement,
     Preempting,
     Query,
@@ -91,8 +103,10 @@ __all__ = [
     "OPPORTUNISTIC",
     "SNAPSHOT_FORMAT",
     "AllocationStore",
+    "Allocations",
     "Allocator",
     "Bind",
+    "CancelledDetails",
     "CellTypeSpec",
     "ChainInfo",
     "ChangeEvent",
@@ -101,7 +115,9 @@ __all__ = [
     "ClusterStore",
     "ConfigError",
     "Conflict",
+    "DowngradedDetails",
     "Error",
+    "EventDetails",
     "EventLog",
     "EventsCompacted",
     "GetGroup",
@@ -115,16 +131,22 @@ __all__ = [
     "LevelInfo",
     "ListGroups",
     "Member",
+    "NodeHealthDetails",
     "NodeHealthSet",
+    "NotFound",
     "Op",
     "PhysicalCellSpec",
     "Placed",
+    "PlacedDetails",
     "PlanReconfigure",
+    "Pod",
     "PodPlacement",
     "Preempting",
+    "PreemptingDetails",
     "Query",
     "Reconfigure",
     "Reconfigured",
+    "ReconfiguredDetails",
     "Release",
     "Released",
     "RequestError",

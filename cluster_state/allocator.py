@@ -84,6 +84,7 @@ from cluster_state.ops import (
     Member,
     NodeHealthSet,
     Placed,
+    Pod,
     PodPlacement,
     Preempting,
     Released,
@@ -308,7 +309,7 @@ class Allocator:
         topo = self.topo
         # A pod whose node left the configuration has no leaves ("" node) until released.
         pods = tuple(
-            (
+            Pod(
                 len(pod),
                 topo.node_name[pod[0]] if pod else "",
                 tuple(topo.device[leaf] for leaf in pod),

@@ -14,20 +14,27 @@ the log and are linearizable; queries (``status``, ``vc``, ``summary``, ``alloca
 ``inspect``, ``plan_reconfiguration``) are linearizable reads through the sequencer unless
 ``stale=True`` asks for the local replica's state.
 
-``watch(r)`` yields every change event after revision ``r`` in order, exactly once. Embedded,
-it is fed by the node's apply hook and the store's own event log (no polling); remote, it reads
-pages of the event log with linearizable reads, waiting ``poll_s`` when there is nothing new.
-Either way a watcher that lost its connection resumes with ``watch(last.revision)`` — at any
-replica, since every replica holds the same events — and if the store no longer keeps them it
-raises ``EventsCompacted`` (re-read the state with ``allocations()``, then watch from the
-revision it reports). ``connect(..., watch_targets=[grpc host:port, ...])`` watches over the
-replicas' pushed gRPC stream instead (``PushedWatch``: no polling, batches pushed as commands
-apply, resumed at the next target if the stream breaks; a watcher that reads too slowly gets
-``EventsCompacted`` rather than slowing the replica). Many watchers in one process share one
-``PushedWatch`` (one connection per target).
+``watch(r)`` yields every change event after revision ``r`` in order, exactly once, pushed
+(no polling). Embedded, it is fed by the node's apply hook and the store's own event log;
+remote, by the replicas' gRPC stream (``PushedWatch`` over ``WatchAcked``: batches pushed as
+commands apply, acknowledged as the caller consumes them so a replica never sends far ahead of
+a caller that stopped reading, resumed at the next replica if the stream breaks), so a remote
+store that watches needs the replicas' gRPC addresses: ``connect(..., watch_targets=[grpc
+host:port, ...])``. Either way a watcher that lost its connection resumes with
+``watch(last.revision)`` — at any replica, since every replica holds the same events — and if
+the store no longer keeps them, or the caller read too slowly and the replica dropped it, it
+raises ``EventsCompacted``: re-read the state with ``allocations()`` and watch from the
+``revision`` that list carries (list-then-watch misses and repeats nothing). Many watchers in
+one process share one ``PushedWatch`` (one connection per target).
 
-A store answer ``["error", reason]`` raises ``InvalidRequest`` (nothing changed); an answer
-that may or may not have taken effect raises ``consensus.errors.IndefiniteFailure``.
+A store answer ``["error", reason]`` raises ``InvalidRequest`` (nothing changed) —
+``NotFound``, a subclass, when the call names a group or VC the store does not hold (``release``
+of a group released before is no error: ``Released.already_released``); an answer that may or
+may not have taken effect raises ``consensus.errors.IndefiniteFailure``.
+
+``AllocationStore`` is an async context manager (``async with AllocationStore.embedded(node)
+as store``) that closes what the store opened: the remote client's connections, its watch
+channels, an embedded store's open watches (their apply hooks).
 
 A session is one ``client_id``: the replicated session table remembers its recent results by
 sequence number, so a client id must not be reused by another session (a restarted scheduler
@@ -37,7 +44,7 @@ included). Leave it out to get a random one.
     result = await store.submit(GroupSpec(name="job-1", vc="vc00", priority=100,
                                           members=(Member(pods=2, leaves=8),)))
     if isinstance(result, Placed):
-        ...  # result.pods: (GPUs, node, devices) per pod; result.token: the fencing token
+        ...  # result.pods: Pod(leaves, node, devices) per pod; result.token: fencing token
 """
 
 from __future__ import annotations
@@ -45,20 +52,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import msgpack
 
 from cluster_state import ops
-from cluster_state.authz import SKIPPED
 from cluster_state.config import parse_config
-from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest
+from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest, NotFound
 from cluster_state.events import ChangeEvent
-from cluster_state.ops import GroupSpec, Member, PodPlacement
+from cluster_state.ops import GroupSpec, Member, Pod, PodPlacement
 from cluster_state.store import ClusterStore
+from cluster_state.watch_hub import ACK_EVERY, ACK_WINDOW
 from consensus.errors import ConfigError, IndefiniteFailure
 from consensus.messages import Command
 from consensus.runtime.cluster_config import parse_address
@@ -71,8 +77,18 @@ if TYPE_CHECKING:
     from consensus.auth import Principal
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["AllocationStore", "InvalidRequest", "Member", "PodPlacement", "PushedWatch",
-           "new_client_id"]
+__all__ = [
+    "ACK_WINDOW",
+    "AllocationStore",
+    "Allocations",
+    "InvalidRequest",
+    "Member",
+    "NotFound",
+    "Pod",
+    "PodPlacement",
+    "PushedWatch",
+    "new_client_id",
+]
 
 #: the codec's bound on a client id (and a sequence number)
 _MAX_ID = (1 << 63) - 1
@@ -120,27 +136,12 @@ class _Remote:
         return bytes(reply.payload)  # type: ignore[arg-type]
 
     async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
-        if self.pushed is not None:
-            async with contextlib.aclosing(self.pushed.watch(since, self.home)) as pages:
-                async for page in pages:
-                    yield page
-            return
-        # A page of events per linearizable read: a page is never older than what the
-        # watcher already saw, whichever replica answers, so resuming anywhere is exact.
-        while True:
-            answer = msgpack.unpackb(await self.query(ops.get_events(since), False))
-            if answer[0] == "compacted":
-                raise EventsCompacted(answer[1], answer[2])
-            events = [ChangeEvent.from_wire(wire) for wire in answer[2]]
-            if events:
-                since = events[-1].revision
-                # a TLS cluster ends a scheduler's page it may not see all of with a
-                # placeholder (cluster_state.authz): where to resume, nothing to show
-                events = [e for e in events if e.kind != SKIPPED]
-            if events:
-                yield events
-            elif not answer[2]:
-                await asyncio.sleep(poll_s)
+        if self.pushed is None:
+            raise ConfigError("a remote watch is pushed by the replicas' gRPC service: connect "
+                              "with watch_targets=[their grpc host:port, ...]")
+        async with contextlib.aclosing(self.pushed.watch(since, self.home)) as pages:
+            async for page in pages:
+                yield page
 
     async def close(self) -> None:
         await self.client.close()
@@ -157,7 +158,7 @@ _WATCH_RETRY_PAUSE_S = 0.2
 
 
 class PushedWatch:
-    """Watch streams pushed by the replicas' gRPC service (``WatchPushed``), over one
+    """Watch streams pushed by the replicas' gRPC service (``WatchAcked``), over one
     channel per target, shared by every ``watch`` call (see the module documentation)."""
 
     def __init__(self, targets: Sequence[str], *,
@@ -182,24 +183,36 @@ class PushedWatch:
     async def watch(self, since: int, first: int = 0) -> AsyncGenerator[list[ChangeEvent], None]:
         """Pages of events after ``since``, starting at target ``first``; a broken stream
         resumes at the next target after the last revision seen (pages hold whole
-        revisions)."""
+        revisions). What the caller consumed is acknowledged (``ACK_EVERY`` events at a
+        time) when it asks for the next page: a caller that stops asking stops the replica
+        sending, and is dropped with ``EventsCompacted`` once the replica's queue for it
+        overflows."""
         import grpc
 
         from cluster_state.grpc_api import cluster_state_pb2 as pb
+        from cluster_state.grpc_api.convert import event_from_pb
 
         k, failures = first % len(self._stubs), 0
         while True:
-            call = self._stubs[k].WatchPushed(pb.WatchRequest(since=since))
+            call = self._stubs[k].WatchAcked()
             try:
+                await call.write(pb.WatchControl(start=pb.WatchRequest(since=since, typed=True)))
+                consumed = 0  # events (and skipped ones) since the last ack
                 async for batch in call:
                     if batch.compacted:
                         raise EventsCompacted(batch.revision, batch.oldest)
-                    events = [ChangeEvent(e.revision, e.kind, e.subject,
-                                          tuple(json.loads(e.data_json))) for e in batch.events]
+                    events = [event_from_pb(e) for e in batch.events]
                     if events:
                         failures = 0
                         since = events[-1].revision
                         yield events
+                    # the caller asked for more: what it was given is consumed
+                    consumed += len(events) + batch.skipped
+                    if consumed >= ACK_EVERY:
+                        # a stream the replica ended OK refuses writes: the loop ends next
+                        with contextlib.suppress(asyncio.InvalidStateError):
+                            await call.write(pb.WatchControl(ack=batch.through))
+                        consumed = 0
                 broke = "the stream ended"  # the server is stopping: resume elsewhere
             except grpc.aio.AioRpcError as exc:
                 if exc.code().name not in _WATCH_RETRY_CODES:
@@ -233,6 +246,9 @@ class _Embedded:
         #: on whose behalf (a TLS cluster's gRPC caller), checked as the commands apply
         self.principal = principal
         self._seq = itertools.count()
+        #: the apply hooks of this store's open watches, each with the event that wakes it
+        self._watches: dict[Callable[[int, Command, bytes], None], asyncio.Event] = {}
+        self._closed = False
 
     def _command(self, op: bytes, seq: int | None = None) -> Command:
         return Command(client_id=self.client_id, seq=next(self._seq) if seq is None else seq,
@@ -269,9 +285,12 @@ class _Embedded:
         def wake(position: int, command: Command, result: bytes) -> None:
             changed.set()
 
+        if self._closed:
+            raise ClusterStateError("this AllocationStore is closed")
         self.node.on_apply.append(wake)
+        self._watches[wake] = changed
         try:
-            while True:
+            while not self._closed:
                 changed.clear()
                 events = self.store.events_since(since)  # EventsCompacted if gone
                 if events:
@@ -283,10 +302,20 @@ class _Embedded:
                     async with asyncio.timeout(max(poll_s, 1.0)):
                         await changed.wait()
         finally:
-            self.node.on_apply.remove(wake)
+            self._unhook(wake)
+
+    def _unhook(self, wake: Callable[[int, Command, bytes], None]) -> None:
+        if self._watches.pop(wake, None) is not None:
+            with contextlib.suppress(ValueError):
+                self.node.on_apply.remove(wake)
 
     async def close(self) -> None:
-        return None
+        # What this store started: its watches' hooks (a watch generator nobody closed
+        # would keep its hook on the node). Their generators end when next resumed.
+        self._closed = True
+        for wake, changed in list(self._watches.items()):
+            self._unhook(wake)
+            changed.set()
 
 
 class AllocationStore:
@@ -381,8 +410,10 @@ class AllocationStore:
 
     async def release(self, name: str, *, seq: int | None = None) -> ops.Released:
         """Free the group's GPUs (or cancel its reservation); ``promoted`` lists the
-        preemptors that are placed now."""
-        result = await self._update(ops.release(name), seq)
+        preemptors that are placed now. A group released before answers
+        ``already_released`` (nothing changed); ``NotFound`` if the store knows no such
+        group (see ``ClusterStore``)."""
+        result = await self._update(ops.release(name), seq, lookup=True)
         if isinstance(result, ops.Released):
             return result
         raise _unexpected(result)
@@ -392,7 +423,7 @@ class AllocationStore:
     ) -> ops.Released | ops.Conflict:
         """``release`` provided the group is still ``incarnation`` (its status'): a conflict,
         changing nothing, if it is a newer group of the same name."""
-        result = await self._update(ops.release_if(name, incarnation), seq)
+        result = await self._update(ops.release_if(name, incarnation), seq, lookup=True)
         if isinstance(result, ops.Released | ops.Conflict):
             return result
         raise _unexpected(result)
@@ -447,7 +478,7 @@ class AllocationStore:
                              leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
         answer = msgpack.unpackb(await self._channel.query(op, stale))
         if answer[0] == "error":
-            raise InvalidRequest(answer[1])
+            raise _refused(answer[1], lookup=False)
         result = ops.decode_result(msgpack.packb(answer[2]))
         if isinstance(result, ops.Error):
             raise InvalidRequest(result.reason)
@@ -455,19 +486,21 @@ class AllocationStore:
             return int(answer[1]), result
         raise _unexpected(result)
 
-    async def _update(self, op: bytes, seq: int | None) -> ops.Result:
+    async def _update(self, op: bytes, seq: int | None, *, lookup: bool = False) -> ops.Result:
+        """``lookup``: the op names an existing group, so "no such group" is ``NotFound``."""
         if seq is not None and not 0 <= seq <= _MAX_ID:
             raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")
         result = ops.decode_result(await self._channel.update(op, seq))
         if isinstance(result, ops.Error):
-            raise InvalidRequest(result.reason)
+            raise _refused(result.reason, lookup=lookup)
         return result
 
     # ------------------------------------------------------------------ queries
     async def status(self, name: str, *, stale: bool = False) -> dict[str, Any] | None:
-        """The group ``name`` (state, placement, token...), or None if there is none."""
-        info: dict[str, Any] | None = await self._query(ops.get_group(name), stale)
-        return info
+        """The group ``name`` (state, placement — ``pods``: ``Pod`` each —, token...), or
+        None if there is none."""
+        _, info = await self.read_at(ops.get_group(name), stale=stale)
+        return _named_pods(info) if info is not None else None
 
     async def vc(self, name: str, *, stale: bool = False) -> dict[str, Any]:
         """A virtual cluster's cells per level (free / used / bad) and GPU use."""
@@ -481,10 +514,13 @@ class AllocationStore:
 
     async def allocations(
         self, vc: str | None = None, *, stale: bool = False
-    ) -> list[dict[str, Any]]:
-        """Every group (of ``vc``), in name order."""
-        info: list[dict[str, Any]] = await self._query(ops.list_groups(vc or ""), stale)
-        return info
+    ) -> Allocations:
+        """Every group (of ``vc``), in name order (``pods``: ``Pod`` each), and the
+        ``revision`` of the store they were read at: ``watch(listing.revision)`` then yields
+        exactly what changed after the list (nothing missed, nothing twice). ``NotFound``
+        for a VC the store does not have."""
+        revision, groups = await self.read_at(ops.list_groups(vc or ""), stale=stale)
+        return Allocations((_named_pods(g) for g in groups), revision=revision)
 
     async def digest(self, *, stale: bool = False) -> dict[str, Any]:
         """``{"revision": r, "sha256": hex}``: the hash of the store's snapshot. Replicas that
@@ -501,10 +537,16 @@ class AllocationStore:
         return await self._query(ops.inspect(kind, name), stale)
 
     async def _query(self, op: bytes, stale: bool) -> Any:
+        return (await self.read_at(op, stale=stale))[1]
+
+    async def read_at(self, op: bytes, *, stale: bool = False) -> tuple[int, Any]:
+        """A query op (``cluster_state.ops.get_group`` & co) as the store answers it, and the
+        revision it read at: ``(revision, info)`` (what the gRPC service serves). A refusal
+        raises ``InvalidRequest`` (``NotFound`` for an unknown group, VC or cell)."""
         answer = msgpack.unpackb(await self._channel.query(op, stale))
         if answer[0] == "error":
-            raise InvalidRequest(answer[1])
-        return answer[2]
+            raise _refused(answer[1], lookup=True)
+        return int(answer[1]), answer[2]
 
     # ------------------------------------------------------------------ watch
     async def watch(
@@ -522,6 +564,36 @@ class AllocationStore:
             async for events in pages:
                 for event in events:
                     yield event
+
+
+class Allocations(list[dict[str, Any]]):
+    """``allocations()``'s groups (a list, as before) with the ``revision`` they were read
+    at, to watch from."""
+
+    __slots__ = ("revision",)
+
+    def __init__(self, groups: Iterable[dict[str, Any]] = (), *, revision: int) -> None:
+        super().__init__(groups)
+        self.revision = revision
+
+
+def _named_pods(info: dict[str, Any]) -> dict[str, Any]:
+    """A group's map with its ``pods`` as ``Pod`` (named; still ``[leaves, node, devices]``
+    when unpacked or written out as JSON)."""
+    info["pods"] = [Pod(int(n), str(node), tuple(d)) for n, node, d in info["pods"]]
+    return info
+
+
+#: how the store says a request names something it does not hold (``cluster_state.allocator``)
+_NOT_FOUND_PREFIXES = ("no group ", "unknown virtual cluster ", "no chain or cell address ")
+
+
+def _refused(reason: str, *, lookup: bool) -> InvalidRequest:
+    """The exception for a store's refusal; ``lookup``: the call names the thing to act on
+    (a release, a query), so its absence is ``NotFound`` rather than a bad request."""
+    if lookup and reason.startswith(_NOT_FOUND_PREFIXES):
+        return NotFound(reason)
+    return InvalidRequest(reason)
 
 
 def _client_address(address: tuple[str, int] | str) -> tuple[str, int]:

@@ -383,28 +383,31 @@ def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
 
 def _release(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     reply = replicas.call("Release", pb.ReleaseRequest(group=args.name, session=_session()))
-    doc = {"released": args.name, "promoted": list(reply.promoted)}
-    _show(args, doc, f"{args.name} released", ["placed now (was preempting)"],
-          [[g] for g in reply.promoted])
+    doc = {"released": args.name, "promoted": list(reply.promoted),
+           "already_released": reply.already_released}
+    title = f"{args.name} {'was released already' if reply.already_released else 'released'}"
+    _show(args, doc, title, ["placed now (was preempting)"], [[g] for g in reply.promoted])
 
 
 def _status(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     if args.name:
-        query = pb.QueryRequest(name=args.name, stale=args.stale)
-        info = json.loads(replicas.call("GetGroup", query).json)
+        query = pb.QueryRequest(name=args.name, stale=args.stale, typed=True)
+        group = replicas.call("GetGroup", query).group
+        info = {**_doc(group.spec), **_doc(group, skip=("spec",))}
         rows = [[k, json.dumps(v)] for k, v in info.items()]
         _show(args, info, f"group {args.name}", ["field", "value"], rows)
         return
-    query = pb.QueryRequest(name=args.vc, stale=args.stale)
-    groups = json.loads(replicas.call("ListAllocations", query).json)
+    query = pb.QueryRequest(name=args.vc, stale=args.stale, typed=True)
+    reply = replicas.call("ListAllocations", query)
+    groups = [_doc(g) for g in reply.groups]
     rows = [[g["name"], g["vc"], str(g["priority"]), g["state"], str(g["token"]),
              str(g["leaves"])] for g in groups]
-    _show(args, groups, f"{len(groups)} allocations",
+    _show(args, groups, f"{len(groups)} allocations (revision {reply.revision})",
           ["group", "vc", "priority", "state", "token", "GPUs"], rows)
 
 
 def _vc(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
-    info = json.loads(replicas.call("GetVC", pb.QueryRequest(name=args.name)).json)
+    info = _doc(replicas.call("GetVC", pb.QueryRequest(name=args.name, typed=True)).vc)
     rows = [[c["cell_type"], str(c["cells"]), str(c["used"]), str(c["free"]), str(c["bad"])]
             for c in info["cells"]]
     rows += [[f"pinned {p['id']} ({p['address']})", "1", str(int(p["used"])),
@@ -415,7 +418,7 @@ def _vc(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
 
 
 def _summary(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
-    info = json.loads(replicas.call("GetSummary", pb.QueryRequest()).json)
+    info = _doc(replicas.call("GetSummary", pb.QueryRequest(typed=True)).summary)
     rows = [[c["name"], c["leaf_type"], str(c["leaves"]), str(c["free"]), str(c["guaranteed"]),
              str(c["opportunistic"]), str(c["bad"])] for c in info["chains"]]
     _show(args, info, f"{info['nodes']} nodes, {info['groups']} group(s) "
@@ -479,8 +482,11 @@ def _inspect(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | No
     if args.kind != "physical" and not args.name:
         print(f"sdpaxos ctl: inspect {args.kind} needs a name", file=sys.stderr)
         return 2
-    request = pb.InspectRequest(kind=args.kind, name=args.name, stale=args.stale)
-    info = json.loads(replicas.call("Inspect", request).json)
+    request = pb.InspectRequest(kind=args.kind, name=args.name, stale=args.stale, typed=True)
+    reply = replicas.call("Inspect", request)
+    info: Any = _doc(getattr(reply, reply.WhichOneof("tree")))
+    if args.kind == "physical":
+        info = info["chains"]
     if args.json:
         print(json.dumps(info))
         return None
@@ -549,9 +555,9 @@ def _config(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | Non
         print(f"sdpaxos ctl: {args.file}: {exc}", file=sys.stderr)
         return 1
     request = pb.ReconfigureRequest(config_yaml=text, dry_run=args.dry_run,
-                                    session=None if args.dry_run else _session())
+                                    session=None if args.dry_run else _session(), typed=True)
     reply = replicas.call("Reconfigure", request)
-    report = json.loads(reply.report_json)
+    report = _doc(reply, skip=("digest", "changed"))
     doc = {"digest": reply.digest, "changed": reply.changed, "dry_run": args.dry_run, **report}
     verb = "would run" if args.dry_run else "runs"
     if not reply.changed:
@@ -561,13 +567,39 @@ def _config(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | Non
     rows = []
     for group, entry in report.get("groups", {}).items():
         detail = entry.get("reason", "")
-        if entry.get("moved"):
-            detail = f"moved {entry['moved'][0]} -> {entry['moved'][1]}; {detail}".rstrip("; ")
+        if entry.get("moved_to"):
+            detail = f"moved {entry['moved_from']} -> {entry['moved_to']}; {detail}".rstrip("; ")
         if entry.get("dropped"):
             detail = f"{len(entry['dropped'])} leaf cells dropped; {detail}".rstrip("; ")
         rows.append([group, entry["outcome"], detail])
     _show(args, doc, title, ["group", "outcome", "detail"], rows)
     return None
+
+
+#: deprecated fields of the replies (JSON copies for older clients): never shown
+_DEPRECATED = ("json", "data_json", "report_json")
+
+
+def _doc(message: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A typed reply as the JSON ``--json`` prints: every field by name (defaults too), an
+    unset sub-message as null, maps as objects (not protobuf's JSON mapping, which writes
+    64-bit integers as strings)."""
+    doc: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        if field.name in skip or field.name in _DEPRECATED:
+            continue
+        value = getattr(message, field.name)
+        kind = field.message_type
+        if kind is not None and kind.GetOptions().map_entry:
+            nested = kind.fields_by_name["value"].message_type is not None
+            doc[field.name] = {k: _doc(v) if nested else v for k, v in value.items()}
+        elif field.is_repeated:
+            doc[field.name] = [_doc(v) if kind is not None else v for v in value]
+        elif kind is not None:
+            doc[field.name] = _doc(value) if message.HasField(field.name) else None
+        else:
+            doc[field.name] = value
+    return doc
 
 
 def _show(args: argparse.Namespace, doc: Any, title: str, columns: list[str],

@@ -125,7 +125,7 @@ async def _demo(args: argparse.Namespace, directory: Path) -> int:
         synthetic_config(nodes=GPU_NODES, vcs=GPU_VCS, pinned=GPU_PINNED).to_yaml()
     )
     cluster = LocalCluster(
-        directory, args.replicas, wan=True,
+        directory, args.replicas, wan=True, grpc=True,  # gRPC: where watches are pushed from
         state_machine=f'kind = "cluster_state"\ngpu_config = "{gpu_path.name}"',
     )
     sites = list(SITES[: args.replicas])
@@ -155,7 +155,9 @@ async def _drive(
     state.note(f"{len(sites)} replicas serving; schedulers start")
     ledger = GpuLedger()
     stop = asyncio.Event()
-    watcher_store = AllocationStore.connect(addresses, client_id=900, home=0)
+    watch_targets = [f"{a[0]}:{a[1]}" for a in cluster.grpc_addresses if a is not None]
+    watcher_store = AllocationStore.connect(addresses, client_id=900, home=0,
+                                            watch_targets=watch_targets)
     tasks = [asyncio.create_task(_watch(watcher_store, ledger, state, stop))]
     rng = random.Random(args.seed)
     stores = []

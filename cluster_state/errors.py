@@ -9,7 +9,9 @@
     ├── SnapshotError       snapshot bytes that this store cannot restore
     ├── EventsCompacted     a watcher asked for events older than the store still keeps
     └── InvalidRequest      a client's request was refused by the store (the client side of
-                            ``RequestError``: nothing changed)
+        │                   ``RequestError``: nothing changed)
+        └── NotFound        ... because it names a group or VC the store does not hold
+                            (gRPC NOT_FOUND)
 
 A replicated state machine must never raise out of ``apply``: ``RequestError`` is raised
 inside the allocator and turned into an error result by the store, and nothing else is
@@ -23,6 +25,7 @@ __all__ = [
     "ConfigError",
     "EventsCompacted",
     "InvalidRequest",
+    "NotFound",
     "RequestError",
     "SnapshotError",
 ]
@@ -77,3 +80,8 @@ class InvalidRequest(ClusterStateError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class NotFound(InvalidRequest):
+    """The request names a group or virtual cluster the store does not hold: nothing
+    changed (over gRPC, ``NOT_FOUND``)."""

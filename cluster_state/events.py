@@ -22,6 +22,8 @@ kind               subject                  data
                                             dropped some of its leaves
 ``reconfigured``   ""                       ``[sha256 of the new configuration]``
 =================  =======================  ===============================================
+
+``ChangeEvent.details`` gives the data as named fields (``PlacedDetails`` & co, by kind).
 """
 
 from __future__ import annotations
@@ -31,8 +33,58 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster_state.errors import EventsCompacted
+from cluster_state.ops import Pod
 
-__all__ = ["ChangeEvent", "EventLog"]
+__all__ = [
+    "CancelledDetails",
+    "ChangeEvent",
+    "DowngradedDetails",
+    "EventDetails",
+    "EventLog",
+    "NodeHealthDetails",
+    "PlacedDetails",
+    "PreemptingDetails",
+    "ReconfiguredDetails",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedDetails:
+    """``placed`` (and ``trimmed``: the smaller placement left)."""
+
+    chain: str
+    pods: tuple[Pod, ...]
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptingDetails:
+    victims: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DowngradedDetails:
+    preemptor: str  # "" for a reconfiguration
+
+
+@dataclass(frozen=True, slots=True)
+class CancelledDetails:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeHealthDetails:
+    healthy: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfiguredDetails:
+    digest: str  # sha256 hex of the new configuration
+
+
+#: None for ``released`` and ``reserved`` (nothing more to say)
+EventDetails = (PlacedDetails | PreemptingDetails | DowngradedDetails | CancelledDetails
+                | NodeHealthDetails | ReconfiguredDetails | None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +92,28 @@ class ChangeEvent:
     revision: int
     kind: str
     subject: str
-    data: tuple[Any, ...]
+    data: tuple[Any, ...]  # the wire form (see the table above); ``details`` names it
+
+    @property
+    def details(self) -> EventDetails:
+        """``data`` as named fields, by ``kind``."""
+        data = self.data
+        match self.kind:
+            case "placed" | "trimmed":
+                chain, pods, token = data
+                return PlacedDetails(chain, tuple(Pod(n, node, tuple(d)) for n, node, d in pods),
+                                     token)
+            case "preempting":
+                return PreemptingDetails(tuple(data))
+            case "downgraded":
+                return DowngradedDetails(data[0])
+            case "cancelled":
+                return CancelledDetails(data[0])
+            case "node_health":
+                return NodeHealthDetails(bool(data[0]))
+            case "reconfigured":
+                return ReconfiguredDetails(data[0])
+        return None
 
     def to_wire(self) -> list[Any]:
         return [self.revision, self.kind, self.subject, list(self.data)]

@@ -10,6 +10,7 @@ op                                                             result
 ``["bind", group, [[node, [device, ...]], ...], revision]``    ``placed`` | ``conflict`` |
                                                                ``error``
 ``["release", name]``                                          ``["released", name, [promoted]]``
+                                                               (``[..., true]``: released before)
 ``["release", name, incarnation]``                             ``released`` | ``conflict`` |
                                                                ``error``
 ``["claim", name, incarnation, slot, uid, pod, previous]``     ``["claimed", name, incarnation,
@@ -83,7 +84,7 @@ The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -113,6 +114,7 @@ __all__ = [
     "Placed",
     "PlanReconfigure",
     "PlanSubmit",
+    "Pod",
     "PodPlacement",
     "Preempting",
     "Query",
@@ -325,11 +327,19 @@ Query = (
 # --------------------------------------------------------------------------- results
 
 
+class Pod(NamedTuple):
+    """One member pod's GPUs (a tuple too: ``leaves, node, devices = pod`` still works)."""
+
+    leaves: int  # GPUs (leaf cells)
+    node: str  # "" once its node left the configuration
+    devices: tuple[int, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class Placed:
     group: str
     chain: str
-    pods: tuple[tuple[int, str, tuple[int, ...]], ...]  # (leaf cells, node, devices)
+    pods: tuple[Pod, ...]  # one per member pod, members in order
     token: int
 
 
@@ -355,6 +365,8 @@ class Conflict:
 class Released:
     group: str
     promoted: tuple[str, ...]  # preemptors that got placed because this group left
+    #: the group was released before (nothing changed; see ``ClusterStore``)
+    already_released: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,8 +416,10 @@ def encode_result(result: Result) -> bytes:
             wire = ["waiting", group, reason]
         case Conflict(group, reason):
             wire = ["conflict", group, reason]
-        case Released(group, promoted):
-            wire = ["released", group, list(promoted)]
+        case Released(group, promoted, already_released):
+            # the flag only when set: an ordinary release answers what older builds answer
+            wire = (["released", group, list(promoted), True] if already_released
+                    else ["released", group, list(promoted)])
         case NodeHealthSet(node, healthy, changed, cancelled, warning):
             wire = ["node_health", node, healthy, changed, list(cancelled), warning]
         case Reconfigured(digest, changed, report):
@@ -422,7 +436,8 @@ def decode_result(data: bytes) -> Result:
     r = msgpack.unpackb(data)
     match r:
         case ["placed", str(group), str(chain), list(pods), int(token)]:
-            return Placed(group, chain, tuple((n, node, tuple(d)) for n, node, d in pods), token)
+            return Placed(group, chain, tuple(Pod(n, node, tuple(d)) for n, node, d in pods),
+                          token)
         case ["preempting", str(group), list(victims)]:
             return Preempting(group, tuple(victims))
         case ["waiting", str(group), str(reason)]:
@@ -431,6 +446,8 @@ def decode_result(data: bytes) -> Result:
             return Conflict(group, reason)
         case ["released", str(group), list(promoted)]:
             return Released(group, tuple(promoted))
+        case ["released", str(group), list(promoted), bool(already_released)]:
+            return Released(group, tuple(promoted), already_released)
         case ["node_health", str(node), bool(healthy), bool(changed), list(cancelled)]:
             return NodeHealthSet(node, healthy, changed, tuple(cancelled))
         case [

@@ -9,6 +9,11 @@ changes nothing; when the verdict depends on the op alone (malformed, unknown VC
 of range, ...) it is not even remembered in the session table, since running a retry again
 gives the same answer, so the snapshot stays byte-identical.
 
+**Releasing twice** is no error: a release of a group that is gone answers
+``Released(..., already_released=True)`` (nothing changes) while the kept events still show
+its end; one the store has no trace of is an error, ``no group 'name'`` (``NotFound`` at the
+client, gRPC ``NOT_FOUND``).
+
 **Revisions.** ``revision`` is the global log position of the last command that changed the
 store (allocations, health or a remembered session result). A placement's *fencing token* is
 the position it took effect at; every change event carries the position that made it, and
@@ -62,6 +67,7 @@ from cluster_state.ops import (
     Reconfigure,
     Reconfigured,
     Release,
+    Released,
     ReleaseIf,
     Result,
     SetNodeHealth,
@@ -87,6 +93,10 @@ _SNAPSHOT_FORMAT_NO_CONFIG = 1
 
 #: about this many events per page of the watch stream (whole revisions only)
 EVENTS_PAGE = 512
+#: the event kinds whose subject is a group, and those that mean it is gone
+_GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
+                           "released", "trimmed"})
+_GROUP_ENDS = frozenset({"released", "cancelled"})
 
 
 def _page(events: list[ChangeEvent]) -> list[ChangeEvent]:
@@ -166,6 +176,8 @@ class ClusterStore:
             case Bind(spec, pods, revision):
                 return allocator.bind(spec, pods, revision, position)
             case Release(name):
+                if name not in allocator.groups and self._ended(name):
+                    return Released(name, (), already_released=True)
                 return allocator.release(name, position)
             case SetNodeHealth(node, healthy):
                 return allocator.set_node_health(node, healthy, position)
@@ -175,6 +187,16 @@ class ClusterStore:
                 return allocator.release_if(name, incarnation, position)
             case Claim(name, incarnation, slot, uid, pod, previous):
                 return allocator.claim(name, incarnation, slot, (uid, pod), previous)
+
+    def _ended(self, name: str) -> bool:
+        """Whether the kept events end with group ``name`` gone (released, cancelled or
+        dropped): a release of it again is answered "already released", not an error. The
+        events are replicated state, so every replica answers the same; a group whose end
+        is older than the kept events is unknown (an error) like one that never was."""
+        for event in reversed(self.events.events):
+            if event.subject == name and event.kind in _GROUP_EVENTS:
+                return event.kind in _GROUP_ENDS
+        return False
 
     # ------------------------------------------------------------------ reconfiguration
     @staticmethod

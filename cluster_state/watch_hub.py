@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from cluster_state.errors import EventsCompacted
@@ -36,7 +36,18 @@ from consensus.messages import Command
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", "Batch", "WatchHub"]
+__all__ = ["ACK_EVERY", "ACK_WINDOW", "DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", "Batch",
+           "WatchHub"]
+
+#: an acknowledged stream (gRPC ``WatchAcked``): the replica sends while fewer than half this
+#: many events are unacknowledged, so what sits in the transport for a client that stopped
+#: reading is at most half of it plus one message, whatever the client's HTTP/2 window (a
+#: non-reading client with BDP probing otherwise soaks up megabytes per stream) ...
+ACK_WINDOW = 1024
+#: ... and the client acknowledges each time it consumed this many since its last ack: one
+#: small message per 256 events, not per batch (1,000 streams acking every batch would cost
+#: the replica more than the batches)
+ACK_EVERY = ACK_WINDOW // 4
 
 #: events a watcher may have queued (not yet taken by its stream) before it is dropped with
 #: ``EventsCompacted``: at 2,000 events/s, a second of lag (and about 8 KB of references)
@@ -57,13 +68,14 @@ IDLE_CHECK_S = 1.0
 
 class Batch:
     """Consecutive events (whole revisions, in order), shared by every watcher it reaches.
-    ``encoded`` is free for the transport to cache its encoding of the batch in."""
+    ``encoded`` is free for the transport to cache its encodings of the batch in (by the
+    transport's own key: one per wire form)."""
 
     __slots__ = ("encoded", "events")
 
     def __init__(self, events: list[ChangeEvent]) -> None:
         self.events = events
-        self.encoded: object = None
+        self.encoded: dict[object, object] = {}
 
     @property
     def last(self) -> int:
@@ -71,15 +83,16 @@ class Batch:
 
 
 class _Watcher:
-    __slots__ = ("batches", "compacted", "pending", "queued", "taken", "wake")
+    __slots__ = ("batches", "compacted", "dropped", "pending", "queued", "taken", "wake")
 
-    def __init__(self, since: int) -> None:
+    def __init__(self, since: int, dropped: asyncio.Event | None) -> None:
         self.batches: deque[Batch] = deque()
         self.pending = 0  # events in ``batches``
         self.queued = since  # the newest revision queued for this watcher
         self.taken = since  # the newest revision its stream took
         self.compacted: EventsCompacted | None = None
         self.wake = asyncio.Event()
+        self.dropped = dropped  # the stream's, set when this watcher is dropped
 
 
 class WatchHub:
@@ -109,11 +122,13 @@ class WatchHub:
         return len(self._watchers)
 
     # ------------------------------------------------------------------ subscriptions
-    async def watch(self, since: int) -> AsyncIterator[list[Batch]]:
+    async def watch(self, since: int, *, dropped: asyncio.Event | None = None
+                    ) -> AsyncGenerator[list[Batch], None]:
         """The batches after revision ``since``, several at a time when the consumer is
         slower than the fan-out; ``EventsCompacted`` when it fell too far behind or the
-        store no longer keeps what it asks for."""
-        watcher = self._subscribe(since)
+        store no longer keeps what it asks for. ``dropped`` is set the moment the watcher
+        is dropped (for a consumer that waits on something else before taking more)."""
+        watcher = self._subscribe(since, dropped)
         try:
             while True:
                 if watcher.batches:
@@ -132,13 +147,13 @@ class WatchHub:
             if not self._watchers:
                 self._unhook()
 
-    def _subscribe(self, since: int) -> _Watcher:
+    def _subscribe(self, since: int, dropped: asyncio.Event | None) -> _Watcher:
         if not self._watchers:
             self._hook()
         else:
             self._fan_out()  # bring the others up to now: everything kept is then <= _last
         events = self._store.events_since(since)  # EventsCompacted: nothing subscribed
-        watcher = _Watcher(since)
+        watcher = _Watcher(since, dropped)
         if events:
             watcher.batches.append(Batch(events))
             watcher.pending = len(events)
@@ -213,6 +228,8 @@ class WatchHub:
         watcher.pending = 0
         watcher.compacted = why
         watcher.wake.set()
+        if watcher.dropped is not None:
+            watcher.dropped.set()
         self.dropped += 1
 
     def _compact_all(self, oldest: int) -> None:

@@ -57,22 +57,22 @@ class AllocationServiceStub:
         self.GetGroup = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/GetGroup',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.GroupReply.FromString,
                 _registered_method=True)
         self.GetVC = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/GetVC',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.VcReply.FromString,
                 _registered_method=True)
         self.GetSummary = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/GetSummary',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SummaryReply.FromString,
                 _registered_method=True)
         self.ListAllocations = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/ListAllocations',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.AllocationsReply.FromString,
                 _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/sdpaxos.cluster_state.v1.AllocationService/Watch',
@@ -84,6 +84,11 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.FromString,
                 _registered_method=True)
+        self.WatchAcked = channel.stream_stream(
+                '/sdpaxos.cluster_state.v1.AllocationService/WatchAcked',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchControl.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.FromString,
+                _registered_method=True)
         self.Reconfigure = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/Reconfigure',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.SerializeToString,
@@ -92,7 +97,7 @@ class AllocationServiceStub:
         self.Inspect = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/Inspect',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
-                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.FromString,
                 _registered_method=True)
 
 
@@ -124,13 +129,17 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetGroup(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Queries: each answer carries the revision it was read at (field 1, the deprecated JSON
+        document, is where JsonReply had it: older clients still read it).
+        NOT_FOUND: no such group
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetVC(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND: no such VC
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -142,7 +151,8 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListAllocations(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND: no such VC
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -155,7 +165,19 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchPushed(self, request, context):
-        """The pushed stream for many watchers: batches, bounded memory per watcher.
+        """The pushed stream for many watchers: batches, bounded memory per watcher at the replica
+        (a watcher whose queue at the replica overflows gets a last `compacted` message); what
+        the transport holds for a client that stops reading is bounded by its HTTP/2 window.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchAcked(self, request_iterator, context):
+        """WatchPushed with acknowledgements: the replica sends at most ACK_WINDOW events (and one
+        more message) beyond what the client acknowledged, so a client that stops reading leaves
+        a bounded amount in the transport whatever its window, and is cut with `compacted` once
+        its queue at the replica overflows. What AllocationStore's watch uses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -168,7 +190,8 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Inspect(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """NOT_FOUND: no such group or VC
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -199,22 +222,22 @@ def add_AllocationServiceServicer_to_server(servicer, server):
             'GetGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.GetGroup,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.FromString,
-                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.GroupReply.SerializeToString,
             ),
             'GetVC': grpc.unary_unary_rpc_method_handler(
                     servicer.GetVC,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.FromString,
-                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.VcReply.SerializeToString,
             ),
             'GetSummary': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSummary,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.FromString,
-                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.SummaryReply.SerializeToString,
             ),
             'ListAllocations': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAllocations,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.FromString,
-                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.AllocationsReply.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
@@ -226,6 +249,11 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.SerializeToString,
             ),
+            'WatchAcked': grpc.stream_stream_rpc_method_handler(
+                    servicer.WatchAcked,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchControl.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.SerializeToString,
+            ),
             'Reconfigure': grpc.unary_unary_rpc_method_handler(
                     servicer.Reconfigure,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReconfigureRequest.FromString,
@@ -234,7 +262,7 @@ def add_AllocationServiceServicer_to_server(servicer, server):
             'Inspect': grpc.unary_unary_rpc_method_handler(
                     servicer.Inspect,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.FromString,
-                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.SerializeToString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -371,7 +399,7 @@ class AllocationService:
             target,
             '/sdpaxos.cluster_state.v1.AllocationService/GetGroup',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.GroupReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -398,7 +426,7 @@ class AllocationService:
             target,
             '/sdpaxos.cluster_state.v1.AllocationService/GetVC',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.VcReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -425,7 +453,7 @@ class AllocationService:
             target,
             '/sdpaxos.cluster_state.v1.AllocationService/GetSummary',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.SummaryReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -452,7 +480,7 @@ class AllocationService:
             target,
             '/sdpaxos.cluster_state.v1.AllocationService/ListAllocations',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.QueryRequest.SerializeToString,
-            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.AllocationsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -518,6 +546,33 @@ class AllocationService:
             _registered_method=True)
 
     @staticmethod
+    def WatchAcked(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/WatchAcked',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.WatchControl.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.EventBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Reconfigure(request,
             target,
             options=(),
@@ -560,7 +615,7 @@ class AllocationService:
             target,
             '/sdpaxos.cluster_state.v1.AllocationService/Inspect',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
-            cluster__state_dot_grpc__api_dot_cluster__state__pb2.JsonReply.FromString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.FromString,
             options,
             channel_credentials,
             insecure,

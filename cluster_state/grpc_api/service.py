@@ -2,10 +2,22 @@
 
 Every replica serving the store runs it (``sdpaxos serve`` with a ``grpc_address``) against
 its own node, embedded: a call is one update through the log or one read. Errors map to
-status codes: an invalid request is ``INVALID_ARGUMENT`` (nothing changed), an outcome the
+status codes: an invalid request is ``INVALID_ARGUMENT`` (nothing changed), a request naming a
+group or VC the store does not hold is ``NOT_FOUND`` (nothing changed), an outcome the
 replica cannot vouch for (a failover while the update was in flight) is ``UNAVAILABLE``
 (retrying an update is safe when it carries a ``Session``: the same (client id, seq) takes
 effect once, at any replica), compacted watch history is ``OUT_OF_RANGE``.
+
+Query answers are typed messages (``convert``) with the revision they were read at; the
+deprecated JSON copy (field 1, where older builds answered ``JsonReply``) is filled only for
+requests that do not set ``typed``. Next to the service, ``serve_grpc`` runs the standard
+health service (``grpc.health.v1``: SERVING while it serves, NOT_SERVING once stopping) and
+server reflection.
+
+Watch streams come from the replica's ``WatchHub``. ``WatchAcked`` sends while fewer than
+``ACK_WINDOW / 2`` events are unacknowledged: a client that stops reading stops the sending,
+so what the transport holds for it is bounded whatever its HTTP/2 window, and its queue at the
+hub overflows into ``EventsCompacted``, the stream's last message.
 
 In a TLS cluster (``serve_grpc(..., tls=...)``) clients present certificates of the cluster's
 CA (``cluster_state.grpc_api.tls``): a call is refused ``UNAUTHENTICATED`` unless its
@@ -16,27 +28,32 @@ principal through the log, and what the principal may not do is ``PERMISSION_DEN
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from cluster_state import ops
 from cluster_state.cells import Topology
 from cluster_state.client import AllocationStore, InvalidRequest
 from cluster_state.config import parse_config
-from cluster_state.errors import ConfigError, EventsCompacted
+from cluster_state.errors import ConfigError, EventsCompacted, NotFound
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+from cluster_state.grpc_api import convert
 from cluster_state.grpc_api.tls import (
     CALLER,
     Authenticator,
     authenticate_servicer,
     server_credentials,
 )
-from cluster_state.watch_hub import DEFAULT_MAX_PENDING, Batch, WatchHub
+from cluster_state.watch_hub import ACK_WINDOW, DEFAULT_MAX_PENDING, Batch, WatchHub
 from consensus.auth import SCHEDULER, PermissionDenied, Principal
 from consensus.errors import DefiniteFailure, SDPaxosError
 
@@ -45,6 +62,7 @@ if TYPE_CHECKING:
     from consensus.runtime.tls import TlsConfig
 
 __all__ = [
+    "SERVICE_NAME",
     "AllocationServicer",
     "placed_to_pb",
     "serve_grpc",
@@ -54,6 +72,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 _MAX_ID = (1 << 63) - 1
+#: the service's full name (health checks and reflection name it)
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["AllocationService"].full_name
 
 
 def spec_to_pb(spec: ops.GroupSpec) -> pb.GroupSpec:
@@ -73,8 +93,8 @@ def spec_from_pb(group: pb.GroupSpec) -> ops.GroupSpec:
 
 
 def placed_to_pb(result: ops.Placed) -> pb.Placed:
-    pods = [pb.Pod(leaves=n, node=node, devices=list(d)) for n, node, d in result.pods]
-    return pb.Placed(group=result.group, chain=result.chain, pods=pods, token=result.token)
+    return pb.Placed(group=result.group, chain=result.chain,
+                     pods=convert.pods_to_pb(result.pods), token=result.token)
 
 
 class _Pool:
@@ -135,7 +155,8 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
     async def Release(self, request: pb.ReleaseRequest, context: Any) -> pb.ReleaseReply:
         async with self._session(request.session, context) as (store, seq):
             result = await self._call(context, store.release(request.group, seq=seq))
-        return pb.ReleaseReply(promoted=list(result.promoted))
+        return pb.ReleaseReply(promoted=list(result.promoted),
+                               already_released=result.already_released)
 
     async def SetNodeHealth(
         self, request: pb.NodeHealthRequest, context: Any
@@ -160,12 +181,12 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             with self._pool.store() as store:
                 plan = await self._call(context, store.plan_reconfiguration(request.config_yaml))
             changed = bool(plan.pop("changed"))
-            return pb.ReconfigureReply(digest=topology.digest.hex(), changed=changed,
-                                       report_json=json.dumps(plan))
+            return convert.reconfigure_reply(topology.digest.hex(), changed, plan,
+                                             request.typed)
         async with self._session(request.session, context) as (store, seq):
             result = await self._call(context, store.reconfigure(request.config_yaml, seq=seq))
-        return pb.ReconfigureReply(digest=result.digest, changed=result.changed,
-                                   report_json=json.dumps(result.report))
+        return convert.reconfigure_reply(result.digest, result.changed, result.report,
+                                         request.typed)
 
     @contextlib.asynccontextmanager
     async def _session(
@@ -185,70 +206,114 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
                                        principal=CALLER.get()), session.seq
 
     # ------------------------------------------------------------------ queries
-    async def GetGroup(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
+    async def _read(self, context: Any, op: bytes, stale: bool) -> tuple[int, Any]:
         with self._pool.store() as store:
-            info = await self._call(context, store.status(request.name, stale=request.stale))
+            return await self._call(context, store.read_at(op, stale=stale))
+
+    async def GetGroup(self, request: pb.QueryRequest, context: Any) -> pb.GroupReply:
+        revision, info = await self._read(context, ops.get_group(request.name), request.stale)
         if info is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no group {request.name!r}")
-        return pb.JsonReply(json=json.dumps(info))
+        return pb.GroupReply(json=_legacy(request.typed, info), revision=revision,
+                             group=convert.group_to_pb(info))
 
-    async def GetVC(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        with self._pool.store() as store:
-            info = await self._call(context, store.vc(request.name, stale=request.stale))
-        return pb.JsonReply(json=json.dumps(info))
+    async def GetVC(self, request: pb.QueryRequest, context: Any) -> pb.VcReply:
+        revision, info = await self._read(context, ops.get_vc(request.name), request.stale)
+        return pb.VcReply(json=_legacy(request.typed, info), revision=revision,
+                          vc=convert.vc_to_pb(info))
 
-    async def GetSummary(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        with self._pool.store() as store:
-            info = await self._call(context, store.summary(stale=request.stale))
-        return pb.JsonReply(json=json.dumps(info))
+    async def GetSummary(self, request: pb.QueryRequest, context: Any) -> pb.SummaryReply:
+        revision, info = await self._read(context, ops.get_summary(), request.stale)
+        return pb.SummaryReply(json=_legacy(request.typed, info), revision=revision,
+                               summary=convert.summary_to_pb(info))
 
-    async def ListAllocations(self, request: pb.QueryRequest, context: Any) -> pb.JsonReply:
-        with self._pool.store() as store:
-            info = await self._call(
-                context, store.allocations(request.name, stale=request.stale)
-            )
-        return pb.JsonReply(json=json.dumps(info))
+    async def ListAllocations(
+        self, request: pb.QueryRequest, context: Any
+    ) -> pb.AllocationsReply:
+        revision, groups = await self._read(context, ops.list_groups(request.name),
+                                            request.stale)
+        return pb.AllocationsReply(json=_legacy(request.typed, groups), revision=revision,
+                                   groups=[convert.allocation_to_pb(g) for g in groups])
 
-    async def Inspect(self, request: pb.InspectRequest, context: Any) -> pb.JsonReply:
+    async def Inspect(self, request: pb.InspectRequest, context: Any) -> pb.InspectReply:
         if request.kind not in ops.INSPECT_KINDS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"kind must be one of {', '.join(ops.INSPECT_KINDS)}")
-        with self._pool.store() as store:
-            info = await self._call(
-                context, store.inspect(request.kind, request.name, stale=request.stale)
-            )
+        revision, info = await self._read(context, ops.inspect(request.kind, request.name),
+                                          request.stale)
         if info is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no group {request.name!r}")
-        return pb.JsonReply(json=json.dumps(info))
+        reply = pb.InspectReply(json=_legacy(request.typed, info), revision=revision)
+        if request.kind == "physical":
+            reply.physical.CopyFrom(convert.physical_trees_to_pb(info))
+        elif request.kind == "vc":
+            reply.vc.CopyFrom(convert.vc_tree_to_pb(info))
+        else:
+            reply.group.CopyFrom(convert.group_tree_to_pb(info))
+        return reply
 
     # ------------------------------------------------------------------ watch
     async def Watch(self, request: pb.WatchRequest, context: Any) -> AsyncIterator[pb.Event]:
         # Fed by this replica's watch hub: the stream is the replica's event log, which is
         # the same on every replica, so a client resumes anywhere from its last revision.
+        # One event per message, for older clients: data_json always (they know no other).
         try:
             async for batches in self._hub.watch(request.since):
                 for batch in batches:
-                    for event in _batch_pb(batch).events:
-                        yield event
+                    for event in batch.events:
+                        yield convert.event_to_pb(event, with_json=True)
         except EventsCompacted as exc:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
 
     async def WatchPushed(
         self, request: pb.WatchRequest, context: Any
-    ) -> AsyncIterator[pb.EventBatch]:
-        # One message per batch: a batch is encoded once for all the watchers it reaches
-        # (merging the batches a slow reader has queued would copy them for it alone).
+    ) -> AsyncIterator[pb.EventBatch | bytes]:
+        # Everything queued for this watcher in one message: each batch is encoded once for
+        # all the watchers it reaches, and serialized EventBatch messages concatenated are
+        # their merge (events appended, the last `through` wins), so a watcher that fell
+        # behind costs one write, not one per batch.
         try:
             async for batches in self._hub.watch(request.since):
-                for batch in batches:
-                    yield _batch_pb(batch)
+                yield _encoded(batches, request.typed)
         except EventsCompacted as exc:
             yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
 
+    async def WatchAcked(
+        self, requests: AsyncIterator[pb.WatchControl], context: Any
+    ) -> AsyncIterator[pb.EventBatch | bytes]:
+        first = await anext(aiter(requests), None)
+        if first is None or first.WhichOneof("control") != "start":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "WatchAcked starts with a WatchControl holding `start`")
+            raise AssertionError("context.abort returned")  # it raises
+        start = first.start
+        flow = _AckedFlow()
+        acks = asyncio.ensure_future(flow.read_acks(requests))
+        dropped = asyncio.Event()
+        batches_in = self._hub.watch(start.since, dropped=dropped)
+        try:
+            while True:
+                # Take more from the hub only while the client keeps up: otherwise its
+                # queue there grows until the hub drops it (``dropped``), and that is the end.
+                if not await flow.wait_room(dropped):
+                    await anext(batches_in)  # raises the hub's EventsCompacted
+                batches = await anext(batches_in)
+                for batch in batches:
+                    flow.sent(batch)
+                yield _encoded(batches, start.typed)  # one message (see WatchPushed)
+        except EventsCompacted as exc:
+            yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
+        finally:
+            acks.cancel()
+            await batches_in.aclose()
+
+    # ------------------------------------------------------------------ errors
     # ------------------------------------------------------------------ errors
     async def _call(self, context: Any, call: Awaitable[_T]) -> _T:
         try:
             return await call
+        except NotFound as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, exc.reason)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
         except PermissionDenied as exc:  # a TLS cluster's principal may not: nothing changed
@@ -260,15 +325,100 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         raise AssertionError("context.abort returned")  # it raises
 
 
-def _batch_pb(batch: Batch) -> pb.EventBatch:
-    if batch.encoded is None:
-        batch.encoded = pb.EventBatch(events=[
-            pb.Event(revision=e.revision, kind=e.kind, subject=e.subject,
-                     data_json=json.dumps(list(e.data)))
-            for e in batch.events
-        ])
-    encoded: pb.EventBatch = batch.encoded  # type: ignore[assignment]
-    return encoded
+class _AckedFlow:
+    """What a ``WatchAcked`` stream sent and what its client acknowledged."""
+
+    __slots__ = ("_acked", "_progress", "_sent", "_unacked")
+
+    def __init__(self) -> None:
+        self._sent: deque[tuple[int, int]] = deque()  # (through revision, events) per message
+        self._unacked = 0  # events sent and not acknowledged
+        self._acked = -1
+        self._progress = asyncio.Event()
+
+    def sent(self, batch: Batch) -> None:
+        self._sent.append((batch.last, len(batch.events)))
+        self._unacked += len(batch.events)
+
+    async def read_acks(self, requests: AsyncIterator[pb.WatchControl]) -> None:
+        # A malformed control message is ignored: a peer's bytes never end the stream.
+        async for control in requests:
+            if control.WhichOneof("control") != "ack" or control.ack <= self._acked:
+                continue
+            self._acked = control.ack
+            while self._sent and self._sent[0][0] <= control.ack:
+                self._unacked -= self._sent.popleft()[1]
+            self._progress.set()
+
+    async def wait_room(self, dropped: asyncio.Event) -> bool:
+        """Until fewer than half the window is unacknowledged (True) or the hub dropped the
+        watcher meanwhile (False)."""
+        while self._unacked >= ACK_WINDOW // 2:
+            if dropped.is_set():
+                return False
+            self._progress.clear()
+            progress = asyncio.ensure_future(self._progress.wait())
+            drop = asyncio.ensure_future(dropped.wait())
+            try:
+                await asyncio.wait((progress, drop), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                progress.cancel()
+                drop.cancel()
+        return True
+
+
+def _legacy(typed: bool, info: Any) -> str:
+    """The deprecated JSON copy of a query answer: for requests that predate ``typed``."""
+    return "" if typed else json.dumps(info)
+
+
+#: the keys of a batch's two cached encodings (``Batch.encoded``)
+_TYPED, _WITH_JSON = "typed", "with_json"
+
+
+def _encoded(batches: list[Batch], typed: bool) -> bytes:
+    """``batches`` as one serialized ``EventBatch`` (``_serialized`` passes it through)."""
+    key = _TYPED if typed else _WITH_JSON
+    parts = []
+    for batch in batches:
+        encoded = batch.encoded.get(key)
+        if encoded is None:
+            encoded = batch.encoded[key] = pb.EventBatch(
+                events=[convert.event_to_pb(e, with_json=not typed) for e in batch.events],
+                through=batch.last,
+            ).SerializeToString()
+        assert isinstance(encoded, bytes)
+        parts.append(encoded)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _serialized(reply: bytes | Any) -> bytes:
+    """A stream's reply on the wire: bytes already serialized (a cached batch) as they are."""
+    if isinstance(reply, bytes):
+        return reply
+    data: bytes = reply.SerializeToString()
+    return data
+
+
+def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
+    """``add_AllocationServiceServicer_to_server``, but the watch streams' replies may be
+    serialized bytes (a batch is serialized once for all its watchers, not once each)."""
+    service = pb.DESCRIPTOR.services_by_name["AllocationService"]
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
+             (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler,
+             (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for method in service.methods:
+        request = getattr(pb, method.input_type.name)
+        reply = getattr(pb, method.output_type.name)
+        handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name), request_deserializer=request.FromString,
+            response_serializer=_serialized if reply is pb.EventBatch else reply.SerializeToString,
+        )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
 
 
 async def serve_grpc(
@@ -282,9 +432,16 @@ async def serve_grpc(
     if tls is not None:
         authenticate_servicer(servicer, Authenticator(node.config.cluster_id, node.revocations),
                               _visibility(node))
-    pb_grpc.add_AllocationServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        servicer, server
-    )
+    _add_service(servicer, server)
+    # The standard health service: "" (the server) and the allocation service are SERVING
+    # while it runs (it runs on a replica that serves: the node started before).
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    for name in ("", SERVICE_NAME):
+        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME), server)
     bound = (server.add_insecure_port(f"{host}:{port}") if tls is None
              else server.add_secure_port(f"{host}:{port}", server_credentials(tls, me)))
     if bound == 0:

@@ -156,13 +156,18 @@ def _trimmed(item: Any, principal: Principal, visible: Visibility) -> Any:
     """A streamed ``Event`` or ``EventBatch`` as ``principal`` may see it (None: nothing)."""
     if principal.role != SCHEDULER:
         return item
+    if isinstance(item, bytes):  # a watch stream's batches, serialized once for every watcher
+        item = pb.EventBatch.FromString(item)
     if isinstance(item, pb.Event):
         return item if visible(principal, item.kind, item.subject) else None
     if isinstance(item, pb.EventBatch):
         kept = [e for e in item.events if visible(principal, e.kind, e.subject)]
-        if item.compacted:
+        if item.compacted or len(kept) == len(item.events):
             return item
-        if not kept:
+        if not kept and not item.through:
             return None
-        return item if len(kept) == len(item.events) else pb.EventBatch(events=kept)
+        # What it covers and how much was left out stay: an acknowledging client (WatchAcked)
+        # counts them, or the replica would wait for acks of events it never sent it.
+        return pb.EventBatch(events=kept, through=item.through,
+                             skipped=item.skipped + len(item.events) - len(kept))
     return item

@@ -74,7 +74,7 @@ from cluster_state.k8s.hived import (
 )
 from cluster_state.k8s.kube import CONFLICT, CREATED, NOT_FOUND, KubeApi
 from cluster_state.k8s.web import HttpError, Reply
-from cluster_state.ops import Claimed, Conflict, Placed, PodPlacement, Preempting, Waiting
+from cluster_state.ops import Claimed, Conflict, Placed, Pod, PodPlacement, Preempting, Waiting
 from consensus.errors import SDPaxosError
 
 __all__ = ["Extender", "GangReaper", "field"]
@@ -110,7 +110,7 @@ def _name(obj: Any) -> str:
 def _placed_from_info(info: dict[str, Any]) -> Placed:
     return Placed(
         str(info["name"]), str(info["chain"]),
-        tuple((int(n), str(node), tuple(int(d) for d in devices))
+        tuple(Pod(int(n), str(node), tuple(int(d) for d in devices))
               for n, node, devices in info["pods"]),
         int(info["token"]),
     )

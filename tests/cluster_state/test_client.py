@@ -6,6 +6,7 @@ requests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -53,6 +54,23 @@ async def start(tmp_path: Path, event_limit: int = 4096) -> list[ReplicaNode]:
     return nodes
 
 
+@contextlib.asynccontextmanager
+async def grpc_served(nodes: list[ReplicaNode]) -> AsyncIterator[list[str]]:
+    """Each node's gRPC service (where remote watches are pushed from); yields the targets."""
+    from cluster_state.grpc_api.service import serve_grpc
+
+    servers, targets = [], []
+    for node in nodes:
+        port = free_base_port()
+        servers.append(await serve_grpc(node, "127.0.0.1", port))
+        targets.append(f"127.0.0.1:{port}")
+    try:
+        yield targets
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
 async def take(events: AsyncIterator[ChangeEvent], n: int) -> list[ChangeEvent]:
     out = []
     async for event in events:
@@ -95,7 +113,9 @@ def test_watch_delivers_every_event_once_in_order_across_a_reconnect(tmp_path: P
     async def run() -> None:
         nodes = await start(tmp_path)
         addresses = [spec.client_address for spec in nodes[0].config.replicas]
-        store = AllocationStore.connect(addresses, client_id=3, home=0)
+        served = grpc_served(nodes)
+        targets = await served.__aenter__()
+        store = AllocationStore.connect(addresses, client_id=3, home=0, watch_targets=targets)
         try:
             for k in range(5):
                 await store.submit(gang(f"g{k}", "vc01", 100, (1, 2)))
@@ -116,6 +136,7 @@ def test_watch_delivers_every_event_once_in_order_across_a_reconnect(tmp_path: P
             assert (late.kind, late.subject) == ("released", "g2")
         finally:
             await store.close()
+            await served.__aexit__(None, None, None)
             for node in nodes:
                 await node.stop()
 
@@ -169,12 +190,15 @@ def test_watch_resumes_at_other_replicas_exactly_once_while_updates_run(
                 if k % 3 == 0:
                     await writer.release(f"c{k}")
 
+        served = grpc_served(nodes)
+        targets = await served.__aenter__()
         churning = asyncio.ensure_future(churn())
         try:
-            first = AllocationStore.connect(addresses, home=0)
+            first = AllocationStore.connect(addresses, home=0, watch_targets=targets)
             part1 = await take(first.watch(-1), 8)
             await first.close()  # the watcher's connection is gone ...
-            second = AllocationStore.connect(addresses, home=2)  # ... it resumes elsewhere
+            # ... it resumes elsewhere
+            second = AllocationStore.connect(addresses, home=2, watch_targets=targets)
             part2 = await take(second.watch(part1[-1].revision), 8)
             await second.close()
             await churning
@@ -188,6 +212,7 @@ def test_watch_resumes_at_other_replicas_exactly_once_while_updates_run(
                 await asyncio.wait_for(take(embedded.watch(everything[-1].revision), 1), 0.3)
         finally:
             await writer.close()
+            await served.__aexit__(None, None, None)
             for node in nodes:
                 await node.stop()
 
@@ -251,7 +276,8 @@ def test_a_watch_behind_the_kept_events_is_told_so(tmp_path: Path) -> None:
         nodes = await start(tmp_path, event_limit=4)
         addresses = [spec.client_address for spec in nodes[0].config.replicas]
         embedded = AllocationStore.embedded(nodes[0])
-        remote = AllocationStore.connect(addresses, home=1)
+        served = grpc_served(nodes)
+        remote = AllocationStore.connect(addresses, home=1, watch_targets=await served.__aenter__())
         try:
             for k in range(6):
                 await embedded.submit(gang(f"k{k}", "vc01", 100, (1, 1)))
@@ -263,6 +289,7 @@ def test_a_watch_behind_the_kept_events_is_told_so(tmp_path: Path) -> None:
                 assert [e.subject for e in kept] == ["k2", "k3", "k4", "k5"]
         finally:
             await remote.close()
+            await served.__aexit__(None, None, None)
             for node in nodes:
                 await node.stop()
 

@@ -159,11 +159,23 @@ def test_a_session_makes_a_retried_update_take_effect_once(server: str) -> None:
     assert first == again and first.WhichOneof("outcome") == "placed"
     release = pb.ReleaseRequest(group="job", session=pb.Session(client_id=4242, seq=1))
     assert stub.Release(release, timeout=10) == stub.Release(release, timeout=10)
+    # an older client reads the JSON copy; a typed one the groups and the revision
     assert json.loads(stub.ListAllocations(pb.QueryRequest(), timeout=10).json) == []
-    # without a session a repeated release is a new request: the group is gone
-    with pytest.raises(grpc.RpcError) as caught:
-        stub.Release(pb.ReleaseRequest(group="job"), timeout=10)
-    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    listing = stub.ListAllocations(pb.QueryRequest(typed=True), timeout=10)
+    assert not listing.json and not listing.groups and listing.revision >= 1
+    # without a session a repeated release is a new request: the group is gone, and
+    # releasing it again is no error (it says so); an unknown group is NOT_FOUND
+    again_released = stub.Release(pb.ReleaseRequest(group="job"), timeout=10)
+    assert again_released.already_released and not again_released.promoted
+    for call, request in [("Release", pb.ReleaseRequest(group="nobody")),
+                          ("GetGroup", pb.QueryRequest(name="nobody")),
+                          ("GetVC", pb.QueryRequest(name="nope")),
+                          ("ListAllocations", pb.QueryRequest(name="nope")),
+                          ("Inspect", pb.InspectRequest(kind="group", name="nobody")),
+                          ("Inspect", pb.InspectRequest(kind="vc", name="nope"))]:
+        with pytest.raises(grpc.RpcError) as caught:
+            getattr(stub, call)(request, timeout=10)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND, call
     with pytest.raises(grpc.RpcError) as caught:
         stub.Submit(pb.SubmitRequest(group=group("x"), session=pb.Session(client_id=1 << 63)),
                     timeout=10)

@@ -191,7 +191,10 @@ async def test_schedulers_are_confined_to_their_vcs_over_grpc(tmp_path: Path) ->
 async def test_native_port_refusals_are_definite_and_watch_is_filtered(tmp_path: Path) -> None:
     async with cluster(tmp_path) as c:
         addresses = [spec.client_address for spec in c.config.replicas]
-        a = AllocationStore.connect(addresses, tls=context_of(c.config, c.files(A)))
+        # A watches over the pushed gRPC stream (the only remote watch), trimmed to its VCs
+        a = AllocationStore.connect(addresses, tls=context_of(c.config, c.files(A)),
+                                    watch_targets=[c.target],
+                                    watch_credentials=credentials(c.config, c.files(A)))
         b = AllocationStore.connect(addresses, tls=context_of(c.config, c.files(B)))
         try:
             spec = GroupSpec(name="b1", vc="vc01", priority=100, members=(Member(1, 8),))
@@ -205,7 +208,7 @@ async def test_native_port_refusals_are_definite_and_watch_is_filtered(tmp_path:
             await a.submit(GroupSpec(name="a1", vc="vc00", priority=100, members=(Member(1, 8),)))
             seen: list[str] = []
             async with asyncio.timeout(10):
-                async for event in a.watch(-1, poll_s=0.05):
+                async for event in a.watch(-1):
                     seen.append(event.subject)
                     if event.subject == "a1":
                         break
