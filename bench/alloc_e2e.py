@@ -374,7 +374,7 @@ class _Watchers:
                     self.compacted += 1
                     return
                 consumed += len(batch.events) + batch.skipped
-                if consumed >= ACK_EVERY:
+                if consumed >= ACK_EVERY and not call.done():
                     await call.write(pb.WatchControl(ack=batch.through))
                     consumed = 0
                 events = batch.events

@@ -208,7 +208,7 @@ class PushedWatch:
                         yield events
                     # the caller asked for more: what it was given is consumed
                     consumed += len(events) + batch.skipped
-                    if consumed >= ACK_EVERY:
+                    if consumed >= ACK_EVERY and not call.done():
                         # a stream the replica ended OK refuses writes: the loop ends next
                         with contextlib.suppress(asyncio.InvalidStateError):
                             await call.write(pb.WatchControl(ack=batch.through))

@@ -72,6 +72,8 @@ __all__ = [
 
 _T = TypeVar("_T")
 _MAX_ID = (1 << 63) - 1
+#: how long a WatchAcked stream cut with EventsCompacted waits for its client to end it
+COMPACTED_LINGER_S = 30.0
 #: the service's full name (health checks and reflection name it)
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["AllocationService"].full_name
 
@@ -303,6 +305,12 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
                 yield _encoded(batches, start.typed)  # one message (see WatchPushed)
         except EventsCompacted as exc:
             yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
+            # Not ended from here at once: a client still acknowledging what it reads would
+            # write into a finished call, which fails the call (INTERNAL) with the unread
+            # messages, the compacted one included. It ends it (it cancels once it read the
+            # compacted message); one that never does is let go after a while.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(acks), COMPACTED_LINGER_S)
         finally:
             acks.cancel()
             await batches_in.aclose()
@@ -422,13 +430,15 @@ def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
 
 
 async def serve_grpc(
-    node: ReplicaNode, host: str, port: int, *, tls: TlsConfig | None = None, me: int = 0
+    node: ReplicaNode, host: str, port: int, *, tls: TlsConfig | None = None, me: int = 0,
+    watch_max_pending: int = DEFAULT_MAX_PENDING,
 ) -> grpc.aio.Server:
     """Start the service for ``node`` on host:port; returns the grpc.aio server (the caller
     stops it). ``tls``: the cluster's (``me``: this replica's id), client certificates
-    required and every call authenticated."""
+    required and every call authenticated. ``watch_max_pending``: the events a watch stream
+    may have queued at the replica before it is dropped (``WatchHub``)."""
     server = grpc.aio.server()
-    servicer = AllocationServicer(node)
+    servicer = AllocationServicer(node, watch_max_pending=watch_max_pending)
     if tls is not None:
         authenticate_servicer(servicer, Authenticator(node.config.cluster_id, node.revocations),
                               _visibility(node))
