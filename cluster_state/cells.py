@@ -23,10 +23,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from itertools import chain as iterate_all
+from itertools import compress, repeat
+from operator import eq, getitem, itemgetter
 
 import msgpack
 
 from cluster_state.config import ClusterConfig, PhysicalCellSpec
+from cluster_state.gc_pause import gc_paused
 
 __all__ = ["ChainInfo", "Item", "LevelInfo", "Topology", "topology_of"]
 
@@ -94,6 +97,11 @@ class Topology:
     """Immutable cell tree plus lookup tables; see the module docstring."""
 
     def __init__(self, config: ClusterConfig) -> None:
+        # millions of long-lived tuples: the collector's passes over them find nothing
+        with gc_paused():
+            self._build(config)
+
+    def _build(self, config: ClusterConfig) -> None:
         self.config = config
         self.digest: bytes = hashlib.sha256(
             msgpack.packb(config.to_dict(), use_bin_type=True)
@@ -143,10 +151,12 @@ class Topology:
         tops: dict[str, list[int]] = {name: [] for name in chain_names}
         for index, name in enumerate(chain_names):
             self.chain_index[name] = index
+        self._templates: dict[tuple[int, ...], _Subtree] = {}
         for cell_spec in config.physical_cells:
             top_type = cell_spec.cell_type
             top = self._add(cell_spec, self.chain_index[top_type], len(chain_levels[top_type]))
             tops[top_type].append(top)
+        del self._templates  # the specs' ids it is keyed by mean nothing after the build
         for name in chain_names:
             infos = chain_levels[name]
             node_level = next(i.level for i in infos if i.is_node)
@@ -162,35 +172,45 @@ class Topology:
                 )
             )
         self.size = len(self.level)
+        #: level_cells[chain][l - 1]: the chain's cells of level l, ascending (a top's cells
+        #: of a level are consecutive in pre-order: concatenated in C)
+        self.level_cells: list[tuple[tuple[int, ...], ...]] = [
+            tuple(tuple(_concat(self.desc[top][level] for top in info.tops))
+                  for level in range(info.top_level))
+            for info in self.chains
+        ]
         # A partly filled cell (fewer children than its type's childCellNumber, somewhere
         # under it) holds fewer leaves than its level promises: it is never handed out whole
         # (never free-listed, never bound to a VC cell); its complete pieces are.
-        full = [[info.leaf_number for info in chain.levels] for chain in self.chains]
-        self.complete: list[bool] = [
-            len(leaves) == full[chain][level - 1]
-            for leaves, chain, level in zip(self.leaves, self.chain_of, self.level, strict=True)
-        ]
+        # (The per-cell tables below are made by C loops (map, compress, zip): a 100k-GPU
+        # cluster has 190k cells, and Python loops over them were a tenth of its build.)
+        full = [[0, *(info.leaf_number for info in chain.levels)] for chain in self.chains]
+        expected = map(getitem, map(full.__getitem__, self.chain_of), self.level)
+        self.complete: list[bool] = list(map(eq, map(len, self.leaves), expected))
         self.chains_for_leaf: dict[str, tuple[int, ...]] = {}
         for chain_info in self.chains:
             previous = self.chains_for_leaf.get(chain_info.leaf_type, ())
             self.chains_for_leaf[chain_info.leaf_type] = (*previous, chain_info.index)
         # node name -> its node-level cells (one per chain it belongs to), by chain index
         nodes: dict[str, list[int]] = {}
-        for c in range(self.size):
-            if self.node_cell[c] == c:
-                nodes.setdefault(self.node_name[c], []).append(c)
+        cell_ids = range(self.size)
+        for c in compress(cell_ids, map(eq, self.node_cell, cell_ids)):
+            nodes.setdefault(self.node_name[c], []).append(c)
         self.nodes: dict[str, tuple[int, ...]] = {
-            name: tuple(sorted(cells, key=lambda c: self.chain_of[c]))
+            name: tuple(sorted(cells, key=self.chain_of.__getitem__) if len(cells) > 1
+                        else cells)
             for name, cells in sorted(nodes.items())
         }
         #: every leaf's id, ascending
-        self.leaf_ids: tuple[int, ...] = tuple(c for c in range(self.size) if self.level[c] == 1)
-        self.device_leaf: dict[tuple[int, int], int] = {
-            (self.node_cell[c], self.device[c]): c for c in range(self.size) if self.level[c] == 1
-        }
-        self.pinned_cells: dict[str, int] = {
-            self.pinned_of[c]: c for c in range(self.size) if self.pinned_of[c]
-        }
+        self.leaf_ids: tuple[int, ...] = tuple(compress(cell_ids, map((1).__eq__, self.level)))
+        self.device_leaf: dict[tuple[int, int], int] = dict(zip(
+            zip(map(self.node_cell.__getitem__, self.leaf_ids),
+                map(self.device.__getitem__, self.leaf_ids), strict=False),
+            self.leaf_ids, strict=False,
+        ))
+        pinned = list(compress(cell_ids, self.pinned_of))
+        self.pinned_cells: dict[str, int] = dict(zip(map(self.pinned_of.__getitem__, pinned),
+                                                     pinned, strict=False))
         # ------------------------------------------------------------ VC items
         self.vcs: tuple[str, ...] = tuple(vc.name for vc in config.virtual_clusters)
         self.items: list[Item] = []
@@ -295,10 +315,32 @@ class Topology:
         self.leaves.append(())
         self.desc.append(())
         self.ancestors.append(((c,) + self.ancestors[parent]) if parent >= 0 else (c,))
-        kids = tuple([
-            self._add(child, chain, level - 1, c, address, node_cell, node_name)
-            for child in spec.children
-        ])
+        if node_cell < 0 or not spec.children:
+            kids = tuple([
+                self._add(child, chain, level - 1, c, address, node_cell, node_name)
+                for child in spec.children
+            ])
+        else:
+            # Inside a node, a subtree whose children are the very spec objects of one built
+            # before (the parser shares the inferred cells of every node of a type) is that
+            # subtree again at other ids: stamped from it (see ``_Subtree``).
+            key = (level, len(self.ancestors[c]), *map(id, spec.children))
+            template = self._templates.get(key)
+            if template is not None:
+                template.stamp(self, c, chain, address, node_cell, node_name)
+                return c
+            kids = tuple([
+                self._add(child, chain, level - 1, c, address, node_cell, node_name)
+                for child in spec.children
+            ])
+            self._finish(c, kids, level)
+            self._templates[key] = _Subtree(self, c)
+            return c
+        self._finish(c, kids, level)
+        return c
+
+    def _finish(self, c: int, kids: tuple[int, ...], level: int) -> None:
+        """Fill in ``c``'s children, leaves and descendants from its built children."""
         self.children[c] = kids
         if kids:
             # concatenated in C (generator expressions here were a quarter of a 100k-GPU
@@ -312,7 +354,6 @@ class Topology:
         else:
             self.leaves[c] = (c,)
             self.desc[c] = ((c,),)
-        return c
 
     # ------------------------------------------------------------------ helpers
     def leaf_number(self, c: int) -> int:
@@ -323,3 +364,88 @@ class Topology:
         if it.pinned_id:
             return it.pinned_id
         return f"{it.vc}/{self.chains[it.chain].info(it.level).cell_type}/{it.index}"
+
+
+class _Subtree:
+    """The cells under a built cell ``root`` (ids ``root + 1 .. root + size``, pre-order),
+    relative to ``root``, so that a cell with the same children at the same depth elsewhere
+    gets them by ``stamp``: a dozen C-level calls per node instead of a Python call per cell.
+
+    Every tuple of ids the cells hold (children, descendants by level, ancestors) is a
+    *piece* cut out of one flat tuple of ids: ``_pick`` maps the new root's ids (its own,
+    then the cells under it, then its ancestors above it) onto that flat tuple, ``_cuts``
+    slices it into the pieces. A cell's pieces of descendants are consecutive (its leaves
+    first), so its ``desc`` is a slice of the pieces and its ``leaves`` their first piece;
+    piece 0 is the empty tuple (a leaf's children)."""
+
+    __slots__ = ("_addresses", "_ancestor_cuts", "_children_cuts", "_cuts", "_desc_cuts",
+                 "_devices", "_leaves_cuts", "_levels", "_parents", "_pick", "_pinned",
+                 "_size", "_types")
+
+    def __init__(self, topo: Topology, root: int) -> None:
+        end = root + 1 + sum(map(len, topo.desc[root][:-1]))  # every cell under root
+        cells = range(root + 1, end)
+        self._size = len(cells)
+        self._levels = topo.level[root + 1 : end]
+        self._parents = [topo.parent[c] - root for c in cells]
+        self._types = topo.cell_type[root + 1 : end]
+        self._devices = topo.device[root + 1 : end]
+        self._pinned = topo.pinned_of[root + 1 : end]
+        prefix = len(topo.address[root]) + 1
+        self._addresses = [topo.address[c][prefix:] for c in cells]
+        # an id's position in what ``stamp`` picks from: root and the cells under it by
+        # offset, then root's ancestors above it
+        above = topo.ancestors[root][1:]
+        position = {c: c - root for c in range(root, end)}
+        position.update((a, self._size + 1 + k) for k, a in enumerate(above))
+        flat: list[int] = []
+        cuts: list[slice] = [slice(0, 0)]
+
+        def cut(ids: tuple[int, ...]) -> int:
+            """Keep ``ids`` as the next piece; its index among the pieces."""
+            cuts.append(slice(len(flat), len(flat) + len(ids)))
+            flat.extend(position[i] for i in ids)
+            return len(cuts) - 1
+
+        everything = range(root, end)
+        self._children_cuts = [cut(topo.children[c]) if topo.children[c] else 0
+                               for c in everything]
+        self._ancestor_cuts = [cut(topo.ancestors[c]) for c in cells]
+        desc_cuts: list[slice] = []
+        leaves_cuts: list[int] = []
+        for c in everything:
+            first = len(cuts)
+            for ids in topo.desc[c]:
+                cut(ids)
+            leaves_cuts.append(first)
+            desc_cuts.append(slice(first, len(cuts)))
+        self._desc_cuts = desc_cuts
+        self._leaves_cuts = leaves_cuts
+        self._cuts = itemgetter(*cuts)
+        # ``itemgetter`` with one index answers the item, not a 1-tuple: pad (never cut)
+        self._pick = itemgetter(*flat, *([0] if len(flat) < 2 else []))
+
+    def stamp(self, topo: Topology, root: int, chain: int, address: str, node_cell: int,
+              node_name: str) -> None:
+        """Append the cells under ``root`` (the last cell added, at ``address``)."""
+        size = self._size
+        pieces = self._cuts(self._pick((*range(root, root + size + 1),
+                                        *topo.ancestors[root][1:])))
+        part = pieces.__getitem__
+        topo.level.extend(self._levels)
+        topo.parent.extend(map(root.__add__, self._parents))
+        topo.chain_of.extend(repeat(chain, size))
+        topo.cell_type.extend(self._types)
+        topo.address.extend(map(f"{address}/".__add__, self._addresses))
+        topo.node_name.extend(repeat(node_name, size))
+        topo.node_cell.extend(repeat(node_cell, size))
+        topo.device.extend(self._devices)
+        topo.pinned_of.extend(self._pinned)
+        children = list(map(part, self._children_cuts))
+        leaves = list(map(part, self._leaves_cuts))
+        desc = list(map(part, self._desc_cuts))
+        topo.children[root], topo.leaves[root], topo.desc[root] = children[0], leaves[0], desc[0]
+        topo.children.extend(children[1:])
+        topo.leaves.extend(leaves[1:])
+        topo.desc.extend(desc[1:])
+        topo.ancestors.extend(map(part, self._ancestor_cuts))

@@ -419,6 +419,11 @@ class _CellBuilder:
         # a type (addresses restart at the node), and specs are immutable: built once, shared.
         # 12,288 nodes x 8 GPUs is 170k such cells; this keeps parsing proportional to nodes.
         self.inferred: dict[tuple[str, int], PhysicalCellSpec] = {}
+        #: the leaf type of each node-level type (looked up once per node)
+        self.leaf_types: dict[str, str] = {}
+        #: the children (by the ids of their spec objects) of nodes whose device indices were
+        #: checked: nodes of shared inferred children have the same ones
+        self.devices_checked: set[tuple[int, ...]] = set()
 
     def top(self, raw: object, index: int) -> PhysicalCellSpec:
         where = f"physicalCells[{index}]"
@@ -495,7 +500,9 @@ class _CellBuilder:
         if type_spec.is_node_level:
             if raw_address is None:
                 raise ConfigError(f"{where}: a node-level cell needs a cellAddress (its node name)")
-            leaf = _chain_path(cell_type, self.types)[-1]
+            leaf = self.leaf_types.get(cell_type, "")
+            if not leaf:
+                leaf = self.leaf_types[cell_type] = _chain_path(cell_type, self.types)[-1]
             key = (leaf, address)
             if key in self.nodes:
                 raise ConfigError(
@@ -535,11 +542,15 @@ class _CellBuilder:
         cell = PhysicalCellSpec(
             cell_type=cell_type, address=address, pinned_id=pinned_id, children=tuple(children)
         )
-        if type_spec.is_node_level:  # a leaf's address is its device index on the node
+        shared_children = tuple(map(id, cell.children))
+        if type_spec.is_node_level and shared_children not in self.devices_checked:
+            # a leaf's address is its device index on the node
             devices = [int(a) for a in _leaf_addresses(cell)]
             twice = sorted({d for d in devices if devices.count(d) > 1})
             if twice:
                 raise ConfigError(f"{where}: device index {twice[0]} used twice")
+            # (the child specs stay alive in the configuration: their ids stay theirs)
+            self.devices_checked.add(shared_children)
         if below_node and not spec:
             self.inferred[(cell_type, default)] = cell
         return cell
@@ -633,10 +644,15 @@ def _check_fit(
     top = levels[chain]
     free = [0] * (top + 1)  # free[l]: maximal complete cells at level l that hold no pinned cell
     pinned_ids = {p for vc in config.virtual_clusters for p in vc.pinned_cells}
+    # Cells (by id) found whole: nothing counted under them, so a subtree shared by many
+    # nodes (the parser's inferred cells) is walked once.
+    whole_cells: set[int] = set()
 
     def walk(cell: PhysicalCellSpec, level: int) -> bool:
         """Counts the maximal free pieces under ``cell``; True if ``cell`` is not one (it
         holds a pinned cell or is partly filled)."""
+        if id(cell) in whole_cells:
+            return False
         if cell.pinned_id in pinned_ids:
             if not is_complete(cell, types):
                 raise ConfigError(
@@ -647,6 +663,7 @@ def _check_fit(
         whole = [not walk(child, level - 1) for child in cell.children]
         spec = types.get(cell.cell_type)
         if all(whole) and (spec is None or len(whole) == spec.child_number):
+            whole_cells.add(id(cell))
             return False
         free[level - 1] += whole.count(True)
         return True

@@ -24,14 +24,17 @@ restarted.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from itertools import chain as iterate_all
+from itertools import compress
 
 from cluster_state.cells import Topology
 
 __all__ = ["FREE", "CellState", "SortedIds"]
+
+_concat = iterate_all.from_iterable
 
 #: The effective priority of a free leaf (HiveD's "free" priority).
 FREE = -2
@@ -51,6 +54,14 @@ class SortedIds:
     def __init__(self) -> None:
         self._chunks: list[list[int]] = []
         self._maxes: list[int] = []  # the last id of each chunk
+
+    @classmethod
+    def from_sorted(cls, ids: list[int]) -> SortedIds:
+        """The set of ``ids``, which ascend (cut into chunks in C)."""
+        made = cls()
+        made._chunks = [ids[i : i + _CHUNK] for i in range(0, len(ids), _CHUNK)]
+        made._maxes = [chunk[-1] for chunk in made._chunks]
+        return made
 
     def append(self, c: int) -> None:
         """Add ``c``, larger than every id held (building in ascending order)."""
@@ -127,6 +138,7 @@ class CellState:
         "hist",
         "in_region",
         "item_of",
+        "item_root",
         "key_of_item",
         "n_chains",
         "n_keys",
@@ -143,6 +155,7 @@ class CellState:
         self.hist: list[dict[int, int]] = [{} for _ in range(n)]
         self.bad_n: list[int] = [0] * n
         self.item_of: list[int] = [-1] * n  # the bound item whose cell holds c, or -1
+        self.item_root: dict[int, int] = {}  # bound item -> its cell (``mark_item``'s root)
         self.key_of_item: list[int] = [item.key for item in topo.items]
         # leaf state (indexed by cell id; meaningful for leaves only)
         self.owner: list[str | None] = [None] * n
@@ -163,7 +176,11 @@ class CellState:
 
     def rebuild_indexes(self) -> None:
         """Every bucket from the counters (``free_n``, ``in_region``, ``item_of``) alone, and
-        leave bulk mode: the indexes are a function of those."""
+        leave bulk mode: the indexes are a function of those.
+
+        Each index level is filled from its cells in ascending order by one stable sort on
+        their free counts, cut into buckets (C loops: a Python loop over a 100k-GPU
+        cluster's cells was most of a restore)."""
         topo = self.topo
         self.bulk = False
         self.buckets = []
@@ -172,22 +189,38 @@ class CellState:
             levels = topo.chains[chain].levels
             self.buckets.append([[SortedIds() for _ in range(i.leaf_number + 1)]
                                  for i in levels])
-        level, chain_of, parent = topo.level, topo.chain_of, topo.parent
-        free_n, in_region, item_of = self.free_n, self.in_region, self.item_of
-        buckets, key_of_item = self.buckets, self.key_of_item
+        in_region, fill = self.in_region, self._fill
         first_key, first_region = self.n_chains, self.n_chains + self.n_keys
-        for c in range(topo.size):  # ids ascend, so appending keeps every bucket sorted
-            free = free_n[c]
-            if not free:
-                continue
-            lv = level[c]
-            if lv >= 2:
-                buckets[chain_of[c]][lv - 1][free].append(c)
-                if in_region[c]:
-                    buckets[first_region + chain_of[c]][lv - 1][free].append(c)
-            item = item_of[c]
-            if item >= 0 and (lv >= 2 or parent[c] < 0 or item_of[parent[c]] != item):
-                buckets[first_key + key_of_item[item]][lv - 1][free].append(c)
+        for info in topo.chains:
+            for level in range(2, info.top_level + 1):
+                cells = topo.level_cells[info.index][level - 1]
+                fill(self.buckets[info.index][level - 1], cells)
+                fill(self.buckets[first_region + info.index][level - 1],
+                     list(compress(cells, map(in_region.__getitem__, cells))))
+        # a key's index: the cells of its bound items at level >= 2, and an item's own cell
+        roots: dict[int, list[int]] = {}
+        for item, root in self.item_root.items():
+            roots.setdefault(self.key_of_item[item], []).append(root)
+        levels, desc = topo.level, topo.desc
+        for key, cells_of_key in roots.items():
+            cells_of_key.sort()  # disjoint subtrees: their cells of a level then ascend
+            index = self.buckets[first_key + key]
+            fill(index[0], [root for root in cells_of_key if levels[root] == 1])
+            for lv in range(2, len(index) + 1):
+                fill(index[lv - 1], list(_concat(
+                    desc[root][lv - 1] for root in cells_of_key if levels[root] >= lv
+                )))
+
+    def _fill(self, buckets: list[SortedIds], cells: Sequence[int]) -> None:
+        """Put ``cells`` (ascending) into the buckets of their free counts (none: left out)."""
+        count_of = self.free_n.__getitem__
+        ordered = sorted(cells, key=count_of)  # stable: ids still ascend within a count
+        counts = list(map(count_of, ordered))
+        start = bisect_right(counts, 0)
+        while start < len(counts):
+            end = bisect_right(counts, counts[start], start)
+            buckets[counts[start]] = SortedIds.from_sorted(ordered[start:end])
+            start = end
 
     # ------------------------------------------------------------------ queries
     def region(self, chain: int) -> int:
@@ -248,6 +281,9 @@ class CellState:
                     moves.setdefault((old, new), []).append(leaf)
         if not moves:
             return
+        if self.bulk:
+            self._count_moves(moves)
+            return
         free_delta: dict[int, int] = {}
         hist = self.hist
         for (old, new), moved in moves.items():
@@ -274,6 +310,32 @@ class CellState:
                 old_free = free_n[c]
                 free_n[c] = old_free + d
                 self._move(c, old_free, old_free + d)
+
+    def _count_moves(self, moves: dict[tuple[int, int], list[int]]) -> None:
+        """``set_leaves``'s counting in bulk mode: no index to keep, so each ancestor's
+        counters change in place, one tight loop per kind of change (a restore moves every
+        used leaf of a 100k-GPU cluster at once)."""
+        ancestors, free_n, hist = self.topo.ancestors, self.free_n, self.hist
+        for (old, new), moved in moves.items():
+            under = Counter(_concat(map(ancestors.__getitem__, moved)))
+            if old == FREE:
+                for a, n in under.items():
+                    free_n[a] -= n
+            else:
+                for a, n in under.items():
+                    h = hist[a]
+                    left = h[old] - n
+                    if left:
+                        h[old] = left
+                    else:
+                        del h[old]
+            if new == FREE:
+                for a, n in under.items():
+                    free_n[a] += n
+            else:
+                for a, n in under.items():
+                    h = hist[a]
+                    h[new] = h.get(new, 0) + n
 
     def set_bad(self, leaves: Sequence[int], is_bad: bool, rev: int) -> None:
         """Mark ``leaves`` bad (or healthy again); their priorities are kept."""
@@ -338,6 +400,7 @@ class CellState:
         index (a level-1 cell only when it is the item's own cell)."""
         buckets = self.buckets[self.n_chains + self.key_of_item[item]]
         free_n, item_of = self.free_n, self.item_of
+        self.item_root[item] = root
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = item
@@ -348,6 +411,7 @@ class CellState:
         item = self.item_of[root]
         buckets = self.buckets[self.n_chains + self.key_of_item[item]]
         free_n, item_of = self.free_n, self.item_of
+        del self.item_root[item]
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = -1

@@ -130,13 +130,22 @@ class ClusterStateKind(StateMachineKind):
         return MappingProxyType({GPU_CONFIG_KEY: path if path.is_absolute() else base / path})
 
     def build(self, config: ClusterConfig) -> ClusterStore:
-        store = start_store(config)
-        if config.tls is None:
-            return store
-        from cluster_state.authz import AuthorizedStore
+        import gc
 
-        # a TLS cluster's store judges the principals its commands carry
-        return AuthorizedStore(store.topology)
+        from cluster_state.gc_pause import gc_paused
+
+        with gc_paused():
+            store = start_store(config)
+            if config.tls is not None:
+                from cluster_state.authz import AuthorizedStore
+
+                # a TLS cluster's store judges the principals its commands carry
+                store = AuthorizedStore(store.topology)
+            # A 100k-GPU store is millions of long-lived objects: out of the collector's
+            # way for good, as the replica does with its logs once it serves (``gc.freeze``
+            # also forgets the allocations counted meanwhile, so no pass over them follows)
+            gc.freeze()
+        return store
 
     async def serve(self, node: ReplicaNode, config: ClusterConfig, me: int) -> Service | None:
         server = None
@@ -332,7 +341,9 @@ def start_store(config: ClusterConfig) -> ClusterStore:
     try:
         text = copy.read_text()
     except FileNotFoundError:
-        text = _first_start(config, copy)
+        text, built = _first_start(config, copy)
+        if built is not None:
+            return built
     except OSError as exc:
         raise ConfigError(f"{copy}: {exc}") from None
     try:
@@ -341,9 +352,11 @@ def start_store(config: ClusterConfig) -> ClusterStore:
         raise ConfigError(f"{copy} (the configuration the log began with): {exc}") from None
 
 
-def _first_start(config: ClusterConfig, copy: Path) -> str:
+def _first_start(config: ClusterConfig, copy: Path) -> tuple[str, ClusterStore | None]:
     """Keep the configuration the log begins with at ``copy`` and return its text (that of
-    the copy another replica sharing the data directory kept first, if one did)."""
+    the copy another replica sharing the data directory kept first, if one did) and, when
+    that is the file's and no snapshot was found, the fresh store built on it (a 100k-GPU
+    store takes a second to build: the first start builds it once)."""
     from cluster_state.config import parse_config
     from cluster_state.errors import ClusterStateError
     from cluster_state.store import ClusterStore
@@ -354,18 +367,21 @@ def _first_start(config: ClusterConfig, copy: Path) -> str:
         store = ClusterStore(parse_config(text))
     except (ClusterStateError, OSError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    seeded = _seeded_config(config, store)
+    found, seeded = _seeded_config(config, store)
     if seeded is not None:
         _log.info("the data directory %s was seeded from a snapshot: its log begins with "
                   "the snapshot's GPU configuration", config.data_dir)
         text = seeded
-    return _keep_once(copy, text)
+    kept = _keep_once(copy, text)
+    # a store that restored a snapshot holds its state: a fresh one is built for the log
+    return kept, (store if kept == text and not found else None)
 
 
-def _seeded_config(config: ClusterConfig, store: ClusterStore) -> str | None:
-    """The configuration of the oldest snapshot in the replicas' directories (where the log
-    they hold begins) when it is not ``store``'s; None without one (or when it does not load:
-    the replica refuses it when it restores it, naming the file)."""
+def _seeded_config(config: ClusterConfig, store: ClusterStore) -> tuple[bool, str | None]:
+    """Whether the replicas' directories hold a snapshot (then ``store`` restored the oldest
+    one, where the log they hold begins), and that snapshot's configuration when it is not
+    ``store``'s: None without one (or when it does not load: the replica refuses it when it
+    restores it, naming the file)."""
     from cluster_state.errors import ClusterStateError
     from consensus.errors import DecodeError
     from consensus.storage.snapshot import latest_snapshot
@@ -379,15 +395,15 @@ def _seeded_config(config: ClusterConfig, store: ClusterStore) -> str | None:
         if found is not None and (oldest is None or found[1].slot < oldest[0]):
             oldest = (found[1].slot, found[2])
     if oldest is None:
-        return None
+        return False, None
     digest = store.topology.digest
     try:
         store.restore(oldest[1])  # adopts the snapshot's configuration
     except ClusterStateError:
-        return None
+        return True, None
     if store.topology.digest == digest:
-        return None  # the file's own text, as the operator wrote it
-    return store.topology.config.to_yaml()
+        return True, None  # the file's own text, as the operator wrote it
+    return True, store.topology.config.to_yaml()
 
 
 def _keep_once(copy: Path, text: str) -> str:

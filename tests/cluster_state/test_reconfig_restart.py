@@ -121,6 +121,29 @@ def test_a_data_directory_seeded_from_a_snapshot_began_with_its_configuration(
     assert digest_of(start_config_path(config).read_text()) == digest_of(NEW)
 
 
+def test_a_first_start_builds_the_store_once(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 100k-GPU store takes a second to build: the first start keeps the copy and serves
+    # the store it built on the file, rather than building another on the copy.
+    import cluster_state.store as store_module
+
+    built: list[Topology] = []
+
+    class CountingAllocator(store_module.Allocator):
+        def __init__(self, topo: Topology) -> None:
+            built.append(topo)
+            super().__init__(topo)
+
+    monkeypatch.setattr(store_module, "Allocator", CountingAllocator)
+    config = cluster(tmp_path)
+    first = CLUSTER_STATE.build(config)
+    assert start_config_path(config).read_text() == OLD
+    assert len(built) == 1 and first.topology.digest == digest_of(OLD)
+    built.clear()
+    CLUSTER_STATE.build(config)  # a restart: from the copy, once
+    assert len(built) == 1
+
+
 def test_proposing_the_configuration_the_store_runs_changes_no_allocation() -> None:
     # Every restarted replica proposes the edited file: all but the first find it applied.
     store = ClusterStore(parse_config(OLD))

@@ -6,7 +6,7 @@ import json
 import random
 
 import msgpack
-from cs_helpers import check_invariants
+from cs_helpers import check_invariants, multi_chain_config
 
 from cluster_state import (
     ClusterStore,
@@ -214,3 +214,40 @@ def test_sorted_ids_behave_as_a_sorted_list() -> None:
     assert list(ids) == [] and not ids
     ids.add(5)
     assert list(ids) == [5]
+
+
+#: every per-cell table of a Topology
+_CELL_TABLES = ("level", "parent", "children", "chain_of", "cell_type", "address", "node_name",
+                "node_cell", "device", "pinned_of", "leaves", "desc", "ancestors", "complete",
+                "nodes", "leaf_ids", "device_leaf", "pinned_cells", "level_cells")
+
+
+def test_a_topology_stamps_shared_node_insides_exactly_as_built_cell_by_cell() -> None:
+    # Inferred node insides are shared spec objects, stamped from the first node built;
+    # spelled out in full, every node's cells are built one by one: the tables must agree.
+    for config in (synthetic_config(nodes=48, nodes_per_rack=4, vcs=3, pinned=1),
+                   synthetic_config(nodes=12, gpus_per_node=6, nodes_per_rack=3, vcs=2),
+                   multi_chain_config()):
+        spelled = parse_config(json.dumps(config.to_dict()))
+        assert spelled == config
+        stamped, built = Topology(config), Topology(spelled)
+        for table in _CELL_TABLES:
+            assert getattr(stamped, table) == getattr(built, table), table
+        # and the obvious definitions hold
+        for c in range(stamped.size):
+            assert stamped.ancestors[c][0] == c
+            assert stamped.ancestors[c][1:] == (
+                stamped.ancestors[stamped.parent[c]] if stamped.parent[c] >= 0 else ())
+            assert stamped.leaves[c] == stamped.desc[c][0]
+            assert stamped.desc[c][-1] == (c,)
+
+
+def test_first_and_later_node_cells_of_a_stamped_topology_differ_only_by_offset() -> None:
+    topo = Topology(synthetic_config(nodes=16, vcs=2))
+    first, later = topo.nodes["node0000"][0], topo.nodes["node0009"][0]
+    size = len(topo.desc[first][0])  # 8 GPUs
+    assert size == 8
+    offset = later - first
+    assert topo.leaves[later] == tuple(c + offset for c in topo.leaves[first])
+    assert topo.address[later + 1].startswith(topo.address[later] + "/")
+    assert {topo.node_cell[c] for c in range(later, later + 15)} == {later}
