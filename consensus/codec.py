@@ -29,7 +29,7 @@ Every future format keeps the ``[version, ...]`` envelope, so an old reader repo
 changes the format: update ``_LAYOUT`` and bump ``FORMAT_VERSION`` (a layout that no longer
 matches ``consensus.messages``, or a message class without a tag, fails at import). A new
 class takes a new, never used tag and needs no bump (an old reader rejects it as an unknown
-tag): the baselines' messages use tags 32..46 and records 80..83, EPaxos's 48..54 and 84.
+tag): the baselines' messages use tags 32..46 and records 80..83, EPaxos's 48..56 and 84.
 A bump that leaves every record's layout as it was adds the old version to
 ``RECORD_VERSIONS_READ``, so data directories survive the upgrade; peers must speak the same
 version (the handshake checks).
@@ -110,6 +110,8 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
     ExecutedRecord,
     Heartbeat,
     LeaseGrant,
@@ -248,6 +250,8 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         ECommit: 52,
         EPrepare: 53,
         EPrepareReply: 54,
+        ETryPreAccept: 55,
+        ETryPreAcceptReply: 56,
         # durable records
         CAcceptedRecord: 64,
         OAcceptedRecord: 65,
@@ -555,6 +559,25 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("batch", _BATCH),
         ("seq", _UINT),
         ("deps", _DEPS),
+    ),
+    ETryPreAccept: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("batch", _BATCH),
+        ("seq", _UINT),
+        ("deps", _DEPS),
+    ),
+    ETryPreAcceptReply: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("owner", _UINT),
+        ("index", _UINT),
+        ("ballot", _UINT),
+        ("ok", _BOOL),
+        ("conflict", _UINT),
     ),
     # durable records
     CAcceptedRecord: (

@@ -52,6 +52,8 @@ UNSAFE_VARIANTS: Final = frozenset(
         "acks_any_ballot",  # N=5 learns a C-instance chosen from acknowledgements of any ballot
         "replay_accepted",  # a restart also executes what it accepted, as if it were chosen
         "epaxos_exec_uncommitted",  # EPaxos runs an instance before its dependencies commit
+        "epaxos_try_ignores_conflicts",  # EPaxos pre-accepts every TryPreAccept unchecked
+        "epaxos_recovery_ignores_preaccepted",  # EPaxos recovery drops pre-accepted replies
         "takeover_ignores_accepted",  # a baseline takeover/revocation drops accepted values
     }
 )

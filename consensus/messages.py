@@ -44,6 +44,9 @@ __all__ = [
     "MAX_REQUEST_KEYS",
     "MAX_SLOTS",
     "NO_CL",
+    "TRY_CONFLICT",
+    "TRY_CONFLICT_COMMITTED",
+    "TRY_OK",
     "CAccept",
     "CAcceptedRecord",
     "CAck",
@@ -65,6 +68,8 @@ __all__ = [
     "EPreAcceptReply",
     "EPrepare",
     "EPrepareReply",
+    "ETryPreAccept",
+    "ETryPreAcceptReply",
     "Heartbeat",
     "LeaseGrant",
     "MenciusAccept",
@@ -694,6 +699,45 @@ class EPrepareReply:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ETryPreAccept:
+    """EPaxos recovery (the optimized fast quorum's TryPreAccept): ``src`` recovers ``(owner,
+    index)`` at ``ballot`` and asks the receiver to pre-accept the owner's own attributes
+    ``seq`` and ``deps`` unchanged, if nothing it knows conflicts with them."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    batch: tuple[Command, ...]
+    seq: int
+    deps: tuple[int, ...]
+
+
+#: ``ETryPreAcceptReply.conflict``: pre-accepted; refused for a conflicting instance not yet
+#: committed at the sender; refused for a committed one
+TRY_OK: Final = 0
+TRY_CONFLICT: Final = 1
+TRY_CONFLICT_COMMITTED: Final = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ETryPreAcceptReply:
+    """EPaxos: ``src``'s answer to a TryPreAccept: ``conflict`` is ``TRY_OK`` (it holds the
+    attributes now), ``TRY_CONFLICT`` or ``TRY_CONFLICT_COMMITTED`` (an instance conflicting
+    with the command is neither in its ``deps`` nor depends on it). ``ok`` False: it promised
+    ``ballot``, higher than the TryPreAccept's."""
+
+    src: int
+    view: int
+    owner: int
+    index: int
+    ballot: int
+    ok: bool
+    conflict: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EInstanceRecord:
     """EPaxos: this replica's state of instance ``(owner, index)`` (the latest record of an
     instance wins): promised ``ballot``; ``status`` (as ``EPrepareReply.status``, 0: a
@@ -827,6 +871,8 @@ PeerMessage = (
     | ECommit
     | EPrepare
     | EPrepareReply
+    | ETryPreAccept
+    | ETryPreAcceptReply
     | PaxosPrepare
     | PaxosPromise
     | MenciusPrepare

@@ -73,7 +73,7 @@ MINUS_ONE_ALLOWED = {
     # EPaxos dependencies: -1 where an instance depends on none of a replica's
     *((cls, "deps") for cls in (messages.EPreAccept, messages.EPreAcceptReply,
                                  messages.EAccept, messages.ECommit, messages.EPrepareReply,
-                                 messages.EInstanceRecord)),
+                                 messages.EInstanceRecord, messages.ETryPreAccept)),
 }
 
 # --------------------------------------------------------------------------- strategies
@@ -236,6 +236,8 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "ECommit": 52,
         "EPrepare": 53,
         "EPrepareReply": 54,
+        "ETryPreAccept": 55,
+        "ETryPreAcceptReply": 56,
         "CAcceptedRecord": 64,
         "OAcceptedRecord": 65,
         "ViewRecord": 66,

@@ -91,6 +91,8 @@ from consensus.messages import (
     MAX_ENTRIES,
     MAX_SLOTS,
     NO_CL,
+    TRY_CONFLICT_COMMITTED,
+    TRY_OK,
     CAccept,
     CAck,
     Catchup,
@@ -107,6 +109,8 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -638,6 +642,14 @@ def epaxos_status(value: Any, msg: Any, b: Bounds) -> Verdict:
     return "counter", f"status {value!r} outside 0..{EPAXOS_MAX_STATUS}"
 
 
+def epaxos_conflict(value: Any, msg: Any, b: Bounds) -> Verdict:
+    """``ETryPreAcceptReply.conflict``: one of ``TRY_OK``, ``TRY_CONFLICT``,
+    ``TRY_CONFLICT_COMMITTED``."""
+    if _int_in(value, TRY_OK, TRY_CONFLICT_COMMITTED):
+        return None
+    return "counter", f"conflict {value!r} outside {TRY_OK}..{TRY_CONFLICT_COMMITTED}"
+
+
 #: an EPaxos message's instance: its owner, an index near what the receiver executed of it,
 #: and a ballot of some replica
 _E_INSTANCE: Final[tuple[tuple[str, Rule], ...]] = (
@@ -743,6 +755,10 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
         EPrepareReply: Entry(_EPAXOS, (*_E_INSTANCE, ("ok", free), ("status", epaxos_status),
                                        ("vballot", ballot), ("batch", free), ("seq", counter),
                                        ("deps", epaxos_deps))),
+        ETryPreAccept: Entry(_EPAXOS, (*_E_INSTANCE, ("batch", free), ("seq", counter),
+                                       ("deps", epaxos_deps))),
+        ETryPreAcceptReply: Entry(_EPAXOS, (*_E_INSTANCE, ("ok", free),
+                                            ("conflict", epaxos_conflict))),
     }
 )
 

@@ -18,6 +18,9 @@ from consensus.config import ProtocolConfig
 from consensus.messages import (
     EVERY_INDEX,
     NO_CL,
+    TRY_CONFLICT,
+    TRY_CONFLICT_COMMITTED,
+    TRY_OK,
     CAccept,
     CAck,
     Catchup,
@@ -36,6 +39,8 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -195,7 +200,11 @@ def valid_epaxos(n: int, me: int, s: int) -> list[PeerMessage]:
                     deps=none),
             EPrepare(src=s, view=0, owner=me, index=0, ballot=ballot_of(1, s)),
             EPrepareReply(src=s, view=0, owner=s, index=0, ballot=ballot_of(1, me), ok=True,
-                          status=2, vballot=s, batch=(command(),), seq=1, deps=deps)]
+                          status=2, vballot=s, batch=(command(),), seq=1, deps=deps),
+            ETryPreAccept(src=s, view=0, owner=me, index=0, ballot=ballot_of(1, s),
+                          batch=(command(),), seq=1, deps=none),
+            ETryPreAcceptReply(src=s, view=0, owner=s, index=0, ballot=ballot_of(1, me),
+                               ok=True, conflict=TRY_CONFLICT)]
 
 
 Factory = Callable[[ProtocolConfig, int], DrivenCore]
@@ -330,6 +339,8 @@ def bad_values(rule: Any, msg: Any, name: str, n: int, me: int) -> list[Any]:
                 (*minus[:-1], index_window(n - 1, me, INDEX_WINDOW)), (1 << 62, *minus[1:])]
     if rule is a.epaxos_status:
         return [-1, a.EPAXOS_MAX_STATUS + 1, *huge]
+    if rule is a.epaxos_conflict:
+        return [-1, TRY_CONFLICT_COMMITTED + 1, *huge]
     if rule is a.free:
         return []
     raise AssertionError(f"no mutations for rule {rule!r} of {type(msg).__name__}.{name}")
@@ -350,6 +361,7 @@ def edge_values(rule: Any, msg: Any, name: str, b: Bounds) -> list[Any]:
         a.counter_or_none: [-1, MAX_COUNTER], a.baseline_ballot: [n - 1],
         a.ballot: [n - 1, MAX_COUNTER - BALLOT_STRIDE + n - 1],
         a.epaxos_status: [0, a.EPAXOS_MAX_STATUS],
+        a.epaxos_conflict: [TRY_OK, TRY_CONFLICT_COMMITTED],
         a.own_ballot: [msg.src, MAX_COUNTER - BALLOT_STRIDE + msg.src]
         if hasattr(msg, "src") else [],
     }

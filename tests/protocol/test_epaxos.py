@@ -10,6 +10,9 @@ from util import Net, cmd, config, msgs, records_of, tick, turn
 from consensus.codec import decode_frame, encode_frame
 from consensus.errors import ConfigError
 from consensus.messages import (
+    TRY_CONFLICT,
+    TRY_CONFLICT_COMMITTED,
+    TRY_OK,
     Command,
     EAccept,
     EAcceptReply,
@@ -19,8 +22,11 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
 )
 from consensus.protocol.admission import check_peer_message
+from consensus.protocol.ballot import ballot_of
 from consensus.protocol.epaxos import (
     ACCEPTED,
     COMMITTED,
@@ -123,17 +129,18 @@ def test_slow_path_when_a_reply_changed_the_attributes() -> None:
     assert [to for to, _ in commits] == [1, 2] and commits[0][1].deps == (-1, -1, 4)
 
 
-def test_fast_quorum_at_five_replicas_waits_for_more_than_a_majority() -> None:
+def test_the_optimized_fast_quorum_at_five_replicas_is_three_with_the_owner() -> None:
     r0 = replica(0, n=5)
     turn(r0, key_cmd(1, "a"))
     none = (-1,) * 5
-    for src in (1, 2):
-        ready = turn(r0, EPreAcceptReply(src=src, view=0, owner=0, index=0, ballot=0, ok=True,
-                                         seq=1, deps=none, changed=False))
-        assert ready.ready == [] and not msgs(ready.send_after_persist, EAccept)
+    ready = turn(r0, EPreAcceptReply(src=1, view=0, owner=0, index=0, ballot=0, ok=True,
+                                     seq=1, deps=none, changed=False))
+    assert ready.ready == [] and not msgs(ready.send_after_persist, EAccept)
     ready = turn(r0, EPreAcceptReply(src=3, view=0, owner=0, index=0, ballot=0, ok=True,
                                      seq=1, deps=none, changed=False))
-    assert [c.seq for c in ready.ready] == [1]  # 2F = 4 with the owner
+    # F + floor((F+1)/2) = 3 of 5, not the basic 2F = 4: committed without an accept phase
+    assert [c.seq for c in ready.ready] == [1]
+    assert not msgs(ready.send_after_persist, EAccept)
 
 
 def test_conflicting_commands_execute_in_the_same_order_everywhere() -> None:
@@ -265,6 +272,133 @@ def test_recovery_of_an_instance_nobody_saw_commits_a_no_op_and_the_owner_fails_
     ready = turn(owner, ECommit(src=1, view=0, owner=0, index=0, ballot=ballot, batch=(),
                                 seq=0, deps=(-1, -1, -1)))
     assert [f.command.seq for f in ready.failed] == [7] and ready.failed[0].definite
+
+
+# --------------------------------------------------------------------------- TryPreAccept
+# Five replicas: a majority without the owner keeps one member of a 3-replica fast quorum.
+
+NONE5 = (-1,) * 5
+
+
+def recovering5(me: int, *known: EPreAccept | ECommit) -> tuple[EPaxosReplica, int]:
+    """Replica ``me`` of five learns ``known``, then recovers ``(0, 0)``."""
+    core = replica(me, n=5)
+    for message in known:
+        turn(core, message)
+    core.step(_heartbeat(0, 1), 0)
+    core.advance(core.ready())
+    ready = tick(core, 10 * ELECTION_US)
+    prepares = [m for _, m in msgs(ready.send_after_persist, EPrepare) if m.owner == 0]
+    return core, prepares[0].ballot
+
+
+def other_on_a(owner: int = 4, deps: tuple[int, ...] = NONE5) -> EPreAccept:
+    """``(owner, 0)``: a command on key ``a`` that depends on nothing (as ``deps`` says)."""
+    return EPreAccept(src=owner, view=0, owner=owner, index=0, ballot=owner,
+                      batch=(key_cmd(1, "a", client=owner),), seq=1, deps=deps)
+
+
+def one_unchanged_reply(ballot: int) -> EPrepareReply:
+    return prepare_reply(2, PREACCEPTED_EQ, vballot=0, batch=(key_cmd(1, "a"),), seq=1,
+                         deps=NONE5, ballot=ballot)
+
+
+def test_one_unchanged_pre_accept_in_a_majority_starts_try_pre_accept() -> None:
+    # r1 knows (4, 0) on key a, not yet committed and not depending on (0, 0): it cannot
+    # hold the owner's attributes itself, so it asks the replicas other than the owner and
+    # the one holder
+    core, ballot = recovering5(1, other_on_a())
+    turn(core, prepare_reply(3, NONE, deps=NONE5, ballot=ballot))
+    ready = turn(core, one_unchanged_reply(ballot))
+    tries = msgs(ready.send_after_persist, ETryPreAccept)
+    assert sorted(to for to, _ in tries) == [3, 4]
+    assert tries[0][1].deps == NONE5 and tries[0][1].ballot == ballot
+    assert not msgs(ready.send_after_persist, EAccept)
+    # one more holder: F = 2 besides the owner, a majority with it: accepted as they were
+    ready = turn(core, ETryPreAcceptReply(src=3, view=0, owner=0, index=0, ballot=ballot,
+                                          ok=True, conflict=TRY_OK))
+    [(_, accept)] = msgs(ready.send_after_persist, EAccept)[:1]
+    assert accept.deps == NONE5 and accept.seq == 1 and accept.ballot == ballot
+
+
+def test_the_recoverer_holds_the_attributes_itself_when_nothing_conflicts_here() -> None:
+    core, ballot = recovering5(1)
+    turn(core, prepare_reply(3, NONE, deps=NONE5, ballot=ballot))
+    ready = turn(core, one_unchanged_reply(ballot))
+    [(_, accept)] = msgs(ready.send_after_persist, EAccept)[:1]
+    assert accept.deps == NONE5
+
+
+def test_a_committed_conflict_proves_the_fast_path_did_not_choose_them() -> None:
+    core, ballot = recovering5(1, other_on_a())
+    turn(core, prepare_reply(3, NONE, deps=NONE5, ballot=ballot))
+    turn(core, one_unchanged_reply(ballot))
+    ready = turn(core, ETryPreAcceptReply(src=4, view=0, owner=0, index=0, ballot=ballot,
+                                          ok=True, conflict=TRY_CONFLICT_COMMITTED))
+    # phase 1 again at the recovery's ballot, with the conflict among the dependencies
+    [(_, again)] = msgs(ready.send_after_persist, EPreAccept)[:1]
+    assert again.ballot == ballot and again.deps[4] == 0
+    assert not msgs(ready.send_after_persist, EAccept)
+
+
+def test_conflicts_not_yet_committed_defer_the_recovery() -> None:
+    core, ballot = recovering5(1, other_on_a())
+    turn(core, prepare_reply(3, NONE, deps=NONE5, ballot=ballot))
+    turn(core, one_unchanged_reply(ballot))
+    for src in (3, 4):
+        ready = turn(core, ETryPreAcceptReply(src=src, view=0, owner=0, index=0,
+                                              ballot=ballot, ok=True, conflict=TRY_CONFLICT))
+        assert not msgs(ready.send_after_persist, EAccept)
+        assert not msgs(ready.send_after_persist, EPreAccept)
+    # every replica answered: it prepares again after a timeout, at a higher ballot
+    ready = tick(core, 100 * ELECTION_US)
+    again = [m for _, m in msgs(ready.send_after_persist, EPrepare) if m.owner == 0]
+    assert again and again[0].ballot > ballot
+
+
+def try_pre_accept(ballot: int) -> ETryPreAccept:
+    return ETryPreAccept(src=1, view=0, owner=0, index=0, ballot=ballot,
+                         batch=(key_cmd(1, "a"),), seq=1, deps=NONE5)
+
+
+@pytest.mark.parametrize(("known", "conflict"), [
+    ((), TRY_OK),
+    ((other_on_a(),), TRY_CONFLICT),
+    ((ECommit(src=4, view=0, owner=4, index=0, ballot=4, batch=(key_cmd(1, "a", client=4),),
+              seq=1, deps=NONE5),), TRY_CONFLICT_COMMITTED),
+    # it depends on (0, 0): no conflict
+    ((other_on_a(deps=(0, -1, -1, -1, -1)),), TRY_OK),
+    # another key: no conflict
+    ((EPreAccept(src=4, view=0, owner=4, index=0, ballot=4, batch=(key_cmd(1, "b"),), seq=1,
+                 deps=NONE5),), TRY_OK),
+])
+def test_an_acceptor_pre_accepts_unless_it_knows_a_conflict(
+    known: tuple[EPreAccept | ECommit, ...], conflict: int
+) -> None:
+    r3 = replica(3, n=5)
+    for message in known:
+        turn(r3, message)
+    ballot = ballot_of(1, 1)
+    ready = turn(r3, try_pre_accept(ballot))
+    [(to, reply)] = msgs(ready.send_after_persist, ETryPreAcceptReply)
+    assert to == 1 and reply.ok and reply.conflict == conflict
+    [record] = [r for r in records_of(ready, EInstanceRecord) if r.owner == 0]
+    assert record.ballot == ballot  # the promise is durable either way
+    held = conflict == TRY_OK
+    assert (record.status, record.deps) == ((PREACCEPTED, NONE5) if held else (NONE, NONE5))
+    # and a lower ballot is refused
+    ready = turn(r3, try_pre_accept(ballot_of(1, 0)))
+    [(_, refusal)] = msgs(ready.send_after_persist, ETryPreAcceptReply)
+    assert not refusal.ok and refusal.ballot == ballot
+
+
+def test_the_unsafe_variant_pre_accepts_despite_a_committed_conflict() -> None:
+    r3 = replica(3, n=5, unsafe=frozenset({"epaxos_try_ignores_conflicts"}))
+    turn(r3, ECommit(src=4, view=0, owner=4, index=0, ballot=4,
+                     batch=(key_cmd(1, "a", client=4),), seq=1, deps=NONE5))
+    ready = turn(r3, try_pre_accept(ballot_of(1, 1)))
+    [(_, reply)] = msgs(ready.send_after_persist, ETryPreAcceptReply)
+    assert reply.conflict == TRY_OK
 
 
 def test_a_prepare_at_a_higher_ballot_stops_the_owner_and_refuses_lower_ballots() -> None:

@@ -33,6 +33,8 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
     Heartbeat,
     LeaseGrant,
     MenciusAccept,
@@ -137,6 +139,10 @@ def forged() -> list[PeerMessage]:
         EPrepare(src=s, view=0, owner=bad, index=0, ballot=ballot_of(1, s)),
         EPrepareReply(src=s, view=0, owner=bad, index=0, ballot=ballot_of(1, s), ok=True,
                       status=0, vballot=0, batch=(), seq=0, deps=(-1,) * N),
+        ETryPreAccept(src=s, view=0, owner=bad, index=0, ballot=ballot_of(1, s), batch=(op,),
+                      seq=1, deps=(-1,) * N),
+        ETryPreAcceptReply(src=s, view=0, owner=bad, index=0, ballot=ballot_of(1, s), ok=True,
+                           conflict=0),
     ]
 
 

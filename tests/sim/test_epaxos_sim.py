@@ -65,3 +65,19 @@ def test_executing_before_a_dependency_commits_is_caught() -> None:
     caught = Simulation(unsafe, 1).run()
     assert caught.violation is not None and "on key" in caught.violation
     assert Simulation(options, 1).run().ok
+
+
+# The optimized fast quorum (3 of 5) is safe only with TryPreAccept's conflict checks: a
+# recovery that pre-accepts the owner's attributes at replicas knowing a conflicting command
+# outside them, or that ignores the replicas that pre-accepted them, changes or orders
+# differently a command that may have committed on the fast path. (Seeds found by
+# ``sdpaxos sim --protocol epaxos --replicas 5 --faults all --unsafe VARIANT``.)
+@pytest.mark.parametrize(("variant", "seed"), [
+    ("epaxos_try_ignores_conflicts", 32),
+    ("epaxos_recovery_ignores_preaccepted", 5),
+])
+def test_a_recovery_that_skips_try_pre_accept_checks_is_caught(variant: str, seed: int) -> None:
+    options = SimOptions(protocol="epaxos", replicas=5, faults=parse_faults("all"))
+    caught = Simulation(dataclasses.replace(options, unsafe=frozenset({variant})), seed).run()
+    assert caught.violation is not None and "on key" in caught.violation
+    assert Simulation(options, seed).run().ok

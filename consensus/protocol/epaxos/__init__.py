@@ -20,10 +20,8 @@ common key; a command naming no keys conflicts with everything.
   when it added something) after the record is durable.
 * **Fast path.** At the owner's default ballot, when ``fast_quorum`` replicas (the owner
   included) hold the proposed attributes unchanged, the instance commits after one round trip.
-  ``fast_quorum`` is 2F: at N=3 that is the paper's optimized fast quorum F + floor((F+1)/2)
-  (both are 2); at N=5 the optimized quorum (3) needs the paper's TryPreAccept recovery phase,
-  which this core does not implement, so it keeps the basic 2F (4), whose recovery below is
-  complete (see ``_decide``).
+  ``fast_quorum`` is the paper's optimized fast quorum F + floor((F+1)/2): 2 of 3, 3 of 5
+  (the basic 2F would be 4 of 5); its recovery needs TryPreAccept (below).
 * **Slow path.** Otherwise, with a majority of replies, the owner takes the union of the
   ``deps`` and the highest ``seq``, and runs ``EAccept`` (phase 2) at a majority.
 * **Commit.** The decider persists the instance as committed, then reports its commands ready
@@ -43,9 +41,17 @@ common key; a command naming no keys conflicts with everything.
   dependency, or a heartbeat announcing its owner's next index) that is not committed within
   a randomized election timeout is recovered: ``EPrepare`` at a higher ballot; with a majority
   of ``EPrepareReply`` the recoverer commits a committed value, re-accepts the accepted value
-  of the highest ballot, accepts the proposed attributes if enough replicas pre-accepted them
-  unchanged at the default ballot (they may have committed on the fast path), re-runs
-  pre-accept when some replica pre-accepted the value, and otherwise commits a no-op.
+  of the highest ballot, accepts the owner's attributes if F replicas besides the owner
+  pre-accepted them unchanged at the default ballot, re-runs pre-accept when some replica
+  pre-accepted the value, and otherwise commits a no-op.
+* **TryPreAccept** (SOSP'13 §4.4, the tech report's recovery for the optimized quorum). A
+  majority without the owner keeps only floor((F+1)/2) members of a fast quorum (1 of 5), so
+  between that many and F - 1 unchanged pre-accepts the owner's attributes may have been
+  chosen, or not. The recoverer sends ``ETryPreAccept`` with them to the other replicas; each
+  pre-accepts them unless it knows a conflicting instance that is neither among the ``deps``
+  nor depends on this one. With F holders besides the owner they are accepted (as above); a
+  committed conflict proves they were not chosen, so pre-accept runs again; conflicts not yet
+  committed defer the recovery (it prepares again after a timeout, by when they committed).
 * **Durability.** Every change to an instance's ballot, status or value is one
   ``EInstanceRecord`` in ``Ready.persist``; replies and commits leave through
   ``send_after_persist``. A restart rebuilds instances from the records (the latest record of

@@ -19,6 +19,8 @@ from consensus.messages import (
     EPreAcceptReply,
     EPrepare,
     EPrepareReply,
+    ETryPreAccept,
+    ETryPreAcceptReply,
     Heartbeat,
     PeerMessage,
     Record,
@@ -37,6 +39,7 @@ from consensus.protocol.epaxos.state import (
     PREACCEPT_PHASE,
     PREACCEPTED,
     PREACCEPTED_EQ,
+    TRY_PHASE,
     Batch,
     Drive,
     Instance,
@@ -76,12 +79,19 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
             )
         self._ack_early = "ack_before_persist" in config.unsafe
         self._exec_uncommitted = "epaxos_exec_uncommitted" in config.unsafe
+        self._try_unchecked = "epaxos_try_ignores_conflicts" in config.unsafe
+        self._ignore_preaccepted = "epaxos_recovery_ignores_preaccepted" in config.unsafe
         self.config = config
         self.me = me
         self.n = n = config.replicas
         self.f = n // 2
         self.q = self.f + 1
-        self.fast_quorum = max(1, 2 * self.f)
+        #: the optimized fast quorum, the owner included (SOSP'13 §4.3): 2 of 3, 3 of 5
+        self.fast_quorum = max(1, self.f + (self.f + 1) // 2)
+        #: the fewest replicas besides the owner a majority keeps of a fast quorum: a
+        #: recovery seeing that many unchanged pre-accepts must try to pre-accept the owner's
+        #: attributes (``RecoveryMixin._try_preaccept``)
+        self.try_quorum = (self.f + 1) // 2
         self.rng = rng
         self.view = 0  # no views: drivers that report one see 0
         self.now = 0
@@ -165,6 +175,10 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
                 self._on_prepare(message)
             case EPrepareReply():
                 self._on_prepare_reply(message)
+            case ETryPreAccept():
+                self._on_try_preaccept(message)
+            case ETryPreAcceptReply():
+                self._on_try_preaccept_reply(message)
             case Heartbeat():
                 self._on_heartbeat(src, message.executed)
             case _:
@@ -554,6 +568,12 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
             drive.sent_at = self.now
             if drive.phase == PREACCEPT_PHASE and len(drive.replies) + 1 >= self.q:
                 self._preaccept_progress(iid, drive, timed_out=True)
+                continue
+            if drive.phase == TRY_PHASE:
+                self._try_progress(iid, drive, timed_out=True)
+                if iid in self._drives:
+                    for peer in self._try_targets(iid, drive):
+                        self._send(peer, self._try_message(iid, drive))
                 continue
             message: PeerMessage
             if drive.phase == PREACCEPT_PHASE:

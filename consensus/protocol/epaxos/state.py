@@ -19,6 +19,7 @@ __all__ = [
     "PREACCEPT_PHASE",
     "PREPARE_PHASE",
     "RECOVERIES_PER_TICK",
+    "TRY_PHASE",
     "Batch",
     "Drive",
     "Instance",
@@ -33,9 +34,15 @@ PREACCEPTED_EQ: Final = 2  # pre-accepted with the proposer's attributes unchang
 ACCEPTED: Final = 3
 COMMITTED: Final = 4
 
-#: the deliberately broken variants EPaxos has: ``epaxos_exec_uncommitted`` executes an
-#: instance without waiting for its dependencies to commit (a teeth test finds it)
-EPAXOS_UNSAFE_VARIANTS: Final = frozenset({"ack_before_persist", "epaxos_exec_uncommitted"})
+#: the deliberately broken variants EPaxos has (teeth tests find each): ``epaxos_exec_uncommitted``
+#: executes an instance without waiting for its dependencies to commit;
+#: ``epaxos_try_ignores_conflicts`` answers every TryPreAccept with a pre-accept, never
+#: checking its own instances for conflicts; ``epaxos_recovery_ignores_preaccepted`` treats a
+#: recovery's pre-accepted replies as if nobody had seen the value (a no-op replaces it)
+EPAXOS_UNSAFE_VARIANTS: Final = frozenset({
+    "ack_before_persist", "epaxos_exec_uncommitted", "epaxos_try_ignores_conflicts",
+    "epaxos_recovery_ignores_preaccepted",
+})
 
 #: most recoveries started in one tick (the rest wait for the next)
 RECOVERIES_PER_TICK: Final = 64
@@ -48,6 +55,8 @@ Batch = tuple[Command, ...]
 PREACCEPT_PHASE: Final = "pre-accept"
 ACCEPT_PHASE: Final = "accept"
 PREPARE_PHASE: Final = "prepare"
+#: recovery asking replicas to pre-accept the owner's attributes (the optimized fast quorum)
+TRY_PHASE: Final = "try-pre-accept"
 
 
 class Instance:
@@ -72,7 +81,10 @@ class Instance:
 class Drive:
     """An instance this replica is driving (its own, or one it recovers) at ``ballot``."""
 
-    __slots__ = ("ballot", "batch", "changed", "deps", "phase", "replies", "sent_at", "seq")
+    __slots__ = (
+        "ballot", "batch", "changed", "deps", "holders", "phase", "prepared", "refusals",
+        "replies", "sent_at", "seq",
+    )
 
     def __init__(
         self, phase: str, ballot: int, batch: Batch, seq: int, deps: tuple[int, ...], now: int
@@ -85,6 +97,13 @@ class Drive:
         self.changed = False  # a pre-accept reply changed the attributes
         self.replies: dict[int, EPrepareReply | None] = {}
         self.sent_at = now
+        #: TryPreAccept: replicas other than the owner holding the owner's attributes (at its
+        #: default ballot, or pre-accepted by this try), those that refused for a conflict,
+        #: and the prepare's replies that pre-accepted the value (a restarted phase 1 merges
+        #: their attributes)
+        self.holders: set[int] = set()
+        self.refusals: set[int] = set()
+        self.prepared: tuple[EPrepareReply, ...] = ()
 
 
 def merge(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
