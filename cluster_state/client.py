@@ -553,7 +553,10 @@ class AllocationStore:
         self, since: int = -1, *, poll_s: float = 0.05
     ) -> AsyncGenerator[ChangeEvent, None]:
         """Every change event with a revision above ``since``, in order, once each; new ones
-        as they happen. Raises ``EventsCompacted`` if the store dropped some of them.
+        as they happen, pushed (remote: ``ConfigError`` unless the store was connected with
+        ``watch_targets``). Raises ``EventsCompacted`` if the store dropped some of them or
+        this watcher read too slowly. ``poll_s``: how often an embedded watch looks at the
+        store anyway (at least every second: a snapshot installed from a peer calls no hook).
 
         One operation may emit several events with the same revision (a release that places
         its preemptors, say); they come one after the other. To resume exactly after the

@@ -591,8 +591,11 @@ def _doc(message: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
         value = getattr(message, field.name)
         kind = field.message_type
         if kind is not None and kind.GetOptions().map_entry:
-            nested = kind.fields_by_name["value"].message_type is not None
-            doc[field.name] = {k: _doc(v) if nested else v for k, v in value.items()}
+            wrapper = kind.fields_by_name["value"].message_type
+            # a map to a one-field wrapper (node -> Devices) shows that field: node -> [...]
+            only = wrapper.fields[0].name if wrapper and len(wrapper.fields) == 1 else None
+            doc[field.name] = {k: list(getattr(v, only)) if only else _doc(v) if wrapper else v
+                               for k, v in value.items()}
         elif field.is_repeated:
             doc[field.name] = [_doc(v) if kind is not None else v for v in value]
         elif kind is not None:

@@ -152,7 +152,7 @@ def test_config_apply_inspect_and_health_warning_over_grpc(
     assert plan["groups"]["train"]["outcome"] == "trimmed"
     assert plan["nodes_removed"] == [on[0]] and plan["vcs_removed"] == ["vc01"]
     code, out, _ = ctl(capsys, address, "status", "train")
-    assert [pod[1] for pod in json.loads(out)["pods"]] == on  # the dry run changed nothing
+    assert [pod["node"] for pod in json.loads(out)["pods"]] == on  # the dry run changed nothing
     assert main(["ctl", "--server", address, "config", "apply", str(path), "--dry-run"]) == 0
     table = capsys.readouterr().out
     assert "would run" in table and "trimmed" in table and "8 leaf cells dropped" in table
@@ -160,7 +160,7 @@ def test_config_apply_inspect_and_health_warning_over_grpc(
     done = json.loads(out)
     assert code == 0 and done["changed"] and done["groups"] == plan["groups"]
     code, out, _ = ctl(capsys, address, "status", "train")
-    assert [pod[1] for pod in json.loads(out)["pods"]] == ["", on[1]]
+    assert [pod["node"] for pod in json.loads(out)["pods"]] == ["", on[1]]
     code, out, _ = ctl(capsys, address, "config", "apply", str(path))
     assert code == 0 and json.loads(out)["changed"] is False
     # every replica runs the new configuration
