@@ -66,10 +66,13 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
+from types import MappingProxyType
 from typing import Any
+
+import msgpack
 
 from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
@@ -92,6 +95,7 @@ from cluster_state.ops import (
     Waiting,
 )
 from cluster_state.placement import Picker
+from cluster_state.snapshot_encoding import packed_array_header
 
 __all__ = ["Allocator", "Group"]
 
@@ -103,10 +107,14 @@ _log = logging.getLogger(__name__)
 
 #: the typecode of a snapshot's packed leaf revisions (signed 64-bit: -1 is "never changed")
 _REV_TYPECODE = "q"
+#: the attributes of a ``Group`` a snapshot does not record (setting them keeps its packed
+#: record)
+_OUTSIDE_RECORD = frozenset({"preemptors", "_spec_wire", "_packed"})
 class Group:
     """One affinity group the store knows: placed or preempting."""
 
     __slots__ = (
+        "_packed",
         "_spec_wire",
         "chain",
         "claims",
@@ -122,26 +130,101 @@ class Group:
         "victims",
     )
 
+    spec: GroupSpec
+    chain: int
+    pods: tuple[tuple[int, ...], ...]  # leaf ids per pod, pods in ``spec.pod_sizes`` order
+    preempting: bool
+    downgraded: bool  # lazily preempted: now runs as opportunistic
+    downgraded_at: int  # ... at this log position
+    downgraded_by: str  # ... for this preemptor ("" for a reconfiguration)
+    token: int  # log position it was placed at
+    # (The containers a snapshot records are immutable: a change is an assignment, which
+    # ``__setattr__`` sees.)
+    victims: frozenset[str]  # preempting: groups it waits for
+    preemptors: set[str]  # placed: preempting groups waiting for it
+    created: int  # log position that created it (its incarnation)
+    claims: Mapping[int, ClaimHolder]  # placed: member pod slot -> the pod holding it
+    _spec_wire: tuple[GroupSpec, list[Any]] | None
+    _packed: bytes | None
+
     def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...]) -> None:
-        self.spec = spec
-        self.chain = chain
-        self.pods = pods  # leaf ids per pod, pods in ``spec.pod_sizes`` order
-        self.preempting = False
-        self.downgraded = False  # lazily preempted: now runs as opportunistic
-        self.downgraded_at = -1  # ... at this log position
-        self.downgraded_by = ""  # ... for this preemptor ("" for a reconfiguration)
-        self.token = -1  # log position it was placed at
-        self.victims: set[str] = set()  # preempting: groups it waits for
-        self.preemptors: set[str] = set()  # placed: preempting groups waiting for it
-        self.created = -1  # log position that created it (its incarnation)
-        self.claims: dict[int, ClaimHolder] = {}  # placed: member pod slot -> the pod holding it
-        self._spec_wire: tuple[GroupSpec, list[Any]] | None = None
+        # set past ``__setattr__`` (nothing is packed yet): a restore makes thousands
+        init = object.__setattr__
+        init(self, "spec", spec)
+        init(self, "chain", chain)
+        init(self, "pods", pods)
+        init(self, "preempting", False)
+        init(self, "downgraded", False)
+        init(self, "downgraded_at", -1)
+        init(self, "downgraded_by", "")
+        init(self, "token", -1)
+        init(self, "victims", frozenset())
+        init(self, "preemptors", set())
+        init(self, "created", -1)
+        init(self, "claims", MappingProxyType({}))
+        init(self, "_spec_wire", None)
+        init(self, "_packed", None)
+
+    def load(self, record: list[Any]) -> None:
+        """Take the facts of a snapshot's ``record()`` of the group after its spec, chain
+        and pods (older formats: fewer; past ``__setattr__``, like ``__init__``)."""
+        init = object.__setattr__
+        preempting, downgraded, _, token, victims = record[2:7]
+        init(self, "preempting", preempting)
+        init(self, "downgraded", downgraded)
+        init(self, "token", token)
+        init(self, "victims", frozenset(victims))
+        if len(record) > 7:  # snapshot format 1 did not record when and by whom
+            init(self, "downgraded_at", record[7])
+            init(self, "downgraded_by", record[8])
+        if len(record) > 9:  # incarnation and claims (older snapshots: none recorded)
+            init(self, "created", int(record[9]))
+            init(self, "claims", MappingProxyType(
+                {int(s): (str(uid), str(pod)) for s, uid, pod in record[10]}))
+        elif not preempting:
+            init(self, "created", token)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Any change of what the snapshot records drops the record packed for it.
+        object.__setattr__(self, name, value)
+        if name not in _OUTSIDE_RECORD:
+            object.__setattr__(self, "_packed", None)
 
     def spec_wire(self) -> list[Any]:
         """``spec.to_wire()``, kept (snapshots ask for it every time)."""
         if self._spec_wire is None or self._spec_wire[0] is not self.spec:
             self._spec_wire = (self.spec, self.spec.to_wire())
         return self._spec_wire[1]
+
+    def record(self) -> list[Any]:
+        """What a snapshot records of the group (``Allocator.export_state``)."""
+        return [
+            self.spec_wire(),
+            self.chain,
+            self.preempting,
+            self.downgraded,
+            self.pods,
+            self.token,
+            sorted(self.victims),
+            self.downgraded_at,
+            self.downgraded_by,
+            self.created,
+            [[slot, uid, pod] for slot, (uid, pod) in sorted(self.claims.items())],
+        ]
+
+    def packed(self) -> bytes:
+        """``record()`` packed, kept until the group changes (a snapshot packs only the
+        groups that changed since the last one)."""
+        packed = self._packed
+        if packed is None:
+            packed = msgpack.packb(self.record())
+            object.__setattr__(self, "_packed", packed)
+        return packed
+
+    def keep_packed(self, packed: bytes) -> None:
+        """Take ``packed`` as ``packed()`` (a restore: the snapshot's own bytes of the record
+        the group was made from)."""
+        object.__setattr__(self, "_packed", packed)
 
     @property
     def priority(self) -> int:
@@ -176,10 +259,11 @@ class _Plan:
 class Allocator:
     """The allocation state of one store; see the module docstring."""
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, *, bulk: bool = False) -> None:
+        """``bulk``: for ``import_state`` only, which builds the indexes once at its end."""
         self.topo = topo
         self.options = topo.config.options
-        self.cells = CellState(topo)
+        self.cells = CellState(topo, bulk=bulk)
         self.buddy = Buddy(topo, self.cells)
         self.groups: dict[str, Group] = {}
         self.bad_nodes: set[str] = set()
@@ -575,7 +659,7 @@ class Allocator:
         if not victims:
             self._promote(group, position)
             return self._placed(group)
-        group.victims = set(victims)
+        group.victims = frozenset(victims)
         for name in victims:
             self.groups[name].preemptors.add(spec.name)
         self.events.append(("preempting", spec.name, victims))
@@ -739,7 +823,7 @@ class Allocator:
         promoted = []
         for preemptor_name in sorted(group.preemptors):
             preemptor = self.groups[preemptor_name]
-            preemptor.victims.discard(name)
+            preemptor.victims = preemptor.victims - {name}
             if preemptor.victims:
                 continue
             if self.options.reservations == RESERVE_PLACE_AT_ONCE:
@@ -789,7 +873,7 @@ class Allocator:
                 name, f"member pod {slot} of {name} is held by {current or 'nobody'}, "
                 f"not {previous or 'nobody'}"
             )
-        group.claims[slot] = holder
+        group.claims = MappingProxyType({**group.claims, slot: holder})
         return Claimed(name, incarnation, slot, uid)
 
     def _promote(self, group: Group, position: int) -> None:
@@ -992,37 +1076,34 @@ class Allocator:
     # ================================================================== state transfer
     def export_state(self) -> list[Any]:
         """The facts everything else is derived from, canonically ordered."""
-        buddy, cells, topo = self.buddy, self.cells, self.topo
         # Tuples pack as arrays: the pods go out as they are; the spec's wire form is cached.
-        groups = [
-            [
-                g.spec_wire(),
-                g.chain,
-                g.preempting,
-                g.downgraded,
-                g.pods,
-                g.token,
-                sorted(g.victims) if g.victims else [],
-                g.downgraded_at,
-                g.downgraded_by,
-                g.created,
-                [[slot, uid, pod] for slot, (uid, pod) in sorted(g.claims.items())],
-            ]
-            for _, g in sorted(self.groups.items())
-        ]
+        groups = [g.record() for _, g in sorted(self.groups.items())]
+        return [groups, *self._state_rest()]
+
+    def export_packed(self) -> bytes:
+        """``msgpack.packb(export_state())``, the groups' records packed only where they
+        changed since the last time (``Group.packed``)."""
+        groups = self.groups
+        parts = [packed_array_header(len(groups))]
+        parts += [groups[name].packed() for name in sorted(groups)]
+        return b"".join([packed_array_header(4), *parts, *map(msgpack.packb, self._state_rest())])
+
+    def _state_rest(self) -> list[Any]:
+        """``export_state`` after the groups: bindings, bad nodes, leaf revisions."""
+        buddy, cells, topo = self.buddy, self.cells, self.topo
+        # the bound items (``item_root``: a VC's items at 100k GPUs are tens of thousands,
+        # most of them unbound)
         bindings = [
-            [item, buddy.item_cell[item]]
-            for item in range(len(topo.items))
-            if buddy.item_cell[item] >= 0
-            and not buddy.doomed[item]
-            and not topo.items[item].pinned_id
+            [item, cell]
+            for item, cell in sorted(cells.item_root.items())
+            if not buddy.doomed[item] and not topo.items[item].pinned_id
         ]
         # Every cell's revision as packed 64-bit integers: one C call instead of a pair per
         # changed leaf (100k leaves; the snapshot runs on the replica's event loop).
         leaf_ids = topo.leaf_ids
         revs = array(_REV_TYPECODE, itemgetter(*leaf_ids)(cells.rev) if len(leaf_ids) > 1
                      else [cells.rev[c] for c in leaf_ids]).tobytes()
-        return [groups, bindings, sorted(self.bad_nodes), revs]
+        return [bindings, sorted(self.bad_nodes), revs]
 
     def import_state(self, state: list[Any]) -> None:
         """Rebuild from ``export_state`` output (on a fresh allocator of the same topology)."""
@@ -1035,7 +1116,7 @@ class Allocator:
             self.set_node_health(str(node), False, -1)
         held: list[tuple[Group, list[int]]] = []
         for record in groups_raw:
-            spec_raw, chain, preempting, downgraded, pods, token, victims = record[:7]
+            spec_raw, chain, preempting, _, pods = record[:5]
             name, vc, priority, members, leaf_type, pinned, lazy = spec_raw
             spec = GroupSpec(
                 name=name,
@@ -1047,15 +1128,7 @@ class Allocator:
                 lazy=lazy,
             )
             group = Group(spec, chain, tuple(tuple(p) for p in pods))
-            group.preempting, group.downgraded, group.token = preempting, downgraded, token
-            group.victims = set(victims)
-            if len(record) > 7:  # snapshot format 1 did not record when and by whom
-                group.downgraded_at, group.downgraded_by = record[7], record[8]
-            if len(record) > 9:  # incarnation and claims (older snapshots: none recorded)
-                group.created = int(record[9])
-                group.claims = {int(s): (str(uid), str(pod)) for s, uid, pod in record[10]}
-            elif not preempting:
-                group.created = token
+            group.load(record)
             self.groups[name] = group
             leaves = group.leaves()
             for leaf in leaves:
@@ -1079,7 +1152,12 @@ class Allocator:
                     buddy_item_used[item] += 1
                     buddy.mark_used(item)
             every_leaf.extend(leaves)
-        cells.set_leaves(every_leaf, [self._eff(leaf) for leaf in every_leaf], -1)
+        # ``_eff`` of every leaf, by C loops (a Python call per leaf was a tenth of a restore)
+        prio_of: dict[str | None, int] = {name: g.priority for name, g in self.groups.items()}
+        prio_of[None] = FREE  # no owner / no reserver
+        effs = list(map(max, map(prio_of.__getitem__, map(cells.owner.__getitem__, every_leaf)),
+                        map(prio_of.__getitem__, map(cells.reserver.__getitem__, every_leaf))))
+        cells.set_leaves(every_leaf, effs, -1)
         cells.rebuild_indexes()
         if isinstance(revs, bytes):  # snapshot format 3: every leaf's revision, packed
             packed = array(_REV_TYPECODE, revs)
@@ -1228,7 +1306,7 @@ class Allocator:
             )
             group = Group(g.spec, chain, pods)
             group.token = g.token
-            group.created, group.claims = g.created, dict(g.claims)
+            group.created, group.claims = g.created, g.claims
             group.downgraded, group.downgraded_at = g.downgraded, g.downgraded_at
             group.downgraded_by = g.downgraded_by
             entry: dict[str, Any] = {"outcome": "kept"}

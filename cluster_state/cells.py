@@ -359,6 +359,10 @@ class Topology:
     def leaf_number(self, c: int) -> int:
         return len(self.leaves[c])
 
+    def subtree(self, c: int) -> range:
+        """The ids of ``c`` and every cell under it (consecutive: ids are in pre-order)."""
+        return range(c, c + sum(map(len, self.desc[c])))
+
     def item_label(self, item: int) -> str:
         it = self.items[item]
         if it.pinned_id:

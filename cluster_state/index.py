@@ -148,10 +148,12 @@ class CellState:
         "topo",
     )
 
-    def __init__(self, topo: Topology) -> None:
+    def __init__(self, topo: Topology, *, bulk: bool = False) -> None:
+        """``bulk``: start in bulk mode, indexes not built (for a state loaded in bulk, as a
+        restore does, which ends with ``rebuild_indexes``)."""
         self.topo = topo
         n = topo.size
-        self.free_n: list[int] = [len(leaves) for leaves in topo.leaves]
+        self.free_n: list[int] = list(map(len, topo.leaves))
         self.hist: list[dict[int, int]] = [{} for _ in range(n)]
         self.bad_n: list[int] = [0] * n
         self.item_of: list[int] = [-1] * n  # the bound item whose cell holds c, or -1
@@ -170,9 +172,10 @@ class CellState:
         #: while set, the indexes are not kept (``_move``, ``set_region`` and ``mark_item``
         #: leave the buckets alone) until ``rebuild_indexes``: a restore changes most cells,
         #: and rebuilding once costs a pass where keeping up costs a sorted insert per change
-        self.bulk = False
+        self.bulk = bulk
         self.buckets: list[list[list[SortedIds]]] = []
-        self.rebuild_indexes()
+        if not bulk:
+            self.rebuild_indexes()
 
     def rebuild_indexes(self) -> None:
         """Every bucket from the counters (``free_n``, ``in_region``, ``item_of``) alone, and
@@ -384,11 +387,18 @@ class CellState:
             self.topo.level,
             self.topo.chain_of,
         )
+        if self.bulk:  # no index to keep
+            if isinstance(cells, range) and cells.step == 1:  # a subtree: one slice
+                in_region[cells.start : cells.stop] = [inside] * len(cells)
+                return
+            for c in cells:
+                in_region[c] = inside
+            return
         for c in cells:
             if in_region[c] == inside:
                 continue
             in_region[c] = inside
-            if level[c] >= 2 and free_n[c] and not self.bulk:
+            if level[c] >= 2 and free_n[c]:
                 bucket = self.buckets[self.region(chain_of[c])][level[c] - 1][free_n[c]]
                 if inside:
                     bucket.add(c)
@@ -398,20 +408,30 @@ class CellState:
     def mark_item(self, root: int, item: int) -> None:
         """The cells under ``root`` now belong to bound item ``item``: list them in its key's
         index (a level-1 cell only when it is the item's own cell)."""
+        self.item_root[item] = root
+        if self.bulk:  # no index to keep: the subtree is one range of ids (pre-order)
+            self._mark_range(root, item)
+            return
         buckets = self.buckets[self.n_chains + self.key_of_item[item]]
         free_n, item_of = self.free_n, self.item_of
-        self.item_root[item] = root
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = item
                 if (level >= 2 or c == root) and free_n[c] and not self.bulk:
                     buckets[level - 1][free_n[c]].add(c)
 
+    def _mark_range(self, root: int, item: int) -> None:
+        subtree = self.topo.subtree(root)
+        self.item_of[subtree.start : subtree.stop] = [item] * len(subtree)
+
     def unmark_item(self, root: int) -> None:
         item = self.item_of[root]
+        del self.item_root[item]
+        if self.bulk:
+            self._mark_range(root, -1)
+            return
         buckets = self.buckets[self.n_chains + self.key_of_item[item]]
         free_n, item_of = self.free_n, self.item_of
-        del self.item_root[item]
         for level, cells in enumerate(self.topo.desc[root], start=1):
             for c in cells:
                 item_of[c] = -1

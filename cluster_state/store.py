@@ -49,6 +49,7 @@ from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
+from cluster_state.gc_pause import gc_paused
 from cluster_state.ops import (
     Bind,
     Claim,
@@ -76,6 +77,7 @@ from cluster_state.ops import (
     decode_query,
     encode_result,
 )
+from cluster_state.snapshot_encoding import PackedEvents, packed_array_header
 from consensus.messages import Command
 from consensus.statemachine import SessionTable
 
@@ -90,6 +92,10 @@ SNAPSHOT_FORMAT = 3
 _SNAPSHOT_FORMAT_CONFIG_MAP = 2
 #: The format before the configuration was kept (still read when the digests match).
 _SNAPSHOT_FORMAT_NO_CONFIG = 1
+
+#: a snapshot's fields (format 3) and those of its event log (``EventLog.to_state``)
+_SNAPSHOT_FIELDS = 7
+_EVENT_LOG_FIELDS = 2
 
 #: about this many events per page of the watch stream (whole revisions only)
 EVENTS_PAGE = 512
@@ -133,7 +139,8 @@ def _packed_config(topology: Topology) -> bytes:
 class ClusterStore:
     """A replicated GPU allocation store (HiveD's model); implements ``StateMachine``."""
 
-    __slots__ = ("allocator", "applied_position", "events", "revision", "sessions", "topology")
+    __slots__ = ("_packed_events", "allocator", "applied_position", "events", "revision",
+                 "sessions", "topology")
 
     def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096) -> None:
         self.topology = config if isinstance(config, Topology) else topology_of(config)
@@ -145,6 +152,7 @@ class ClusterStore:
             self.allocator.start_all_bad()
         self.sessions = SessionTable()
         self.events = EventLog(event_limit)
+        self._packed_events = PackedEvents()  # the events' wire form, kept for snapshots
         self.revision = -1
         self.applied_position = -1  # not part of the snapshot: the driver's meta has it
 
@@ -286,17 +294,24 @@ class ClusterStore:
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> bytes:
-        return _pack(
-            [
-                SNAPSHOT_FORMAT,
-                self.topology.digest,
-                _packed_config(self.topology),
-                self.revision,
-                self.allocator.export_state(),
-                self.events.to_state(),
-                self.sessions.to_state(),
-            ]
-        )
+        """``_pack([SNAPSHOT_FORMAT, digest, packed configuration, revision,
+        allocator.export_state(), events.to_state(), sessions.to_state()])``, byte for byte,
+        made of pieces packed once and kept while they do not change (the configuration, each
+        group's record, each event): at 100k GPUs it runs on the replica's event loop in a
+        few milliseconds rather than ~100 (see ``cluster_state.snapshot_encoding``)."""
+        events = self.events
+        return b"".join((
+            packed_array_header(_SNAPSHOT_FIELDS),
+            _pack(SNAPSHOT_FORMAT),
+            _pack(self.topology.digest),
+            _pack(_packed_config(self.topology)),
+            _pack(self.revision),
+            self.allocator.export_packed(),
+            packed_array_header(_EVENT_LOG_FIELDS),
+            _pack(events.floor),
+            self._packed_events.pack(events.events),
+            _pack(self.sessions.to_state()),
+        ))
 
     def restore(self, data: bytes) -> None:
         """Load a snapshot, adopting the configuration it was taken under (a store built
@@ -330,9 +345,11 @@ class ClusterStore:
                 raise SnapshotError(f"the snapshot's configuration is invalid: {exc}") from None
             if topology.digest != digest:
                 raise SnapshotError("the snapshot's configuration does not match its digest")
-        allocator = Allocator(topology)
         try:
-            allocator.import_state(state)
+            # in bulk (indexes built once, at the end), no collector passes over the build
+            with gc_paused():
+                allocator = Allocator(topology, bulk=True)
+                allocator.import_state(state)
         except Exception as exc:
             raise SnapshotError(f"the snapshot's state does not load: {exc!r}") from None
         self.topology = topology

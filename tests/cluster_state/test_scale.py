@@ -19,6 +19,8 @@ from cluster_state import (
 )
 from cluster_state.config import ClusterConfig
 from cluster_state.index import CellState
+from cluster_state.ops import claim
+from cluster_state.store import SNAPSHOT_FORMAT
 from consensus.messages import Command
 
 EXPLICIT_NODE = """
@@ -251,3 +253,57 @@ def test_first_and_later_node_cells_of_a_stamped_topology_differ_only_by_offset(
     assert topo.leaves[later] == tuple(c + offset for c in topo.leaves[first])
     assert topo.address[later + 1].startswith(topo.address[later] + "/")
     assert {topo.node_cell[c] for c in range(later, later + 15)} == {later}
+
+
+def _snapshot_at_once(store: ClusterStore) -> bytes:
+    """The snapshot packed the obvious way: the whole state in one ``packb``."""
+    packed: bytes = msgpack.packb([
+        SNAPSHOT_FORMAT,
+        store.topology.digest,
+        msgpack.packb(store.topology.config.to_dict(compact=True)),
+        store.revision,
+        store.allocator.export_state(),
+        store.events.to_state(),
+        store.sessions.to_state(),
+    ])
+    return packed
+
+
+def test_a_snapshot_of_kept_pieces_is_the_whole_state_packed_at_once() -> None:
+    # Groups placed, preempting (victims leaving one by one), lazily downgraded, claimed,
+    # released; node health; events dropped from a small log: after every command the
+    # snapshot made of kept pieces is the state packed at once.
+    store = ClusterStore(synthetic_config(nodes=16, nodes_per_rack=4, vcs=2), event_limit=40)
+    rng = random.Random(7)
+    live: dict[str, int] = {}  # group -> its incarnation
+    outcomes: set[str] = set()
+    for position in range(600):
+        roll, submitted = rng.random(), ""
+        if live and roll < 0.3:
+            op = release(rng.choice(sorted(live)))
+        elif live and roll < 0.4:
+            name = rng.choice(sorted(live))
+            op = claim(name, live[name], 0, f"uid{position}", f"ns/pod{position}",
+                       rng.choice(["", f"uid{position - 1}"]))
+        elif roll < 0.45:
+            op = set_node_health(f"node{rng.randrange(16):04d}", rng.random() < 0.5)
+        else:
+            submitted = f"g{position}"
+            op = submit(submitted, rng.choice(["vc00", "vc01"]),
+                        rng.choice([-1, 0, 5, 50, 500]),
+                        [(rng.choice([1, 2, 4]), rng.choice([1, 2, 4, 8]))],
+                        lazy=rng.random() < 0.3)
+        result = msgpack.unpackb(store.apply(position, Command(client_id=1, seq=position,
+                                                               op=op)))
+        outcomes.add(result[0])
+        if submitted and submitted in store.allocator.groups:
+            live[submitted] = position
+        for name in [n for n in live if n not in store.allocator.groups]:
+            del live[name]
+        assert store.snapshot() == _snapshot_at_once(store), position
+    # the run did change groups in every way a snapshot records
+    assert {"placed", "preempting", "released", "claimed"} <= outcomes, outcomes
+    assert {e.kind for e in store.events.events} >= {"placed", "released"}
+    restored = ClusterStore(store.topology)
+    restored.restore(store.snapshot())
+    assert restored.snapshot() == _snapshot_at_once(restored) == store.snapshot()
