@@ -159,8 +159,10 @@ def test_a_session_makes_a_retried_update_take_effect_once(server: str) -> None:
     assert first == again and first.WhichOneof("outcome") == "placed"
     release = pb.ReleaseRequest(group="job", session=pb.Session(client_id=4242, seq=1))
     assert stub.Release(release, timeout=10) == stub.Release(release, timeout=10)
-    # an older client reads the JSON copy; a typed one the groups and the revision
-    assert json.loads(stub.ListAllocations(pb.QueryRequest(), timeout=10).json) == []
+    # an older client (its reply type was JsonReply) reads the JSON copy in field 1; a typed
+    # one the groups and the revision
+    wire = stub.ListAllocations(pb.QueryRequest(), timeout=10).SerializeToString()
+    assert json.loads(pb.JsonReply.FromString(wire).json) == []
     listing = stub.ListAllocations(pb.QueryRequest(typed=True), timeout=10)
     assert not listing.json and not listing.groups and listing.revision >= 1
     # without a session a repeated release is a new request: the group is gone, and
