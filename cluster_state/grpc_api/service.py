@@ -349,14 +349,17 @@ class _AckedFlow:
         self._unacked += len(batch.events)
 
     async def read_acks(self, requests: AsyncIterator[pb.WatchControl]) -> None:
-        # A malformed control message is ignored: a peer's bytes never end the stream.
-        async for control in requests:
-            if control.WhichOneof("control") != "ack" or control.ack <= self._acked:
-                continue
-            self._acked = control.ack
-            while self._sent and self._sent[0][0] <= control.ack:
-                self._unacked -= self._sent.popleft()[1]
-            self._progress.set()
+        # A control message that is not a newer ack is ignored: a peer's bytes never end the
+        # stream. Neither does the request side failing (the client went away): the
+        # stream's own writes find that out.
+        with contextlib.suppress(grpc.RpcError, grpc.aio.AioRpcError, grpc.aio.UsageError):
+            async for control in requests:
+                if control.WhichOneof("control") != "ack" or control.ack <= self._acked:
+                    continue
+                self._acked = control.ack
+                while self._sent and self._sent[0][0] <= control.ack:
+                    self._unacked -= self._sent.popleft()[1]
+                self._progress.set()
 
     async def wait_room(self, dropped: asyncio.Event) -> bool:
         """Until fewer than half the window is unacknowledged (True) or the hub dropped the

@@ -185,6 +185,33 @@ def test_a_watcher_that_stops_reading_is_cut_with_events_compacted_over_grpc(
     asyncio.run(asyncio.wait_for(run(), 20))
 
 
+def test_a_watch_acked_stream_must_start_with_where_to_start(tmp_path: Path) -> None:
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        async with grpc_served(nodes[:1]) as (target,):
+            channel = grpc.aio.insecure_channel(target)
+            stub = pb_grpc.AllocationServiceStub(channel)  # type: ignore[no-untyped-call]
+            try:
+                call = stub.WatchAcked(iter([pb.WatchControl(ack=5)]))
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await call.read()
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                # acks that are stale or not acks at all are ignored; the stream goes on
+                writer = AllocationStore.embedded(nodes[0])
+                await writer.submit(gang("after", "vc00", 100, (1, 1)))
+                call = stub.WatchAcked(iter([pb.WatchControl(start=pb.WatchRequest(since=-1)),
+                                             pb.WatchControl(ack=-7), pb.WatchControl()]))
+                first = await call.read()
+                assert [e.subject for e in first.events] == ["after"]
+                call.cancel()
+            finally:
+                await channel.close()
+        for node in nodes:
+            await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 20))
+
+
 def test_not_found_release_twice_and_named_fields(tmp_path: Path) -> None:
     async def run() -> None:
         nodes = await start(tmp_path)
