@@ -321,6 +321,12 @@ class CellState:
         ancestors, free_n, hist = self.topo.ancestors, self.free_n, self.hist
         for (old, new), moved in moves.items():
             under = Counter(_concat(map(ancestors.__getitem__, moved)))
+            if old == FREE and new != FREE:  # a restore's every move: one loop
+                for a, n in under.items():
+                    free_n[a] -= n
+                    h = hist[a]
+                    h[new] = h.get(new, 0) + n
+                continue
             if old == FREE:
                 for a, n in under.items():
                     free_n[a] -= n

@@ -298,7 +298,12 @@ class ClusterStore:
         allocator.export_state(), events.to_state(), sessions.to_state()])``, byte for byte,
         made of pieces packed once and kept while they do not change (the configuration, each
         group's record, each event): at 100k GPUs it runs on the replica's event loop in a
-        few milliseconds rather than ~100 (see ``cluster_state.snapshot_encoding``)."""
+        few milliseconds rather than ~100 (see ``cluster_state.snapshot_encoding``). The
+        records it packs are garbage at once: no collector passes meanwhile."""
+        with gc_paused():
+            return self._snapshot()
+
+    def _snapshot(self) -> bytes:
         events = self.events
         return b"".join((
             packed_array_header(_SNAPSHOT_FIELDS),
@@ -315,7 +320,12 @@ class ClusterStore:
 
     def restore(self, data: bytes) -> None:
         """Load a snapshot, adopting the configuration it was taken under (a store built
-        with another one runs the snapshot's until a ``reconfigure`` command changes it)."""
+        with another one runs the snapshot's until a ``reconfigure`` command changes it).
+        The state is loaded in bulk, without collector passes over what it makes."""
+        with gc_paused():
+            self._restore(data)
+
+    def _restore(self, data: bytes) -> None:
         try:
             fields = msgpack.unpackb(data)
             fmt = fields[0]
@@ -346,10 +356,8 @@ class ClusterStore:
             if topology.digest != digest:
                 raise SnapshotError("the snapshot's configuration does not match its digest")
         try:
-            # in bulk (indexes built once, at the end), no collector passes over the build
-            with gc_paused():
-                allocator = Allocator(topology, bulk=True)
-                allocator.import_state(state)
+            allocator = Allocator(topology, bulk=True)  # indexes built once, at the end
+            allocator.import_state(state)
         except Exception as exc:
             raise SnapshotError(f"the snapshot's state does not load: {exc!r}") from None
         self.topology = topology
