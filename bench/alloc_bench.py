@@ -10,8 +10,11 @@ in a random VC, one in ten opportunistic. A submit that preempts is followed by 
 victims (what their schedulers would do), which may place the preemptor.
 
 Reported: p50/p99/max apply time of submits and of releases (µs), outcome counts, and for the
-final state the snapshot size, ``snapshot()`` time and ``restore()`` time into a fresh store
-(plus one ``snapshot()`` of the restored store, which must give the same bytes).
+final state the snapshot size, ``snapshot()`` time (wall and this process's CPU), the same
+again with nothing changed (``snapshot_again_s``: every piece kept), ``restore()`` time into a
+fresh store (wall and CPU) and the restored store's first ``snapshot()``
+(``snapshot_after_restore_s``: every group and event packed again, the longest a snapshot
+holds a replica's event loop), which must give the same bytes.
 
 By default the garbage collector's view of the loaded store is frozen (``gc.freeze()`` after
 building it), as a long-running replica would do after loading its configuration: otherwise a
@@ -27,7 +30,8 @@ import json
 import random
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -65,6 +69,17 @@ def _summary(values: list[float]) -> dict[str, float]:
         "p99_us": round(_percentile(values, 0.99) * 1e6, 1),
         "max_us": round(max(values, default=0.0) * 1e6, 1),
     }
+
+
+_T = TypeVar("_T")
+
+
+def _timed(call: Callable[[], _T]) -> tuple[_T, float, float]:
+    """``call()``, its wall time and this process's CPU time for it (seconds: the CPU time
+    says less about the other processes of a shared machine)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 def run(
@@ -144,14 +159,14 @@ def run(
                         do_release(victim)
         else:
             do_release(rng.choice(sorted(live)))
-    started = time.perf_counter()
-    snap = store.snapshot()
-    snapshot_s = time.perf_counter() - started
+    snap, snapshot_s, snapshot_cpu_s = _timed(store.snapshot)
+    _, again_s, _ = _timed(store.snapshot)  # nothing changed: every piece kept
     fresh = ClusterStore(store.topology)
-    started = time.perf_counter()
-    fresh.restore(snap)
-    restore_s = time.perf_counter() - started
-    assert fresh.snapshot() == snap, "restore must reproduce the snapshot byte for byte"
+    _, restore_s, restore_cpu_s = _timed(lambda: fresh.restore(snap))
+    # the restored store's first snapshot packs every group and event again: the worst
+    # case of a snapshot's time on a replica's event loop
+    restored, after_restore_s, _ = _timed(fresh.snapshot)
+    assert restored == snap, "restore must reproduce the snapshot byte for byte"
     if freeze_gc:
         gc.unfreeze()
     summary = msgpack.unpackb(store.query(msgpack.packb(["summary"])))[2]
@@ -178,7 +193,11 @@ def run(
         "snapshot": {
             "bytes": len(snap),
             "snapshot_s": round(snapshot_s, 4),
+            "snapshot_cpu_s": round(snapshot_cpu_s, 4),
+            "snapshot_again_s": round(again_s, 4),
+            "snapshot_after_restore_s": round(after_restore_s, 4),
             "restore_s": round(restore_s, 4),
+            "restore_cpu_s": round(restore_cpu_s, 4),
         },
     }
 
