@@ -108,6 +108,8 @@ _log = logging.getLogger(__name__)
 
 #: the typecode of a snapshot's packed leaf revisions (signed 64-bit: -1 is "never changed")
 _REV_TYPECODE = "q"
+#: the fields of a group's snapshot record (``Group.record``)
+_RECORD_FIELDS = 11
 #: the attributes of a ``Group`` a snapshot does not record (setting them keeps its packed
 #: record)
 _OUTSIDE_RECORD = frozenset({"preemptors", "_spec_wire", "_packed"})
@@ -1113,6 +1115,15 @@ class Allocator:
         revs = array(_REV_TYPECODE, itemgetter(*leaf_ids)(cells.rev) if len(leaf_ids) > 1
                      else [cells.rev[c] for c in leaf_ids]).tobytes()
         return [bindings, sorted(self.bad_nodes), revs]
+
+    def keep_packed(self, records: list[Any], packed: list[bytes]) -> None:
+        """After ``import_state``: take ``packed[i]`` as the packed record of the group of
+        ``records[i]`` (the snapshot's own bytes for it), if it is a record of this build's
+        (an older, shorter one is packed anew)."""
+        groups = self.groups
+        for record, piece in zip(records, packed, strict=True):
+            if len(record) == _RECORD_FIELDS:
+                groups[record[0][0]].keep_packed(piece)
 
     def import_state(self, state: list[Any]) -> None:
         """Rebuild from ``export_state`` output (on a fresh allocator of the same topology)."""

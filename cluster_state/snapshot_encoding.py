@@ -14,11 +14,17 @@ from __future__ import annotations
 import struct
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgpack
 
-__all__ = ["PackedEvents", "packed_array_header"]
+__all__ = ["PackedEvents", "Pieces", "packed_array_header", "unpack_snapshot"]
+
+#: the fields of a snapshot (format 3), of its allocation state and of its event log
+_FIELDS: Final = 7
+_STATE_FIELDS: Final = 4
+_EVENT_LOG_FIELDS: Final = 2
 
 #: msgpack array headers: fixarray up to 15 items, then array 16 and array 32
 _FIXARRAY_MAX: Final = 15
@@ -48,6 +54,11 @@ class PackedEvents:
         #: (event, its packed wire form), in the log's order: a prefix of what the log held
         self._kept: deque[tuple[object, bytes]] = deque()
 
+    def keep(self, events: Sequence[Any], packed: Sequence[bytes]) -> None:
+        """Take ``packed[i]`` as the packed wire form of ``events[i]`` (a restore: the
+        snapshot's own bytes of the events it loaded)."""
+        self._kept = deque(zip(events, packed, strict=True))
+
     def pack(self, events: Sequence[Any]) -> bytes:
         """``packb([e.to_wire() for e in events])`` (``events``: the log's deque)."""
         kept = self._kept
@@ -63,3 +74,47 @@ class PackedEvents:
             event = events[k]
             kept.append((event, msgpack.packb(event.to_wire())))
         return packed_array_header(len(kept)) + b"".join([packed for _, packed in kept])
+
+
+@dataclass(slots=True)
+class Pieces:
+    """The packed bytes of each group record and each event of a snapshot, as it held them
+    (``unpack_snapshot``): a restored store keeps them, so its first snapshot packs nothing
+    again."""
+
+    groups: list[bytes]
+    events: list[bytes]
+
+
+def unpack_snapshot(data: bytes, fmt: int) -> tuple[list[Any], Pieces | None]:
+    """``msgpack.unpackb(data)`` and, for a snapshot of format ``fmt`` (the current one,
+    ``[fmt, digest, config, revision, [groups, ...], [floor, events], sessions]``), the
+    bytes each group record and each event took in it; other formats: no pieces. Raises
+    what msgpack raises for bytes that are not such a snapshot."""
+    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    if unpacker.read_array_header() != _FIELDS or unpacker.unpack() != fmt:
+        return msgpack.unpackb(data), None
+    head = [fmt, unpacker.unpack(), unpacker.unpack(), unpacker.unpack()]
+    if unpacker.read_array_header() != _STATE_FIELDS:
+        return msgpack.unpackb(data), None
+    groups, group_pieces = _items(unpacker, data)
+    state = [groups, unpacker.unpack(), unpacker.unpack(), unpacker.unpack()]
+    if unpacker.read_array_header() != _EVENT_LOG_FIELDS:
+        return msgpack.unpackb(data), None
+    floor = unpacker.unpack()
+    events, event_pieces = _items(unpacker, data)
+    sessions = unpacker.unpack()
+    if unpacker.tell() != len(data):
+        raise ValueError(f"{len(data) - unpacker.tell()} bytes after the snapshot")
+    return [*head, state, [floor, events], sessions], Pieces(group_pieces, event_pieces)
+
+
+def _items(unpacker: msgpack.Unpacker, data: bytes) -> tuple[list[Any], list[bytes]]:
+    """The items of the array ``unpacker`` is at, and the bytes each took in ``data``."""
+    items, pieces = [], []
+    for _ in range(unpacker.read_array_header()):
+        start = unpacker.tell()
+        items.append(unpacker.unpack())
+        pieces.append(data[start : unpacker.tell()])
+    return items, pieces

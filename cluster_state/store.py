@@ -77,7 +77,7 @@ from cluster_state.ops import (
     decode_query,
     encode_result,
 )
-from cluster_state.snapshot_encoding import PackedEvents, packed_array_header
+from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
 from consensus.statemachine import SessionTable
 
@@ -327,7 +327,7 @@ class ClusterStore:
 
     def _restore(self, data: bytes) -> None:
         try:
-            fields = msgpack.unpackb(data)
+            fields, pieces = unpack_snapshot(data, SNAPSHOT_FORMAT)
             fmt = fields[0]
         except Exception as exc:
             raise SnapshotError(f"not a cluster_state snapshot: {exc}") from None
@@ -365,3 +365,6 @@ class ClusterStore:
         self.events.load_state(events)
         self.sessions.load_state(sessions)
         self.revision = int(revision)
+        if pieces is not None:  # the snapshot's own bytes of what was just loaded from it
+            allocator.keep_packed(state[0], pieces.groups)
+            self._packed_events.keep(self.events.events, pieces.events)
