@@ -1161,14 +1161,17 @@ class Allocator:
         # What ``_hold`` does per group, for all of them at once: the indexes then move each
         # cell once rather than once per group under it (a 100k-GPU restore's main cost).
         every_leaf: list[int] = []
-        buddy_item_used, item_of = buddy.item_used, cells.item_of
+        guaranteed: list[int] = []
         for group, leaves in held:
             self._dirty.add(group.chain)
-            if group.guaranteed:  # per item rather than per leaf
-                for item, used in Counter(map(item_of.__getitem__, leaves)).items():
-                    buddy_item_used[item] += used
-                    buddy.mark_used(item)
+            if group.guaranteed:
+                guaranteed.extend(leaves)
             every_leaf.extend(leaves)
+        buddy_item_used = buddy.item_used
+        # the leaves each item's guaranteed groups use, counted in C (per item, not per leaf)
+        for item, used in Counter(map(cells.item_of.__getitem__, guaranteed)).items():
+            buddy_item_used[item] += used
+            buddy.mark_used(item)
         # ``_eff`` of every leaf, by C loops (a Python call per leaf was a tenth of a restore)
         prio_of: dict[str | None, int] = {name: g.priority for name, g in self.groups.items()}
         prio_of[None] = FREE  # no owner / no reserver
