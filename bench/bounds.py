@@ -11,7 +11,8 @@
 * Mencius: no closed form (a slot waits to hear every other replica's skips, which depends
   on their load), so the any-protocol bound is reported.
 * EPaxos (``consensus.protocol.epaxos``): a command without conflicts commits on the fast
-  path, one round trip to the nearest fast quorum (2F replicas, itself included).
+  path, one round trip to the nearest fast quorum (the optimized F + floor((F+1)/2)
+  replicas, itself included: 2 of 3, 3 of 5, where it is the nearest majority).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ BOUND_KINDS: dict[str, str] = {
     "sdpaxos": "max(RTT to nearest majority, RTT to sequencer)",
     "multipaxos": "RTT to leader + leader's RTT to its nearest majority",
     "mencius": "RTT to nearest majority (lower bound for any protocol)",
-    "epaxos": "RTT to nearest fast quorum (2F replicas, itself included)",
+    "epaxos": "RTT to nearest fast quorum (F + floor((F+1)/2) replicas, itself included)",
 }
 
 
@@ -53,9 +54,10 @@ def majority_rtt_ms(sites: Sequence[str], me: int) -> float:
 
 
 def fast_quorum_rtt_ms(sites: Sequence[str], me: int) -> float:
-    """RTT from ``sites[me]`` to its nearest EPaxos fast quorum (2F replicas, itself
-    included; a cluster of one is its own quorum)."""
-    quorum = max(1, 2 * (len(sites) // 2))
+    """RTT from ``sites[me]`` to its nearest EPaxos fast quorum (the optimized F +
+    floor((F+1)/2) replicas, itself included; a cluster of one is its own quorum)."""
+    f = len(sites) // 2
+    quorum = max(1, f + (f + 1) // 2)
     rtts = sorted(site_rtt_ms(sites[me], other) for other in sites)
     return float(rtts[quorum - 1])
 

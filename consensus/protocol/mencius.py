@@ -38,7 +38,10 @@ proposes a command in its slot; anyone else could only ever propose a no-op ther
   there that has heard nothing from that owner for a randomized election timeout, and is the
   first replica after it (in id order, wrapping) it has heard from recently — or anyone once
   twice that long passed — revokes the owner's slots from the stuck one up to ``REVOKE_SPAN``
-  of them beyond everything known: ``MenciusPrepare`` at a higher ballot; acceptors that
+  of them beyond the highest slot a live replica proposed in; and while the owner stays
+  silent it revokes the next range before the proposals reach the end of the last one
+  (``REVOKE_AHEAD``), so that a dead owner stalls the log once, not once per range:
+  ``MenciusPrepare`` at a higher ballot; acceptors that
   promised no higher ballot there persist a ``MenciusPromiseRecord``, refuse the owner's
   lower-ballot Accepts in the range from then on, and report what they accepted in it
   (``MenciusPromise``). With a majority, the revoker re-proposes (``PaxosAccept`` at its
@@ -85,7 +88,7 @@ from consensus.protocol.batch import CommandBatch
 from consensus.protocol.slotlog import Slot, SlotLogCore
 from consensus.protocol.types import NEVER, SnapshotMeta
 
-__all__ = ["MAX_AHEAD", "REVOKE_SPAN", "SKIP_RUN", "MenciusReplica"]
+__all__ = ["MAX_AHEAD", "REVOKE_AHEAD", "REVOKE_SPAN", "SKIP_RUN", "MenciusReplica"]
 
 #: Most own slots one skip run (in a message) names; longer skips travel by catch-up.
 SKIP_RUN: Final = 4096
@@ -98,6 +101,11 @@ MAX_AHEAD: Final = 1 << 20
 #: A revocation covers the owner's slots up to this many of them beyond everything known
 #: (``consensus.protocol.admission.REVOKE_SLOTS`` bounds a range at N times this, N <= 255).
 REVOKE_SPAN: Final = 256
+
+#: While a revoked owner stays silent, its next range is revoked once the live replicas'
+#: proposals come within this many of its slots of the end of the last one (half a span: a
+#: revocation's round trip is far shorter than proposing that many slots takes).
+REVOKE_AHEAD: Final = REVOKE_SPAN // 2
 
 
 class _Revocation:
@@ -149,6 +157,9 @@ class MenciusReplica(SlotLogCore):
         #: own proposals not chosen yet (the slot's value may change under a revocation)
         self._proposals: dict[int, tuple[Command, ...]] = {}
         self._suspect_after = 0
+        #: one past the highest slot a live owner proposed in (its Accepts), what execution
+        #: will have to pass: revocations reach beyond it
+        self._proposed_high = 0
         self._restore(recovered, snapshot)
 
     # ------------------------------------------------------------------ inputs
@@ -241,6 +252,7 @@ class MenciusReplica(SlotLogCore):
     def _on_accept(self, msg: MenciusAccept) -> None:
         if msg.slot % self.n != msg.src or not msg.batch:
             return  # only the owner proposes in its slot, and never a no-op
+        self._proposed_high = max(self._proposed_high, msg.slot + 1)
         self._learn_skip(msg.src, msg.skip_start, msg.skip_stop)
         if self._promised(msg.slot) > msg.ballot:
             return  # revoked: the revoker decides this slot
@@ -451,7 +463,43 @@ class MenciusReplica(SlotLogCore):
         # (a revoked slot nobody finished, its revoker gone: anyone, the owner too, finishes it)
         self._suspect_after = 0
         start = stuck
-        stop = self._own_of(stuck, owner) + REVOKE_SPAN * self.n
+        frontier = max(stuck, self.next_own, self._proposed_high)
+        stop = self._own_of(frontier, owner)
+        self._start_revocation(owner, start, min(stop + REVOKE_SPAN * self.n,
+                                                 start + REVOKE_SLOTS))
+
+    def _maybe_revoke_ahead(self) -> None:
+        """Keep a revoked owner's slots revoked ahead of the live replicas' proposals.
+
+        A revocation covers ``REVOKE_SPAN`` of the owner's slots beyond everything known; under
+        sustained load the live replicas propose past its end, and execution stopped there
+        again until a timeout suspected the owner anew (a stall of about an election timeout
+        every ``REVOKE_SPAN`` slots). So while the owner stays silent, the first live replica
+        after it revokes the next range before the proposals reach the end of the last one:
+        a dead owner costs one stall, not one per range."""
+        if self._revocation is not None:
+            return
+        timeout = self.config.election_timeout_us
+        frontier = max(self.next_own, self._proposed_high)
+        for owner in range(self.n):
+            if owner == self.me or self.now - self._heard[owner] < timeout:
+                continue
+            revoked_to = max(
+                (stop for who, _, stop, _ in self._promises if who == owner), default=-1
+            )
+            if revoked_to < 0 or revoked_to >= frontier + REVOKE_AHEAD * self.n:
+                continue  # never revoked (the stuck path decides that), or far enough ahead
+            order = [(owner + k) % self.n for k in range(1, self.n)]
+            first = next(r for r in order if r == self.me or self.now - self._heard[r] < timeout)
+            if first != self.me:
+                continue
+            start = max(revoked_to, self.exec_slot)
+            stop = min(self._own_of(frontier, owner) + REVOKE_SPAN * self.n,
+                       start + REVOKE_SLOTS)
+            self._start_revocation(owner, start, stop)
+            return
+
+    def _start_revocation(self, owner: int, start: int, stop: int) -> None:
         ballot = next_ballot(self._range_promised(owner, start, stop), self.me)
         self._promise(owner, start, stop, ballot)
         revocation = self._revocation = _Revocation(owner, start, stop, ballot, self.now)
@@ -572,6 +620,7 @@ class MenciusReplica(SlotLogCore):
 
     def _timers(self) -> None:
         self._maybe_revoke()
+        self._maybe_revoke_ahead()
         for slot in sorted(self._revoking):
             inst = self._revoking[slot]
             if inst.sent_at > self.now - self.config.retransmit_us:

@@ -17,7 +17,8 @@ from consensus.messages import (
     PaxosCommit,
 )
 from consensus.protocol.ballot import ballot_of
-from consensus.protocol.mencius import REVOKE_SPAN, MenciusReplica
+from consensus.protocol.mencius import REVOKE_AHEAD, REVOKE_SPAN, MenciusReplica
+from consensus.protocol.ready import Ready
 
 ELECTION_US = 300_000
 
@@ -53,7 +54,9 @@ def stuck_revoker() -> tuple[MenciusReplica, MenciusPrepare]:
 def test_a_replica_stuck_at_a_silent_owners_slot_revokes_its_slots() -> None:
     r1, prepare = stuck_revoker()
     assert prepare.owner == 0 and prepare.start == 0
-    assert prepare.stop == REVOKE_SPAN * 3 and prepare.ballot == ballot_of(1, 1)
+    # REVOKE_SPAN of owner 0's slots beyond what the live replicas propose in (r1's next
+    # own slot is 4: owner 0's slots from 6 on)
+    assert prepare.stop == 6 + REVOKE_SPAN * 3 and prepare.ballot == ballot_of(1, 1)
     # replica 2 accepted 0's command in slot 3; nobody accepted anything in slot 0
     promise = MenciusPromise(src=2, view=0, owner=0, start=0, stop=prepare.stop,
                              ballot=prepare.ballot, ok=True,
@@ -117,3 +120,35 @@ def test_the_cluster_runs_on_without_a_crashed_replica() -> None:
         net.tick_all(now)
     assert [e.command.client_id for e in net.executed[1]] == [1, 2]
     assert [e.command.client_id for e in net.executed[2]] == [1, 2]
+
+
+def test_a_silent_owners_next_range_is_revoked_before_the_proposals_reach_it() -> None:
+    r1, prepare = stuck_revoker()
+    now = 10 * ELECTION_US
+    turn(r1, MenciusPromise(src=2, view=0, owner=0, start=0, stop=prepare.stop,
+                            ballot=prepare.ballot, ok=True, accepted=()), now=now)
+    # the revocation completes (replica 2 acknowledges its no-ops, and replica 1's command)
+    turn(r1, MenciusAck(src=2, view=0, ballot=prepare.ballot,
+                        slots=tuple(range(0, prepare.stop, 3)), skip_start=0, skip_stop=0),
+         MenciusAck(src=2, view=0, ballot=1, slots=(1,), skip_start=0, skip_stop=0), now=now)
+    # replica 2 proposes on, up to within half a span of the revoked range's end; replica 0
+    # stays silent: replica 1 (the first live replica after it) revokes the next range now,
+    # before execution stops there again
+    near_end = prepare.stop - REVOKE_AHEAD * 3 + 2  # one of replica 2's slots
+    turn(r1, MenciusAccept(src=2, view=0, slot=near_end, ballot=2,
+                           batch=(cmd(2, 1, keys=("j",)),), skip_start=2, skip_stop=near_end),
+         now=now + 1)
+    ready = tick_turn(r1, now + 2)
+    [ahead] = {m for _, m in msgs(ready.send_after_persist, MenciusPrepare)}  # to each peer
+    assert ahead.owner == 0 and ahead.start == prepare.stop
+    assert ahead.stop >= near_end + REVOKE_SPAN * 3 and ahead.ballot > 0
+    # while it still has half a span ahead, nothing more is revoked
+    ready = tick_turn(r1, now + 3)
+    assert not msgs(ready.send_after_persist, MenciusPrepare)
+
+
+def tick_turn(core: MenciusReplica, now: int) -> Ready:
+    core.tick(now)
+    ready = core.ready()
+    core.advance(ready)
+    return ready
