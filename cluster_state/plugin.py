@@ -134,6 +134,7 @@ class ClusterStateKind(StateMachineKind):
 
         from cluster_state.gc_pause import gc_paused
 
+        gc.collect()  # what is garbage now is not frozen below (the heap is small yet)
         with gc_paused():
             store = start_store(config)
             if config.tls is not None:
