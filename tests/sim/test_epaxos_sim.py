@@ -13,7 +13,7 @@ from consensus.sim.cli import parse_faults, sweep
 from consensus.sim.simulator import SimOptions, Simulation
 
 #: the RTT to the nearest majority with the site itself (DESIGN §7); with three replicas the
-#: fast quorum (2F = 2) is that majority
+#: fast quorum (F + floor((F+1)/2) = 2) is that majority
 NEAREST_MAJORITY_MS = {"CA": 20, "OR": 20, "OH": 52}
 
 
