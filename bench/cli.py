@@ -16,6 +16,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("consensus.runtime.cli:serve", "run one replica from a cluster file"),
     "cluster": ("consensus.runtime.cli:cluster", "init / up / down a local cluster"),
     "cert": ("consensus.runtime.cli:cert", "a TLS cluster's certificates: init / issue / revoke"),
+    "member": ("consensus.runtime.member_cli:member",
+               "the live members: list / add / promote / remove / replace"),
     "snapshot": ("consensus.runtime.backup:snapshot",
                  "back up a live cluster (save) / seed a new one from a backup (restore)"),
     "bench": ("bench.commands", "benchmarks (see sdpaxos bench --help)"),

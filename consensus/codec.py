@@ -19,10 +19,10 @@ known statically::
 Field types: ids, indices, slots, views, ballots, counters and clock readings are
 non-negative ints that fit in int64. ``-1`` is accepted only where ``consensus.messages``
 gives it a meaning: ``NO_CL`` as the owner of an order instance (``OEntry.owner``,
-``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``, ``ExecutedRecord.owners``)
-and "none" in ``Heartbeat.lease_request``, ``Vote.accepted_view``, ``Vote.c_high``,
-``CPromise.high`` and ``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys are str,
-``blind`` is bool, ``CCommit.batch`` is nil or an array, and every tuple is an array.
+``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``, ``ExecutedRecord.owners``;
+there ``SEAL``, -2, too) and "none" in ``Heartbeat.lease_request``, ``Vote.accepted_view``,
+``Vote.c_high``, ``CPromise.high`` and ``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys
+are str, ``blind`` is bool, ``CCommit.batch`` is nil or an array, and every tuple is an array.
 
 Every future format keeps the ``[version, ...]`` envelope, so an old reader reports
 ``UnsupportedVersion`` rather than garbage. Adding, removing or reordering a field of any class
@@ -97,6 +97,7 @@ from consensus.messages import (
     CCommit,
     CNack,
     Command,
+    ConfigRecord,
     CPrepare,
     CPromise,
     CPromiseRecord,
@@ -114,7 +115,11 @@ from consensus.messages import (
     ETryPreAcceptReply,
     ExecutedRecord,
     Heartbeat,
+    LearnedSlot,
+    LearnReply,
+    LearnRequest,
     LeaseGrant,
+    MemberEntry,
     MenciusAccept,
     MenciusAck,
     MenciusPrepare,
@@ -229,6 +234,9 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         PreVoteReply: 22,
         SnapshotChunk: 23,
         CatchupMarkers: 24,
+        # membership: a learner's catch-up (consensus.protocol.membership)
+        LearnRequest: 25,
+        LearnReply: 26,
         # peer messages of the baselines (consensus.protocol.multipaxos, .mencius)
         PaxosForward: 32,
         PaxosAccept: 33,
@@ -259,6 +267,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         NewViewRecord: 67,
         CPromiseRecord: 68,
         ExecutedRecord: 69,
+        ConfigRecord: 70,
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
@@ -272,6 +281,8 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         OEntry: 97,
         OVote: 98,
         CVote: 99,
+        LearnedSlot: 100,
+        MemberEntry: 101,
     }
 )
 
@@ -283,7 +294,7 @@ _RECORD_CLASSES: Final[tuple[type, ...]] = get_args(Record)
 # array that may also be nil.
 
 _UINT: Final = "uint"  # int in 0..INT64_MAX
-_NO_CL: Final = "no_cl"  # int in -1..INT64_MAX, -1 = NO_CL (an order instance's owner)
+_NO_CL: Final = "no_cl"  # int in -2..INT64_MAX: NO_CL (-1) or SEAL (-2), an order instance's owner
 _NONE: Final = "none"  # int in -1..INT64_MAX, -1 = none
 _BIN: Final = "bin"  # bytes
 _BOOL: Final = "bool"  # bool
@@ -579,6 +590,31 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("ok", _BOOL),
         ("conflict", _UINT),
     ),
+    LearnedSlot: (("seal", _BOOL), ("batch", _BATCH)),
+    MemberEntry: (
+        ("id", _UINT),
+        ("incarnation", _UINT),
+        ("voter", _BOOL),
+        ("info", _STR),
+        ("replaces", _NONE),
+    ),
+    LearnRequest: (("src", _UINT), ("view", _UINT), ("slot", _UINT)),
+    LearnReply: (
+        ("src", _UINT),
+        ("view", _UINT),
+        ("start", _UINT),
+        ("executed", _UINT),
+        ("slots", _Array(LearnedSlot, MAX_ENTRIES)),
+    ),
+    ConfigRecord: (
+        ("epoch", _UINT),
+        ("base", _UINT),
+        ("next_id", _UINT),
+        ("voters", _Array(_UINT, MAX_SLOTS)),
+        ("members", _Array(MemberEntry, MAX_SLOTS)),
+        ("closing", _STR),
+        ("closing_member", _NONE),
+    ),
     # durable records
     CAcceptedRecord: (
         ("owner", _UINT),
@@ -700,7 +736,8 @@ def _field_count(name: str, expected: int, value: tuple[Any, ...]) -> DecodeErro
 #: scalar kind -> (condition that rejects local ``{x}``, what the error says was expected)
 _SCALAR_CHECKS: Final = {
     _UINT: ("type({x}) is not int or not 0 <= {x} <= _I64", "non-negative int64"),
-    _NO_CL: ("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or NO_CL (-1)"),
+    _NO_CL: ("type({x}) is not int or not -2 <= {x} <= _I64",
+             "non-negative int64, NO_CL (-1) or SEAL (-2)"),
     _NONE: ("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or -1"),
     _BIN: ("type({x}) is not bytes", "bin"),
     _BOOL: ("type({x}) is not bool", "bool"),

@@ -55,6 +55,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         "epaxos_try_ignores_conflicts",  # EPaxos pre-accepts every TryPreAccept unchecked
         "epaxos_recovery_ignores_preaccepted",  # EPaxos recovery drops pre-accepted replies
         "takeover_ignores_accepted",  # a baseline takeover/revocation drops accepted values
+        # membership: the new members take over at the change's own slot, no SEAL (what the
+        # old epoch's quorum ordered after it, and may have acknowledged, is dropped)
+        "epoch_at_change",
     }
 )
 
@@ -63,7 +66,8 @@ UNSAFE_VARIANTS: Final = frozenset(
 class ProtocolConfig:
     """Settings every replica of a cluster must agree on, plus local tuning knobs."""
 
-    #: number of replicas N = 2F + 1; ids are 0..N-1
+    #: number of replicas N (= 2F + 1 at bootstrap; a membership epoch may have any N >= 1,
+    #: quorum = majority); ids are 0..N-1
     replicas: int
     #: most commands batched into one C-instance (or slot, in the baselines)
     max_batch: int = 1024
@@ -101,8 +105,8 @@ class ProtocolConfig:
     unsafe: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.replicas % 2 == 0:
-            raise ConfigError(f"replicas must be odd and positive (2F+1), got {self.replicas}")
+        if self.replicas < 1:
+            raise ConfigError(f"replicas must be positive, got {self.replicas}")
         if not 1 <= self.max_batch <= 65536:
             raise ConfigError(f"max_batch must be in 1..65536, got {self.max_batch}")
         if not 1 <= self.max_batch_bytes <= 8 << 20:

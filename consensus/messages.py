@@ -44,6 +44,7 @@ __all__ = [
     "MAX_REQUEST_KEYS",
     "MAX_SLOTS",
     "NO_CL",
+    "SEAL",
     "TRY_CONFLICT",
     "TRY_CONFLICT_COMMITTED",
     "TRY_OK",
@@ -60,6 +61,7 @@ __all__ = [
     "Catchup",
     "CatchupMarkers",
     "Command",
+    "ConfigRecord",
     "EAccept",
     "EAcceptReply",
     "ECommit",
@@ -71,7 +73,11 @@ __all__ = [
     "ETryPreAccept",
     "ETryPreAcceptReply",
     "Heartbeat",
+    "LearnReply",
+    "LearnRequest",
+    "LearnedSlot",
     "LeaseGrant",
+    "MemberEntry",
     "MenciusAccept",
     "MenciusAck",
     "MenciusPrepare",
@@ -112,6 +118,9 @@ __all__ = [
 
 #: The value of an O-instance that places no command ("no command leader"): executes a no-op.
 NO_CL: Final = -1
+#: The value of an O-instance that closes its epoch (membership, ``consensus.protocol.
+#: membership``): it places no command, and nothing follows it in that epoch's log.
+SEAL: Final = -2
 #: ``CPromise.through`` of a promise that reports on every index from its ``from_index``
 EVERY_INDEX: Final = (1 << 63) - 1
 
@@ -449,6 +458,38 @@ class CNack:
     owner: int
     index: int
     ballot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnRequest:
+    """A learner (membership: a member that does not vote yet) asks a voter for the executed
+    global slots from ``slot`` on. ``src`` is a member id, not a core index; ``view`` is the
+    start view of the learner's epoch (``consensus.protocol.membership``)."""
+
+    src: int
+    view: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnedSlot:
+    """One executed global slot for a learner: its commands, and whether it is the SEAL that
+    ends its epoch (then ``batch`` is empty)."""
+
+    seal: bool
+    batch: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LearnReply:
+    """Executed global slots ``start``, ``start + 1``, ... for a learner, and how far the
+    sender executed (``executed``: the learner's lag)."""
+
+    src: int
+    view: int
+    start: int
+    executed: int
+    slots: tuple[LearnedSlot, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -857,6 +898,8 @@ PeerMessage = (
     | PreVote
     | PreVoteReply
     | SnapshotChunk
+    | LearnRequest
+    | LearnReply
     | PaxosForward
     | PaxosAccept
     | PaxosAck
@@ -927,6 +970,31 @@ class CPromiseRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MemberEntry:
+    """One member of a ``ConfigRecord`` (``consensus.protocol.membership.Member``)."""
+
+    id: int
+    incarnation: int
+    voter: bool
+    info: str
+    replaces: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigRecord:
+    """The configuration an epoch starts with (or, in a snapshot, the one in force at it):
+    the records after it belong to that epoch (``consensus.protocol.membership``)."""
+
+    epoch: int
+    base: int
+    next_id: int
+    voters: tuple[int, ...]
+    members: tuple[MemberEntry, ...]
+    closing: str
+    closing_member: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ExecutedRecord:
     """This replica executed slots ``start``, ``start + 1``, ...: slot ``start + k`` held
     ``owners[k]``'s next C-instance (or nothing, ``NO_CL``), chosen at ``ballots[k]`` (0 for
@@ -963,6 +1031,7 @@ Record = (
     | NewViewRecord
     | CPromiseRecord
     | ExecutedRecord
+    | ConfigRecord
     | SlotAcceptedRecord
     | SkipRecord
     | EInstanceRecord

@@ -55,7 +55,8 @@ from consensus.messages import (
 
 PEER_CLASSES: tuple[type, ...] = get_args(messages.PeerMessage)
 RECORD_CLASSES: tuple[type, ...] = get_args(messages.Record)
-NESTED_CLASSES: tuple[type, ...] = (Command, OEntry, messages.OVote, messages.CVote)
+NESTED_CLASSES: tuple[type, ...] = (Command, OEntry, messages.OVote, messages.CVote,
+                                     messages.LearnedSlot, messages.MemberEntry)
 ALL_CLASSES = (*PEER_CLASSES, *RECORD_CLASSES, *NESTED_CLASSES)
 
 #: the int fields that may be -1 (NO_CL, or "none"), as documented in consensus.messages
@@ -70,10 +71,21 @@ MINUS_ONE_ALLOWED = {
     (messages.Vote, "c_high"),
     (messages.CPromise, "high"),
     (messages.RReply, "slot"),
+    (messages.ConfigRecord, "closing_member"),
+    (messages.MemberEntry, "replaces"),
     # EPaxos dependencies: -1 where an instance depends on none of a replica's
     *((cls, "deps") for cls in (messages.EPreAccept, messages.EPreAcceptReply,
                                  messages.EAccept, messages.ECommit, messages.EPrepareReply,
                                  messages.EInstanceRecord, messages.ETryPreAccept)),
+}
+
+#: the int fields that may also be -2 (SEAL: an order instance that ends its epoch)
+SEAL_ALLOWED = {
+    (OEntry, "owner"),
+    (messages.OVote, "owner"),
+    (messages.NewView, "owners"),
+    (messages.NewViewRecord, "owners"),
+    (messages.ExecutedRecord, "owners"),
 }
 
 # --------------------------------------------------------------------------- strategies
@@ -218,6 +230,8 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "PreVoteReply": 22,
         "SnapshotChunk": 23,
         "CatchupMarkers": 24,
+        "LearnRequest": 25,
+        "LearnReply": 26,
         "PaxosForward": 32,
         "PaxosAccept": 33,
         "PaxosAck": 34,
@@ -244,6 +258,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "NewViewRecord": 67,
         "CPromiseRecord": 68,
         "ExecutedRecord": 69,
+        "ConfigRecord": 70,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
         "PaxosPromiseRecord": 82,
@@ -253,6 +268,8 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "OEntry": 97,
         "OVote": 98,
         "CVote": 99,
+        "LearnedSlot": 100,
+        "MemberEntry": 101,
     }
     assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
     assert FORMAT_VERSION == 3
@@ -666,7 +683,9 @@ def test_no_cl_is_accepted_only_as_oentry_owner() -> None:
         assert msg.entries[0] == OEntry(slot=5, owner=NO_CL)
     rec = decode_record(pack([FORMAT_VERSION, [TAGS[OAcceptedRecord], 0, [[5, NO_CL]]]]))
     assert rec == OAcceptedRecord(view=0, entries=(OEntry(slot=5, owner=NO_CL),))
-    reject(raw_frame([TAGS[OAccept], 0, 0, [[5, -2]]]), r"entries\[0\].owner")
+    (seal,) = decode_frame(raw_frame([TAGS[OAccept], 0, 0, [[5, messages.SEAL]]]))
+    assert seal == OAccept(src=0, view=0, entries=(OEntry(slot=5, owner=messages.SEAL),))
+    reject(raw_frame([TAGS[OAccept], 0, 0, [[5, -3]]]), r"entries\[0\].owner")
     reject(raw_frame([TAGS[OAccept], 0, 0, [[NO_CL, 1]]]), r"entries\[0\].slot")
     # everywhere else -1 is just a negative number
     reject(raw_frame(raw_caccept(owner=NO_CL)), "CAccept.owner")
@@ -776,8 +795,11 @@ def test_every_int_field_checks_sign_range_and_type(cls: type, name: str, in_tup
     assert decode(with_value(INT64_MAX)) == dataclasses.replace(
         base, **{name: (INT64_MAX,) if in_tuple else INT64_MAX}
     )
-    for bad in (True, False, 2**63, 2**64 - 1, -2, 1.0, "0", None):
+    below = -3 if (cls, name) in SEAL_ALLOWED else -2
+    for bad in (True, False, 2**63, 2**64 - 1, below, 1.0, "0", None):
         reject(with_value(bad), where, decode=decode)
+    if (cls, name) in SEAL_ALLOWED:
+        assert getattr(decode(with_value(-2)), name) == ((-2,) if in_tuple else -2)
     if (cls, name) in MINUS_ONE_ALLOWED:
         assert getattr(decode(with_value(-1)), name) == ((-1,) if in_tuple else -1)
     else:
@@ -912,7 +934,7 @@ def _instance(cls: type, *, largest: bool = True) -> Any:
     if not largest:  # the smallest legal value of a nested class
         return cls(**{
             name: b"" if ftype == "bin" else False if ftype == "bool" else
-            () if not isinstance(ftype, str) else 0
+            "" if ftype == "str" else () if not isinstance(ftype, str) else 0
             for name, ftype in codec._LAYOUT[cls]
         })
     return cls(**{name: _largest(ftype) for name, ftype in codec._LAYOUT[cls]})

@@ -17,7 +17,8 @@ The rules (``Bounds`` holds the receiver's state they read, taken once per frame
 
 * **Replica ids** (``src``, ``owner``): ``0 <= id < N``. ``src`` is also not the receiver, and
   when the driver knows which peer the connection authenticated, it is that peer. An
-  O-instance's owner (``OEntry.owner``, ``OVote.owner``, ``NewView.owners``) may be ``NO_CL``.
+  O-instance's owner (``OEntry.owner``, ``OVote.owner``, ``NewView.owners``) may be ``NO_CL``
+  or ``SEAL``.
 * **Views**: ``0 <= view <= receiver's view + VIEW_WINDOW``. The baselines have no views:
   their messages (and everything a baseline receiver gets) carry view 0. An O-instance's
   accepted ballot (``OVote.ballot``) and ``Vote.accepted_view`` are views at most the vote's
@@ -91,6 +92,7 @@ from consensus.messages import (
     MAX_ENTRIES,
     MAX_SLOTS,
     NO_CL,
+    SEAL,
     TRY_CONFLICT_COMMITTED,
     TRY_OK,
     CAccept,
@@ -112,6 +114,8 @@ from consensus.messages import (
     ETryPreAccept,
     ETryPreAcceptReply,
     Heartbeat,
+    LearnReply,
+    LearnRequest,
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
@@ -293,7 +297,7 @@ def _replica_id(value: Any, b: Bounds) -> Verdict:
 
 
 def _owner_or_none(value: Any, b: Bounds) -> Verdict:
-    if value == NO_CL and type(value) is int:
+    if value in (NO_CL, SEAL) and type(value) is int:
         return None
     return _replica_id(value, b)
 
@@ -709,6 +713,13 @@ ADMISSION_TABLE: Final[Mapping[type, Entry]] = MappingProxyType(
         # ---------------------------------------------------------------- catch-up (all)
         Catchup: Entry(_EVERY, (*_SRC_VIEW, ("slot", slot))),
         CatchupMarkers: Entry(_EVERY, (*_SRC_VIEW, ("slot", slot))),
+        # ---------------------------------------------------------------- membership
+        # (between members by id, not core index: the membership layer checks src and view
+        # against its configuration, consensus.protocol.membership; global slots are
+        # frontiers here, and a reply's slots are bounded by the codec)
+        LearnRequest: Entry(_SDPAXOS, (("src", counter), ("view", counter), ("slot", counter))),
+        LearnReply: Entry(_SDPAXOS, (("src", counter), ("view", counter), ("start", counter),
+                                     ("executed", counter), ("slots", free))),
         SnapshotChunk: Entry(_EVERY, (*_SRC_VIEW, ("slot", counter), ("offset", counter),
                                       ("total", counter), ("data", free)),
                              (_snapshot_chunk,)),

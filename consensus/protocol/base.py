@@ -70,10 +70,15 @@ class DrivenCore(ProtocolCore, Protocol):
     ``ProtocolCore``: reads, snapshots and log compaction. Every registered core
     (``consensus.protocol.registry``) provides it."""
 
-    #: the current view (0 for cores without views)
-    view: int
-    #: every global slot below this has been applied (handed out in ``Ready.apply``)
-    exec_slot: int
+    @property
+    def view(self) -> int:
+        """The current view (0 for cores without views)."""
+        ...
+
+    @property
+    def exec_slot(self) -> int:
+        """Every global slot below this has been applied (handed out in ``Ready.apply``)."""
+        ...
 
     def read(self, command: Command, now: int) -> None:
         """A linearizable read, served through ``Ready.reads``."""

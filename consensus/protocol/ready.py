@@ -87,6 +87,12 @@ class Ready:
     failed: list[Failure] = field(default_factory=list)
     #: peers that need our latest snapshot (they are behind our compaction point)
     snapshot_requests: list[int] = field(default_factory=list)
+    #: membership changes led here that executed, with the result their client gets (the
+    #: core answers them itself: they never reach the state machine)
+    results: list[tuple[Command, bytes]] = field(default_factory=list)
+    #: snapshot the state machine once ``apply`` is applied, before anything else (a learner
+    #: that becomes a voter: its core starts from that snapshot, ``core.durable_records``)
+    snapshot_now: bool = False
 
     def is_empty(self) -> bool:
         return not (
@@ -99,4 +105,6 @@ class Ready:
             or self.reads
             or self.failed
             or self.snapshot_requests
+            or self.results
+            or self.snapshot_now
         )

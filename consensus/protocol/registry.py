@@ -13,14 +13,16 @@ from consensus.errors import ConfigError
 if TYPE_CHECKING:
     from consensus.protocol.base import DrivenCore
     from consensus.protocol.epaxos import EPaxosReplica
+    from consensus.protocol.membership import MemberReplica
     from consensus.protocol.mencius import MenciusReplica
     from consensus.protocol.multipaxos import MultiPaxosReplica
     from consensus.protocol.sdpaxos import SDPaxosReplica
 
     def _every_core_is_driven(
-        a: SDPaxosReplica, b: MultiPaxosReplica, c: MenciusReplica, d: EPaxosReplica
+        a: SDPaxosReplica, b: MultiPaxosReplica, c: MenciusReplica, d: EPaxosReplica,
+        e: MemberReplica,
     ) -> list[DrivenCore]:
-        return [a, b, c, d]  # mypy checks each core against the driver's interface
+        return [a, b, c, d, e]  # mypy checks each core against the driver's interface
 
 
 __all__ = ["PROTOCOLS", "load_core"]
@@ -29,7 +31,8 @@ __all__ = ["PROTOCOLS", "load_core"]
 #: snapshot)`` and returns a core (``consensus.protocol.base.DrivenCore``)
 PROTOCOLS: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "sdpaxos": "consensus.protocol.sdpaxos:SDPaxosReplica",
+        # SDPaxos whose members may change: one SDPaxosReplica per epoch
+        "sdpaxos": "consensus.protocol.membership:MemberReplica",
         "multipaxos": "consensus.protocol.multipaxos:MultiPaxosReplica",
         "mencius": "consensus.protocol.mencius:MenciusReplica",
         "epaxos": "consensus.protocol.epaxos:EPaxosReplica",

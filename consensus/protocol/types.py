@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from consensus.messages import ConfigRecord
 
 __all__ = ["NEVER", "Role", "SnapshotMeta"]
 
@@ -27,7 +31,11 @@ class Role(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
     """Where a state-machine snapshot stands in the log: every slot below ``slot`` applied,
-    and ``exec_counts[r]`` of replica r's C-instances among them."""
+    and ``exec_counts[r]`` of replica r's C-instances among them. ``config``: the membership
+    in force there (``consensus.protocol.membership``), None for a cluster that never changed
+    its members (``exec_counts`` then count the bootstrap replicas 0..N-1; otherwise the
+    voters of ``config``'s epoch in its core order, and ``slot`` is a global slot)."""
 
     slot: int
     exec_counts: tuple[int, ...]
+    config: ConfigRecord | None = None

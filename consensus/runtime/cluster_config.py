@@ -85,6 +85,9 @@ class ReplicaSpec:
     metrics_address: tuple[str, int] | None
     site: str
     grpc_address: tuple[str, int] | None = None
+    #: it joined the running cluster (``sdpaxos member add``): not one of the voters the
+    #: cluster was initialized with; the live member set is the log's (membership)
+    joined: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,8 +157,14 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
             )
         extra = sorted(
             set(entry) - {"id", "address", "client_address", "metrics_address", "grpc_address",
-                          "site", "tls_cert", "tls_key"}
+                          "site", "tls_cert", "tls_key", "joined"}
         )
+        joined = entry.get("joined", False)
+        if not isinstance(joined, bool):
+            raise fail(f"{where}: joined must be true or false")
+        if specs and specs[-1].joined and not joined:
+            raise fail(f"{where}: the replicas the cluster was initialized with come first "
+                       "(joined = true ones after them)")
         if extra:
             raise fail(f"{where}: unknown keys {extra}")
         for key in ("address", "client_address", "site"):
@@ -181,8 +190,14 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
                 metrics_address=metrics,
                 grpc_address=grpc,
                 site=entry["site"],
+                joined=joined,
             )
         )
+    bootstrap = sum(1 for spec in specs if not spec.joined)
+    if bootstrap % 2 == 0:
+        raise fail(f"a cluster is initialized with an odd number of replicas (2F+1), got "
+                   f"{bootstrap} without joined = true (membership changes may then reach "
+                   "any size)")
     protocol_raw = raw.get("protocol", {})
     if not isinstance(protocol_raw, dict):
         raise fail("[protocol] must be a table")
@@ -198,7 +213,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         if key != "thrifty" and (not isinstance(value, int) or isinstance(value, bool)):
             raise fail(f"[protocol].{key} must be an integer")
     try:
-        protocol = ProtocolConfig(replicas=len(specs), **protocol_raw)
+        protocol = ProtocolConfig(replicas=bootstrap, **protocol_raw)
     except ConfigError as exc:
         raise fail(f"[protocol]: {exc}") from None
     one_way = _parse_wan(raw.get("wan", {}), specs, fail)

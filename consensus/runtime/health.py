@@ -84,10 +84,13 @@ def readiness(
     task = node._loop_task
     if task is None or task.done() or node._stopping:
         reasons.append("not serving (replaying its log, stopping or stopped)")
-    core = node.core
+    core: object = getattr(node, "sdpaxos", None) or node.core  # (the epoch's SDPaxos core)
+    if getattr(node.core, "voting", True) is False:
+        reasons.append("not a voter (a member learning the log, or one removed)")
     role = getattr(core, "role", None)
     if not getattr(core, "view_ready", True) or role in (Role.CANDIDATE, Role.ESTABLISHING):
-        reasons.append(f"view {core.view} not accepted yet (role {getattr(role, 'value', role)})")
+        reasons.append(f"view {node.core.view} not accepted yet "
+                       f"(role {getattr(role, 'value', role)})")
     if heard_window_s is None:
         heard_window_s = READY_HEARD_TIMEOUTS * config.protocol.election_timeout_us / 1e6
     heard = 1 + sum(

@@ -27,7 +27,6 @@ from prometheus_client.core import (
 )
 
 from consensus.protocol.admission import REJECTION_KINDS
-from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.health import HTTP_OK, PROBES, probe_response
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.state_machines import MetricsSource, StateMetric, state_machine_kind
@@ -133,7 +132,7 @@ def _family(metric: StateMetric) -> Metric:
 def _core_families(node: ReplicaNode) -> Iterator[Metric]:
     core, stats = node.core, node.stats
     # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0 / -1
-    sdpaxos = core if isinstance(core, SDPaxosReplica) else None
+    sdpaxos = node.sdpaxos
     yield _gauge("sdpaxos_view", "The view (sequencer epoch) this replica is in.", core.view)
     yield _counter("sdpaxos_view_changes_total",
                    "Times this replica's view moved on since it started (a new sequencer).",

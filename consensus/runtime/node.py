@@ -64,6 +64,7 @@ from consensus.errors import (
 from consensus.messages import Command, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
+from consensus.protocol.membership import MemberReplica
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
@@ -80,6 +81,7 @@ from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
+from consensus.runtime.members import parse_member_info
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
@@ -261,8 +263,11 @@ class ReplicaNode:
             state_machine.restore(state)
         rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
         factory = load_core(config.protocol_name)  # SDPaxos unless [protocol] name says
+        # a member that joined later asks the cluster file's other replicas to learn the log
+        contacts = {"contacts": tuple(r.id for r in config.replicas if r.id != me)} if (
+            factory is MemberReplica) else {}
         self.core: DrivenCore = factory(
-            config.protocol, me, recovered=records, rng=rng, snapshot=meta
+            config.protocol, me, recovered=records, rng=rng, snapshot=meta, **contacts
         )
         protocol = config.protocol
         self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
@@ -313,6 +318,8 @@ class ReplicaNode:
         self.executed_slot = 0
         self._stopping = False
         self._last_seen_view: tuple[int, object] = (-1, None)
+        #: the membership configuration the transport was last told of
+        self._known_config: object = None
         self._counted_view = self.core.view  # the view changes counted in NodeStats
         #: called with (position, command, result) after each command applies (watchers)
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
@@ -432,8 +439,11 @@ class ReplicaNode:
             return
         # every id, index, slot, view and ballot against the configuration and the core's
         # state, and src against the peer the handshake named: one bad message drops it all
-        rejection = check_frame(messages, self.core, self.config.protocol.replicas,
-                                sender=peer, protocol=self.config.protocol_name)
+        if isinstance(self.core, MemberReplica):  # each message against its epoch's core
+            rejection = self.core.check_frame(messages, peer)
+        else:
+            rejection = check_frame(messages, self.core, self.config.protocol.replicas,
+                                    sender=peer, protocol=self.config.protocol_name)
         if rejection is not None:
             rejected = self.stats.peer_frames_rejected
             rejected[rejection.kind] = rejected.get(rejection.kind, 0) + 1
@@ -461,6 +471,27 @@ class ReplicaNode:
         the process rather than keep a replica that accepts connections and does nothing."""
         assert self._loop_task is not None
         await asyncio.shield(self._loop_task)
+
+    @property
+    def sdpaxos(self) -> SDPaxosReplica | None:
+        """The SDPaxos core of the current epoch (None for a baseline core, or while this
+        member learns)."""
+        core = self.core
+        if isinstance(core, MemberReplica):
+            return core.core
+        return core if isinstance(core, SDPaxosReplica) else None
+
+    def _members_changed(self, core: MemberReplica) -> None:
+        """Connect to members that joined (their addresses are in the log, ``member_info``)."""
+        self._known_config = core.config
+        for member in core.config.members:
+            if member.id in self.transport.addresses or not member.info:
+                continue
+            info = parse_member_info(member.info)
+            if info is not None:
+                log.info("replica %d: member %d joined at %s:%d", self.me, member.id,
+                         *info.address)
+                self.transport.add_peer(member.id, info.address)
 
     def _on_refused(self, peer: int, reason: str) -> None:
         """A peer refuses our identity: stop, rather than serve with no vote (and no hope)."""
@@ -511,13 +542,16 @@ class ReplicaNode:
             if core.view != self._counted_view:
                 self._counted_view = core.view
                 self.stats.view_changes += 1
-            if isinstance(core, SDPaxosReplica) and (core.view, core.role) != self._last_seen_view:
-                self._last_seen_view = (core.view, core.role)
+            inner = self.sdpaxos
+            if inner is not None and (core.view, inner.role) != self._last_seen_view:
+                self._last_seen_view = (core.view, inner.role)
                 log.info(
                     "replica %d: view %d, role %s, sequencer %d, executed through slot %d",
-                    self.me, core.view, core.role.value, core.sequencer,
+                    self.me, core.view, inner.role.value, getattr(core, "sequencer", 0),
                     core.executed_through(),
                 )
+            if isinstance(core, MemberReplica) and core.config is not self._known_config:
+                self._members_changed(core)
 
     def _take_client_requests(self) -> list[tuple[str, Command]]:
         """This turn's client requests, in arrival order, up to ``MAX_READS_PER_TURN`` reads."""
@@ -635,11 +669,14 @@ class ReplicaNode:
             key = (failure.command.client_id, failure.command.seq)
             error = DefiniteFailure if failure.definite else IndefiniteFailure
             self._fail(key, error(failure.reason), reads=False)
+        for command, answer in ready.results:  # membership changes: the core answered
+            self._complete((command.client_id, command.seq), Result(answer, -1), now,
+                           self.stats.executed_latency)
         for peer in sorted(set(ready.snapshot_requests)):
             self._send_snapshot(peer)
         self.core.advance(ready)
         self._applied_since_snapshot += len(ready.apply)
-        if self._snapshot_due():
+        if ready.snapshot_now or self._snapshot_due():
             self._take_snapshot()
         self._answer_clients()
 
@@ -760,7 +797,10 @@ class ReplicaNode:
             log.warning("replica %d: ignoring a bad snapshot: %s", self.me, exc)
             return
         replicas = self.config.protocol.replicas
-        if meta.slot <= self.core.exec_slot or len(meta.exec_counts) != replicas:
+        if isinstance(self.core, MemberReplica):
+            if not self.core.accepts_snapshot(meta):
+                return
+        elif meta.slot <= self.core.exec_slot or len(meta.exec_counts) != replicas:
             return
         # the core first: it may refuse a snapshot that lacks something it executed (EPaxos:
         # a peer's executed set may hold other independent instances), and then the state

@@ -32,7 +32,7 @@ DISTRIBUTION = "sdpaxos"
 STATUS_FIELDS = (
     "id", "site", "address", "cluster_id", "state_machine", "protocol", "version", "role",
     "view", "leader", "applied", "best_peer_applied", "lag", "wal_bytes", "snapshot_bytes",
-    "live", "ready", "reasons", "members",
+    "live", "ready", "reasons", "members", "membership",
 )
 #: the role of a replica of a leaderless core (Mencius, EPaxos): every replica leads its own
 PEER_ROLE = "peer"
@@ -102,4 +102,35 @@ def replica_status(node: ReplicaNode) -> dict[str, Any]:
         "reasons": list(verdict.reasons),
         "members": [[r.id, r.site, f"{r.client_address[0]}:{r.client_address[1]}"]
                     for r in config.replicas],
+        "membership": membership_status(node),
+    }
+
+
+def membership_status(node: ReplicaNode) -> dict[str, Any] | None:
+    """The live member set as this replica's log has it (None for a core without
+    membership): epoch, voters (core order: the first is the epoch's first sequencer),
+    learners, the change closing the epoch, and per member [id, incarnation, voter, site,
+    peer address, client address] (from the change that added it, or the cluster file)."""
+    from consensus.protocol.membership import MemberReplica
+    from consensus.runtime.members import parse_member_info
+
+    core = node.core
+    if not isinstance(core, MemberReplica):
+        return None
+    config, files = core.config, {r.id: r for r in node.config.replicas}
+    members = []
+    for member in config.members:
+        info = parse_member_info(member.info)
+        spec = files.get(member.id)
+        site = info.site if info else spec.site if spec else ""
+        address = info.address if info else spec.address if spec else None
+        client = info.client_address if info else spec.client_address if spec else None
+        members.append([member.id, member.incarnation, member.voter, site,
+                        f"{address[0]}:{address[1]}" if address else "",
+                        f"{client[0]}:{client[1]}" if client else ""])
+    return {
+        "epoch": config.epoch, "voters": list(config.voters), "learners": list(config.learners),
+        "sequencer": core.sequencer, "closing": config.closing,
+        "closing_member": config.closing_member, "members": members,
+        "voting": core.voting, "learn_lag": core.learn_lag,
     }

@@ -352,6 +352,15 @@ class PeerTransport:
         if self._timer is not None:
             self._timer.close()
 
+    def add_peer(self, peer: int, address: tuple[str, int], delay_us: int = 0) -> None:
+        """A member joined (membership): connect to it, and take its connections."""
+        if peer == self.me or peer in self._links:
+            return
+        self.addresses[peer] = address
+        self._links[peer] = _Link(delay_us)
+        if self._server is not None and not self._closing:
+            self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
+
     # ------------------------------------------------------------------ sending
     def send(self, peer: int, payload: bytes) -> None:
         """Queue one frame for ``peer``; it is written on this loop turn's end. With WAN

@@ -32,6 +32,7 @@ __all__ = [
     "Issue",
     "LongLogRecover",
     "LongLogStep",
+    "MemberRetry",
     "Propose",
     "Read",
     "RestartAll",
@@ -178,11 +179,17 @@ class RestartAll:
     """Restart every crashed replica."""
 
 
+@dataclass(frozen=True, slots=True)
+class MemberRetry:
+    """Membership faults: propose the change under way again unless it took effect (as an
+    operator would: its first proposal may have been refused or lost)."""
+
+
 #: what a replica's inbox holds until its next loop turn
 InboxEvent = Tick | Frame | SnapshotArrival | Propose | Read
 
 #: anything the simulator's heap holds
 Event = (
     InboxEvent | Turn | Durable | Resume | Issue | ClientTimeout | Chaos | Heal | Check
-    | FaultCrash | FaultRestart | LongLogStep | LongLogRecover | RestartAll
+    | FaultCrash | FaultRestart | LongLogStep | LongLogRecover | RestartAll | MemberRetry
 )

@@ -64,6 +64,16 @@ from consensus.config import SITES, ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError, DecodeError, LocalProtocolError
 from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.base import DrivenCore
+from consensus.protocol.membership import MemberReplica
+from consensus.protocol.membership.config import (
+    ADD,
+    REMOVE,
+    REPLACE,
+    Change,
+    Configuration,
+    encode_change,
+    next_epoch,
+)
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
 from consensus.protocol.types import SnapshotMeta
@@ -82,6 +92,7 @@ from consensus.sim.events import (
     Issue,
     LongLogRecover,
     LongLogStep,
+    MemberRetry,
     Propose,
     Read,
     RestartAll,
@@ -107,8 +118,19 @@ __all__ = [
     "Simulation",
 ]
 
-#: every fault class the simulator implements (``--faults all``)
-FAULT_CLASSES = ("loss", "dup", "reorder", "crash", "partition", "pause", "drift")
+#: every fault class the simulator implements (``--faults all``); "member" only changes
+#: the members of a protocol that can (SDPaxos)
+FAULT_CLASSES = ("loss", "dup", "reorder", "crash", "partition", "pause", "drift", "member")
+
+#: membership faults keep this many voters at least, and this many members at most (the
+#: sizes the issue asks for: 3 -> 4 -> 5 -> 4 -> 3)
+MIN_VOTERS = 3
+MAX_MEMBERS = 5
+
+#: the client id of the membership changes the simulator proposes (not a checked client)
+MEMBER_CLIENT = 999
+#: how often a membership change that did not take effect is proposed again
+MEMBER_RETRY_US = 500_000
 
 #: the frame limit the node's transport uses (``PeerTransport.max_frame``'s default)
 MAX_FRAME = DEFAULT_MAX_FRAME
@@ -232,6 +254,10 @@ class _Replica:
     rate: float = 1.0  # clock drift
     offset: int = 0
     turn_pending: bool = False
+    #: its disk was wiped: it never comes back under its id (it is replaced)
+    wiped: bool = False
+    #: a member added during the run: the members it asks first
+    contacts: tuple[int, ...] = ()
 
 
 @dataclass
@@ -326,6 +352,12 @@ class Simulation:
             importlib.import_module(module_name), name
         )
         self.replicas = [self._new_replica(i) for i in range(n)]
+        #: membership faults (``member``): members join, leave and are replaced during the
+        #: chaos phase (a protocol whose core is ``MemberReplica``)
+        self.membership = "member" in faults and isinstance(self.replicas[0].core, MemberReplica)
+        self._member_seq = 0
+        #: the membership change under way (proposed again until it took effect)
+        self._wanted: Change | None = None
         if "drift" in faults:
             bound = self.config.max_drift_ppm / 1_000_000 * 0.9
             for rep in self.replicas:
@@ -380,10 +412,13 @@ class Simulation:
         snapshot: tuple[SnapshotMeta, bytes] | None = None,
     ) -> _Replica:
         meta = snapshot[0] if snapshot is not None else None
+        contacts = self.replicas[rid].contacts if rid < len(getattr(self, "replicas", ())) else ()
+        extra = {"contacts": contacts} if contacts else {}
         core = self.factory(
-            self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta
+            self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta,
+            **extra,
         )
-        rep = _Replica(rid=rid, core=core, store=KVStore(), snapshot=snapshot)
+        rep = _Replica(rid=rid, core=core, store=KVStore(), snapshot=snapshot, contacts=contacts)
         if durable:
             rep.durable = list(durable)
         if snapshot is not None:
@@ -437,7 +472,7 @@ class Simulation:
     def run(self) -> RunResult:
         started = time.perf_counter()
         self.start()
-        chaotic = self.options.faults & {"crash", "partition", "pause"}
+        chaotic = self.options.faults & {"crash", "partition", "pause", "member"}
         link_faults = self.options.faults & {"loss", "dup", "reorder"}
         if chaotic:
             self._push(self.rng_fault.randrange(200_000, 600_000), Chaos())
@@ -499,6 +534,7 @@ class Simulation:
             LongLogStep: lambda _: self._long_log_step(),
             LongLogRecover: lambda _: self._start_recovery_check(),
             RestartAll: self._on_restart_all,
+            MemberRetry: lambda _: self._member_retry(),
         }
 
     def _on_delivery(self, event: Frame | SnapshotArrival) -> None:
@@ -542,7 +578,10 @@ class Simulation:
     def _on_fault_crash(self, event: FaultCrash) -> None:
         rep = self.replicas[event.rid]
         down = sum(1 for r in self.replicas if not r.alive)
-        if rep.alive and down < self.f and not self.chaos_over:
+        f = self.f
+        if self.membership:
+            down, f = self._fault_budget()
+        if rep.alive and down < f and not self.chaos_over:
             self._crash(rep)
 
     def _on_fault_restart(self, event: FaultRestart) -> None:
@@ -678,7 +717,7 @@ class Simulation:
         rep.core.advance(ready)
         rep.applied_since_snapshot += len(ready.apply)
         every = self.options.snapshot_every
-        if every and rep.applied_since_snapshot >= every:
+        if ready.snapshot_now or (every and rep.applied_since_snapshot >= every):
             self._take_snapshot(rep)
 
     # ------------------------------------------------------------------ snapshots
@@ -721,7 +760,11 @@ class Simulation:
     def _install_snapshot(self, rep: _Replica, snapshot: tuple[SnapshotMeta, bytes]) -> None:
         """What the driver does with a peer's snapshot: ignore it unless it is ahead."""
         meta, state = snapshot
-        if meta.slot <= rep.core.exec_slot or len(meta.exec_counts) != self.n:
+        accepts = getattr(rep.core, "accepts_snapshot", None)
+        if accepts is not None:
+            if not accepts(meta):
+                return
+        elif meta.slot <= rep.core.exec_slot or len(meta.exec_counts) != self.n:
             return
         records = rep.core.install_snapshot(meta)
         if rep.core.exec_slot != meta.slot:
@@ -847,7 +890,10 @@ class Simulation:
     def _submit(self, client: _Client) -> None:
         op = client.op
         assert op is not None
-        target = (client.home + op["attempt"]) % self.n
+        # (with membership faults any member may be the one that serves: learners and removed
+        # members answer with a failure, and the client goes on to the next)
+        target = (client.home + op["attempt"]) % (len(self.replicas) if self.membership
+                                                   else self.n)
         request = Read if op.get("lease") else Propose
         self._push(self.now, request(target, op["command"]))
         op["proposed_at"] = op.get("proposed_at", self.now)
@@ -1047,19 +1093,24 @@ class Simulation:
         rng, faults = self.rng_fault, self.options.faults
         actions = []
         unavailable = sum(1 for r in self.replicas if not r.alive or r.paused_until > self.now)
+        f = self.f
+        if self.membership:
+            unavailable, f = self._fault_budget()
         if "crash" in faults:
-            if unavailable < self.f:
+            if unavailable < f:
                 actions += ["crash", "crash_sequencer", "crash_burst"]
-            if any(not r.alive for r in self.replicas):
+            if any(not r.alive and not r.wiped for r in self.replicas):
                 actions += ["restart", "restart"]
         if "partition" in faults:
             actions += ["isolate_sequencer", "split", "one_way"]
             if self.now >= self._isolated_until:
                 actions += ["heal_links", "heal_links"]
-            if "crash" in faults and unavailable == 0 and self.f >= 2:
+            if "crash" in faults and unavailable == 0 and f >= 2:
                 actions.append("split_sequencer_pair")
-        if "pause" in faults and unavailable < self.f:
+        if "pause" in faults and unavailable < f:
             actions.append("pause")
+        if self.membership:
+            actions += self._member_actions(unavailable, f)
         if actions:
             self._apply_fault(rng.choice(actions))
         self._push(self.now + rng.randrange(100_000, 1_000_000), Chaos())
@@ -1070,18 +1121,30 @@ class Simulation:
         leader = getattr(self.replicas[0].core, "leader", None)
         if isinstance(leader, int):
             return leader
+        if self.membership:
+            alive = [r for r in self.replicas if r.alive] or self.replicas
+            furthest = max(alive, key=lambda r: (r.core.view, r.rid))
+            sequencer: int = furthest.core.sequencer  # type: ignore[attr-defined]
+            return sequencer
         views = [getattr(r.core, "view", 0) for r in self.replicas if r.alive]
         return max(views, default=0) % self.n
 
     def _apply_fault(self, action: str) -> None:
         rng, n = self.rng_fault, self.n
+        f = self.f
+        if self.membership:
+            n = len(self.replicas)
+            f = self._fault_budget()[1]
+            if action.startswith("member_"):
+                self._member_fault(action)
+                return
         alive = [r.rid for r in self.replicas if r.alive]
         if action in ("crash", "crash_sequencer"):
             victim = self._sequencer_guess() if action == "crash_sequencer" else rng.choice(alive)
             if victim in alive:
                 self._crash(self.replicas[victim])
         elif action == "restart":
-            down = [r.rid for r in self.replicas if not r.alive]
+            down = [r.rid for r in self.replicas if not r.alive and not r.wiped]
             self._restart(self.replicas[rng.choice(down)])
         elif action == "isolate_sequencer":
             # long enough for the rest to elect a new sequencer and write, while clients of
@@ -1090,7 +1153,7 @@ class Simulation:
             self._isolated_until = self.now + rng.randrange(1_000_000, 2_500_000)
             self._log(f"fault: isolate replica {self._sequencer_guess()}")
         elif action == "split":
-            side = set(rng.sample(range(n), rng.randrange(1, self.f + 1)))
+            side = set(rng.sample(range(n), rng.randrange(1, f + 1)))
             self.network.split(side, n)
             self._log(f"fault: split off {sorted(side)}")
         elif action == "one_way":
@@ -1123,6 +1186,133 @@ class Simulation:
             self._push(paused.paused_until, Resume(paused.rid))
             self._log(f"fault: pause replica {paused.rid} until {paused.paused_until / 1000:.0f}")
 
+    # ------------------------------------------------------------------ membership faults
+    def _latest_config(self) -> Configuration:
+        """The configuration of the member furthest along (epoch, then execution)."""
+        known = [r for r in self.replicas if not r.wiped] or self.replicas
+        furthest = max(known, key=lambda r: (r.core.config.epoch,  # type: ignore[attr-defined]
+                                             r.core.exec_slot, -r.rid))
+        config: Configuration = furthest.core.config  # type: ignore[attr-defined]
+        return config
+
+    def _fault_budget(self) -> tuple[int, int]:
+        """(voters that matter and are unavailable, how many may be): the voters of the
+        latest configuration and, while its epoch closes, of the next one."""
+        config = self._latest_config()
+        sets = [config.voters]
+        if config.closing:
+            sets.append(next_epoch(config, config.base).voters)
+        voters = set().union(*sets)
+        unavailable = sum(
+            1 for rid in voters
+            if rid >= len(self.replicas) or not self.replicas[rid].alive
+            or self.replicas[rid].paused_until > self.now
+        )
+        return unavailable, min((len(v) - 1) // 2 for v in sets)
+
+    def _member_actions(self, unavailable: int, f: int) -> list[str]:
+        config = self._latest_config()
+        if config.closing or config.learners or self._wanted is not None:
+            return ["member_refused"]  # one change at a time: a second one is refused
+        actions = []
+        if len(config.members) < MAX_MEMBERS:
+            actions += ["member_add", "member_replace"]
+            if unavailable < f:
+                actions.append("member_replace_wiped")
+        if len(config.voters) > MIN_VOTERS:
+            actions += ["member_remove", "member_remove_sequencer"]
+        return actions
+
+    def _member_fault(self, action: str) -> None:
+        """Propose a membership change at a voter (and start the new member it names)."""
+        rng = self.rng_fault
+        config = self._latest_config()
+        new = len(self.replicas)
+        if action == "member_refused":
+            change = Change(ADD, member=0)  # refused whatever else is under way: ids are
+            # never reused (and one change at a time)
+        elif action == "member_add":
+            change = Change(ADD, member=new)
+        elif action in ("member_replace", "member_replace_wiped"):
+            victim = rng.choice(config.voters)
+            if action == "member_replace_wiped":
+                rep = self.replicas[victim]
+                if rep.alive:
+                    self._crash(rep)
+                rep.wiped = True  # its disk is gone: never restarted as itself
+                rep.durable, rep.snapshot = [], None
+                self._log(f"fault: replica {victim}'s disk wiped")
+            change = Change(REPLACE, member=new, replaces=victim)
+        elif action == "member_remove_sequencer":
+            change = Change(REMOVE, member=self._sequencer_guess())
+        else:
+            change = Change(REMOVE, member=rng.choice(config.voters))
+        if change.kind in (ADD, REPLACE) and action != "member_refused":
+            self._add_replica(new)
+        if action != "member_refused":
+            if self._wanted is None:
+                self._push(self.now + MEMBER_RETRY_US, MemberRetry())
+            self._wanted = change
+        self._propose_change(change)
+
+    def _propose_change(self, change: Change) -> None:
+        config = self._latest_config()
+        voters = [v for v in config.voters if self.replicas[v].alive]
+        if not voters:
+            return
+        at = self.rng_fault.choice(voters)
+        self._member_seq += 1
+        command = Command(client_id=MEMBER_CLIENT, seq=self._member_seq,
+                          op=encode_change(change), keys=())
+        self._log(f"member: propose {change.kind} {change.member}"
+                  + (f" replacing {change.replaces}" if change.kind == REPLACE else "")
+                  + f" at replica {at}")
+        self._push(self.now, Propose(at, command))
+
+    def _member_retry(self) -> None:
+        change = self._wanted
+        if change is None:
+            return
+        config = self._latest_config()
+        if (config.member(change.member) is None) == (change.kind == REMOVE):
+            self._wanted = None  # it took effect
+            return
+        if not config.closing and not (config.learners and change.kind != REMOVE):
+            self._propose_change(change)
+        self._push(self.now + MEMBER_RETRY_US, MemberRetry())
+
+    def _add_replica(self, rid: int) -> None:
+        """A new member's process starts (empty: it learns once the change is executed)."""
+        self.rng_core.append(random.Random(self.rng_fault.getrandbits(64)))
+        delays = self.network.one_way_us
+        if self.options.network == "wan":
+            site = SITES[rid % len(SITES)]
+            link = [int(site_rtt_ms(SITES[a % len(SITES)], site) * 1000) // 2
+                    for a in range(rid)]
+        else:
+            link = [100] * rid
+        for a, row in enumerate(delays):
+            row.append(link[a])
+        delays.append([*link, 0])
+        contacts = self._latest_config().voters
+        rep = _Replica(rid=rid, core=self.factory(self.config, rid, rng=self.rng_core[rid],
+                                                  contacts=contacts),
+                       store=KVStore(), contacts=contacts)
+        if "drift" in self.options.faults:
+            bound = self.config.max_drift_ppm / 1_000_000 * 0.9
+            rep.rate = 1 + self.rng_fault.uniform(-bound, bound)
+            rep.offset = self.rng_fault.randrange(0, 1_000_000)
+        self.replicas.append(rep)
+        self._push(self.now, Tick(rid))
+
+    def _active(self) -> list[_Replica]:
+        """The replicas that must converge: every member of the latest configuration (all of
+        them without membership faults)."""
+        if not self.membership:
+            return self.replicas
+        config = self._latest_config()
+        return [r for r in self.replicas if config.member(r.rid) is not None]
+
     def _crash(self, rep: _Replica) -> None:
         self._log(f"fault: crash replica {rep.rid}")
         if rep.busy_until > self.now:
@@ -1141,6 +1331,8 @@ class Simulation:
         self.down_since[rep.rid] = self.now
 
     def _restart(self, rep: _Replica) -> None:
+        if rep.wiped:
+            return  # its identity is gone: it is replaced, never restarted as itself
         at = ""
         if rep.snapshot is not None:
             at = f" after a snapshot at slot {rep.snapshot[0].slot}"
@@ -1176,12 +1368,13 @@ class Simulation:
             return False
         if self.issued < self.ops_budget or any(c.op is not None for c in self.clients):
             return False
-        if not all(r.alive and not r.inbox for r in self.replicas):
+        active = self._active()
+        if not all(r.alive and not r.inbox for r in active):
             return False
-        executed = {r.core.executed_through() for r in self.replicas}
+        executed = {r.core.executed_through() for r in active}
         if len(executed) != 1:
             return False
-        snapshots = {self._state_of(r) for r in self.replicas}
+        snapshots = {self._state_of(r) for r in active}
         return len(snapshots) == 1
 
     def _state_of(self, rep: _Replica) -> bytes:
@@ -1226,7 +1419,7 @@ class Simulation:
                 f"{self.ops_budget - self.issued} never issued after the heal phase"
             )
         elif not self._finished():
-            states = [(r.rid, r.core.executed_through(), r.alive) for r in self.replicas]
+            states = [(r.rid, r.core.executed_through(), r.alive) for r in self._active()]
             self.result.liveness = f"replicas did not converge after the heal phase: {states}"
 
 

@@ -1,7 +1,9 @@
 """State-machine snapshot files: ``snapshot-<slot, 20 digits>.bin``, written atomically.
 
 Format: ``b"SDPXSNP1"``, CRC-32 (u32, big-endian) of the rest, then msgpack
-``[slot, exec_counts, state_machine_bytes]`` (see ``SnapshotMeta``). The same bytes travel to a
+``[slot, exec_counts, state_machine_bytes]`` (see ``SnapshotMeta``), with a fourth element,
+the membership in force (a ``ConfigRecord`` in the codec's record encoding), once the
+members ever changed. The same bytes travel to a
 lagging peer, which checks and keeps them as they are.
 """
 
@@ -14,7 +16,9 @@ from pathlib import Path
 
 import msgpack
 
+from consensus.codec import decode_record, encode_record
 from consensus.errors import DecodeError
+from consensus.messages import ConfigRecord
 from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["decode_snapshot", "encode_snapshot", "latest_snapshot", "write_snapshot"]
@@ -23,7 +27,10 @@ MAGIC = b"SDPXSNP1"
 
 
 def encode_snapshot(meta: SnapshotMeta, state: bytes) -> bytes:
-    body: bytes = msgpack.packb([meta.slot, list(meta.exec_counts), state])
+    fields: list[object] = [meta.slot, list(meta.exec_counts), state]
+    if meta.config is not None:
+        fields.append(encode_record(meta.config))
+    body: bytes = msgpack.packb(fields)
     return MAGIC + struct.pack(">I", zlib.crc32(body)) + body
 
 
@@ -36,9 +43,17 @@ def decode_snapshot(data: bytes) -> tuple[SnapshotMeta, bytes]:
     if zlib.crc32(body) != crc:
         raise DecodeError("snapshot checksum mismatch")
     try:
-        slot, counts, state = msgpack.unpackb(body)
+        slot, counts, state, *rest = msgpack.unpackb(body)
     except Exception as exc:
         raise DecodeError(f"snapshot body is malformed: {exc}") from None
+    config = None
+    if rest:
+        if len(rest) != 1 or not isinstance(rest[0], bytes):
+            raise DecodeError("snapshot body has the wrong shape")
+        record = decode_record(rest[0])
+        if not isinstance(record, ConfigRecord):
+            raise DecodeError("a snapshot's membership is not a configuration")
+        config = record
     valid = (
         isinstance(slot, int)
         and slot >= 0
@@ -48,7 +63,7 @@ def decode_snapshot(data: bytes) -> tuple[SnapshotMeta, bytes]:
     )
     if not valid:
         raise DecodeError("snapshot body has the wrong shape")
-    return SnapshotMeta(slot, tuple(counts)), state
+    return SnapshotMeta(slot, tuple(counts), config), state
 
 
 def write_snapshot(directory: Path, data: bytes, slot: int) -> Path:

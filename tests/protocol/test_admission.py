@@ -42,6 +42,9 @@ from consensus.messages import (
     ETryPreAccept,
     ETryPreAcceptReply,
     Heartbeat,
+    LearnedSlot,
+    LearnReply,
+    LearnRequest,
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
@@ -141,6 +144,9 @@ def valid_sdpaxos(n: int, me: int, s: int) -> list[PeerMessage]:
         RReply(src=s, view=0, read_id=1, slot=-1),
         Suspect(src=s, view=0),
         SnapshotChunk(src=s, view=0, slot=40, offset=0, total=4, data=b"snap"),
+        LearnRequest(src=s, view=0, slot=0),
+        LearnReply(src=s, view=0, start=0, executed=1,
+                   slots=(LearnedSlot(seal=False, batch=(command(),)),)),
     ]
 
 
@@ -301,14 +307,14 @@ def bad_values(rule: Any, msg: Any, name: str, n: int, me: int) -> list[Any]:
         return [(SLOT_WINDOW + 1,), (0, 1 << 62), (-1,)]
     if rule is a.entries:
         return [_Nested("slot", v) for v in (SLOT_WINDOW + 1, -1, 1 << 62)] + [
-            _Nested("owner", v) for v in (n, n + 7, -2, 1 << 62)
+            _Nested("owner", v) for v in (n, n + 7, -3, 1 << 62)  # (-2 is SEAL)
         ]
     if rule is a.owners:
-        return [(n,), (0, -2), (n + 7, 0), (1 << 62,)]
+        return [(n,), (0, -3), (n + 7, 0), (1 << 62,)]
     if rule is a.ovotes:
         return (
             [_Nested("slot", v) for v in (VOTE_WINDOW, -1, 1 << 62)]
-            + [_Nested("owner", v) for v in (n, -2, 1 << 62)]
+            + [_Nested("owner", v) for v in (n, -3, 1 << 62)]
             + [_Nested("ballot", v) for v in (msg.view + 1, -1, 1 << 62)]
         )
     if rule is a.cvotes:

@@ -36,6 +36,8 @@ from consensus.messages import (
     ETryPreAccept,
     ETryPreAcceptReply,
     Heartbeat,
+    LearnReply,
+    LearnRequest,
     LeaseGrant,
     MenciusAccept,
     MenciusAck,
@@ -113,6 +115,8 @@ def forged() -> list[PeerMessage]:
         RReply(src=bad, view=0, read_id=0, slot=0),
         Suspect(src=bad, view=0),
         SnapshotChunk(src=bad, view=0, slot=1, offset=0, total=1, data=b"x"),
+        LearnRequest(src=bad, view=0, slot=0),
+        LearnReply(src=bad, view=0, start=0, executed=0, slots=()),
         PaxosForward(src=bad, view=0, commands=(op,)),
         PaxosAccept(src=s, view=0, slot=0, ballot=bad, batch=(op,)),
         PaxosAck(src=s, view=0, ballot=bad, slots=(0,)),
@@ -179,7 +183,8 @@ async def scenario(tmp_path: Path) -> None:
         await client.read(kv_get("k"), ["k"])  # everyone has executed what came before
         target = nodes[TARGET]
         before = target.state_machine.snapshot()
-        c_before = set(target.core.c)  # type: ignore[attr-defined]
+        assert target.sdpaxos is not None
+        c_before = set(target.sdpaxos.c)
         # a valid CAccept for a fresh instance first: the bad message after it drops it too
         fresh = CAccept(src=FORGER, view=0, owner=FORGER, index=1000, ballot=FORGER, batch=())
         frames: list[list[PeerMessage]] = [[msg] for msg in forged() + out_of_range_values()]
@@ -203,7 +208,7 @@ async def scenario(tmp_path: Path) -> None:
         assert counts["view"] > 0 and counts["protocol"] > 0 and counts["length"] > 0
         assert all(node._loop_task is not None and not node._loop_task.done() for node in nodes)
         assert target.state_machine.snapshot() == before
-        assert set(target.core.c) == c_before  # type: ignore[attr-defined]
+        assert set(target.sdpaxos.c) == c_before
         writer.close()
         # still serving: replica 0's genuine connection was never touched
         reply = await client.execute(kv_put("after", "forgery"), ["after"])

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from consensus.messages import (
-    NO_CL,
     Catchup,
     CatchupMarkers,
     CCommit,
@@ -80,7 +79,11 @@ class CatchUp:
         self._catchup_asked = r.exec_slot
         self._catchup_asked_values = self.catchup_lacks_values
         if behind:
-            peer = max(r.peers, key=lambda rid: (r.peer_executed[rid], -rid))
+            # the most advanced peer we do not suspect: a dead one's last report stays the
+            # highest for good (a replica removed or lost with its disk never comes back)
+            silence = r.election.silence
+            live = [rid for rid in r.peers if not silence.suspected(rid, r.now)] or r.peers
+            peer = max(live, key=lambda rid: (r.peer_executed[rid], -rid))
         else:
             peer = r.peers[self._catchup_peer % len(r.peers)] if r.peers else r.me
             self._catchup_peer += 1
@@ -129,7 +132,7 @@ class CatchUp:
         values = isinstance(msg, Catchup)
         budget = CATCHUP_BYTES
         for owner, index in wanted:
-            if owner == NO_CL:
+            if owner < 0:  # NO_CL or SEAL: no C-instance
                 continue
             if budget <= 0:
                 break

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from consensus.messages import Heartbeat, LeaseGrant, PreVote, PreVoteReply
+from consensus.protocol.sdpaxos.instances import NO_SLOT
 from consensus.protocol.sdpaxos.leases import Leases
 from consensus.protocol.sdpaxos.liveness import SilenceTracker
 from consensus.protocol.types import Role
@@ -132,7 +133,9 @@ class Election:
 
     def lease_valid(self) -> bool:
         r = self.r
-        if r.role is not Role.SEQUENCER:
+        if r.role is not Role.SEQUENCER or r.ordering.sealed_at != NO_SLOT:
+            # (a sequencer that sealed its epoch answers no more reads: the next epoch may
+            # order writes while its leases run, and they would be missing from its answers)
             return False
         if "no_lease_check" in r.unsafe:
             return True

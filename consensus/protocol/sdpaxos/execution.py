@@ -2,7 +2,9 @@
 and every slot before ``j`` ran.
 
 ``try_execute`` walks the frontier: the ``k``-th O-instance naming ``n`` places ``C[n][k]``
-(``exec_count[n]`` counts them), a ``NO_CL`` slot places nothing. Executing our own
+(``exec_count[n]`` counts them), a ``NO_CL`` slot places nothing, and a ``SEAL`` places
+nothing and ends the log: execution stops there for good (``sealed_at``), and the membership
+layer starts the next epoch. Executing our own
 instance also makes it ready (executed implies chosen and ordered for good). A replica
 executes nothing between joining a view and accepting its NewView, so it never runs a slot
 the new view may reassign.
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from consensus.messages import (
     MAX_SLOTS,
-    NO_CL,
+    SEAL,
     CAcceptedRecord,
     ExecutedRecord,
 )
@@ -55,8 +57,8 @@ class Executor:
             if slot not in r.o_committed:
                 return
             owner = r.o_value[slot]
-            if owner == NO_CL:
-                r.log[slot] = (NO_CL, NO_INDEX)
+            if owner < 0:  # NO_CL or SEAL: nothing to run
+                r.log[slot] = (owner, NO_INDEX)
             else:
                 index = r.exec_count[owner]
                 inst = r.c.get((owner, index))
@@ -84,6 +86,9 @@ class Executor:
             r.exec_progress_at = r.now
             if r.o_prefix < r.exec_slot:
                 r.o_acceptor.advance_prefix()
+            if owner == SEAL:
+                r.sealed_at = slot
+                return
 
     def log_executed(self) -> None:
         """Record the slots executed since the last record (``ExecutedRecord``), after the
@@ -98,7 +103,7 @@ class Executor:
         for slot in range(start, r.exec_slot):
             owner, index = r.log[slot]
             owners.append(owner)
-            if owner == NO_CL:
+            if owner < 0:  # NO_CL or SEAL
                 ballots.append(0)
                 continue
             inst = r.c[(owner, index)]
@@ -135,8 +140,10 @@ class Executor:
         while r.exec_slot in executed:
             slot = r.exec_slot
             owner, ballot = executed[slot]
-            if owner == NO_CL:
-                r.log[slot] = (NO_CL, NO_INDEX)
+            if owner < 0:  # NO_CL or SEAL
+                r.log[slot] = (owner, NO_INDEX)
+                if owner == SEAL:
+                    r.sealed_at = slot
             else:
                 index = r.exec_count[owner]
                 inst = r.c.get((owner, index))

@@ -32,6 +32,7 @@ from consensus.messages import (
     MAX_ENTRIES,
     MAX_SLOTS,
     NO_CL,
+    SEAL,
     OAccept,
     OAcceptedRecord,
     OAck,
@@ -140,6 +141,10 @@ class OAcceptor:
         owner = entry.owner
         if owner == NO_CL:
             return
+        if owner == SEAL:  # the sequencer learns it and commits it to everyone
+            if r.sequencer != r.me:
+                self._oack_out.setdefault(r.sequencer, []).append(entry.slot)
+            return
         for dest in r.readiness.oack_targets(owner):
             if dest != r.me:
                 self._oack_out.setdefault(dest, []).append(entry.slot)
@@ -179,6 +184,8 @@ class OAcceptor:
             r.my_committed_o += 1
             self._ocommit_out.append(OEntry(slot=slot, owner=owner))
             r.readiness.check_ready()
+        elif owner == SEAL and r.is_sequencer:
+            self._ocommit_out.append(OEntry(slot=slot, owner=owner))
 
     def on_ocommit(self, msg: OCommit) -> None:
         r = self.r

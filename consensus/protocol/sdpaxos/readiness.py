@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -121,7 +122,9 @@ class CountRule(ReadinessRule):
         r = self.r
         # With three replicas the sequencer learns a slot from the first OAck: ours tells it
         # the slot is chosen a round trip to the learner sooner than the learner's OCommit.
-        if r.q == 2 and owner not in (r.sequencer, r.me):
+        # With four or more it must know who accepted: the owner and it are no majority, and
+        # an acceptor that lost the OAccept gets it again only from the sequencer (below).
+        if owner not in (r.sequencer, r.me):
             return (owner, r.sequencer)
         return (owner,)
 
@@ -150,6 +153,19 @@ class CountRule(ReadinessRule):
             for peer in r.peers:
                 if peer not in r.o_acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
+        if r.q > 2:
+            # Four replicas or more (a membership epoch may have any number): an O-instance
+            # needs an acceptor besides its owner and us, and one that lost our OAccept cannot
+            # learn it from anyone else (nobody has it chosen): the unchosen ones of the
+            # window after our execution go again to whoever did not acknowledge them.
+            stop = min(r.ordering.seq_next_slot, r.exec_slot + CATCHUP_BATCH)
+            for slot in range(r.exec_slot, stop):
+                owner = r.o_value.get(slot, r.me)
+                if slot in r.o_committed or owner == r.me:
+                    continue
+                for peer in r.peers:
+                    if peer != owner and peer not in r.o_acks.get(slot, ()):
+                        r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
 
 class FiveRule(ReadinessRule):

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 
 from consensus.messages import (
     EVERY_INDEX,
-    NO_CL,
     CAccept,
     CAcceptedRecord,
     CNack,
@@ -294,7 +293,7 @@ class CRecovery:
         if slot not in r.o_committed:
             return None
         owner = r.o_value[slot]
-        if owner == NO_CL:
+        if owner < 0:  # NO_CL or SEAL: no C-instance
             return None
         key = (owner, r.exec_count[owner])
         inst = r.c.get(key)

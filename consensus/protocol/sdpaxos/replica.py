@@ -43,7 +43,6 @@ from typing import Any
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
-    NO_CL,
     CAccept,
     CAck,
     Catchup,
@@ -77,7 +76,7 @@ from consensus.protocol.sdpaxos.c_phase import CPhase
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance
+from consensus.protocol.sdpaxos.instances import NO_INDEX, NO_SLOT, Batch, CInstance
 from consensus.protocol.sdpaxos.leases import NO_HOLDER
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.readiness import rule_for
@@ -104,7 +103,11 @@ class SDPaxosReplica:
         recovered: Sequence[Record] = (),
         rng: random.Random,
         snapshot: SnapshotMeta | None = None,
+        start_view: int = 0,
     ) -> None:
+        """``start_view``: the view this replica's log starts in, its (empty) assignment log
+        accepted by everyone (a membership epoch's first view, a multiple of N: replica 0
+        leads it)."""
         if not 0 <= me < config.replicas:
             raise LocalProtocolError(f"replica id {me} outside 0..{config.replicas - 1}")
         self.config = config
@@ -116,11 +119,12 @@ class SDPaxosReplica:
         self.unsafe = config.unsafe
         self.peers = tuple(rid for rid in range(self.n) if rid != me)
         # views
-        self.view = 0
-        self.accepted_view = 0  # view 0's (empty) assignment log is accepted by everyone
+        self.view = start_view
+        # the start view's (empty) assignment log is accepted by everyone
+        self.accepted_view = start_view
         self.accepted_from = 0  # the first slot of accepted_view's NewView (see Vote)
         self.view_ready = True  # accepted the NewView of self.view
-        self.role = Role.SEQUENCER if me == 0 else Role.FOLLOWER
+        self.role = Role.SEQUENCER if start_view % self.n == me else Role.FOLLOWER
         # liveness and leases
         self.started = False
         self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
@@ -162,6 +166,10 @@ class SDPaxosReplica:
         # records when executed, so that a restart can execute them again from the records
         self.values_to_log: set[tuple[int, int]] = set()
         self.compacted = 0  # slots below this were compacted into a snapshot
+        # membership: this replica executed a change that ends the epoch (close_epoch), and
+        # the slot of the SEAL that ended it, once executed
+        self.closing = False
+        self.sealed_at = NO_SLOT
         self.base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
         self.exec_progress_at = 0
         # the turn's output
@@ -322,6 +330,33 @@ class SDPaxosReplica:
         self.ordering.flush_oaccepts()
         self.o_acceptor.flush_acks()
 
+    # ------------------------------------------------------------------ membership
+    def carry_over(self) -> tuple[list[Command], list[Command]]:
+        """The epoch ended (``sealed_at``): the commands led here that it never ordered, and
+        the reads not answered yet, for the next epoch to take (they are not acknowledged)."""
+        commands = [command for index in sorted(self.unready) for command in self.unready[index]]
+        reads = list(self.reads.unasked_reads)
+        for _, (pending, _) in sorted(self.reads.pending_reads.items()):
+            reads.extend(pending)
+        return commands, reads
+
+    def executed_slot(self, slot: int) -> tuple[int, tuple[Command, ...]] | None:
+        """The owner (or ``NO_CL``/``SEAL``) and commands of executed ``slot``, or None if
+        it is compacted away or not executed (what a learner is sent)."""
+        placed = self.log.get(slot)
+        if placed is None:
+            return None
+        owner, index = placed
+        batch = self.c[(owner, index)].batch if owner >= 0 else ()
+        return owner, batch or ()
+
+    def close_epoch(self) -> None:
+        """This replica executed a membership change: the epoch must end. As the serving
+        sequencer (now, or when it serves) it proposes the SEAL after which nothing is
+        ordered (see sequencer.py); once the SEAL executes, ``sealed_at`` is its slot."""
+        self.closing = True
+        self.ordering.seal()
+
     # ------------------------------------------------------------------ snapshots
     def snapshot_meta(self) -> SnapshotMeta:
         """Where a snapshot of the state machine, taken now (after applying the last
@@ -346,7 +381,7 @@ class SDPaxosReplica:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, tuple[Command, ...]] = {}
         for slot, (owner, index) in self.log.items():
-            batch = self.c[(owner, index)].batch if owner != NO_CL else ()
+            batch = self.c[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
             result[slot] = batch or ()
         return result
 

@@ -19,9 +19,16 @@ Rules:
   batch at a time.
 * Reads: ``read_slot`` answers with the last slot assigned to an update of the keys
   (``HistoryTable``); reads.py checks the lease first.
+* Closing the epoch (membership, ``consensus.protocol.membership``): once the replica executed
+  a membership change (``SDPaxosReplica.close_epoch``), a serving sequencer proposes ``SEAL``
+  in its next slot and assigns nothing after it (``seal``); so does every later sequencer
+  whose rebuilt log holds a SEAL (``start_serving``), and one elected after the change
+  executed seals as it starts serving. The SEAL is an O-instance like any other (accepted,
+  acknowledged to the sequencer, chosen by a majority, committed by the sequencer's OCommit,
+  rebuilt by view changes), so the epoch ends at one slot on every replica.
 
 Entry points: ``on_crequest``, ``order``, ``learn_keys``, ``flush_oaccepts``,
-``retransmit_own_slots``, ``start_serving``, ``read_slot``.
+``retransmit_own_slots``, ``start_serving``, ``seal``, ``read_slot``.
 """
 
 from __future__ import annotations
@@ -29,10 +36,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from consensus.messages import MAX_ENTRIES, NO_CL, CRequest, OAccept, OAcceptedRecord, OEntry
+from consensus.messages import (
+    MAX_ENTRIES,
+    NO_CL,
+    SEAL,
+    CRequest,
+    OAccept,
+    OAcceptedRecord,
+    OEntry,
+)
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.sdpaxos.history import HistoryTable
-from consensus.protocol.sdpaxos.instances import Batch, OwnerSlots, keys_of, pages
+from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch, OwnerSlots, keys_of, pages
 from consensus.protocol.sdpaxos.tracker import AckPrefixes
 from consensus.protocol.types import Role
 
@@ -57,6 +72,8 @@ class Sequencer:
         self.seq_own_chosen = 0  # N=5: how many of our own O-instances are chosen
         self.history = HistoryTable()
         self._oaccept_out: list[OEntry] = []
+        #: the slot of the SEAL in the log we serve (nothing is assigned after it)
+        self.sealed_at = NO_SLOT
 
     def on_crequest(self, msg: CRequest) -> None:
         r = self.r
@@ -78,6 +95,8 @@ class Sequencer:
         what a ``CRequest`` names for ``C[owner][index]``; None when we hold its value (the
         history table then takes the keys from the batch itself)."""
         r = self.r
+        if self.sealed_at != NO_SLOT:
+            return  # the epoch is closed: the next one orders what is left
         if r.role is not Role.SEQUENCER:
             if r.is_sequencer:
                 if keys is None:
@@ -101,6 +120,17 @@ class Sequencer:
                 self.history.note_keys(slot, keys)
             else:
                 self.history.note_unknown((owner, k), slot)  # ordered before we saw it
+
+    def seal(self) -> None:
+        """Serving: propose SEAL in the next slot; nothing is assigned after it."""
+        r = self.r
+        if r.role is not Role.SEQUENCER or self.sealed_at != NO_SLOT:
+            return
+        slot = self.sealed_at = self.seq_next_slot
+        self.seq_next_slot += 1
+        entry = OEntry(slot=slot, owner=SEAL)
+        self._oaccept_out.append(entry)
+        r.o_acceptor.accept_o(entry, r.view)
 
     def learn_keys(self, owner: int, index: int, batch: Batch) -> None:
         """``C[owner][index]``'s value is known: if it was ordered before, note its keys."""
@@ -148,6 +178,12 @@ class Sequencer:
                 if mine.base <= index < len(mine):
                     r.readiness.resend_late_slot(peer, mine[index])
         r.readiness.resend_unchosen_own(deadline)
+        seal = self.sealed_at
+        if seal != NO_SLOT and seal >= r.exec_slot and seal not in r.o_committed:
+            # nobody else re-sends a SEAL (it has no owner to ask for it again)
+            for peer in r.peers:
+                if peer not in r.o_acks.get(seal, ()):
+                    self.resend_oaccepts(peer, seal, seal + 1)
         named = r.c_phase.last_named_index()
         if len(mine) <= named:
             self.order(r.me, named, ())
@@ -158,14 +194,19 @@ class Sequencer:
         hold, then the new view's range — and serve."""
         r = self.r
         self.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
+        self.sealed_at = NO_SLOT
         for slot in sorted(r.log):
             owner = r.log[slot][0]
-            if owner != NO_CL:
+            if owner >= 0:
                 self.seq_slots[owner].append(slot)
+            elif owner == SEAL:
+                self.sealed_at = slot
         for slot in range(r.exec_slot, end):
             owner = r.o_value.get(slot, NO_CL)
-            if owner != NO_CL:
+            if owner >= 0:
                 self.seq_slots[owner].append(slot)
+            elif owner == SEAL:
+                self.sealed_at = slot
         self.seq_next_slot = max(end, r.exec_slot)
         self.acks = AckPrefixes({rid: (end if rid in acked else start) for rid in range(r.n)})
         self.seq_own_chosen = self.seq_slots[r.me].count_below(end)

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
-    NO_CL,
     CAcceptedRecord,
     CPromiseRecord,
     NewViewRecord,
@@ -88,7 +87,7 @@ class Snapshots:
         r = self.r
         for slot in [s for s in r.log if s < meta.slot]:
             owner, index = r.log.pop(slot)
-            if owner != NO_CL:
+            if owner >= 0:  # not NO_CL or SEAL
                 r.c.pop((owner, index), None)
         for key in [k for k in r.c if k[1] < meta.exec_counts[k[0]]]:
             del r.c[key]

@@ -41,6 +41,7 @@ from consensus.messages import (
     MAX_ENTRIES,
     MAX_SLOTS,
     NO_CL,
+    SEAL,
     NewView,
     NewViewAck,
     NewViewRecord,
@@ -52,7 +53,7 @@ from consensus.messages import (
     VRequest,
 )
 from consensus.protocol.sdpaxos.election import NO_VIEW
-from consensus.protocol.sdpaxos.instances import NO_BALLOT
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -225,6 +226,13 @@ class ViewChange:
         for slot in [s for s, e in best.items() if e.ballot < newest]:
             if any(slot >= since and slot not in seen for since, seen in witnesses):
                 del best[slot]
+        # A SEAL ends the log (membership): what a vote holds after it is a leftover of an
+        # older view that was never chosen — chosen before the SEAL's view, that view's
+        # rebuild would have placed it before the SEAL — so it must not come back.
+        sealed = min((s for s, e in best.items() if e.owner == SEAL), default=NO_SLOT)
+        if sealed != NO_SLOT:
+            for slot in [s for s in best if s > sealed]:
+                del best[slot]
         end = max(best, default=start - 1) + 1
         owners: list[int | None] = [None] * (end - start)
         for slot, entry in best.items():
@@ -241,7 +249,9 @@ class ViewChange:
                 m = untraced[0]
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
                 before = r.exec_count[m] - executed.count(m)  # m's slots below start
-                fill_for(m, needed, before, owners)
+                # after a SEAL nothing is placed: m's instances that would need slots past it
+                # were never ordered (a sequencer assigns nothing after its SEAL), so never ready
+                fill_for(m, needed, before, owners, extend=sealed == NO_SLOT)
         if len(owners) > MAX_SLOTS:
             # More than one NewView carries (votes far apart, or a vast hole filling): no
             # view from here. The election times out and another candidacy starts from
@@ -350,6 +360,8 @@ class ViewChange:
         named = r.c_phase.last_named_index()
         if r.o_acceptor.known_o_count(r.me) <= named:
             r.ordering.order(r.me, named, ())
+        if r.closing:  # we executed a membership change: end the epoch (sequencer.py)
+            r.ordering.seal()
 
     def retransmit_new_view(self) -> None:
         """Elected, not serving yet: our NewView again to whoever has not accepted it."""
@@ -372,7 +384,9 @@ class ViewChange:
             r.send(peer, OCommit(src=r.me, view=r.view, entries=entries))
 
 
-def fill_for(m: int, needed: int, before: int, owners: list[int | None]) -> None:
+def fill_for(
+    m: int, needed: int, before: int, owners: list[int | None], *, extend: bool = True
+) -> None:
     """Propose ``m`` in the first holes until it owns ``needed`` O-instances (``before``
     of them below the new view's start) with no hole before the last of them (Figure 7,
     lines 32-36), and no more than that.
@@ -383,7 +397,8 @@ def fill_for(m: int, needed: int, before: int, owners: list[int | None]) -> None
     after this view change: a read proposed after a write was acknowledged ran before it
     (N=5 seed 362 with every fault). Nothing of ``m``'s beyond the ``needed``-th can be
     chosen (``needed`` bounds them: a chosen C-instance was accepted by a voter), so
-    those slots propose no one."""
+    those slots propose no one. ``extend=False`` (the log ends in a SEAL): only holes are
+    filled, none added after the log's end."""
     # One pass (filling the first hole and counting again was quadratic: a candidate
     # spent seconds on a vote naming thousands of m's instances): until m owns
     # ``needed``, every hole gets m; the needed-th then has no hole before it.
@@ -398,6 +413,8 @@ def fill_for(m: int, needed: int, before: int, owners: list[int | None]) -> None
             count += 1
             if count == needed:
                 last_needed = position
+    if count < needed and not extend:
+        return  # every hole is m's: there is no surplus to take back
     while count < needed:
         owners.append(m)
         count += 1

@@ -313,9 +313,14 @@ def test_count_rule_with_three_replicas_acknowledges_to_the_owner_and_the_sequen
     assert sequencer.oack_targets(1) == (1, 0)
 
 
-def test_count_rule_with_seven_replicas_acknowledges_to_the_owner_only() -> None:
-    rule = CountRule(core(7, 2))
-    assert rule.oack_targets(1) == (1,)
+@pytest.mark.parametrize("replicas", [4, 7])
+def test_count_rule_with_four_or_more_acknowledges_to_the_owner_and_the_sequencer(
+    replicas: int,
+) -> None:
+    # the owner and the sequencer are no majority: the sequencer must know who accepted, to
+    # send the OAccept again to an acceptor that lost it (nobody else can)
+    rule = CountRule(core(replicas, 2))
+    assert rule.oack_targets(1) == (1, 0)
     assert rule.oack_targets(0) == (0,)
 
 
