@@ -90,11 +90,12 @@ def run_member(args: argparse.Namespace) -> int:
         return USAGE
 
     async def session() -> int:
+        if args.action == "list":
+            return _show(args, await _newest_status(target.addresses, args.timeout,
+                                                    target.tls))
         async with Client((1 << 62) + secrets.randbelow(1 << 62), target.addresses,
                           timeout_s=args.timeout, attempts=len(target.addresses),
                           tls=target.tls) as client:
-            if args.action == "list":
-                return _show(args, await client.status())
             return await _change(client, args)
 
     try:
@@ -108,6 +109,28 @@ def run_member(args: argparse.Namespace) -> int:
     except (IndefiniteFailure, OSError, TimeoutError) as exc:
         print(f"sdpaxos member {args.action}: unavailable: {exc}", file=sys.stderr)
         return UNAVAILABLE
+
+
+async def _newest_status(addresses: list[tuple[str, int]], timeout_s: float,
+                         tls: Any) -> dict[str, Any]:
+    """The status of the reachable member furthest along (epoch, then applied position): a
+    removed member still answers, with the configuration it was removed in."""
+    from consensus.runtime.client import Client
+
+    async def ask(address: tuple[str, int]) -> dict[str, Any] | None:
+        try:
+            async with Client(secrets.randbelow(1 << 62), [address], timeout_s=timeout_s,
+                              attempts=1, tls=tls) as client:
+                status: dict[str, Any] = await client.status()
+                return status
+        except (IndefiniteFailure, DefiniteFailure, OSError, TimeoutError):
+            return None
+
+    answers = [a for a in await asyncio.gather(*(ask(x) for x in addresses)) if a is not None]
+    if not answers:
+        raise IndefiniteFailure("no replica answered")
+    return max(answers, key=lambda a: ((a.get("membership") or {}).get("epoch", 0),
+                                       a.get("applied", 0)))
 
 
 async def _change(client: Any, args: argparse.Namespace) -> int:
