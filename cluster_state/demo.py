@@ -11,7 +11,9 @@ What it does, in order:
 3. shows a live view: allocation latency and throughput per site, GPU use per VC, the current
    sequencer and view;
 4. midway (unless ``--no-failover``) kills the sequencer, shows the failover, restarts the old
-   replica and waits until it has caught up;
+   replica and waits until it has caught up; with ``--replace`` it replaces it instead (as if
+   its disk were gone): a new replica at the same site on new ports joins as a learner
+   (``sdpaxos member replace``), catches up, and is promoted in the old one's place;
 5. stops the schedulers and checks: every replica's state identical, no GPU held by two groups
    (in the final state and at any point of the watch stream), the per-VC accounting within its
    quota, and every acknowledged placement that nobody released still present. Exit status 1
@@ -79,6 +81,8 @@ class DemoState:
     released: set[str] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
     failover_s: float | None = None  # from the kill to the next allocation anywhere
+    #: replicas a replace took out of the cluster (``--replace``)
+    removed: set[int] = field(default_factory=set)
 
     def note(self, text: str) -> None:
         self.events.append(f"{time.monotonic() - self.started:6.1f}s  {text}")
@@ -89,6 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds of workload")
     parser.add_argument("--no-failover", action="store_true", help="do not kill the sequencer")
+    parser.add_argument("--replace", action="store_true",
+                        help="replace the killed sequencer with a new replica (a learner that "
+                        "catches up and is promoted) instead of restarting it")
     parser.add_argument("--schedulers-per-site", type=int, default=4,
                         help="scheduler clients per site")
     parser.add_argument("--seed", type=int, default=1, help="the workload's seed")
@@ -213,6 +220,11 @@ async def _failover(args: argparse.Namespace, cluster: Any, state: DemoState) ->
     )
     state.failover_s = first - killed_at if first else None
     await asyncio.sleep(args.duration * 0.15)
+    if args.replace:
+        await _replace(cluster, state, victim)
+        remaining = args.duration - (time.monotonic() - state.started)
+        await asyncio.sleep(max(0.0, remaining))
+        return
     state.phase = f"replica {victim} restarting"
     cluster.start(victim)
     restarted = time.monotonic()
@@ -226,6 +238,44 @@ async def _failover(args: argparse.Namespace, cluster: Any, state: DemoState) ->
     state.phase = "running"
     remaining = args.duration - (time.monotonic() - state.started)
     await asyncio.sleep(max(0.0, remaining))
+
+
+async def _replace(cluster: Any, state: DemoState, victim: int) -> None:
+    """Replace the dead ``victim`` with a new member at its site: it learns the log, then the
+    sequencer promotes it in the victim's place (``sdpaxos member replace``)."""
+    from consensus.protocol.membership import Change, encode_change
+    from consensus.protocol.membership.config import REPLACE
+    from consensus.runtime.client import Client
+    from consensus.runtime.members import info_of_spec
+
+    spec = cluster.add_member_entry(_site(cluster, victim))
+    state.phase = f"replica {victim} replaced by {spec.id}"
+    started = time.monotonic()
+    live = [cluster.client_addresses[r] for r in _ids(cluster) if r not in (victim, spec.id)]
+    change = Change(REPLACE, spec.id, replaces=victim, info=info_of_spec(spec).encode())
+    async with Client(990, live, timeout_s=3.0, attempts=len(live)) as client:
+        answer = (await client.execute(encode_change(change), ())).payload
+        text = answer.decode(errors="replace") if isinstance(answer, bytes) else answer
+        state.note(f"member replace {victim}: {text}")
+        cluster.start(spec.id)
+        state.removed.add(victim)
+        learning_noted = False
+        while time.monotonic() - started < 60:
+            status = await client.status()
+            members = {m[0]: m for m in (status.get("membership") or {}).get("members", [])}
+            entry = members.get(spec.id)
+            if entry is not None and entry[2] and victim not in members:
+                epoch = status["membership"]["epoch"]
+                state.note(f"replica {spec.id} promoted in {time.monotonic() - started:.2f}s: "
+                           f"epoch {epoch}, voters {status['membership']['voters']}")
+                break
+            executed = _metric(cluster, spec.id, "sdpaxos_executed_slots")
+            if executed and not learning_noted:
+                learning_noted = True
+                state.note(f"replica {spec.id} learning: applied {executed:.0f} of "
+                           f"{status['applied']} slots")
+            await asyncio.sleep(0.2)
+    state.phase = "running"
 
 
 async def _scheduler(
@@ -297,7 +347,7 @@ async def _watch(store: Any, ledger: GpuLedger, state: DemoState, stop: asyncio.
 
 async def _observe(cluster: Any, store: Any, state: DemoState, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        for replica in _ids(cluster):
+        for replica in _ids(cluster, state):
             if _metric(cluster, replica, "sdpaxos_is_sequencer") == 1:
                 state.sequencer = replica
                 view = _metric(cluster, replica, "sdpaxos_view")
@@ -329,7 +379,7 @@ async def _check(cluster: Any, state: DemoState, ledger: GpuLedger, store: Any) 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         states = []
-        for replica in _ids(cluster):
+        for replica in _ids(cluster, state):
             local = AllocationStore.connect([cluster.client_addresses[replica]],
                                             client_id=950 + replica, home=0)
             try:
@@ -389,8 +439,10 @@ async def _wait_serving(cluster: Any, timeout: float = 60.0) -> None:
             await asyncio.sleep(0.2)
 
 
-def _ids(cluster: Any) -> list[int]:
-    return [spec.id for spec in cluster.config.replicas]
+def _ids(cluster: Any, state: DemoState | None = None) -> list[int]:
+    """The replicas (without those a replace removed)."""
+    removed = state.removed if state is not None else set()
+    return [spec.id for spec in cluster.config.replicas if spec.id not in removed]
 
 
 def _site(cluster: Any, replica: int) -> str:

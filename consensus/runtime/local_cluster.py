@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from consensus.runtime.cli import cluster_toml, init_identities
-from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
+from consensus.runtime.cluster_config import ClusterConfig, ReplicaSpec, load_cluster_config
 
 __all__ = ["LocalCluster", "free_base_port"]
 
@@ -136,6 +136,28 @@ class LocalCluster:
                 process.kill()
                 process.wait()
         self.processes.clear()
+
+    def add_member_entry(self, site: str) -> ReplicaSpec:
+        """A new member's entry in the cluster file (``joined = true``, the next id on the
+        next ports of the file's scheme) and its identity; start it with ``start``."""
+        new_id = len(self.config.replicas)
+        base = self.config.replicas[0].address[1]
+        first = self.config.replicas[0]
+        lines = ["", "[[replica]]", f"id = {new_id}",
+                 f'address = "127.0.0.1:{base + new_id}"',
+                 f'client_address = "127.0.0.1:{base + 100 + new_id}"']
+        if first.metrics_address is not None:
+            lines.append(f'metrics_address = "127.0.0.1:{base + 200 + new_id}"')
+        if first.grpc_address is not None:
+            lines.append(f'grpc_address = "127.0.0.1:{base + 300 + new_id}"')
+        lines += [f'site = "{site}"', "joined = true", ""]
+        text = self.config_path.read_text()
+        marker = "\n[protocol]"  # replicas come before the other tables
+        head, sep, tail = text.partition(marker)
+        self.config_path.write_text(head.rstrip("\n") + "\n" + "\n".join(lines) + sep + tail)
+        init_identities(self.config_path)
+        self.config = load_cluster_config(self.config_path)
+        return self.config.replica(new_id)
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -141,7 +141,8 @@ async def _change(client: Any, args: argparse.Namespace) -> int:
     else:
         change = Change(args.action, member=args.member)
     reply = await client.execute(encode_change(change), ())
-    answer = bytes(reply.payload).decode(errors="replace")
+    payload = reply.payload
+    answer = payload.decode(errors="replace") if isinstance(payload, bytes) else str(payload)
     refused = answer.startswith("refused")
     if args.json:
         print(json.dumps({"ok": not refused, "answer": answer}))
