@@ -153,19 +153,19 @@ class CountRule(ReadinessRule):
             for peer in r.peers:
                 if peer not in r.o_acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
-        if r.q > 2:
-            # Four replicas or more (a membership epoch may have any number): an O-instance
-            # needs an acceptor besides its owner and us, and one that lost our OAccept cannot
-            # learn it from anyone else (nobody has it chosen): the unchosen ones of the
-            # window after our execution go again to whoever did not acknowledge them.
-            stop = min(r.ordering.seq_next_slot, r.exec_slot + CATCHUP_BATCH)
-            for slot in range(r.exec_slot, stop):
-                owner = r.o_value.get(slot, r.me)
-                if slot in r.o_committed or owner == r.me:
-                    continue
-                for peer in r.peers:
-                    if peer != owner and peer not in r.o_acks.get(slot, ()):
-                        r.ordering.resend_oaccepts(peer, slot, slot + 1)
+        # An O-instance the owner cannot get chosen (four replicas or more: it needs an
+        # acceptor besides the owner and us; or the owner is dead for good, a replica
+        # removed or lost with its disk) stays unchosen if an acceptor lost our OAccept:
+        # nobody else can tell it the value. The unchosen ones of the window after our
+        # execution go again to whoever did not acknowledge them.
+        stop = min(r.ordering.seq_next_slot, r.exec_slot + CATCHUP_BATCH)
+        for slot in range(r.exec_slot, stop):
+            owner = r.o_value.get(slot, r.me)
+            if slot in r.o_committed or owner == r.me:
+                continue
+            for peer in r.peers:
+                if peer != owner and peer not in r.o_acks.get(slot, ()):
+                    r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
 
 class FiveRule(ReadinessRule):
