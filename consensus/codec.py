@@ -64,7 +64,10 @@ Per-class encoders and decoders are generated once, at import, from ``_LAYOUT`` 
 ``_GENERATED_SOURCE`` to read them). Decoders build the frozen dataclasses with
 ``object.__new__`` and the slot descriptors, which is about 2x cheaper than calling the
 keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that gains one, or
-loses its slots, gets a plain keyword constructor instead).
+loses its slots, gets a plain keyword constructor instead). A batch of commands is turned into
+its msgpack-ready form once: the form is cached by the batch's identity (``_BATCH_WIRE``), so
+its leader's CAccepts to every peer, its log record and its commits share it, and a batch an
+acceptor decoded is logged from the form it arrived in.
 """
 
 from __future__ import annotations
@@ -701,7 +704,8 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
     if isinstance(ftype, str):
         return _scalar_check(ftype, var, where)
     if isinstance(ftype.item, type):
-        decode = f"{var} = _dec_seq_{ftype.item.__name__}({var}, {where}, {ftype.limit})"
+        decoder = "_dec_batch" if ftype.item is Command else f"_dec_seq_{ftype.item.__name__}"
+        decode = f"{var} = {decoder}({var}, {where}, {ftype.limit})"
         if ftype.nullable:
             return [f"if {var} is not None:", f"    {decode}"]
         return [decode]
@@ -787,7 +791,9 @@ def _encode_expr(ftype: _FieldType, value: str, where: str) -> str:
     """Source expression that turns field value ``value`` into msgpack-ready data (nested
     classes through their sequence encoder, which checks the array's length)."""
     if isinstance(ftype, _Array) and isinstance(ftype.item, type):
-        listed = f"_enc_seq_{ftype.item.__name__}({value}, {ftype.limit}, {where})"
+        # a batch of commands goes through the cache of batches already encoded
+        encoder = "_enc_batch" if ftype.item is Command else f"_enc_seq_{ftype.item.__name__}"
+        listed = f"{encoder}({value}, {ftype.limit}, {where})"
         return f"None if {value} is None else {listed}" if ftype.nullable else listed
     return value  # scalars and tuples of scalars go as they are
 
@@ -890,6 +896,45 @@ def _generate() -> tuple[str, dict[str, Any]]:
 
 
 _GENERATED_SOURCE, _generated = _generate()
+
+#: How many batches ``_BATCH_WIRE`` remembers: more than one turn's worth (the batches of a
+#: turn are encoded for every peer and the log within that turn).
+BATCH_WIRE_CACHE: Final = 1024
+#: id(batch) -> (batch, its msgpack-ready form). A batch is encoded once by its leader (not
+#: once per peer, log record and commit), and a batch an acceptor decoded is logged from the
+#: form it arrived in (not encoded again). The entry holds the batch, so its id cannot be
+#: reused while the entry lives.
+_BATCH_WIRE: Final[dict[int, tuple[tuple[Command, ...], tuple[Any, ...] | list[Any]]]] = {}
+_enc_seq_command: Final = _generated["_enc_seq_Command"]
+_dec_seq_command: Final = _generated["_dec_seq_Command"]
+
+
+def _remember_batch(batch: tuple[Command, ...], wire: tuple[Any, ...] | list[Any]) -> None:
+    cache = _BATCH_WIRE
+    cache[id(batch)] = (batch, wire)
+    if len(cache) > BATCH_WIRE_CACHE:
+        del cache[next(iter(cache))]  # the oldest: dicts keep insertion order
+
+
+def _enc_batch(batch: tuple[Command, ...], limit: int, where: str) -> Any:
+    """``_enc_seq_Command`` through the cache (a hit was checked against the same limit)."""
+    hit = _BATCH_WIRE.get(id(batch))
+    if hit is not None and hit[0] is batch:
+        return hit[1]
+    wire = _enc_seq_command(batch, limit, where)
+    _remember_batch(batch, wire)
+    return wire
+
+
+def _dec_batch(value: Any, where: str, limit: int) -> tuple[Command, ...]:
+    """``_dec_seq_Command``, remembering the decoded array as the batch's encoded form."""
+    batch: tuple[Command, ...] = _dec_seq_command(value, where, limit)
+    _remember_batch(batch, value)
+    return batch
+
+
+_generated["_enc_batch"] = _enc_batch
+_generated["_dec_batch"] = _dec_batch
 
 _Encoder = Callable[[Any], tuple[Any, ...]]
 
