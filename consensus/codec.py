@@ -64,10 +64,10 @@ Per-class encoders and decoders are generated once, at import, from ``_LAYOUT`` 
 ``_GENERATED_SOURCE`` to read them). Decoders build the frozen dataclasses with
 ``object.__new__`` and the slot descriptors, which is about 2x cheaper than calling the
 keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that gains one, or
-loses its slots, gets a plain keyword constructor instead). A batch of commands is turned into
-its msgpack-ready form once: the form is cached by the batch's identity (``_BATCH_WIRE``), so
-its leader's CAccepts to every peer, its log record and its commits share it, and a batch an
-acceptor decoded is logged from the form it arrived in.
+loses its slots, gets a plain keyword constructor instead). ``Command`` is a named tuple whose
+fields are its array: a batch of commands goes to msgpack as it is (no per-command work to
+encode it for each peer, log record and commit), and a decoded array becomes a ``Command`` in
+one call once its fields are checked.
 """
 
 from __future__ import annotations
@@ -601,10 +601,16 @@ _NESTED_CLASSES: Final = tuple(
 )
 
 
+def _is_named_tuple(cls: type) -> bool:
+    """A ``typing.NamedTuple`` class (``Command``): its fields are its array."""
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
 def _check_tables() -> None:
     """Fail at import if the tables drifted from ``consensus.messages``."""
     defined = {
-        obj for obj in vars(messages).values() if isinstance(obj, type) and is_dataclass(obj)
+        obj for obj in vars(messages).values()
+        if isinstance(obj, type) and (is_dataclass(obj) or _is_named_tuple(obj))
     }
     for name, table in (("TAGS", set(TAGS)), ("_LAYOUT", set(_LAYOUT))):
         if table != defined:
@@ -620,7 +626,10 @@ def _check_tables() -> None:
         if not low <= tag <= high:
             raise RuntimeError(f"codec: {cls.__name__}'s tag {tag} is outside {low}..{high}")
     for cls, layout in _LAYOUT.items():
-        declared = tuple(f.name for f in fields(cls))
+        if _is_named_tuple(cls):
+            declared: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        else:
+            declared = tuple(f.name for f in fields(cls))
         if declared != tuple(name for name, _ in layout):
             raise RuntimeError(
                 f"codec: {cls.__name__} fields {declared} no longer match the wire layout "
@@ -704,8 +713,7 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
     if isinstance(ftype, str):
         return _scalar_check(ftype, var, where)
     if isinstance(ftype.item, type):
-        decoder = "_dec_batch" if ftype.item is Command else f"_dec_seq_{ftype.item.__name__}"
-        decode = f"{var} = {decoder}({var}, {where}, {ftype.limit})"
+        decode = f"{var} = _dec_seq_{ftype.item.__name__}({var}, {where}, {ftype.limit})"
         if ftype.nullable:
             return [f"if {var} is not None:", f"    {decode}"]
         return [decode]
@@ -723,9 +731,13 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
     ]
 
 
-def _construct_lines(cls: type, result: str) -> list[str]:
-    """Source lines that build ``cls`` from same-named locals into local ``result``."""
+def _construct_lines(cls: type, result: str, fields_tuple: str | None = None) -> list[str]:
+    """Source lines that build ``cls`` from same-named locals into local ``result``
+    (``fields_tuple``: a local tuple of exactly those values, in order, if there is one)."""
     names = [name for name, _ in _LAYOUT[cls]]
+    if _is_named_tuple(cls):  # one C call, no per-field work
+        values = fields_tuple or f"({', '.join(names)},)"
+        return [f"{result} = _tuple_new({cls.__name__}, {values})"]
     fast = not hasattr(cls, "__post_init__") and all(
         isinstance(cls.__dict__.get(name), types.MemberDescriptorType) for name in names
     )
@@ -755,9 +767,12 @@ def _seq_decoder(cls: type) -> list[str]:
         f"    raise _bad({item_where}, '{name} array of {len(layout)} fields', _item)",
         _unpack_line(layout, "_item", tagged=False),
     ]
+    # nested values' checks only look at the fields, never rebind them: _item holds them as
+    # they were checked
+    nested = any(isinstance(ftype, _Array) and isinstance(ftype.item, type) for _, ftype in layout)
     for field, ftype in layout:
         body += _check_lines(ftype, field, f"{item_where} + '.{field}'")
-    body += _construct_lines(cls, "_o")
+    body += _construct_lines(cls, "_o", None if nested else "_item")
     body.append("_append(_o)")
     return [
         f"def _dec_seq_{name}(v, where, limit):",
@@ -791,9 +806,7 @@ def _encode_expr(ftype: _FieldType, value: str, where: str) -> str:
     """Source expression that turns field value ``value`` into msgpack-ready data (nested
     classes through their sequence encoder, which checks the array's length)."""
     if isinstance(ftype, _Array) and isinstance(ftype.item, type):
-        # a batch of commands goes through the cache of batches already encoded
-        encoder = "_enc_batch" if ftype.item is Command else f"_enc_seq_{ftype.item.__name__}"
-        listed = f"{encoder}({value}, {ftype.limit}, {where})"
+        listed = f"_enc_seq_{ftype.item.__name__}({value}, {ftype.limit}, {where})"
         return f"None if {value} is None else {listed}" if ftype.nullable else listed
     return value  # scalars and tuples of scalars go as they are
 
@@ -843,7 +856,9 @@ def _seq_encoder(cls: type) -> list[str]:
         "    if len(values) > limit:",
         "        raise _oversized(where, limit, len(values), 'values')",
         *(["    for _x in values:"] + [f"        {line}" for line in checks] if checks else []),
-        f"    return [({', '.join(parts)}{',' if len(parts) == 1 else ''}) for _x in values]",
+        # a named tuple is its own array (its fields are the layout, checked at import)
+        "    return values" if _is_named_tuple(cls)
+        else f"    return [({', '.join(parts)}{',' if len(parts) == 1 else ''}) for _x in values]",
     ]
 
 
@@ -878,6 +893,7 @@ def _generate() -> tuple[str, dict[str, Any]]:
         "_field_count": _field_count,
         "_oversized": _oversized,
         "_new": object.__new__,
+        "_tuple_new": tuple.__new__,
     }
     for cls, layout in _LAYOUT.items():
         namespace[cls.__name__] = cls
@@ -897,66 +913,20 @@ def _generate() -> tuple[str, dict[str, Any]]:
 
 _GENERATED_SOURCE, _generated = _generate()
 
-#: How many batches ``_BATCH_WIRE`` remembers: more than one turn's worth (the batches of a
-#: turn are encoded for every peer and the log within that turn).
-BATCH_WIRE_CACHE: Final = 1024
-#: id(batch) -> (batch, its msgpack-ready form). A batch is encoded once by its leader (not
-#: once per peer, log record and commit), and a batch an acceptor decoded is logged from the
-#: form it arrived in (not encoded again). The entry holds the batch, so its id cannot be
-#: reused while the entry lives.
-_BATCH_WIRE: Final[dict[int, tuple[tuple[Command, ...], tuple[Any, ...] | list[Any]]]] = {}
-_enc_seq_command: Final = _generated["_enc_seq_Command"]
-_dec_seq_command: Final = _generated["_dec_seq_Command"]
-
-
-def _remember_batch(batch: tuple[Command, ...], wire: tuple[Any, ...] | list[Any]) -> None:
-    cache = _BATCH_WIRE
-    cache[id(batch)] = (batch, wire)
-    if len(cache) > BATCH_WIRE_CACHE:
-        del cache[next(iter(cache))]  # the oldest: dicts keep insertion order
-
-
-def _enc_batch(batch: tuple[Command, ...], limit: int, where: str) -> Any:
-    """``_enc_seq_Command`` through the cache (a hit was checked against the same limit)."""
-    hit = _BATCH_WIRE.get(id(batch))
-    if hit is not None and hit[0] is batch:
-        return hit[1]
-    wire = _enc_seq_command(batch, limit, where)
-    _remember_batch(batch, wire)
-    return wire
-
-
-def _dec_batch(value: Any, where: str, limit: int) -> tuple[Command, ...]:
-    """``_dec_seq_Command``, remembering the decoded array as the batch's encoded form."""
-    batch: tuple[Command, ...] = _dec_seq_command(value, where, limit)
-    _remember_batch(batch, value)
-    return batch
-
-
-_generated["_enc_batch"] = _enc_batch
-_generated["_dec_batch"] = _dec_batch
-
 _Encoder = Callable[[Any], tuple[Any, ...]]
 
-_set_command_fields: Final = tuple(
-    _generated[f"_set_Command_{name}"] for name, _ in _LAYOUT[Command]
-)
+_tuple_new: Final = tuple.__new__
 
 
 def checked_command(
     client_id: int, seq: int, op: bytes, keys: tuple[str, ...], blind: bool
 ) -> Command:
     """``Command(...)`` from values the caller already checked for type and range, built the
-    way the decoders build theirs (slots set directly: a frozen dataclass's ``__init__``
-    costs about twice as much, and the client port builds one per request)."""
-    command: Command = object.__new__(Command)
-    set_client_id, set_seq, set_op, set_keys, set_blind = _set_command_fields
-    set_client_id(command, client_id)
-    set_seq(command, seq)
-    set_op(command, op)
-    set_keys(command, keys)
-    set_blind(command, blind)
+    way the decoders build theirs (one C call: the keyword constructor costs several times
+    as much, and the client port builds one per request)."""
+    command: Command = _tuple_new(Command, (client_id, seq, op, keys, blind))
     return command
+
 
 _PEER_ENCODERS: Final[dict[type, _Encoder]] = {
     cls: _generated[f"_enc_{cls.__name__}"] for cls in _PEER_CLASSES
