@@ -1014,12 +1014,77 @@ def _wrong_class(value: object, expected: str) -> TypeError:
 # --------------------------------------------------------------------------- public API
 
 
+# --------------------------------------------------------------------------- batches packed once
+# A message or record that carries a batch of commands is packed field by field, its batch
+# spliced in as the bytes packed the first time that batch (the same object) was packed: its
+# leader's CAccepts to every peer, its log record and its commits pack the commands once.
+# The bytes are the same as packing the message whole (a msgpack array is its header followed
+# by its values).
+
+#: most batches, and most bytes of them, kept packed (more than one turn's worth)
+PACKED_BATCHES_KEPT: Final = 256
+PACKED_BATCH_BYTES_KEPT: Final = 16 << 20
+#: a batch of fewer commands is packed with its message (packing field by field costs more)
+SPLICE_FROM: Final = 16
+#: id(batch) -> (batch, its msgpack bytes); holding the batch keeps its id from being reused
+_packed_batches: Final[dict[int, tuple[tuple[Command, ...], bytes]]] = {}
+_packed_bytes = [0]  # what _packed_batches holds, in bytes
+_pack_value: Final = msgpack.Packer(use_bin_type=True).pack
+_Packer = Callable[[Any], bytes]
+
+
+def _packed_batch(batch: tuple[Command, ...]) -> bytes:
+    hit = _packed_batches.get(id(batch))
+    if hit is not None and hit[0] is batch:
+        return hit[1]
+    packed: bytes = _pack_value(batch)  # a Command is its own array (see _seq_encoder)
+    kept = _packed_batches
+    kept[id(batch)] = (batch, packed)
+    _packed_bytes[0] += len(packed)
+    while len(kept) > PACKED_BATCHES_KEPT or _packed_bytes[0] > PACKED_BATCH_BYTES_KEPT:
+        oldest = next(iter(kept))  # dicts keep insertion order
+        _packed_bytes[0] -= len(kept.pop(oldest)[1])
+    return packed
+
+
+def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
+    """``cls`` -> its msgpack bytes (``[tag, field, ...]``), and whether it splices batches."""
+    layout = _LAYOUT[cls]
+    batch_at = frozenset(
+        position + 1  # after the tag
+        for position, (_, ftype) in enumerate(layout)
+        if isinstance(ftype, _Array) and ftype.item is Command
+    )
+    if not batch_at:
+        def whole(m: Any) -> bytes:
+            packed: bytes = _packb(encoder(m), use_bin_type=True)
+            return packed
+
+        return whole, False
+    header = _array_header(len(layout) + 1)
+
+    def spliced(m: Any) -> bytes:
+        values = encoder(m)  # the encoder checks the limits
+        if all(values[at] is None or len(values[at]) < SPLICE_FROM for at in batch_at):
+            whole: bytes = _packb(values, use_bin_type=True)  # cheaper for a short batch
+            return whole
+        parts = [header]
+        for position, value in enumerate(values):
+            if position in batch_at and value is not None:
+                parts.append(_packed_batch(value))
+            else:
+                parts.append(_pack_value(value))
+        return b"".join(parts)
+
+    return spliced, True
+
+
 def encode_message(msg: PeerMessage) -> bytes:
     """Encode one peer message as ``[FORMAT_VERSION, message]``."""
-    encoder = _PEER_ENCODERS.get(type(msg))
-    if encoder is None:
+    packer = _PEER_PACKERS.get(type(msg))
+    if packer is None:
         raise _wrong_class(msg, "peer message")
-    result: bytes = _packb((FORMAT_VERSION, encoder(msg)), use_bin_type=True)
+    result: bytes = _ENVELOPE + packer(msg)
     return result
 
 
@@ -1037,6 +1102,9 @@ def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
         )
     encoders = _PEER_ENCODERS
     try:
+        if any(type(m) in _SPLICED for m in msgs):  # batches in it: packed once each
+            packers = _PEER_PACKERS
+            return _frame_of([packers[type(m)](m) for m in msgs])
         body = [encoders[type(m)](m) for m in msgs]
     except KeyError:
         bad = next(m for m in msgs if type(m) not in encoders)
@@ -1064,15 +1132,15 @@ def encode_frames(
             return [frame]
     # Big (a catch-up answer, say): each message packed once, then grouped greedily. A
     # frame's body is an array header followed by its messages' packed bytes.
-    encoders = _PEER_ENCODERS
+    packers = _PEER_PACKERS
     frames: list[bytes] = []
     group: list[bytes] = []
     size = 0
     for msg in msgs:
-        encoder = encoders.get(type(msg))
-        if encoder is None:
+        packer = packers.get(type(msg))
+        if packer is None:
             raise _wrong_class(msg, "peer message")
-        packed: bytes = _packb(encoder(msg), use_bin_type=True)
+        packed = packer(msg)
         if len(_ENVELOPE) + len(_array_header(1)) + len(packed) > max_bytes:
             raise LocalProtocolError(
                 f"a {type(msg).__name__} of {len(packed)} bytes does not fit a frame of "
@@ -1106,6 +1174,14 @@ def _frame_of(packed: list[bytes]) -> bytes:
 #: a frame's first bytes: a two-value array, then the version
 _ENVELOPE: Final = bytes((0x92,)) + msgpack.packb(FORMAT_VERSION)
 
+# (after _array_header, which the packers use)
+_PEER_PACKERS: Final = {cls: _packer(cls, enc)[0] for cls, enc in _PEER_ENCODERS.items()}
+_RECORD_PACKERS: Final = {cls: _packer(cls, enc)[0] for cls, enc in _RECORD_ENCODERS.items()}
+_SPLICED: Final = frozenset(
+    cls for cls, enc in (*_PEER_ENCODERS.items(), *_RECORD_ENCODERS.items())
+    if _packer(cls, enc)[1]
+)
+
 
 def decode_frame(data: bytes) -> list[PeerMessage]:
     """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else."""
@@ -1130,10 +1206,10 @@ def decode_frame(data: bytes) -> list[PeerMessage]:
 
 def encode_record(rec: Record) -> bytes:
     """Encode one durable record as ``[FORMAT_VERSION, record]`` (a WAL payload)."""
-    encoder = _RECORD_ENCODERS.get(type(rec))
-    if encoder is None:
+    packer = _RECORD_PACKERS.get(type(rec))
+    if packer is None:
         raise _wrong_class(rec, "record")
-    result: bytes = _packb((FORMAT_VERSION, encoder(rec)), use_bin_type=True)
+    result: bytes = _ENVELOPE + packer(rec)
     return result
 
 
