@@ -64,7 +64,10 @@ Per-class encoders and decoders are generated once, at import, from ``_LAYOUT`` 
 ``_GENERATED_SOURCE`` to read them). Decoders build the frozen dataclasses with
 ``object.__new__`` and the slot descriptors, which is about 2x cheaper than calling the
 keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that gains one, or
-loses its slots, gets a plain keyword constructor instead).
+loses its slots, gets a plain keyword constructor instead). ``Command`` is a named tuple whose
+fields are its array: a batch of commands goes to msgpack as it is (no per-command work to
+encode it for each peer, log record and commit), and a decoded array becomes a ``Command`` in
+one call once its fields are checked.
 """
 
 from __future__ import annotations
@@ -657,10 +660,16 @@ _NESTED_CLASSES: Final = tuple(
 )
 
 
+def _is_named_tuple(cls: type) -> bool:
+    """A ``typing.NamedTuple`` class (``Command``): its fields are its array."""
+    return issubclass(cls, tuple) and hasattr(cls, "_fields")
+
+
 def _check_tables() -> None:
     """Fail at import if the tables drifted from ``consensus.messages``."""
     defined = {
-        obj for obj in vars(messages).values() if isinstance(obj, type) and is_dataclass(obj)
+        obj for obj in vars(messages).values()
+        if isinstance(obj, type) and (is_dataclass(obj) or _is_named_tuple(obj))
     }
     for name, table in (("TAGS", set(TAGS)), ("_LAYOUT", set(_LAYOUT))):
         if table != defined:
@@ -676,7 +685,10 @@ def _check_tables() -> None:
         if not low <= tag <= high:
             raise RuntimeError(f"codec: {cls.__name__}'s tag {tag} is outside {low}..{high}")
     for cls, layout in _LAYOUT.items():
-        declared = tuple(f.name for f in fields(cls))
+        if _is_named_tuple(cls):
+            declared: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
+        else:
+            declared = tuple(f.name for f in fields(cls))
         if declared != tuple(name for name, _ in layout):
             raise RuntimeError(
                 f"codec: {cls.__name__} fields {declared} no longer match the wire layout "
@@ -779,9 +791,13 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
     ]
 
 
-def _construct_lines(cls: type, result: str) -> list[str]:
-    """Source lines that build ``cls`` from same-named locals into local ``result``."""
+def _construct_lines(cls: type, result: str, fields_tuple: str | None = None) -> list[str]:
+    """Source lines that build ``cls`` from same-named locals into local ``result``
+    (``fields_tuple``: a local tuple of exactly those values, in order, if there is one)."""
     names = [name for name, _ in _LAYOUT[cls]]
+    if _is_named_tuple(cls):  # one C call, no per-field work
+        values = fields_tuple or f"({', '.join(names)},)"
+        return [f"{result} = _tuple_new({cls.__name__}, {values})"]
     fast = not hasattr(cls, "__post_init__") and all(
         isinstance(cls.__dict__.get(name), types.MemberDescriptorType) for name in names
     )
@@ -811,9 +827,12 @@ def _seq_decoder(cls: type) -> list[str]:
         f"    raise _bad({item_where}, '{name} array of {len(layout)} fields', _item)",
         _unpack_line(layout, "_item", tagged=False),
     ]
+    # nested values' checks only look at the fields, never rebind them: _item holds them as
+    # they were checked
+    nested = any(isinstance(ftype, _Array) and isinstance(ftype.item, type) for _, ftype in layout)
     for field, ftype in layout:
         body += _check_lines(ftype, field, f"{item_where} + '.{field}'")
-    body += _construct_lines(cls, "_o")
+    body += _construct_lines(cls, "_o", None if nested else "_item")
     body.append("_append(_o)")
     return [
         f"def _dec_seq_{name}(v, where, limit):",
@@ -897,7 +916,9 @@ def _seq_encoder(cls: type) -> list[str]:
         "    if len(values) > limit:",
         "        raise _oversized(where, limit, len(values), 'values')",
         *(["    for _x in values:"] + [f"        {line}" for line in checks] if checks else []),
-        f"    return [({', '.join(parts)}{',' if len(parts) == 1 else ''}) for _x in values]",
+        # a named tuple is its own array (its fields are the layout, checked at import)
+        "    return values" if _is_named_tuple(cls)
+        else f"    return [({', '.join(parts)}{',' if len(parts) == 1 else ''}) for _x in values]",
     ]
 
 
@@ -932,6 +953,7 @@ def _generate() -> tuple[str, dict[str, Any]]:
         "_field_count": _field_count,
         "_oversized": _oversized,
         "_new": object.__new__,
+        "_tuple_new": tuple.__new__,
     }
     for cls, layout in _LAYOUT.items():
         namespace[cls.__name__] = cls
@@ -953,25 +975,18 @@ _GENERATED_SOURCE, _generated = _generate()
 
 _Encoder = Callable[[Any], tuple[Any, ...]]
 
-_set_command_fields: Final = tuple(
-    _generated[f"_set_Command_{name}"] for name, _ in _LAYOUT[Command]
-)
+_tuple_new: Final = tuple.__new__
 
 
 def checked_command(
     client_id: int, seq: int, op: bytes, keys: tuple[str, ...], blind: bool
 ) -> Command:
     """``Command(...)`` from values the caller already checked for type and range, built the
-    way the decoders build theirs (slots set directly: a frozen dataclass's ``__init__``
-    costs about twice as much, and the client port builds one per request)."""
-    command: Command = object.__new__(Command)
-    set_client_id, set_seq, set_op, set_keys, set_blind = _set_command_fields
-    set_client_id(command, client_id)
-    set_seq(command, seq)
-    set_op(command, op)
-    set_keys(command, keys)
-    set_blind(command, blind)
+    way the decoders build theirs (one C call: the keyword constructor costs several times
+    as much, and the client port builds one per request)."""
+    command: Command = _tuple_new(Command, (client_id, seq, op, keys, blind))
     return command
+
 
 _PEER_ENCODERS: Final[dict[type, _Encoder]] = {
     cls: _generated[f"_enc_{cls.__name__}"] for cls in _PEER_CLASSES
@@ -1059,12 +1074,77 @@ def _wrong_class(value: object, expected: str) -> TypeError:
 # --------------------------------------------------------------------------- public API
 
 
+# --------------------------------------------------------------------------- batches packed once
+# A message or record that carries a batch of commands is packed field by field, its batch
+# spliced in as the bytes packed the first time that batch (the same object) was packed: its
+# leader's CAccepts to every peer, its log record and its commits pack the commands once.
+# The bytes are the same as packing the message whole (a msgpack array is its header followed
+# by its values).
+
+#: most batches, and most bytes of them, kept packed (more than one turn's worth)
+PACKED_BATCHES_KEPT: Final = 256
+PACKED_BATCH_BYTES_KEPT: Final = 16 << 20
+#: a batch of fewer commands is packed with its message (packing field by field costs more)
+SPLICE_FROM: Final = 16
+#: id(batch) -> (batch, its msgpack bytes); holding the batch keeps its id from being reused
+_packed_batches: Final[dict[int, tuple[tuple[Command, ...], bytes]]] = {}
+_packed_bytes = [0]  # what _packed_batches holds, in bytes
+_pack_value: Final = msgpack.Packer(use_bin_type=True).pack
+_Packer = Callable[[Any], bytes]
+
+
+def _packed_batch(batch: tuple[Command, ...]) -> bytes:
+    hit = _packed_batches.get(id(batch))
+    if hit is not None and hit[0] is batch:
+        return hit[1]
+    packed: bytes = _pack_value(batch)  # a Command is its own array (see _seq_encoder)
+    kept = _packed_batches
+    kept[id(batch)] = (batch, packed)
+    _packed_bytes[0] += len(packed)
+    while len(kept) > PACKED_BATCHES_KEPT or _packed_bytes[0] > PACKED_BATCH_BYTES_KEPT:
+        oldest = next(iter(kept))  # dicts keep insertion order
+        _packed_bytes[0] -= len(kept.pop(oldest)[1])
+    return packed
+
+
+def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
+    """``cls`` -> its msgpack bytes (``[tag, field, ...]``), and whether it splices batches."""
+    layout = _LAYOUT[cls]
+    batch_at = frozenset(
+        position + 1  # after the tag
+        for position, (_, ftype) in enumerate(layout)
+        if isinstance(ftype, _Array) and ftype.item is Command
+    )
+    if not batch_at:
+        def whole(m: Any) -> bytes:
+            packed: bytes = _packb(encoder(m), use_bin_type=True)
+            return packed
+
+        return whole, False
+    header = _array_header(len(layout) + 1)
+
+    def spliced(m: Any) -> bytes:
+        values = encoder(m)  # the encoder checks the limits
+        if all(values[at] is None or len(values[at]) < SPLICE_FROM for at in batch_at):
+            whole: bytes = _packb(values, use_bin_type=True)  # cheaper for a short batch
+            return whole
+        parts = [header]
+        for position, value in enumerate(values):
+            if position in batch_at and value is not None:
+                parts.append(_packed_batch(value))
+            else:
+                parts.append(_pack_value(value))
+        return b"".join(parts)
+
+    return spliced, True
+
+
 def encode_message(msg: PeerMessage) -> bytes:
     """Encode one peer message as ``[FORMAT_VERSION, message]``."""
-    encoder = _PEER_ENCODERS.get(type(msg))
-    if encoder is None:
+    packer = _PEER_PACKERS.get(type(msg))
+    if packer is None:
         raise _wrong_class(msg, "peer message")
-    result: bytes = _packb((FORMAT_VERSION, encoder(msg)), use_bin_type=True)
+    result: bytes = _ENVELOPE + packer(msg)
     return result
 
 
@@ -1082,6 +1162,9 @@ def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
         )
     encoders = _PEER_ENCODERS
     try:
+        if any(type(m) in _SPLICED for m in msgs):  # batches in it: packed once each
+            packers = _PEER_PACKERS
+            return _frame_of([packers[type(m)](m) for m in msgs])
         body = [encoders[type(m)](m) for m in msgs]
     except KeyError:
         bad = next(m for m in msgs if type(m) not in encoders)
@@ -1109,15 +1192,15 @@ def encode_frames(
             return [frame]
     # Big (a catch-up answer, say): each message packed once, then grouped greedily. A
     # frame's body is an array header followed by its messages' packed bytes.
-    encoders = _PEER_ENCODERS
+    packers = _PEER_PACKERS
     frames: list[bytes] = []
     group: list[bytes] = []
     size = 0
     for msg in msgs:
-        encoder = encoders.get(type(msg))
-        if encoder is None:
+        packer = packers.get(type(msg))
+        if packer is None:
             raise _wrong_class(msg, "peer message")
-        packed: bytes = _packb(encoder(msg), use_bin_type=True)
+        packed = packer(msg)
         if len(_ENVELOPE) + len(_array_header(1)) + len(packed) > max_bytes:
             raise LocalProtocolError(
                 f"a {type(msg).__name__} of {len(packed)} bytes does not fit a frame of "
@@ -1151,6 +1234,14 @@ def _frame_of(packed: list[bytes]) -> bytes:
 #: a frame's first bytes: a two-value array, then the version
 _ENVELOPE: Final = bytes((0x92,)) + msgpack.packb(FORMAT_VERSION)
 
+# (after _array_header, which the packers use)
+_PEER_PACKERS: Final = {cls: _packer(cls, enc)[0] for cls, enc in _PEER_ENCODERS.items()}
+_RECORD_PACKERS: Final = {cls: _packer(cls, enc)[0] for cls, enc in _RECORD_ENCODERS.items()}
+_SPLICED: Final = frozenset(
+    cls for cls, enc in (*_PEER_ENCODERS.items(), *_RECORD_ENCODERS.items())
+    if _packer(cls, enc)[1]
+)
+
 
 def decode_frame(data: bytes) -> list[PeerMessage]:
     """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else."""
@@ -1175,10 +1266,10 @@ def decode_frame(data: bytes) -> list[PeerMessage]:
 
 def encode_record(rec: Record) -> bytes:
     """Encode one durable record as ``[FORMAT_VERSION, record]`` (a WAL payload)."""
-    encoder = _RECORD_ENCODERS.get(type(rec))
-    if encoder is None:
+    packer = _RECORD_PACKERS.get(type(rec))
+    if packer is None:
         raise _wrong_class(rec, "record")
-    result: bytes = _packb((FORMAT_VERSION, encoder(rec)), use_bin_type=True)
+    result: bytes = _ENVELOPE + packer(rec)
     return result
 
 

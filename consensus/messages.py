@@ -1,7 +1,9 @@
 """Every message and durable record the protocol cores exchange.
 
 All of them are frozen, slotted, keyword-only dataclasses: plain data with no behaviour, so
-the same objects flow through the simulator, the codec and the asyncio driver. The codec
+the same objects flow through the simulator, the codec and the asyncio driver. The one
+exception is ``Command``, a named tuple: every replica builds, compares and hashes one per
+client command (see its docstring). The codec
 (`consensus.codec`) gives each class a stable wire tag; adding a field to a class changes its
 wire format and needs a new ``FORMAT_VERSION``.
 
@@ -29,7 +31,7 @@ from 0. Ballots are ints too (see ``consensus.protocol.ballot``). A few fields u
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from consensus.errors import LocalProtocolError
 
@@ -147,8 +149,7 @@ MAX_SLOTS: Final = 65536
 MAX_FRAME_MESSAGES: Final = 65536
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Command:
+class Command(NamedTuple):
     """One client command, opaque to the protocol.
 
     ``(client_id, seq)`` identifies the request: a retry carries the same pair, and the
@@ -157,6 +158,11 @@ class Command:
     them); a command naming no keys counts as updating every key. A ``blind`` command's
     result does not matter to its client (a plain write), so it is acknowledged as soon as it
     is *ready*; any other command is answered after it executes.
+
+    A named tuple rather than a frozen dataclass, as the hot path of every replica: its
+    fields are its msgpack array (the codec builds one from a decoded array in one call and
+    encodes it as it is), and its ``==`` and ``hash`` run in C. Build it with keywords like
+    the messages; equal fields mean equal commands (the hash is the dataclass's was).
     """
 
     client_id: int

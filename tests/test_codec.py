@@ -95,6 +95,24 @@ uints = st.one_of(st.integers(0, 3), st.integers(0, INT64_MAX), st.just(INT64_MA
 minus_one_or_uints = st.one_of(st.just(-1), uints)
 
 
+def field_names(cls: type) -> list[str]:
+    """The fields of a message class: a dataclass's, or a named tuple's (``Command``)."""
+    if issubclass(cls, tuple):
+        return list(cls._fields)  # type: ignore[attr-defined]
+    return [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+
+
+def is_value_class(hint: Any) -> bool:
+    return dataclasses.is_dataclass(hint) or hint is Command
+
+
+def replaced(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace`` for any message class."""
+    if isinstance(obj, tuple):
+        return obj._replace(**changes)  # type: ignore[attr-defined]
+    return dataclasses.replace(obj, **changes)
+
+
 def field_strategy(cls: type, name: str, hint: Any) -> st.SearchStrategy[Any]:
     if (cls, name) not in MINUS_ONE_ALLOWED:
         return strategy_for_hint(hint)
@@ -114,8 +132,8 @@ def strategy_for_hint(hint: Any) -> st.SearchStrategy[Any]:
         return st.text(max_size=8)
     if hint is type(None):
         return st.none()
-    if dataclasses.is_dataclass(hint):
-        return strategy_for(hint)  # type: ignore[arg-type]
+    if is_value_class(hint):
+        return strategy_for(hint)
     origin, args = get_origin(hint), get_args(hint)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         return st.lists(strategy_for_hint(args[0]), max_size=4).map(tuple)
@@ -128,7 +146,7 @@ def strategy_for(cls: type) -> st.SearchStrategy[Any]:
     hints = get_type_hints(cls)
     return st.builds(
         cls,
-        **{f.name: field_strategy(cls, f.name, hints[f.name]) for f in dataclasses.fields(cls)},
+        **{name: field_strategy(cls, name, hints[name]) for name in field_names(cls)},
     )
 
 
@@ -201,7 +219,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
     defined = {
         obj
         for obj in vars(messages).values()
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+        if isinstance(obj, type) and is_value_class(obj)
     }
     assert set(TAGS) == defined == set(ALL_CLASSES)
     # the wire tags are part of the format: changing one breaks every peer and every log
@@ -743,16 +761,16 @@ def minimal_instance(cls: type) -> Any:
     """An instance with every field at its smallest valid value (one item per tuple)."""
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        values[f.name] = minimal_value(hints[f.name])
+    for name in field_names(cls):
+        values[name] = minimal_value(hints[name])
     return cls(**values)
 
 
 def minimal_value(hint: Any) -> Any:
     if hint in (int, bool, bytes, str):
         return {int: 0, bool: False, bytes: b"", str: ""}[hint]
-    if dataclasses.is_dataclass(hint):
-        return minimal_instance(hint)  # type: ignore[arg-type]
+    if is_value_class(hint):
+        return minimal_instance(hint)
     origin, args = get_origin(hint), get_args(hint)
     if origin is tuple:
         return (minimal_value(args[0]),)
@@ -1013,12 +1031,12 @@ def test_the_encoder_refuses_what_the_decoder_would_refuse(
         field_value = _largest(ftype)
         if ftype != "bin" and isinstance(ftype.item, type):
             field_value = (_instance(ftype.item, largest=False),) * ftype.limit
-        bad = dataclasses.replace(base, **{name: _one_past(field_value, ftype)})
+        bad = replaced(base, **{name: _one_past(field_value, ftype)})
         outer = _wrap(holder, cls, bad)
         encode = encode_message if holder in PEER_CLASSES else encode_record
         with pytest.raises(LocalProtocolError, match=name):
             encode(outer)
-        good = _wrap(holder, cls, dataclasses.replace(base, **{name: field_value}))
+        good = _wrap(holder, cls, replaced(base, **{name: field_value}))
         decode = decode_message if holder in PEER_CLASSES else decode_record
         assert decode(encode(good)) == good
 

@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -65,7 +65,7 @@ from consensus.messages import Command, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import MemberReplica
-from consensus.protocol.ready import Outgoing, Ready
+from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready
 from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
 from consensus.protocol.types import SnapshotMeta
@@ -609,17 +609,21 @@ class ReplicaNode:
             self.stats.fsync_latency.observe(self.wal.last_sync_seconds)
         elif ready.log:
             self.wal.sync(fsync=False)  # written; the next fsync makes it durable
+        ready_latency = self.stats.ready_latency
         for command in ready.ready:
             if command.blind:
-                self._complete((command.client_id, command.seq), Result(b"", -1), now,
-                               self.stats.ready_latency)
+                self._complete((command.client_id, command.seq), _READY, now, ready_latency)
         self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
         machine = self.state_machine
         slice_start = time.perf_counter()
         slice_end = slice_start + APPLY_SLICE_S
         applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
+        # per command, the loop below is the work every replica shares: locals, not lookups
+        stats, authz, hooks, apply = self.stats, self._authz, self.on_apply, machine.apply
+        executed_latency = stats.executed_latency
         for count, execution in enumerate(ready.apply, 1):
+            slot, offset, command, led_here = execution
             if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
                 # A catch-up (or a restart's replay) hands over thousands of commands at
                 # once: let the loop read sockets and answer /metrics between slices, so no
@@ -629,24 +633,24 @@ class ReplicaNode:
                 await asyncio.sleep(0)
                 self._busy_since = slice_start = time.perf_counter()
                 slice_end = self._busy_since + APPLY_SLICE_S
-            if self._authz is not None:
-                outcome = self._authz.run(execution.position, execution.command)
+            position = slot * SLOT_STRIDE + offset  # Execution.position
+            if authz is not None:
+                outcome = authz.run(position, command)
                 if isinstance(outcome, Denied):  # nothing changed: no hooks
-                    self.stats.commands_applied += 1
-                    if execution.led_here:
-                        key = (execution.command.client_id, execution.command.seq)
+                    stats.commands_applied += 1
+                    if led_here:
+                        key = (command.client_id, command.seq)
                         self._fail(key, PermissionDenied(outcome.reason), reads=False)
                     continue
                 result = outcome
             else:
-                result = machine.apply(execution.position, execution.command)
-            self.stats.commands_applied += 1
-            for hook in self.on_apply:
-                hook(execution.position, execution.command, result)
-            if execution.led_here and not execution.command.blind:
-                key = (execution.command.client_id, execution.command.seq)
-                self._complete(key, Result(result, execution.position), now,
-                               self.stats.executed_latency)
+                result = apply(position, command)
+            stats.commands_applied += 1
+            for hook in hooks:
+                hook(position, command, result)
+            if led_here and not command.blind:
+                key = (command.client_id, command.seq)
+                self._complete(key, Result(result, position), now, executed_latency)
         if ready.apply:
             self.stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
@@ -1004,6 +1008,10 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
         op = prefix + op
     return Command(client_id=session_id(prefix, command.client_id), seq=command.seq, op=op,
                    keys=command.keys, blind=command.blind and principal.role == ADMIN)
+
+
+#: what a blind write acknowledged when ready is answered with (the same for every one)
+_READY: Final = Result(b"", -1)
 
 
 def _now_us() -> int:
