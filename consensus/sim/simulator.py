@@ -890,10 +890,13 @@ class Simulation:
     def _submit(self, client: _Client) -> None:
         op = client.op
         assert op is not None
-        # (with membership faults any member may be the one that serves: learners and removed
-        # members answer with a failure, and the client goes on to the next)
-        target = (client.home + op["attempt"]) % (len(self.replicas) if self.membership
-                                                   else self.n)
+        if self.membership:
+            # a client knows the members (as ``sdpaxos member list`` tells it): it asks the
+            # voters of the latest configuration, in turn
+            voters = self._latest_config().voters
+            target = voters[(client.home + op["attempt"]) % len(voters)]
+        else:
+            target = (client.home + op["attempt"]) % self.n
         request = Read if op.get("lease") else Propose
         self._push(self.now, request(target, op["command"]))
         op["proposed_at"] = op.get("proposed_at", self.now)

@@ -125,7 +125,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         # membership without the SEAL: the next epoch starts at the change's own slot while
         # the old quorum still orders after it; members diverge (the first seeds of 30)
         (3, "epoch_at_change", "member", "wan", 6, 10),
-        (5, "epoch_at_change", "member", "wan", 6, 3),
+        (5, "epoch_at_change", "member", "wan", 6, 1),
     ],
 )
 def test_broken_variants_are_caught(
