@@ -20,6 +20,7 @@ import json
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgpack
 
@@ -273,15 +274,113 @@ async def restart(
     }
 
 
+class TimedLoop(ClosedLoop):
+    """A closed loop that also notes when each answer came (a throughput timeline)."""
+
+    def __init__(self, *args: Any, times: list[float], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.times = times
+
+    def _answered(self, latency: float, now: float) -> None:
+        self.times.append(now)
+        super()._answered(latency, now)
+
+
+async def join(
+    args: argparse.Namespace, session: BenchSession, cluster: LocalCluster
+) -> dict[str, object]:
+    """``--writes`` writes, then under a closed loop of writes a new member is added: the
+    time from ``member add`` to its promotion, and the throughput while it joins against the
+    same load before."""
+    from consensus.protocol.membership import Change, encode_change
+    from consensus.protocol.membership.config import ADD
+    from consensus.runtime.client import Client
+    from consensus.runtime.members import info_of_spec
+
+    addresses = cluster.client_addresses
+    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
+    keys = [f"k{i % 4096:05d}" for i in range(len(ops))]
+    connections = [PipelinedConnection(3000 + i) for i in range(args.clients)]
+    for i, connection in enumerate(connections):
+        await connection.open(addresses[i % len(addresses)])
+    written = 0
+    started = time.perf_counter()
+
+    async def fill(connection: PipelinedConnection) -> None:
+        rng = random.Random(connection.client_id)
+
+        async def one() -> None:
+            nonlocal written
+            while written < args.writes:
+                written += 1
+                i = rng.randrange(len(ops))
+                await connection.send(ops[i], keys[i])
+
+        await asyncio.gather(*(one() for _ in range(args.outstanding)))
+
+    await asyncio.gather(*(fill(c) for c in connections))
+    load_seconds = time.perf_counter() - started
+    # the same closed loop before and while the member joins
+    times: list[float] = []
+    loops = [TimedLoop(c, ops, keys, float("inf"), 0.0, [], times=times) for c in connections]
+    for closed_loop in loops:
+        closed_loop.start(args.outstanding)
+    await asyncio.sleep(args.warmup + args.duration)
+    spec = cluster.add_member_entry(cluster.config.replica(0).site)
+    change = Change(ADD, spec.id, info=info_of_spec(spec).encode())
+    added_at = time.perf_counter()
+    async with Client(1 << 43, addresses, timeout_s=5.0, attempts=len(addresses)) as client:
+        await client.execute(encode_change(change), ())
+        session.start_replica(cluster, spec.id)
+        promoted_at = None
+        while time.perf_counter() - added_at < 300:
+            status = await client.status()
+            members = (status.get("membership") or {}).get("members", [])
+            if any(m[0] == spec.id and m[2] for m in members):
+                promoted_at = time.perf_counter()
+                break
+            await asyncio.sleep(0.05)
+    settled = time.perf_counter()
+    for closed_loop in loops:
+        closed_loop.deadline = settled + 1.0
+    await asyncio.gather(*(closed_loop.finished for closed_loop in loops))
+    for connection in connections:
+        await connection.close()
+    before_from = added_at - args.duration
+
+    def rate(start: float, end: float) -> float:
+        return sum(1 for t in times if start <= t < end) / max(end - start, 1e-9)
+
+    before = rate(before_from, added_at)
+    during = rate(added_at, settled)
+    return {
+        "mode": "join",
+        "replicas": len(addresses),
+        "writes": written,
+        "load_seconds": round(load_seconds, 1),
+        "throughput_per_s": round(written / load_seconds),
+        "completed": len(times),
+        "promoted_s": None if promoted_at is None else round(promoted_at - added_at, 2),
+        "before_per_s": round(before),
+        "during_per_s": round(during),
+        "during_over_before": round(during / before, 3) if before else None,
+        "p50_ms": float("nan"),
+        "p99_ms": float("nan"),
+    }
+
+
 def _executed_slots(cluster: LocalCluster, replica: int) -> int:
     return int(scrape_metrics(cluster, replica).get("sdpaxos_executed_slots", -1))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=("peak", "single", "rate", "restart"), default="peak",
+    parser.add_argument("--mode", choices=("peak", "single", "rate", "restart", "join"),
+                        default="peak",
                         help="peak: closed-loop throughput; single: one client's latency; rate: "
-                        "open loop at --rate; restart: recovery after --writes")
-    parser.add_argument("--writes", type=int, default=1_000_000, help="before the restart")
+                        "open loop at --rate; restart: recovery after --writes; join: a member "
+                        "added under load after --writes (time to promotion, throughput dip)")
+    parser.add_argument("--writes", type=int, default=1_000_000,
+                        help="before the restart (restart) or the new member (join)")
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
                         help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
     parser.add_argument("--clients", type=int, default=6, help="client connections")
@@ -304,11 +403,20 @@ def run(args: argparse.Namespace) -> int:
             cluster = session.start_cluster("kv", args.replicas, "sdpaxos")
             if args.mode == "restart":
                 result = run_interruptible(restart(args, session, cluster))
+            elif args.mode == "join":
+                result = run_interruptible(join(args, session, cluster))
             else:
                 result = run_interruptible(drive(args, cluster.client_addresses))
         result["fsync"] = not args.no_fsync
         if args.json:
             print(json.dumps(result))
+        elif args.mode == "join":
+            print(
+                f"join after {result['writes']:,} writes ({result['throughput_per_s']:,}/s): "
+                f"promoted {result['promoted_s']} s after member add; throughput while it "
+                f"joined {result['during_per_s']:,}/s against {result['before_per_s']:,}/s "
+                f"before (x{result['during_over_before']})"
+            )
         elif args.mode == "restart":
             print(
                 f"restart after {result['writes']:,} writes ({result['throughput_per_s']:,}/s): "

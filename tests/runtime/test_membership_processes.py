@@ -109,7 +109,8 @@ def client_addresses(cluster: LocalCluster, ids: list[int], base: int) -> list[t
 def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
     tmp_path: Path, capsys: Any
 ) -> None:
-    cluster = LocalCluster(tmp_path, 3)
+    # (small snapshots: a joining member gets a voter's snapshot, then the log after it)
+    cluster = LocalCluster(tmp_path, 3, extra_args=("--snapshot-every", "15"))
     base = cluster.config.replicas[0].address[1]
     cluster.start_all()
     writer = Writer()

@@ -45,7 +45,7 @@ a peer that moved on, or from its snapshot.
 **Learners first.** A new member (a fresh id: ids are never reused, so no frame of a removed
 member passes for a new one, and ``consensus.storage.identity`` refuses a wiped directory)
 does not vote: it asks voters for executed slots (``LearnRequest``/``LearnReply``) or their
-snapshot, and applies them. The serving sequencer proposes its promotion once it is within
+snapshot, and applies them. The voter it learns from proposes its promotion once it is within
 ``PROMOTE_LAG`` slots; promotion is a voter change (the learner's epoch ends with a SEAL and
 it votes in the next). A promoted learner's first act is a snapshot of what it learned
 (``Ready.snapshot_now``): its records then start from it. ``replace`` is a learner that takes

@@ -24,7 +24,7 @@ advance``, snapshots, records); what this layer adds, and where:
   (``_recover``).
 * **Learners** ask a voter for executed slots (``LearnRequest``/``LearnReply``,
   ``_ask_to_learn``, ``_on_learn_request``, ``_on_learn_reply``) or get its snapshot; the
-  serving sequencer proposes a learner's promotion once it is within ``PROMOTE_LAG`` slots.
+  voter a learner learns from proposes its promotion once it is within ``PROMOTE_LAG`` slots.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from consensus.messages import (
     MemberEntry,
     PeerMessage,
     Record,
+    SnapshotChunk,
 )
 from consensus.protocol.admission import Rejection, check_frame
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
@@ -250,9 +251,15 @@ class MemberReplica:
         """Admission (``consensus.protocol.admission``) of a frame from member ``sender``:
         each message against the core of its epoch, with the sender's index there."""
         for message in messages:
-            if isinstance(message, LearnRequest | LearnReply):
-                rejection = check_frame((message,), self, len(self.config.voters),
-                                        sender=sender, protocol=PROTOCOL)
+            if isinstance(message, LearnRequest | LearnReply | SnapshotChunk):
+                # between members by id (a snapshot goes to learners too): ids are below
+                # next_id, whatever the epoch
+                # next_id, whatever the epoch; and their view is the sender's epoch's, which
+                # says nothing here (a learner has none)
+                ids = max(self.config.next_id, self.protocol.replicas, sender + 1, self.me + 1)
+                checked = dataclasses.replace(message, view=min(message.view, self.view))
+                rejection = check_frame((checked,), self, ids, sender=sender,
+                                        protocol=PROTOCOL)
             else:
                 epoch = epoch_of(message.view)
                 config, core = self.config, self.core
@@ -503,11 +510,12 @@ class MemberReplica:
         self._maybe_promote(msg.src, msg.slot)
 
     def _maybe_promote(self, learner: int, slot: int) -> None:
-        """The serving sequencer proposes a learner's promotion once it caught up."""
+        """The voter a learner learns from proposes its promotion once it caught up (one
+        proposal per catch-up period; a second one executed is refused, harmlessly)."""
         member = self.config.member(learner)
         core = self.core
         if (member is None or member.voter or self.config.closing or core is None
-                or core.role is not Role.SEQUENCER or self.exec_slot - slot > PROMOTE_LAG
+                or self.exec_slot - slot > PROMOTE_LAG
                 or self.now - self._promoted_at < self.protocol.catchup_us):
             return
         self._promoted_at = self.now
