@@ -1220,7 +1220,12 @@ class Simulation:
         actions = []
         if len(config.members) < MAX_MEMBERS:
             actions += ["member_add", "member_replace"]
-            if unavailable < f:
+            # a disk is lost only while every live member is in the latest epoch: an epoch
+            # some member still has to finish must keep a majority of its own voters' disks
+            # (two of three lost there is beyond what any Paxos survives)
+            settled = all(r.core.config.epoch == config.epoch  # type: ignore[attr-defined]
+                          for r in self.replicas if r.alive and not r.wiped)
+            if unavailable < f and settled:
                 actions.append("member_replace_wiped")
         if len(config.voters) > MIN_VOTERS:
             actions += ["member_remove", "member_remove_sequencer"]

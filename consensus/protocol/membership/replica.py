@@ -472,7 +472,10 @@ class MemberReplica:
     def _ask_to_learn(self, *, again: bool) -> None:
         if not again and self.now - self._learn_asked_at < self.protocol.catchup_us:
             return
-        peers = [p for p in dict.fromkeys((*self.contacts, *self.config.voters)) if p != self.me]
+        # voters first, then anyone we know of (a learner of our epoch may be a voter of the
+        # next, whose snapshot covers what we miss)
+        known = (*self.contacts, *self.config.voters, *(m.id for m in self.config.members))
+        peers = [p for p in dict.fromkeys(known) if p != self.me]
         if not again:  # no answer in time: ask another one
             self._learn_peer += 1
         self._learn_asked_at = self.now
@@ -504,6 +507,11 @@ class MemberReplica:
             owner, batch = found
             budget -= batch_size(batch)
             slots.append(LearnedSlot(seal=owner == SEAL, batch=batch))
+        if not slots and msg.slot < self.exec_slot:
+            # we are past it but our core of that epoch is not (we learned its end from a
+            # peer, and snapshotted when we started the next): our snapshot covers it
+            self.out.snapshot_requests.append(msg.src)
+            return
         self.out.send.append(Outgoing(msg.src, LearnReply(
             src=self.me, view=self.view, start=msg.slot, executed=self.exec_slot,
             slots=tuple(slots))))
