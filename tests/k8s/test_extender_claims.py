@@ -13,6 +13,7 @@ import asyncio
 import copy
 import logging
 from collections.abc import AsyncIterator
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -218,7 +219,7 @@ async def test_pods_bound_before_claims_keep_their_members(env: Env) -> None:
     legacy_node = await filter_node(ext, pods[1])
     assert (await bind(ext, pods[1], legacy_node)) == {"error": ""}
     slot = next(iter(env.claims("l")))
-    env.store.allocator.groups["l"].claims.clear()  # as an extender before claims left it
+    env.store.allocator.groups["l"].claims = MappingProxyType({})  # as before claims existed
     # the other pod claims the other member, not the one the bound pod's bind info names
     node = await filter_node(ext, pods[0])
     assert env.claims("l") == {1 - slot: "uid-l-0"}
