@@ -32,6 +32,7 @@ from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure, SDPaxosError
 from consensus.messages import Command
+from consensus.protocol.membership import Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
 
 __all__ = ["Client", "Reply", "cut_off"]
@@ -190,6 +191,19 @@ class Client:
         if not isinstance(status, dict):
             raise DecodeError("status answer is not a map")
         return status
+
+    async def change_members(self, change: Change) -> str:
+        """Propose a membership change (``consensus.protocol.membership``) through the log;
+        its answer once executed: "ok: ..." or "refused: ..." (``DefiniteFailure`` if a
+        replica refused it at once: one change at a time, say)."""
+        reply = await self.execute(encode_change(change), ())
+        payload = reply.payload
+        return payload.decode() if isinstance(payload, bytes) else str(payload)
+
+    async def members(self) -> dict[str, Any] | None:
+        """The live member set as the home replica's log has it (``status``'s membership)."""
+        membership: dict[str, Any] | None = (await self.status()).get("membership")
+        return membership
 
     async def _call(self, kind: Kind, command: Command) -> Reply:
         last_error: BaseException | None = None

@@ -38,7 +38,6 @@ from consensus.protocol.membership.config import (
     REMOVE,
     REPLACE,
     Change,
-    encode_change,
 )
 from consensus.runtime.client_options import add_client_options, native_target
 from consensus.runtime.cluster_config import parse_address
@@ -91,8 +90,7 @@ def run_member(args: argparse.Namespace) -> int:
 
     async def session() -> int:
         if args.action == "list":
-            return _show(args, await _newest_status(target.addresses, args.timeout,
-                                                    target.tls))
+            return _show(args, *await _statuses(target.addresses, args.timeout, target.tls))
         async with Client((1 << 62) + secrets.randbelow(1 << 62), target.addresses,
                           timeout_s=args.timeout, attempts=len(target.addresses),
                           tls=target.tls) as client:
@@ -111,10 +109,11 @@ def run_member(args: argparse.Namespace) -> int:
         return UNAVAILABLE
 
 
-async def _newest_status(addresses: list[tuple[str, int]], timeout_s: float,
-                         tls: Any) -> dict[str, Any]:
-    """The status of the reachable member furthest along (epoch, then applied position): a
-    removed member still answers, with the configuration it was removed in."""
+async def _statuses(addresses: list[tuple[str, int]], timeout_s: float,
+                    tls: Any) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """The status of the reachable member furthest along (epoch, then applied position: a
+    removed member still answers, with the configuration it was removed in), and every
+    reachable replica's, by id."""
     from consensus.runtime.client import Client
 
     async def ask(address: tuple[str, int]) -> dict[str, Any] | None:
@@ -129,8 +128,9 @@ async def _newest_status(addresses: list[tuple[str, int]], timeout_s: float,
     answers = [a for a in await asyncio.gather(*(ask(x) for x in addresses)) if a is not None]
     if not answers:
         raise IndefiniteFailure("no replica answered")
-    return max(answers, key=lambda a: ((a.get("membership") or {}).get("epoch", 0),
-                                       a.get("applied", 0)))
+    newest = max(answers, key=lambda a: ((a.get("membership") or {}).get("epoch", 0),
+                                         a.get("applied", 0)))
+    return newest, {int(a["id"]): a for a in answers}
 
 
 async def _change(client: Any, args: argparse.Namespace) -> int:
@@ -140,9 +140,7 @@ async def _change(client: Any, args: argparse.Namespace) -> int:
                         replaces=args.old if args.action == REPLACE else NO_MEMBER, info=info)
     else:
         change = Change(args.action, member=args.member)
-    reply = await client.execute(encode_change(change), ())
-    payload = reply.payload
-    answer = payload.decode(errors="replace") if isinstance(payload, bytes) else str(payload)
+    answer = await client.change_members(change)
     refused = answer.startswith("refused")
     if args.json:
         print(json.dumps({"ok": not refused, "answer": answer}))
@@ -162,19 +160,24 @@ async def _change(client: Any, args: argparse.Namespace) -> int:
     return OK
 
 
-def _show(args: argparse.Namespace, status: dict[str, Any]) -> int:
+def _show(args: argparse.Namespace, status: dict[str, Any],
+          others: dict[int, dict[str, Any]]) -> int:
     membership = status.get("membership")
     if membership is None:
         print("sdpaxos member list: this cluster's protocol has no membership changes "
               "(its members are the cluster file's)", file=sys.stderr)
         return USAGE
     rows = []
+    front = max(a["applied"] for a in others.values())
     for member_id, incarnation, voter, site, address, client_address in membership["members"]:
+        seen = others.get(member_id)  # (a replica the given endpoints do not reach: unknown)
         rows.append({
             "id": member_id, "incarnation": incarnation,
             "role": "voter" if voter else "learner",
             "sequencer": member_id == membership["sequencer"], "site": site,
             "address": address, "client_address": client_address,
+            "applied": None if seen is None else seen["applied"],
+            "lag": None if seen is None else front - seen["applied"],
         })
     doc = {"source": "the log (the cluster file is the bootstrap configuration)",
            "epoch": membership["epoch"], "closing": membership["closing"] or None,
@@ -187,9 +190,12 @@ def _show(args: argparse.Namespace, status: dict[str, Any]) -> int:
           f"{status['applied']}, lag {status['lag']}"
           + (f"; closing: {membership['closing']} {membership['closing_member']}"
              if membership["closing"] else ""))
-    print(f"{'ID':>4}  {'INC':>3}  {'ROLE':<7}  {'SEQ':<3}  {'SITE':<6}  {'ADDRESS':<22}  CLIENT")
+    print(f"{'ID':>4}  {'INC':>3}  {'ROLE':<7}  {'SEQ':<3}  {'SITE':<6}  {'ADDRESS':<22}  "
+          f"{'CLIENT':<22}  {'APPLIED':>8}  {'LAG':>6}")
     for row in rows:
+        applied = "?" if row["applied"] is None else row["applied"]
+        lag = "?" if row["lag"] is None else row["lag"]
         print(f"{row['id']:>4}  {row['incarnation']:>3}  {row['role']:<7}  "
               f"{'*' if row['sequencer'] else '':<3}  {row['site']:<6}  {row['address']:<22}  "
-              f"{row['client_address']}")
+              f"{row['client_address']:<22}  {applied:>8}  {lag:>6}")
     return OK

@@ -64,7 +64,7 @@ from consensus.errors import (
 from consensus.messages import Command, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
-from consensus.protocol.membership import MemberReplica
+from consensus.protocol.membership import Change, MemberReplica, encode_change
 from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready
 from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
@@ -404,6 +404,18 @@ class ReplicaNode:
         self._commands[(command.client_id, command.seq)].append(future)
         self._post("cmd", command)
         return await future
+
+    async def change_members(self, change: Change, *, client_id: int, seq: int) -> str:
+        """Propose a membership change (``consensus.protocol.membership``); its answer once
+        it executed: "ok: ..." or "refused: ..." (``DefiniteFailure`` if refused at once)."""
+        command = Command(client_id=client_id, seq=seq, op=encode_change(change), keys=())
+        return (await self.submit(command)).value.decode()
+
+    def members(self) -> dict[str, Any] | None:
+        """The live member set as this replica's log has it (``consensus.runtime.status``)."""
+        from consensus.runtime.status import membership_status
+
+        return membership_status(self)
 
     async def read(
         self, command: Command, *, stale: bool = False, principal: Principal | None = None

@@ -179,5 +179,7 @@ def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
             assert time.monotonic() < deadline, applied
             time.sleep(0.2)
         assert len(writer.acked) == 60
+        listed = members(cluster, capsys)  # every member's position, from its own status
+        assert {m["id"]: m["lag"] for m in listed["members"]} == dict.fromkeys(live, 0)
     finally:
         cluster.stop_all()
