@@ -1,7 +1,8 @@
 """Membership with real processes on loopback (issue 20, point 6): under client writes, grow
 3 -> 4 -> 5 voters, remove the sequencer, shrink back to 3, and replace a killed replica
-whose disk is gone with a fresh one on a new port and data directory. After each change every
-acknowledged write is still there, and at the end every member holds the same state."""
+whose disk is gone with a fresh one on a new port and data directory. The client history
+(writes across every change, then reads at every member) is linearizable, and every member
+ends at the same applied position."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from bench.cli import main
 from consensus.runtime.cli import init_identities
 from consensus.runtime.client import Client
 from consensus.runtime.local_cluster import LocalCluster
+from consensus.sim.history import Operation
+from consensus.sim.lincheck import Verdict, check_history
 from consensus.statemachine import kv_get, kv_put
 
 #: how long a change may take to show (a learner catches up, the epoch closes)
@@ -71,35 +76,52 @@ def join(cluster: LocalCluster, new_id: int, base: int) -> None:
     cluster.start(new_id)
 
 
+#: keys the writes go round (each overwritten: a stale read would show)
+KEYS = 10
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000
+
+
 class Writer:
-    """Writes acknowledged keys through whichever members answer."""
+    """Writes through whichever members answer, recording the client history (for the
+    linearizability checker, ``sdpaxos lincheck``'s)."""
 
     def __init__(self) -> None:
         self.acked: dict[str, str] = {}
         self.count = 0
+        self.history: list[Operation] = []
 
     async def write(self, addresses: list[tuple[str, int]], n: int) -> None:
         deadline = time.monotonic() + SERVE_S
         async with Client(4242, addresses, timeout_s=2.0, attempts=len(addresses)) as client:
             done = 0
             while done < n:
-                key, value = f"k{self.count}", f"v{self.count}"
-                try:
-                    await client.execute(kv_put(key, value), (key,), seq=self.count)
-                except Exception:
-                    assert time.monotonic() < deadline, "writes not taken"
-                    await asyncio.sleep(0.2)
-                    continue
+                key, value = f"k{self.count % KEYS}", f"v{self.count}"
+                call = _now_us()
+                while True:  # the same (client, seq) again: it takes effect once
+                    try:
+                        await client.execute(kv_put(key, value), (key,), seq=self.count)
+                        break
+                    except Exception:
+                        assert time.monotonic() < deadline, "writes not taken"
+                        await asyncio.sleep(0.2)
+                self.history.append(Operation(client=4242, key=key, op="write", input=value,
+                                              output=None, call=call, ret=_now_us()))
                 self.acked[key] = value
                 self.count += 1
                 done += 1
 
-    async def check(self, address: tuple[str, int]) -> None:
-        """Every acknowledged write is there (linearizable reads at one member)."""
-        async with Client(4343, [address], timeout_s=5.0, attempts=3) as client:
-            for key, value in self.acked.items():
+    async def check(self, address: tuple[str, int], reader: int) -> None:
+        """Linearizable reads of every key at one member, into the history."""
+        async with Client(reader, [address], timeout_s=5.0, attempts=3) as client:
+            for key in sorted(self.acked):
+                call = _now_us()
                 reply = await client.read(kv_get(key), (key,))
-                assert value.encode() in bytes(reply.payload), (key, reply)
+                value = msgpack.unpackb(reply.payload)[1]
+                self.history.append(Operation(client=reader, key=key, op="read", input=None,
+                                              output=value, call=call, ret=_now_us()))
 
 
 def client_addresses(cluster: LocalCluster, ids: list[int], base: int) -> list[tuple[str, int]]:
@@ -164,7 +186,11 @@ def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
         asyncio.run(writer.write(client_addresses(cluster, live, base), 10))
         # every acknowledged write at every member, and the same state everywhere
         for replica in live:
-            asyncio.run(writer.check(("127.0.0.1", base + 100 + replica)))
+            asyncio.run(writer.check(("127.0.0.1", base + 100 + replica), 5000 + replica))
+        # the whole client history is linearizable: every acknowledged write is there, the
+        # latest of each key everywhere
+        verdict = check_history(writer.history)
+        assert verdict.verdict is Verdict.OK, verdict.detail
         deadline = time.monotonic() + SERVE_S
         while True:  # the members converge on one applied position
             applied = set()
@@ -178,7 +204,7 @@ def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
                 break
             assert time.monotonic() < deadline, applied
             time.sleep(0.2)
-        assert len(writer.acked) == 60
+        assert writer.count == 60 and len(writer.acked) == KEYS
         listed = members(cluster, capsys)  # every member's position, from its own status
         assert {m["id"]: m["lag"] for m in listed["members"]} == dict.fromkeys(live, 0)
     finally:
