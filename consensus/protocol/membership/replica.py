@@ -585,7 +585,9 @@ class MemberReplica:
         inner = SnapshotMeta(meta.slot - config.base, meta.exec_counts)
         if self.core is not None and config.epoch == self.config.epoch:
             self.config = config
-            return self.core.install_snapshot(inner)
+            installed = self.core.install_snapshot(inner)
+            self._closing_known()
+            return installed
         if self.core is not None:
             self.retired.append((self.config, self.core))
         self.config = config
@@ -594,7 +596,14 @@ class MemberReplica:
         records: list[Record] = [record_of(config)]
         if self.core is not None:
             records += self.core.durable_records()
+        self._closing_known()
         return records
+
+    def _closing_known(self) -> None:
+        """A configuration taken from a snapshot may hold a voter change we never executed
+        ourselves: our core must still close the epoch (as sequencer, propose the SEAL)."""
+        if self.config.closing and self.core is not None and not self.core.closing:
+            self.core.close_epoch()
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """Forget what the snapshot at ``meta`` (the previous one) covers; one of an earlier
@@ -654,6 +663,7 @@ class MemberReplica:
             self.core = self._core_for(self.config, recovered=records, snapshot=inner)
             if self.core is not None:
                 self._replay_core()
+        self._closing_known()
 
     def _resume_pending(self) -> None:
         """Start the epochs we have records of, in turn, while the one before ended here. If
