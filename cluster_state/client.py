@@ -52,7 +52,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -67,6 +66,7 @@ from cluster_state.store import ClusterStore
 from cluster_state.watch_hub import ACK_EVERY, ACK_WINDOW
 from consensus.errors import ConfigError, IndefiniteFailure
 from consensus.messages import Command
+from consensus.runtime.client import new_client_id
 from consensus.runtime.cluster_config import parse_address
 
 if TYPE_CHECKING:
@@ -94,12 +94,6 @@ __all__ = [
 _MAX_ID = (1 << 63) - 1
 
 _T = TypeVar("_T")
-
-
-def new_client_id() -> int:
-    """A fresh random client id. The top half of the id space is left to random ids, so
-    they never meet the small hand-picked ones that tests and demos use."""
-    return (1 << 62) + secrets.randbelow(1 << 62)
 
 
 class _Channel(Protocol):

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import secrets
 import ssl
 from collections.abc import Sequence
 from typing import Any
@@ -35,9 +36,15 @@ from consensus.messages import Command
 from consensus.protocol.membership import Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
 
-__all__ = ["Client", "Reply", "cut_off"]
+__all__ = ["Client", "Reply", "cut_off", "new_client_id"]
 
 Reply = ClientResponse
+
+
+def new_client_id() -> int:
+    """A fresh random client id. The top half of the id space is left to random ids, so
+    they never meet the small hand-picked ones that tests and demos use."""
+    return (1 << 62) + secrets.randbelow(1 << 62)
 
 
 class _Connection:

@@ -19,13 +19,17 @@ default port.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import ssl
-from collections.abc import Mapping
+import sys
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from consensus.errors import ConfigError
+from consensus.auth import PermissionDenied
+from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure
+from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, UNAVAILABLE
 
 if TYPE_CHECKING:
     from consensus.runtime.cluster_config import ClusterConfig
@@ -40,6 +44,7 @@ __all__ = [
     "native_target",
     "parse_endpoint",
     "parse_endpoints",
+    "run_session",
 ]
 
 ENDPOINTS_ENV = "SDPAXOS_ENDPOINTS"
@@ -149,3 +154,21 @@ def native_target(args: argparse.Namespace, environ: Mapping[str, str] | None = 
         assert config is not None  # client_target gives one or the other
         addresses = [spec.client_address for spec in config.replicas]
     return NativeTarget(addresses, tls, config)
+
+
+def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
+    """Run a client verb's session; what it raised becomes its exit code
+    (``consensus.runtime.exit_codes``), said on stderr."""
+    try:
+        return asyncio.run(session)
+    except PermissionDenied as exc:
+        print(f"sdpaxos {verb}: denied: {exc}", file=sys.stderr)
+        return REFUSED
+    except DefiniteFailure as exc:
+        print(f"sdpaxos {verb}: refused: {exc}", file=sys.stderr)
+        return REFUSED
+    except (IndefiniteFailure, OSError, TimeoutError) as exc:
+        print(f"sdpaxos {verb}: unavailable: {exc}", file=sys.stderr)
+        return UNAVAILABLE
+    except KeyboardInterrupt:
+        return INTERRUPTED

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["OK", "REFUSED", "UNAVAILABLE", "USAGE"]
+__all__ = ["INTERRUPTED", "OK", "REFUSED", "UNAVAILABLE", "USAGE"]
 
 OK: Final = 0
 REFUSED: Final = 1
 #: argparse exits with this code on a usage error, so the parser's own errors agree
 USAGE: Final = 2
 UNAVAILABLE: Final = 3
+#: a command line interrupted by Ctrl-C (128 + SIGINT)
+INTERRUPTED: Final = 130

@@ -28,17 +28,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from consensus.auth import PermissionDenied
-from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure
-from consensus.runtime.client_options import add_client_options, native_target
-from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
+from consensus.errors import ConfigError, DefiniteFailure
+from consensus.runtime.client import new_client_id
+from consensus.runtime.client_options import (
+    add_client_options,
+    native_target,
+    run_session,
+)
+from consensus.runtime.exit_codes import OK, REFUSED, USAGE
 from consensus.runtime.state_machines import DEFAULT_KIND
 from consensus.statemachine import kv_cas, kv_delete, kv_get, kv_put
 
@@ -60,13 +63,6 @@ __all__ = [
 
 #: seconds between two reads of a watched key (default of --interval)
 WATCH_POLL_S = 0.1
-#: the exit code of a command line interrupted by Ctrl-C (128 + SIGINT)
-INTERRUPTED = 130
-
-def _new_client_id() -> int:
-    """A random client id in the top half of the id space (small ids are hand-picked by
-    tests and tools): each invocation is a session of its own."""
-    return (1 << 62) + secrets.randbelow(1 << 62)
 
 
 # ---------------------------------------------------------------------------- arguments
@@ -134,23 +130,11 @@ def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
         return USAGE
 
     async def session() -> int:
-        async with Client(_new_client_id(), target.addresses, timeout_s=args.timeout,
+        async with Client(new_client_id(), target.addresses, timeout_s=args.timeout,
                           attempts=len(target.addresses), tls=target.tls) as client:
             return await verb(client, args)
 
-    try:
-        return asyncio.run(session())
-    except PermissionDenied as exc:
-        print(f"sdpaxos {verb_name}: denied: {exc}", file=sys.stderr)
-        return REFUSED
-    except DefiniteFailure as exc:
-        print(f"sdpaxos {verb_name}: refused: {exc}", file=sys.stderr)
-        return REFUSED
-    except (IndefiniteFailure, OSError, TimeoutError) as exc:
-        print(f"sdpaxos {verb_name}: unavailable: {exc}", file=sys.stderr)
-        return UNAVAILABLE
-    except KeyboardInterrupt:
-        return INTERRUPTED
+    return run_session(verb_name, session())
 
 
 def _result(payload: bytes | str, expected: str) -> list[Any]:

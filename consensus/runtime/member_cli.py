@@ -25,11 +25,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import secrets
 import sys
 from typing import Any
 
-from consensus.auth import PermissionDenied
 from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure
 from consensus.protocol.membership.config import (
     ADD,
@@ -39,9 +37,14 @@ from consensus.protocol.membership.config import (
     REPLACE,
     Change,
 )
-from consensus.runtime.client_options import add_client_options, native_target
+from consensus.runtime.client import new_client_id
+from consensus.runtime.client_options import (
+    add_client_options,
+    native_target,
+    run_session,
+)
 from consensus.runtime.cluster_config import parse_address
-from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
+from consensus.runtime.exit_codes import OK, REFUSED, USAGE
 from consensus.runtime.members import MemberInfo
 
 __all__ = ["add_member_arguments", "run_member"]
@@ -91,22 +94,11 @@ def run_member(args: argparse.Namespace) -> int:
     async def session() -> int:
         if args.action == "list":
             return _show(args, *await _statuses(target.addresses, args.timeout, target.tls))
-        async with Client((1 << 62) + secrets.randbelow(1 << 62), target.addresses,
-                          timeout_s=args.timeout, attempts=len(target.addresses),
-                          tls=target.tls) as client:
+        async with Client(new_client_id(), target.addresses, timeout_s=args.timeout,
+                          attempts=len(target.addresses), tls=target.tls) as client:
             return await _change(client, args)
 
-    try:
-        return asyncio.run(session())
-    except PermissionDenied as exc:
-        print(f"sdpaxos member {args.action}: denied: {exc}", file=sys.stderr)
-        return REFUSED
-    except DefiniteFailure as exc:
-        print(f"sdpaxos member {args.action}: {exc}", file=sys.stderr)
-        return REFUSED
-    except (IndefiniteFailure, OSError, TimeoutError) as exc:
-        print(f"sdpaxos member {args.action}: unavailable: {exc}", file=sys.stderr)
-        return UNAVAILABLE
+    return run_session(f"member {args.action}", session())
 
 
 async def _statuses(addresses: list[tuple[str, int]], timeout_s: float,
@@ -118,7 +110,7 @@ async def _statuses(addresses: list[tuple[str, int]], timeout_s: float,
 
     async def ask(address: tuple[str, int]) -> dict[str, Any] | None:
         try:
-            async with Client(secrets.randbelow(1 << 62), [address], timeout_s=timeout_s,
+            async with Client(new_client_id(), [address], timeout_s=timeout_s,
                               attempts=1, tls=tls) as client:
                 status: dict[str, Any] = await client.status()
                 return status

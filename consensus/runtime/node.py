@@ -82,6 +82,7 @@ from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.members import parse_member_info
+from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.statemachine import StateMachine
@@ -413,8 +414,6 @@ class ReplicaNode:
 
     def members(self) -> dict[str, Any] | None:
         """The live member set as this replica's log has it (``consensus.runtime.status``)."""
-        from consensus.runtime.status import membership_status
-
         return membership_status(self)
 
     async def read(
@@ -899,8 +898,6 @@ class ReplicaNode:
 
     def _status(self, request: ClientRequest) -> ClientResponse:
         """What this replica reports about itself (``consensus.runtime.status``)."""
-        from consensus.runtime.status import replica_status
-
         return ClientResponse(request.req_id, "ok", msgpack.packb(replica_status(self)))
 
     async def _serve_client(

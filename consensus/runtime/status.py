@@ -18,8 +18,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from consensus.protocol.membership import MemberReplica
 from consensus.protocol.types import Role
 from consensus.runtime.health import liveness, readiness
+from consensus.runtime.members import parse_member_info
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
@@ -111,9 +113,6 @@ def membership_status(node: ReplicaNode) -> dict[str, Any] | None:
     membership): epoch, voters (core order: the first is the epoch's first sequencer),
     learners, the change closing the epoch, and per member [id, incarnation, voter, site,
     peer address, client address] (from the change that added it, or the cluster file)."""
-    from consensus.protocol.membership import MemberReplica
-    from consensus.runtime.members import parse_member_info
-
     core = node.core
     if not isinstance(core, MemberReplica):
         return None

@@ -410,9 +410,10 @@ class Simulation:
         rid: int,
         durable: list[Record] | None = None,
         snapshot: tuple[SnapshotMeta, bytes] | None = None,
+        contacts: tuple[int, ...] = (),
     ) -> _Replica:
+        """``contacts``: the members a member added during the run asks first."""
         meta = snapshot[0] if snapshot is not None else None
-        contacts = self.replicas[rid].contacts if rid < len(getattr(self, "replicas", ())) else ()
         extra = {"contacts": contacts} if contacts else {}
         core = self.factory(
             self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta,
@@ -1302,10 +1303,7 @@ class Simulation:
         for a, row in enumerate(delays):
             row.append(link[a])
         delays.append([*link, 0])
-        contacts = self._latest_config().voters
-        rep = _Replica(rid=rid, core=self.factory(self.config, rid, rng=self.rng_core[rid],
-                                                  contacts=contacts),
-                       store=KVStore(), contacts=contacts)
+        rep = self._new_replica(rid, contacts=self._latest_config().voters)
         if "drift" in self.options.faults:
             bound = self.config.max_drift_ppm / 1_000_000 * 0.9
             rep.rate = 1 + self.rng_fault.uniform(-bound, bound)
@@ -1346,7 +1344,7 @@ class Simulation:
             at = f" after a snapshot at slot {rep.snapshot[0].slot}"
             self.result.restarts_from_snapshot += 1
         self._log(f"fault: restart replica {rep.rid} from {len(rep.durable)} durable records{at}")
-        fresh = self._new_replica(rep.rid, rep.durable, rep.snapshot)
+        fresh = self._new_replica(rep.rid, rep.durable, rep.snapshot, rep.contacts)
         fresh.incarnation = rep.incarnation
         fresh.rate, fresh.offset = rep.rate, rep.offset
         self.replicas[rep.rid] = fresh

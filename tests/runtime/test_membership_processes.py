@@ -18,7 +18,6 @@ from typing import Any
 import msgpack
 
 from bench.cli import main
-from consensus.runtime.cli import init_identities
 from consensus.runtime.client import Client
 from consensus.runtime.local_cluster import LocalCluster
 from consensus.sim.history import Operation
@@ -65,14 +64,9 @@ def voters(doc: dict[str, Any]) -> list[int]:
     return sorted(m["id"] for m in doc["members"] if m["role"] == "voter")
 
 
-def join(cluster: LocalCluster, new_id: int, base: int) -> None:
+def join(cluster: LocalCluster, new_id: int) -> None:
     """Its entry in the cluster file (joined = true), its identity, and its process."""
-    with cluster.config_path.open("a") as f:
-        f.write(f'\n[[replica]]\nid = {new_id}\naddress = "127.0.0.1:{base + new_id}"\n'
-                f'client_address = "127.0.0.1:{base + 100 + new_id}"\n'
-                f'metrics_address = "127.0.0.1:{base + 200 + new_id}"\nsite = "IRE"\n'
-                "joined = true\n")
-    init_identities(cluster.config_path)
+    assert cluster.add_member_entry("IRE").id == new_id
     cluster.start(new_id)
 
 
@@ -144,7 +138,7 @@ def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
                          "--client-address", f"127.0.0.1:{base + 100 + new_id}",
                          "--site", "IRE", "--id", str(new_id))
             assert f"ok: {new_id} added as a learner" in out and "joined = true" in out
-            join(cluster, new_id, base)
+            join(cluster, new_id)
             wait_for(cluster, capsys, f"{new_id} promoted",
                      lambda doc, n=new_id: n in voters(doc))
             live = voters(members(cluster, capsys))
@@ -178,7 +172,7 @@ def test_grow_shrink_remove_the_sequencer_and_replace_a_lost_replica(
                      f"127.0.0.1:{base + new_id}", "--client-address",
                      f"127.0.0.1:{base + 100 + new_id}", "--site", "IRE", "--id", str(new_id))
         assert f"{new_id} added as a learner to replace {lost}" in out
-        join(cluster, new_id, base)
+        join(cluster, new_id)
         doc = wait_for(cluster, capsys, "replaced",
                        lambda d: new_id in voters(d) and lost not in voters(d))
         live = voters(doc)

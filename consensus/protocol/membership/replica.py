@@ -253,7 +253,6 @@ class MemberReplica:
         for message in messages:
             if isinstance(message, LearnRequest | LearnReply | SnapshotChunk):
                 # between members by id (a snapshot goes to learners too): ids are below
-                # next_id, whatever the epoch
                 # next_id, whatever the epoch; and their view is the sender's epoch's, which
                 # says nothing here (a learner has none)
                 ids = max(self.config.next_id, self.protocol.replicas, sender + 1, self.me + 1)
@@ -334,25 +333,26 @@ class MemberReplica:
                            for e in ready.apply]
 
     def _merge_own(self, ready: Ready) -> None:
-        """What this layer produced since the last turn goes out with the core's."""
+        """What this layer produced since the last turn goes out with the core's, first."""
         own, self.out = self.out, Ready()
-        if own.is_empty():
-            return
-        ready.persist[:0] = own.persist
-        ready.send += own.send
-        ready.send_after_persist += own.send_after_persist
-        ready.ready += own.ready
-        ready.apply[:0] = own.apply
-        ready.failed += own.failed
-        ready.results += own.results
-        ready.reads += own.reads
-        ready.snapshot_requests += own.snapshot_requests
-        ready.snapshot_now = ready.snapshot_now or own.snapshot_now
+        if not own.is_empty():
+            _extend(ready, own, first=True)
+
+    def _absorb(self, core: SDPaxosReplica) -> None:
+        """Take ``core``'s turn into our own output (a restart's replay, or the last turn
+        of a core we leave), applying its membership changes."""
+        ready = core.ready()
+        self._translate(ready, self.config)
+        ready.apply = self._applied(ready.apply, ready)
+        ready.persist += ready.log  # durable with our next turn's records, like them
+        ready.log = []
+        _extend(self.out, ready)
+        core.advance(ready)
 
     # ------------------------------------------------------------------ membership changes
     def _applied(self, executions: list[Execution], ready: Ready) -> list[Execution]:
         """Take the membership changes out of what executes, applying each in order."""
-        if not any(e.command.op[:1] == MEMBER_OP[:1] for e in executions):
+        if not any(e.command.op.startswith(MEMBER_OP) for e in executions):
             return executions
         kept: list[Execution] = []
         for execution in executions:
@@ -429,17 +429,7 @@ class MemberReplica:
         core = self.core
         if core is None:
             return
-        ready = core.ready()
-        self._translate(ready, self.config)
-        self.out.persist += ready.persist + ready.log
-        self.out.send += ready.send
-        self.out.send_after_persist += ready.send_after_persist
-        self.out.apply += self._applied(ready.apply, self.out)
-        self.out.ready += ready.ready
-        self.out.reads += ready.reads
-        self.out.failed += ready.failed
-        self.out.results += ready.results
-        core.advance(ready)
+        self._absorb(core)
         if core.sealed_at != NO_SLOT:  # that turn executed the SEAL after all
             self._maybe_switch(self.out)
             return
@@ -544,11 +534,7 @@ class MemberReplica:
                 ):
                     # we voted in that epoch before a restart: its core resumes from our
                     # records (``_resume_pending``)
-                    config, records = self._pending_epochs.pop(0)
-                    self.config, self.learned = config, config.base
-                    self.core = self._core_for(config, recovered=records, snapshot=None)
-                    if self.core is not None:
-                        self._replay_core()
+                    self._resume_epoch(*self._pending_epochs.pop(0))
                     self._resume_pending()
                     return
                 self._start_epoch(seal_config, self.out.persist)
@@ -678,22 +664,29 @@ class MemberReplica:
                     self.learned = self.config.base + core.exec_slot
                     self.core = None
                 return  # learn from peers (``tick``) up to the next epoch
-            config, records = self._pending_epochs.pop(0)
             self.retired.append((self.config, core))
-            self.config = config
-            self.learned = config.base
-            self.core = self._core_for(config, recovered=records, snapshot=None)
-            if self.core is not None:
-                self._replay_core()
+            self._resume_epoch(*self._pending_epochs.pop(0))
+
+    def _resume_epoch(self, config: Configuration, records: list[Record]) -> None:
+        """Start ``config``'s core from our records of it (a restart), replaying them."""
+        self.config, self.learned = config, config.base
+        self.core = self._core_for(config, recovered=records, snapshot=None)
+        if self.core is not None:
+            self._replay_core()
 
     def _replay_core(self) -> None:
         """Drain a restarted core's replay into our own output, applying its changes."""
         core = self.core
         assert core is not None
-        ready = core.ready()
-        self._translate(ready, self.config)
-        self.out.apply += self._applied(ready.apply, self.out)
-        self.out.persist += ready.persist + ready.log
-        core.advance(ready)
+        self._absorb(core)
         if core.sealed_at != NO_SLOT:  # (the next epoch's records, if any, follow)
             self.learned = self.config.base + core.exec_slot
+
+
+def _extend(into: Ready, extra: Ready, *, first: bool = False) -> None:
+    """Add ``extra``'s output to ``into``'s, after it (``first``: before it)."""
+    for name in ("persist", "log", "send", "send_after_persist", "apply", "ready", "reads",
+                 "failed", "results", "snapshot_requests"):
+        mine, theirs = getattr(into, name), getattr(extra, name)
+        setattr(into, name, theirs + mine if first else mine + theirs)
+    into.snapshot_now = into.snapshot_now or extra.snapshot_now

@@ -31,8 +31,8 @@ The parts, each with its rules in its own header, and where each starts:
                    ``flush_oaccepts``, ``start_serving``, ``read_slot``.
 ``o_acceptor``     Ordering, the acceptors' and learners' side: ``OAcceptor.on_oaccept``,
                    ``on_oack``, ``on_ocommit``, ``commit_o``, ``install_new_view``.
-``readiness``      When a command is ready, per replica count (``CountRule`` for N = 3 and
-                   N >= 7, ``FiveRule`` for N = 5): ``rule_for``, ``check_ready``.
+``readiness``      When a command is ready, per replica count (``CountRule`` for every N
+                   but 5, ``FiveRule`` for N = 5): ``rule_for``, ``check_ready``.
 ``execution``      Executing chosen slots in order and recording them: ``Executor.try_execute``,
                    ``log_executed``, ``replay_executed``.
 ``election``       Heartbeats, suspicion, pre-vote (§3.3): ``Election.detect_failures``,

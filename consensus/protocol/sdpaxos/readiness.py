@@ -6,7 +6,7 @@ do the acknowledgements that carry it; one object per replica count answers ever
 question, so no other module tests ``n``:
 
 =========================  ======================================  ===========================
-                           ``CountRule`` (N = 3, N >= 7)            ``FiveRule`` (N = 5)
+                           ``CountRule`` (N != 5)                   ``FiveRule`` (N = 5)
 =========================  ======================================  ===========================
 own O-instance committed   once a majority accepted it              a non-sequencer: once it
 (``learn_own``)            (``OAcceptor.learn_chosen``)             accepts the sequencer's
@@ -16,10 +16,11 @@ ordered own instances      own O-instances known chosen             non-sequence
                                                                     prefix; sequencer: own ones
                                                                     in the majority-accepted
                                                                     prefix (``AckPrefixes``)
-OAck goes to               the owner (N = 3: and the sequencer)     the sequencer, and every
+OAck goes to               the owner and the sequencer              the sequencer, and every
 (``oack_targets``)                                                  replica when acks go to all
 sequencer re-sends         unacknowledged own slots, and every      from each peer's acked
-(``resend_late_slot``)     unchosen own slot once a period          prefix on
+(``resend_late_slot``,     unchosen slot once a period              prefix on
+``resend_unchosen``)
 ``commits_on_sequencer_    False                                    True: see below
 accept``
 =========================  ======================================  ===========================
@@ -85,8 +86,9 @@ class ReadinessRule:
         """Serving: our own O-instance ``slot`` is late; re-send what ``peer`` lacks of it."""
         raise NotImplementedError
 
-    def resend_unchosen_own(self, deadline: int) -> None:
-        """Serving: re-send own O-instances that are not chosen although not late."""
+    def resend_unchosen(self, deadline: int) -> None:
+        """Serving: re-send O-instances that are not chosen (our own although not late, and
+        others' that their owners cannot get chosen alone)."""
 
     def check_ready(self) -> None:
         """Report our commands whose instances are chosen and durably ordered, in order."""
@@ -105,7 +107,7 @@ class ReadinessRule:
 
 
 class CountRule(ReadinessRule):
-    """N = 3 or N >= 7: ready once at least ``i + 1`` O-instances for us are chosen."""
+    """Every N but 5: ready once at least ``i + 1`` O-instances for us are chosen."""
 
     def __init__(self, r: SDPaxosReplica) -> None:
         super().__init__(r)
@@ -133,7 +135,7 @@ class CountRule(ReadinessRule):
         if slot not in r.o_committed and peer not in r.o_acks.get(slot, ()):
             r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
-    def resend_unchosen_own(self, deadline: int) -> None:
+    def resend_unchosen(self, deadline: int) -> None:
         r = self.r
         # An own C-instance can be ready (by the count rule) while its own O-instance is not
         # chosen, so it is not late: re-send every own unchosen, unexecuted slot at least one

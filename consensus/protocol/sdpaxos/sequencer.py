@@ -177,7 +177,7 @@ class Sequencer:
             for index in late:
                 if mine.base <= index < len(mine):
                     r.readiness.resend_late_slot(peer, mine[index])
-        r.readiness.resend_unchosen_own(deadline)
+        r.readiness.resend_unchosen(deadline)
         seal = self.sealed_at
         if seal != NO_SLOT and seal >= r.exec_slot and seal not in r.o_committed:
             # nobody else re-sends a SEAL (it has no owner to ask for it again)

@@ -246,7 +246,7 @@ def test_oack_goes_to_learner_and_sequencer_n3_and_to_every_replica_n5() -> None
 def test_n3_sequencer_resends_unchosen_own_oaccept() -> None:
     """With the count rule an own C-instance can be ready while its own O-instance is not
     chosen, so it is never late: the sequencer re-sends every own unchosen slot a
-    retransmission period old (``CountRule.resend_unchosen_own``), or an O-instance lost to
+    retransmission period old (``CountRule.resend_unchosen``), or an O-instance lost to
     every peer would stop execution everywhere for good."""
     r0 = core(3, 0)
     r0.propose(A, 0)  # C[0][0] in slot 0
