@@ -20,6 +20,7 @@ gets ``PermissionDenied`` (the native port's ``"denied"`` status).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -61,7 +62,7 @@ from consensus.errors import (
     MemberRefused,
     SDPaxosError,
 )
-from consensus.messages import Command, SnapshotChunk
+from consensus.messages import Command, Record, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import Change, MemberReplica, encode_change
@@ -82,6 +83,7 @@ from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.members import parse_member_info
+from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_state
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
@@ -154,6 +156,9 @@ class NodeStats:
     bad_frames: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    #: the longest a snapshot of our own held the event loop at once (seconds): its capture
+    #: or its install (the log's rewrite), the file's writing being off the loop
+    longest_snapshot_hold_s: float = 0.0
     #: the longest loop turn (seconds), yields to the event loop included
     longest_turn_s: float = 0.0
     #: the longest piece of this replica's own work between two yields to the event loop
@@ -221,11 +226,14 @@ class ReplicaNode:
         snapshot_on_stop: bool = True,
         fault_injection: bool = False,
         bootstrap: bool = True,
+        snapshot_off_loop: bool = True,
     ) -> None:
         """``bootstrap``: an empty data directory is a new cluster's replica (it gets an
         identity); False refuses one (``MissingIdentity``: ``serve`` without
         ``--initial-cluster-state new``). Either way peers refuse a directory that was wiped
-        after it met them (``consensus.storage.identity``)."""
+        after it met them (``consensus.storage.identity``). ``snapshot_off_loop``: periodic
+        snapshots are written by a worker thread (``consensus.runtime.snapshot_writer``);
+        False takes them whole on the loop (benchmarks compare the two)."""
         self.config = config
         self.fault_injection = fault_injection
         self.me = me
@@ -248,6 +256,10 @@ class ReplicaNode:
         #: peer -> (slot, monotonic time) of the snapshot last sent to it
         self._snapshot_sent: dict[int, tuple[int, float]] = {}
         self._applied_since_snapshot = 0
+        self.snapshot_off_loop = snapshot_off_loop
+        self._snapshot_writer = SnapshotWriter(self.snapshot_dir, f"snapshot-{me}")
+        #: the snapshot being written off the loop (at most one)
+        self._in_flight: InFlight | None = None
         self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
         directory = config.replica_dir(me)
         self.identity = open_identity(directory, config.cluster_id, me, bootstrap=bootstrap)
@@ -385,6 +397,9 @@ class ReplicaNode:
             self._lag_task.cancel()
             await asyncio.gather(self._lag_task, return_exceptions=True)
         await self.transport.close()
+        if not self.wal.closed:
+            self._join_snapshot()
+        self._snapshot_writer.close()
         if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
             # a clean stop leaves nothing to execute again: the restart reads the snapshot
             # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
@@ -606,10 +621,13 @@ class ReplicaNode:
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
         self._send(ready.send)
+        in_flight = self._in_flight  # what is logged meanwhile goes into its log's rewrite
         for record in itertools.chain(ready.persist, ready.log):
             payload = encode_record(record)
             self._logged_since_snapshot += len(payload)
             self.wal.append(payload)
+            if in_flight is not None:
+                in_flight.logged.append(payload)
         if ready.persist:
             # fsync on the loop itself: handing it to a thread let the loop read sockets
             # meanwhile, but waking an idle worker thread and then the loop cost more (about
@@ -691,8 +709,7 @@ class ReplicaNode:
             self._send_snapshot(peer)
         self.core.advance(ready)
         self._applied_since_snapshot += len(ready.apply)
-        if ready.snapshot_now or self._snapshot_due():
-            self._take_snapshot()
+        self._snapshot_turn(ready.snapshot_now)
         self._answer_clients()
 
     def _answer_clients(self) -> None:
@@ -716,30 +733,103 @@ class ReplicaNode:
             or time.monotonic() - self._last_snapshot_at >= self.snapshot_interval_s
         )
 
+    def _snapshot_turn(self, now: bool) -> None:
+        """A turn's end: install the snapshot written meanwhile once it is durable, then take
+        one if the core wants one now (whole, on the loop: a promoted learner's core starts
+        only once it is durable) or one is due (off the loop, unless one is in flight)."""
+        if self._in_flight is not None and self._in_flight.done.done():
+            self._finish_snapshot()
+        if now:
+            self._take_snapshot()
+        elif self._in_flight is None and self._snapshot_due():
+            if self.snapshot_off_loop:
+                self._start_snapshot()
+            else:
+                self._take_snapshot()
+
     def _take_snapshot(self) -> None:
         """Snapshot the state machine at the execution frontier, compact the core to the
-        *previous* snapshot and rewrite the write-ahead log to what the new one does not cover.
+        *previous* snapshot and rewrite the write-ahead log to what the new one does not cover,
+        all on the loop (a snapshot in flight is installed first).
         The core's memory keeps the last interval, so a peer a little behind catches up from
         it: compacting to the new one made every peer that lagged by a few slots ask for the
         whole state (a third of a loaded replica's CPU went into sending, receiving and
         installing snapshots)."""
+        self._join_snapshot()
+        started = time.perf_counter()
         meta = self.core.snapshot_meta()
         data = encode_snapshot(meta, self.state_machine.snapshot())
         write_snapshot(self.snapshot_dir, data, meta.slot)
         previous = self._snapshot
         self._snapshot = (data, meta)
+        self._snapshot_taken()
+        self.wal.rewrite([encode_record(record) for record in self._log_after(previous)])
+        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
+                 previous[1].slot if previous else 0)
+        self._snapshot_held(started)
+
+    def _start_snapshot(self) -> None:
+        """``_take_snapshot`` with the file written by the worker thread: only the capture
+        runs here (``consensus.runtime.snapshot_writer``)."""
+        started = time.perf_counter()
+        meta = self.core.snapshot_meta()
+        state = capture_state(self.state_machine)
+        records = [encode_record(record) for record in self._log_after(self._snapshot)]
+        in_flight = InFlight(meta, records, self._snapshot_writer.write(meta, state))
+        self._in_flight = in_flight
+        self._snapshot_taken()
+        loop = asyncio.get_running_loop()
+
+        def wake(_: object) -> None:  # in the worker: a turn installs it
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stop joins)
+                loop.call_soon_threadsafe(self._wakeup.set)
+
+        in_flight.done.add_done_callback(wake)
+        self._snapshot_held(started)
+
+    def _finish_snapshot(self) -> None:
+        """Install the snapshot in flight once it is durable (waiting for it if need be): peers
+        are sent it from now on, and the log is rewritten to what it does not cover."""
+        in_flight = self._in_flight
+        assert in_flight is not None
+        self._in_flight = None
+        data = in_flight.done.result()  # what the writing raised, if it failed
+        started = time.perf_counter()
+        previous = self._snapshot
+        self._snapshot = (data, in_flight.meta)
+        self.wal.rewrite([*in_flight.records, *in_flight.logged])
+        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me,
+                 in_flight.meta.slot, previous[1].slot if previous else 0)
+        self._snapshot_held(started)
+
+    def _join_snapshot(self) -> None:
+        """Install the snapshot in flight, if any, waiting for its file (before anything else
+        replaces the snapshot or rewrites the log)."""
+        if self._in_flight is not None:
+            self._finish_snapshot()
+
+    def _log_after(self, previous: tuple[bytes, SnapshotMeta] | None) -> list[Record]:
+        """Compact the core to the ``previous`` snapshot; the records the log must hold with a
+        durable snapshot at the execution frontier. The first snapshot compacts nothing (no
+        older one for peers a little behind), but the log still shrinks to what it does not
+        cover: a restart then reads none of it."""
+        if previous is None:
+            return self.core.durable_records()
+        return self.core.compact(previous[1])
+
+    def _snapshot_taken(self) -> None:
+        """A snapshot at the execution frontier was taken (captured, if off the loop): the
+        next one counts from here."""
+        self.stats.snapshots_taken += 1
         self._applied_since_snapshot = 0
         self._logged_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
-        self.stats.snapshots_taken += 1
-        # the first snapshot compacts nothing (no older one for peers a little behind), but
-        # the log still shrinks to what it does not cover: a restart then reads none of it
-        records = self.core.durable_records() if previous is None else self.core.compact(
-            previous[1]
-        )
-        self.wal.rewrite([encode_record(record) for record in records])
-        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
-                 previous[1].slot if previous else 0)
+
+    def _snapshot_held(self, started: float) -> None:
+        """A piece of a snapshot that began at ``started`` held the loop until now."""
+        held = time.perf_counter() - started
+        if held > self.stats.longest_snapshot_hold_s:
+            self.stats.longest_snapshot_hold_s = held
 
     def _take_backup(self) -> bytes:
         """Snapshot the state machine now (every command of the turn applied) for a backup;
@@ -806,6 +896,7 @@ class ReplicaNode:
             self._incoming[chunk.src] = (slot, got, buffer)
 
     def _install_snapshot(self, data: bytes) -> None:
+        self._join_snapshot()  # ours first: it is compacted to, and the log rewritten, in order
         try:
             meta, state = decode_snapshot(data)
         except DecodeError as exc:
