@@ -141,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
               f"schedulers); submit latency p50 {report['p50_ms']:.1f} ms, "
               f"p99 {report['p99_ms']:.1f} ms; start-up {report['startup_s']:.1f} s; "
               f"replicas identical: {report['replicas_identical']}")
+        cpu = report["cpu_ms_per_allocation"]
+        print(f"  CPU ms per allocation: {json.dumps(cpu)} (total "
+              f"{sum(cpu.values()):.2f}); RSS MB: {report['rss_mb']}")
         for site, figures in report["sites"].items():
             print(f"  site {site}: {figures['allocations_per_s']:.0f} allocations/s, "
                   f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms")
@@ -187,6 +190,23 @@ def _rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    # after the command name: state is field 3, utime and stime fields 14 and 15 (proc(5))
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(cluster: Any) -> dict[str, float]:
+    """CPU seconds so far of every replica process and of this one (the load generator)."""
+    used = {f"replica{r}": _cpu_s(p.pid) for r, p in sorted(cluster.processes.items())}
+    used["loadgen"] = _cpu_s(os.getpid())
+    return used
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -251,11 +271,13 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
     stores = [AllocationStore.connect(addresses, home=k % len(addresses))
               for k in range(schedulers)]
     started = time.monotonic()
+    cpu_before = _cpu_now(cluster)
     await asyncio.gather(*[
         job_loop(store, k % len(addresses), f"s{k}w{j}", random.Random(rng.getrandbits(64)))
         for k, store in enumerate(stores) for j in range(outstanding)
     ])
     elapsed = time.monotonic() - started
+    cpu_used = {name: used - cpu_before[name] for name, used in _cpu_now(cluster).items()}
     profiles = _finish_profiles(recorders)
     leftover = len(await stores[0].allocations())
     identical = await _replicas_identical(addresses)
@@ -277,6 +299,13 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
                           **_percentiles(latencies[home])}
             for home in sorted(latencies)
         },
+        # the machine is shared: CPU time per placement says what the load cost whatever
+        # else ran, and 2 cores / its sum what this machine would give to the bench alone
+        "cpu_ms_per_allocation": {
+            name: round(1000 * used / max(1, outcomes["placed"]), 3)
+            for name, used in cpu_used.items()
+        },
+        "cpu_share": {name: round(used / elapsed, 2) for name, used in cpu_used.items()},
         "startup_s": round(startup_s, 2),
         "rss_mb": [round(_rss_mb(p.pid), 1) for _, p in sorted(cluster.processes.items())],
         "groups_left": leftover,

@@ -36,6 +36,8 @@ class Picker:
         self.taken_free: dict[int, int] = {}  # ... of which were free
 
     def avail(self, c: int) -> int:
+        if self.threshold is None:  # free leaves only (the first pass): no call for that
+            return self.cells.free_n[c] - self.taken.get(c, 0)
         return self.cells.avail(c, self.threshold) - self.taken.get(c, 0)
 
     def cost(self, c: int, need: int) -> int:
@@ -94,13 +96,15 @@ class Picker:
         return tuple(chosen)
 
     def _descend(self, c: int, need: int, out: list[int]) -> None:
-        if self.topo.level[c] == 1:
+        topo = self.topo
+        if topo.level[c] == 1:
             out.append(c)
             return
         kids = []
         best, best_key = -1, (0, 0, 0)
-        for k in self.topo.children[c]:
-            a = self.avail(k)
+        avail = self.avail
+        for k in topo.children[c]:
+            a = avail(k)
             if a <= 0:
                 continue
             kids.append((a, k))
