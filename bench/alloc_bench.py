@@ -14,7 +14,10 @@ final state the snapshot size, ``snapshot()`` time (wall and this process's CPU)
 again with nothing changed (``snapshot_again_s``: every piece kept), ``restore()`` time into a
 fresh store (wall and CPU) and the restored store's first ``snapshot()``
 (``snapshot_after_restore_s``: every group and event packed again, the longest a snapshot
-holds a replica's event loop), which must give the same bytes.
+holds a replica's event loop), which must give the same bytes. Then, after ``ops / 20`` more
+steps, a snapshot taken as a replica takes it: ``capture_on_loop_s`` (``capture_snapshot()``,
+what runs on the replica's event loop) and ``finish_off_loop_s`` (the bytes made from the
+capture, in the replica's snapshot thread).
 
 By default the garbage collector's view of the loaded store is frozen (``gc.freeze()`` after
 building it), as a long-running replica would do after loading its configuration: otherwise a
@@ -137,7 +140,9 @@ def run(
 
     pending: dict[str, int] = {}  # preempting group -> leaves
     counter = 0
-    for _ in range(ops):
+
+    def step() -> None:
+        nonlocal counter, used
         if used < fill * capacity or not live or rng.random() < 0.5:
             counter += 1
             name = f"job{counter:07d}"
@@ -159,8 +164,18 @@ def run(
                         do_release(victim)
         else:
             do_release(rng.choice(sorted(live)))
+
+    for _ in range(ops):
+        step()
     snap, snapshot_s, snapshot_cpu_s = _timed(store.snapshot)
     _, again_s, _ = _timed(store.snapshot)  # nothing changed: every piece kept
+    # a replica's snapshot: captured on its event loop, finished in a worker thread
+    # (``consensus.runtime.snapshot_writer``), after an interval of changes
+    changes = max(1, ops // CAPTURE_INTERVAL_FRACTION)
+    for _ in range(changes):
+        step()
+    finish, capture_s, capture_cpu_s = _timed(store.capture_snapshot)
+    _, finish_s, _ = _timed(finish)
     fresh = ClusterStore(store.topology)
     _, restore_s, restore_cpu_s = _timed(lambda: fresh.restore(snap))
     # the restored store's first snapshot packs every group and event again: the worst
@@ -196,11 +211,18 @@ def run(
             "snapshot_cpu_s": round(snapshot_cpu_s, 4),
             "snapshot_again_s": round(again_s, 4),
             "snapshot_after_restore_s": round(after_restore_s, 4),
+            "capture_after_ops": changes,
+            "capture_on_loop_s": round(capture_s, 4),
+            "capture_on_loop_cpu_s": round(capture_cpu_s, 4),
+            "finish_off_loop_s": round(finish_s, 4),
             "restore_s": round(restore_s, 4),
             "restore_cpu_s": round(restore_cpu_s, 4),
         },
     }
 
+
+#: the snapshot captured as a replica does it follows this fraction of ``ops`` more steps
+CAPTURE_INTERVAL_FRACTION = 20
 
 #: the exit status of a usage error (argparse's)
 USAGE_ERROR = 2

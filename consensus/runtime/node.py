@@ -159,6 +159,8 @@ class NodeStats:
     #: the longest a snapshot of our own held the event loop at once (seconds): its capture
     #: or its install (the log's rewrite), the file's writing being off the loop
     longest_snapshot_hold_s: float = 0.0
+    #: ... of which the longest rewrite of the write-ahead log after one (seconds: fsyncs)
+    longest_log_rewrite_s: float = 0.0
     #: the longest loop turn (seconds), yields to the event loop included
     longest_turn_s: float = 0.0
     #: the longest piece of this replica's own work between two yields to the event loop
@@ -257,7 +259,6 @@ class ReplicaNode:
         self._snapshot_sent: dict[int, tuple[int, float]] = {}
         self._applied_since_snapshot = 0
         self.snapshot_off_loop = snapshot_off_loop
-        self._snapshot_writer = SnapshotWriter(self.snapshot_dir, f"snapshot-{me}")
         #: the snapshot being written off the loop (at most one)
         self._in_flight: InFlight | None = None
         self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
@@ -267,6 +268,8 @@ class ReplicaNode:
         #: why a peer refused this replica (it stops: ``wait_failed`` raises it)
         self._refused: MemberRefused | None = None
         self.wal = WriteAheadLog(directory / "wal")
+        #: writes snapshot files and prepares the log's rewrites off the loop
+        self._snapshot_writer = SnapshotWriter(self.snapshot_dir, self.wal, f"snapshot-{me}")
         records = [decode_record(payload) for payload in self.wal.recovered]
         meta = None
         found = latest_snapshot(self.snapshot_dir)
@@ -763,7 +766,7 @@ class ReplicaNode:
         previous = self._snapshot
         self._snapshot = (data, meta)
         self._snapshot_taken()
-        self.wal.rewrite([encode_record(record) for record in self._log_after(previous)])
+        self._rewrite_log([encode_record(record) for record in self._log_after(previous)])
         log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
                  previous[1].slot if previous else 0)
         self._snapshot_held(started)
@@ -774,8 +777,9 @@ class ReplicaNode:
         started = time.perf_counter()
         meta = self.core.snapshot_meta()
         state = capture_state(self.state_machine)
+        # what the log must hold beyond the snapshot, as of now (the core compacts here)
         records = [encode_record(record) for record in self._log_after(self._snapshot)]
-        in_flight = InFlight(meta, records, self._snapshot_writer.write(meta, state))
+        in_flight = InFlight(meta, self._snapshot_writer.write(meta, state, records))
         self._in_flight = in_flight
         self._snapshot_taken()
         loop = asyncio.get_running_loop()
@@ -793,11 +797,13 @@ class ReplicaNode:
         in_flight = self._in_flight
         assert in_flight is not None
         self._in_flight = None
-        data = in_flight.done.result()  # what the writing raised, if it failed
+        data, prepared = in_flight.done.result()  # what the writing raised, if it failed
         started = time.perf_counter()
         previous = self._snapshot
         self._snapshot = (data, in_flight.meta)
-        self.wal.rewrite([*in_flight.records, *in_flight.logged])
+        started_rewrite = time.perf_counter()
+        self.wal.install_rewrite(prepared, in_flight.logged)
+        self._rewrite_took(started_rewrite)
         log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me,
                  in_flight.meta.slot, previous[1].slot if previous else 0)
         self._snapshot_held(started)
@@ -824,6 +830,18 @@ class ReplicaNode:
         self._applied_since_snapshot = 0
         self._logged_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
+
+    def _rewrite_log(self, payloads: list[bytes]) -> None:
+        """The write-ahead log after a snapshot of ours: ``payloads`` alone (timed)."""
+        started = time.perf_counter()
+        self.wal.rewrite(payloads)
+        self._rewrite_took(started)
+
+    def _rewrite_took(self, started: float) -> None:
+        """A rewrite of the log that began at ``started`` ended now (``longest_log_rewrite_s``)."""
+        took = time.perf_counter() - started
+        if took > self.stats.longest_log_rewrite_s:
+            self.stats.longest_log_rewrite_s = took
 
     def _snapshot_held(self, started: float) -> None:
         """A piece of a snapshot that began at ``started`` held the loop until now."""

@@ -11,11 +11,13 @@ It now goes in three steps:
    frontier, exactly as a snapshot taken and installed at once did);
 2. **write**, in a worker thread: the state machine's bytes finished from what was
    captured, the snapshot file written and fsynced (``write_snapshot``: temp file, rename,
-   directory fsync);
-3. **install**, on the loop again, once the file is durable: it becomes the snapshot peers
-   are sent, and the log is rewritten to the captured records plus every record logged
-   since the capture (``InFlight.logged``) — what the log would hold had the rewrite run at
-   the capture.
+   directory fsync), then the log's new segment with the captured records made and synced
+   (``WriteAheadLog.prepare_rewrite``);
+3. **install**, on the loop again, once all that is durable: the snapshot becomes the one
+   peers are sent, and the log is rewritten to the captured records plus every record logged
+   since the capture (``InFlight.logged``; ``install_rewrite``: they are added to the
+   prepared segment, one fdatasync, and it is renamed into place, one directory fsync) —
+   what the log would hold had the rewrite run at the capture.
 
 At most one snapshot is in flight: one that falls due meanwhile waits for the next turn
 after the install. A crash at any point leaves a usable pair: before the rename, the old
@@ -34,6 +36,7 @@ from typing import Protocol, runtime_checkable
 from consensus.protocol.types import SnapshotMeta
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
+from consensus.storage.wal import PreparedRewrite, WriteAheadLog
 
 __all__ = ["CapturesSnapshots", "InFlight", "SnapshotWriter", "capture_state"]
 
@@ -59,37 +62,40 @@ def capture_state(machine: StateMachine) -> Callable[[], bytes]:
 
 @dataclass(slots=True)
 class InFlight:
-    """A snapshot being written: where it stands, the log's rewrite, and the file's bytes
-    (``done``) once it is durable."""
+    """A snapshot being written: where it stands, its file's bytes and the log's prepared
+    rewrite (``done``) once they are durable, and what was logged since its capture."""
 
     meta: SnapshotMeta
-    #: the log's records at the capture (encoded): what it must hold beyond the snapshot
-    records: list[bytes]
-    #: the encoded snapshot, once written and fsynced
-    done: Future[bytes]
+    #: the encoded snapshot, once written and fsynced, and the log's prepared rewrite
+    done: Future[tuple[bytes, PreparedRewrite]]
     #: every record logged since the capture, in order (the driver adds them)
     logged: list[bytes] = field(default_factory=list)
 
 
 class SnapshotWriter:
-    """One worker thread that encodes, writes and fsyncs snapshot files, one at a time."""
+    """One worker thread that encodes, writes and fsyncs snapshot files and prepares the
+    log's rewrites, one at a time."""
 
-    def __init__(self, directory: Path, name: str) -> None:
+    def __init__(self, directory: Path, wal: WriteAheadLog, name: str) -> None:
         self.directory = directory
+        self._wal = wal
         self._name = name
         self._pool: ThreadPoolExecutor | None = None  # started by the first snapshot
 
-    def write(self, meta: SnapshotMeta, state: Callable[[], bytes]) -> Future[bytes]:
-        """Encode the snapshot at ``meta`` of ``state()`` and store it durably, in the worker;
-        the future holds the encoded bytes."""
+    def write(self, meta: SnapshotMeta, state: Callable[[], bytes],
+              records: list[bytes]) -> Future[tuple[bytes, PreparedRewrite]]:
+        """In the worker: encode the snapshot at ``meta`` of ``state()`` and store it durably,
+        then prepare the log's rewrite to ``records``; the future holds the encoded bytes and
+        the prepared rewrite."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-        return self._pool.submit(self._write, meta, state)
+        return self._pool.submit(self._write, meta, state, records)
 
-    def _write(self, meta: SnapshotMeta, state: Callable[[], bytes]) -> bytes:
+    def _write(self, meta: SnapshotMeta, state: Callable[[], bytes],
+               records: list[bytes]) -> tuple[bytes, PreparedRewrite]:
         data = encode_snapshot(meta, state())
-        write_snapshot(self.directory, data, meta.slot)
-        return data
+        write_snapshot(self.directory, data, meta.slot)  # durable before the log shrinks
+        return data, self._wal.prepare_rewrite(records)
 
     def close(self) -> None:
         """Stop the worker (after what it is writing)."""
