@@ -17,9 +17,10 @@ configuration written, parsed and validated in each of them); each replica's res
 whole run: each must see every event once,
 in order (checked against replica 0's event log), and the report gives the event delay (from
 the apply of the command, as the submitting scheduler's answer marks it, to the watcher)
-percentiles; ``--slow-watchers K`` of them stop reading after their first page until the load
-ends and must be dropped with ``EventsCompacted`` (their stream's last message, read then)
-rather than slow anything down. ``--profile DIR`` records every
+percentiles, the CPU share the watcher processes took (they share the machine with the
+replicas) and their acknowledgements per second; ``--slow-watchers K`` of them stop reading
+after their first page until the load ends and must be dropped with ``EventsCompacted`` (their
+stream's last message, read then) rather than slow anything down. ``--profile DIR`` records every
 replica and this process with py-spy (``pip install .[bench]``) and prints the top entries.
 
 Impossible parameters are usage errors (exit 2, one line), checked before anything starts.
@@ -366,6 +367,8 @@ class _Watchers:
         self.state = [_Watcher() for _ in range(count)]
         self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
         self.compacted = 0
+        self.acks = 0  # acknowledgements written
+        self._cpu_at_ready = (0.0, 0.0)  # (CPU seconds of this process, monotonic time)
         self.errors: list[str] = []
         self._resume = asyncio.Event()  # the slow watchers read again
 
@@ -382,6 +385,8 @@ class _Watchers:
         deadline = time.monotonic() + START_TIMEOUT_S
         while any(w.count == 0 for w in self.state) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        self._cpu_at_ready = (time.process_time(), time.monotonic())
+        self.acks = 0
 
     async def _one(self, k: int) -> None:
         from cluster_state.grpc_api import cluster_state_pb2 as pb
@@ -405,6 +410,7 @@ class _Watchers:
                 consumed += len(batch.events) + batch.skipped
                 if consumed >= ACK_EVERY and not call.done():
                     await call.write(pb.WatchControl(ack=batch.through))
+                    self.acks += 1
                     consumed = 0
                 events = batch.events
                 if not events:
@@ -416,9 +422,13 @@ class _Watchers:
                 if me.digest is not None:
                     now = time.monotonic()
                     for event in events:
-                        me.digest.update(event.SerializeToString())
                         if event.kind == "placed":
                             self.marks.append((event.revision, now))
+                    # the events alone serialize as their encodings one after the other,
+                    # however the replica split them into messages: one call per message
+                    batch.ClearField("through")
+                    batch.ClearField("skipped")
+                    me.digest.update(batch.SerializeToString())
                 if k < self._slow and not self._resume.is_set():
                     # stops reading (and acknowledging) until the load is over: the replica
                     # must drop it, and the stream's last message, read then, says so
@@ -430,6 +440,9 @@ class _Watchers:
 
     async def drain(self, final: int) -> dict[str, Any]:
         """Wait for every reading watcher to reach revision ``final``; their figures."""
+        cpu_at, began = self._cpu_at_ready
+        cpu_s, seconds = time.process_time() - cpu_at, time.monotonic() - began
+        acks = self.acks
         fast = self.state[self._slow:]
         self._resume.set()
         deadline = time.monotonic() + WATCH_DRAIN_S
@@ -450,6 +463,10 @@ class _Watchers:
             "marks": self.marks,
             "compacted": self.compacted,
             "errors": self.errors[:5],
+            # from every stream open to the end of the load
+            "cpu_s": cpu_s,
+            "seconds": seconds,
+            "acks": acks,
         }
 
 
@@ -546,6 +563,10 @@ class _WatcherProcesses:
             "slow_dropped_with_compacted": compacted,
             "events_per_watcher": sorted(counts),
             "checked_event_by_event": sum(len(p["digests"]) for p in parts),
+            # the watcher processes share the machine with the replicas: what they took
+            "watcher_processes_cpu_share": round(
+                sum(p["cpu_s"] for p in parts) / max(p["seconds"] for p in parts), 2),
+            "acks_per_s": round(sum(p["acks"] / p["seconds"] for p in parts)),
             "all_same_events_in_order": same,
             "errors": errors[:5],
             # from the submitting scheduler hearing of its placement to a watcher seeing it
