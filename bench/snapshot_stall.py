@@ -15,8 +15,10 @@ one sitting:
 
 Reported per phase: snapshots taken, the longest a snapshot held the loop at once
 (``NodeStats.longest_snapshot_hold_s``: capture or install; on_loop: all of it) and the longest
-rewrite of the write-ahead log in it (``longest_log_rewrite_s``: its fsyncs), the probe's
-lateness (p50/p99/max, ms) and the commands applied per second. The three replicas share one
+rewrite of the write-ahead log in it (``longest_log_rewrite_s``: its fsyncs), the longest loop
+turn of a replica (the load's own work), the probe's lateness (p50/p99/max, ms) and the
+commands applied per second. The collector runs as ``sdpaxos serve`` runs it (thresholds,
+everything built before the phases frozen). The three replicas share one
 loop, so the probe sees every replica's stalls and the load's own turns as well.
 
     python -m bench.snapshot_stall [--nodes 12288 --vcs 64 --seconds 10 --phases 6]
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -37,6 +40,7 @@ from typing import Any
 import msgpack
 
 from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
+from cluster_state.gc_pause import gc_paused
 from consensus.messages import Command
 from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
@@ -54,6 +58,8 @@ PROBE_S = 0.001
 VARIANTS = ("off_loop", "on_loop", "none")
 #: a snapshot never falls due in the ``none`` phases (commands)
 NEVER = 10**12
+#: ``gc.set_threshold`` as ``sdpaxos serve`` sets it (consensus.runtime.cli)
+SERVE_GC_THRESHOLDS = (50_000, 50, 1_000)
 #: gang shapes (pods, GPUs per pod) the clients submit
 SHAPES = [[(1, 1)], [(1, 2)], [(1, 4)], [(1, 8)], [(2, 8)], [(4, 8)]]
 
@@ -139,8 +145,13 @@ async def _probe(lateness: list[float], stop: asyncio.Event) -> None:
 async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int,
                    outstanding: int, directory: Path) -> dict[str, Any]:
     config = synthetic_config(nodes=nodes, vcs=vcs, pinned=vcs // 4)
+    # the collector as ``sdpaxos serve`` runs it: young objects as usual, old ones rarely,
+    # and what is built at start frozen out of its way (full passes over three 100k-GPU
+    # stores otherwise stall the loop for a second, whatever the snapshots)
+    gc.set_threshold(*SERVE_GC_THRESHOLDS)
     started = time.perf_counter()
-    stores = [ClusterStore(config) for _ in range(3)]  # one topology, shared
+    with gc_paused():
+        stores = [ClusterStore(config) for _ in range(3)]  # one topology, shared
     build_s = time.perf_counter() - started
     cluster = _replicas(directory)
     replicas = [ReplicaNode(cluster, i, stores[i], snapshot_every=NEVER) for i in range(3)]
@@ -151,6 +162,8 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
         started = time.perf_counter()
         await load.fill(nodes * 8, outstanding)
         fill_s = time.perf_counter() - started
+        gc.collect()
+        gc.freeze()
         results = []
         for phase in range(phases):
             variant = VARIANTS[phase % len(VARIANTS)]
@@ -159,6 +172,7 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
                 replica.snapshot_off_loop = variant == "off_loop"
                 replica.stats.longest_snapshot_hold_s = 0.0
                 replica.stats.longest_log_rewrite_s = 0.0
+                replica.stats.longest_turn_s = 0.0
             taken = sum(r.stats.snapshots_taken for r in replicas)
             applied = replicas[0].stats.commands_applied
             lateness: list[float] = []
@@ -176,6 +190,7 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
                     max(r.stats.longest_snapshot_hold_s for r in replicas) * 1e3, 1),
                 "longest_log_rewrite_ms": round(
                     max(r.stats.longest_log_rewrite_s for r in replicas) * 1e3, 1),
+                "longest_turn_ms": round(max(r.stats.longest_turn_s for r in replicas) * 1e3, 1),
                 "stall_p50_ms": round(_percentile(lateness, 0.5) * 1e3, 2),
                 "stall_p99_ms": round(_percentile(lateness, 0.99) * 1e3, 1),
                 "stall_max_ms": round(max(lateness, default=0.0) * 1e3, 1),

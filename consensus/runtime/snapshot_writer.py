@@ -85,17 +85,18 @@ class SnapshotWriter:
     def write(self, meta: SnapshotMeta, state: Callable[[], bytes],
               records: list[bytes]) -> Future[tuple[bytes, PreparedRewrite]]:
         """In the worker: encode the snapshot at ``meta`` of ``state()`` and store it durably,
-        then prepare the log's rewrite to ``records``; the future holds the encoded bytes and
-        the prepared rewrite."""
+        then prepare the log's rewrite to ``records`` (with room for what the log takes in
+        meanwhile: as much as its current segment holds); the future holds the encoded bytes
+        and the prepared rewrite."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-        return self._pool.submit(self._write, meta, state, records)
+        return self._pool.submit(self._write, meta, state, records, self._wal.segment_capacity)
 
-    def _write(self, meta: SnapshotMeta, state: Callable[[], bytes],
-               records: list[bytes]) -> tuple[bytes, PreparedRewrite]:
+    def _write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
+               room: int) -> tuple[bytes, PreparedRewrite]:
         data = encode_snapshot(meta, state())
         write_snapshot(self.directory, data, meta.slot)  # durable before the log shrinks
-        return data, self._wal.prepare_rewrite(records)
+        return data, self._wal.prepare_rewrite(records, room)
 
     def close(self) -> None:
         """Stop the worker (after what it is writing)."""

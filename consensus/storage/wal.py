@@ -121,8 +121,8 @@ FIRST_SEGMENT_BYTES = 256 << 10
 _PREPARED = "segment-next.tmp"  # prepared in the background
 _CREATING = "segment-new.tmp"  # created synchronously
 _REWRITING = "segment-rewrite.tmp"  # a rewrite's, made by ``prepare_rewrite``
-#: a prepared rewrite's segment has room for this many times its records (the records logged
-#: until it is installed go after them, and later ones too)
+#: a prepared rewrite's segment has room for at least this many times its records (the
+#: records logged until it is installed go after them, and later ones too)
 _REWRITE_ROOM = 4
 _ZEROS = bytes(1 << 20)
 
@@ -499,18 +499,26 @@ class WriteAheadLog:
         self._fsync_dir()
         self._maybe_prepare()
 
-    def prepare_rewrite(self, payloads: list[bytes]) -> PreparedRewrite:
+    @property
+    def segment_capacity(self) -> int:
+        """The current segment's size (bytes): segments grow with what the log takes in, so
+        this is room for what a prepared rewrite's segment will take in (``room``)."""
+        return self._capacity
+
+    def prepare_rewrite(self, payloads: list[bytes], room: int = 0) -> PreparedRewrite:
         """The first half of ``rewrite(payloads + later)``, safe in another thread (it writes
         only a segment file of its own, ``segment-rewrite.tmp``, which ``open`` removes if it
-        was never installed): the segment with ``payloads`` in it, synced. A replica prepares
-        it with its snapshot, off its event loop; a rewrite's segment creation and fsyncs
-        held the loop 30-70 ms on a busy disk."""
+        was never installed): the segment with ``payloads`` in it, synced, with ``room``
+        bytes at least for the records logged until ``install_rewrite`` (and after). A
+        replica prepares it with its snapshot, off its event loop; a rewrite's segment
+        creation and fsyncs held the loop 30-70 ms on a busy disk."""
         for payload in payloads:
             if len(payload) > MAX_RECORD:
                 raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
         blob = b"".join([_encode(payload) for payload in payloads])
         end = len(MAGIC) + len(blob)
-        capacity = max(end, min(self.segment_bytes, _REWRITE_ROOM * end), FIRST_SEGMENT_BYTES)
+        capacity = max(end + room, min(self.segment_bytes, _REWRITE_ROOM * end),
+                       FIRST_SEGMENT_BYTES)
         path = self.dir / _REWRITING
         file = _create_segment_file(path, capacity)
         assert file is not None
@@ -537,6 +545,8 @@ class WriteAheadLog:
         self.sync()
         blob = b"".join([_encode(payload) for payload in payloads])
         if prepared.end + len(blob) > prepared.capacity:
+            log.info("%s: %d bytes logged while a rewrite was prepared, room for %d: rewritten "
+                     "whole", self.dir, len(blob), prepared.capacity - prepared.end)
             prepared.discard()
             self.rewrite([*prepared.payloads, *payloads])
             return

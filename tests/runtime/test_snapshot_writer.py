@@ -39,14 +39,14 @@ class HeldWrites:
         self.holding = threading.Event()
         writer._write = self.write  # type: ignore[method-assign]
 
-    def write(self, meta: SnapshotMeta, state: Callable[[], bytes],
-              records: list[bytes]) -> tuple[bytes, PreparedRewrite]:
+    def write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
+              room: int) -> tuple[bytes, PreparedRewrite]:
         self.slots.append(meta.slot)
         held = len(self.slots) == self._hold
         if held and not self._after_file:
             self.holding.set()
             self.released.wait(HOLD_S)
-        written = self._write(meta, state, records)
+        written = self._write(meta, state, records, room)
         if held and self._after_file:
             self.holding.set()
             self.released.wait(HOLD_S)
