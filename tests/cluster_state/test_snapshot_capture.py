@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from cluster_state import ClusterStore, release, set_node_health, submit, synthetic_config
 from consensus.messages import Command
 
@@ -30,16 +32,20 @@ def run(store: ClusterStore, steps: int, seed: int, start: int) -> None:
         store.apply(position, Command(client_id=position % 3, seq=position, op=op))
 
 
-def test_a_capture_finished_after_more_commands_gives_the_snapshot_of_its_time() -> None:
+@pytest.mark.parametrize("event_limit", [4096, 50])  # 50: events dropped meanwhile
+def test_a_capture_finished_after_more_commands_gives_the_snapshot_of_its_time(
+    event_limit: int,
+) -> None:
     config = synthetic_config(nodes=32, vcs=4, pinned=1)
-    store = ClusterStore(config)
+    store = ClusterStore(config, event_limit=event_limit)
     run(store, 300, seed=1, start=0)
     captured = store.capture_snapshot()
     expected = store.snapshot()
     run(store, 300, seed=2, start=300)
-    assert store.snapshot() != expected  # the state did move on
+    # a snapshot of the newer state first: the events' packed forms it keeps are newer
+    assert store.snapshot() != expected
     assert captured() == expected
-    again = ClusterStore(config)
+    again = ClusterStore(config, event_limit=event_limit)
     again.restore(captured())
     assert again.snapshot() == expected
 
