@@ -14,12 +14,14 @@ one sitting:
 * ``none``: no snapshot falls due (the stalls the load alone makes).
 
 Reported per phase: snapshots taken, the longest a snapshot held the loop at once
-(``NodeStats.longest_snapshot_hold_s``: capture or install; on_loop: all of it) and the longest
-rewrite of the write-ahead log in it (``longest_log_rewrite_s``: its fsyncs), the longest loop
-turn of a replica (the load's own work), the probe's lateness (p50/p99/max, ms) and the
-commands applied per second. The collector runs as ``sdpaxos serve`` runs it (thresholds,
-everything built before the phases frozen). The three replicas share one
-loop, so the probe sees every replica's stalls and the load's own turns as well.
+(``NodeStats.longest_snapshot_hold_s``: capture or install; on_loop: all of it), the most CPU
+time of the loop's thread in one (``longest_snapshot_cpu_s``: on a busy machine the wall time
+is mostly waiting for a CPU), the longest rewrite of the write-ahead log in one
+(``longest_log_rewrite_s``: its fsyncs), the longest loop turn of a replica (the load's own
+work), the probe's lateness (p50/p99/max, ms) and the commands applied per second. The
+collector runs as ``sdpaxos serve`` runs it (thresholds, everything built before the phases
+frozen). The three replicas share one loop, so the probe sees every replica's stalls and the
+load's own turns as well.
 
     python -m bench.snapshot_stall [--nodes 12288 --vcs 64 --seconds 10 --phases 6]
 """
@@ -172,6 +174,7 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
                 replica.snapshot_off_loop = variant == "off_loop"
                 replica.stats.longest_snapshot_hold_s = 0.0
                 replica.stats.longest_log_rewrite_s = 0.0
+                replica.stats.longest_snapshot_cpu_s = 0.0
                 replica.stats.longest_turn_s = 0.0
             taken = sum(r.stats.snapshots_taken for r in replicas)
             applied = replicas[0].stats.commands_applied
@@ -188,6 +191,8 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
                 "snapshots": sum(r.stats.snapshots_taken for r in replicas) - taken,
                 "longest_snapshot_hold_ms": round(
                     max(r.stats.longest_snapshot_hold_s for r in replicas) * 1e3, 1),
+                "longest_snapshot_cpu_ms": round(
+                    max(r.stats.longest_snapshot_cpu_s for r in replicas) * 1e3, 1),
                 "longest_log_rewrite_ms": round(
                     max(r.stats.longest_log_rewrite_s for r in replicas) * 1e3, 1),
                 "longest_turn_ms": round(max(r.stats.longest_turn_s for r in replicas) * 1e3, 1),

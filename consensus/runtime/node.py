@@ -159,7 +159,10 @@ class NodeStats:
     #: the longest a snapshot of our own held the event loop at once (seconds): its capture
     #: or its install (the log's rewrite), the file's writing being off the loop
     longest_snapshot_hold_s: float = 0.0
-    #: ... of which the longest rewrite of the write-ahead log after one (seconds: fsyncs)
+    #: ... the CPU time the loop's thread spent in it (seconds: the rest is waiting for the
+    #: disk, or for the CPU on a busy machine) ...
+    longest_snapshot_cpu_s: float = 0.0
+    #: ... and the longest rewrite of the write-ahead log after one (seconds: fsyncs)
     longest_log_rewrite_s: float = 0.0
     #: the longest loop turn (seconds), yields to the event loop included
     longest_turn_s: float = 0.0
@@ -759,7 +762,7 @@ class ReplicaNode:
         whole state (a third of a loaded replica's CPU went into sending, receiving and
         installing snapshots)."""
         self._join_snapshot()
-        started = time.perf_counter()
+        started = _clocks()
         meta = self.core.snapshot_meta()
         data = encode_snapshot(meta, self.state_machine.snapshot())
         write_snapshot(self.snapshot_dir, data, meta.slot)
@@ -774,7 +777,7 @@ class ReplicaNode:
     def _start_snapshot(self) -> None:
         """``_take_snapshot`` with the file written by the worker thread: only the capture
         runs here (``consensus.runtime.snapshot_writer``)."""
-        started = time.perf_counter()
+        started = _clocks()
         meta = self.core.snapshot_meta()
         state = capture_state(self.state_machine)
         # what the log must hold beyond the snapshot, as of now (the core compacts here)
@@ -798,7 +801,7 @@ class ReplicaNode:
         assert in_flight is not None
         self._in_flight = None
         data, prepared = in_flight.done.result()  # what the writing raised, if it failed
-        started = time.perf_counter()
+        started = _clocks()
         previous = self._snapshot
         self._snapshot = (data, in_flight.meta)
         started_rewrite = time.perf_counter()
@@ -843,11 +846,13 @@ class ReplicaNode:
         if took > self.stats.longest_log_rewrite_s:
             self.stats.longest_log_rewrite_s = took
 
-    def _snapshot_held(self, started: float) -> None:
-        """A piece of a snapshot that began at ``started`` held the loop until now."""
-        held = time.perf_counter() - started
-        if held > self.stats.longest_snapshot_hold_s:
-            self.stats.longest_snapshot_hold_s = held
+    def _snapshot_held(self, started: tuple[float, float]) -> None:
+        """A piece of a snapshot that began at ``started`` (``_clocks``) held the loop until
+        now."""
+        wall, cpu = _clocks()
+        stats = self.stats
+        stats.longest_snapshot_hold_s = max(stats.longest_snapshot_hold_s, wall - started[0])
+        stats.longest_snapshot_cpu_s = max(stats.longest_snapshot_cpu_s, cpu - started[1])
 
     def _take_backup(self) -> bytes:
         """Snapshot the state machine now (every command of the turn applied) for a backup;
@@ -1130,6 +1135,11 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
 
 #: what a blind write acknowledged when ready is answered with (the same for every one)
 _READY: Final = Result(b"", -1)
+
+
+def _clocks() -> tuple[float, float]:
+    """Now, by the wall clock and by this thread's CPU time (seconds)."""
+    return time.perf_counter(), time.thread_time()
 
 
 def _now_us() -> int:
