@@ -3,10 +3,12 @@
 Three ``ReplicaNode``s in this process (one event loop, fsync on, no WAN emulation), each with
 its own ``ClusterStore`` on a ``synthetic_config`` cluster (``--nodes`` x 8 GPUs), are first
 filled through the log to ``FILL`` of their GPUs; then, for ``--phases`` phases of
-``--seconds`` each, ``--outstanding`` clients submit gangs and release them (a snapshot falls
-due every ``--every`` commands at each replica) while a probe task sleeps 1 ms again and again
-and records how late it wakes: the event loop's stalls. The phases alternate the variants in
-one sitting:
+``--seconds`` each and a last one, ``--outstanding`` clients submit gangs and release them (a
+snapshot falls due every ``--every`` commands at each replica) while a probe task sleeps 1 ms
+again and again and records how late it wakes: the event loop's stalls. The phases
+alternate the first two variants in one sitting, and one phase of the third ends the run (a
+snapshot after a phase without any compacts the core's whole phase of log at once, the same
+in either variant):
 
 * ``off_loop``: the snapshot captured on the loop, written by the replica's snapshot thread
   (``consensus.runtime.snapshot_writer``), installed on the loop;
@@ -56,8 +58,9 @@ USAGE_ERROR = 2
 FILL = 0.8
 #: the probe's sleep (seconds): its lateness is the loop's stall
 PROBE_S = 0.001
-#: the variants, in the order the phases cycle through them
-VARIANTS = ("off_loop", "on_loop", "none")
+#: the variants the phases alternate, and the one of the last phase
+VARIANTS = ("off_loop", "on_loop")
+LAST_VARIANT = "none"
 #: a snapshot never falls due in the ``none`` phases (commands)
 NEVER = 10**12
 #: ``gc.set_threshold`` as ``sdpaxos serve`` sets it (consensus.runtime.cli)
@@ -167,8 +170,8 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
         gc.collect()
         gc.freeze()
         results = []
-        for phase in range(phases):
-            variant = VARIANTS[phase % len(VARIANTS)]
+        for phase in range(phases + 1):
+            variant = VARIANTS[phase % len(VARIANTS)] if phase < phases else LAST_VARIANT
             for replica in replicas:
                 replica.snapshot_every = NEVER if variant == "none" else every
                 replica.snapshot_off_loop = variant == "off_loop"
