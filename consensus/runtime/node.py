@@ -782,7 +782,10 @@ class ReplicaNode:
         state = capture_state(self.state_machine)
         # what the log must hold beyond the snapshot, as of now (the core compacts here)
         records = [encode_record(record) for record in self._log_after(self._snapshot)]
-        in_flight = InFlight(meta, self._snapshot_writer.write(meta, state, records))
+        # room in the log's new segment for what it takes in while this is written: as much
+        # as the whole interval took (the writing takes a fraction of one)
+        room = self._logged_since_snapshot
+        in_flight = InFlight(meta, self._snapshot_writer.write(meta, state, records, room))
         self._in_flight = in_flight
         self._snapshot_taken()
         loop = asyncio.get_running_loop()

@@ -82,15 +82,14 @@ class SnapshotWriter:
         self._name = name
         self._pool: ThreadPoolExecutor | None = None  # started by the first snapshot
 
-    def write(self, meta: SnapshotMeta, state: Callable[[], bytes],
-              records: list[bytes]) -> Future[tuple[bytes, PreparedRewrite]]:
+    def write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
+              room: int) -> Future[tuple[bytes, PreparedRewrite]]:
         """In the worker: encode the snapshot at ``meta`` of ``state()`` and store it durably,
-        then prepare the log's rewrite to ``records`` (with room for what the log takes in
-        meanwhile: as much as its current segment holds); the future holds the encoded bytes
-        and the prepared rewrite."""
+        then prepare the log's rewrite to ``records`` with ``room`` bytes for what the log
+        takes in meanwhile; the future holds the encoded bytes and the prepared rewrite."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-        return self._pool.submit(self._write, meta, state, records, self._wal.segment_capacity)
+        return self._pool.submit(self._write, meta, state, records, room)
 
     def _write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
                room: int) -> tuple[bytes, PreparedRewrite]:

@@ -121,9 +121,6 @@ FIRST_SEGMENT_BYTES = 256 << 10
 _PREPARED = "segment-next.tmp"  # prepared in the background
 _CREATING = "segment-new.tmp"  # created synchronously
 _REWRITING = "segment-rewrite.tmp"  # a rewrite's, made by ``prepare_rewrite``
-#: a prepared rewrite's segment has room for at least this many times its records (the
-#: records logged until it is installed go after them, and later ones too)
-_REWRITE_ROOM = 4
 _ZEROS = bytes(1 << 20)
 
 _datasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
@@ -499,17 +496,12 @@ class WriteAheadLog:
         self._fsync_dir()
         self._maybe_prepare()
 
-    @property
-    def segment_capacity(self) -> int:
-        """The current segment's size (bytes): segments grow with what the log takes in, so
-        this is room for what a prepared rewrite's segment will take in (``room``)."""
-        return self._capacity
-
     def prepare_rewrite(self, payloads: list[bytes], room: int = 0) -> PreparedRewrite:
         """The first half of ``rewrite(payloads + later)``, safe in another thread (it writes
         only a segment file of its own, ``segment-rewrite.tmp``, which ``open`` removes if it
         was never installed): the segment with ``payloads`` in it, synced, with ``room``
-        bytes at least for the records logged until ``install_rewrite`` (and after). A
+        bytes for the records logged until ``install_rewrite`` (and after; within the
+        segment size, and at least a first segment's). A
         replica prepares it with its snapshot, off its event loop; a rewrite's segment
         creation and fsyncs held the loop 30-70 ms on a busy disk."""
         for payload in payloads:
@@ -517,8 +509,7 @@ class WriteAheadLog:
                 raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
         blob = b"".join([_encode(payload) for payload in payloads])
         end = len(MAGIC) + len(blob)
-        capacity = max(end + room, min(self.segment_bytes, _REWRITE_ROOM * end),
-                       FIRST_SEGMENT_BYTES)
+        capacity = max(end, min(self.segment_bytes, max(end + room, FIRST_SEGMENT_BYTES)))
         path = self.dir / _REWRITING
         file = _create_segment_file(path, capacity)
         assert file is not None
