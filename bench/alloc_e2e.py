@@ -365,7 +365,8 @@ class _Watchers:
         self._count, self._slow, self._checked, self._offset = count, slow, checked, offset
         self._tasks: list[asyncio.Task[None]] = []
         self.state = [_Watcher() for _ in range(count)]
-        self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
+        # (placement revision, seen at, the replica's index in targets)
+        self.marks: list[tuple[int, float, int]] = []
         self.compacted = 0
         self.acks = 0  # acknowledgements written
         self._cpu_at_ready = (0.0, 0.0)  # (CPU seconds of this process, monotonic time)
@@ -396,6 +397,8 @@ class _Watchers:
             stub = self._slow_stubs[(k + self._offset) % len(self._slow_stubs)]
         else:
             stub = self._stubs[(k + self._offset) % len(self._stubs)]
+        # the channels are the targets', a few each in order
+        replica = (k + self._offset) % len(self._stubs) // WATCH_CONNECTIONS_PER_REPLICA
         from cluster_state.watch_hub import ACK_EVERY
 
         # the acknowledged stream, as AllocationStore's watch reads it
@@ -423,7 +426,7 @@ class _Watchers:
                     now = time.monotonic()
                     for event in events:
                         if event.kind == "placed":
-                            self.marks.append((event.revision, now))
+                            self.marks.append((event.revision, now, replica))
                     # the events alone serialize as their encodings one after the other,
                     # however the replica split them into messages: one call per message
                     batch.ClearField("through")
@@ -552,8 +555,12 @@ class _WatcherProcesses:
         compacted = sum(part["compacted"] for part in parts)
         errors = [e for part in parts for e in part["errors"]]
         same = len(counts) == 1 and len(digests) <= 1 and all(p["ordered"] for p in parts)
-        delays = [(at - applied_at[rev]) * 1000 for part in parts for rev, at in part["marks"]
-                  if rev in applied_at]
+        by_replica: dict[int, list[float]] = collections.defaultdict(list)
+        for part in parts:
+            for rev, at, replica in part["marks"]:
+                if rev in applied_at:
+                    by_replica[replica].append((at - applied_at[rev]) * 1000)
+        delays = [delay for values in by_replica.values() for delay in values]
         return {
             "ok": same and not errors and compacted == self._slow
             and all(last >= final for last in lasts),
@@ -571,6 +578,8 @@ class _WatcherProcesses:
             "errors": errors[:5],
             # from the submitting scheduler hearing of its placement to a watcher seeing it
             "delay": _percentiles(delays),
+            # a watcher at the replica that led the command or at one that learned it later
+            "delay_by_replica": {str(r): _percentiles(v) for r, v in sorted(by_replica.items())},
         }
 
 
