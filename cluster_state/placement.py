@@ -16,8 +16,6 @@ as few groups as possible are preempted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
-from operator import add, mul, sub
 
 from cluster_state.cells import Topology
 from cluster_state.index import FREE, CellState
@@ -76,16 +74,16 @@ class Picker:
 
     def _best_free_node(self, nodes: Sequence[int], need: int) -> int:
         """``best_node`` of the first pass (nothing preempted, so every cost is 0): the
-        fewest available leaves that fit, then the lowest id. Each node is ranked by one
-        integer, ``available * cells + id``, made and compared in C (a spread gang scans
-        every node its VC holds, hundreds at 100k GPUs, for each pod)."""
+        fewest available leaves that fit, then the lowest id, in one loop without a call or
+        a key per node (a spread gang scans every node its VC holds, hundreds at 100k GPUs,
+        for each pod: the keyed loop took ~7 times as long)."""
         free_n, taken = self.cells.free_n, self.taken
-        ids = len(free_n)  # every cell id is below this
-        ranks = map(add, map(mul, map(free_n.__getitem__, nodes), repeat(ids)), nodes)
-        if taken:
-            ranks = map(sub, ranks, map(mul, map(taken.get, nodes, repeat(0)), repeat(ids)))
-        best = min(filter((need * ids).__le__, ranks), default=-1)
-        return best % ids if best >= 0 else -1
+        best, best_a = -1, 0
+        for n in nodes:
+            a = free_n[n] - taken.get(n, 0)
+            if a >= need and (best < 0 or a < best_a or (a == best_a and n < best)):
+                best, best_a = n, a
+        return best
 
     def pack(
         self, nodes: Sequence[int], sizes: Sequence[int], order: Sequence[int]
