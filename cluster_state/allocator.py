@@ -465,7 +465,8 @@ class Allocator:
             )
             for c in candidates:
                 picker = Picker(topo, self.cells, threshold)
-                pods = picker.pack(picker.nodes([c], info.node_level), sizes, order)
+                pods = picker.pack(picker.nodes([c], info.node_level), sizes, order,
+                                   final=True)
                 if pods is not None:
                     return _Plan(chain, pods)
         if not vc:
@@ -525,7 +526,8 @@ class Allocator:
         node_level = topo.chains[chain].node_level
         for _, _, d in sorted(inner):
             picker = Picker(topo, cells, threshold)
-            pods = picker.pack(picker.nodes([d], node_level), sizes, order)
+            pods = picker.pack(picker.nodes([d], node_level), sizes, order,
+                               final=True)
             if pods is not None:
                 return _Plan(chain, pods, [item])
         self.buddy.unbind(item)
@@ -590,7 +592,8 @@ class Allocator:
                 for level in range(low, top + 1):
                     for c in cells.candidates(index, level, total):
                         picker = Picker(topo, cells, None)
-                        pods = picker.pack(picker.nodes([c], info.node_level), sizes, order)
+                        pods = picker.pack(picker.nodes([c], info.node_level), sizes, order,
+                                           final=True)
                         if pods is not None:
                             return _Plan(chain, pods)
             if len(sizes) > 1:

@@ -86,20 +86,29 @@ class Picker:
         return best
 
     def pack(
-        self, nodes: Sequence[int], sizes: Sequence[int], order: Sequence[int]
+        self, nodes: Sequence[int], sizes: Sequence[int], order: Sequence[int], *,
+        final: bool = False,
     ) -> list[tuple[int, ...]] | None:
-        """Leaves for every pod (indexed like ``sizes``), or None if they do not all fit."""
+        """Leaves for every pod (indexed like ``sizes``), or None if they do not all fit.
+        ``final``: this picker plans nothing more, so the last pod's leaves are not counted
+        as taken (what a placement of one pod, the commonest, spends most of ``pick`` on)."""
         out: list[tuple[int, ...]] = [() for _ in sizes]
+        last = order[-1] if final and order else -1
         for i in order:
             node = self.best_node(nodes, sizes[i])
             if node < 0:
                 return None
-            out[i] = self.pick(node, sizes[i])
+            out[i] = self.pick(node, sizes[i], remember=i != last)
         return out
 
-    def pick(self, root: int, need: int) -> tuple[int, ...]:
+    def pick(self, root: int, need: int, *, remember: bool = True) -> tuple[int, ...]:
+        """``need`` leaves under ``root``, ascending; ``remember``: counted as taken for
+        what this picker plans next."""
         chosen: list[int] = []
         self._descend(root, need, chosen)
+        if not remember:
+            chosen.sort()
+            return tuple(chosen)
         eff, bad, ancestors = self.cells.eff, self.cells.bad, self.topo.ancestors
         taken, taken_free = self.taken, self.taken_free
         for leaf in chosen:

@@ -113,3 +113,19 @@ def test_the_job_mix_keeps_every_derived_structure_exact() -> None:
         if step % 20 == 0:
             check_invariants(store.allocator)
     check_invariants(store.allocator)
+
+
+def test_a_final_pack_places_the_pods_a_remembering_pack_places() -> None:
+    rng = random.Random(8)
+    compared = 0
+    for store in _workload(seed=9):
+        topo, cells = store.topology, store.allocator.cells
+        chain = topo.chains[0]
+        racks = list(topo.level_cells[0][chain.top_level - 1])
+        nodes = Picker(topo, cells, None).nodes([rng.choice(racks)], chain.node_level)
+        sizes = [rng.choice((1, 2, 4, 8)) for _ in range(rng.randint(1, 3))]
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        final = Picker(topo, cells, None).pack(nodes, sizes, order, final=True)
+        assert final == Picker(topo, cells, None).pack(nodes, sizes, order)
+        compared += final is not None
+    assert compared
