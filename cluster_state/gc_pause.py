@@ -13,7 +13,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["freeze_if_frozen", "gc_paused"]
+__all__ = ["gc_paused"]
 
 
 @contextmanager
@@ -28,13 +28,3 @@ def gc_paused() -> Iterator[None]:
         if was_enabled:
             gc.enable()
 
-
-def freeze_if_frozen() -> None:
-    """In a process that keeps its long-lived objects out of the collector's way
-    (``gc.freeze`` after building them, as ``sdpaxos serve`` and the store's plugin do), put
-    what was built since there too: a restored 100k-GPU store's ~120k tracked objects were
-    otherwise walked by the next young collections (0.1-0.2 s after each restore). Garbage
-    pending at that moment is frozen with it (replacing a store's state leaves none: it holds
-    no reference cycles)."""
-    if gc.get_freeze_count():
-        gc.freeze()
