@@ -13,7 +13,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["gc_paused"]
+__all__ = ["freeze_if_frozen", "gc_paused"]
 
 
 @contextmanager
@@ -28,3 +28,14 @@ def gc_paused() -> Iterator[None]:
         if was_enabled:
             gc.enable()
 
+
+def freeze_if_frozen() -> None:
+    """In a process that keeps its long-lived objects out of the collector's way
+    (``gc.freeze`` after building them, as ``sdpaxos serve`` and the store's plugin do), put
+    what was built since there too: a restored 100k-GPU store's ~120k tracked objects were
+    otherwise walked by the collections that follow (alternated, 98k GPUs, 100k allocations
+    after: restore and collections 0.59 s CPU, 0.51 s frozen). Garbage pending at that moment
+    is frozen with it (replacing a store's state leaves none: it holds no reference
+    cycles)."""
+    if gc.get_freeze_count():
+        gc.freeze()

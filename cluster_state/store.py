@@ -50,7 +50,7 @@ from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
-from cluster_state.gc_pause import gc_paused
+from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 from cluster_state.ops import (
     Bind,
     Claim,
@@ -336,9 +336,11 @@ class ClusterStore:
     def restore(self, data: bytes) -> None:
         """Load a snapshot, adopting the configuration it was taken under (a store built
         with another one runs the snapshot's until a ``reconfigure`` command changes it).
-        The state is loaded in bulk, without collector passes over what it makes."""
+        The state is loaded in bulk, without collector passes over what it makes (nor after
+        it, where the process freezes its long-lived objects: ``freeze_if_frozen``)."""
         with gc_paused():
             self._restore(data)
+            freeze_if_frozen()  # before the collector runs again: no pass over it at all
 
     def _restore(self, data: bytes) -> None:
         try:

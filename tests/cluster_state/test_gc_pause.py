@@ -1,4 +1,5 @@
-"""``gc_paused``: the collector is off inside, and as the caller had it after."""
+"""``gc_paused`` and ``freeze_if_frozen``: the collector's state is what the caller had, and a
+restored store joins a frozen heap only in a process that freezes its heap."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from cluster_state.gc_pause import gc_paused
+from cluster_state import ClusterStore, synthetic_config
+from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 
 
 @pytest.fixture
 def collector() -> Iterator[None]:
-    """The test's changes to the collector undone after it."""
+    """The test's changes to the collector undone after it (nothing frozen before: objects
+    other tests froze are put back in the collector's view, which costs only time)."""
     enabled = gc.isenabled()
+    gc.unfreeze()
     yield
+    gc.unfreeze()
     if enabled:
         gc.enable()
     else:
@@ -34,3 +39,23 @@ def test_the_pause_keeps_a_disabled_collector_disabled(collector: None) -> None:
         pass
     assert not gc.isenabled()
 
+
+def test_nothing_is_frozen_in_a_process_that_freezes_nothing(collector: None) -> None:
+    freeze_if_frozen()
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_restored_store_is_frozen_where_the_built_one_was(collector: None) -> None:
+    config = synthetic_config(nodes=16, vcs=2)
+    built = ClusterStore(config)
+    data = built.snapshot()
+    restored = ClusterStore(config)
+    restored.restore(data)
+    assert gc.get_freeze_count() == 0  # this process freezes nothing: neither does restore
+    gc.freeze()  # as ``sdpaxos serve`` does once its store is built
+    frozen = gc.get_freeze_count()
+    again = ClusterStore(config)
+    again.restore(data)
+    assert gc.get_freeze_count() > frozen
+    assert not any(obj is again.allocator for obj in gc.get_objects())  # out of its view
+    assert again.snapshot() == data
