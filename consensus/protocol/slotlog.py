@@ -44,6 +44,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from consensus import messages
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
@@ -83,7 +84,7 @@ BASELINE_UNSAFE_VARIANTS: Final = frozenset(
     {"ack_before_persist", "no_lease_check", "takeover_ignores_accepted"}
 )
 
-Batch = tuple[Command, ...]
+Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
 #: a client request's identity: (client id, sequence number)
 Key = tuple[int, int]
 
@@ -221,7 +222,7 @@ class SlotLogCore(ABC):
         self._handed_out = None
 
     # ------------------------------------------------------------------ checker views
-    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+    def committed_log(self) -> Mapping[int, Batch]:
         return {slot: inst.batch for slot, inst in self.slots.items() if inst.committed}
 
     def executed_through(self) -> int:
