@@ -9,6 +9,7 @@ proposed again, possibly at another replica) returns the first result without ap
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgpack
@@ -16,9 +17,11 @@ import msgpack
 from consensus.messages import Command
 
 __all__ = [
+    "BatchApplier",
     "KVStore",
     "SessionTable",
     "StateMachine",
+    "batch_applier",
     "kv_cas",
     "kv_delete",
     "kv_get",
@@ -27,7 +30,10 @@ __all__ = [
 
 
 class StateMachine(Protocol):
-    """What a protocol driver applies committed commands to."""
+    """What a protocol driver applies committed commands to.
+
+    It may also have ``apply_batch(position, commands) -> list[bytes]`` (optional, see
+    ``batch_applier``): a run of one slot's commands at once, with ``apply``'s results."""
 
     def apply(self, position: int, command: Command) -> bytes:
         """Apply ``command`` at global-log ``position`` (``Execution.position``: grows along
@@ -45,6 +51,26 @@ class StateMachine(Protocol):
     def restore(self, data: bytes) -> None:
         """Replace the current state with a snapshot taken by ``snapshot``."""
         ...
+
+
+#: ``apply_batch(position, commands)``: apply ``commands`` at ``position``, ``position + 1``, ...
+#: (consecutive places of one global slot); their results, in order
+BatchApplier = Callable[[int, Sequence[Command]], list[bytes]]
+
+
+def batch_applier(machine: StateMachine) -> BatchApplier:
+    """How to apply a run of commands to ``machine``: its own ``apply_batch`` if it has one
+    (an optional method: the same results as ``apply`` one command at a time, for less per
+    command), else ``apply`` in a loop."""
+    own: BatchApplier | None = getattr(machine, "apply_batch", None)
+    if own is not None:
+        return own
+    apply = machine.apply
+
+    def one_by_one(position: int, commands: Sequence[Command]) -> list[bytes]:
+        return [apply(position + offset, command) for offset, command in enumerate(commands)]
+
+    return one_by_one
 
 
 #: How many recent results a session keeps per client. A pipelining client must not have more
@@ -171,6 +197,23 @@ class KVStore:
         result = self._execute(command.op)
         self.sessions.record(command.client_id, command.seq, result)
         return result
+
+    def apply_batch(self, position: int, commands: Sequence[Command]) -> list[bytes]:
+        """``apply`` of each command in turn, at ``position``, ``position + 1``, ... (see
+        ``batch_applier``), with the lookups hoisted out of the loop."""
+        if not commands:
+            return []
+        lookup, record, execute = self.sessions.lookup, self.sessions.record, self._execute
+        results: list[bytes] = []
+        append = results.append
+        for client_id, seq, op, _keys, _blind in commands:
+            result = lookup(client_id, seq)
+            if result is None:
+                result = execute(op)
+                record(client_id, seq, result)
+            append(result)
+        self.applied_position = position + len(commands) - 1
+        return results
 
     def query(self, op: bytes) -> bytes:
         """Serve a read (``kv_get``) without touching the log or the session table."""
