@@ -85,6 +85,7 @@ BASELINE_UNSAFE_VARIANTS: Final = frozenset(
 )
 
 Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
+_tuple_new = tuple.__new__
 #: a client request's identity: (client id, sequence number)
 Key = tuple[int, int]
 
@@ -383,7 +384,8 @@ class SlotLogCore(ABC):
                 if key in self._reads:
                     self._reads.discard(key)
                     self._out.reads.append(command)  # served after this batch applies
-                self._out.apply.append(Execution(slot, offset, command, led_here))
+                # one C call (see ready.executions)
+                self._out.apply.append(_tuple_new(Execution, (slot, offset, command, led_here)))
             self.exec_slot = slot + 1
             self._exec_progress_at = self.now
             self._executed_slot(slot, inst)
