@@ -90,6 +90,18 @@ class _Session:
         self.results: dict[int, bytes] = {}  # insertion order = execution order
 
 
+def _remember(session: _Session, seq: int, result: bytes) -> None:
+    results = session.results
+    results[seq] = result
+    if len(results) > SESSION_WINDOW:
+        oldest = next(iter(results))
+        del results[oldest]
+        # Forget conservatively: a seq at or below the evicted one that is not remembered
+        # counts as executed (clients number requests increasingly and keep fewer than
+        # SESSION_WINDOW in flight, so it did).
+        session.floor = max(session.floor, oldest)
+
+
 class SessionTable:
     """Per-client memory of recent results, so a retried request takes effect once."""
 
@@ -112,15 +124,30 @@ class SessionTable:
         session = self._sessions.get(client_id)
         if session is None:
             session = self._sessions[client_id] = _Session()
-        results = session.results
-        results[seq] = result
-        if len(results) > SESSION_WINDOW:
-            oldest = next(iter(results))
-            del results[oldest]
-            # Forget conservatively: a seq at or below the evicted one that is not remembered
-            # counts as executed (clients number requests increasingly and keep fewer than
-            # SESSION_WINDOW in flight, so it did).
-            session.floor = max(session.floor, oldest)
+        _remember(session, seq, result)
+
+    def run(
+        self, commands: Sequence[Command], execute: Callable[[bytes], bytes]
+    ) -> list[bytes]:
+        """For each command in turn, its first result if it already ran (``lookup``), else
+        ``execute(op)``, recorded: what ``lookup``/``record`` around each command give, with
+        the session looked up once per command."""
+        sessions = self._sessions
+        results: list[bytes] = []
+        append = results.append
+        for client_id, seq, op, _keys, _blind in commands:
+            session = sessions.get(client_id)
+            if session is None:
+                session = sessions[client_id] = _Session()
+            result = session.results.get(seq)
+            if result is None:
+                if seq <= session.floor:
+                    result = EXPIRED
+                else:
+                    result = execute(op)
+                    _remember(session, seq, result)
+            append(result)
+        return results
 
     def to_state(self) -> list[list[Any]]:
         return [
@@ -200,18 +227,10 @@ class KVStore:
 
     def apply_batch(self, position: int, commands: Sequence[Command]) -> list[bytes]:
         """``apply`` of each command in turn, at ``position``, ``position + 1``, ... (see
-        ``batch_applier``), with the lookups hoisted out of the loop."""
+        ``batch_applier``), each session looked up once (``SessionTable.run``)."""
         if not commands:
             return []
-        lookup, record, execute = self.sessions.lookup, self.sessions.record, self._execute
-        results: list[bytes] = []
-        append = results.append
-        for client_id, seq, op, _keys, _blind in commands:
-            result = lookup(client_id, seq)
-            if result is None:
-                result = execute(op)
-                record(client_id, seq, result)
-            append(result)
+        results = self.sessions.run(commands, self._execute)
         self.applied_position = position + len(commands) - 1
         return results
 

@@ -6,7 +6,15 @@ from __future__ import annotations
 import random
 
 from consensus.messages import Command
-from consensus.statemachine import KVStore, batch_applier, kv_cas, kv_delete, kv_get, kv_put
+from consensus.statemachine import (
+    EXPIRED,
+    KVStore,
+    batch_applier,
+    kv_cas,
+    kv_delete,
+    kv_get,
+    kv_put,
+)
 
 
 def mixed_commands(seed: int, count: int) -> list[Command]:
@@ -35,18 +43,20 @@ def mixed_commands(seed: int, count: int) -> list[Command]:
 
 
 def test_apply_batch_gives_what_apply_gives_one_by_one() -> None:
-    commands = mixed_commands(seed=5, count=400)
+    # over SESSION_WINDOW commands per client: sessions forget, old retries come back EXPIRED
+    commands = mixed_commands(seed=5, count=1500)
     one_by_one, batched = KVStore(), KVStore()
     expected = [one_by_one.apply(1000 + k, command) for k, command in enumerate(commands)]
+    assert EXPIRED in expected
     results: list[bytes] = []
     start = 0
-    for size in (1, 7, 0, 92, 300):  # runs of several lengths, an empty one included
+    for size in (1, 7, 0, 92, 300, 1100):  # runs of several lengths, an empty one included
         results += batched.apply_batch(1000 + start, commands[start : start + size])
         start += size
     assert start == len(commands)
     assert results == expected
     assert batched.snapshot() == one_by_one.snapshot()
-    assert batched.applied_position == one_by_one.applied_position == 1399
+    assert batched.applied_position == one_by_one.applied_position == 2499
 
 
 class OneByOne:
