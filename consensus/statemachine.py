@@ -9,6 +9,7 @@ proposed again, possibly at another replica) returns the first result without ap
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -83,23 +84,29 @@ EXPIRED: bytes = msgpack.packb(["expired"])
 
 
 class _Session:
-    __slots__ = ("floor", "results")
+    __slots__ = ("floor", "order", "results")
 
-    def __init__(self, floor: int = -1) -> None:
+    def __init__(self, floor: int = -1, results: dict[int, bytes] | None = None) -> None:
         self.floor = floor  # every seq <= floor has executed and its result is forgotten
-        self.results: dict[int, bytes] = {}  # insertion order = execution order
+        self.results: dict[int, bytes] = results or {}  # insertion order = execution order
+        #: the keys of ``results`` in insertion order: the oldest found without walking the
+        #: dict (whose evicted front ``next(iter(...))`` steps over, every time)
+        self.order = deque(self.results)
 
 
 def _remember(session: _Session, seq: int, result: bytes) -> None:
     results = session.results
+    if seq not in results:
+        session.order.append(seq)
     results[seq] = result
     if len(results) > SESSION_WINDOW:
-        oldest = next(iter(results))
+        oldest = session.order.popleft()
         del results[oldest]
         # Forget conservatively: a seq at or below the evicted one that is not remembered
         # counts as executed (clients number requests increasingly and keep fewer than
         # SESSION_WINDOW in flight, so it did).
-        session.floor = max(session.floor, oldest)
+        if oldest > session.floor:
+            session.floor = oldest
 
 
 class SessionTable:
@@ -158,8 +165,9 @@ class SessionTable:
     def load_state(self, state: list[list[Any]]) -> None:
         self._sessions = {}
         for client, floor, items in state:
-            session = self._sessions[int(client)] = _Session(int(floor))
-            session.results = {int(seq): bytes(result) for seq, result in items}
+            self._sessions[int(client)] = _Session(
+                int(floor), {int(seq): bytes(result) for seq, result in items}
+            )
 
 
 _packer = msgpack.Packer()
