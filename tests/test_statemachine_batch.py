@@ -8,6 +8,7 @@ import random
 from consensus.messages import Command
 from consensus.statemachine import (
     EXPIRED,
+    SESSION_WINDOW,
     KVStore,
     batch_applier,
     kv_cas,
@@ -89,3 +90,28 @@ def test_a_machine_without_apply_batch_is_applied_in_a_loop() -> None:
     assert machine.positions == list(range(70, 120))
     store = KVStore()
     assert batch_applier(store) == store.apply_batch  # its own, when it has one
+
+
+def test_sessions_forget_the_oldest_result_first_also_after_a_restore() -> None:
+    """Eviction order is execution order, as a plain dict's keys give it, and a restored table
+    goes on from where its snapshot stood."""
+    commands = mixed_commands(seed=11, count=2000)
+    first, second = commands[:1200], commands[1200:]
+    reference: dict[int, dict[int, bytes]] = {}  # client -> results, oldest first
+    floors: dict[int, int] = {}
+    store = KVStore()
+    for position, command in enumerate(first):
+        result = store.apply(position, command)
+        results = reference.setdefault(command.client_id, {})
+        if command.seq not in results and command.seq > floors.get(command.client_id, -1):
+            results[command.seq] = result
+            if len(results) > SESSION_WINDOW:
+                oldest = next(iter(results))
+                del results[oldest]
+                floors[command.client_id] = max(floors.get(command.client_id, -1), oldest)
+    state = store.sessions.to_state()
+    assert state == [[c, floors.get(c, -1), list(reference[c].items())] for c in sorted(reference)]
+    restored = KVStore()
+    restored.restore(store.snapshot())
+    assert restored.apply_batch(1200, second) == store.apply_batch(1200, second)
+    assert restored.snapshot() == store.snapshot()
