@@ -50,6 +50,12 @@ transient ~5x the input's size, e.g. ~80 MB for a 16 MiB frame.)
 only as ``op`` and ``SnapshotChunk.data``, str values only as keys), the other limits by the
 decoders.
 
+With ``lazy_batches=True`` (what a replica's node and the simulator use) the batches an
+acceptor takes in stay packed (``consensus.packed_batch.PackedBatch``): their msgpack structure
+and command count are checked at decode time, the commands' fields when first read, and a
+batch whose commands fail those checks reads as empty — on every replica alike, since each
+logs and passes on the bytes it received — instead of failing the frame.
+
 Encoding trusts its input's types and values, which come from the local protocol core, but
 never builds what a decoder would refuse for its size: it checks the class of each message
 (``TypeError`` otherwise), the number of messages in a frame, and every size limit — each
@@ -67,11 +73,14 @@ keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that g
 loses its slots, gets a plain keyword constructor instead). ``Command`` is a named tuple whose
 fields are its array: a batch of commands goes to msgpack as it is (no per-command work to
 encode it for each peer, log record and commit), and a decoded array becomes a ``Command`` in
-one call once its fields are checked.
+one call once its fields are checked. A batch received with ``lazy_batches`` is walked over
+(msgpack's streaming unpacker skips it) and kept as its bytes: its acceptor's log record and
+any message passing it on splice them, and its commands are decoded once, when executed.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -1014,7 +1023,6 @@ _TAG_NAMES: Final = {tag: cls.__name__ for cls, tag in TAGS.items()}
 # --------------------------------------------------------------------------- msgpack layer
 
 
-
 def _commands_of(value: object) -> object:
     """msgpack's ``default``: a packed batch inside a value packed whole (a promise's votes,
     say) goes as its commands, which pack to its bytes when they came from this codec."""
@@ -1023,10 +1031,7 @@ def _commands_of(value: object) -> object:
     raise TypeError(f"can not serialize {type(value).__name__!r} object")
 
 
-def _packb(value: object, use_bin_type: bool = True) -> bytes:
-    packed: bytes = msgpack.packb(value, use_bin_type=use_bin_type, default=_commands_of)
-    return packed
-
+_packb: Final = functools.partial(msgpack.packb, default=_commands_of)
 _unpackb: Final = msgpack.unpackb
 _UNPACK_ERRORS: Final = (
     ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
