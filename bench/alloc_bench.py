@@ -9,12 +9,17 @@ submits a new one — gangs of 1 to 32 leaves (several pod sizes), guaranteed pr
 in a random VC, one in ten opportunistic. A submit that preempts is followed by releases of its
 victims (what their schedulers would do), which may place the preemptor.
 
-Reported: p50/p99/max apply time of submits and of releases (µs), outcome counts, and for the
+Reported: p50/p99/max apply time of submits and of releases (µs; ``submit_cpu`` and
+``release_cpu``: the same in this thread's CPU time, which a shared machine's other processes
+do not inflate by preempting it), outcome counts, and for the
 final state the snapshot size, ``snapshot()`` time (wall and this process's CPU), the same
 again with nothing changed (``snapshot_again_s``: every piece kept), ``restore()`` time into a
 fresh store (wall and CPU) and the restored store's first ``snapshot()``
 (``snapshot_after_restore_s``: every group and event packed again, the longest a snapshot
-holds a replica's event loop), which must give the same bytes.
+holds a replica's event loop), which must give the same bytes. Then, after ``ops / 20`` more
+steps, a snapshot taken as a replica takes it: ``capture_on_loop_s`` (``capture_snapshot()``,
+what runs on the replica's event loop) and ``finish_off_loop_s`` (the bytes made from the
+capture, in the replica's snapshot thread).
 
 By default the garbage collector's view of the loaded store is frozen (``gc.freeze()`` after
 building it), as a long-running replica would do after loading its configuration: otherwise a
@@ -114,21 +119,27 @@ def run(
     position = 0
     submit_times: list[float] = []
     release_times: list[float] = []
+    # the same, in this thread's CPU time: a shared machine's other processes preempt a
+    # wall-clock measure for milliseconds, which then is all its p99 shows
+    submit_cpu: list[float] = []
+    release_cpu: list[float] = []
     outcomes: dict[str, int] = {}
 
-    def apply(op: bytes) -> tuple[list[Any], float]:
+    def apply(op: bytes) -> tuple[list[Any], float, float]:
         nonlocal position
         position += 1
         command = Command(client_id=1 + position % 7, seq=position, op=op)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.thread_time()
         out = store.apply(position, command)
+        cpu = time.thread_time() - cpu0
         elapsed = time.perf_counter() - t0
-        return msgpack.unpackb(out), elapsed
+        return msgpack.unpackb(out), elapsed, cpu
 
     def do_release(name: str) -> list[Any]:
         nonlocal used
-        result, elapsed = apply(release(name))
+        result, elapsed, cpu = apply(release(name))
         release_times.append(elapsed)
+        release_cpu.append(cpu)
         used -= live.pop(name, 0)
         for promoted in result[2] if result[0] == "released" else []:
             live[promoted] = pending.pop(promoted)
@@ -137,7 +148,9 @@ def run(
 
     pending: dict[str, int] = {}  # preempting group -> leaves
     counter = 0
-    for _ in range(ops):
+
+    def step() -> None:
+        nonlocal counter, used
         if used < fill * capacity or not live or rng.random() < 0.5:
             counter += 1
             name = f"job{counter:07d}"
@@ -145,8 +158,9 @@ def run(
             leaves = sum(p * n for p, n in members)
             priority = -1 if rng.random() < 0.1 else rng.randint(0, 1000)
             op = submit(name, rng.choice(names), priority, members)
-            result, elapsed = apply(op)
+            result, elapsed, cpu = apply(op)
             submit_times.append(elapsed)
+            submit_cpu.append(cpu)
             kind = result[0]
             outcomes[kind] = outcomes.get(kind, 0) + 1
             if kind == "placed":
@@ -159,8 +173,18 @@ def run(
                         do_release(victim)
         else:
             do_release(rng.choice(sorted(live)))
+
+    for _ in range(ops):
+        step()
     snap, snapshot_s, snapshot_cpu_s = _timed(store.snapshot)
     _, again_s, _ = _timed(store.snapshot)  # nothing changed: every piece kept
+    # a replica's snapshot: captured on its event loop, finished in a worker thread
+    # (``consensus.runtime.snapshot_writer``), after an interval of changes
+    changes = max(1, ops // CAPTURE_INTERVAL_FRACTION)
+    for _ in range(changes):
+        step()
+    finish, capture_s, capture_cpu_s = _timed(store.capture_snapshot)
+    _, finish_s, _ = _timed(finish)
     fresh = ClusterStore(store.topology)
     _, restore_s, restore_cpu_s = _timed(lambda: fresh.restore(snap))
     # the restored store's first snapshot packs every group and event again: the worst
@@ -183,6 +207,8 @@ def run(
         "gc_frozen": freeze_gc,
         "submit": _summary(submit_times),
         "release": _summary(release_times),
+        "submit_cpu": _summary(submit_cpu),
+        "release_cpu": _summary(release_cpu),
         "outcomes": outcomes,
         "final": {
             "groups": summary["groups"],
@@ -196,11 +222,18 @@ def run(
             "snapshot_cpu_s": round(snapshot_cpu_s, 4),
             "snapshot_again_s": round(again_s, 4),
             "snapshot_after_restore_s": round(after_restore_s, 4),
+            "capture_after_ops": changes,
+            "capture_on_loop_s": round(capture_s, 4),
+            "capture_on_loop_cpu_s": round(capture_cpu_s, 4),
+            "finish_off_loop_s": round(finish_s, 4),
             "restore_s": round(restore_s, 4),
             "restore_cpu_s": round(restore_cpu_s, 4),
         },
     }
 
+
+#: the snapshot captured as a replica does it follows this fraction of ``ops`` more steps
+CAPTURE_INTERVAL_FRACTION = 20
 
 #: the exit status of a usage error (argparse's)
 USAGE_ERROR = 2

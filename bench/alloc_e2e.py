@@ -17,9 +17,10 @@ configuration written, parsed and validated in each of them); each replica's res
 whole run: each must see every event once,
 in order (checked against replica 0's event log), and the report gives the event delay (from
 the apply of the command, as the submitting scheduler's answer marks it, to the watcher)
-percentiles; ``--slow-watchers K`` of them stop reading after their first page until the load
-ends and must be dropped with ``EventsCompacted`` (their stream's last message, read then)
-rather than slow anything down. ``--profile DIR`` records every
+percentiles, the CPU share the watcher processes took (they share the machine with the
+replicas) and their acknowledgements per second; ``--slow-watchers K`` of them stop reading
+after their first page until the load ends and must be dropped with ``EventsCompacted`` (their
+stream's last message, read then) rather than slow anything down. ``--profile DIR`` records every
 replica and this process with py-spy (``pip install .[bench]``) and prints the top entries.
 
 Impossible parameters are usage errors (exit 2, one line), checked before anything starts.
@@ -141,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
               f"schedulers); submit latency p50 {report['p50_ms']:.1f} ms, "
               f"p99 {report['p99_ms']:.1f} ms; start-up {report['startup_s']:.1f} s; "
               f"replicas identical: {report['replicas_identical']}")
+        cpu = report["cpu_ms_per_allocation"]
+        print(f"  CPU ms per allocation: {json.dumps(cpu)} (total "
+              f"{sum(cpu.values()):.2f}); RSS MB: {report['rss_mb']}")
         for site, figures in report["sites"].items():
             print(f"  site {site}: {figures['allocations_per_s']:.0f} allocations/s, "
                   f"p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms")
@@ -187,6 +191,23 @@ def _rss_mb(pid: int) -> float:
     except OSError:
         pass
     return float("nan")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far, from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    # after the command name: state is field 3, utime and stime fields 14 and 15 (proc(5))
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_now(cluster: Any) -> dict[str, float]:
+    """CPU seconds so far of every replica process and of this one (the load generator)."""
+    used = {f"replica{r}": _cpu_s(p.pid) for r, p in sorted(cluster.processes.items())}
+    used["loadgen"] = _cpu_s(os.getpid())
+    return used
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -251,11 +272,13 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
     stores = [AllocationStore.connect(addresses, home=k % len(addresses))
               for k in range(schedulers)]
     started = time.monotonic()
+    cpu_before = _cpu_now(cluster)
     await asyncio.gather(*[
         job_loop(store, k % len(addresses), f"s{k}w{j}", random.Random(rng.getrandbits(64)))
         for k, store in enumerate(stores) for j in range(outstanding)
     ])
     elapsed = time.monotonic() - started
+    cpu_used = {name: used - cpu_before[name] for name, used in _cpu_now(cluster).items()}
     profiles = _finish_profiles(recorders)
     leftover = len(await stores[0].allocations())
     identical = await _replicas_identical(addresses)
@@ -277,6 +300,13 @@ async def _load(cluster: Any, began: float, seconds: float, outstanding: int, vc
                           **_percentiles(latencies[home])}
             for home in sorted(latencies)
         },
+        # the machine is shared: CPU time per placement says what the load cost whatever
+        # else ran, and 2 cores / its sum what this machine would give to the bench alone
+        "cpu_ms_per_allocation": {
+            name: round(1000 * used / max(1, outcomes["placed"]), 3)
+            for name, used in cpu_used.items()
+        },
+        "cpu_share": {name: round(used / elapsed, 2) for name, used in cpu_used.items()},
         "startup_s": round(startup_s, 2),
         "rss_mb": [round(_rss_mb(p.pid), 1) for _, p in sorted(cluster.processes.items())],
         "groups_left": leftover,
@@ -335,8 +365,11 @@ class _Watchers:
         self._count, self._slow, self._checked, self._offset = count, slow, checked, offset
         self._tasks: list[asyncio.Task[None]] = []
         self.state = [_Watcher() for _ in range(count)]
-        self.marks: list[tuple[int, float]] = []  # (placement revision, seen at)
+        # (placement revision, seen at, the replica's index in targets)
+        self.marks: list[tuple[int, float, int]] = []
         self.compacted = 0
+        self.acks = 0  # acknowledgements written
+        self._cpu_at_ready = (0.0, 0.0)  # (CPU seconds of this process, monotonic time)
         self.errors: list[str] = []
         self._resume = asyncio.Event()  # the slow watchers read again
 
@@ -353,6 +386,8 @@ class _Watchers:
         deadline = time.monotonic() + START_TIMEOUT_S
         while any(w.count == 0 for w in self.state) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        self._cpu_at_ready = (time.process_time(), time.monotonic())
+        self.acks = 0
 
     async def _one(self, k: int) -> None:
         from cluster_state.grpc_api import cluster_state_pb2 as pb
@@ -362,6 +397,8 @@ class _Watchers:
             stub = self._slow_stubs[(k + self._offset) % len(self._slow_stubs)]
         else:
             stub = self._stubs[(k + self._offset) % len(self._stubs)]
+        # the channels are the targets', a few each in order
+        replica = (k + self._offset) % len(self._stubs) // WATCH_CONNECTIONS_PER_REPLICA
         from cluster_state.watch_hub import ACK_EVERY
 
         # the acknowledged stream, as AllocationStore's watch reads it
@@ -376,6 +413,7 @@ class _Watchers:
                 consumed += len(batch.events) + batch.skipped
                 if consumed >= ACK_EVERY and not call.done():
                     await call.write(pb.WatchControl(ack=batch.through))
+                    self.acks += 1
                     consumed = 0
                 events = batch.events
                 if not events:
@@ -387,9 +425,13 @@ class _Watchers:
                 if me.digest is not None:
                     now = time.monotonic()
                     for event in events:
-                        me.digest.update(event.SerializeToString())
                         if event.kind == "placed":
-                            self.marks.append((event.revision, now))
+                            self.marks.append((event.revision, now, replica))
+                    # the events alone serialize as their encodings one after the other,
+                    # however the replica split them into messages: one call per message
+                    batch.ClearField("through")
+                    batch.ClearField("skipped")
+                    me.digest.update(batch.SerializeToString())
                 if k < self._slow and not self._resume.is_set():
                     # stops reading (and acknowledging) until the load is over: the replica
                     # must drop it, and the stream's last message, read then, says so
@@ -401,6 +443,9 @@ class _Watchers:
 
     async def drain(self, final: int) -> dict[str, Any]:
         """Wait for every reading watcher to reach revision ``final``; their figures."""
+        cpu_at, began = self._cpu_at_ready
+        cpu_s, seconds = time.process_time() - cpu_at, time.monotonic() - began
+        acks = self.acks
         fast = self.state[self._slow:]
         self._resume.set()
         deadline = time.monotonic() + WATCH_DRAIN_S
@@ -421,6 +466,10 @@ class _Watchers:
             "marks": self.marks,
             "compacted": self.compacted,
             "errors": self.errors[:5],
+            # from every stream open to the end of the load
+            "cpu_s": cpu_s,
+            "seconds": seconds,
+            "acks": acks,
         }
 
 
@@ -506,8 +555,12 @@ class _WatcherProcesses:
         compacted = sum(part["compacted"] for part in parts)
         errors = [e for part in parts for e in part["errors"]]
         same = len(counts) == 1 and len(digests) <= 1 and all(p["ordered"] for p in parts)
-        delays = [(at - applied_at[rev]) * 1000 for part in parts for rev, at in part["marks"]
-                  if rev in applied_at]
+        by_replica: dict[int, list[float]] = collections.defaultdict(list)
+        for part in parts:
+            for rev, at, replica in part["marks"]:
+                if rev in applied_at:
+                    by_replica[replica].append((at - applied_at[rev]) * 1000)
+        delays = [delay for values in by_replica.values() for delay in values]
         return {
             "ok": same and not errors and compacted == self._slow
             and all(last >= final for last in lasts),
@@ -517,10 +570,16 @@ class _WatcherProcesses:
             "slow_dropped_with_compacted": compacted,
             "events_per_watcher": sorted(counts),
             "checked_event_by_event": sum(len(p["digests"]) for p in parts),
+            # the watcher processes share the machine with the replicas: what they took
+            "watcher_processes_cpu_share": round(
+                sum(p["cpu_s"] for p in parts) / max(p["seconds"] for p in parts), 2),
+            "acks_per_s": round(sum(p["acks"] / p["seconds"] for p in parts)),
             "all_same_events_in_order": same,
             "errors": errors[:5],
             # from the submitting scheduler hearing of its placement to a watcher seeing it
             "delay": _percentiles(delays),
+            # a watcher at the replica that led the command or at one that learned it later
+            "delay_by_replica": {str(r): _percentiles(v) for r, v in sorted(by_replica.items())},
         }
 
 

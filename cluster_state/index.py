@@ -169,7 +169,7 @@ class CellState:
         self.in_region: list[bool] = [True] * n  # in the free region (see the docstring)
         self.n_chains = len(topo.chains)
         self.n_keys = len(topo.key_chain)
-        #: while set, the indexes are not kept (``_move``, ``set_region`` and ``mark_item``
+        #: while set, the indexes are not kept (``_shift_free``, ``set_region``, ``mark_item``
         #: leave the buckets alone) until ``rebuild_indexes``: a restore changes most cells,
         #: and rebuilding once costs a pass where keeping up costs a sorted insert per change
         self.bulk = bulk
@@ -248,31 +248,54 @@ class CellState:
             yield from buckets[count]
 
     # ------------------------------------------------------------------ updates
-    def _move(self, c: int, old: int, new: int) -> None:
+    def _shift_free(self, free_delta: dict[int, int], sign: int = 1) -> None:
+        """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, moving each changed
+        cell to its new bucket wherever it is listed: in its chain's index and, inside the
+        free region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
+        and an item's own cell). One loop, no call per cell: a placement or a release moves a dozen
+        cells in up to three indexes each, and the calls were most of its cost."""
+        free_n = self.free_n
         if self.bulk:
+            for c, d in free_delta.items():
+                free_n[c] += sign * d
             return
         topo = self.topo
-        level = topo.level[c]
-        if level >= 2:
-            chain = topo.chain_of[c]
-            self._rebucket(self.buckets[chain][level - 1], c, old, new)
-            if self.in_region[c]:
-                self._rebucket(self.buckets[self.region(chain)][level - 1], c, old, new)
-        item = self.item_of[c]
-        if item >= 0 and (level >= 2 or topo.parent[c] < 0 or self.item_of[topo.parent[c]] != item):
-            index = self.n_chains + self.key_of_item[item]
-            self._rebucket(self.buckets[index][level - 1], c, old, new)
-
-    @staticmethod
-    def _rebucket(buckets: list[SortedIds], c: int, old: int, new: int) -> None:
-        if old:
-            buckets[old].remove(c)
-        if new:
-            buckets[new].add(c)
+        level_of, chain_of, parent = topo.level, topo.chain_of, topo.parent
+        buckets, in_region, item_of = self.buckets, self.in_region, self.item_of
+        key_of_item, first_key = self.key_of_item, self.n_chains
+        first_region = self.n_chains + self.n_keys
+        for c, d in free_delta.items():
+            if not d:
+                continue
+            old = free_n[c]
+            new = old + sign * d
+            free_n[c] = new
+            level = level_of[c]
+            if level >= 2:
+                chain = chain_of[c]
+                by_count = buckets[chain][level - 1]
+                if old:
+                    by_count[old].remove(c)
+                if new:
+                    by_count[new].add(c)
+                if in_region[c]:
+                    by_count = buckets[first_region + chain][level - 1]
+                    if old:
+                        by_count[old].remove(c)
+                    if new:
+                        by_count[new].add(c)
+            item = item_of[c]
+            if item >= 0 and (level >= 2 or parent[c] < 0 or item_of[parent[c]] != item):
+                by_count = buckets[first_key + key_of_item[item]][level - 1]
+                if old:
+                    by_count[old].remove(c)
+                if new:
+                    by_count[new].add(c)
 
     def set_leaves(self, leaves: Sequence[int], effs: Sequence[int], rev: int) -> None:
         """Give ``leaves[i]`` effective priority ``effs[i]`` (``FREE`` for free) and stamp
-        them with ``rev``; counters and indexes of every ancestor follow, each moved once."""
+        them with ``rev``; counters and indexes of every ancestor follow, each moved once per
+        kind of change (``(old, new)`` pair: one for a placement or a release)."""
         eff, bad, ancestors, stamp = self.eff, self.bad, self.topo.ancestors, self.rev
         moves: dict[tuple[int, int], list[int]] = {}  # (old, new) -> healthy leaves
         for leaf, new in zip(leaves, effs, strict=True):
@@ -287,32 +310,31 @@ class CellState:
         if self.bulk:
             self._count_moves(moves)
             return
-        free_delta: dict[int, int] = {}
         hist = self.hist
         for (old, new), moved in moves.items():
-            # How many moved leaves each ancestor holds (counted in C, not leaf by leaf).
-            under = Counter(iterate_all.from_iterable(ancestors[leaf] for leaf in moved))
-            for a, n in under.items():
-                if old == FREE:
-                    free_delta[a] = free_delta.get(a, 0) - n
-                else:
+            # How many moved leaves each ancestor holds (counted in C, not leaf by leaf; one
+            # leaf, the commonest gang, needs no count).
+            under = (dict.fromkeys(ancestors[moved[0]], 1) if len(moved) == 1
+                     else Counter(_concat(map(ancestors.__getitem__, moved))))
+            if old != FREE:
+                for a, n in under.items():
                     h = hist[a]
                     left = h[old] - n
                     if left:
                         h[old] = left
                     else:
                         del h[old]
-                if new == FREE:
-                    free_delta[a] = free_delta.get(a, 0) + n
-                else:
+            if new != FREE:
+                for a, n in under.items():
                     h = hist[a]
                     h[new] = h.get(new, 0) + n
-        free_n = self.free_n
-        for c, d in free_delta.items():
-            if d:
-                old_free = free_n[c]
-                free_n[c] = old_free + d
-                self._move(c, old_free, old_free + d)
+            # Free counts change by the whole group of moved leaves at once (old and new
+            # differ: at most one of them is FREE). With several kinds of change a cell may
+            # move twice; its buckets end where its final count says, all the same.
+            if old == FREE:
+                self._shift_free(under, -1)
+            elif new == FREE:
+                self._shift_free(under, 1)
 
     def _count_moves(self, moves: dict[tuple[int, int], list[int]]) -> None:
         """``set_leaves``'s counting in bulk mode: no index to keep, so each ancestor's
@@ -368,12 +390,7 @@ class CellState:
         self._apply(free_delta, hist_delta)
 
     def _apply(self, free_delta: dict[int, int], hist_delta: dict[int, dict[int, int]]) -> None:
-        free_n = self.free_n
-        for c, d in free_delta.items():
-            if d:
-                old = free_n[c]
-                free_n[c] = old + d
-                self._move(c, old, old + d)
+        self._shift_free(free_delta)
         hist = self.hist
         for c, changes in hist_delta.items():
             h = hist[c]

@@ -634,18 +634,20 @@ def _decode_spec(raw: object) -> GroupSpec:
     if not isinstance(members_raw, list) or not members_raw:
         raise RequestError("members must be a non-empty list of [pod_number, leaf_cell_number]")
     merged: dict[int, int] = {}
+    pod_count = 0
     for m in members_raw:
-        if (
-            not isinstance(m, list)
-            or len(m) != 2
-            or not all(_is_int(x) and x >= 1 for x in m)
-        ):
+        # (one loop, no generator per member: every submit decodes its spec once per replica)
+        if not isinstance(m, list) or len(m) != 2:
+            raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
+        pods, leaves = m
+        if not (_is_int(pods) and pods >= 1 and _is_int(leaves) and leaves >= 1):
             raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
         # HiveD merges members that ask for the same number of leaf cells per pod.
-        merged[m[1]] = merged.get(m[1], 0) + m[0]
-    members = tuple(Member(pods, leaves) for leaves, pods in merged.items())
-    if sum(m.pods for m in members) > MAX_PODS:
+        merged[leaves] = merged.get(leaves, 0) + pods
+        pod_count += pods
+    if pod_count > MAX_PODS:
         raise RequestError(f"a group may have at most {MAX_PODS} pods")
+    members = tuple([Member(pods, leaves) for leaves, pods in merged.items()])
     leaf_type = _text(leaf_raw, "leaf_type", empty=True)
     pinned = _text(pinned_raw, "pinned cell id", empty=True)
     if not isinstance(lazy, bool):

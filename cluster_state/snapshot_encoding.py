@@ -12,6 +12,7 @@ canonical: every replica writes the same bytes for the same state).
 from __future__ import annotations
 
 import struct
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,21 +47,30 @@ def packed_array_header(length: int) -> bytes:
 class PackedEvents:
     """The packed wire form of each event still in an event log, kept from one snapshot to
     the next: events never change, and the log only appends new ones and drops the oldest
-    (a log replaced by a restore is packed again)."""
+    (a log replaced by a restore is packed again). ``pack`` may run in a replica's snapshot
+    thread (on a copy of the log's events) while its loop snapshots too (a digest query, a
+    backup): the kept forms are the lock's."""
 
-    __slots__ = ("_kept",)
+    __slots__ = ("_kept", "_lock")
 
     def __init__(self) -> None:
         #: (event, its packed wire form), in the log's order: a prefix of what the log held
         self._kept: deque[tuple[object, bytes]] = deque()
+        self._lock = threading.Lock()
 
     def keep(self, events: Sequence[Any], packed: Sequence[bytes]) -> None:
         """Take ``packed[i]`` as the packed wire form of ``events[i]`` (a restore: the
         snapshot's own bytes of the events it loaded)."""
-        self._kept = deque(zip(events, packed, strict=True))
+        with self._lock:
+            self._kept = deque(zip(events, packed, strict=True))
 
     def pack(self, events: Sequence[Any]) -> bytes:
-        """``packb([e.to_wire() for e in events])`` (``events``: the log's deque)."""
+        """``packb([e.to_wire() for e in events])`` (``events``: the log's deque, or a copy
+        of it that nothing changes meanwhile)."""
+        with self._lock:
+            return self._pack(events)
+
+    def _pack(self, events: Sequence[Any]) -> bytes:
         kept = self._kept
         if events and kept:
             oldest = events[0]

@@ -1,9 +1,11 @@
 """The pushed watch stream of one replica: many watchers fed by one apply hook.
 
 A replica serving thousands of watch streams must not do per-watcher work per command: the
-hub hooks the node once (``node.on_apply``), and after the commands of a loop turn have
-applied (``FAN_OUT_DELAY_S`` later, so a busy turn's commands share one batch) it reads the
-new events from the store *once* and hands the same immutable ``Batch`` to every watcher.
+hub hooks the node once (``node.on_apply``), and once the commands of a loop turn have applied
+it reads the new events from the store *once* and hands the same immutable ``Batch`` to every
+watcher. Fan-outs are at least an interval apart (``fan_out_interval``: it grows with the
+watchers, since every fan-out costs each stream a message): a change that comes after a quiet
+interval goes out right after its turn, and under load the turns of an interval share a batch.
 A watcher's memory is a queue of references to shared batches, bounded by ``max_pending``
 events (a watcher with an empty queue takes a batch of any size: it is shared, so that costs
 a reference): one that falls further behind (a slow client, its transport's flow control full) is
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
@@ -43,18 +46,21 @@ __all__ = ["ACK_EVERY", "ACK_WINDOW", "DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", 
 #: many events are unacknowledged, so what sits in the transport for a client that stopped
 #: reading is at most half of it plus one message, whatever the client's HTTP/2 window (a
 #: non-reading client with BDP probing otherwise soaks up megabytes per stream) ...
-ACK_WINDOW = 1024
+ACK_WINDOW = 2048
 #: ... and the client acknowledges each time it consumed this many since its last ack: one
-#: small message per 256 events, not per batch (1,000 streams acking every batch would cost
-#: the replica more than the batches)
+#: small message per 512 events, not per batch. Acks are messages too: at 1,000 streams
+#: every 256 events (the window was 1,024) they were a fifth of a replica's watch messages
+#: and a quarter of the watcher processes' CPU (alloc-e2e --watchers 1000, py-spy); a client
+#: acking every 512 to a replica of the smaller window stalls for a round trip per ack
+#: (that replica sends until 512 are unacknowledged), it never deadlocks
 ACK_EVERY = ACK_WINDOW // 4
 
 #: events a watcher may have queued (not yet taken by its stream) before it is dropped with
 #: ``EventsCompacted``: at 2,000 events/s, a second of lag (and about 8 KB of references)
 DEFAULT_MAX_PENDING = 2048
-#: how long after an apply the hub collects the new events: commands applied within it share
-#: one batch (one message per watcher), which is what lets one replica feed 1,000 streams;
-#: small against the watch delay budget (100 ms at p99) ...
+#: the least time between two fan-outs: commands applied within it share one batch (one
+#: message per watcher), which is what lets one replica feed 1,000 streams; small against the
+#: watch delay budget (100 ms at p99) ...
 FAN_OUT_DELAY_S = 0.01
 #: ... plus this much per watcher (every message costs each stream a gRPC write: hundreds
 #: of streams at 100 batches/s is more than a replica's loop can write) ...
@@ -62,7 +68,12 @@ FAN_OUT_DELAY_PER_WATCHER_S = 0.00003
 #: ... up to this. A stream that could not keep up takes what queued meanwhile as one message
 #: (the gRPC service merges them), so a busy replica writes less by itself: at 1,000 watchers,
 #: 20 ms gave p50 81/94 ms and p99 466/486 ms against 113/104 and 490/507 for 50 ms
-#: (alternated, alloc-e2e --watchers 1000, one shared 2-core machine)
+#: (alternated, alloc-e2e --watchers 1000, one shared 2-core machine). Fan-outs timed from
+#: the last one (not from the first apply after it) with acks every 512 events: p50 100-141 ms
+#: and p99 605-792 ms against 142-223 and 754-1,021 for the arming after an apply with acks
+#: every 256 (4 and 3 runs alternated, 256-462 allocations/s, the machine's load 5-11). The
+#: rest is the machine: a replica message costs about 30 us of CPU in gRPC, a watcher's read
+#: about 50, and 1,000 streams are then more than 2 shared cores deliver every 20 ms.
 FAN_OUT_DELAY_MAX_S = 0.02
 #: a quiet hub looks at the store this often anyway (a snapshot installed from a peer
 #: replaces the events without calling the apply hook)
@@ -108,6 +119,8 @@ class WatchHub:
                             f"{type(node.state_machine).__name__}")
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
+        if not fan_out_delay_s >= 0:
+            raise ValueError(f"fan_out_delay_s must be >= 0, not {fan_out_delay_s}")
         self._node = node
         self._store: ClusterStore = node.state_machine
         self.max_pending = max_pending
@@ -115,6 +128,7 @@ class WatchHub:
         self._watchers: set[_Watcher] = set()
         self._last = -1  # the newest revision handed to the watchers
         self._timer: asyncio.TimerHandle | None = None
+        self._fanned_at = -math.inf  # loop time of the last fan-out
         self._idle: asyncio.TimerHandle | None = None  # a timer, not a task: nothing to
         # cancel-and-await when the loop goes away with streams still open
         self.batches_sent = 0  # fan-outs that found new events (for tests and metrics)
@@ -123,6 +137,14 @@ class WatchHub:
     @property
     def watchers(self) -> int:
         return len(self._watchers)
+
+    @property
+    def fan_out_interval(self) -> float:
+        """The least time between two fan-outs, for this many watchers (seconds): the
+        hub's ``fan_out_delay_s`` and what the watchers add, up to FAN_OUT_DELAY_MAX_S
+        (with the default delay; the watchers add at most the difference to any other)."""
+        grown = FAN_OUT_DELAY_PER_WATCHER_S * len(self._watchers)
+        return self._delay + min(grown, FAN_OUT_DELAY_MAX_S - FAN_OUT_DELAY_S)
 
     # ------------------------------------------------------------------ subscriptions
     async def watch(self, since: int, *, dropped: asyncio.Event | None = None
@@ -183,14 +205,20 @@ class WatchHub:
     # ------------------------------------------------------------------ fan-out
     def _applied(self, position: int, command: Command, result: bytes) -> None:
         # Called right after each command applies, on the node's loop: just arm the timer.
+        self._arm()
+
+    def _arm(self) -> None:
+        # An interval after the last fan-out, not after this call: a change that waited for
+        # nothing goes out as soon as its turn is over (a timer due now runs after it), and
+        # a loop running late catches up instead of adding its lateness to every batch.
         if self._timer is None:
-            delay = min(FAN_OUT_DELAY_MAX_S,
-                        self._delay + FAN_OUT_DELAY_PER_WATCHER_S * len(self._watchers))
-            self._timer = asyncio.get_running_loop().call_later(delay, self._fan_out)
+            loop = asyncio.get_running_loop()
+            due = max(loop.time(), self._fanned_at + self.fan_out_interval)
+            self._timer = loop.call_at(due, self._fan_out)
 
     def _idle_check(self) -> None:
         self._idle = asyncio.get_running_loop().call_later(IDLE_CHECK_S, self._idle_check)
-        self._fan_out()
+        self._arm()  # on the same schedule as after an apply
 
     def _fan_out(self) -> None:
         if self._timer is not None:  # called early (a new watcher): the batch goes out now
@@ -203,6 +231,7 @@ class WatchHub:
             return
         if not events:
             return
+        self._fanned_at = asyncio.get_running_loop().time()
         batch = Batch(events)
         self._last = batch.last
         self.batches_sent += 1

@@ -184,6 +184,13 @@ def _core_families(node: ReplicaNode) -> Iterator[Metric]:
     yield _counter("sdpaxos_snapshots_installed_total",
                    "Snapshots this replica installed from a peer (it was too far behind).",
                    stats.snapshots_installed)
+    yield _gauge("sdpaxos_snapshot_hold_longest_seconds",
+                 "The longest a snapshot of this replica's held its event loop at once (its "
+                 "capture or its install; the file is written off the loop).",
+                 stats.longest_snapshot_hold_s)
+    yield _gauge("sdpaxos_snapshot_log_rewrite_longest_seconds",
+                 "The longest rewrite of the write-ahead log after a snapshot (on the loop).",
+                 stats.longest_log_rewrite_s)
 
 
 def _traffic_families(node: ReplicaNode) -> Iterator[Metric]:

@@ -20,6 +20,7 @@ gets ``PermissionDenied`` (the native port's ``"denied"`` status).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 import logging
@@ -61,7 +62,7 @@ from consensus.errors import (
     MemberRefused,
     SDPaxosError,
 )
-from consensus.messages import Command, SnapshotChunk
+from consensus.messages import Command, Record, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import Change, MemberReplica, encode_change
@@ -82,6 +83,7 @@ from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.members import parse_member_info
+from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_state
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
@@ -154,6 +156,14 @@ class NodeStats:
     bad_frames: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
+    #: the longest a snapshot of our own held the event loop at once (seconds): its capture
+    #: or its install (the log's rewrite), the file's writing being off the loop
+    longest_snapshot_hold_s: float = 0.0
+    #: ... the CPU time the loop's thread spent in it (seconds: the rest is waiting for the
+    #: disk, or for the CPU on a busy machine) ...
+    longest_snapshot_cpu_s: float = 0.0
+    #: ... and the longest rewrite of the write-ahead log after one (seconds: fsyncs)
+    longest_log_rewrite_s: float = 0.0
     #: the longest loop turn (seconds), yields to the event loop included
     longest_turn_s: float = 0.0
     #: the longest piece of this replica's own work between two yields to the event loop
@@ -221,11 +231,14 @@ class ReplicaNode:
         snapshot_on_stop: bool = True,
         fault_injection: bool = False,
         bootstrap: bool = True,
+        snapshot_off_loop: bool = True,
     ) -> None:
         """``bootstrap``: an empty data directory is a new cluster's replica (it gets an
         identity); False refuses one (``MissingIdentity``: ``serve`` without
         ``--initial-cluster-state new``). Either way peers refuse a directory that was wiped
-        after it met them (``consensus.storage.identity``)."""
+        after it met them (``consensus.storage.identity``). ``snapshot_off_loop``: periodic
+        snapshots are written by a worker thread (``consensus.runtime.snapshot_writer``);
+        False takes them whole on the loop (benchmarks compare the two)."""
         self.config = config
         self.fault_injection = fault_injection
         self.me = me
@@ -249,6 +262,9 @@ class ReplicaNode:
         #: peer -> (slot, monotonic time) of the snapshot last sent to it
         self._snapshot_sent: dict[int, tuple[int, float]] = {}
         self._applied_since_snapshot = 0
+        self.snapshot_off_loop = snapshot_off_loop
+        #: the snapshot being written off the loop (at most one)
+        self._in_flight: InFlight | None = None
         self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
         directory = config.replica_dir(me)
         self.identity = open_identity(directory, config.cluster_id, me, bootstrap=bootstrap)
@@ -256,6 +272,8 @@ class ReplicaNode:
         #: why a peer refused this replica (it stops: ``wait_failed`` raises it)
         self._refused: MemberRefused | None = None
         self.wal = WriteAheadLog(directory / "wal")
+        #: writes snapshot files and prepares the log's rewrites off the loop
+        self._snapshot_writer = SnapshotWriter(self.snapshot_dir, self.wal, f"snapshot-{me}")
         records = [decode_record(payload, lazy_batches=True) for payload in self.wal.recovered]
         meta = None
         found = latest_snapshot(self.snapshot_dir)
@@ -386,6 +404,9 @@ class ReplicaNode:
             self._lag_task.cancel()
             await asyncio.gather(self._lag_task, return_exceptions=True)
         await self.transport.close()
+        if not self.wal.closed:
+            self._join_snapshot()
+        self._snapshot_writer.close()
         if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
             # a clean stop leaves nothing to execute again: the restart reads the snapshot
             # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
@@ -607,10 +628,13 @@ class ReplicaNode:
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
         self._send(ready.send)
+        in_flight = self._in_flight  # what is logged meanwhile goes into its log's rewrite
         for record in itertools.chain(ready.persist, ready.log):
             payload = encode_record(record)
             self._logged_since_snapshot += len(payload)
             self.wal.append(payload)
+            if in_flight is not None:
+                in_flight.logged.append(payload)
         if ready.persist:
             # fsync on the loop itself: handing it to a thread let the loop read sockets
             # meanwhile, but waking an idle worker thread and then the loop cost more (about
@@ -657,8 +681,7 @@ class ReplicaNode:
             self._send_snapshot(peer)
         self.core.advance(ready)
         self._applied_since_snapshot += len(ready.apply)
-        if ready.snapshot_now or self._snapshot_due():
-            self._take_snapshot()
+        self._snapshot_turn(ready.snapshot_now)
         self._answer_clients()
 
     async def _apply(self, executions: Sequence[Execution], now: int) -> None:
@@ -766,30 +789,123 @@ class ReplicaNode:
             or time.monotonic() - self._last_snapshot_at >= self.snapshot_interval_s
         )
 
+    def _snapshot_turn(self, now: bool) -> None:
+        """A turn's end: install the snapshot written meanwhile once it is durable, then take
+        one if the core wants one now (whole, on the loop: a promoted learner's core starts
+        only once it is durable) or one is due (off the loop, unless one is in flight)."""
+        if self._in_flight is not None and self._in_flight.done.done():
+            self._finish_snapshot()
+        if now:
+            self._take_snapshot()
+        elif self._in_flight is None and self._snapshot_due():
+            if self.snapshot_off_loop:
+                self._start_snapshot()
+            else:
+                self._take_snapshot()
+
     def _take_snapshot(self) -> None:
         """Snapshot the state machine at the execution frontier, compact the core to the
-        *previous* snapshot and rewrite the write-ahead log to what the new one does not cover.
+        *previous* snapshot and rewrite the write-ahead log to what the new one does not cover,
+        all on the loop (a snapshot in flight is installed first).
         The core's memory keeps the last interval, so a peer a little behind catches up from
         it: compacting to the new one made every peer that lagged by a few slots ask for the
         whole state (a third of a loaded replica's CPU went into sending, receiving and
         installing snapshots)."""
+        self._join_snapshot()
+        started = _clocks()
         meta = self.core.snapshot_meta()
         data = encode_snapshot(meta, self.state_machine.snapshot())
         write_snapshot(self.snapshot_dir, data, meta.slot)
         previous = self._snapshot
         self._snapshot = (data, meta)
+        self._snapshot_taken()
+        self._rewrite_log([encode_record(record) for record in self._log_after(previous)])
+        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
+                 previous[1].slot if previous else 0)
+        self._snapshot_held(started)
+
+    def _start_snapshot(self) -> None:
+        """``_take_snapshot`` with the file written by the worker thread: only the capture
+        runs here (``consensus.runtime.snapshot_writer``)."""
+        started = _clocks()
+        meta = self.core.snapshot_meta()
+        state = capture_state(self.state_machine)
+        # what the log must hold beyond the snapshot, as of now (the core compacts here)
+        records = [encode_record(record) for record in self._log_after(self._snapshot)]
+        # room in the log's new segment for what it takes in while this is written: as much
+        # as the whole interval took (the writing takes a fraction of one)
+        room = self._logged_since_snapshot
+        in_flight = InFlight(meta, self._snapshot_writer.write(meta, state, records, room))
+        self._in_flight = in_flight
+        self._snapshot_taken()
+        loop = asyncio.get_running_loop()
+
+        def wake(_: object) -> None:  # in the worker: a turn installs it
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stop joins)
+                loop.call_soon_threadsafe(self._wakeup.set)
+
+        in_flight.done.add_done_callback(wake)
+        self._snapshot_held(started)
+
+    def _finish_snapshot(self) -> None:
+        """Install the snapshot in flight once it is durable (waiting for it if need be): peers
+        are sent it from now on, and the log is rewritten to what it does not cover."""
+        in_flight = self._in_flight
+        assert in_flight is not None
+        self._in_flight = None
+        data, prepared = in_flight.done.result()  # what the writing raised, if it failed
+        started = _clocks()
+        previous = self._snapshot
+        self._snapshot = (data, in_flight.meta)
+        started_rewrite = time.perf_counter()
+        self.wal.install_rewrite(prepared, in_flight.logged)
+        self._rewrite_took(started_rewrite)
+        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me,
+                 in_flight.meta.slot, previous[1].slot if previous else 0)
+        self._snapshot_held(started)
+
+    def _join_snapshot(self) -> None:
+        """Install the snapshot in flight, if any, waiting for its file (before anything else
+        replaces the snapshot or rewrites the log)."""
+        if self._in_flight is not None:
+            self._finish_snapshot()
+
+    def _log_after(self, previous: tuple[bytes, SnapshotMeta] | None) -> list[Record]:
+        """Compact the core to the ``previous`` snapshot; the records the log must hold with a
+        durable snapshot at the execution frontier. The first snapshot compacts nothing (no
+        older one for peers a little behind), but the log still shrinks to what it does not
+        cover: a restart then reads none of it."""
+        if previous is None:
+            return self.core.durable_records()
+        return self.core.compact(previous[1])
+
+    def _snapshot_taken(self) -> None:
+        """A snapshot at the execution frontier was taken (captured, if off the loop): the
+        next one counts from here."""
+        self.stats.snapshots_taken += 1
         self._applied_since_snapshot = 0
         self._logged_since_snapshot = 0
         self._last_snapshot_at = time.monotonic()
-        self.stats.snapshots_taken += 1
-        # the first snapshot compacts nothing (no older one for peers a little behind), but
-        # the log still shrinks to what it does not cover: a restart then reads none of it
-        records = self.core.durable_records() if previous is None else self.core.compact(
-            previous[1]
-        )
-        self.wal.rewrite([encode_record(record) for record in records])
-        log.info("replica %d: snapshot at slot %d, log compacted to slot %d", self.me, meta.slot,
-                 previous[1].slot if previous else 0)
+
+    def _rewrite_log(self, payloads: list[bytes]) -> None:
+        """The write-ahead log after a snapshot of ours: ``payloads`` alone (timed)."""
+        started = time.perf_counter()
+        self.wal.rewrite(payloads)
+        self._rewrite_took(started)
+
+    def _rewrite_took(self, started: float) -> None:
+        """A rewrite of the log that began at ``started`` ended now (``longest_log_rewrite_s``)."""
+        took = time.perf_counter() - started
+        if took > self.stats.longest_log_rewrite_s:
+            self.stats.longest_log_rewrite_s = took
+
+    def _snapshot_held(self, started: tuple[float, float]) -> None:
+        """A piece of a snapshot that began at ``started`` (``_clocks``) held the loop until
+        now."""
+        wall, cpu = _clocks()
+        stats = self.stats
+        stats.longest_snapshot_hold_s = max(stats.longest_snapshot_hold_s, wall - started[0])
+        stats.longest_snapshot_cpu_s = max(stats.longest_snapshot_cpu_s, cpu - started[1])
 
     def _take_backup(self) -> bytes:
         """Snapshot the state machine now (every command of the turn applied) for a backup;
@@ -856,6 +972,7 @@ class ReplicaNode:
             self._incoming[chunk.src] = (slot, got, buffer)
 
     def _install_snapshot(self, data: bytes) -> None:
+        self._join_snapshot()  # ours first: it is compacted to, and the log rewritten, in order
         try:
             meta, state = decode_snapshot(data)
         except DecodeError as exc:
@@ -1071,6 +1188,11 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
 
 #: what a blind write acknowledged when ready is answered with (the same for every one)
 _READY: Final = Result(b"", -1)
+
+
+def _clocks() -> tuple[float, float]:
+    """Now, by the wall clock and by this thread's CPU time (seconds)."""
+    return time.perf_counter(), time.thread_time()
 
 
 def _now_us() -> int:

@@ -85,6 +85,9 @@ Compaction: ``rewrite(payloads)`` writes the records still needed (after a snaps
 segment (renamed into place, directory fsynced, records fdatasynced), then deletes the older
 segments and fsyncs the directory. A crash in between leaves old and new segments; reading both
 replays a superset, which the records' meaning (later ones win) makes harmless.
+``prepare_rewrite`` + ``install_rewrite`` do the same in two halves: the segment with the
+records, made and synced in another thread; then, in the log's, the records logged meanwhile
+added to it, its rename and the old segments' deletion.
 """
 
 from __future__ import annotations
@@ -101,7 +104,7 @@ from pathlib import Path
 
 from consensus.errors import SDPaxosError
 
-__all__ = ["MAX_RECORD", "WALCorruption", "WriteAheadLog"]
+__all__ = ["MAX_RECORD", "PreparedRewrite", "WALCorruption", "WriteAheadLog"]
 
 log = logging.getLogger("sdpaxos.wal")
 
@@ -117,6 +120,7 @@ SEGMENT_BYTES = 64 << 20
 FIRST_SEGMENT_BYTES = 256 << 10
 _PREPARED = "segment-next.tmp"  # prepared in the background
 _CREATING = "segment-new.tmp"  # created synchronously
+_REWRITING = "segment-rewrite.tmp"  # a rewrite's, made by ``prepare_rewrite``
 _ZEROS = bytes(1 << 20)
 
 _datasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
@@ -226,6 +230,22 @@ class _Preparation:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self.path.unlink(missing_ok=True)
+
+
+class PreparedRewrite:
+    """A segment holding a rewrite's records, written and synced but not part of the log yet
+    (``WriteAheadLog.prepare_rewrite``, ``install_rewrite``)."""
+
+    __slots__ = ("capacity", "end", "file", "path", "payloads")
+
+    def __init__(self, path: Path, file: FileIO, capacity: int, end: int,
+                 payloads: list[bytes]) -> None:
+        self.path, self.file, self.capacity, self.end = path, file, capacity, end
+        self.payloads = payloads
+
+    def discard(self) -> None:
+        self.file.close()
         self.path.unlink(missing_ok=True)
 
 
@@ -474,6 +494,75 @@ class WriteAheadLog:
             path.unlink()
         self._segments = self._segments[-1:]
         self._fsync_dir()
+        self._maybe_prepare()
+
+    def prepare_rewrite(self, payloads: list[bytes], room: int = 0) -> PreparedRewrite:
+        """The first half of ``rewrite(payloads + later)``, safe in another thread (it writes
+        only a segment file of its own, ``segment-rewrite.tmp``, which ``open`` removes if it
+        was never installed): the segment with ``payloads`` in it, synced, with ``room``
+        bytes for the records logged until ``install_rewrite`` (and after; within the
+        segment size, and at least a first segment's). A
+        replica prepares it with its snapshot, off its event loop; a rewrite's segment
+        creation and fsyncs held the loop 30-70 ms on a busy disk."""
+        for payload in payloads:
+            if len(payload) > MAX_RECORD:
+                raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
+        blob = b"".join([_encode(payload) for payload in payloads])
+        end = len(MAGIC) + len(blob)
+        capacity = max(end, min(self.segment_bytes, max(end + room, FIRST_SEGMENT_BYTES)))
+        path = self.dir / _REWRITING
+        file = _create_segment_file(path, capacity)
+        assert file is not None
+        try:
+            _pwrite_all(file.fileno(), blob, len(MAGIC))
+            _datasync(file.fileno())
+        except BaseException:
+            file.close()
+            path.unlink(missing_ok=True)
+            raise
+        return PreparedRewrite(path, file, capacity, end, list(payloads))
+
+    def install_rewrite(self, prepared: PreparedRewrite, payloads: list[bytes]) -> None:
+        """``rewrite(prepared's payloads + payloads)`` with most of its I/O done already: the
+        records logged since the preparation go after the prepared ones (one fdatasync), the
+        segment is renamed into place (a directory fsync) and the older segments are
+        deleted. Their deletion is not synced: a crash that brings them back leaves old and
+        new segments, a superset that is harmless (see the module docstring), and the next
+        directory fsync makes it durable. Without room for ``payloads`` in the prepared
+        segment, a plain ``rewrite``."""
+        for payload in payloads:
+            if len(payload) > MAX_RECORD:
+                raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
+        self.sync()
+        blob = b"".join([_encode(payload) for payload in payloads])
+        if prepared.end + len(blob) > prepared.capacity:
+            log.info("%s: %d bytes logged while a rewrite was prepared, room for %d: rewritten "
+                     "whole", self.dir, len(blob), prepared.capacity - prepared.end)
+            prepared.discard()
+            self.rewrite([*prepared.payloads, *payloads])
+            return
+        file = prepared.file
+        generation = self._next_generation
+        path = self.dir / _segment_name(generation)
+        try:
+            _pwrite_all(file.fileno(), blob, prepared.end)
+            _datasync(file.fileno())
+            os.rename(prepared.path, path)
+            self._fsync_dir()
+        except BaseException:
+            prepared.discard()
+            raise
+        old = list(self._segments)
+        if self._file is not None:
+            self._file.close()
+        self._file = file
+        self._segments = [(generation, path)]
+        self._next_generation = generation + 1
+        self._offset = prepared.end + len(blob)
+        self._capacity = prepared.capacity
+        self._count = len(prepared.payloads) + len(payloads)
+        for _, older in old:
+            older.unlink()
         self._maybe_prepare()
 
     def __len__(self) -> int:

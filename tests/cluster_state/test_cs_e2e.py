@@ -310,3 +310,7 @@ def test_the_end_to_end_benchmark_runs_and_checks_its_end_state() -> None:
     assert report["ok"] and report["replicas_identical"] and report["groups_left"] == 0
     assert report["placed"] > 0 and report["allocations_per_s"] > 0
     assert report["fsync"] and report["gpus"] == 512
+    # what the load cost each process, whatever else the machine ran
+    cpu = report["cpu_ms_per_allocation"]
+    assert sorted(cpu) == ["loadgen", "replica0", "replica1", "replica2"]
+    assert all(ms > 0 for ms in cpu.values()), cpu

@@ -1,3 +1,5 @@
+import random
+
 from cs_helpers import multi_chain_config
 
 from cluster_state import Topology
@@ -32,3 +34,36 @@ def test_candidates_are_best_fit_then_lowest_id() -> None:
     assert list(cells.candidates(v100, 4, 2))[:3] == [a1, a2, a0]
     assert list(cells.candidates(v100, 4, 3))[:2] == [a2, a0]
     assert cells.region(v100) == cells.n_chains + cells.n_keys + v100
+
+
+def _rebuilt(topo: Topology, cells: CellState, roots: dict[int, int]) -> CellState:
+    """A state built in bulk from ``cells``' leaf facts alone, indexes made in one pass."""
+    fresh = CellState(topo, bulk=True)
+    leaves = [c for c in range(topo.size) if topo.level[c] == 1]
+    fresh.set_leaves(leaves, [cells.eff[c] for c in leaves], 0)
+    fresh.set_bad([c for c in leaves if cells.bad[c]], True, 0)
+    for item, root in roots.items():
+        fresh.mark_item(root, item)
+    fresh.rebuild_indexes()
+    return fresh
+
+
+def test_mixed_changes_in_one_call_match_a_state_rebuilt_from_the_leaves() -> None:
+    # set_leaves moves the counters and buckets once per kind of change ((old, new) pair,
+    # several per call here: placements, releases, priority changes), some leaves bad
+    topo = Topology(multi_chain_config())
+    cells = CellState(topo)
+    rng = random.Random(7)
+    leaves = [c for c in range(topo.size) if topo.level[c] == 1]
+    roots = {0: topo.nodes["dgx-a1"][0], 1: topo.parent[topo.nodes["dgx-b0"][0]]}
+    for item, root in roots.items():
+        cells.mark_item(root, item)
+    priorities = [FREE, FREE, -1, 5, 100]
+    for rev in range(300):
+        chosen = rng.sample(leaves, rng.randint(1, 12))
+        cells.set_leaves(chosen, [rng.choice(priorities) for _ in chosen], rev)
+        if rev % 25 == 0:
+            cells.set_bad(rng.sample(leaves, 3), rng.random() < 0.6, rev)
+    fresh = _rebuilt(topo, cells, roots)
+    assert (cells.free_n, cells.bad_n, cells.hist) == (fresh.free_n, fresh.bad_n, fresh.hist)
+    assert cells.buckets == fresh.buckets

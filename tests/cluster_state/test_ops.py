@@ -34,6 +34,7 @@ from cluster_state import (
     set_node_health,
     submit,
 )
+from cluster_state.ops import MAX_PODS
 
 
 def test_builders_decode_to_typed_ops() -> None:
@@ -80,6 +81,13 @@ def test_members_with_the_same_pod_size_are_merged_like_hived() -> None:
         (submit("g", "VC1", -1, [(1, 1)], pinned="P"), "cannot use a pinned cell"),
         (submit("g", "VC1", 1, [(1, -1)]), "member [1, -1] must be"),
         (submit("g", "VC1", 1, []), "members must be a non-empty list"),
+        (submit("g", "VC1", 1, [(0, 2)]), "member [0, 2] must be"),
+        (msgpack.packb(["submit", ["g", "VC1", 1, [[True, 2]], "", "", False]]),
+         "member [True, 2] must be"),
+        (msgpack.packb(["submit", ["g", "VC1", 1, [[1, 2, 3]], "", "", False]]),
+         "member [1, 2, 3] must be"),
+        (msgpack.packb(["submit", ["g", "VC1", 1, [7], "", "", False]]), "member 7 must be"),
+        (submit("g", "VC1", 1, [(MAX_PODS, 1), (1, 2)]), f"at most {MAX_PODS} pods"),
         (msgpack.packb(["release"]), "unknown or malformed op 'release'"),
         (msgpack.packb(["bind", ["g", "v", 1, [[1, 1]], "", "", False], [["n", 0]], 1]), "pod"),
     ],

@@ -1,0 +1,131 @@
+"""The apply path's fast paths give what the plain scans they replace give, on the states a
+random scheduler workload (the alloc-e2e job mix, node failures) leaves behind: the buddy
+system's choice of a clean cell to bind (``Buddy.find_cell`` in ``CLEAN`` mode) and the
+first pass's best node (``Picker.best_node`` without a threshold)."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterator
+
+import msgpack
+from cs_helpers import check_invariants
+
+from cluster_state import ClusterStore, ops, synthetic_config
+from cluster_state.buddy import CLEAN, Buddy
+from cluster_state.placement import Picker
+from cluster_state.workload import next_job
+from consensus.messages import Command
+
+#: jobs in flight: enough to fill the small cluster now and then
+IN_FLIGHT = 24
+STEPS = 400
+#: of the steps, about this share mark a node bad or healthy, and below this one release
+NODE_FLIPS = 0.03
+RELEASES = 0.4
+
+
+def _plain_clean_cell(buddy: Buddy, chain: int, level: int) -> int:
+    """``find_cell(chain, level, CLEAN)`` as a plain scan of the free lists (the rule)."""
+    topo, cells = buddy.topo, buddy.cells
+    levels = topo.chains[chain].levels
+    size = levels[level - 1].leaf_number
+    for lv in range(level, len(levels) + 1):
+        listed = buddy.free[chain][lv - 1]
+        if not listed or not buddy.safe_take(chain, level, lv):
+            continue
+        for f in listed:
+            if cells.free_n[f] == levels[lv - 1].leaf_number:
+                return topo.desc[f][level - 1][0]
+            for c in (f,) if lv == level else topo.desc[f][level - 1]:
+                if not cells.bad_n[c] and cells.free_n[c] == size:
+                    return c
+    return -1
+
+
+def _plain_best_node(picker: Picker, nodes: list[int], need: int) -> int:
+    """The first pass's best node by its rule: fewest available leaves that fit, lowest id."""
+    fitting = [(picker.avail(n), n) for n in nodes if picker.avail(n) >= need]
+    return min(fitting)[1] if fitting else -1
+
+
+def _workload(seed: int) -> Iterator[ClusterStore]:
+    """The store after each step of a random workload: submits of the alloc-e2e job mix,
+    releases, nodes failing and coming back (look at it before asking for the next)."""
+    config = synthetic_config(nodes=32, vcs=4, pinned=1)
+    store = ClusterStore(config)
+    rng = random.Random(seed)
+    names = [vc.name for vc in config.virtual_clusters]
+    nodes = sorted(store.topology.nodes)
+    running: deque[str] = deque()
+    for position in range(STEPS):
+        roll = rng.random()
+        if roll < NODE_FLIPS:
+            op = ops.set_node_health(rng.choice(nodes), rng.random() < 0.5)
+        elif len(running) >= IN_FLIGHT or (running and roll < RELEASES):
+            op = ops.release(running.popleft())
+        else:
+            job = next_job(rng, f"j{position}", names, mean_duration_s=1.0)
+            op = ops.submit(job.name, job.vc, job.priority, job.members)
+            running.append(job.name)
+        result = msgpack.unpackb(store.apply(position, Command(client_id=1, seq=position,
+                                                                 op=op)))
+        if result[0] in ("waiting", "error") and running and running[-1] == result[1]:
+            running.pop()  # nothing to release
+        yield store
+
+
+def test_find_cell_clean_is_the_plain_scan() -> None:
+    compared = found = 0
+    for store in _workload(seed=3):
+        buddy, topo = store.allocator.buddy, store.topology
+        for chain, info in enumerate(topo.chains):
+            for level in range(1, info.top_level + 1):
+                expected = _plain_clean_cell(buddy, chain, level)
+                assert buddy.find_cell(chain, level, CLEAN) == expected
+                compared += 1
+                found += expected >= 0
+    assert found and found < compared  # both outcomes were checked
+
+
+def test_best_node_of_the_first_pass_is_the_plain_rule() -> None:
+    rng = random.Random(5)
+    compared = 0
+    for store in _workload(seed=4):
+        topo, cells = store.topology, store.allocator.cells
+        chain = topo.chains[0]
+        nodes = list(topo.level_cells[0][chain.node_level - 1])
+        rng.shuffle(nodes)  # the rule breaks ties by id, whatever the order given
+        picker = Picker(topo, cells, None)
+        for need in (rng.randint(1, 8) for _ in range(3)):  # later pods see the taken ones
+            best = picker.best_node(nodes, need)
+            assert best == _plain_best_node(picker, nodes, need)
+            compared += 1
+            if best < 0:
+                break
+            picker.pick(best, need)
+    assert compared > STEPS
+
+
+def test_the_job_mix_keeps_every_derived_structure_exact() -> None:
+    for step, store in enumerate(_workload(seed=6)):
+        if step % 20 == 0:
+            check_invariants(store.allocator)
+    check_invariants(store.allocator)
+
+
+def test_a_final_pack_places_the_pods_a_remembering_pack_places() -> None:
+    rng = random.Random(8)
+    compared = 0
+    for store in _workload(seed=9):
+        topo, cells = store.topology, store.allocator.cells
+        chain = topo.chains[0]
+        racks = list(topo.level_cells[0][chain.top_level - 1])
+        nodes = Picker(topo, cells, None).nodes([rng.choice(racks)], chain.node_level)
+        sizes = [rng.choice((1, 2, 4, 8)) for _ in range(rng.randint(1, 3))]
+        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        final = Picker(topo, cells, None).pack(nodes, sizes, order, final=True)
+        assert final == Picker(topo, cells, None).pack(nodes, sizes, order)
+        compared += final is not None
+    assert compared
