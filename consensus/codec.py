@@ -50,6 +50,12 @@ transient ~5x the input's size, e.g. ~80 MB for a 16 MiB frame.)
 only as ``op`` and ``SnapshotChunk.data``, str values only as keys), the other limits by the
 decoders.
 
+With ``lazy_batches=True`` (what a replica's node and the simulator use) the batches an
+acceptor takes in stay packed (``consensus.packed_batch.PackedBatch``): their msgpack structure
+and command count are checked at decode time, the commands' fields when first read, and a
+batch whose commands fail those checks reads as empty — on every replica alike, since each
+logs and passes on the bytes it received — instead of failing the frame.
+
 Encoding trusts its input's types and values, which come from the local protocol core, but
 never builds what a decoder would refuse for its size: it checks the class of each message
 (``TypeError`` otherwise), the number of messages in a frame, and every size limit — each
@@ -67,17 +73,20 @@ keyword-only ``__init__`` (there is no ``__post_init__`` to skip; a class that g
 loses its slots, gets a plain keyword constructor instead). ``Command`` is a named tuple whose
 fields are its array: a batch of commands goes to msgpack as it is (no per-command work to
 encode it for each peer, log record and commit), and a decoded array becomes a ``Command`` in
-one call once its fields are checked.
+one call once its fields are checked. A batch received with ``lazy_batches`` is walked over
+(msgpack's streaming unpacker skips it) and kept as its bytes: its acceptor's log record and
+any message passing it on splice them, and its commands are decoded once, when executed.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
 from types import MappingProxyType
-from typing import Any, Final, get_args
+from typing import Any, Final, get_args, get_type_hints
 
 import msgpack
 
@@ -159,6 +168,7 @@ from consensus.messages import (
     Vote,
     VRequest,
 )
+from consensus.packed_batch import PackedBatch
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -774,8 +784,12 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
         return _scalar_check(ftype, var, where)
     if isinstance(ftype.item, type):
         decode = f"{var} = _dec_seq_{ftype.item.__name__}({var}, {where}, {ftype.limit})"
-        if ftype.nullable:
-            return [f"if {var} is not None:", f"    {decode}"]
+        # a batch ``decode_frame(lazy_batches=True)`` kept packed was checked as far as it goes
+        packed = f"type({var}) is not _PackedBatch" if ftype.item is Command else ""
+        condition = " and ".join(c for c in (
+            f"{var} is not None" if ftype.nullable else "", packed) if c)
+        if condition:
+            return [f"if {condition}:", f"    {decode}"]
         return [decode]
     if ftype.nullable:
         raise AssertionError("nullable arrays of scalars are not needed yet")
@@ -913,6 +927,9 @@ def _seq_encoder(cls: type) -> list[str]:
     ]
     return [
         f"def _enc_seq_{cls.__name__}(values, limit, where):",
+        # a packed batch came within the limits and goes as its bytes (see _packer)
+        *(["    if type(values) is _PackedBatch:", "        return values"]
+          if cls is Command else []),
         "    if len(values) > limit:",
         "        raise _oversized(where, limit, len(values), 'values')",
         *(["    for _x in values:"] + [f"        {line}" for line in checks] if checks else []),
@@ -954,6 +971,7 @@ def _generate() -> tuple[str, dict[str, Any]]:
         "_oversized": _oversized,
         "_new": object.__new__,
         "_tuple_new": tuple.__new__,
+        "_PackedBatch": PackedBatch,
     }
     for cls, layout in _LAYOUT.items():
         namespace[cls.__name__] = cls
@@ -1004,7 +1022,16 @@ _TAG_NAMES: Final = {tag: cls.__name__ for cls, tag in TAGS.items()}
 
 # --------------------------------------------------------------------------- msgpack layer
 
-_packb: Final = msgpack.packb
+
+def _commands_of(value: object) -> object:
+    """msgpack's ``default``: a packed batch inside a value packed whole (a promise's votes,
+    say) goes as its commands, which pack to its bytes when they came from this codec."""
+    if type(value) is PackedBatch:
+        return value.commands
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
+_packb: Final = functools.partial(msgpack.packb, default=_commands_of)
 _unpackb: Final = msgpack.unpackb
 _UNPACK_ERRORS: Final = (
     ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
@@ -1089,11 +1116,13 @@ SPLICE_FROM: Final = 16
 #: id(batch) -> (batch, its msgpack bytes); holding the batch keeps its id from being reused
 _packed_batches: Final[dict[int, tuple[tuple[Command, ...], bytes]]] = {}
 _packed_bytes = [0]  # what _packed_batches holds, in bytes
-_pack_value: Final = msgpack.Packer(use_bin_type=True).pack
+_pack_value: Final = msgpack.Packer(use_bin_type=True, default=_commands_of).pack
 _Packer = Callable[[Any], bytes]
 
 
-def _packed_batch(batch: tuple[Command, ...]) -> bytes:
+def _packed_batch(batch: tuple[Command, ...] | PackedBatch) -> bytes:
+    if isinstance(batch, PackedBatch):
+        return batch.packed  # as it was received: an acceptor's record splices those bytes
     hit = _packed_batches.get(id(batch))
     if hit is not None and hit[0] is batch:
         return hit[1]
@@ -1125,7 +1154,11 @@ def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
 
     def spliced(m: Any) -> bytes:
         values = encoder(m)  # the encoder checks the limits
-        if all(values[at] is None or len(values[at]) < SPLICE_FROM for at in batch_at):
+        if all(
+            values[at] is None
+            or (type(values[at]) is not PackedBatch and len(values[at]) < SPLICE_FROM)
+            for at in batch_at
+        ):
             whole: bytes = _packb(values, use_bin_type=True)  # cheaper for a short batch
             return whole
         parts = [header]
@@ -1243,8 +1276,22 @@ _SPLICED: Final = frozenset(
 )
 
 
-def decode_frame(data: bytes) -> list[PeerMessage]:
-    """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else."""
+def decode_frame(data: bytes, *, lazy_batches: bool = False) -> list[PeerMessage]:
+    """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else.
+
+    ``lazy_batches``: the batches of the messages an acceptor takes in (``_LAZY_AT``) stay
+    packed, as ``PackedBatch``: their bytes are checked for msgpack structure and their
+    command count here, the commands' fields when something first reads them (a batch that
+    fails those reads as empty, alike on every replica). A frame shorter than
+    ``LAZY_FROM_BYTES`` is decoded whole (its batches are short: decoding them costs less
+    than keeping them), and so is one that is not plainly well formed, so that its error
+    is worded as ever.
+    """
+    if lazy_batches and len(data) >= LAZY_FROM_BYTES:
+        try:
+            return _decode_frame_lazily(data)
+        except _NotPlain:
+            pass
     body = _open(data, "frame")
     if type(body) is not tuple or len(body) > MAX_FRAME_MESSAGES:
         raise _bad("frame", f"array of at most {MAX_FRAME_MESSAGES} messages", body)
@@ -1273,12 +1320,172 @@ def encode_record(rec: Record) -> bytes:
     return result
 
 
-def decode_record(data: bytes) -> Record:
-    """Decode what ``encode_record`` made. Raises ``DecodeError`` for anything else."""
+def decode_record(data: bytes, *, lazy_batches: bool = False) -> Record:
+    """Decode what ``encode_record`` made. Raises ``DecodeError`` for anything else.
+
+    ``lazy_batches``: as for ``decode_frame`` (a log holds the bytes its replica received,
+    so it reads them back the way it took them in)."""
+    if lazy_batches and len(data) >= LAZY_FROM_BYTES:
+        try:
+            return _decode_record_lazily(data)
+        except _NotPlain:
+            pass
     body = _open(data, "record", RECORD_VERSIONS_READ)
     result: Record = _decode_tagged(body, _RECORD_DECODERS, "record")
     return result
 
+
+# --------------------------------------------------------------------------- lazy batches
+# An acceptor persists a batch and acknowledges it without reading its commands: the frame
+# is walked value by value (msgpack's streaming unpacker), each batch an acceptor takes in
+# skipped over and kept as its bytes. Anything irregular gives up (``_NotPlain``) and the
+# whole decoder runs, to reject it in its own words.
+
+#: a frame or record shorter than this is decoded whole (a batch of a few commands decodes
+#: for less than walking its frame value by value costs)
+LAZY_FROM_BYTES: Final = 1024
+
+
+class _NotPlain(Exception):
+    """The lazy walk met something irregular: decode whole (and word the error there)."""
+
+
+def _lazy_positions(classes: tuple[type, ...]) -> dict[int, tuple[int, frozenset[int]]]:
+    """tag -> (the length of its tagged array, the positions in it of the batches that may
+    stay packed): the fields typed ``Batch`` (``tuple[Command, ...] | PackedBatch``), whose
+    cores take a ``PackedBatch``."""
+    found: dict[int, tuple[int, frozenset[int]]] = {}
+    for cls in classes:
+        hints = get_type_hints(cls)
+        at = frozenset(
+            position + 1  # after the tag
+            for position, (name, _) in enumerate(_LAYOUT[cls])
+            if PackedBatch in get_args(hints[name])
+        )
+        if at:
+            found[TAGS[cls]] = (len(_LAYOUT[cls]) + 1, at)
+    return found
+
+
+_Decoder = Callable[[tuple[Any, ...]], Any]
+_LAZY_AT: Final = _lazy_positions((*_PEER_CLASSES, *_RECORD_CLASSES))
+_OUT_OF_DATA: Final = (*_UNPACK_ERRORS, msgpack.OutOfData, IndexError)
+_NIL: Final = 0xC0
+_FIXARRAY: Final = 0x90
+_ARRAY16: Final = 0xDC
+_ARRAY32: Final = 0xDD
+
+
+def _unpacker(data: bytes) -> msgpack.Unpacker:
+    """A streaming unpacker over ``data`` with ``_unpack``'s limits."""
+    unpacker = msgpack.Unpacker(
+        use_list=False,
+        raw=False,
+        strict_map_key=True,
+        max_str_len=MAX_KEY_BYTES,
+        max_bin_len=MAX_OP_BYTES,
+        max_array_len=min(len(data), _MAX_ARRAY),
+        max_map_len=min(len(data) // 2, _MAX_ARRAY),
+        max_ext_len=0,
+        max_buffer_size=max(len(data), 1),
+    )
+    unpacker.feed(data)
+    return unpacker
+
+
+def _array_count(data: bytes, at: int) -> int:
+    """The length of the msgpack array whose header is at ``data[at]``, or -1."""
+    head = data[at]
+    if head & 0xF0 == _FIXARRAY:
+        return head & 0x0F
+    if head == _ARRAY16:
+        return int.from_bytes(data[at + 1 : at + 3], "big")
+    if head == _ARRAY32:
+        return int.from_bytes(data[at + 1 : at + 5], "big")
+    return -1
+
+
+def _take_tagged(
+    unpacker: msgpack.Unpacker, data: bytes, decoders: Mapping[int, _Decoder]
+) -> Any:
+    """The tagged value at the unpacker's position, its batches kept packed where allowed."""
+    start = unpacker.tell()
+    lazy = _LAZY_AT.get(data[start + 1]) if data[start] & 0xF0 == _FIXARRAY else None
+    if lazy is None or data[start] & 0x0F != lazy[0]:
+        item = unpacker.unpack()
+        if type(item) is not tuple or not item or type(item[0]) is not int:
+            raise _NotPlain
+        decoder = decoders.get(item[0])
+        if decoder is None:
+            raise _NotPlain
+        return decoder(item)
+    width, batches = lazy
+    unpacker.read_array_header()
+    values: list[object] = []
+    append = values.append
+    for position in range(width):
+        if position not in batches:
+            append(unpacker.unpack())
+            continue
+        at = unpacker.tell()
+        if data[at] == _NIL:
+            append(unpacker.unpack())
+            continue
+        if not 0 <= _array_count(data, at) <= MAX_BATCH:
+            raise _NotPlain  # not an array, or too long: the whole decoder says which
+        unpacker.skip()
+        append(PackedBatch(data[at : unpacker.tell()]))
+    decoder = decoders.get(data[start + 1])
+    if decoder is None:
+        raise _NotPlain
+    return decoder(tuple(values))
+
+
+def _decode_frame_lazily(data: bytes) -> list[PeerMessage]:
+    try:
+        unpacker = _unpacker(data)
+        if unpacker.read_array_header() != 2:
+            raise _NotPlain
+        version = unpacker.unpack()
+        if type(version) is not int or version != FORMAT_VERSION:
+            raise _NotPlain
+        count = unpacker.read_array_header()
+        if count > MAX_FRAME_MESSAGES:
+            raise _NotPlain
+        decoders = _PEER_DECODERS
+        out: list[PeerMessage] = [_take_tagged(unpacker, data, decoders) for _ in range(count)]
+        if unpacker.tell() != len(data):
+            raise _NotPlain
+    except (DecodeError, *_OUT_OF_DATA):
+        raise _NotPlain from None
+    return out
+
+
+def _decode_record_lazily(data: bytes) -> Record:
+    try:
+        unpacker = _unpacker(data)
+        if unpacker.read_array_header() != 2:
+            raise _NotPlain
+        version = unpacker.unpack()
+        if type(version) is not int or version not in RECORD_VERSIONS_READ:
+            raise _NotPlain
+        record: Record = _take_tagged(unpacker, data, _RECORD_DECODERS)
+        if unpacker.tell() != len(data):
+            raise _NotPlain
+    except (DecodeError, *_OUT_OF_DATA):
+        raise _NotPlain from None
+    return record
+
+
+def _decode_packed_batch(packed: bytes) -> tuple[Command, ...]:
+    """``PackedBatch.decoder``: its bytes -> its commands, checked as a decoder checks them."""
+    commands: tuple[Command, ...] = _generated["_dec_seq_Command"](
+        _unpack(packed), "batch", MAX_BATCH
+    )
+    return commands
+
+
+PackedBatch.decoder = _decode_packed_batch
 
 # --------------------------------------------------------------------------- stream framing
 

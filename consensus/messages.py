@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 from consensus.errors import LocalProtocolError
+from consensus.packed_batch import PackedBatch
 
 __all__ = [
     "EVERY_INDEX",
@@ -50,6 +51,7 @@ __all__ = [
     "TRY_CONFLICT",
     "TRY_CONFLICT_COMMITTED",
     "TRY_OK",
+    "Batch",
     "CAccept",
     "CAcceptedRecord",
     "CAck",
@@ -177,6 +179,12 @@ class Command(NamedTuple):
         return len(self.op) + sum(map(len, self.keys)) + 16
 
 
+#: The value of an instance as a message or record carries it: the commands a core batched, or,
+#: where the codec decoded a frame lazily, the bytes they came in (``PackedBatch``, equal to
+#: the tuple of its commands).
+Batch = tuple[Command, ...] | PackedBatch
+
+
 def check_command(command: Command) -> None:
     """Refuse (``LocalProtocolError``) a client command no peer could decode: the cores check
     client input with it before proposing anything."""
@@ -214,7 +222,7 @@ class CAccept:
     owner: int
     index: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,7 +245,7 @@ class CCommit:
     owner: int
     index: int
     ballot: int
-    batch: tuple[Command, ...] | None
+    batch: Batch | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -434,7 +442,7 @@ class CVote:
 
     index: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -483,7 +491,7 @@ class LearnedSlot:
     ends its epoch (then ``batch`` is empty)."""
 
     seal: bool
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -567,7 +575,7 @@ class PaxosAccept:
     view: int
     slot: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -589,7 +597,7 @@ class PaxosCommit:
     view: int
     slot: int
     ballot: int
-    batch: tuple[Command, ...] | None
+    batch: Batch | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -604,7 +612,7 @@ class MenciusAccept:
     view: int
     slot: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
     skip_start: int
     skip_stop: int
 
@@ -939,7 +947,7 @@ class CAcceptedRecord:
     owner: int
     index: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1019,7 +1027,7 @@ class SlotAcceptedRecord:
 
     slot: int
     ballot: int
-    batch: tuple[Command, ...]
+    batch: Batch
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -52,6 +52,7 @@ from consensus.messages import (
     OCommit,
     OEntry,
 )
+from consensus.packed_batch import PackedBatch
 
 PEER_CLASSES: tuple[type, ...] = get_args(messages.PeerMessage)
 RECORD_CLASSES: tuple[type, ...] = get_args(messages.Record)
@@ -139,6 +140,8 @@ def strategy_for_hint(hint: Any) -> st.SearchStrategy[Any]:
         return st.lists(strategy_for_hint(args[0]), max_size=4).map(tuple)
     if origin is types.UnionType:
         return st.one_of(*(strategy_for_hint(arg) for arg in args))
+    if hint is PackedBatch:  # a batch as a lazy decoder keeps it: its commands' bytes
+        return strategy_for_hint(tuple[Command, ...]).map(lambda c: PackedBatch(pack(c)))
     raise NotImplementedError(f"no strategy for {hint!r}")
 
 

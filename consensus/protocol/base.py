@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from consensus.config import ProtocolConfig
-from consensus.messages import Command, PeerMessage, Record
+from consensus.messages import Batch, Command, PeerMessage, Record
 from consensus.protocol.ready import Ready
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class ProtocolCore(Protocol):
         """The driver carried ``ready`` out."""
         ...
 
-    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+    def committed_log(self) -> Mapping[int, Batch]:
         """Global slot -> commands this replica knows are chosen for it (for checkers)."""
         ...
 

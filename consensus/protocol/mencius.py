@@ -85,7 +85,7 @@ from consensus.messages import (
 from consensus.protocol.admission import REVOKE_SLOTS
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of, next_ballot
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.slotlog import Slot, SlotLogCore
+from consensus.protocol.slotlog import Batch, Slot, SlotLogCore
 from consensus.protocol.types import NEVER, SnapshotMeta
 
 __all__ = ["MAX_AHEAD", "REVOKE_AHEAD", "REVOKE_SPAN", "SKIP_RUN", "MenciusReplica"]
@@ -120,9 +120,9 @@ class _Revocation:
         self.ballot = ballot
         self.started = now
         self.promised: set[int] = set()
-        self.values: dict[int, tuple[int, tuple[Command, ...]]] = {}
+        self.values: dict[int, tuple[int, Batch]] = {}
 
-    def add(self, slot: int, ballot: int, batch: tuple[Command, ...]) -> None:
+    def add(self, slot: int, ballot: int, batch: Batch) -> None:
         known = self.values.get(slot)
         if known is None or ballot > known[0]:
             self.values[slot] = (ballot, batch)
@@ -155,7 +155,7 @@ class MenciusReplica(SlotLogCore):
         self._heard: list[int] = [0] * self.n  # when each peer was last heard from
         self._revocation_seen_at = 0  # when we last promised somebody's revocation
         #: own proposals not chosen yet (the slot's value may change under a revocation)
-        self._proposals: dict[int, tuple[Command, ...]] = {}
+        self._proposals: dict[int, Batch] = {}
         self._suspect_after = 0
         #: one past the highest slot a live owner proposed in (its Accepts), what execution
         #: will have to pass: revocations reach beyond it

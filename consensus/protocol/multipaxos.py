@@ -73,7 +73,7 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of, next_ballot
 from consensus.protocol.batch import CATCHUP_BYTES, CommandBatch, batch_size
-from consensus.protocol.slotlog import Key, Slot, SlotLogCore, key_of
+from consensus.protocol.slotlog import Batch, Key, Slot, SlotLogCore, key_of
 from consensus.protocol.types import NEVER, SnapshotMeta
 
 __all__ = ["PROMISE_ENTRIES", "MultiPaxosReplica"]
@@ -95,11 +95,11 @@ class _Candidacy:
         self.ballot = ballot
         self.from_slot = from_slot
         self.started = started
-        self.values: dict[int, tuple[int, tuple[Command, ...]]] = {}  # slot -> (ballot, batch)
+        self.values: dict[int, tuple[int, Batch]] = {}  # slot -> (ballot, batch)
         self.complete: set[int] = set()
         self.next_from: dict[int, int] = {}  # peer -> the page start we asked for
 
-    def add(self, slot: int, ballot: int, batch: tuple[Command, ...]) -> None:
+    def add(self, slot: int, ballot: int, batch: Batch) -> None:
         known = self.values.get(slot)
         if known is None or ballot > known[0]:
             self.values[slot] = (ballot, batch)
@@ -462,7 +462,7 @@ class MultiPaxosReplica(SlotLogCore):
         if len(inst.acks) >= self.q:
             self._commit(slot, inst)
 
-    def _drive(self, slot: int, batch: tuple[Command, ...]) -> Slot:
+    def _drive(self, slot: int, batch: Batch) -> Slot:
         """Lead ``slot`` with ``batch`` (our own acceptance counted)."""
         inst = self.slots[slot] = Slot(self.ballot, batch)
         inst.acks.add(self.me)
@@ -498,7 +498,7 @@ class MultiPaxosReplica(SlotLogCore):
             self._ack_out.setdefault((msg.src, msg.ballot), []).append(msg.slot)
         self._seen_proposed(msg.batch)
 
-    def _seen_proposed(self, batch: tuple[Command, ...]) -> None:
+    def _seen_proposed(self, batch: Batch) -> None:
         """The leader has these commands: stop forwarding them."""
         if self._forwarded:
             for command in batch:

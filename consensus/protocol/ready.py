@@ -16,12 +16,13 @@ The driver's loop, for every batch (etcd-raft's contract):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from consensus.messages import Command, PeerMessage, Record
 
-__all__ = ["SLOT_STRIDE", "Execution", "Failure", "Outgoing", "Ready"]
+__all__ = ["SLOT_STRIDE", "Execution", "Failure", "Outgoing", "Ready", "executions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,18 @@ class Execution(NamedTuple):
         """A number that grows along the global log and names this command's place in it
         (the same on every replica): what the state machine's ``apply`` receives."""
         return self.slot * SLOT_STRIDE + self.offset
+
+
+_tuple_new = tuple.__new__
+
+
+def executions(slot: int, batch: Iterable[Command], led_here: bool) -> list[Execution]:
+    """An ``Execution`` for each command of the batch in ``slot``, in order: built as tuples
+    (one C call each; the named tuple's own constructor is a Python function, and every
+    replica builds one per command it executes)."""
+    new = _tuple_new
+    return [new(Execution, (slot, offset, command, led_here))
+            for offset, command in enumerate(batch)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from consensus import messages
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
@@ -83,7 +84,8 @@ BASELINE_UNSAFE_VARIANTS: Final = frozenset(
     {"ack_before_persist", "no_lease_check", "takeover_ignores_accepted"}
 )
 
-Batch = tuple[Command, ...]
+Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
+_tuple_new = tuple.__new__
 #: a client request's identity: (client id, sequence number)
 Key = tuple[int, int]
 
@@ -221,7 +223,7 @@ class SlotLogCore(ABC):
         self._handed_out = None
 
     # ------------------------------------------------------------------ checker views
-    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+    def committed_log(self) -> Mapping[int, Batch]:
         return {slot: inst.batch for slot, inst in self.slots.items() if inst.committed}
 
     def executed_through(self) -> int:
@@ -382,7 +384,8 @@ class SlotLogCore(ABC):
                 if key in self._reads:
                     self._reads.discard(key)
                     self._out.reads.append(command)  # served after this batch applies
-                self._out.apply.append(Execution(slot, offset, command, led_here))
+                # one C call (see ready.executions)
+                self._out.apply.append(_tuple_new(Execution, (slot, offset, command, led_here)))
             self.exec_slot = slot + 1
             self._exec_progress_at = self.now
             self._executed_slot(slot, inst)

@@ -104,6 +104,14 @@ _REQUEST_LIMITS = {
 }
 
 
+# a request is built as the codec builds messages (``object.__new__`` and the slots'
+# setters): the frozen dataclass's ``__init__`` costs about twice as much, once per request
+_new = object.__new__
+_set_req_id = ClientRequest.__dict__["req_id"].__set__
+_set_kind = ClientRequest.__dict__["kind"].__set__
+_set_command = ClientRequest.__dict__["command"].__set__
+
+
 def decode_request(payload: bytes) -> ClientRequest:
     try:
         fields = msgpack.unpackb(payload, **_REQUEST_LIMITS)
@@ -127,7 +135,11 @@ def decode_request(payload: bytes) -> ClientRequest:
             raise DecodeError("keys must be a list of strings")
     if type(blind) is not bool:
         raise DecodeError("blind must be a boolean")
-    return ClientRequest(req_id, kind, checked_command(client_id, seq, op, keys, blind))
+    request: ClientRequest = _new(ClientRequest)  # checked above: no __init__ to run
+    _set_req_id(request, req_id)
+    _set_kind(request, kind)
+    _set_command(request, checked_command(client_id, seq, op, keys, blind))
+    return request
 
 
 _packer = msgpack.Packer()

@@ -28,7 +28,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -66,7 +66,7 @@ from consensus.messages import Command, Record, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import Change, MemberReplica, encode_change
-from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready
+from consensus.protocol.ready import SLOT_STRIDE, Execution, Outgoing, Ready
 from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
 from consensus.protocol.types import SnapshotMeta
@@ -87,7 +87,7 @@ from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
-from consensus.statemachine import StateMachine
+from consensus.statemachine import StateMachine, batch_applier
 from consensus.storage.identity import KnownMembers, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
@@ -243,6 +243,7 @@ class ReplicaNode:
         self.fault_injection = fault_injection
         self.me = me
         self.state_machine = state_machine
+        self._apply_batch = batch_applier(state_machine)  # runs of a slot at once (_apply)
         self.fsync = fsync
         self.stats = NodeStats()
         #: a snapshot is taken once any of these is reached since the last one: commands
@@ -273,7 +274,7 @@ class ReplicaNode:
         self.wal = WriteAheadLog(directory / "wal")
         #: writes snapshot files and prepares the log's rewrites off the loop
         self._snapshot_writer = SnapshotWriter(self.snapshot_dir, self.wal, f"snapshot-{me}")
-        records = [decode_record(payload) for payload in self.wal.recovered]
+        records = [decode_record(payload, lazy_batches=True) for payload in self.wal.recovered]
         meta = None
         found = latest_snapshot(self.snapshot_dir)
         if found is not None:
@@ -464,7 +465,7 @@ class ReplicaNode:
 
     def _take_frame(self, peer: int, payload: bytes) -> None:
         try:
-            messages = decode_frame(payload)
+            messages = decode_frame(payload, lazy_batches=True)
         except DecodeError as exc:
             self.stats.bad_frames += 1
             log.warning("dropping a bad frame from replica %d: %s", peer, exc)
@@ -651,43 +652,8 @@ class ReplicaNode:
         self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
         machine = self.state_machine
-        slice_start = time.perf_counter()
-        slice_end = slice_start + APPLY_SLICE_S
-        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
-        # per command, the loop below is the work every replica shares: locals, not lookups
-        stats, authz, hooks, apply = self.stats, self._authz, self.on_apply, machine.apply
-        executed_latency = stats.executed_latency
-        for count, execution in enumerate(ready.apply, 1):
-            slot, offset, command, led_here = execution
-            if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
-                # A catch-up (or a restart's replay) hands over thousands of commands at
-                # once: let the loop read sockets and answer /metrics between slices, so no
-                # callback holds it for long (what arrives waits for the next turn anyway).
-                self._busy_until_now()
-                applying += time.perf_counter() - slice_start
-                await asyncio.sleep(0)
-                self._busy_since = slice_start = time.perf_counter()
-                slice_end = self._busy_since + APPLY_SLICE_S
-            position = slot * SLOT_STRIDE + offset  # Execution.position
-            if authz is not None:
-                outcome = authz.run(position, command)
-                if isinstance(outcome, Denied):  # nothing changed: no hooks
-                    stats.commands_applied += 1
-                    if led_here:
-                        key = (command.client_id, command.seq)
-                        self._fail(key, PermissionDenied(outcome.reason), reads=False)
-                    continue
-                result = outcome
-            else:
-                result = apply(position, command)
-            stats.commands_applied += 1
-            for hook in hooks:
-                hook(position, command, result)
-            if led_here and not command.blind:
-                key = (command.client_id, command.seq)
-                self._complete(key, Result(result, position), now, executed_latency)
         if ready.apply:
-            self.stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
+            await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
         for command in ready.reads:
             key = (command.client_id, command.seq)
@@ -717,6 +683,90 @@ class ReplicaNode:
         self._applied_since_snapshot += len(ready.apply)
         self._snapshot_turn(ready.snapshot_now)
         self._answer_clients()
+
+    async def _apply(self, executions: Sequence[Execution], now: int) -> None:
+        """Apply a turn's executions in order, answering the clients of those led here.
+
+        Runs of one slot's consecutive commands go to the state machine at once
+        (``batch_applier``: its ``apply_batch``, or ``apply`` in a loop), unless commands are
+        authorized one by one or hooks watch each of them (they may read the state each
+        command left). Either way the results are those of ``apply`` command by command."""
+        if self._authz is not None or self.on_apply:
+            await self._apply_each(executions, now)
+            return
+        stats, apply_batch, complete = self.stats, self._apply_batch, self._complete
+        executed_latency = stats.executed_latency
+        slice_start = time.perf_counter()
+        slice_end = slice_start + APPLY_SLICE_S
+        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
+        total = len(executions)
+        start = 0
+        while start < total:
+            if start and time.perf_counter() > slice_end:
+                # A catch-up (or a restart's replay) hands over thousands of commands at
+                # once: let the loop read sockets and answer /metrics between slices, so no
+                # callback holds it for long (what arrives waits for the next turn anyway).
+                self._busy_until_now()
+                applying += time.perf_counter() - slice_start
+                await asyncio.sleep(0)
+                self._busy_since = slice_start = time.perf_counter()
+                slice_end = self._busy_since + APPLY_SLICE_S
+            slot, first = executions[start][0], executions[start][1]
+            # a run: this slot's next commands, at most APPLY_CHECK_EVERY (a slice's check)
+            stop, limit = start + 1, min(total, start + APPLY_CHECK_EVERY)
+            while (stop < limit and executions[stop][0] == slot
+                   and executions[stop][1] == first + stop - start):
+                stop += 1
+            run = executions[start:stop]
+            position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
+            results = apply_batch(position, [execution[2] for execution in run])
+            stats.commands_applied += stop - start
+            for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
+                command = execution[2]
+                if execution[3] and not command.blind:  # led here, answered after it ran
+                    complete((command.client_id, command.seq),
+                             Result(result, position + offset), now, executed_latency)
+            start = stop
+        stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
+
+    async def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
+        """``_apply`` one command at a time: each authorized, each seen by the hooks."""
+        apply = self.state_machine.apply
+        slice_start = time.perf_counter()
+        slice_end = slice_start + APPLY_SLICE_S
+        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
+        stats, authz, hooks = self.stats, self._authz, self.on_apply
+        executed_latency = stats.executed_latency
+        for count, execution in enumerate(executions, 1):
+            slot, offset, command, led_here = execution
+            if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
+                # A catch-up (or a restart's replay) hands over thousands of commands at
+                # once: let the loop read sockets and answer /metrics between slices, so no
+                # callback holds it for long (what arrives waits for the next turn anyway).
+                self._busy_until_now()
+                applying += time.perf_counter() - slice_start
+                await asyncio.sleep(0)
+                self._busy_since = slice_start = time.perf_counter()
+                slice_end = self._busy_since + APPLY_SLICE_S
+            position = slot * SLOT_STRIDE + offset  # Execution.position
+            if authz is not None:
+                outcome = authz.run(position, command)
+                if isinstance(outcome, Denied):  # nothing changed: no hooks
+                    stats.commands_applied += 1
+                    if led_here:
+                        key = (command.client_id, command.seq)
+                        self._fail(key, PermissionDenied(outcome.reason), reads=False)
+                    continue
+                result = outcome
+            else:
+                result = apply(position, command)
+            stats.commands_applied += 1
+            for hook in hooks:
+                hook(position, command, result)
+            if led_here and not command.blind:
+                key = (command.client_id, command.seq)
+                self._complete(key, Result(result, position), now, executed_latency)
+        stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
 
     def _answer_clients(self) -> None:
         """Write each client connection's answers of this turn in one go."""

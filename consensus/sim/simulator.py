@@ -819,7 +819,7 @@ class Simulation:
                 try:
                     if len(payload) > MAX_FRAME:  # the receiver's FrameReader refuses it
                         raise DecodeError(f"frame of {len(payload)} bytes is over {MAX_FRAME}")
-                    frames.append(decode_frame(payload))
+                    frames.append(decode_frame(payload, lazy_batches=True))
                 except DecodeError as exc:
                     sent = [out for out in outgoing if out.to == to]
                     raise Violation(

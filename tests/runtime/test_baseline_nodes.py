@@ -100,7 +100,8 @@ async def lagging_follower(config: ClusterConfig) -> None:
                 ))
                 for i in range(400)
             ))  # fmt: skip
-        assert nodes[0].stats.snapshots_taken >= 2
+        # the second snapshot is written off the loop: it may still be in flight here
+        await wait_until(lambda: nodes[0].stats.snapshots_taken >= 2, "two snapshots taken")
         nodes[2] = node(2)
         await nodes[2].start()
         await wait_until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot,

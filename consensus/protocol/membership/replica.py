@@ -37,6 +37,7 @@ from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
 from consensus.messages import (
     SEAL,
+    Batch,
     Catchup,
     CatchupMarkers,
     Command,
@@ -188,7 +189,7 @@ class MemberReplica:
     def executed_through(self) -> int:
         return self.exec_slot - 1
 
-    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+    def committed_log(self) -> Mapping[int, Batch]:
         if self.core is None:
             return {}
         base = self.config.base

@@ -33,7 +33,7 @@ from consensus.messages import (
     CAcceptedRecord,
     ExecutedRecord,
 )
-from consensus.protocol.ready import Execution
+from consensus.protocol.ready import executions
 from consensus.protocol.sdpaxos.instances import NO_INDEX
 
 if TYPE_CHECKING:
@@ -75,8 +75,7 @@ class Executor:
                     r.out.ready.extend(inst.batch)
                 if r.ordering.history.unknown:
                     r.ordering.learn_keys(owner, index, inst.batch)
-                for offset, command in enumerate(inst.batch):
-                    r.out.apply.append(Execution(slot, offset, command, led_here))
+                r.out.apply.extend(executions(slot, inst.batch, led_here))
                 r.exec_count[owner] = index + 1
                 r.log[slot] = (owner, index)
             # the slot is done: forget what only the unexecuted part of the log needs
@@ -151,8 +150,7 @@ class Executor:
                     break
                 inst.committed = True
                 led_here = owner == r.me
-                for offset, command in enumerate(inst.batch):
-                    r.out.apply.append(Execution(slot, offset, command, led_here))
+                r.out.apply.extend(executions(slot, inst.batch, led_here))
                 r.exec_count[owner] = index + 1
                 r.log[slot] = (owner, index)
             r.exec_slot = slot + 1

@@ -13,6 +13,7 @@ import bisect
 from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
+from consensus import messages
 from consensus.messages import (
     MAX_REQUEST_KEYS,
     Command,
@@ -49,7 +50,7 @@ __all__ = [
     "union_keys",
 ]
 
-Batch = tuple[Command, ...]
+Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
 _T = TypeVar("_T")
 
 

@@ -340,7 +340,7 @@ class SDPaxosReplica:
             reads.extend(pending)
         return commands, reads
 
-    def executed_slot(self, slot: int) -> tuple[int, tuple[Command, ...]] | None:
+    def executed_slot(self, slot: int) -> tuple[int, Batch] | None:
         """The owner (or ``NO_CL``/``SEAL``) and commands of executed ``slot``, or None if
         it is compacted away or not executed (what a learner is sent)."""
         placed = self.log.get(slot)
@@ -377,9 +377,9 @@ class SDPaxosReplica:
         return self.snapshots.durable_records()
 
     # ------------------------------------------------------------------ status and checks
-    def committed_log(self) -> Mapping[int, tuple[Command, ...]]:
+    def committed_log(self) -> Mapping[int, Batch]:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
-        result: dict[int, tuple[Command, ...]] = {}
+        result: dict[int, Batch] = {}
         for slot, (owner, index) in self.log.items():
             batch = self.c[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
             result[slot] = batch or ()

@@ -1,0 +1,38 @@
+"""Tests of the client port's request decoding (``consensus.runtime.client_protocol``): a
+request decoded once is the request its client encoded, built without its ``__init__``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgpack
+import pytest
+
+from consensus.errors import DecodeError
+from consensus.messages import Command
+from consensus.runtime.client_protocol import ClientRequest, decode_request
+
+
+def test_a_decoded_request_is_the_encoded_one() -> None:
+    sent = ClientRequest(7, "cmd", Command(client_id=3, seq=9, op=b"op", keys=("a", "b"),
+                                           blind=True))
+    received = decode_request(sent.encode())
+    assert type(received) is ClientRequest and type(received.command) is Command
+    assert received == sent and hash(received) == hash(sent)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        received.req_id = 8  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [7, "cmd", -3, 9, b"op", [], True],  # a negative client id
+        [7, "nope", 3, 9, b"op", [], True],  # an unknown kind
+        [7, "cmd", 3, 9, "op", [], True],  # op must be bytes
+        [7, "cmd", 3, 9, b"op", [1], True],  # keys are strings
+        [7, "cmd", 3, 9, b"op", [], 1],  # blind is a bool
+    ],
+)
+def test_a_malformed_request_is_refused(fields: list[object]) -> None:
+    with pytest.raises(DecodeError):
+        decode_request(msgpack.packb(fields, use_bin_type=True))
