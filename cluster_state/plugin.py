@@ -267,11 +267,17 @@ async def _propose_file_config(node: ReplicaNode, path: Path, me: int) -> None:
         return
     client = AllocationStore.embedded(node)
     delay = RECONFIGURE_RETRY_S
-    # Checked again before each attempt: another replica's proposal of the same file may
-    # have applied meanwhile (proposing it again would be harmless, but it is not needed).
+    # Checked again before each attempt, after a linearizable read: the store has then
+    # applied everything the log held when the read was ordered, so a restarted replica
+    # still executing its own records, or one whose peer's proposal of the same file was
+    # chosen meanwhile, does not propose it again (a repeat changes no GPU, but its session
+    # entry changes the replicated state).
     while store.needs_reconfiguration(wanted):
-        _log.info("replica %d: proposing the changed GPU configuration file %s", me, path)
         try:
+            await client.summary()
+            if not store.needs_reconfiguration(wanted):
+                return
+            _log.info("replica %d: proposing the changed GPU configuration file %s", me, path)
             result = await client.reconfigure(text)
         except ClusterStateError as exc:  # refused by the store: a retry is refused too
             _log.error("replica %d: the GPU configuration file %s was refused, still "

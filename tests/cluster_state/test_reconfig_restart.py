@@ -29,6 +29,7 @@ from cluster_state.ops import GroupSpec, Member, Placed
 from cluster_state.plugin import (
     CLUSTER_STATE,
     START_CONFIG_NAME,
+    _propose_file_config,
     start_config_path,
     store_cluster_toml,
 )
@@ -39,6 +40,7 @@ from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 from consensus.runtime.local_cluster import LocalCluster
+from consensus.runtime.node import Result
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
 
 GPU_FILE = "gpu.yaml"
@@ -163,6 +165,49 @@ def test_proposing_the_configuration_the_store_runs_changes_no_allocation() -> N
     assert store.allocator.summary() == summary
     assert store.events_since(-1) == events  # no event: watchers see nothing
     assert store.revision == 12  # only the session's answer is remembered, as for any update
+
+
+class _LaggingNode:
+    """A stand-in for a restarted replica's node: its store runs OLD while its log already
+    holds the edit (``logged``), which the store applies once a linearizable read is ordered
+    after it, as a real replica executing its records does; proposals are recorded."""
+
+    def __init__(self, logged: list[bytes]) -> None:
+        self.state_machine = ClusterStore(parse_config(OLD))
+        self.logged = logged
+        self.proposed: list[Command] = []
+        self.position = 0
+
+    def _apply(self, command: Command) -> bytes:
+        self.position += 1
+        return self.state_machine.apply(self.position, command)
+
+    async def read(self, command: Command, *, stale: bool = False,
+                   principal: object = None) -> bytes:
+        if not stale:  # ordered after what the log holds: executed first
+            while self.logged:
+                self._apply(Command(client_id=9, seq=self.position, op=self.logged.pop(0)))
+        return self.state_machine.query(command.op)
+
+    async def submit(self, command: Command, *, principal: object = None) -> Result:
+        self.proposed.append(command)
+        return Result(self._apply(command), self.position)
+
+
+@pytest.mark.parametrize("logged", [True, False])
+async def test_a_restarted_replica_proposes_the_file_only_if_its_log_lacks_it(
+    tmp_path: Path, logged: bool
+) -> None:
+    # A replica restarted with the edited file, its log holding the edit but its store not
+    # yet (still executing its records): it reads through the log first, finds the edit
+    # applied and proposes nothing (a repeat changes no GPU but its session entry changes
+    # the replicated state). Without the edit in its log it proposes the file once.
+    node = _LaggingNode([ops.reconfigure(NEW)] if logged else [])
+    (tmp_path / GPU_FILE).write_text(NEW)
+    await _propose_file_config(node, tmp_path / GPU_FILE, 0)  # type: ignore[arg-type]
+    assert node.state_machine.topology.digest == digest_of(NEW)
+    assert [type(ops.decode_op(c.op)) for c in node.proposed] == (
+        [] if logged else [ops.Reconfigure])
 
 
 # ---------------------------------------------------------------- real processes
