@@ -70,7 +70,8 @@ def test_a_message_over_the_frame_limit_is_a_violation_of_its_sender() -> None:
 
 
 def test_a_codec_that_decodes_something_else_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(simulator, "decode_frame", lambda data: decode_frame(data)[1:])
+    monkeypatch.setattr(simulator, "decode_frame",
+                        lambda data, **options: decode_frame(data, **options)[1:])
     result = small_run().run()
     assert result.violation is not None
     assert "decodes other messages than replica" in result.violation
