@@ -688,66 +688,44 @@ class ReplicaNode:
         """Apply a turn's executions in order, answering the clients of those led here.
 
         Runs of one slot's consecutive commands go to the state machine at once
-        (``batch_applier``: its ``apply_batch``, or ``apply`` in a loop), unless commands are
-        authorized one by one or hooks watch each of them (they may read the state each
-        command left). Either way the results are those of ``apply`` command by command."""
-        if self._authz is not None or self.on_apply:
-            await self._apply_each(executions, now)
-            return
-        stats, apply_batch, complete = self.stats, self._apply_batch, self._complete
-        executed_latency = stats.executed_latency
-        slice_start = time.perf_counter()
-        slice_end = slice_start + APPLY_SLICE_S
-        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
-        total = len(executions)
-        start = 0
+        (``_apply_run``), unless commands are authorized one by one or hooks watch each of
+        them (``_apply_each``: they may read the state each command left). Either way the
+        results are those of ``apply`` command by command."""
+        one_by_one = self._authz is not None or bool(self.on_apply)
+        slices = _ApplySlices(self)
+        start, total = 0, len(executions)
         while start < total:
-            if start and time.perf_counter() > slice_end:
-                # A catch-up (or a restart's replay) hands over thousands of commands at
-                # once: let the loop read sockets and answer /metrics between slices, so no
-                # callback holds it for long (what arrives waits for the next turn anyway).
-                self._busy_until_now()
-                applying += time.perf_counter() - slice_start
-                await asyncio.sleep(0)
-                self._busy_since = slice_start = time.perf_counter()
-                slice_end = self._busy_since + APPLY_SLICE_S
-            slot, first = executions[start][0], executions[start][1]
-            # a run: this slot's next commands, at most APPLY_CHECK_EVERY (a slice's check)
-            stop, limit = start + 1, min(total, start + APPLY_CHECK_EVERY)
-            while (stop < limit and executions[stop][0] == slot
-                   and executions[stop][1] == first + stop - start):
-                stop += 1
-            run = executions[start:stop]
-            position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
-            results = apply_batch(position, [execution[2] for execution in run])
-            stats.commands_applied += stop - start
-            for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
-                command = execution[2]
-                if execution[3] and not command.blind:  # led here, answered after it ran
-                    complete((command.client_id, command.seq),
-                             Result(result, position + offset), now, executed_latency)
+            if start:
+                await slices.pause_if_due()
+            if one_by_one:
+                stop = min(total, start + APPLY_CHECK_EVERY)
+                self._apply_each(executions[start:stop], now)
+            else:
+                stop = _run_end(executions, start)
+                self._apply_run(executions[start:stop], now)
             start = stop
-        stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
+        slices.done()
 
-    async def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
-        """``_apply`` one command at a time: each authorized, each seen by the hooks."""
+    def _apply_run(self, run: Sequence[Execution], now: int) -> None:
+        """Consecutive commands of one slot, to the state machine at once (``batch_applier``:
+        its ``apply_batch``, or ``apply`` in a loop)."""
+        slot, first = run[0][0], run[0][1]
+        position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
+        results = self._apply_batch(position, [execution[2] for execution in run])
+        self.stats.commands_applied += len(run)
+        complete, executed_latency = self._complete, self.stats.executed_latency
+        for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
+            command = execution[2]
+            if execution[3] and not command.blind:  # led here, answered after it ran
+                complete((command.client_id, command.seq),
+                         Result(result, position + offset), now, executed_latency)
+
+    def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
+        """Commands one at a time: each authorized, each seen by the hooks."""
         apply = self.state_machine.apply
-        slice_start = time.perf_counter()
-        slice_end = slice_start + APPLY_SLICE_S
-        applying = 0.0  # seconds spent applying, yields excluded (NodeStats.apply_latency)
         stats, authz, hooks = self.stats, self._authz, self.on_apply
         executed_latency = stats.executed_latency
-        for count, execution in enumerate(executions, 1):
-            slot, offset, command, led_here = execution
-            if count % APPLY_CHECK_EVERY == 0 and time.perf_counter() > slice_end:
-                # A catch-up (or a restart's replay) hands over thousands of commands at
-                # once: let the loop read sockets and answer /metrics between slices, so no
-                # callback holds it for long (what arrives waits for the next turn anyway).
-                self._busy_until_now()
-                applying += time.perf_counter() - slice_start
-                await asyncio.sleep(0)
-                self._busy_since = slice_start = time.perf_counter()
-                slice_end = self._busy_since + APPLY_SLICE_S
+        for slot, offset, command, led_here in executions:
             position = slot * SLOT_STRIDE + offset  # Execution.position
             if authz is not None:
                 outcome = authz.run(position, command)
@@ -766,7 +744,6 @@ class ReplicaNode:
             if led_here and not command.blind:
                 key = (command.client_id, command.seq)
                 self._complete(key, Result(result, position), now, executed_latency)
-        stats.apply_latency.observe(applying + time.perf_counter() - slice_start)
 
     def _answer_clients(self) -> None:
         """Write each client connection's answers of this turn in one go."""
@@ -1188,6 +1165,48 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
 
 #: what a blind write acknowledged when ready is answered with (the same for every one)
 _READY: Final = Result(b"", -1)
+
+
+def _run_end(executions: Sequence[Execution], start: int) -> int:
+    """Where the run of one slot's consecutive commands from ``start`` ends (at most
+    ``APPLY_CHECK_EVERY`` commands: a slice's check comes between runs)."""
+    slot, first = executions[start][0], executions[start][1]
+    stop, limit = start + 1, min(len(executions), start + APPLY_CHECK_EVERY)
+    while (stop < limit and executions[stop][0] == slot
+           and executions[stop][1] == first + stop - start):
+        stop += 1
+    return stop
+
+
+class _ApplySlices:
+    """A turn's applying, in slices of about ``APPLY_SLICE_S``: a catch-up (or a restart's
+    replay) hands over thousands of commands at once, so the loop reads sockets and answers
+    /metrics between slices and no callback holds it for long (what arrives waits for the
+    next turn anyway). The time spent applying, yields excluded, goes to
+    ``NodeStats.apply_latency``."""
+
+    __slots__ = ("_applying", "_end", "_node", "_start")
+
+    def __init__(self, node: ReplicaNode) -> None:
+        self._node = node
+        self._start = time.perf_counter()
+        self._end = self._start + APPLY_SLICE_S
+        self._applying = 0.0
+
+    async def pause_if_due(self) -> None:
+        """Let the loop run if this slice is over."""
+        if time.perf_counter() <= self._end:
+            return
+        node = self._node
+        node._busy_until_now()
+        self._applying += time.perf_counter() - self._start
+        await asyncio.sleep(0)
+        node._busy_since = self._start = time.perf_counter()
+        self._end = self._start + APPLY_SLICE_S
+
+    def done(self) -> None:
+        self._node.stats.apply_latency.observe(
+            self._applying + time.perf_counter() - self._start)
 
 
 def _clocks() -> tuple[float, float]:
