@@ -233,6 +233,23 @@ class _Preparation:
         self.path.unlink(missing_ok=True)
 
 
+def _check_sizes(payloads: list[bytes]) -> None:
+    for payload in payloads:
+        if len(payload) > MAX_RECORD:
+            raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
+
+
+def _blob(payloads: list[bytes]) -> bytes:
+    """``payloads`` as they are laid out in a segment, one after the other."""
+    return b"".join([_encode(payload) for payload in payloads])
+
+
+def _checked_blob(payloads: list[bytes]) -> bytes:
+    """``_blob``, once no record is over ``MAX_RECORD`` (``ValueError`` otherwise)."""
+    _check_sizes(payloads)
+    return _blob(payloads)
+
+
 class PreparedRewrite:
     """A segment holding a rewrite's records, written and synced but not part of the log yet
     (``WriteAheadLog.prepare_rewrite``, ``install_rewrite``)."""
@@ -445,7 +462,7 @@ class WriteAheadLog:
         self._capacity = capacity
 
     def _write(self, payloads: list[bytes], *, fsync: bool, wait: bool) -> None:
-        blob = b"".join([_encode(payload) for payload in payloads])
+        blob = _blob(payloads)
         rolling = 0.0
         if self._offset + len(blob) > self._capacity:
             started = time.perf_counter()
@@ -479,9 +496,7 @@ class WriteAheadLog:
 
     def rewrite(self, payloads: list[bytes]) -> None:
         """Replace the whole log by ``payloads`` (durably), dropping every older segment."""
-        for payload in payloads:
-            if len(payload) > MAX_RECORD:
-                raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
+        _check_sizes(payloads)
         self.sync()
         old = list(self._segments)
         # a new segment even if the records would fit in the current one: deleting the old
@@ -504,10 +519,7 @@ class WriteAheadLog:
         segment size, and at least a first segment's). A
         replica prepares it with its snapshot, off its event loop; a rewrite's segment
         creation and fsyncs held the loop 30-70 ms on a busy disk."""
-        for payload in payloads:
-            if len(payload) > MAX_RECORD:
-                raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
-        blob = b"".join([_encode(payload) for payload in payloads])
+        blob = _checked_blob(payloads)
         end = len(MAGIC) + len(blob)
         capacity = max(end, min(self.segment_bytes, max(end + room, FIRST_SEGMENT_BYTES)))
         path = self.dir / _REWRITING
@@ -530,11 +542,8 @@ class WriteAheadLog:
         new segments, a superset that is harmless (see the module docstring), and the next
         directory fsync makes it durable. Without room for ``payloads`` in the prepared
         segment, a plain ``rewrite``."""
-        for payload in payloads:
-            if len(payload) > MAX_RECORD:
-                raise ValueError(f"record of {len(payload)} bytes over the {MAX_RECORD} limit")
+        blob = _checked_blob(payloads)
         self.sync()
-        blob = b"".join([_encode(payload) for payload in payloads])
         if prepared.end + len(blob) > prepared.capacity:
             log.info("%s: %d bytes logged while a rewrite was prepared, room for %d: rewritten "
                      "whole", self.dir, len(blob), prepared.capacity - prepared.end)
