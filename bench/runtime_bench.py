@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import time
@@ -152,16 +153,30 @@ def percentiles(latencies: list[float]) -> dict[str, float]:
     }
 
 
+@functools.cache
+def _writes() -> tuple[list[bytes], list[str]]:
+    """The writes every mode sends: 16-byte puts over 4,096 keys (8,192 ops), and each one's
+    key (made when a run starts, not when the command line is parsed)."""
+    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
+    return ops, [f"k{i % 4096:05d}" for i in range(len(ops))]
+
+
+async def _connect(
+    addresses: list[tuple[str, int]], count: int, first_id: int
+) -> list[PipelinedConnection]:
+    """``count`` client connections (ids from ``first_id``), spread over the replicas."""
+    connections = [PipelinedConnection(first_id + i) for i in range(count)]
+    for i, connection in enumerate(connections):
+        await connection.open(addresses[i % len(addresses)])
+    return connections
+
+
 async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> dict[str, object]:
-    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]  # 16-byte ops
+    ops, keys = _writes()
     latencies: list[float] = []
     done = 0
-    connections: list[PipelinedConnection] = []
     clients = 1 if args.mode == "single" else args.clients
-    for i in range(clients):
-        connection = PipelinedConnection(1000 + i)
-        await connection.open(addresses[i % len(addresses)])
-        connections.append(connection)
+    connections = await _connect(addresses, clients, 1000)
     await asyncio.sleep(0.2)
     deadline = time.perf_counter() + args.warmup + args.duration
     measure_from = time.perf_counter() + args.warmup
@@ -177,8 +192,8 @@ async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> d
             now = time.perf_counter()
             while next_at <= now:
                 connection = connections[rng.randrange(len(connections))]
-                i = rng.randrange(8192)
-                future = connection.send(ops[i], f"k{i % 4096:05d}")
+                i = rng.randrange(len(ops))
+                future = connection.send(ops[i], keys[i])
                 if next_at >= measure_from:
                     pending.append(future)
                 next_at += rng.expovariate(args.rate)
@@ -188,7 +203,6 @@ async def drive(args: argparse.Namespace, addresses: list[tuple[str, int]]) -> d
         done = len(results)
     else:
         outstanding = 1 if args.mode == "single" else args.outstanding
-        keys = [f"k{i % 4096:05d}" for i in range(len(ops))]
         loops = [
             ClosedLoop(c, ops, keys, deadline, measure_from, latencies) for c in connections
         ]
@@ -216,10 +230,8 @@ async def restart(
     from consensus.statemachine import kv_get
 
     addresses = cluster.client_addresses
-    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
-    connections = [PipelinedConnection(2000 + i) for i in range(args.clients)]
-    for i, connection in enumerate(connections):
-        await connection.open(addresses[i % len(addresses)])
+    ops, keys = _writes()
+    connections = await _connect(addresses, args.clients, 2000)
     written = 0
     started = time.perf_counter()
 
@@ -231,8 +243,8 @@ async def restart(
             nonlocal written
             while written < args.writes:
                 written += 1
-                i = rng.randrange(8192)
-                await connection.send(ops[i], f"k{i % 4096:05d}")
+                i = rng.randrange(len(ops))
+                await connection.send(ops[i], keys[i])
 
         await asyncio.gather(*(one() for _ in range(args.outstanding)))
 
@@ -298,11 +310,8 @@ async def join(
     from consensus.runtime.members import info_of_spec
 
     addresses = cluster.client_addresses
-    ops = [kv_put(f"k{i % 4096:05d}", f"{i:06d}") for i in range(8192)]
-    keys = [f"k{i % 4096:05d}" for i in range(len(ops))]
-    connections = [PipelinedConnection(3000 + i) for i in range(args.clients)]
-    for i, connection in enumerate(connections):
-        await connection.open(addresses[i % len(addresses)])
+    ops, keys = _writes()
+    connections = await _connect(addresses, args.clients, 3000)
     written = 0
     started = time.perf_counter()
 
