@@ -46,6 +46,7 @@ import msgpack
 from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
 from cluster_state.gc_pause import gc_paused
 from consensus.messages import Command
+from consensus.runtime.cli import SERVE_GC_THRESHOLDS
 from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -63,8 +64,6 @@ VARIANTS = ("off_loop", "on_loop")
 LAST_VARIANT = "none"
 #: a snapshot never falls due in the ``none`` phases (commands)
 NEVER = 10**12
-#: ``gc.set_threshold`` as ``sdpaxos serve`` sets it (consensus.runtime.cli)
-SERVE_GC_THRESHOLDS = (50_000, 50, 1_000)
 #: gang shapes (pods, GPUs per pod) the clients submit
 SHAPES = [[(1, 1)], [(1, 2)], [(1, 4)], [(1, 8)], [(2, 8)], [(4, 8)]]
 

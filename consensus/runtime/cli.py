@@ -43,6 +43,10 @@ CONFIG_NAME = "cluster.toml"
 NEW_CLUSTER = "new"
 EXISTING_CLUSTER = "existing"
 PIDS_NAME = "pids.json"
+#: ``gc.set_threshold`` of a serving replica: it keeps many long-lived objects (its logs), and
+#: full collections of them cost pauses of tens of ms, so young objects are collected as
+#: usual and old ones rarely
+SERVE_GC_THRESHOLDS = (50_000, 50, 1_000)
 #: ``cluster init --tls``: where the certificates go (beside the cluster file) and the name of
 #: the admin client certificate the cluster's tools present
 TLS_DIR = "tls"
@@ -136,9 +140,7 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
         import uvloop
 
         uvloop.install()
-    # The replica keeps many long-lived objects (its logs); full collections of them cost
-    # pauses of tens of ms. Collect young objects as usual, old ones rarely.
-    gc.set_threshold(50_000, 50, 1_000)
+    gc.set_threshold(*SERVE_GC_THRESHOLDS)
     try:
         asyncio.run(
             _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection,
