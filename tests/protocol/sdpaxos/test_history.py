@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from util import cmd
 
-from consensus.protocol.sdpaxos.history import HistoryTable
+from consensus.messages import Command
+from consensus.protocol.sdpaxos.history import PENDING_BATCHES, HistoryTable
 from consensus.protocol.sdpaxos.instances import NO_SLOT
 
 #: the last slot the sequencer assigned, what a read naming no key waits for
@@ -97,3 +98,36 @@ def test_a_read_with_no_keys_waits_for_the_last_slot_assigned() -> None:
     assert table.read_slot(iter(()), LAST) == LAST
     # keys may come as any iterable, read once
     assert table.read_slot(iter(["a"]), LAST) == 4
+
+
+class _CountedBatch(list[Command]):
+    """A batch that counts how often it is walked."""
+
+    walks = 0
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        type(self).walks += 1
+        return super().__iter__()
+
+
+def test_noted_batches_are_walked_once_and_only_when_a_read_asks() -> None:
+    table = HistoryTable()
+    _CountedBatch.walks = 0
+    for slot in range(10):
+        table.note_update(slot, _CountedBatch([cmd(1, slot, keys=(f"k{slot}",))]))
+    assert _CountedBatch.walks == 0  # no read yet: nothing walked
+    assert table.read_slot(("k3",), LAST) == 3
+    assert table.read_slot(("k9",), LAST) == 9
+    assert _CountedBatch.walks == 10  # each once, by the first read
+
+
+def test_past_the_pending_bound_unwalked_slots_update_every_key() -> None:
+    table = HistoryTable()
+    table.note_update(0, [cmd(1, 0, keys=("a",))])
+    assert table.read_slot(("a",), LAST) == 0
+    for slot in range(1, PENDING_BATCHES + 2):  # one more than it holds
+        table.note_update(slot, [cmd(1, slot, keys=("b",))])
+    # forgotten: later than necessary for "a" and for a key never named, never earlier
+    assert table.floor == PENDING_BATCHES + 1
+    assert table.read_slot(("a",), LAST) == PENDING_BATCHES + 1
+    assert table.read_slot(("never-named",), LAST) == PENDING_BATCHES + 1
