@@ -94,6 +94,7 @@ from consensus.protocol.admission import (
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.epaxos import EPaxosReplica
+from consensus.protocol.membership.replica import MemberReplica
 from consensus.protocol.mencius import MAX_AHEAD, MenciusReplica
 from consensus.protocol.multipaxos import MultiPaxosReplica
 from consensus.protocol.registry import PROTOCOLS
@@ -661,3 +662,37 @@ def test_the_generated_fast_path_agrees_with_the_rules(
     )
     assert entry.passes(msg, b) == walked
     assert (check_message(msg, b) is None) == walked
+
+
+# --------------------------------------------------------------------------- members' frames
+
+
+def member(me: int = 0) -> MemberReplica:
+    return MemberReplica(ProtocolConfig(replicas=3), me, rng=random.Random(me))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_members_frame_is_judged_as_message_by_message(data: st.DataObject) -> None:
+    """``MemberReplica.check_frame`` takes a frame of its own epoch's messages at once; its
+    verdict is the message-by-message one (``_check_each``), whatever the frame holds:
+    later epochs, messages between members by id, senders that do not vote."""
+    receiver = member()
+    sender = data.draw(st.sampled_from((1, 2, 7)))
+    frame = data.draw(st.lists(mutated("sdpaxos", 3, 0, sender if sender < 3 else 1),
+                               min_size=1, max_size=5))
+    assert receiver.check_frame(frame, sender) == receiver._check_each(frame, sender)
+
+
+def test_a_members_frame_is_refused_for_its_first_bad_message() -> None:
+    receiver = member()
+    good = [m for m in valid_sdpaxos(3, 0, 1)
+            if not isinstance(m, LearnRequest | LearnReply | SnapshotChunk)]
+    assert receiver.check_frame(good, 1) is None
+    beat = Heartbeat(src=1, view=0, executed=0, lease_request=-1)
+    late = CAccept(src=1, view=0, owner=1, index=INT64_MAX, ballot=1, batch=(command(),))
+    refused = receiver.check_frame([beat, late, beat], 1)
+    assert refused is not None and refused == receiver._check_each([beat, late], 1)
+    assert "CAccept" in refused.reason
+    stranger = receiver.check_frame([dataclasses.replace(beat, src=7)], 7)
+    assert stranger is not None and stranger.kind == "sender"

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Iterable, Mapping, Sequence
+from operator import attrgetter
 
 from consensus.config import ProtocolConfig
 from consensus.errors import LocalProtocolError
@@ -98,6 +99,13 @@ def config_of(record: ConfigRecord) -> Configuration:
                       for m in record.members),
         next_id=record.next_id, closing=record.closing, closing_member=record.closing_member,
     )
+
+
+#: messages between members by id, whatever their epochs (see ``check_frame``)
+_BY_MEMBER_ID = (LearnRequest, LearnReply, SnapshotChunk)
+
+#: an execution's op (what ``_applied`` looks for membership changes in)
+_OP_OF = attrgetter("command.op")
 
 
 def epoch_of(view: int) -> int:
@@ -251,8 +259,25 @@ class MemberReplica:
     def check_frame(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
         """Admission (``consensus.protocol.admission``) of a frame from member ``sender``:
         each message against the core of its epoch, with the sender's index there."""
+        if not isinstance(messages, Sequence):
+            messages = tuple(messages)
+        core, config = self.core, self.config
+        index = config.index_of(sender)
+        if core is not None and index is not None and all(
+            not isinstance(message, _BY_MEMBER_ID) and epoch_of(message.view) == config.epoch
+            for message in messages
+        ):
+            # the common case, every message of our epoch: the whole frame at once, which
+            # is what the loop below does message by message (the receiver's bounds taken
+            # once per frame instead of once per message)
+            return check_frame(messages, core, len(config.voters), sender=index,
+                               protocol=PROTOCOL)
+        return self._check_each(messages, sender)
+
+    def _check_each(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
+        """``check_frame`` message by message, each against the core of its epoch."""
         for message in messages:
-            if isinstance(message, LearnRequest | LearnReply | SnapshotChunk):
+            if isinstance(message, _BY_MEMBER_ID):
                 # between members by id (a snapshot goes to learners too): ids are below
                 # next_id, whatever the epoch; and their view is the sender's epoch's, which
                 # says nothing here (a learner has none)
@@ -353,8 +378,8 @@ class MemberReplica:
     # ------------------------------------------------------------------ membership changes
     def _applied(self, executions: list[Execution], ready: Ready) -> list[Execution]:
         """Take the membership changes out of what executes, applying each in order."""
-        if not any(e.command.op.startswith(MEMBER_OP) for e in executions):
-            return executions
+        if MEMBER_OP not in b"".join(map(_OP_OF, executions)):
+            return executions  # none (one C pass: this runs for every command executed)
         kept: list[Execution] = []
         for execution in executions:
             change = decode_change(execution.command.op)
