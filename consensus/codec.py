@@ -80,7 +80,6 @@ any message passing it on splice them, and its commands are decoded once, when e
 
 from __future__ import annotations
 
-import functools
 import struct
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -1031,7 +1030,9 @@ def _commands_of(value: object) -> object:
     raise TypeError(f"can not serialize {type(value).__name__!r} object")
 
 
-_packb: Final = functools.partial(msgpack.packb, default=_commands_of)
+#: msgpack with our ``default``: one packer kept, as ``msgpack.packb`` builds one per call
+#: (1.9 µs against 0.5 µs for a small message: every message and record pays it)
+_packb: Final = msgpack.Packer(use_bin_type=True, default=_commands_of).pack
 _unpackb: Final = msgpack.unpackb
 _UNPACK_ERRORS: Final = (
     ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
@@ -1116,7 +1117,6 @@ SPLICE_FROM: Final = 16
 #: id(batch) -> (batch, its msgpack bytes); holding the batch keeps its id from being reused
 _packed_batches: Final[dict[int, tuple[tuple[Command, ...], bytes]]] = {}
 _packed_bytes = [0]  # what _packed_batches holds, in bytes
-_pack_value: Final = msgpack.Packer(use_bin_type=True, default=_commands_of).pack
 _Packer = Callable[[Any], bytes]
 
 
@@ -1126,7 +1126,7 @@ def _packed_batch(batch: tuple[Command, ...] | PackedBatch) -> bytes:
     hit = _packed_batches.get(id(batch))
     if hit is not None and hit[0] is batch:
         return hit[1]
-    packed: bytes = _pack_value(batch)  # a Command is its own array (see _seq_encoder)
+    packed: bytes = _packb(batch)  # a Command is its own array (see _seq_encoder)
     kept = _packed_batches
     kept[id(batch)] = (batch, packed)
     _packed_bytes[0] += len(packed)
@@ -1146,7 +1146,7 @@ def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
     )
     if not batch_at:
         def whole(m: Any) -> bytes:
-            packed: bytes = _packb(encoder(m), use_bin_type=True)
+            packed: bytes = _packb(encoder(m))
             return packed
 
         return whole, False
@@ -1159,14 +1159,14 @@ def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
             or (type(values[at]) is not PackedBatch and len(values[at]) < SPLICE_FROM)
             for at in batch_at
         ):
-            whole: bytes = _packb(values, use_bin_type=True)  # cheaper for a short batch
+            whole: bytes = _packb(values)  # cheaper for a short batch
             return whole
         parts = [header]
         for position, value in enumerate(values):
             if position in batch_at and value is not None:
                 parts.append(_packed_batch(value))
             else:
-                parts.append(_pack_value(value))
+                parts.append(_packb(value))
         return b"".join(parts)
 
     return spliced, True
@@ -1202,7 +1202,7 @@ def encode_frame(msgs: Sequence[PeerMessage]) -> bytes:
     except KeyError:
         bad = next(m for m in msgs if type(m) not in encoders)
         raise _wrong_class(bad, "peer message") from None
-    result: bytes = _packb((FORMAT_VERSION, body), use_bin_type=True)
+    result: bytes = _packb((FORMAT_VERSION, body))
     return result
 
 

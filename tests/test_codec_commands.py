@@ -80,7 +80,7 @@ def test_a_leader_packs_a_batch_once_for_every_peer_its_log_and_its_commit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     packed: list[int] = []
-    pack = codec._pack_value
+    pack = codec._packb
 
     def counting(value: object) -> bytes:
         if isinstance(value, tuple) and value and type(value[0]) is Command:
@@ -88,7 +88,7 @@ def test_a_leader_packs_a_batch_once_for_every_peer_its_log_and_its_commit(
         result: bytes = pack(value)
         return result
 
-    monkeypatch.setattr(codec, "_pack_value", counting)
+    monkeypatch.setattr(codec, "_packb", counting)
     batch = batch_of(codec.SPLICE_FROM + 3)
     accept = CAccept(src=0, view=0, owner=0, index=3, ballot=0, batch=batch)
     frames = [encode_frame([accept]) for _peer in range(4)]

@@ -360,8 +360,8 @@ class MemberReplica:
 
     def _merge_own(self, ready: Ready) -> None:
         """What this layer produced since the last turn goes out with the core's, first."""
-        own, self.out = self.out, Ready()
-        if not own.is_empty():
+        if not self.out.is_empty():  # (mostly empty: no new one each turn then)
+            own, self.out = self.out, Ready()
             _extend(ready, own, first=True)
 
     def _absorb(self, core: SDPaxosReplica) -> None:
