@@ -46,8 +46,8 @@ import msgpack
 from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
 from cluster_state.gc_pause import gc_paused
 from consensus.messages import Command
-from consensus.runtime.cli import SERVE_GC_THRESHOLDS
-from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
+from consensus.runtime.cli import SERVE_GC_THRESHOLDS, cluster_toml
+from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 
@@ -66,20 +66,6 @@ LAST_VARIANT = "none"
 NEVER = 10**12
 #: gang shapes (pods, GPUs per pod) the clients submit
 SHAPES = [[(1, 1)], [(1, 2)], [(1, 4)], [(1, 8)], [(2, 8)], [(4, 8)]]
-
-
-def _replicas(directory: Path) -> ClusterConfig:
-    base = free_base_port()
-    raw = {
-        "cluster_id": "snapstall",
-        "data_dir": str(directory),
-        "replica": [
-            {"id": i, "address": f"127.0.0.1:{base + i}",
-             "client_address": f"127.0.0.1:{base + 100 + i}", "site": site}
-            for i, site in enumerate(["CA", "OR", "OH"])
-        ],
-    }
-    return parse_cluster_config(raw, base=directory, source="snapshot_stall")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -157,7 +143,9 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
     with gc_paused():
         stores = [ClusterStore(config) for _ in range(3)]  # one topology, shared
     build_s = time.perf_counter() - started
-    cluster = _replicas(directory)
+    cluster_file = directory / "cluster.toml"
+    cluster_file.write_text(cluster_toml(3, free_base_port(), wan=False, cluster_id="snapstall"))
+    cluster = load_cluster_config(cluster_file)
     replicas = [ReplicaNode(cluster, i, stores[i], snapshot_every=NEVER) for i in range(3)]
     for replica in replicas:
         await replica.start()
