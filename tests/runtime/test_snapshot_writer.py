@@ -75,6 +75,15 @@ def restarted_from(files: Path, me: int) -> ReplicaNode:
     return node
 
 
+def assert_restarts_with(files: Path, frontier: int, state: bytes) -> None:
+    """Replica 0 restarted from ``files`` executes again through ``frontier`` and holds
+    ``state``."""
+    again = restarted_from(files, 0)
+    assert again.core.exec_slot == frontier
+    assert again.state_machine.snapshot() == state
+    again.wal.close()
+
+
 def crash_image(tmp_path: Path, me: int, name: str) -> Path:
     """The replica's files as they stand (the test's loop holds still meanwhile: no turn
     writes anything), copied where a restart reads them."""
@@ -115,10 +124,7 @@ async def test_one_snapshot_is_in_flight_at_a_time_and_peers_get_the_previous(
         assert nodes[1].state_machine.snapshot() == state
         nodes[0].snapshot_on_stop = False  # as if killed: the snapshot and its log
         await nodes[0].stop()
-        again = restarted_from(tmp_path, 0)
-        assert again.core.exec_slot == frontier
-        assert again.state_machine.snapshot() == state
-        again.wal.close()
+        assert_restarts_with(tmp_path, frontier, state)
     finally:
         held.released.set()
         for n in nodes:
@@ -144,10 +150,7 @@ async def crash_while_writing(tmp_path: Path, *, after_file: bool) -> None:
         frontier, state = nodes[0].core.exec_slot, nodes[0].state_machine.snapshot()
         image = crash_image(tmp_path, 0, "crash")
         held.released.set()
-        again = restarted_from(image, 0)
-        assert again.core.exec_slot == frontier
-        assert again.state_machine.snapshot() == state
-        again.wal.close()
+        assert_restarts_with(image, frontier, state)
     finally:
         held.released.set()
         for n in nodes:
