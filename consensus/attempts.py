@@ -37,8 +37,10 @@ before every copy. An ``UNSENT`` attempt (the connection could not be opened) le
 
 Reads change nothing (``Kind.READ``): any answer ends them, and running out of attempts is
 an indefinite failure that costs nothing. Membership changes (``Kind.CHANGE``) are applied
-by the membership layer, which keeps no session table: they cannot be settled, so a
-refusal after an uncertain attempt, and running out of attempts, end indefinite.
+by the membership layer, which keeps no session table: a second copy would be applied again
+(a second learner added) or refused (a member removed twice), and a cancel would not stop
+them. So a change is sent again only after attempts that never left, and an attempt with no
+answer ends it indefinite (``sdpaxos member list`` tells what happened).
 
 Broken on purpose for the teeth test (``trust_definite``): a definite failure ends the
 request whatever came before, as every client did before issue 39.
@@ -114,6 +116,8 @@ class Attempts:
             return Step.DONE if self.trust_definite else self._unsure()
         if answer is Answer.UNKNOWN:
             self.uncertain = True
+            if self.kind is Kind.CHANGE:
+                return Step.GIVE_UP  # no second copy: nothing would apply it only once
         self.made += 1
         limit = self.settle_limit if self.settling else self.limit
         if limit is None or self.made < limit:

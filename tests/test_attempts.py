@@ -72,10 +72,12 @@ def test_reads_change_nothing_so_any_answer_ends_them() -> None:
     assert steps(Attempts(Kind.READ, 2, 2), [UNKNOWN, UNKNOWN]) == [Step.RETRY, Step.GIVE_UP]
 
 
-def test_membership_changes_cannot_be_settled_so_they_end_indefinite() -> None:
-    change = Attempts(Kind.CHANGE, 3, 3)
-    assert steps(change, [UNKNOWN, REFUSED]) == [Step.RETRY, Step.GIVE_UP]
-    assert steps(Attempts(Kind.CHANGE, 3, 3), [REFUSED]) == [Step.DONE]
+def test_a_membership_change_is_never_sent_twice_once_a_copy_may_exist() -> None:
+    # no session table keeps changes: a second copy could apply again, a cancel stops none
+    assert steps(Attempts(Kind.CHANGE, 3, 3), [UNKNOWN]) == [Step.GIVE_UP]
+    assert steps(Attempts(Kind.CHANGE, 3, 3), [UNSENT, UNSENT, REFUSED]) == [
+        Step.RETRY, Step.RETRY, Step.DONE]
+    assert steps(Attempts(Kind.CHANGE, 3, 3), [UNSENT, OK]) == [Step.RETRY, Step.DONE]
 
 
 def test_without_a_limit_a_request_is_sent_again_until_answered() -> None:

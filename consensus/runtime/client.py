@@ -242,9 +242,11 @@ class Client:
             last_error = error
             if step is Step.GIVE_UP:
                 what = "nor a settled outcome " if attempts.settling else ""
+                hint = ("; a membership change is not sent twice: `sdpaxos member list` tells "
+                        "whether it took effect" if attempts.kind is AttemptKind.CHANGE else "")
                 raise IndefiniteFailure(
                     f"no answer {what}for ({command.client_id}, {command.seq}) after "
-                    f"{self.attempts} tries: {last_error}"
+                    f"{attempts.made or 1} tries: {last_error}{hint}"
                 )
             if step is Step.SETTLE and request is command:
                 # settle it: a cancel under its own (client id, seq), ordered by the log
