@@ -160,7 +160,7 @@ class ClusterStore:
     # ------------------------------------------------------------------ writes
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.lookup(command.client_id, command.seq)
+        previous = self.sessions.settled(command)  # a retry's first result, or a cancel's
         if previous is not None:
             return previous
         remember = True

@@ -87,7 +87,7 @@ from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
-from consensus.statemachine import StateMachine, batch_applier
+from consensus.statemachine import SESSION_MARK, StateMachine, batch_applier, denied_reason
 from consensus.storage.identity import KnownMembers, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
@@ -987,6 +987,9 @@ class ReplicaNode:
     def _complete(
         self, key: tuple[int, int], result: Result, now: int, latency: Histogram
     ) -> None:
+        if result.value.startswith(SESSION_MARK):  # it never executed: see session_refusal
+            self._fail(key, session_refusal(result.value), reads=False)
+            return
         started = self._proposed_at.pop(key, None)
         if started is not None:
             latency.observe((now - started) / 1e6)
@@ -1216,3 +1219,16 @@ def _clocks() -> tuple[float, float]:
 
 def _now_us() -> int:
     return time.monotonic_ns() // 1000
+
+
+def session_refusal(result: bytes) -> DefiniteFailure:
+    """The error a request is answered with when the session table gave it one of its own
+    results (``consensus.statemachine.SESSION_MARK``): it never executed and never will,
+    because it was refused by authorization as it applied (``PermissionDenied``) or because
+    its client cancelled it before any copy of it executed."""
+    reason = denied_reason(result)
+    if reason is not None:
+        return PermissionDenied(reason)
+    return DefiniteFailure("not applied: the request was cancelled before any copy of it "
+                           "executed (it never will)")
+

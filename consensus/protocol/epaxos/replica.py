@@ -540,7 +540,8 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
 
     def _own_decided(self, index: int, batch: Batch) -> None:
         """Our instance ``index`` is committed: its commands are ready; those we proposed in
-        it that a recovery replaced (with a no-op) failed for good."""
+        it that a recovery replaced (with a no-op) failed, not definitely: the client may
+        have sent them to another replica too (``ready.Failure``'s rule)."""
         chosen = {key_of(command) for command in batch}
         for command in batch:
             key = key_of(command)
@@ -555,7 +556,8 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
             lost_command = self._mine.pop(key, None)
             if lost_command is not None:
                 self._out.failed.append(
-                    Failure(lost_command, True, "instance recovered as a no-op")
+                    Failure(lost_command, False, "instance recovered as a no-op; another "
+                            "copy of the request may still run: retry it, or settle it")
                 )
 
     # ------------------------------------------------------------------ timers
