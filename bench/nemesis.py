@@ -1062,9 +1062,11 @@ def unrecovered_after_kill_all(
         for r in fault.replicas:
             took = recovery.get((index, r))
             if not isinstance(took, float) or took > bound_s:
-                when = f"{took:.2f} s" if isinstance(took, float) else "never"
+                when = (f"served after {took:.2f} s" if isinstance(took, float)
+                        else "not served before the next fault" if took == "interrupted"
+                        else "never served")
                 late.append(f"replica {r} did not serve within {bound_s} s of its restart "
-                            f"after the kill-all at {fault.start:.3f} s (served: {when})")
+                            f"after the kill-all at {fault.start:.3f} s ({when})")
     return late
 
 
@@ -1087,7 +1089,9 @@ def failure_reasons(records: Sequence[Record]) -> dict[str, dict[str, int]]:
     counts: dict[str, Counter[str]] = {"info": Counter(), "fail": Counter()}
     for record in records:
         if record.outcome in counts:
-            reason = _GAVE_UP.sub("last try: ", re.sub(r"\d+", "#", record.error or "?"))
+            reason = _GAVE_UP.sub("last try: ", re.sub(r"\d+", "#", record.error or ""))
+            if reason.endswith(": ") or not reason:  # a TimeoutError's message is empty
+                reason += "(no message: a timeout)"
             counts[record.outcome][reason] += 1
     return {outcome: dict(c.most_common()) for outcome, c in counts.items()}
 

@@ -278,9 +278,11 @@ def test_failures_are_counted_by_what_their_clients_were_told() -> None:
         Record(3, "cas", "x", ("a", "b"), 0, "fail",
                error="its instance was recovered without it"),
         Record(4, "write", "x", "c", 0, "ok", ret_us=5),
+        Record(5, "read", "x", None, 0, "info", error="no answer for (1005, 3) after 5 tries: "),
     ]
     assert failure_reasons(records) == {
-        "info": {"last try: [Errno #] Connect call failed ('#.#.#.#', #)": 2},
+        "info": {"last try: [Errno #] Connect call failed ('#.#.#.#', #)": 2,
+                 "last try: (no message: a timeout)": 1},
         "fail": {"its instance was recovered without it": 1},
     }
     assert "told a definite failure (its instance was recovered without it)" in \
@@ -392,9 +394,11 @@ def test_a_kill_all_waits_for_a_quiet_cluster_and_its_restart_is_judged() -> Non
     faults = [Fault("kill-all", (0, 1, 2), 1.0, 2.0)]
     fine: dict[tuple[int, int], float | str | None] = {(0, 0): 0.5, (0, 1): 1.5, (0, 2): 2.0}
     assert unrecovered_after_kill_all(faults, fine, 2.0) == []
-    late = unrecovered_after_kill_all(faults, {**fine, (0, 1): 2.5, (0, 2): None}, 2.0)
-    assert [reason.split(" did not")[0] for reason in late] == ["replica 1", "replica 2"]
-    assert "served: never" in late[1]
+    late = unrecovered_after_kill_all(faults, {(0, 0): "interrupted", (0, 1): 2.5}, 2.0)
+    assert [reason.split(" did not")[0] for reason in late] == [
+        "replica 0", "replica 1", "replica 2"]
+    assert [reason.split("(")[-1] for reason in late] == [
+        "not served before the next fault)", "served after 2.50 s)", "never served)"]
 
 
 @pytest.mark.timeout(150)
