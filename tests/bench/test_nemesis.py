@@ -226,8 +226,7 @@ def _issue_39_records(key: str = "k8.1") -> list[Record]:
     ]
 
 
-def test_a_value_written_only_by_a_definite_failure_is_a_violation_naming_key_and_operations(
-) -> None:
+def test_a_value_only_a_definite_failure_wrote_is_reported_with_key_and_operations() -> None:
     records = _issue_39_records()
     history, counts = checkable_history(records)
     assert counts["failed_dropped"] == 1
