@@ -1028,7 +1028,8 @@ class ReplicaNode:
     def _partition(
         self, request: ClientRequest, principal: Principal | None = None
     ) -> ClientResponse:
-        """The test-only fault layer: cut this replica off from some peers."""
+        """The test-only fault layer: cut this replica off from some peers (one way or
+        both)."""
         if not self.fault_injection:
             return ClientResponse(request.req_id, "error", "fault injection is disabled "
                                   "(sdpaxos serve --fault-injection)")
@@ -1036,11 +1037,13 @@ class ReplicaNode:
             return ClientResponse(request.req_id, "denied", "permission denied: only an admin "
                                   "may inject faults")
         try:
-            blocked = decode_partition(request.command.op, len(self.config.replicas))
+            cut = decode_partition(request.command.op, len(self.config.replicas))
         except DecodeError as exc:
             return ClientResponse(request.req_id, "error", str(exc))
-        log.warning("fault injection: cut off from replicas %s", sorted(blocked))
-        self.transport.blocked = blocked - {self.me}
+        log.warning("fault injection: dropping frames from replicas %s and to replicas %s",
+                    sorted(cut.drop_from), sorted(cut.drop_to))
+        self.transport.drop_from = cut.drop_from - {self.me}
+        self.transport.drop_to = cut.drop_to - {self.me}
         return ClientResponse(request.req_id, "ok", b"")
 
     def _status(self, request: ClientRequest) -> ClientResponse:
