@@ -506,6 +506,18 @@ class ReplicaNode:
         await asyncio.shield(self._loop_task)
 
     @property
+    def serving(self) -> bool:
+        """The log is replayed and the loop runs, not stopping (``consensus.runtime.health``)."""
+        task = self._loop_task
+        return task is not None and not task.done() and not self._stopping
+
+    @property
+    def loop_died(self) -> bool:
+        """The loop ended while nobody stopped the replica (it raised, or a peer refused it)."""
+        task = self._loop_task
+        return task is not None and task.done() and not self._stopping
+
+    @property
     def sdpaxos(self) -> SDPaxosReplica | None:
         """The SDPaxos core of the current epoch (None for a baseline core, or while this
         member learns)."""
