@@ -409,7 +409,7 @@ class ReplicaNode:
         self._snapshot_writer.close()
         if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
             # a clean stop leaves nothing to execute again: the restart reads the snapshot
-            # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
+            # (after a kill -9 the restart executes the log since the last snapshot again: _replay)
             self._take_snapshot()
         self.wal.close()
         for key in list(self._commands):
