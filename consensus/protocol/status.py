@@ -9,27 +9,27 @@ cannot say at the named defaults (``None`` for no leader and no lease, an empty
 replicas are member ids: the membership layer (``MemberReplica``) translates its epoch core's
 indexes and epoch-relative slots before it answers.
 
-What each core can say:
+What each core can say (SDPaxos within ``MemberReplica``; Multi-Paxos / Mencius / EPaxos):
 
-=============  ============================================  ==================================
-field          SDPaxos (``MemberReplica`` around it)          Multi-Paxos / Mencius / EPaxos
-=============  ============================================  ==================================
-role           follower, candidate, establishing, sequencer;  follower, candidate, leader /
-               learner or removed (not voting)                peer / peer
-view           the view (the epoch in its high bits)          the ballot followed / 0 / 0
-epoch          the membership epoch                           0
-view_accepted  accepted its view's NewView                    True
-leader         the sequencer of its view (None: learner)      the leader (None: a candidate) /
-                                                              None / None
-executed       every slot below it executed here              the same (EPaxos: its own count
-                                                              of executed commands)
-peer_executed  each peer's frontier from its heartbeats and   the same / the same / empty:
-               catch-up requests (empty: learner)             EPaxos positions are per replica
-voters         the epoch's voters                             every replica
-lease_held     serving reads under a majority's leases        the leader's lease / no / no
-lease_granted  the sequencer it granted its lease, while it   the leader it granted its lease,
-_to            runs                                           while it runs / None / None
-=============  ============================================  ==================================
+================  ==========================================  ==============================
+field             SDPaxos                                     Multi-Paxos / Mencius / EPaxos
+================  ==========================================  ==============================
+role              follower, candidate, establishing,          follower, candidate, leader /
+                  sequencer; learner or removed (no vote)     peer / peer
+view              the view (the epoch in its high bits)       the ballot followed / 0 / 0
+epoch             the membership epoch                        0
+view_accepted     accepted its view's NewView                 True
+leader            the sequencer of its view (None: learner)   the leader (None: candidate)
+                                                              / None / None
+executed          every slot below it executed here           the same (EPaxos: how many
+                                                              commands it executed)
+peer_executed     each peer's frontier, from its heartbeats   the same / the same / empty
+                  and catch-up requests (empty: learner)      (EPaxos: not comparable)
+voters            the epoch's voters                          every replica
+lease_held        serving reads under a majority's leases     the leader's lease / no / no
+lease_granted_to  the sequencer, while the lease it granted   the leader, while the lease
+                  runs                                        runs / None / None
+================  ==========================================  ==============================
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ STATUS_FIELDS = (
     "live", "ready", "reasons", "members", "membership",
 )
 
+
 @functools.cache
 def package_version() -> str:
     """The installed distribution's version ("unknown" when run from an uninstalled tree)."""

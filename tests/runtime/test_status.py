@@ -10,7 +10,7 @@ from typing import Any
 
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, cut_off
-from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 from consensus.runtime.health import readiness
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -21,12 +21,18 @@ from tests.runtime.polling import wait_until
 WRITES = 20
 
 
+def three_replicas(tmp_path: Path, *protocol: str) -> ClusterConfig:
+    """A loopback cluster file of three replicas, with extra ``[protocol]`` lines."""
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False).replace(
+        "[protocol]", "\n".join(("[protocol]", *protocol))))
+    return load_cluster_config(path)
+
+
 def test_every_replica_reports_its_role_position_disk_use_and_the_members(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "cluster.toml"
-    path.write_text(cluster_toml(3, free_base_port(), wan=False))
-    config = load_cluster_config(path)
+    config = three_replicas(tmp_path)
     addresses = [spec.client_address for spec in config.replicas]
 
     async def statuses() -> list[dict[str, Any]]:
@@ -69,12 +75,9 @@ def test_every_replica_reports_its_role_position_disk_use_and_the_members(
 
 
 def test_a_replica_that_missed_writes_reports_its_lag_and_is_not_ready(tmp_path: Path) -> None:
-    path = tmp_path / "cluster.toml"
     # a replica asks for what it missed only after this long without executing anything (or
     # when far behind): it learns how far the others are long before it catches up
-    path.write_text(cluster_toml(3, free_base_port(), wan=False).replace(
-        "[protocol]", "[protocol]\ncatchup_us = 600000000"))
-    config = load_cluster_config(path)
+    config = three_replicas(tmp_path, "catchup_us = 600000000")
     addresses = [spec.client_address for spec in config.replicas]
 
     async def isolate(lonely: int) -> None:
