@@ -48,7 +48,7 @@ import msgpack
 from cluster_state.allocator import Allocator
 from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
-from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
+from cluster_state.errors import EventsCompacted, GpuConfigError, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 from cluster_state.ops import (
@@ -212,7 +212,7 @@ class ClusterStore:
     def _parse(text: str) -> Topology:
         try:
             return topology_of(parse_config(text))
-        except ConfigError as exc:
+        except GpuConfigError as exc:
             raise RequestError(f"invalid configuration: {exc}") from None
 
     def _reconfigure(self, text: str, position: int) -> Result:
@@ -368,7 +368,7 @@ class ClusterStore:
                 if fmt == SNAPSHOT_FORMAT:
                     config = msgpack.unpackb(config)
                 topology = topology_of(parse_config(config))
-            except ConfigError as exc:
+            except GpuConfigError as exc:
                 raise SnapshotError(f"the snapshot's configuration is invalid: {exc}") from None
             if topology.digest != digest:
                 raise SnapshotError("the snapshot's configuration does not match its digest")

@@ -8,13 +8,20 @@
     │   ├── ForeignDataDir     the data directory belongs to another cluster or replica
     │   └── MissingIdentity    an empty (wiped?) data directory of an existing cluster
     ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
+    ├── WALCorruption          durable log data is damaged: the replica stops rather than
+    │                          lose what it acknowledged (``consensus.storage.wal``)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
+        │   └── PermissionDenied  the request's principal may not do this; nothing changed
+        │                         (``consensus.auth``)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
+
+``WALCorruption`` and ``PermissionDenied`` live beside what raises them. The GPU allocation
+store has its own hierarchy (``cluster_state.errors``); no name means two things.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ from cluster_state import ops
 from cluster_state.cells import Topology
 from cluster_state.client import AllocationStore, InvalidRequest
 from cluster_state.config import parse_config
-from cluster_state.errors import ConfigError, EventsCompacted, NotFound
+from cluster_state.errors import EventsCompacted, GpuConfigError, NotFound
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from cluster_state.grpc_api import convert
@@ -176,7 +176,7 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         # Validated before anything is proposed: an invalid file never reaches the log.
         try:
             topology = Topology(parse_config(request.config_yaml))
-        except ConfigError as exc:
+        except GpuConfigError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("context.abort returned") from None  # it raises
         if request.dry_run:

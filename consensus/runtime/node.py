@@ -409,7 +409,7 @@ class ReplicaNode:
         self._snapshot_writer.close()
         if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
             # a clean stop leaves nothing to execute again: the restart reads the snapshot
-            # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
+            # (after a kill -9 the restart executes the log since the last snapshot again: _replay)
             self._take_snapshot()
         self.wal.close()
         for key in list(self._commands):
@@ -504,6 +504,18 @@ class ReplicaNode:
         the process rather than keep a replica that accepts connections and does nothing."""
         assert self._loop_task is not None
         await asyncio.shield(self._loop_task)
+
+    @property
+    def serving(self) -> bool:
+        """The log is replayed and the loop runs, not stopping (``consensus.runtime.health``)."""
+        task = self._loop_task
+        return task is not None and not task.done() and not self._stopping
+
+    @property
+    def loop_died(self) -> bool:
+        """The loop ended while nobody stopped the replica (it raised, or a peer refused it)."""
+        task = self._loop_task
+        return task is not None and task.done() and not self._stopping
 
     @property
     def sdpaxos(self) -> SDPaxosReplica | None:

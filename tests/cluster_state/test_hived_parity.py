@@ -11,7 +11,7 @@ from cs_helpers import Driver, allocation_state, check_invariants, devices
 
 from cluster_state import (
     ClusterStore,
-    ConfigError,
+    GpuConfigError,
     bind,
     parse_config,
     release,
@@ -126,11 +126,11 @@ def test_immediate_reservations_keep_the_old_behaviour() -> None:
 
 
 def test_store_options_are_validated() -> None:
-    with pytest.raises(ConfigError, match=r"storeOptions\.reservations"):
+    with pytest.raises(GpuConfigError, match=r"storeOptions\.reservations"):
         parse_config(BASIC + "storeOptions: {reservations: sometimes}\n")
-    with pytest.raises(ConfigError, match="unknown option"):
+    with pytest.raises(GpuConfigError, match="unknown option"):
         parse_config(BASIC + "storeOptions: {reservation: immediate}\n")
-    with pytest.raises(ConfigError, match="initialNodeHealth"):
+    with pytest.raises(GpuConfigError, match="initialNodeHealth"):
         parse_config(BASIC + "storeOptions: {initialNodeHealth: maybe}\n")
     # the options are part of the configuration's identity (every replica runs the same)
     plain = ClusterStore(parse_config(BASIC)).topology.digest
@@ -198,7 +198,7 @@ def test_partly_filled_cells_cannot_cover_a_whole_cell_claim() -> None:
     # the same cluster cannot promise a whole 3-node rack: neither rack is complete
     text = PARTIAL.replace("cellType: 3-K80-NODE.K80-NODE, cellNumber: 3",
                            "cellType: 3-K80-NODE, cellNumber: 1")
-    with pytest.raises(ConfigError, match="do not fit in chain 3-K80-NODE at level 4") as err:
+    with pytest.raises(GpuConfigError, match="do not fit in chain 3-K80-NODE at level 4") as err:
         parse_config(text)
     assert "VC1 1 x 3-K80-NODE" in str(err.value)  # the overcommitting VC is named
 
@@ -242,6 +242,6 @@ def test_a_gang_of_mixed_member_sizes_is_placed_at_once() -> None:
 def test_overcommit_error_names_every_competing_vc() -> None:
     text = BASIC.replace("VC2: {virtualCells: [{cellType: 3-K80-NODE.K80-NODE, cellNumber: 1}]}",
                          "VC2: {virtualCells: [{cellType: 3-K80-NODE.K80-NODE, cellNumber: 2}]}")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(GpuConfigError) as err:
         parse_config(text)
     assert "VC1 2 x K80-NODE" in str(err.value) and "VC2 2 x K80-NODE" in str(err.value)

@@ -48,7 +48,8 @@ from consensus.protocol.epaxos.state import (
 )
 from consensus.protocol.ready import Failure, Outgoing, Ready
 from consensus.protocol.slotlog import Key, key_of
-from consensus.protocol.types import SnapshotMeta
+from consensus.protocol.status import CoreStatus
+from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["EPaxosReplica"]
 
@@ -221,6 +222,12 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
 
     def executed_through(self) -> int:
         return self.exec_slot - 1
+
+    def status(self) -> CoreStatus:
+        """A peer among peers. No peer positions: ``executed`` counts the commands executed
+        here, in an order of its own, and heartbeats carry the next own index."""
+        return CoreStatus(role=Role.PEER, view=self.view, executed=self.exec_slot,
+                          voters=tuple(range(self.n)))
 
     # ------------------------------------------------------------------ plumbing
     def _enter(self, now: int) -> None:
