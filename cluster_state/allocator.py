@@ -868,19 +868,25 @@ class Allocator:
     def _bind_around(self, vc: str, chain: int, leaf: int, fresh: list[int]) -> bool:
         """Bind one of ``vc``'s unbound items (lowest level first) to the free cell of that
         level around ``leaf``, if safety allows."""
+        topo = self.topo
+        return any(self._bind_at(vc, chain, leaf, topo.slots[slot][2], fresh)
+                   for slot in topo.vc_slots.get((vc, chain), ()))
+
+    def _bind_at(self, vc: str, chain: int, leaf: int, level: int, fresh: list[int]) -> bool:
+        """Bind an unbound item of ``vc``'s at ``level`` to the free cell of that level
+        around ``leaf`` (appended to ``fresh``), if there is one and safety allows."""
         topo, buddy = self.topo, self.buddy
-        for slot in topo.vc_slots.get((vc, chain), ()):
-            if not buddy.unbound[slot]:
-                continue
-            level = topo.slots[slot][2]
-            cell = topo.ancestors[leaf][level - 1]
-            root = buddy.region_root(cell)
-            if root >= 0 and buddy.safe_take(chain, level, topo.level[root]):
-                item = buddy.unbound[slot][0]
-                buddy.bind(item, cell)
-                fresh.append(item)
-                return True
-        return False
+        slot = topo.slot_of.get((vc, chain, level))
+        if slot is None or not buddy.unbound[slot]:
+            return False
+        cell = topo.ancestors[leaf][level - 1]
+        root = buddy.region_root(cell)
+        if root < 0 or not buddy.safe_take(chain, level, topo.level[root]):
+            return False
+        item = buddy.unbound[slot][0]
+        buddy.bind(item, cell)
+        fresh.append(item)
+        return True
 
     # ================================================================== release
     def release(self, name: str, position: int) -> Result:
@@ -1316,9 +1322,14 @@ class Allocator:
           chain: leaves that landed in another chain than most of the group are dropped too.
         * Guaranteed groups are given their VC's cells again, highest priority first (then
           oldest), binding VC cells around their leaves as buddy allocation would and only
-          where safety allows; a group that no longer fits its VC (the VC or pinned cell is
-          gone, or its cells are now another VC's) is downgraded to opportunistic (HiveD's
-          lazy preemption), keeping its GPUs.
+          where safety allows. As HiveD recovers a group from its pods' bind info (each
+          leaf's ``preassignedCellTypes``), a leaf is covered only by a VC cell of the type
+          that covered it before, looked up by name in the chain the leaf is in now. A group
+          that no longer fits its VC that way (the VC or pinned cell is gone, the cell type
+          is not in the leaf's chain any more, or the VC has no such cell left there) is
+          downgraded to opportunistic (HiveD's lazy preemption), keeping its GPUs. A group
+          downgraded before stays downgraded (HiveD, which keeps no record of a lazy
+          preemption, would make it guaranteed again where its cells allow).
         * Preempting and reserved groups are cancelled (HiveD keeps no reservation over a
           restart either): their schedulers submit them again.
         * Node health carries over by node name; a new node starts healthy, or bad with
@@ -1408,7 +1419,11 @@ class Allocator:
                 entry = {**entry, "outcome": "trimmed", "dropped": dropped + elsewhere}
                 touched.add(name)
             if group.guaranteed:
-                reason = new._cover(group)
+                # what covered each leaf (HiveD's preassignedCellTypes of its bind info)
+                types = {leaf: self._preassigned_type(old)
+                         for pod, new_pod in zip(g.pods, mapped, strict=True)
+                         for old, leaf in zip(pod, new_pod, strict=True) if leaf >= 0}
+                reason = new._cover(group, types)
                 if reason:
                     group.downgraded, group.downgraded_at = True, position
                     group.downgraded_by = ""
@@ -1478,9 +1493,18 @@ class Allocator:
                 buddy.bind(rebound, a)
                 self._maybe_free.add(rebound)  # unbound again if no group ends up in it
 
-    def _cover(self, group: Group) -> str:
-        """Bind ``group``'s VC cells around its leaves (the cells already bound for groups
-        placed before it count); "" if every leaf is covered, else why not (nothing bound)."""
+    def _preassigned_type(self, leaf: int) -> str:
+        """The cell type of the VC cell ``leaf`` is covered by ("" if none)."""
+        item = self.cells.item_of[leaf]
+        if item < 0:
+            return ""
+        it = self.topo.items[item]
+        return self.topo.chains[it.chain].info(it.level).cell_type
+
+    def _cover(self, group: Group, types: Mapping[int, str]) -> str:
+        """Bind ``group``'s VC cells around its leaves, each of the cell type ``types``
+        names for it (the cells already bound for groups placed before it count); "" if
+        every leaf is covered, else why not (nothing bound)."""
         topo, cells, buddy = self.topo, self.cells, self.buddy
         spec = group.spec
         if spec.vc not in topo.vc_pinned:
@@ -1495,15 +1519,21 @@ class Allocator:
             if key < 0:
                 return f"{spec.vc} has no cells in chain {topo.chains[group.chain].name}"
         fresh: list[int] = []
+        levels = {i.cell_type: i.level for i in topo.chains[group.chain].levels}
         for leaf in group.leaves():
             item = cells.item_of[leaf]
             if item >= 0 and cells.key_of_item[item] == key:
                 continue
-            bindable = item < 0 and not spec.pinned
-            if bindable and self._bind_around(spec.vc, group.chain, leaf, fresh):
+            cell_type = types.get(leaf, "")
+            level = levels.get(cell_type, 0)
+            if (item < 0 and not spec.pinned and level
+                    and self._bind_at(spec.vc, group.chain, leaf, level, fresh)):
                 continue
             for item in reversed(fresh):
                 buddy.unbind(item)
+            if not level:
+                return (f"{topo.address[leaf]} was in a {cell_type or 'no'} cell, which chain "
+                        f"{topo.chains[group.chain].name} has no more")
             return f"{topo.address[leaf]} is outside what {spec.vc} can hold now"
         return ""
 
