@@ -764,6 +764,7 @@ def reconfiguration() -> list[Check]:
         hived_nodes.setdefault(PODS[pod][6], set()).add(BINDS[pod][0])
     nodes = {g: {node for _, node, _ in (replay.group(g) or {"pods": []})["pods"]}
              for g in hived_nodes}
+    replay.dropped_suggestion = not SUGGESTED  # the placements above needed them
     rec.expect("C00", "every group is placed on the nodes HiveD's test binds it to first",
                nodes == hived_nodes, str(nodes))
     result = replay.apply(ops.reconfigure(text_of(reconfigured(raw))))
