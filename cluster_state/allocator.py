@@ -523,7 +523,7 @@ class Allocator:
             if c >= 0:
                 yield c
             return
-        yield from filter(only.holds, self.buddy.cells_to_bind(chain, level, mode))
+        yield from self.buddy.cells_to_bind(chain, level, mode, only.holds)
 
     def _scan(self, key: int, level: int, need: int, threshold: int) -> list[int]:
         """Second-pass candidates: cells at ``level`` in the key's bound items that have

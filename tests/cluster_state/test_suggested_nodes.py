@@ -28,6 +28,7 @@ from cluster_state.ops import (
     plan_submit,
     submit,
 )
+from cluster_state.placement import NodeFilter
 
 
 def design() -> Driver:
@@ -303,20 +304,25 @@ def test_suggesting_every_node_changes_nothing(
 @settings(max_examples=60, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(history=histories(), level=st.integers(1, 5), mode=st.sampled_from([CLEAN, HEALTHY, SICK]),
-       bad=st.sets(st.integers(0, 10), max_size=3))
+       bad=st.sets(st.integers(0, 10), max_size=3), chosen=st.sets(st.integers(0, 10)))
 def test_the_cells_to_bind_begin_with_find_cells_choice(
     history: list[tuple[str, int, list[tuple[int, int]]]], level: int, mode: int,
-    bad: set[int],
+    bad: set[int], chosen: set[int],
 ) -> None:
     d = multi()
-    names = sorted(d.store.topology.nodes)
+    topo = d.store.topology
+    names = sorted(topo.nodes)
     for i in bad:
         d.apply(set_node_health(names[i % len(names)], False))
     _fill(d, history)
     buddy = d.store.allocator.buddy
-    for info in d.store.topology.chains:
+    only = NodeFilter(topo, {names[i % len(names)] for i in chosen})
+    for info in topo.chains:
         if level > info.top_level:
             continue
         order = list(buddy.cells_to_bind(info.index, level, mode))
         assert (order[0] if order else -1) == buddy.find_cell(info.index, level, mode)
         assert len(order) == len(set(order))
+        # pruning by a node filter is filtering the same order
+        pruned = list(buddy.cells_to_bind(info.index, level, mode, only.holds))
+        assert pruned == [c for c in order if only.holds(c)]
