@@ -28,21 +28,29 @@ __all__ = ["NodeFilter", "Picker"]
 
 class NodeFilter:
     """The nodes a request may use, by name (HiveD's suggested nodes; names the
-    configuration does not know are ignored), and the cells that hold one of them."""
+    configuration does not know are ignored), and the cells that hold one of them. Nothing
+    is computed ahead (a preempt of a large cluster's pod names thousands of nodes, and a
+    plan looks at a few cells): a cell above the node level is looked at once."""
 
-    __slots__ = ("_node_cell", "_reach", "names")
+    __slots__ = ("_above", "_topo", "names")
 
     def __init__(self, topo: Topology, names: Set[str]) -> None:
         self.names = names
-        self._node_cell = topo.node_cell
-        # every node-level cell of an allowed node and every cell above one
-        self._reach = {a for name in names for n in topo.nodes.get(name, ())
-                       for a in topo.ancestors[n]}
+        self._topo = topo
+        self._above: dict[int, bool] = {}  # cells above the node level, once looked at
 
     def holds(self, c: int) -> bool:
         """Whether cell ``c`` is or lies in an allowed node, or holds one."""
-        node = self._node_cell[c]
-        return (node if node >= 0 else c) in self._reach
+        topo = self._topo
+        if topo.node_cell[c] >= 0:
+            return topo.node_name[c] in self.names
+        known = self._above.get(c)
+        if known is None:
+            node_level = topo.chains[topo.chain_of[c]].node_level
+            names, node_name = self.names, topo.node_name
+            known = any(node_name[n] in names for n in topo.desc[c][node_level - 1])
+            self._above[c] = known
+        return known
 
 
 class Picker:
