@@ -39,7 +39,8 @@ it does not (HiveD's backtracking buddy allocation), and the other chains and le
 tried before the group waits. A placed group keeps its placement whatever is suggested (HiveD
 insists on it); a preempting or reserved one whose leaves are not all on suggested nodes is
 cancelled and planned again, except in a dry run (HiveD's filtering phase). Suggesting every
-node is the same as suggesting none.
+node places as suggesting none does (the cells a fresh item could be bound to differ in
+nothing a healthy gang needs, so the first is as good as the next).
 
 **Releasing** removes a group's leaves; items no guaranteed group uses any more are unbound,
 so their physical cells return to the free lists and merge. Releasing a group that something
@@ -386,7 +387,7 @@ class Allocator:
                 self._promote(group, position)
             return self._status(group)
         only = None if suggested is None else NodeFilter(self.topo, suggested)
-        within = "" if only is None else f" within the {len(suggested or ())} suggested nodes"
+        within = "" if suggested is None else f" within the {len(suggested)} suggested nodes"
         sizes = spec.pod_sizes
         if spec.priority == OPPORTUNISTIC:
             plan = self._plan_opportunistic(chains, sizes, only)
@@ -1531,8 +1532,10 @@ class Allocator:
                 continue
             for item in reversed(fresh):
                 buddy.unbind(item)
+            if not cell_type:
+                return f"{topo.address[leaf]} was in no cell of {spec.vc}"
             if not level:
-                return (f"{topo.address[leaf]} was in a {cell_type or 'no'} cell, which chain "
+                return (f"{topo.address[leaf]} was in a {cell_type} cell, which chain "
                         f"{topo.chains[group.chain].name} has no more")
             return f"{topo.address[leaf]} is outside what {spec.vc} can hold now"
         return ""

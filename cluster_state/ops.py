@@ -29,8 +29,11 @@ preemption candidates, HiveD's ``suggestedNodes`` with ``ignoreK8sSuggestedNodes
 a new group is placed inside them only (the search tries the other chains and leaf types
 and the VC's other cells before it waits), a group already placed keeps its placement (as
 HiveD insists), and a preempting or reserved group whose placement is no longer inside them
-is cancelled and placed again inside them (HiveD's preempting phase; ``plan_submit``, HiveD's
-filtering phase, cancels nothing). Without the list, every node will do. Results:
+is cancelled and planned again inside them (HiveD's preempting phase; ``plan_submit``,
+HiveD's filtering phase, cancels nothing). Without the list, every node will do, and the op is
+what builds before suggested nodes wrote and read; those builds refuse the three-element form
+as malformed, so every replica must run a build that reads it before a scheduler sends it
+(as for ``claim``). Results:
 
 * ``["placed", name, chain, [[leaf_cell_number, node, [device, ...]], ...], token]`` — one
   entry per pod, members in the order given, ``pod_number`` pods each; ``token`` is the global

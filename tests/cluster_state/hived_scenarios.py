@@ -300,11 +300,10 @@ class Replay:
             self.dropped_suggestion = True
         return {}
 
-    def _args(self, spec: ops.GroupSpec) -> tuple[Any, ...]:
-        return (spec.name, spec.vc, spec.priority, spec.members)
-
-    def _kw(self, spec: ops.GroupSpec) -> dict[str, Any]:
-        return {"leaf_type": spec.leaf_type, "pinned": spec.pinned, "lazy": spec.lazy}
+    def _op(self, build: Callable[..., bytes], spec: ops.GroupSpec,
+            suggested: Sequence[str] | None) -> bytes:
+        return build(spec.name, spec.vc, spec.priority, spec.members, leaf_type=spec.leaf_type,
+                     pinned=spec.pinned, lazy=spec.lazy, **self._suggest(suggested))
 
     def apply(self, op: bytes) -> list[Any]:
         """Apply ``op``; the store's invariants hold afterwards (``check_invariants``)."""
@@ -313,12 +312,11 @@ class Replay:
         return result
 
     def submit(self, spec: ops.GroupSpec, suggested: Sequence[str] | None) -> ops.Result:
-        op = ops.submit(*self._args(spec), **self._kw(spec), **self._suggest(suggested))
-        return ops.decode_result(msgpack.packb(self.apply(op)))
+        return ops.decode_result(msgpack.packb(self.apply(self._op(ops.submit, spec,
+                                                                   suggested))))
 
     def plan(self, spec: ops.GroupSpec, suggested: Sequence[str] | None) -> ops.Result:
-        op = ops.plan_submit(*self._args(spec), **self._kw(spec), **self._suggest(suggested))
-        answer = self.driver.query(op)
+        answer = self.driver.query(self._op(ops.plan_submit, spec, suggested))
         if answer[0] == "error":
             return ops.Error(answer[1])
         return ops.decode_result(msgpack.packb(answer[2]))
