@@ -403,12 +403,16 @@ class AllocationStore:
     # they restart, say); by default the session numbers them. Don't mix the two.
 
     async def submit(
-        self, spec: GroupSpec, *, seq: int | None = None
+        self, spec: GroupSpec, *, seq: int | None = None,
+        suggested: Iterable[str] | None = None,
     ) -> ops.Placed | ops.Preempting | ops.Waiting:
         """Place the gang ``spec``: placed, reserving cells from lower-priority victims
-        (placed once they are released), or waiting (nothing changed; try again later)."""
+        (placed once they are released), or waiting (nothing changed; try again later).
+        ``suggested``: inside these nodes only (see ``cluster_state.ops``; a preemption of
+        ``spec`` whose nodes left them is cancelled and planned again)."""
         op = ops.submit(spec.name, spec.vc, spec.priority, spec.members,
-                        leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+                        leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
+                        suggested=suggested)
         result = await self._update(op, seq)
         if isinstance(result, ops.Placed | ops.Preempting | ops.Waiting):
             return result
@@ -488,13 +492,16 @@ class AllocationStore:
         return info
 
     async def plan_submit(
-        self, spec: GroupSpec, *, stale: bool = False
+        self, spec: GroupSpec, *, stale: bool = False, suggested: Iterable[str] | None = None
     ) -> tuple[int, ops.Placed | ops.Preempting | ops.Waiting]:
-        """A dry run of ``submit`` (nothing changes, nothing is reserved): the revision it
-        read at and what ``submit`` would answer. A ``Placed`` answer can be taken with
-        ``bind(spec, placement, revision)``, which fails if any of its GPUs changed since."""
+        """A dry run of ``submit`` (nothing changes, nothing is reserved, no preemption is
+        cancelled: HiveD's filtering phase): the revision it read at and what ``submit``
+        would answer, inside the ``suggested`` nodes if given. A ``Placed`` answer can be
+        taken with ``bind(spec, placement, revision)``, which fails if any of its GPUs
+        changed since."""
         op = ops.plan_submit(spec.name, spec.vc, spec.priority, spec.members,
-                             leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+                             leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
+                             suggested=suggested)
         answer = msgpack.unpackb(await self._channel.query(op, stale))
         if answer[0] == "error":
             raise _refused(answer[1], lookup=False)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import msgpack
@@ -180,8 +181,8 @@ class ClusterStore:
     def _execute(self, op: Op, position: int) -> Result:
         allocator = self.allocator
         match op:
-            case Submit(spec):
-                return allocator.submit(spec, position)
+            case Submit(spec, suggested):
+                return allocator.submit(spec, position, suggested)
             case Bind(spec, pods, revision):
                 return allocator.bind(spec, pods, revision, position)
             case Release(name):
@@ -240,12 +241,14 @@ class ClusterStore:
         _, report = copy.reconfigured(topo, self.revision + 1)
         return {"changed": True, **report}
 
-    def plan_submit(self, spec: GroupSpec) -> list[Any]:
-        """The wire form of what ``submit(spec)`` would answer now, run on a copy (nothing
-        changes, nothing is reserved: HiveD's filtering phase)."""
+    def plan_submit(self, spec: GroupSpec, suggested: AbstractSet[str] | None = None) -> list[Any]:
+        """The wire form of what ``submit(spec, suggested)`` would answer now, run on a copy
+        (nothing changes, nothing is reserved: HiveD's filtering phase, which cancels no
+        preemption either)."""
         copy = Allocator(self.topology)
         copy.import_state(self.allocator.export_state())
-        result: list[Any] = msgpack.unpackb(encode_result(copy.submit(spec, self.revision + 1)))
+        planned = copy.submit(spec, self.revision + 1, suggested, filtering=True)
+        result: list[Any] = msgpack.unpackb(encode_result(planned))
         return result
 
     # ------------------------------------------------------------------ reads
@@ -283,8 +286,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_group(name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
-                case PlanSubmit(spec):
-                    kind, info = "plan_submit", self.plan_submit(spec)
+                case PlanSubmit(spec, suggested):
+                    kind, info = "plan_submit", self.plan_submit(spec, suggested)
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])

@@ -136,8 +136,9 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
     # ------------------------------------------------------------------ updates
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitReply:
         spec = spec_from_pb(request.group)
+        suggested = list(request.suggested.nodes) if request.HasField("suggested") else None
         async with self._session(request.session, context) as (store, seq):
-            result = await self._call(context, store.submit(spec, seq=seq))
+            result = await self._call(context, store.submit(spec, seq=seq, suggested=suggested))
         if isinstance(result, ops.Placed):
             return pb.SubmitReply(placed=placed_to_pb(result))
         if isinstance(result, ops.Preempting):
