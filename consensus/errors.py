@@ -16,8 +16,10 @@
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
-        │   └── PermissionDenied  the request's principal may not do this; nothing changed
-        │                         (``consensus.auth``)
+        │   ├── PermissionDenied  the request's principal may not do this; nothing changed
+        │   │                     (``consensus.auth``)
+        │   └── Unreachable    no replica could be reached: the request never left
+        │                      (retry later; exit code 3, like an indefinite failure)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
 
 ``WALCorruption`` and ``PermissionDenied`` live beside what raises them. The GPU allocation
@@ -39,6 +41,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "Unreachable",
     "UnsupportedVersion",
 ]
 
@@ -145,6 +148,12 @@ class RequestFailed(SDPaxosError):
 
 class DefiniteFailure(RequestFailed):
     """The request did not take effect and never will."""
+
+
+class Unreachable(DefiniteFailure):
+    """No replica could be reached (every connection was refused or could not be made): the
+    request never left the client, so it did not and cannot take effect. Retrying later is
+    the remedy, as for an indefinite failure (the command line exits 3 for both)."""
 
 
 class IndefiniteFailure(RequestFailed):

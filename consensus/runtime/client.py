@@ -39,7 +39,13 @@ from consensus.attempts import Answer, Attempts, Step
 from consensus.attempts import Kind as AttemptKind
 from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
-from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure, SDPaxosError
+from consensus.errors import (
+    DecodeError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    SDPaxosError,
+    Unreachable,
+)
 from consensus.messages import Command
 from consensus.protocol.membership import MEMBER_OP, Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
@@ -240,6 +246,9 @@ class Client:
                 assert error is not None
                 raise error
             last_error = error
+            if step is Step.GIVE_UP and not attempts.uncertain:
+                raise Unreachable(f"no replica reachable for ({command.client_id}, "
+                                  f"{command.seq}); it was never sent: {last_error}")
             if step is Step.GIVE_UP:
                 what = "nor a settled outcome " if attempts.settling else ""
                 hint = ("; a membership change is not sent twice: `sdpaxos member list` tells "
