@@ -413,24 +413,22 @@ class InteractionEnv:
         return lines
 
     def _note_execution(self, rid: int, slot: int, command: Command, store: KVStore) -> None:
-        key = (command.client_id, command.seq)
-        if store.sessions.lookup(*key) is not None:
-            return  # a later copy: answered with the first one's result, not applied
-        where = f"executed at replica {rid} in slot {slot}"
-        self._executed.setdefault(key, where)
-        if key in self._definite:
-            raise AssertionError(f"a definite failure took effect: "
-                                 f"{self.fmt_command(command)} {self._definite[key]}, then "
-                                 f"{where}")
+        if store.sessions.lookup(command.client_id, command.seq) is None:  # not a later copy
+            self._note(self._executed, self._definite, command,
+                       f"executed at replica {rid} in slot {slot}")
 
     def _note_definite(self, rid: int, command: Command) -> None:
+        self._note(self._definite, self._executed, command, f"failed definitely at replica {rid}")
+
+    def _note(self, seen: dict[tuple[int, int], str], other: dict[tuple[int, int], str],
+              command: Command, where: str) -> None:
+        """Note what became of a request; a definite failure and an execution of the same
+        request, in either order, is a violation."""
         key = (command.client_id, command.seq)
-        where = f"failed definitely at replica {rid}"
-        self._definite.setdefault(key, where)
-        if key in self._executed:
-            raise AssertionError(f"a definite failure took effect: "
-                                 f"{self.fmt_command(command)} {self._executed[key]}, then "
-                                 f"{where}")
+        seen.setdefault(key, where)
+        if key in other:
+            raise AssertionError(f"a definite failure took effect: {self.fmt_command(command)} "
+                                 f"{other[key]}, then {where}")
 
     def _queue(self, src: int, dst: int, item: Item) -> None:
         if self.nodes[dst].core is None:
