@@ -89,6 +89,7 @@ from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
+from consensus.runtime.logs import RateLimited
 from consensus.runtime.members import parse_member_info
 from consensus.runtime.snapshot_writer import (
     InFlight,
@@ -142,6 +143,9 @@ SNAPSHOT_INTERVAL_S = 600.0
 BACKUP_CHUNK = 512 << 10
 #: backups a replica keeps for chunked reading (a newer one drops the oldest)
 BACKUPS_KEPT = 2
+
+#: a stopping replica waits this long for its client connections to close before it cuts them
+CLIENT_CLOSE_S = 1.0
 
 #: TLS: the longest op a client may send (its principal's envelope must fit the codec's limit)
 _MAX_SEALED_OP = MAX_OP_BYTES - ENVELOPE_OVERHEAD
@@ -334,7 +338,12 @@ class ReplicaNode:
         self.revocations = tls.revocations() if tls is not None else Revocations(frozenset())
         self._client_tls = tls.server(me) if tls is not None else None
         self._authz = AuthorizingMachine(state_machine) if tls is not None else None
+        #: the client port's connections, and the tasks serving them (a stop closes them and
+        #: waits for their tasks: cancelled when the process ends, each logged an error)
         self._client_connections: set[_ClientConnection] = set()
+        self._client_tasks: set[asyncio.Task[None]] = set()
+        #: what peers and clients can make happen again and again, logged once an interval
+        self._log = RateLimited(log)
         self.revocations.subscribe(self._revoked)
         self.transport = PeerTransport(
             cluster_id=config.cluster_id,
@@ -350,6 +359,8 @@ class ReplicaNode:
             identity=(self.identity.incarnation, self.identity.token),
             admit=self.known_members.admit,
             on_refused=self._on_refused,
+            max_handshakes=config.limits.peer_max_handshakes,
+            handshake_timeout_s=config.limits.peer_handshake_timeout_s,
         )
         #: the client port's connection caps, idle/slow timeouts and buffer budget
         self.client_limits = ClientPortLimits(config.limits)
@@ -453,6 +464,21 @@ class ReplicaNode:
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=False)
         for key in list(self._reads):
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=True)
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        """Answer what the clients still wait for (it failed: the replica stops), close their
+        connections and let the tasks serving them end by themselves (a task left to the end
+        of the process is cancelled, and asyncio logs that as an error, one per client)."""
+        self._answer_clients()
+        for connection in self._client_connections:
+            connection.writer.close()
+        if self._client_tasks:
+            _, late = await asyncio.wait(self._client_tasks, timeout=CLIENT_CLOSE_S)
+            for connection in self._client_connections:  # (a TLS close waits for its peer)
+                connection.writer.transport.abort()
+            if late:
+                await asyncio.wait(late)
 
     # ------------------------------------------------------------------ embedded API
     async def submit(self, command: Command, *, principal: Principal | None = None) -> Result:
@@ -505,7 +531,8 @@ class ReplicaNode:
             messages = decode_frame(payload, lazy_batches=True)
         except DecodeError as exc:
             self.stats.bad_frames += 1
-            log.warning("dropping a bad frame from replica %d: %s", peer, exc)
+            self._log.warning(f"bad frame {peer}", "dropping a bad frame from replica %d "
+                              "(counted in sdpaxos_bad_frames_total): %s", peer, exc)
             return
         # every id, index, slot, view and ballot against the configuration and the core's
         # state, and src against the peer the handshake named: one bad message drops it all
@@ -1206,6 +1233,10 @@ class ReplicaNode:
             return
         frames = FrameReader(limits.config.client_max_frame_bytes)
         connection = _ClientConnection(writer, tracked)
+        task = asyncio.current_task()
+        assert task is not None
+        self._client_connections.add(connection)
+        self._client_tasks.add(task)
         try:
             if self._client_tls is not None and not await self._authenticate(connection):
                 return
@@ -1261,12 +1292,14 @@ class ReplicaNode:
                     self._client_requests.append((request.kind, request.command))
                 self._wakeup.set()
         except DecodeError as exc:
-            log.warning("closing client connection: %s", exc)
+            self._log.warning("bad client bytes", "closing client connection from %s: %s",
+                              writer.get_extra_info("peername"), exc)
         except (OSError, ConnectionError):
             pass
         finally:
             writer.close()
             self._client_connections.discard(connection)
+            self._client_tasks.discard(task)
             limits.closed(tracked)
 
     async def _authenticate(self, connection: _ClientConnection) -> bool:
@@ -1286,7 +1319,6 @@ class ReplicaNode:
         connection.principal = identity.principal
         connection.sealer = sealer(identity.principal)
         connection.serial = identity.serial
-        self._client_connections.add(connection)
         return True
 
     def _revoked(self, serials: frozenset[int]) -> None:
