@@ -19,9 +19,11 @@ import pytest
 from consensus.codec import FORMAT_VERSION, frame_to_wire
 from consensus.messages import Command
 from consensus.runtime import logs as logs_module
+from consensus.runtime import tls as tls_module
 from consensus.runtime.client import Client
+from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.conn_limits import SILENT_GRACE_S, HandshakeGuard
-from consensus.runtime.local_cluster import LocalCluster
+from consensus.runtime.local_cluster import LocalCluster, free_base_port
 from consensus.runtime.logs import RateLimited
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.transport import Handshake
@@ -30,6 +32,7 @@ from consensus.statemachine import KVStore, kv_put
 from .polling import wait_until
 from .test_conn_limits import Closer, FakeClock
 from .test_snapshots import three_replicas
+from .tls_helpers import write_tls_cluster
 
 #: silent connections each attacked replica's peer port is held by (more than its peer cap)
 ATTACKERS = 24
@@ -233,3 +236,36 @@ def test_a_replica_stopped_with_clients_connected_logs_no_error(tmp_path: Path) 
         assert '"level": "error"' not in log, log[-3000:]
     finally:
         cluster.stop_all()
+
+
+async def test_silent_connections_make_room_on_a_tls_port_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tls_module, "MAX_HANDSHAKES", 2)
+    config = load_cluster_config(write_tls_cluster(tmp_path))
+    assert config.tls is not None
+    served: list[object] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        served.append(writer.get_extra_info("peercert"))
+        writer.close()
+
+    port = free_base_port()
+    server = await tls_module.start_server(serve, "127.0.0.1", port, tls=config.tls.server(0),
+                                           name="test")
+    assert isinstance(server, tls_module.TlsServer)
+    silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+    try:
+        await wait_until(lambda: server.guard.stats.open == 2, "not in their handshakes")
+        await asyncio.sleep(SILENT_GRACE_S)
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", port, ssl=config.tls.tool(), server_hostname="127.0.0.1")
+        await wait_until(lambda: len(served) == 1, "the TLS client was not served")
+        assert server.guard.stats.evicted_silent == 1
+        assert await silent[0][0].read() == b""  # the oldest silent one made room
+        writer.close()
+    finally:
+        for _, w in silent:
+            w.close()
+        server.close()
+        await server.wait_closed()
