@@ -58,6 +58,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: the new members take over at the change's own slot, no SEAL (what the
         # old epoch's quorum ordered after it, and may have acknowledged, is dropped)
         "epoch_at_change",
+        # membership: a message of a later epoch moves a member on, on one peer's word (it
+        # retires its core and learns as a learner until the next epoch)
+        "trust_epoch_claims",
     }
 )
 
