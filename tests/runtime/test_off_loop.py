@@ -8,11 +8,11 @@ state held is freed a part at a time, and never what the live state shares."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -26,37 +26,11 @@ from consensus.statemachine import KVStore, StateMachine, kv_get, kv_put
 from consensus.storage.snapshot import decode_snapshot, latest_snapshot
 
 from .polling import wait_until
-from .test_snapshot_writer import crash_image, restarted_from
+from .test_snapshot_writer import HOLD_S, Held, crash_image, restarted_from
 from .test_snapshots import three_replicas
 
 #: commands between two snapshots
 EVERY = 200
-#: how long a held step waits for the test to let it go (a failing test must not hang)
-HOLD_S = 10.0
-
-
-class Hold:
-    """A step of the worker held (the first time it runs) until ``released``."""
-
-    def __init__(self) -> None:
-        self.holding = threading.Event()
-        self.released = threading.Event()
-        self.calls = 0
-
-    def wrap(self, step: Callable[..., Any], *, after: bool = False) -> Callable[..., Any]:
-        def held(*args: Any) -> Any:
-            self.calls += 1
-            first = self.calls == 1
-            if first and not after:
-                self.holding.set()
-                self.released.wait(HOLD_S)
-            result = step(*args)
-            if first and after:
-                self.holding.set()
-                self.released.wait(HOLD_S)
-            return result
-
-        return held
 
 
 async def write(node: ReplicaNode, first: int, count: int) -> None:
@@ -67,22 +41,29 @@ async def write(node: ReplicaNode, first: int, count: int) -> None:
     ))
 
 
-async def behind_the_compaction(tmp_path: Path) -> list[ReplicaNode]:
+@contextlib.asynccontextmanager
+async def behind_the_compaction(tmp_path: Path, hold: Held) -> AsyncIterator[list[ReplicaNode]]:
     """Replicas 0 and 1 serving, compacted past replica 2, which is restarted (the caller
-    starts it) and must install a snapshot to catch up."""
+    starts it) and must install a snapshot to catch up; ``hold`` let go and every replica
+    stopped at the end."""
     config = three_replicas(tmp_path)
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=EVERY)
              for i in range(3)]
-    for n in nodes:
-        await n.start()
-    await nodes[2].stop()
-    frontier = nodes[2].executed_slot
-    for first in range(0, 4 * EVERY, EVERY):  # a snapshot per round at least
-        await write(nodes[0], first, EVERY)
-    await wait_until(lambda: all(n.sdpaxos is not None and n.sdpaxos.compacted > frontier
-                                 for n in nodes[:2]), "the peers did not compact")
-    nodes[2] = ReplicaNode(config, 2, KVStore(), fsync=False, snapshot_every=EVERY)
-    return nodes
+    try:
+        for n in nodes:
+            await n.start()
+        await nodes[2].stop()
+        frontier = nodes[2].executed_slot
+        for first in range(0, 4 * EVERY, EVERY):  # a snapshot per round at least
+            await write(nodes[0], first, EVERY)
+        await wait_until(lambda: all(n.sdpaxos is not None and n.sdpaxos.compacted > frontier
+                                     for n in nodes[:2]), "the peers did not compact")
+        nodes[2] = ReplicaNode(config, 2, KVStore(), fsync=False, snapshot_every=EVERY)
+        yield nodes
+    finally:
+        hold.released.set()
+        for n in nodes:
+            await n.stop()
 
 
 async def caught_up(nodes: list[ReplicaNode]) -> None:
@@ -95,10 +76,9 @@ async def caught_up(nodes: list[ReplicaNode]) -> None:
 async def test_a_snapshot_is_built_off_the_loop_while_the_replica_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hold = Hold()
+    hold = Held()
     monkeypatch.setattr(node_module, "prepared_restore", hold.wrap(node_module.prepared_restore))
-    nodes = await behind_the_compaction(tmp_path)
-    try:
+    async with behind_the_compaction(tmp_path, hold) as nodes:
         await nodes[2].start()
         await wait_until(hold.holding.is_set, "no snapshot was being built")
         lagging = nodes[2]
@@ -112,20 +92,14 @@ async def test_a_snapshot_is_built_off_the_loop_while_the_replica_goes_on(
         hold.released.set()
         await caught_up(nodes)
         assert lagging.stats.snapshots_installed == 1
-    finally:
-        hold.released.set()
-        for n in nodes:
-            await n.stop()
 
 
 async def test_an_install_pauses_the_turns_until_durable_and_a_crash_then_is_consistent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hold = Hold()  # the install's snapshot file written, the log not rewritten yet
-    monkeypatch.setattr(node_module, "write_snapshot",
-                        hold.wrap(node_module.write_snapshot, after=True))
-    nodes = await behind_the_compaction(tmp_path)
-    try:
+    hold = Held(after=True)  # the install's snapshot file written, the log not yet
+    monkeypatch.setattr(node_module, "write_snapshot", hold.wrap(node_module.write_snapshot))
+    async with behind_the_compaction(tmp_path, hold) as nodes:
         await nodes[2].start()
         await wait_until(hold.holding.is_set, "the install's file was not written")
         lagging = nodes[2]
@@ -148,10 +122,6 @@ async def test_an_install_pauses_the_turns_until_durable_and_a_crash_then_is_con
         assert again.core.exec_slot == meta.slot
         assert again.state_machine.snapshot() == state
         again.wal.close()
-    finally:
-        hold.released.set()
-        for n in nodes:
-            await n.stop()
 
 
 async def test_a_backup_holds_the_state_of_its_barrier(
