@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -21,8 +22,8 @@ from consensus.messages import Command
 from consensus.runtime import logs as logs_module
 from consensus.runtime import tls as tls_module
 from consensus.runtime.client import Client
-from consensus.runtime.cluster_config import load_cluster_config
-from consensus.runtime.conn_limits import SILENT_GRACE_S, HandshakeGuard
+from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
+from consensus.runtime.conn_limits import SILENT_GRACE_S, HandshakeGuard, LimitsConfig
 from consensus.runtime.local_cluster import LocalCluster, free_base_port
 from consensus.runtime.logs import RateLimited
 from consensus.runtime.node import ReplicaNode
@@ -125,10 +126,10 @@ async def held_silent(addresses: list[tuple[str, int]], loops: int) -> Iterator[
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def restart_until_served(nodes: list[ReplicaNode], config: object) -> float:
+async def restart_until_served(nodes: list[ReplicaNode], config: ClusterConfig) -> float:
     """Stop replica 2, start it again; seconds until a write through it is answered."""
     await nodes[2].stop()
-    nodes[2] = ReplicaNode(config, 2, KVStore(), fsync=False)  # type: ignore[arg-type]
+    nodes[2] = ReplicaNode(config, 2, KVStore(), fsync=False)
     started = time.monotonic()
     await nodes[2].start()
     await nodes[2].submit(Command(client_id=9, seq=int(started * 1e6), op=kv_put("k", "v"),
@@ -139,7 +140,10 @@ async def restart_until_served(nodes: list[ReplicaNode], config: object) -> floa
 async def test_silent_connections_held_against_two_peers_do_not_keep_a_third_out(
     tmp_path: Path,
 ) -> None:
-    config = three_replicas(tmp_path)
+    # a handshake deadline as long as the one the silent connections used to hold a place
+    # of the peer cap for: were they not made to give way, the third would wait for it
+    config = dataclasses.replace(three_replicas(tmp_path),
+                                 limits=LimitsConfig(peer_handshake_timeout_s=5.0))
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
     for n in nodes:
         await n.start()
@@ -150,11 +154,12 @@ async def test_silent_connections_held_against_two_peers_do_not_keep_a_third_out
         async with held_silent(attacked, ATTACKERS) as opened:
             await wait_until(lambda: opened[0] >= 2 * ATTACKERS, "the attack did not start")
             under_attack = await restart_until_served(nodes, config)
-        # the peer caps were never reached: the silent ones waited in their handshakes
+        # with the silent connections counted against the peer cap (12) it took seconds
+        assert under_attack < 2 * quiet + 2.0, (quiet, under_attack)
+        # the peer caps were never reached: the silent ones waited in their handshakes, and
+        # made room for the newcomers
         assert all(n.transport.inbound_limits.stats.refused == 0 for n in nodes[:2])
         assert sum(n.transport.handshakes.stats.evicted_silent for n in nodes[:2]) > 0
-        # with the silent connections counted against the peer cap (12) it took seconds
-        assert under_attack < 2 * quiet + 1.0, (quiet, under_attack)
     finally:
         for n in nodes:
             await n.stop()
