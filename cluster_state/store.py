@@ -51,6 +51,7 @@ from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
+from cluster_state.hived_view import HivedView
 from cluster_state.ops import (
     Bind,
     Claim,
@@ -61,6 +62,7 @@ from cluster_state.ops import (
     GetSummary,
     GetVC,
     GroupSpec,
+    HivedInspect,
     Inspect,
     ListGroups,
     Op,
@@ -281,6 +283,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_vc(name)
                 case Inspect(_, name):
                     kind, info = "inspect", allocator.inspect_group(name)
+                case HivedInspect(what, name):
+                    kind, info = "hived", self._hived(what, name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
                 case PlanSubmit(spec):
@@ -288,6 +292,19 @@ class ClusterStore:
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
+
+    def _hived(self, kind: str, name: str) -> Any:
+        """HiveD's inspect object ``kind`` (``cluster_state.hived_view``)."""
+        view = HivedView(self.allocator)
+        if kind == "vc":
+            tree = view.virtual_cluster(name)
+            if tree is None:
+                raise RequestError(f"unknown virtual cluster {name!r}")
+            return tree
+        if kind == "group":
+            return view.affinity_group(name)
+        return {"groups": view.affinity_groups, "cluster": view.cluster_status,
+                "physical": view.physical_cluster, "vcs": view.virtual_clusters}[kind]()
 
     def events_since(self, revision: int) -> list[ChangeEvent]:
         """Every change after ``revision`` (``EventsCompacted`` if some are gone)."""
