@@ -2,7 +2,8 @@
 JSON, on an in-process store (every decision still goes through ``ClusterStore.apply`` /
 ``query`` as the replicated one does): filter reserves nothing, preempt reserves and names
 victims by pod UID, re-filter is idempotent, ignoreK8sSuggestedNodes, the bind annotations
-and fencing token, gang release by the reaper, node health from the node watch, inspect."""
+and fencing token, gang release by the reaper, node health from the node watch, inspect,
+HiveD's errors. (Answers are compared with HiveD's own in ``test_hived_conformance``.)"""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION, FENCING_ANNOTATION, ISOLATION_ANNOTATION
 from cluster_state.k8s.kube import KubeApi
 from cluster_state.k8s.nodes import NodeWatcher
+from cluster_state.k8s.pods import PodCache
 from cluster_state.k8s.web import serve
 from cluster_state.store import ClusterStore
 from consensus.messages import Command
@@ -63,6 +65,10 @@ class Setup:
         self.client = AllocationStore(LocalChannel(self.store), 1)  # type: ignore[arg-type]
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
+        self.pods: PodCache
+        self.extender: Extender
+        self.reaper: GangReaper
+        self.nodes: NodeWatcher
 
     async def post(self, verb: str, body: Any) -> tuple[int, Any]:
         return await request(self.url, "POST", f"/v1/extender/{verb}", body)
@@ -74,6 +80,11 @@ class Setup:
         status, body = await self.post("filter", {"Pod": pod, "NodeNames": list(nodes)})
         assert status == 200, body
         return body
+
+    async def cached(self, *pods: dict[str, Any]) -> None:
+        """Wait until the extender's pod cache holds ``pods`` (as added to the API server)."""
+        await wait_until(lambda: all(self.pods.by_uid(p["metadata"]["uid"]) for p in pods),
+                         "the pod cache sees the pods")
 
     def group(self, name: str) -> dict[str, Any] | None:
         info: dict[str, Any] | None = self.store.allocator.group_info(name)
@@ -87,12 +98,15 @@ async def setup() -> AsyncIterator[Setup]:
     for node in NODES:
         s.api.set_node(node, True)
     kube = KubeApi(s.api.url)
-    server = await serve(Extender(s.client, kube).handle, "127.0.0.1", 0)
+    s.pods = PodCache(kube)
+    s.tasks = [asyncio.create_task(s.pods.run())]
+    await asyncio.wait_for(s.pods.synced.wait(), 10)
+    s.extender = Extender(s.client, kube, s.pods)
+    server = await serve(s.extender.handle, "127.0.0.1", 0)
     s.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    s.reaper = GangReaper(s.client, kube)  # type: ignore[attr-defined]
-    s.nodes = NodeWatcher(s.client, kube)  # type: ignore[attr-defined]
-    s.tasks = [asyncio.create_task(s.reaper.run()),  # type: ignore[attr-defined]
-               asyncio.create_task(s.nodes.run())]  # type: ignore[attr-defined]
+    s.reaper = GangReaper(s.client, kube, s.pods)
+    s.nodes = NodeWatcher(s.client, kube)
+    s.tasks += [asyncio.create_task(s.reaper.run()), asyncio.create_task(s.nodes.run())]
     yield s
     for task in s.tasks:
         task.cancel()
@@ -111,13 +125,20 @@ def gang(prefix: str, pods: int, leaves: int, *, vc: str = "vc1", priority: int 
 async def schedule(s: Setup, pod: dict[str, Any]) -> str:
     """Filter then bind, as kube-scheduler does; the node."""
     result = await s.filter(pod)
-    assert result["nodenames"], result
-    node: str = result["nodenames"][0]
+    assert result["NodeNames"], result
+    node: str = result["NodeNames"][0]
     meta = pod["metadata"]
     status, body = await s.post("bind", {"PodName": meta["name"], "PodNamespace": "default",
                                          "PodUID": meta["uid"], "Node": node})
-    assert (status, body) == (200, {"error": ""})
+    assert (status, body) == (200, {"Error": ""})
     return node
+
+
+def user_error(pod: dict[str, Any], routine: str, message: str) -> str:
+    """HiveD's user error text for ``pod`` in ``routine``."""
+    meta = pod["metadata"]
+    key = f"{meta['uid']}({meta['namespace']}/{meta['name']})"
+    return f"Code: 400, Message: hivedscheduler: User Error: [{key}]: {routine}: Failed: {message}"
 
 
 async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
@@ -127,8 +148,9 @@ async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
         s.api.add_pod(pod)
     first = await s.filter(low[0])
     again = await s.filter(low[0])  # a re-filter of a binding pod answers the same node
-    assert first["nodenames"] == again["nodenames"] and len(first["nodenames"]) == 1
-    assert set(first["failedNodes"]) == set(NODES) - set(first["nodenames"])
+    assert first["NodeNames"] == again["NodeNames"] and len(first["NodeNames"]) == 1
+    assert first == {"Nodes": None, "NodeNames": first["NodeNames"], "FailedNodes": None,
+                     "Error": ""}  # HiveD's answer: the node, nothing else
     placed = s.group("low")
     assert placed is not None and placed["state"] == "placed"
     nodes = {await schedule(s, pod) for pod in low}
@@ -136,28 +158,44 @@ async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
     binding = s.api.bindings[0]
     annotations = binding["metadata"]["annotations"]
     info = yaml.safe_load(annotations[BIND_INFO_ANNOTATION])
-    assert info["node"] == binding["target"]["name"] and info["fencingToken"] == placed["token"]
-    assert annotations[FENCING_ANNOTATION] == str(placed["token"])
+    assert info["node"] == binding["target"]["name"]
+    assert set(info) == {"node", "leafCellIsolation", "cellChain", "affinityGroupBindInfo"}
+    assert annotations[FENCING_ANNOTATION] == str(placed["token"])  # its own annotation
     assert annotations[ISOLATION_ANNOTATION] == ",".join(map(str, info["leafCellIsolation"]))
-    assert len(info["affinityGroupBindInfo"][0]["podPlacements"]) == 2
-    # vc1 is full: a higher priority needs victims; the filter says so and reserves nothing
+    (member,) = info["affinityGroupBindInfo"]
+    assert len(member["podPlacements"]) == 2
+    # the preassigned VC cell's type (vc1 owns GPU-NODE cells), not the chain's name
+    assert {t for p in member["podPlacements"] for t in p["preassignedCellTypes"]} == {
+        "GPU-NODE"} and info["cellChain"] == "GPU-RACK"
+    # vc1 is full: a higher priority needs victims; the filter names them on their nodes
+    # and reserves nothing
     high = gang("high", 1, 4, priority=100)[0]
     s.api.add_pod(high)
+    await s.cached(high, *low)
     failed = await s.filter(high)
-    assert failed["nodenames"] == [] and "victims low" in next(iter(failed["failedNodes"].values()))
+    low_pods = {p["spec"]["nodeName"]: p for p in low}
+    assert failed["NodeNames"] is None and set(failed["FailedNodes"]) <= set(low_pods)
+    for node, reason in failed["FailedNodes"].items():
+        meta = low_pods[node]["metadata"]
+        assert reason == f"node({node}) has preemptible Pods: {meta['uid']}(default/{meta['name']})"
     assert s.group("high") is None
     status, preempt = await s.post("preempt", {
         "Pod": high, "NodeNameToMetaVictims": {n: {"Pods": [], "NumPDBViolations": 0}
                                                for n in NODES}})
     assert status == 200
-    victims = preempt["nodeNameToMetaVictims"]
+    victims = preempt["NodeNameToMetaVictims"]
     assert len(victims) == 1
     (victim_node, meta), = victims.items()
     on_node = [p["metadata"]["uid"] for p in low if p["spec"]["nodeName"] == victim_node]
-    assert [v["uid"] for v in meta["pods"]] == on_node
+    assert meta == {"Pods": [{"UID": uid} for uid in on_node], "NumPDBViolations": 0}
     assert s.group("high")["state"] == "preempting"  # type: ignore[index]
-    assert "waiting for the preemption" in next(iter((await s.filter(high))["failedNodes"]
-                                                    .values()))
+    # filtered again while preempting: the victims' pods, still running, are named again
+    assert (await s.filter(high))["FailedNodes"] == failed["FailedNodes"]
+    status, group = await s.get("/v1/inspect/affinitygroups/high")
+    assert status == 200 and group["status"]["state"] == "Preempting"
+    assert group["status"]["preemptingPods"] == [high["metadata"]["uid"]]
+    status, victim = await s.get("/v1/inspect/affinitygroups/low")
+    assert victim["status"]["state"] == "BeingPreempted"
     for pod in low:  # Kubernetes deletes the victims (the whole gang goes)
         s.api.delete_pod("default", pod["metadata"]["name"])
     await wait_until(lambda: s.group("low") is None, "the reaper releases the gang")
@@ -177,44 +215,65 @@ async def test_ignore_k8s_suggested_nodes_false_waits_for_suggested_ones(setup: 
     planned = plan.pods[0][1]  # type: ignore[union-attr]
     others = tuple(n for n in NODES if n != planned)
     refused = await s.filter(pod, others)
-    assert refused["nodenames"] == [] and "filtered out" in refused["failedNodes"][others[0]]
+    assert refused["NodeNames"] is None
+    assert "filtered out" in refused["FailedNodes"]["hivedscheduler"]
     assert s.group("picky") is None
     # the default (true) takes the plan whatever Kubernetes suggests, as HiveD does
     lax = gang("lax", 1, 4, vc="vc2")[0]
     s.api.add_pod(lax)
-    assert (await s.filter(lax, others))["nodenames"]
-    assert (await s.filter(pod, NODES))["nodenames"]
+    assert (await s.filter(lax, others))["NodeNames"]
+    assert (await s.filter(pod, NODES))["NodeNames"]
 
 
 async def test_bad_requests_and_inspect(setup: Setup) -> None:
     s = setup
     bad = hived_pod("bad", vc="nope", priority=10, leaves=4, group="bad", members=[(1, 4)])
+    s.api.add_pod(bad)
     status, body = await s.post("filter", {"pod": bad, "nodenames": list(NODES)})
-    assert status == 400 and "nope" in body["error"]
+    key = "uid-bad(default/bad)"
+    assert (status, body["Error"]) == (200, user_error(bad, "filterRoutine",
+                                                       f"[{key}]: VC nope does not exists!"))
     no_spec = {"metadata": {"name": "plain", "namespace": "default", "uid": "u"}}
-    assert (await s.post("filter", {"pod": no_spec}))[0] == 400
+    status, body = await s.post("filter", {"pod": no_spec})
+    assert (status, body["Error"]) == (200, user_error(
+        no_spec, "filterRoutine", "Pod does not exist, completed or has not been informed "
+        "to the scheduler"))  # not in the API server
     wrong = hived_pod("w", vc="vc1", priority=5000, leaves=4, group="w", members=[(1, 4)])
-    assert (await s.post("filter", {"pod": wrong}))[0] == 400
-    assert (await s.post("nothing", {}))[0] == 404
+    s.api.add_pod(wrong)
+    status, body = await s.post("filter", {"pod": wrong})
+    assert body["Error"] == user_error(wrong, "filterRoutine", "Pod annotation hivedscheduler."
+                                       "microsoft.com/pod-scheduling-spec: Priority is greater "
+                                       "than 1000")
+    assert (await s.post("nothing", {})) == (
+        404, "hivedscheduler: User Error: Path not found: /v1/extender/nothing")
     pod = gang("seen", 1, 2)[0]
     s.api.add_pod(pod)
     await schedule(s, pod)
     status, groups = await s.get("/v1/inspect/affinitygroups/")
-    assert status == 200 and [g["name"] for g in groups["items"]] == ["seen"]
+    assert status == 200 and [g["metadata"]["name"] for g in groups["items"]] == ["seen"]
     status, group = await s.get("/v1/inspect/affinitygroups/seen")
-    assert status == 200 and group
-    assert (await s.get("/v1/inspect/affinitygroups/unknown"))[0] == 404
+    assert status == 200 and group == groups["items"][0]
+    assert group["status"]["state"] == "Allocated"
+    assert group["status"]["allocatedPods"] == [pod["metadata"]["uid"]]
+    assert (await s.get("/v1/inspect/affinitygroups/unknown")) == (
+        400, "hivedscheduler: User Error: Affinity group unknown does not exist since it is "
+        "not allocated or preempting")
     status, cluster = await s.get("/v1/inspect/clusterstatus")
     assert status == 200 and set(cluster["virtualClusters"]) == {"vc1", "vc2"}
-    assert (await s.get("/v1/inspect/clusterstatus/physicalcluster"))[0] == 200
-    assert (await s.get("/v1/inspect/clusterstatus/virtualclusters/vc2"))[0] == 200
-    assert (await s.get("/v1/inspect/clusterstatus/virtualclusters/none"))[0] == 400
+    status, physical = await s.get("/v1/inspect/clusterstatus/physicalcluster")
+    assert status == 200 and physical == cluster["physicalCluster"]
+    status, vc2 = await s.get("/v1/inspect/clusterstatus/virtualclusters/vc2")
+    assert status == 200 and vc2 == cluster["virtualClusters"]["vc2"]
+    assert (await s.get("/v1/inspect/clusterstatus/virtualclusters/none")) == (
+        400, "hivedscheduler: User Error: VC none not found")
+    status, paths = await s.get("/")
+    assert status == 200 and "/v1/inspect/clusterstatus" in paths["paths"]
 
 
 async def test_node_watch_feeds_node_health(setup: Setup) -> None:
     s = setup
     bad = lambda: set(s.store.allocator.bad_nodes)  # noqa: E731
-    await wait_until(lambda: s.nodes.known == dict.fromkeys(NODES, True),  # type: ignore[attr-defined]
+    await wait_until(lambda: s.nodes.known == dict.fromkeys(NODES, True),
                      "the watcher reports every listed node")
     s.api.set_node("n3", False)
     await wait_until(lambda: bad() == {"n3"}, "a NotReady node becomes bad")
@@ -226,24 +285,36 @@ async def test_node_watch_feeds_node_health(setup: Setup) -> None:
         pods = gang(f"wide-{vc}", 2, 4, vc=vc)
         for pod in pods:
             s.api.add_pod(pod)
-        nodes = [(await s.filter(pod))["nodenames"] for pod in pods]
+        nodes = [(await s.filter(pod))["NodeNames"] for pod in pods]
         if vc == "vc1":
             assert all(n and n[0] != "n2" for n in nodes), nodes
         else:  # no two healthy nodes left for vc2: it waits, nothing placed
-            assert nodes == [[], []] and s.group("wide-vc2") is None
+            assert nodes == [None, None] and s.group("wide-vc2") is None
 
 
 async def test_bytes_that_are_not_http_get_400_and_the_extender_goes_on(setup: Setup) -> None:
     s = setup
     port = int(s.url.rsplit(":", 1)[1])
     for garbage in (b"\x00\xff garbage\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1\r\n"
-                    b"Content-Length: 99999999999\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1"
-                    b"\r\nContent-Length: 5\r\n\r\n{nope", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
+                    b"Content-Length: 99999999999\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(garbage)
         await writer.drain()
         answer = await reader.read()
         writer.close()
         assert answer.startswith(b"HTTP/1.1 400"), (garbage, answer[:80])
+    # HTTP, but not the path's JSON: HiveD's user error in the answer, as HiveD gives it
+    status, body = await request(s.url, "POST", "/v1/extender/filter", None)
+    assert status == 200 and body["Error"] == (
+        "Code: 400, Message: hivedscheduler: User Error: Failed to unmarshal web request body "
+        "to ExtenderArgs: EOF")
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"POST /v1/extender/filter HTTP/1.1\r\nContent-Length: 5\r\n"
+                 b"Connection: close\r\n\r\n{nope")
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 200") and b"Failed to unmarshal web request body to " \
+        b"ExtenderArgs" in answer, answer
     status, body = await s.get("/healthz")
     assert (status, body) == (200, {"status": "ok"})
