@@ -904,6 +904,7 @@ class Allocator:
                 f"not {previous or 'nobody'}"
             )
         group.claims = MappingProxyType({**group.claims, slot: holder})
+        self.events.append(("claimed", name, [incarnation, slot, uid, holder[1], previous]))
         return Claimed(name, incarnation, slot, uid)
 
     def _promote(self, group: Group, position: int) -> None:

@@ -104,7 +104,7 @@ _EVENT_LOG_FIELDS = 2
 EVENTS_PAGE = 512
 #: the event kinds whose subject is a group, and those that mean it is gone
 _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
-                           "released", "trimmed"})
+                           "released", "trimmed", "claimed"})
 _GROUP_ENDS = frozenset({"released", "cancelled"})
 
 
