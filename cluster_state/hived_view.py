@@ -170,7 +170,10 @@ class HivedView:
             out.append(self._virtual(cell.item, item.level, cell.address,
                                      buddy.item_cell[cell.item], top=True))
         for leaf in self._opportunistic_leaves(vc):
-            physical = self._physical_flat(leaf)
+            # HiveD's fake cell points at the physical leaf's own status (bound, in a pinned
+            # cell, it has its virtual cell)
+            bound = self._virtual_address(leaf)[1] if self.a.cells.item_of[leaf] >= 0 else None
+            physical = self._physical(leaf, bound)
             out.append({
                 "cellType": physical["cellType"],
                 "cellAddress": physical["cellAddress"] + "-opp",
@@ -203,7 +206,9 @@ class HivedView:
         if vc:
             doc["vc"] = vc
         if virtual is not None and self._bound(c):
-            doc["virtualCell"] = self._virtual_flat(c, virtual, top=item >= 0)
+            # HiveD's copy of the virtual cell: its priority follows the physical cell's
+            doc["virtualCell"] = self._virtual_flat(c, virtual, top=item >= 0,
+                                                    priority=self.priority(c))
         return doc
 
     def _physical_flat(self, c: int) -> dict[str, Any]:
@@ -327,7 +332,8 @@ class HivedView:
         return (leaf for leaf in leaves if self._opportunistic_vc(leaf) == vc)
 
     # ------------------------------------------------------------------ virtual cells
-    def _virtual_flat(self, c: int, address: str, *, top: bool) -> dict[str, Any]:
+    def _virtual_flat(self, c: int, address: str, *, top: bool,
+                      priority: int | None = None) -> dict[str, Any]:
         """The fields of the virtual cell bound to physical cell ``c`` at ``address`` (no
         children, no physical cell): HiveD's shallow copy in a physical cell's
         ``virtualCell``."""
@@ -341,7 +347,7 @@ class HivedView:
         doc["cellAddress"] = address
         doc["cellState"] = self.state(c)
         doc["cellHealthiness"] = BAD if self.a.cells.bad_n[c] else HEALTHY
-        doc["cellPriority"] = self.virtual_priority(c)
+        doc["cellPriority"] = self.virtual_priority(c) if priority is None else priority
         return doc
 
     def _virtual(self, item: int, level: int, address: str, c: int, *,

@@ -104,6 +104,7 @@ from cluster_state.k8s.hived_web import (
     filter_result,
     go_json,
     hived_reason,
+    hived_waits,
     in_routine,
     platform_error,
     pod_key,
@@ -295,7 +296,12 @@ class Extender:
 
     async def _filter(self, request: PodRequest, suggested: list[str],
                       node_objects: Any) -> dict[str, Any]:
-        outcome = await self._placement_for_filter(request, suggested)
+        try:
+            outcome = await self._placement_for_filter(request, suggested)
+        except InvalidRequest as exc:
+            if not hived_waits(exc.reason):
+                raise
+            outcome = exc.reason
         if isinstance(outcome, dict):  # preemptible pods named per node
             return filter_result(failed=outcome)
         if isinstance(outcome, str):
@@ -527,7 +533,12 @@ class Extender:
                     request, plan if isinstance(plan, Placed) else Placed("", "", (), 0),
                     candidates):
                 return preemption_result()
-        result = await self.store.submit(request.spec)
+        try:
+            result = await self.store.submit(request.spec)
+        except InvalidRequest as exc:
+            if not hived_waits(exc.reason):
+                raise
+            return preemption_result()
         if not isinstance(result, Preempting):
             return preemption_result()
         by_node: dict[str, list[str]] = {}

@@ -16,11 +16,12 @@ accepted here with the same meaning, and every spec it refuses is refused with i
 * the checks and their messages are HiveD's (``VirtualCluster is empty``, ``Priority is less
   than -1``, ... ``AffinityGroup.Members does not contains current Pod``).
 
-``version: v2`` selects the request schema of HiveD's ``cell-as-sku`` work (``pkg/api/v2``:
-``cellType``, ``cellNumber``, a ``podRootGroup`` tree of ``pod`` / ``childGroups``), with its
-checks and messages; its gang is flattened into this store's members. What the store cannot
-place is refused plainly: ``withinOneCell``, a ``podMinNumber`` below ``podMaxNumber``, one
-gang asking for several cell types. Any other ``version`` is HiveD v2's ``Unknown version``.
+``version: v2`` with that schema's keys selects the request schema of HiveD's ``cell-as-sku``
+work (``pkg/api/v2``: ``cellType``, ``cellNumber``, a ``podRootGroup`` tree of ``pod`` /
+``childGroups``), with its checks and messages; its gang is flattened into this store's
+members. What the store cannot place is refused plainly: ``withinOneCell``, a
+``podMinNumber`` below ``podMaxNumber``, one gang asking for several cell types. Any other
+spec is read as HiveD master reads it, which ignores ``version``.
 
 **The bind info** (``hivedscheduler.microsoft.com/pod-bind-info``, ``api.PodBindInfo`` as
 yaml.v2 writes it): ``node``, ``leafCellIsolation``, ``cellChain`` and
@@ -170,6 +171,26 @@ _SPEC_V2 = _Struct("v2.PodSchedulingSpec", (
 
 _TAGS = {"tag:yaml.org,2002:" + t: "!!" + t
          for t in ("str", "int", "float", "bool", "null", "seq", "map", "binary", "timestamp")}
+_INT_TAG, _FLOAT_TAG, _BOOL_TAG, _NULL_TAG, _STR_TAG = (
+    "tag:yaml.org,2002:" + t for t in ("int", "float", "bool", "null", "str"))
+#: libyaml's parser where PyYAML has it (yaml.v2 is a port of libyaml: the same syntax
+#: errors), else PyYAML's own
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+#: builds the value of a scalar node (stateless for scalars: one is enough)
+_SCALARS = yaml.constructor.SafeConstructor()
+
+
+def _scalar_value(node: yaml.ScalarNode) -> Any:
+    """A plain scalar's value as its resolved tag says (yaml.v2's ``resolve``)."""
+    if node.tag == _INT_TAG:
+        return _SCALARS.construct_yaml_int(node)
+    if node.tag == _FLOAT_TAG:
+        return _SCALARS.construct_yaml_float(node)
+    if node.tag == _BOOL_TAG:
+        return _SCALARS.construct_yaml_bool(node)
+    if node.tag == _NULL_TAG:
+        return None
+    return str(node.value)
 
 
 def _go_type(kind: Any) -> str:
@@ -208,9 +229,12 @@ class _GoYaml:
             return {name: _GoYaml.zero(k) for name, k in kind.fields}
         return None  # a nil pointer or slice
 
-    def decode(self, node: yaml.Node | None, kind: Any) -> Any:
-        if node is None or (isinstance(node, yaml.ScalarNode)
-                            and node.tag == "tag:yaml.org,2002:null"):
+    def decode(self, node: yaml.Node | None, kind: Any,
+               defaults: dict[str, Any] | None = None) -> Any:
+        """``defaults``: a struct's fields before decoding (Go's initialised struct)."""
+        if node is None:  # nothing to decode: the struct as initialised
+            return {**self.zero(kind), **(defaults or {})}
+        if isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG:
             return self.zero(kind)
         if isinstance(kind, tuple) and kind[0] == "ptr":
             return self.decode(node, kind[1])
@@ -223,7 +247,7 @@ class _GoYaml:
             if not isinstance(node, yaml.MappingNode):
                 self._error(node, kind)
                 return self.zero(kind)
-            out = self.zero(kind)
+            out = {**self.zero(kind), **(defaults or {})}
             fields = dict(kind.fields)
             for key, value in node.value:
                 name = str(key.value) if isinstance(key, yaml.ScalarNode) else None
@@ -238,11 +262,10 @@ class _GoYaml:
     def _scalar(self, node: yaml.ScalarNode, kind: str) -> Any:
         if kind == "string":
             return str(node.value)
-        tag, text = node.tag, str(node.value)
-        if kind == "bool" and tag == "tag:yaml.org,2002:bool":
-            return bool(yaml.safe_load(text))
-        if kind == "int32" and tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float"):
-            value = yaml.safe_load(text)
+        if kind == "bool" and node.tag == _BOOL_TAG:
+            return _scalar_value(node)
+        if kind == "int32" and node.tag in (_INT_TAG, _FLOAT_TAG):
+            value = _scalar_value(node)
             if isinstance(value, int | float) and value == value and abs(value) != float("inf"):
                 number = int(value)  # Go's int64(float64) truncates toward zero
                 if _INT32[0] <= number <= _INT32[1]:
@@ -251,20 +274,37 @@ class _GoYaml:
         return self.zero(kind)
 
 
-def _decode_yaml(text: str, kind: _Struct) -> dict[str, Any]:
-    """``text`` decoded as yaml.v2 decodes it into ``kind``; ``SpecError`` with HiveD's
-    message (``common.FromYaml``) if it does not decode."""
-    failed = f"Failed to unmarshal YAML {go_quote(text)} to Object: "
+def _failed(text: str) -> str:
+    return f"Failed to unmarshal YAML {go_quote(text)} to Object: "
+
+
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node tree of ``text``; ``SpecError`` with HiveD's message
+    (``common.FromYaml``) if it is not YAML."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node: yaml.Node | None = yaml.compose(text, Loader=_LOADER)
     except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        raise SpecError(f"{failed}yaml: {line}{exc.problem or exc}") from None
+        # yaml.v2's line: the problem's (0-based: libyaml's parser has moved on a line; a
+        # scanner error counts one more), else the context's, else none
+        line = 0
+        if exc.problem_mark is not None and exc.problem_mark.line:
+            line = exc.problem_mark.line + isinstance(exc, yaml.scanner.ScannerError)
+        elif exc.context_mark is not None:
+            line = exc.context_mark.line
+        where = f"line {line}: " if line else ""
+        raise SpecError(f"{_failed(text)}yaml: {where}{exc.problem or exc}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{failed}yaml: {exc}") from None
+        raise SpecError(f"{_failed(text)}yaml: {exc}") from None
+    return node
+
+
+def _decode_yaml(text: str, node: yaml.Node | None, kind: _Struct,
+                 defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``node`` (of ``text``) decoded as yaml.v2 decodes it into ``kind`` initialised with
+    ``defaults``; ``SpecError`` with HiveD's message if it does not decode."""
+    failed = _failed(text)
     decoder = _GoYaml()
-    spec = decoder.decode(node, kind)
+    spec = decoder.decode(node, kind, defaults)
     if decoder.errors:
         raise SpecError(f"{failed}yaml: unmarshal errors:\n  " + "\n  ".join(decoder.errors))
     if not isinstance(spec, dict):  # a struct always decodes to a map
@@ -272,15 +312,19 @@ def _decode_yaml(text: str, kind: _Struct) -> dict[str, Any]:
     return spec
 
 
-def _version(text: str) -> object:
-    """The ``version`` key of the spec, "v1" without one (HiveD v2's ``GeneralSpec``)."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return "v1"  # the typed decoding reports it
-    if isinstance(raw, dict) and "version" in raw:
-        return raw["version"]
-    return "v1"
+#: the keys of HiveD v2's request schema that v1 does not have
+_V2_KEYS = frozenset({"cellType", "cellNumber", "podRootGroup"})
+
+
+def _is_v2(node: yaml.Node | None) -> bool:
+    """Whether the spec is HiveD v2's schema: ``version: v2`` and its keys. (HiveD master
+    ignores ``version``: a spec of v1 keys is read as v1 whatever its version says.)"""
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    keys = {str(k.value): v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+    version = keys.get("version")
+    return (isinstance(version, yaml.ScalarNode) and _scalar_value(version) == "v2"
+            and not _V2_KEYS.isdisjoint(keys))
 
 
 # --------------------------------------------------------------------------- pods
@@ -329,12 +373,10 @@ def pod_request(pod: dict[str, Any]) -> PodRequest:
     text = convert_old_annotation(raw if isinstance(raw, str) else "")
     if text == "":
         raise SpecError(_SPEC_ERROR + "Annotation does not exist or is empty")
-    version = _version(text)
-    if version == "v2":
-        return _v2_request(namespace, name, uid, text)
-    if version != "v1":
-        raise SpecError(f"{_SPEC_ERROR}Unknown version {version}")
-    spec = _decode_yaml(text, _SPEC_V1)
+    node = _compose(text)
+    if _is_v2(node):
+        return _v2_request(namespace, name, uid, text, node)
+    spec = _decode_yaml(text, node, _SPEC_V1, {"ignoreK8sSuggestedNodes": True})
     group = spec["affinityGroup"]
     if group is None:
         group = {"name": f"{namespace}/{name}",
@@ -375,10 +417,11 @@ def _group_spec(name: str, vc: str, priority: int, merged: dict[int, int], leaf_
         leaf_type=leaf_type, pinned=pinned, lazy=lazy)
 
 
-def _v2_request(namespace: str, name: str, uid: str, text: str) -> PodRequest:
+def _v2_request(namespace: str, name: str, uid: str, text: str,
+                node: yaml.Node | None) -> PodRequest:
     """A ``version: v2`` spec (HiveD's ``pkg/api/v2``: its defaults and ``Validate``), then
     flattened into members."""
-    spec = _decode_yaml(text, _SPEC_V2)
+    spec = _decode_yaml(text, node, _SPEC_V2)
     root = spec["podRootGroup"]
     if root is None:
         root = _GoYaml.zero(_GROUP_V2)
@@ -494,7 +537,7 @@ def slot_of_bound_pod(pod: dict[str, Any], placed: Placed) -> int | None:
     if not isinstance(text, str):
         return None
     try:
-        info = yaml.safe_load(convert_old_annotation(text))
+        info = yaml.load(convert_old_annotation(text), Loader=_LOADER)
         key = (str(info["node"]), tuple(int(d) for d in info["leafCellIsolation"]))
     except (yaml.YAMLError, KeyError, TypeError, ValueError):
         return None

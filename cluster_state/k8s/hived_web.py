@@ -49,6 +49,7 @@ __all__ = [
     "filter_result",
     "go_json",
     "hived_reason",
+    "hived_waits",
     "in_routine",
     "platform_error",
     "pod_key",
@@ -161,3 +162,18 @@ def hived_reason(reason: str, request: PodRequest) -> str:
             text = template.format(**match.groupdict(), pinned=request.spec.pinned)
             return f"[{request.key}]: {text}"
     return reason
+
+
+# The store's refusals of a request HiveD takes and leaves waiting for ever (its
+# topology-aware scheduler finds no room, at every attempt): the extender answers them as HiveD
+# does, as a wait, with the store's clearer reason.
+_WAITS = (
+    re.compile(r"^a pod of \d+ leaf cells does not fit in one node of "),
+    re.compile(r"^the group needs \d+ leaf cells, pinned cell .* holds \d+: it can never fit$"),
+    re.compile(r"^virtual cluster \S+ has no floating cells$"),
+)
+
+
+def hived_waits(reason: str) -> bool:
+    """Whether HiveD lets a request the store refuses with ``reason`` wait instead."""
+    return any(pattern.match(reason) for pattern in _WAITS)
