@@ -39,7 +39,7 @@ state names; they decode strictly into HiveD's Go types
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -260,14 +260,23 @@ class HivedView:
         return state
 
     def priority(self, c: int) -> int:
-        known = self._priority.get(c)
-        if known is None:
-            if self.topo.level[c] == 1:
-                known = max(self._user_priority(c), self._reserver_priority(c))
-            else:
-                known = max(self.priority(k) for k in self.topo.children[c])
-            self._priority[c] = known
-        return known
+        return self._highest(c, self._priority, self._leaf_priority)
+
+    def virtual_priority(self, c: int) -> int:
+        """The priority as the cell's VC sees it: guaranteed use and reservations only."""
+        return self._highest(c, self._vpriority, self._guaranteed_priority)
+
+    def _highest(self, c: int, known: dict[int, int], leaf: Callable[[int], int]) -> int:
+        """``leaf(c)`` at a leaf, the highest of the children's above (kept in ``known``)."""
+        value = known.get(c)
+        if value is None:
+            kids = self.topo.children[c]
+            value = max(self._highest(k, known, leaf) for k in kids) if kids else leaf(c)
+            known[c] = value
+        return value
+
+    def _leaf_priority(self, leaf: int) -> int:
+        return max(self._user_priority(leaf), self._reserver_priority(leaf))
 
     def _user_priority(self, leaf: int) -> int:
         owner = self.a.cells.owner[leaf]
@@ -278,22 +287,11 @@ class HivedView:
         return self.a.groups[reserver].priority if reserver is not None else FREE
 
     def _guaranteed_priority(self, leaf: int) -> int:
-        """The leaf's priority as its VC sees it: guaranteed use and reservations only."""
         best = self._reserver_priority(leaf)
         owner = self.a.cells.owner[leaf]
         if owner is not None and self.a.groups[owner].guaranteed:
             best = max(best, self.a.groups[owner].priority)
         return best
-
-    def virtual_priority(self, c: int) -> int:
-        known = self._vpriority.get(c)
-        if known is None:
-            if self.topo.level[c] == 1:
-                known = self._guaranteed_priority(c)
-            else:
-                known = max(self.virtual_priority(k) for k in self.topo.children[c])
-            self._vpriority[c] = known
-        return known
 
     def _bound(self, c: int) -> bool:
         """Whether HiveD would have ``c`` bound to a virtual cell: an item is bound exactly

@@ -240,6 +240,18 @@ class Extender:
             raise in_routine(platform_error(f"{type(exc).__name__}: {exc}"), key,
                              routine) from None
 
+    async def _pod_routine(self, routine: str, pod: dict[str, Any],
+                           call: Callable[[], Any]) -> dict[str, Any]:
+        """``_routine`` for the pod of a filter or a preemption (its request, if it reads,
+        words the store's refusals as HiveD does)."""
+        meta = _meta(pod)
+        key = pod_key(*(str(meta.get(k) or "") for k in ("namespace", "name", "uid")))
+        request: PodRequest | None = None
+        with contextlib.suppress(SpecError):
+            request = pod_request(pod)
+        result: dict[str, Any] = await self._routine(routine, key, request, call)
+        return result
+
     async def _admitted(self, namespace: str, name: str, uid: str) -> CachedPod:
         """The pod as HiveD's informer holds it: live, asking for HiveD, this UID; read from
         the API server if the cache does not hold it (yet). Else HiveD's user error."""
@@ -284,15 +296,9 @@ class Extender:
 
         async def routine() -> dict[str, Any]:
             await self._admitted(namespace, name, uid)
-            request = pod_request(pod)
-            return await self._filter(request, suggested, node_objects)
+            return await self._filter(pod_request(pod), suggested, node_objects)
 
-        request: PodRequest | None = None
-        with contextlib.suppress(SpecError):
-            request = pod_request(pod)
-        result: dict[str, Any] = await self._routine(
-            "filterRoutine", pod_key(namespace, name, uid), request, routine)
-        return result
+        return await self._pod_routine("filterRoutine", pod, routine)
 
     async def _filter(self, request: PodRequest, suggested: list[str],
                       node_objects: Any) -> dict[str, Any]:
@@ -512,12 +518,7 @@ class Extender:
             await self._admitted(namespace, name, uid)
             return await self._preempt(pod_request(pod), candidates)
 
-        request: PodRequest | None = None
-        with contextlib.suppress(SpecError):
-            request = pod_request(pod)
-        result: dict[str, Any] = await self._routine(
-            "preemptRoutine", pod_key(namespace, name, uid), request, routine)
-        return result
+        return await self._pod_routine("preemptRoutine", pod, routine)
 
     async def _preempt(self, request: PodRequest, candidates: list[str]) -> dict[str, Any]:
         info = await self.store.status(request.spec.name)

@@ -381,16 +381,8 @@ def pod_request(pod: dict[str, Any]) -> PodRequest:
     if group is None:
         group = {"name": f"{namespace}/{name}",
                  "members": [{"podNumber": 1, "leafCellNumber": spec["leafCellNumber"]}]}
-    checks = (
-        (spec["virtualCluster"] == "", "VirtualCluster is empty"),
-        (spec["priority"] < OPPORTUNISTIC, f"Priority is less than {OPPORTUNISTIC}"),
-        (spec["priority"] > MAX_PRIORITY, f"Priority is greater than {MAX_PRIORITY}"),
-        (spec["leafCellNumber"] <= 0, "LeafCellNumber is non-positive"),
-        (group["name"] == "", "AffinityGroup.Name is empty"),
-    )
-    for failed, message in checks:
-        if failed:
-            raise SpecError(_SPEC_ERROR + message)
+    _check(spec, (spec["leafCellNumber"] <= 0, "LeafCellNumber is non-positive"),
+           (group["name"] == "", "AffinityGroup.Name is empty"))
     merged: dict[int, int] = {}
     for member in group["members"] or []:
         if member["podNumber"] <= 0:
@@ -406,6 +398,20 @@ def pod_request(pod: dict[str, Any]) -> PodRequest:
         group["name"], spec["virtualCluster"], spec["priority"], merged, spec["leafCellType"],
         spec["pinnedCellId"], spec["lazyPreemptionEnable"]),
         spec["leafCellNumber"], spec["ignoreK8sSuggestedNodes"])
+
+
+def _check(spec: dict[str, Any], *more: tuple[bool, str]) -> None:
+    """HiveD's checks of a spec, in its order: the VC, the priority's range, then ``more``
+    (failed, message); ``SpecError`` with the first failure's message."""
+    checks = (
+        (spec["virtualCluster"] == "", "VirtualCluster is empty"),
+        (spec["priority"] < OPPORTUNISTIC, f"Priority is less than {OPPORTUNISTIC}"),
+        (spec["priority"] > MAX_PRIORITY, f"Priority is greater than {MAX_PRIORITY}"),
+        *more,
+    )
+    for failed, message in checks:
+        if failed:
+            raise SpecError(_SPEC_ERROR + message)
 
 
 def _group_spec(name: str, vc: str, priority: int, merged: dict[int, int], leaf_type: str,
@@ -428,16 +434,8 @@ def _v2_request(namespace: str, name: str, uid: str, text: str,
         root.update(name=f"{namespace}/{name}", pod={
             "podMinNumber": 1, "podMaxNumber": 1, "containsCurrentPod": True,
             "cellsPerPod": {"cellType": spec["cellType"], "cellNumber": spec["cellNumber"]}})
-    checks = (
-        (spec["virtualCluster"] == "", "VirtualCluster is empty"),
-        (spec["priority"] < OPPORTUNISTIC, f"Priority is less than {OPPORTUNISTIC}"),
-        (spec["priority"] > MAX_PRIORITY, f"Priority is greater than {MAX_PRIORITY}"),
-        (spec["cellNumber"] <= 0, "CellNumber is non-positive"),
-        (root["name"] == "", "PodRootGroup.Name is empty"),
-    )
-    for failed, message in checks:
-        if failed:
-            raise SpecError(_SPEC_ERROR + message)
+    _check(spec, (spec["cellNumber"] <= 0, "CellNumber is non-positive"),
+           (root["name"] == "", "PodRootGroup.Name is empty"))
     pods: list[dict[str, Any]] = []  # every group's pod, breadth first (HiveD's Iterator)
     current: dict[str, Any] | None = None
     groups: list[dict[str, Any]] = [root]

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from runtime.polling import wait_until
 
@@ -22,10 +21,8 @@ from cluster_state.config import load_config
 from cluster_state.events import ChangeEvent
 from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION, FENCING_ANNOTATION, ISOLATION_ANNOTATION
-from cluster_state.k8s.kube import KubeApi
 from cluster_state.k8s.nodes import NodeWatcher
 from cluster_state.k8s.pods import PodCache
-from cluster_state.k8s.web import serve
 from cluster_state.store import ClusterStore
 from consensus.messages import Command
 
@@ -89,31 +86,6 @@ class Setup:
     def group(self, name: str) -> dict[str, Any] | None:
         info: dict[str, Any] | None = self.store.allocator.group_info(name)
         return info
-
-
-@pytest.fixture
-async def setup() -> AsyncIterator[Setup]:
-    s = Setup()
-    await s.api.start()
-    for node in NODES:
-        s.api.set_node(node, True)
-    kube = KubeApi(s.api.url)
-    s.pods = PodCache(kube)
-    s.tasks = [asyncio.create_task(s.pods.run())]
-    await asyncio.wait_for(s.pods.synced.wait(), 10)
-    s.extender = Extender(s.client, kube, s.pods)
-    server = await serve(s.extender.handle, "127.0.0.1", 0)
-    s.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    s.reaper = GangReaper(s.client, kube, s.pods)
-    s.nodes = NodeWatcher(s.client, kube)
-    s.tasks += [asyncio.create_task(s.reaper.run()), asyncio.create_task(s.nodes.run())]
-    yield s
-    for task in s.tasks:
-        task.cancel()
-    await asyncio.gather(*s.tasks, return_exceptions=True)
-    await kube.close()
-    server.close()
-    await s.api.stop()
 
 
 def gang(prefix: str, pods: int, leaves: int, *, vc: str = "vc1", priority: int = 10,

@@ -12,38 +12,14 @@ fake API server on an in-process store:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from runtime.polling import wait_until
 
-from cluster_state.k8s.extender import Extender, GangReaper
-from cluster_state.k8s.kube import KubeApi
-from cluster_state.k8s.pods import PodCache
+from cluster_state.k8s.extender import Extender
 
 from .fake_apiserver import hived_pod
 from .test_extender_phases import NODES, Setup
-
-
-@pytest.fixture
-async def setup() -> AsyncIterator[Setup]:
-    s = Setup()
-    await s.api.start()
-    for node in NODES:
-        s.api.set_node(node, True)
-    kube = KubeApi(s.api.url)
-    s.pods = PodCache(kube)
-    s.tasks = [asyncio.create_task(s.pods.run())]
-    await asyncio.wait_for(s.pods.synced.wait(), 10)
-    s.reaper = GangReaper(s.client, kube, s.pods)
-    s.tasks.append(asyncio.create_task(s.reaper.run()))
-    yield s
-    for task in s.tasks:
-        task.cancel()
-    await asyncio.gather(*s.tasks, return_exceptions=True)
-    await kube.close()
-    await s.api.stop()
 
 
 def extender(s: Setup, **options: Any) -> Extender:
