@@ -339,6 +339,9 @@ class Extender:
         the extender binds the pod itself, in the background."""
         attempts = self.bind_attempts.get(request.uid, -1) + 1 if held else 0
         self.bind_attempts[request.uid] = attempts
+        if len(self.bind_attempts) > 2 * len(self.pods) + 64:  # forget the pods bound since
+            self.bind_attempts = {uid: n for uid, n in self.bind_attempts.items()
+                                  if (cached := self.pods.by_uid(uid)) and not cached.node}
         why = ""
         if attempts >= self.force_bind_threshold:
             why = (f"the pod binding has already been tried {attempts} times, the "

@@ -75,7 +75,7 @@ def dump(doc: dict[str, object]) -> str:
             inner = ",\n".join(f"{json.dumps(k)}: {lines(v, depth + 1)}"
                                for k, v in sorted(value.items()))
             return "{\n" + inner + "\n}"
-        if depth < 3 and isinstance(value, list):
+        if depth < 4 and isinstance(value, list):  # a scenario's steps: one line each
             return "[\n" + ",\n".join(lines(v, depth + 1) for v in value) + "\n]"
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
 

@@ -255,26 +255,11 @@ func newBox(configPath string) *box {
 func configNodes(c *si.Config) []string {
 	seen := map[string]bool{}
 	out := []string{}
-	var walk func(spec si.PhysicalCellSpec, ct si.CellType)
-	walk = func(spec si.PhysicalCellSpec, ct si.CellType) {
-		t, ok := c.PhysicalCluster.CellTypes[ct]
-		if !ok {
-			return
+	for _, slot := range configNodeSlots(c) {
+		if !seen[slot.Node] {
+			seen[slot.Node] = true
+			out = append(out, slot.Node)
 		}
-		if t.IsNodeLevel {
-			parts := strings.Split(string(spec.CellAddress), "/")
-			if name := parts[len(parts)-1]; !seen[name] {
-				seen[name] = true
-				out = append(out, name)
-			}
-			return
-		}
-		for _, child := range spec.CellChildren {
-			walk(child, t.ChildCellType)
-		}
-	}
-	for _, spec := range c.PhysicalCluster.PhysicalCells {
-		walk(spec, spec.CellType)
 	}
 	return out
 }
