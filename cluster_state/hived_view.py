@@ -26,13 +26,14 @@ state names; they decode strictly into HiveD's Go types
   children or virtual cell). A leaf used opportunistically carries its user's ``vc`` and
   appears in that VC's status as HiveD's fake ``<address>-opp`` cell.
 * **Addresses**: physical ones are the configuration's full paths (as HiveD infers them);
-  a VC's preassigned cells are ``VC/<n>``, numbered in the order the VC's ``virtualCells``
-  list them and then its ``pinnedCells``, and a virtual cell under one is numbered as HiveD
-  numbers default physical children (``parent index * children + i``, from 0 under the
-  preassigned cell).
+  a VC's preassigned cells are ``VC/<n>``, numbered along its ``virtualCells`` and then its
+  ``pinnedCells`` as the parsed configuration holds them (HiveD follows its file's order;
+  the parsed configuration is canonical — sorted, equal types merged — so that every replica,
+  whatever text it parsed, numbers them alike), and a virtual cell under one is numbered as
+  HiveD numbers default physical children (``parent index * children + i``, from 0 under
+  the preassigned cell).
 * **Order**: HiveD iterates Go maps (chains, VCs) in random order; here physical cells come in
-  configuration order, a VC's cells in its specification's order, opportunistic cells by
-  address.
+  configuration order, a VC's cells in the order above, opportunistic cells by address.
 * ``lazyPreemptionStatus.preemptionTime`` is null: HiveD stamps its clock there, and nothing
   in the replicated store reads a clock (the store keeps the log position instead).
 """
