@@ -25,6 +25,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "reads": ("bench.reads", "linearizable read throughput and latency, uniform and Zipf keys"),
     "restart": ("bench.restart", "recovery time after restarting replicas at real log sizes"),
     "decode": ("bench.decode", "decoding time of votes, promises and new views by size"),
+    "extender-filter": ("bench.extender_filter",
+                        "the extender's filter latency: pod cache against listing every pod"),
 }
 
 

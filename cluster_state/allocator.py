@@ -958,6 +958,7 @@ class Allocator:
                 f"not {previous or 'nobody'}"
             )
         group.claims = MappingProxyType({**group.claims, slot: holder})
+        self.events.append(("claimed", name, [incarnation, slot, uid, holder[1], previous]))
         return Claimed(name, incarnation, slot, uid)
 
     def _promote(self, group: Group, position: int) -> None:
@@ -1054,7 +1055,23 @@ class Allocator:
             "preempted_by": sorted(group.preemptors),
             "incarnation": group.created,
             "claims": [[slot, uid, pod] for slot, (uid, pod) in sorted(group.claims.items())],
+            "preassigned": self._preassigned_types(group),
         }
+
+    def _preassigned_types(self, group: Group) -> list[list[str]]:
+        """Per pod, per leaf: the cell type of the VC's preassigned cell the leaf is in (""
+        for opportunistic or lazily preempted use): HiveD's ``preassignedCellTypes``, by
+        which its recovery finds the leaf's virtual cell."""
+        topo, item_of = self.topo, self.cells.item_of
+        out = []
+        for pod in group.pods:
+            types = []
+            for leaf in pod:
+                item = item_of[leaf] if group.guaranteed else -1
+                it = topo.items[item] if item >= 0 else None
+                types.append(topo.chains[it.chain].info(it.level).cell_type if it else "")
+            out.append(types)
+        return out
 
     def list_groups(self, vc: str = "") -> list[dict[str, Any]]:
         return [

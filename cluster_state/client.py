@@ -562,6 +562,14 @@ class AllocationStore:
             raise ValueError(f"kind must be one of {', '.join(ops.INSPECT_KINDS)}")
         return await self._query(ops.inspect(kind, name), stale)
 
+    async def hived_inspect(self, kind: str, name: str = "", *, stale: bool = False) -> Any:
+        """HiveD's inspect API objects (``cluster_state.hived_view``): ``groups`` (an
+        ``AffinityGroupList``), ``group`` ``name`` (an ``AffinityGroup``, None if unknown),
+        ``cluster``, ``physical``, ``vcs``, ``vc`` ``name`` (``NotFound`` if unknown)."""
+        if kind not in ops.HIVED_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ops.HIVED_KINDS)}")
+        return await self._query(ops.hived_inspect(kind, name), stale)
+
     async def _query(self, op: bytes, stale: bool) -> Any:
         return (await self.read_at(op, stale=stale))[1]
 

@@ -5,7 +5,13 @@
     sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV] | node NAME --bad
     sdpaxos ctl ... bind NAME --vc VC --pods 1x8 --on node-0003:0-7 --revision R
     sdpaxos ctl ... inspect physical [CHAIN] | inspect vc NAME | inspect group NAME
+    sdpaxos ctl ... claim NAME --incarnation I --slot S --uid UID --pod NS/POD [--previous UID]
     sdpaxos ctl ... config apply FILE [--dry-run]
+
+``claim`` gives member pod S of a placed group to a pod (what the Kubernetes extender records
+when a pod takes its part of a gang; a compare-and-set: ``--previous`` names the pod that
+holds it now, if one does); ``status NAME`` lists the group's claims, ``watch`` shows them as
+``claimed`` events.
 
 ``config apply`` validates FILE (HiveD's YAML format) here, then proposes it through the log:
 running groups keep their GPUs and the report says what happened to each (``--dry-run`` only
@@ -121,6 +127,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       metavar="NODE:DEVICES", help="one pod's GPUs; once per pod, in order")
     bind.add_argument("--revision", type=int, required=True,
                       help="conflict if one of these GPUs changed after this revision")
+    claim = verbs.add_parser("claim", help="give a member pod of a placed group to a pod")
+    claim.add_argument("name", help="the group's name")
+    claim.add_argument("--incarnation", type=int, required=True,
+                       help="the group's incarnation (status NAME shows it)")
+    claim.add_argument("--slot", type=int, required=True, help="the member pod (0..)")
+    claim.add_argument("--uid", required=True, help="the pod's UID")
+    claim.add_argument("--pod", required=True, metavar="NAMESPACE/NAME", help="the pod")
+    claim.add_argument("--previous", default="",
+                       help="the UID of the pod that holds it now (default: nobody)")
     release = verbs.add_parser("release", help="release a group's GPUs")
     release.add_argument("name", help="the group's name")
     status = verbs.add_parser("status", help="one group, or every allocation")
@@ -335,6 +350,7 @@ def _verb(args: argparse.Namespace, replicas: _Replicas) -> int:
 
     verbs: dict[str, Callable[[argparse.Namespace, _Replicas, Any], int | None]] = {
         "submit": _submit, "bind": _bind, "release": _release, "status": _status,
+        "claim": _claim,
         "vc": _vc, "summary": _summary, "watch": _watch, "node": _node,
         "inspect": _inspect, "config": _config,
     }
@@ -381,6 +397,22 @@ def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
     return None
 
 
+def _claim(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
+    request = pb.ClaimRequest(group=args.name, incarnation=args.incarnation, slot=args.slot,
+                              uid=args.uid, pod=args.pod, previous=args.previous,
+                              session=_session())
+    reply = replicas.call("Claim", request)
+    if reply.WhichOneof("outcome") == "claimed":
+        claimed = reply.claimed
+        _show(args, {"claimed": claimed.group, "incarnation": claimed.incarnation,
+                     "slot": claimed.slot, "uid": claimed.uid},
+              f"{args.pod} ({args.uid}) holds member pod {args.slot} of {args.name}", [], [])
+        return None
+    _show(args, {"conflict": reply.conflict.group, "reason": reply.conflict.reason},
+          f"{args.name}: not claimed: {reply.conflict.reason}", [], [])
+    return REFUSED
+
+
 def _release(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     reply = replicas.call("Release", pb.ReleaseRequest(group=args.name, session=_session()))
     doc = {"released": args.name, "promoted": list(reply.promoted),
@@ -394,7 +426,8 @@ def _status(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
         query = pb.QueryRequest(name=args.name, stale=args.stale, typed=True)
         group = replicas.call("GetGroup", query).group
         info = {**_doc(group.spec), **_doc(group, skip=("spec",))}
-        rows = [[k, json.dumps(v)] for k, v in info.items()]
+        rows = [[k, json.dumps(v)] for k, v in info.items() if k != "claims"]
+        rows += [[f"claim {c['slot']}", f"{c['pod']} ({c['uid']})"] for c in info["claims"]]
         _show(args, info, f"group {args.name}", ["field", "value"], rows)
         return
     query = pb.QueryRequest(name=args.vc, stale=args.stale, typed=True)

@@ -52,6 +52,7 @@ from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import EventsCompacted, GpuConfigError, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
+from cluster_state.hived_view import HivedView
 from cluster_state.ops import (
     Bind,
     Claim,
@@ -62,6 +63,7 @@ from cluster_state.ops import (
     GetSummary,
     GetVC,
     GroupSpec,
+    HivedInspect,
     Inspect,
     ListGroups,
     Op,
@@ -106,7 +108,7 @@ _DIGEST_OP = get_digest()
 EVENTS_PAGE = 512
 #: the event kinds whose subject is a group, and those that mean it is gone
 _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
-                           "released", "trimmed"})
+                           "released", "trimmed", "claimed"})
 _GROUP_ENDS = frozenset({"released", "cancelled"})
 
 
@@ -286,6 +288,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_vc(name)
                 case Inspect(_, name):
                     kind, info = "inspect", allocator.inspect_group(name)
+                case HivedInspect(what, name):
+                    kind, info = "hived", self._hived(what, name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
                 case PlanSubmit(spec, suggested):
@@ -310,6 +314,19 @@ class ClusterStore:
             return _pack(["digest", revision, {"revision": revision, "sha256": digest}])
 
         return answer
+
+    def _hived(self, kind: str, name: str) -> Any:
+        """HiveD's inspect object ``kind`` (``cluster_state.hived_view``)."""
+        view = HivedView(self.allocator)
+        if kind == "vc":
+            tree = view.virtual_cluster(name)
+            if tree is None:
+                raise RequestError(f"unknown virtual cluster {name!r}")
+            return tree
+        if kind == "group":
+            return view.affinity_group(name)
+        return {"groups": view.affinity_groups, "cluster": view.cluster_status,
+                "physical": view.physical_cluster, "vcs": view.virtual_clusters}[kind]()
 
     def events_since(self, revision: int) -> list[ChangeEvent]:
         """Every change after ``revision`` (``EventsCompacted`` if some are gone)."""

@@ -161,6 +161,17 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         return pb.ReleaseReply(promoted=list(result.promoted),
                                already_released=result.already_released)
 
+    async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimReply:
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.claim(
+                request.group, request.incarnation, request.slot, request.uid, request.pod,
+                request.previous, seq=seq))
+        if isinstance(result, ops.Claimed):
+            return pb.ClaimReply(claimed=pb.Claimed(
+                group=result.group, incarnation=result.incarnation, slot=result.slot,
+                uid=result.uid))
+        return pb.ClaimReply(conflict=pb.Conflict(group=result.group, reason=result.reason))
+
     async def SetNodeHealth(
         self, request: pb.NodeHealthRequest, context: Any
     ) -> pb.NodeHealthReply:

@@ -2,12 +2,16 @@
 against a replicated allocation store.
 
     sdpaxos extender --config cluster.toml --listen 0.0.0.0:30096 --home 0 [--watch-nodes]
+        [--force-pod-bind-threshold 3] [--waiting-pod-scheduling-block-ms 0]
 
 The store is reached through the cluster file's client addresses (its own ``[tls]`` client
 certificate when the cluster runs TLS), starting with replica ``--home``. The Kubernetes API
 (through ``kubernetes_asyncio``, the ``k8s`` extra) is ``--kube-api URL`` (no credentials: a
 test's fake server or ``kubectl proxy``), ``--kubeconfig PATH`` (with ``--kube-context``) or,
-by default, the pod's in-cluster service account.
+by default, the pod's in-cluster service account. The extender serves once its pod cache has
+listed the pods (HiveD's informer sync). ``--force-pod-bind-threshold`` and
+``--waiting-pod-scheduling-block-ms`` are HiveD's ``forcePodBindThreshold`` and
+``waitingPodSchedulingBlockMilliSec``, with HiveD's defaults.
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ def _host_port(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, not {text!r}")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the store's cluster file")
     parser.add_argument("--home", type=int, default=0,
@@ -66,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the kubeconfig's context (default: its current one)")
     parser.add_argument("--watch-nodes", action="store_true",
                         help="turn node Ready conditions and deletions into node health")
+    parser.add_argument("--force-pod-bind-threshold", type=_non_negative, default=3,
+                        metavar="N", help="filters of a binding pod after which the extender "
+                        "binds it itself (HiveD's forcePodBindThreshold; default 3)")
+    parser.add_argument("--waiting-pod-scheduling-block-ms", type=_non_negative, default=0,
+                        metavar="MS", help="how long the filter of a pod that waits holds the "
+                        "other scheduling back (HiveD's waitingPodSchedulingBlockMilliSec; "
+                        "default 0)")
     parser.add_argument("--no-release", action="store_true",
                         help="do not release groups whose pods are all gone (another instance "
                         "does)")
@@ -105,6 +122,7 @@ async def _kube(args: argparse.Namespace) -> KubeApi:
 async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
     from cluster_state.k8s.extender import Extender, GangReaper
     from cluster_state.k8s.nodes import NodeWatcher
+    from cluster_state.k8s.pods import PodCache
     from cluster_state.k8s.web import serve
 
     try:
@@ -113,20 +131,32 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
         print(f"sdpaxos extender: {exc}", file=sys.stderr)
         await store.close()
         return 2
-    extender = Extender(store, kube)
-    server = await serve(extender.handle, *args.listen)
-    tasks = []
-    if args.watch_nodes:
-        tasks.append(asyncio.create_task(NodeWatcher(store, kube).run(), name="nodes"))
+    pods = PodCache(kube)
+    tasks = [asyncio.create_task(pods.run(), name="pods")]
+    watcher = NodeWatcher(store, kube) if args.watch_nodes else None
+    if watcher is not None:
+        tasks.append(asyncio.create_task(watcher.run(), name="nodes"))
+    extender = Extender(store, kube, pods, force_bind_threshold=args.force_pod_bind_threshold,
+                        waiting_block_ms=args.waiting_pod_scheduling_block_ms,
+                        node_known=watcher.known.__contains__ if watcher is not None else None)
     if not args.no_release:
-        tasks.append(asyncio.create_task(GangReaper(store, kube).run(), name="reaper"))
-    log.info("extender listening on %s:%d", *server.sockets[0].getsockname()[:2])
+        tasks.append(asyncio.create_task(GangReaper(store, kube, pods).run(), name="reaper"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    server.close()
+    server = None
+    synced = asyncio.create_task(pods.synced.wait())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait((synced, stopping), return_when=asyncio.FIRST_COMPLETED)
+    if synced.done():  # HiveD serves once its informers synced
+        server = await serve(extender.handle, *args.listen)
+        log.info("extender listening on %s:%d (%d pods cached)",
+                 *server.sockets[0].getsockname()[:2], len(pods))
+        await stopping
+    synced.cancel()
+    if server is not None:
+        server.close()
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

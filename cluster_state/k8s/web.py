@@ -1,10 +1,11 @@
 """Just enough HTTP/1.1 on asyncio for what the extender serves (kube-scheduler's calls).
 
 ``serve(handler, host, port)`` answers requests on keep-alive connections: ``handler(method,
-path, query, body)`` returns ``Reply(status, json_body)``. A request it cannot parse gets 400
-and the connection is closed; a handler that raises gets 500 with the error's text; a peer
-never crashes the server. (The extender's calls to the Kubernetes API go through
-``kubernetes_asyncio``: ``cluster_state.k8s.kube``.)
+path, query, body)`` (``body``: the request's bytes, which the handler decodes: HiveD answers
+a body that is not JSON in each path's own way) returns ``Reply(status, json_body)``. A
+request whose HTTP it cannot parse gets 400 and the connection is closed; a handler that
+raises gets 500 with the error's text; a peer never crashes the server. (The extender's
+calls to the Kubernetes API go through ``kubernetes_asyncio``: ``cluster_state.k8s.kube``.)
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Reply:
     body: Any
 
 
-Handler = Callable[[str, str, dict[str, list[str]], Any], Awaitable[Reply]]
+Handler = Callable[[str, str, dict[str, list[str]], bytes], Awaitable[Reply]]
 
 
 async def _read_head(reader: asyncio.StreamReader) -> list[bytes] | None:
@@ -112,8 +113,7 @@ async def serve(handler: Handler, host: str, port: int) -> asyncio.Server:
                     method, target, version = lines[0].decode("latin-1").split(" ", 2)
                     headers = _headers(lines[1:])
                     async with asyncio.timeout(READ_TIMEOUT_S):
-                        raw = await _read_body(reader, headers)
-                    body = json.loads(raw) if raw else None
+                        body = await _read_body(reader, headers)
                 except (HttpError, ValueError, UnicodeDecodeError) as exc:
                     status = exc.status if isinstance(exc, HttpError) else 400
                     writer.write(_encode(status, {"error": str(exc)}, close=True))

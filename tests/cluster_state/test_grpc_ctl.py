@@ -234,6 +234,44 @@ def test_bind_over_grpc_and_ctl(server: str, capsys: pytest.CaptureFixture[str])
     assert "nodes" in capsys.readouterr().out
 
 
+def test_claims_over_grpc_ctl_and_the_watch(server: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    stub = stub_for(server)
+    stub.Submit(pb.SubmitRequest(group=group("g", 2, 4)), timeout=10)
+    incarnation = stub.GetGroup(pb.QueryRequest(name="g", typed=True), timeout=10).group.incarnation
+    code, out, _ = ctl(capsys, server, "claim", "g", "--incarnation", str(incarnation),
+                       "--slot", "1", "--uid", "u1", "--pod", "ns/p1")
+    assert code == 0 and json.loads(out) == {"claimed": "g", "incarnation": incarnation,
+                                             "slot": 1, "uid": "u1"}
+    # held: another pod's claim of it is a conflict (exit 1), naming the holder
+    code, out, _ = ctl(capsys, server, "claim", "g", "--incarnation", str(incarnation),
+                       "--slot", "1", "--uid", "u2", "--pod", "ns/p2")
+    assert code == 1 and "held by u1" in json.loads(out)["reason"]
+    # ... unless it names the holder as gone
+    reply = stub.Claim(pb.ClaimRequest(group="g", incarnation=incarnation, slot=1, uid="u2",
+                                       pod="ns/p2", previous="u1"), timeout=10)
+    assert reply.WhichOneof("outcome") == "claimed" and reply.claimed.uid == "u2"
+    code, out, _ = ctl(capsys, server, "status", "g")
+    assert json.loads(out)["claims"] == [{"slot": 1, "uid": "u2", "pod": "ns/p2"}]
+    assert main(["ctl", "--server", server, "status", "g"]) == 0
+    assert "ns/p2 (u2)" in capsys.readouterr().out
+    # the watch stream has both claims, typed
+    events = []
+    stream = stub.Watch(pb.WatchRequest(since=-1, typed=True), timeout=10)
+    for event in stream:
+        if event.kind == "claimed":
+            events.append(event)
+        if len(events) == 2:
+            stream.cancel()
+            break
+    assert [(e.subject, e.claimed.slot, e.claimed.uid, e.claimed.pod, e.claimed.previous)
+            for e in events] == [("g", 1, "u1", "ns/p1", ""), ("g", 1, "u2", "ns/p2", "u1")]
+    assert all(e.claimed.incarnation == incarnation for e in events)
+    code, out, _ = ctl(capsys, server, "watch", "--count", "3")
+    assert [json.loads(line)["kind"] for line in out.splitlines()] == [
+        "placed", "claimed", "claimed"]
+
+
 def test_a_watch_behind_the_kept_events_fails_clearly(
     server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -219,10 +220,12 @@ def test_the_extender_and_kube_scheduler_cross_references(tmp_path: Path) -> Non
     assert match.group(1, 2) == (service["metadata"]["name"], namespace)
     assert int(match.group(3)) == service["spec"]["ports"][0]["port"]
     handler = Extender(None, None).handle  # type: ignore[arg-type]
-    for verb in ("filterVerb", "preemptVerb", "bindVerb"):
+    for verb, what in (("filterVerb", "ExtenderArgs"), ("preemptVerb", "ExtenderPreemptionArgs"),
+                       ("bindVerb", "ExtenderBindingArgs")):
         path = f"{match.group(4)}/{extender[verb]}"
-        reply = asyncio.run(handler("POST", path, {}, {}))
-        assert reply.status == 400, (path, reply)  # a bad request, not an unknown route
+        reply = asyncio.run(handler("POST", path, {}, b"{}"))
+        # a bad request (HiveD's answer for the path's arguments), not an unknown route
+        assert what in json.dumps(reply.body), (path, reply)
     assert extender["managedResources"][0]["name"] == (
         "hivedscheduler.microsoft.com/pod-scheduling-enable")
     assert scheduler["profiles"][0]["schedulerName"] == "hivedscheduler"
