@@ -22,8 +22,9 @@ stream too: the replica reads its revision linearizably and sends that first (se
 ``WatchRequest.from_now``), so a lagging replica never starts it before what the cluster
 acknowledged; it joins the shared stream once that one reaches the revision.
 
-The queueing is sans-I/O (``Feed``, ``Subscriber``: no gRPC, tested alone); ``PushedWatch``
-runs a stream per feed and moves watchers between feeds.
+The queueing is sans-I/O (``Feed``, ``Subscriber``: no gRPC, tested alone); behind each
+``PushedWatch`` a ``_Streams`` runs a task per feed and moves watchers between feeds (one per
+process and loop for the same replicas and credentials, with ``PushedWatch.shared``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
-from cluster_state.errors import ClusterStateError, EventsCompacted
+from cluster_state.errors import ClusterStateError, EventsCompacted, OlderReplica
 from cluster_state.events import ChangeEvent
 from cluster_state.watch_hub import ACK_EVERY, DEFAULT_MAX_PENDING
 from consensus.errors import IndefiniteFailure
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
     from cluster_state.grpc_api import cluster_state_pb2 as pb
 
-__all__ = ["Feed", "OlderReplica", "PushedWatch", "Subscriber"]
+__all__ = ["Feed", "Page", "PushedWatch", "Subscriber"]
 
 #: the gRPC status codes after which a pushed watch resumes at the next target
 _WATCH_RETRY_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN")
@@ -56,11 +57,6 @@ _WATCH_RETRY_PAUSE_S = 0.2
 
 #: a page of events: in revision order, whole revisions, shared by the watchers it reaches
 Page = tuple[ChangeEvent, ...]
-
-
-class OlderReplica(ClusterStateError):
-    """A watch from now reached a replica of a build that does not know ``from_now`` (it
-    started at the revision the request left as the default instead)."""
 
 
 class Subscriber:
@@ -237,8 +233,9 @@ class PushedWatch:
 
     @property
     def dropped(self) -> int:
-        """Watchers dropped so far for falling behind, of the streams open now."""
-        return sum(feed.dropped for feed in self._streams.feeds)
+        """Watchers dropped so far for falling behind, by every user of the streams."""
+        streams = self._streams
+        return streams.dropped + sum(feed.dropped for feed in streams.feeds)
 
     async def watch(self, since: int = -1, first: int = 0, *, from_now: bool = False
                     ) -> AsyncGenerator[Page, None]:
@@ -280,7 +277,8 @@ class PushedWatch:
         self._closed = True
         for subscriber in list(self._mine):
             self._streams.detach(subscriber)
-            subscriber.end(None)
+            if not subscriber.done:  # one dropped meanwhile still says so
+                subscriber.end(None)
         self._streams.users -= 1
         if self._streams.users == 0:
             await self._streams.close()
@@ -312,6 +310,7 @@ class _Streams:
                        for c in self._channels]
         self.feeds: list[Feed] = []
         self.users = 1  # the ``PushedWatch`` objects over it not closed yet
+        self.dropped = 0  # watchers the feeds that ended dropped
         self._key = key  # where ``_shared`` holds it, if it does
 
     async def close(self) -> None:
@@ -349,8 +348,9 @@ class _Streams:
             self._retire(feed)
 
     def _retire(self, feed: Feed) -> None:
-        with contextlib.suppress(ValueError):
+        if feed in self.feeds:
             self.feeds.remove(feed)
+            self.dropped += feed.dropped
         if feed.task is not None and feed.task is not asyncio.current_task():
             feed.task.cancel()
 

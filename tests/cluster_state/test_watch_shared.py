@@ -1,10 +1,10 @@
 """Watches that fan out cheaply (issue 37 point 4), over real gRPC servers on a 3-replica
 cluster: the watchers of one process share one stream per replica (``PushedWatch``, and every
 ``AllocationStore`` connected to the same replicas), each from its own start revision, and
-see every event once in order; a watcher that stops reading is dropped in its own process
-while the others sharing its stream go on (the replica never cuts the stream); a watch from
-now at a replica that lags starts after everything the cluster acknowledged before it; a
-replica of an older build is told apart."""
+see every event once in order, across a replica's failure; a watcher that stops reading is
+dropped in its own process while the others sharing its stream go on (the replica never cuts
+the stream); a watch from now at a replica that lags starts after everything the cluster
+acknowledged before it; a replica of an older build is told apart."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ import pytest
 from test_client import gang, start
 
 from cluster_state.client import AllocationStore
-from cluster_state.errors import EventsCompacted
+from cluster_state.errors import EventsCompacted, OlderReplica
 from cluster_state.events import ChangeEvent
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api.service import AllocationServicer, _add_service
-from cluster_state.pushed_watch import OlderReplica, PushedWatch
+from cluster_state.pushed_watch import PushedWatch
 from cluster_state.watch_hub import WatchHub
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -124,13 +124,17 @@ def test_the_watchers_of_a_process_share_one_stream_per_replica(tmp_path: Path) 
                          for k in range(watchers)]
                 events = [asyncio.ensure_future(_take(store.watch(-1), expected))
                           for _ in range(5)]
+                # 35 watchers, 3 streams: one per replica, whoever opened them
                 await _until(lambda: grpc_.streams() == [1, 1, 1])
-                await _churn(store, 8, "j")
+                assert pushed.streams == 3
+                await _churn(store, 4, "j")
+                # replica 0's stream breaks: its watchers go on together at replica 1
+                await grpc_.servers[0].stop(0)
+                await _churn(store, 4, "k")
                 truth = _truth(nodes[0])
                 assert len(truth) == expected
                 for seen in await asyncio.wait_for(asyncio.gather(*pages, *events), 30):
                     assert seen == truth  # every event, once, in order
-                # 35 watchers, 3 streams: one per replica, whoever opened them
                 assert pushed.streams == 0  # every watch ended: so did its stream
                 await _until(lambda: grpc_.streams() == [0, 0, 0])
             finally:
