@@ -496,7 +496,7 @@ class AllocationStore:
         """The store's revision: the position of the last command that changed it (every
         change acknowledged before this call has one no higher, unless ``stale``: then the
         local replica's)."""
-        return _revision_of(await self._channel.query(ops.get_events(_NO_EVENTS_AFTER), stale))
+        return (await self.read_at(ops.get_events(_NO_EVENTS_AFTER), stale=stale))[0]
 
     async def _query(self, op: bytes, stale: bool) -> Any:
         return (await self.read_at(op, stale=stale))[1]

@@ -254,6 +254,8 @@ def test_a_watch_from_now_at_a_lagging_replica_starts_after_what_was_acknowledge
                 await _until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot)
                 _isolate(nodes[2], {0, 1})
                 await _churn(store, 3, "acked")  # acknowledged by 0 and 1; 2 hears nothing
+                acked = _truth(nodes[0])[-1].revision  # the last release's
+                assert await store.revision() == acked
                 lagging = nodes[2].state_machine.revision  # type: ignore[attr-defined]
                 assert lagging < nodes[0].state_machine.revision  # type: ignore[attr-defined]
                 hooks = len(nodes[2].on_apply)
