@@ -49,7 +49,6 @@ import hashlib
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -58,13 +57,6 @@ from typing import Any
 
 __all__ = ["add_arguments", "check_arguments", "measure", "run"]
 
-#: the exit status of a usage error (argparse's)
-USAGE_ERROR = 2
-#: GPUs per synthetic node and nodes per rack (``synthetic_config``'s DGX-like defaults)
-NODES_PER_RACK = 8
-GPUS_PER_NODE = 8
-#: how long the replicas and the watchers get to start before the bench gives up
-START_TIMEOUT_S = 300.0
 #: how many watchers record the delay of every placement they take (and hash every event)
 SAMPLED_WATCHERS = 40
 #: how long the reading watchers get to take the last change once the load stopped
@@ -82,6 +74,8 @@ _TREE = Path(__file__).resolve().parents[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bench.alloc_e2e import GPUS_PER_NODE, NODES_PER_RACK
+
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
                         help="how many replicas")
     parser.add_argument("--watchers", type=int, default=1000, help="watchers in all")
@@ -105,6 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """What makes these parameters impossible (one line), or None."""
+    from bench.alloc_e2e import NODES_PER_RACK
+
     if args.watchers < 0 or not 0 <= args.slow_watchers < max(args.watchers, 1):
         return (f"--watchers must be >= 0 and --slow-watchers fewer than them, not "
                 f"{args.watchers} and {args.slow_watchers}")
@@ -125,6 +121,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``sdpaxos bench watch`` entry point: measure, print, exit 0 if every check passed."""
+    from bench.alloc_e2e import USAGE_ERROR
+
     problem = check_arguments(args)
     if problem is not None:
         print(f"sdpaxos bench watch: error: {problem}", file=sys.stderr)
@@ -191,7 +189,7 @@ def measure(replicas: int = 3, watchers: int = 1000, processes: int = 4, rate: f
 async def _measure(cluster: Any, watchers: int, processes: int, slow: int, rate: float,
                    seconds: float, max_in_flight: int, vcs: int, seed: int,
                    code: Path) -> dict[str, Any]:
-    from bench.alloc_e2e import _cpu_s, _replicas_identical
+    from bench.alloc_e2e import START_TIMEOUT_S, _cpu_s, _replicas_identical
     from cluster_state.client import AllocationStore
     from cluster_state.demo import _wait_serving
     from cluster_state.ops import GroupSpec, Member
@@ -330,6 +328,7 @@ class _WatcherProcesses:
     async def start(self, vc: str) -> None:
         """Start the processes, then place and release one job: once every watcher took it,
         every stream is open (and the slow ones stopped reading)."""
+        from bench.alloc_e2e import START_TIMEOUT_S
         from cluster_state.client import AllocationStore
         from cluster_state.ops import GroupSpec, Member
 
@@ -376,6 +375,8 @@ class _WatcherProcesses:
 
     async def finish(self, final: int, applied_at: dict[int, float]) -> dict[str, Any]:
         """Let every reading watcher take revision ``final``; their checks and delays."""
+        from bench.alloc_e2e import _percentiles
+
         parts = await self._ask(f"final {final}")
         counts = {n for part in parts for n in part["counts"]}
         digests = {d for part in parts for d in part["digests"]}
@@ -407,15 +408,6 @@ class _WatcherProcesses:
             if child.returncode is None:
                 child.kill()
             await child.wait()
-
-
-def _percentiles(values: list[float]) -> dict[str, Any]:
-    if not values:
-        return {"count": 0}
-    ordered = sorted(values)
-    return {"count": len(ordered), "p50_ms": round(statistics.median(ordered), 1),
-            "p99_ms": round(ordered[int(0.99 * (len(ordered) - 1))], 1),
-            "max_ms": round(ordered[-1], 1)}
 
 
 # ---------------------------------------------------------------------- the watcher process

@@ -269,6 +269,12 @@ class PushedWatch:
             self._mine.pop(subscriber, None)
             self._streams.detach(subscriber)
 
+    async def __aenter__(self) -> PushedWatch:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
     async def close(self) -> None:
         """End this object's watches (each once it took what it was given, no error) and,
         with the last user of them, the streams."""

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from test_client import gang, start
+from test_client import gang, start, take
+from test_watch_pushed import _collect, _until
 
 from cluster_state.client import AllocationStore
 from cluster_state.errors import EventsCompacted, OlderReplica
@@ -53,45 +53,23 @@ class _Served:
 
 
 @contextlib.asynccontextmanager
-async def served(nodes: list[ReplicaNode],
-                 servicer: type[AllocationServicer] = AllocationServicer,
-                 ) -> AsyncIterator[_Served]:
+async def cluster(tmp_path: Path, servicer: type[AllocationServicer] = AllocationServicer,
+                  ) -> AsyncIterator[tuple[list[ReplicaNode], _Served, AllocationStore]]:
+    """Three replicas, each serving gRPC, and a store at replica 0 (watching over them)."""
+    nodes = await start(tmp_path)
     found = _Served()
     try:
         for node in nodes:
             await found.add(servicer(node))
-        yield found
+        addresses = [spec.client_address for spec in nodes[0].config.replicas]
+        async with AllocationStore.connect(addresses, home=0,
+                                           watch_targets=found.targets) as store:
+            yield nodes, found, store
     finally:
         for server in found.servers:
             await server.stop(0)
         for node in nodes:
             await node.stop()
-
-
-async def _until(done: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    """Poll ``done`` every 20 ms; fail after ``timeout_s`` (as tests/runtime/polling.py)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
-
-async def _collect(pages: AsyncIterator[Sequence[ChangeEvent]], n: int) -> list[ChangeEvent]:
-    out: list[ChangeEvent] = []
-    async for page in pages:
-        out.extend(page)
-        if len(out) >= n:
-            break
-    return out
-
-
-async def _take(events: AsyncIterator[ChangeEvent], n: int) -> list[ChangeEvent]:
-    out = []
-    async for event in events:
-        out.append(event)
-        if len(out) == n:
-            break
-    return out
 
 
 async def _churn(store: AllocationStore, jobs: int, prefix: str) -> None:
@@ -104,52 +82,39 @@ def _truth(node: ReplicaNode) -> list[ChangeEvent]:
     return node.state_machine.events_since(-1)  # type: ignore[attr-defined, no-any-return]
 
 
-def _addresses(nodes: list[ReplicaNode]) -> list[tuple[str, int]]:
-    return [spec.client_address for spec in nodes[0].config.replicas]
-
-
 def test_the_watchers_of_a_process_share_one_stream_per_replica(tmp_path: Path) -> None:
     watchers = 30
 
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes) as grpc_:
-            pushed = PushedWatch.shared(grpc_.targets)
-            # a store connected to the same replicas in this process shares it
-            store = AllocationStore.connect(_addresses(nodes), home=0,
-                                            watch_targets=grpc_.targets)
-            try:
-                expected = 2 * 8
-                pages = [asyncio.ensure_future(_collect(pushed.watch(-1, first=k), expected))
-                         for k in range(watchers)]
-                events = [asyncio.ensure_future(_take(store.watch(-1), expected))
-                          for _ in range(5)]
-                # 35 watchers, 3 streams: one per replica, whoever opened them
-                await _until(lambda: grpc_.streams() == [1, 1, 1])
-                assert pushed.streams == 3
-                await _churn(store, 4, "j")
-                # replica 0's stream breaks: its watchers go on together at replica 1
-                await grpc_.servers[0].stop(0)
-                await _churn(store, 4, "k")
-                truth = _truth(nodes[0])
-                assert len(truth) == expected
-                for seen in await asyncio.wait_for(asyncio.gather(*pages, *events), 30):
-                    assert seen == truth  # every event, once, in order
-                assert pushed.streams == 0  # every watch ended: so did its stream
-                await _until(lambda: grpc_.streams() == [0, 0, 0])
-            finally:
-                await store.close()
-                await pushed.close()
+        # the cluster's store, connected to the same replicas in this process, shares it
+        async with cluster(tmp_path) as (nodes, grpc_, store), \
+                PushedWatch.shared(grpc_.targets) as pushed:
+            expected = 2 * 8
+            pages = [asyncio.ensure_future(_collect(pushed.watch(-1, first=k), expected))
+                     for k in range(watchers)]
+            events = [asyncio.ensure_future(take(store.watch(-1), expected))
+                      for _ in range(5)]
+            # 35 watchers, 3 streams: one per replica, whoever opened them
+            await _until(lambda: grpc_.streams() == [1, 1, 1])
+            assert pushed.streams == 3
+            await _churn(store, 4, "j")
+            # replica 0's stream breaks: its watchers go on together at replica 1
+            await grpc_.servers[0].stop(0)
+            await _churn(store, 4, "k")
+            truth = _truth(nodes[0])
+            assert len(truth) == expected
+            for seen in await asyncio.wait_for(asyncio.gather(*pages, *events), 30):
+                assert seen == truth  # every event, once, in order
+            assert pushed.streams == 0  # every watch ended: so did its stream
+            await _until(lambda: grpc_.streams() == [0, 0, 0])
 
     asyncio.run(asyncio.wait_for(run(), 90))
 
 
 def test_a_later_watcher_joins_the_stream_from_its_own_revision(tmp_path: Path) -> None:
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes) as grpc_:
-            pushed = PushedWatch(grpc_.targets, max_pending=4)
-            store = AllocationStore.connect(_addresses(nodes), home=0)
+        async with cluster(tmp_path) as (nodes, grpc_, store), \
+                PushedWatch(grpc_.targets, max_pending=4) as pushed:
             seen: list[ChangeEvent] = []
 
             async def read() -> None:
@@ -186,8 +151,6 @@ def test_a_later_watcher_joins_the_stream_from_its_own_revision(tmp_path: Path) 
                 await _until(lambda: grpc_.streams()[0] == 0)
             finally:
                 reader.cancel()
-                await store.close()
-                await pushed.close()
 
     asyncio.run(asyncio.wait_for(run(), 90))
 
@@ -196,10 +159,8 @@ def test_a_watcher_that_stops_reading_does_not_stall_the_others_on_its_stream(
     tmp_path: Path,
 ) -> None:
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes) as grpc_:
-            pushed = PushedWatch(grpc_.targets, max_pending=6)
-            store = AllocationStore.connect(_addresses(nodes), home=0)
+        async with cluster(tmp_path) as (nodes, grpc_, store), \
+                PushedWatch(grpc_.targets, max_pending=6) as pushed:
             fast_seen: list[list[ChangeEvent]] = [[] for _ in range(5)]
 
             async def read(k: int) -> None:
@@ -231,8 +192,6 @@ def test_a_watcher_that_stops_reading_does_not_stall_the_others_on_its_stream(
                     reader.cancel()
                 await asyncio.gather(*readers, return_exceptions=True)
                 await slow.aclose()
-                await store.close()
-                await pushed.close()
 
     asyncio.run(asyncio.wait_for(run(), 90))
 
@@ -245,40 +204,34 @@ def test_a_watch_from_now_at_a_lagging_replica_starts_after_what_was_acknowledge
     tmp_path: Path,
 ) -> None:
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes) as grpc_:
-            pushed = PushedWatch(grpc_.targets)
-            store = AllocationStore.connect(_addresses(nodes), home=0)
-            try:
-                await _churn(store, 1, "old")
-                await _until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot)
-                _isolate(nodes[2], {0, 1})
-                await _churn(store, 3, "acked")  # acknowledged by 0 and 1; 2 hears nothing
-                acked = _truth(nodes[0])[-1].revision  # the last release's
-                assert await store.revision() == acked
-                lagging = nodes[2].state_machine.revision  # type: ignore[attr-defined]
-                assert lagging < nodes[0].state_machine.revision  # type: ignore[attr-defined]
-                hooks = len(nodes[2].on_apply)
-                remote = pushed.watch(first=2, from_now=True)
-                local = AllocationStore.embedded(nodes[2]).watch(from_now=True)
-                taking = [asyncio.ensure_future(_collect(remote, 4)),
-                          asyncio.ensure_future(_take(local, 4))]
-                await asyncio.sleep(0.3)  # both wait for their read: 2 cannot answer yet
-                assert grpc_.streams()[2] == 0 and len(nodes[2].on_apply) == hooks
-                _isolate(nodes[2], set())
-                # each read answered, and then it subscribed (the hub and the embedded watch
-                # hook the node): what applies from now on is after where they start
-                await _until(lambda: grpc_.streams()[2] == 1)
-                await _until(lambda: len(nodes[2].on_apply) == hooks + 2)
-                before = _truth(nodes[0])
-                await _churn(store, 2, "new")
-                after = _truth(nodes[0])[len(before):]
-                assert [e.subject for e in after] == ["new0", "new0", "new1", "new1"]
-                for seen in await asyncio.wait_for(asyncio.gather(*taking), 30):
-                    assert seen == after  # nothing acknowledged before, nothing missed
-            finally:
-                await store.close()
-                await pushed.close()
+        async with cluster(tmp_path) as (nodes, grpc_, store), \
+                PushedWatch(grpc_.targets) as pushed:
+            await _churn(store, 1, "old")
+            await _until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot)
+            _isolate(nodes[2], {0, 1})
+            await _churn(store, 3, "acked")  # acknowledged by 0 and 1; 2 hears nothing
+            acked = _truth(nodes[0])[-1].revision  # the last release's
+            assert await store.revision() == acked
+            lagging = nodes[2].state_machine.revision  # type: ignore[attr-defined]
+            assert lagging < nodes[0].state_machine.revision  # type: ignore[attr-defined]
+            hooks = len(nodes[2].on_apply)
+            remote = pushed.watch(first=2, from_now=True)
+            local = AllocationStore.embedded(nodes[2]).watch(from_now=True)
+            taking = [asyncio.ensure_future(_collect(remote, 4)),
+                      asyncio.ensure_future(take(local, 4))]
+            await asyncio.sleep(0.3)  # both wait for their read: 2 cannot answer yet
+            assert grpc_.streams()[2] == 0 and len(nodes[2].on_apply) == hooks
+            _isolate(nodes[2], set())
+            # each read answered, and then it subscribed (the hub and the embedded watch
+            # hook the node): what applies from now on is after where they start
+            await _until(lambda: grpc_.streams()[2] == 1)
+            await _until(lambda: len(nodes[2].on_apply) == hooks + 2)
+            before = _truth(nodes[0])
+            await _churn(store, 2, "new")
+            after = _truth(nodes[0])[len(before):]
+            assert [e.subject for e in after] == ["new0", "new0", "new1", "new1"]
+            for seen in await asyncio.wait_for(asyncio.gather(*taking), 30):
+                assert seen == after  # nothing acknowledged before, nothing missed
 
     asyncio.run(asyncio.wait_for(run(), 120))
 
@@ -300,30 +253,22 @@ class _OlderServicer(AllocationServicer):
 
 def test_a_watch_from_now_at_an_older_replica_says_so(tmp_path: Path) -> None:
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes, _OlderServicer) as grpc_:
-            pushed = PushedWatch(grpc_.targets)
-            store = AllocationStore.connect(_addresses(nodes), home=0)
-            try:
-                await _churn(store, 1, "a")
-                with pytest.raises(OlderReplica, match="from_now"):
-                    await anext(pushed.watch(from_now=True))
-                with pytest.raises(ValueError, match="not both"):
-                    await anext(pushed.watch(3, from_now=True))
-            finally:
-                await store.close()
-                await pushed.close()
+        async with cluster(tmp_path, _OlderServicer) as (_, grpc_, store), \
+                PushedWatch(grpc_.targets) as pushed:
+            await _churn(store, 1, "a")
+            with pytest.raises(OlderReplica, match="from_now"):
+                await anext(pushed.watch(from_now=True))
+            with pytest.raises(ValueError, match="not both"):
+                await anext(pushed.watch(3, from_now=True))
 
     asyncio.run(asyncio.wait_for(run(), 60))
 
 
 def test_stores_sharing_a_stream_close_it_with_the_last_one(tmp_path: Path) -> None:
     async def run() -> None:
-        nodes = await start(tmp_path)
-        async with served(nodes) as grpc_:
-            one = AllocationStore.connect(_addresses(nodes), watch_targets=grpc_.targets)
-            two = AllocationStore.connect(_addresses(nodes), watch_targets=grpc_.targets)
-            try:
+        async with cluster(tmp_path) as (nodes, grpc_, one):
+            addresses = [spec.client_address for spec in nodes[0].config.replicas]
+            async with AllocationStore.connect(addresses, watch_targets=grpc_.targets) as two:
                 watch_one, watch_two = one.watch(-1), two.watch(-1)
                 await _churn(one, 1, "a")
                 assert (await anext(watch_one)).subject == "a0"
@@ -341,8 +286,5 @@ def test_stores_sharing_a_stream_close_it_with_the_last_one(tmp_path: Path) -> N
                 with pytest.raises(StopAsyncIteration):
                     await anext(watch_two)
                 await _until(lambda: grpc_.streams()[0] == 0)
-            finally:
-                await one.close()
-                await two.close()
 
     asyncio.run(asyncio.wait_for(run(), 60))
