@@ -50,8 +50,9 @@ __all__ = ["ACK_EVERY", "ACK_WINDOW", "DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", 
 #: reading is at most half of it plus one message, whatever the client's HTTP/2 window (a
 #: non-reading client with BDP probing otherwise soaks up megabytes per stream) ...
 ACK_WINDOW = 2048
-#: ... and the client acknowledges each time it consumed this many since its last ack: one
-#: small message per 512 events, not per batch. Acks are messages too: at 1,000 streams
+#: ... and the client acknowledges each time it consumed this many since its last ack (a
+#: process sharing the stream among its watchers: handed them out): one small message per
+#: 512 events, not per batch. Acks are messages too: at 1,000 streams
 #: every 256 events (the window was 1,024) they were a fifth of a replica's watch messages
 #: and a quarter of the watcher processes' CPU (alloc-e2e --watchers 1000, py-spy); a client
 #: acking every 512 to a replica of the smaller window stalls for a round trip per ack
