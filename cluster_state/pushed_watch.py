@@ -7,11 +7,12 @@ own start revision. A watcher's memory is a queue of references to shared pages,
 ``max_pending`` events as the replica bounds a stream (``WatchHub``): one that reads more
 slowly than the others is not waited for. Its queue is dropped and its watch raises
 ``EventsCompacted`` once it took what it was given, while the others sharing the feed go on.
-The feed acknowledges what it handed out, not what its watchers took, so the replica sends
-at the pace of the fastest reader the process has, not of the slowest. A feed the replica
-cut (the whole process read too slowly) ends each of its watchers with ``EventsCompacted``
-after what it was sent; a broken stream resumes at the next target after the last revision
-the feed saw (messages hold whole revisions), and its watchers notice nothing.
+The feed acknowledges what its fastest watcher took (``ACK_EVERY`` events at a time), so the
+replica sends at the pace of the fastest reader, not of the slowest; when none reads (a lone
+watcher that stopped, or a whole process too slow), the replica stops sending and, its queue
+for the stream full, cuts it: each of the feed's watchers ends with ``EventsCompacted`` after
+what it was sent. A broken stream resumes at the next target after the last revision the
+feed saw (messages hold whole revisions), and its watchers notice nothing.
 
 A feed keeps the events of its last few messages (``max_pending`` events at most), so a
 watcher that starts while one already runs joins it if its start revision is at or after the
@@ -34,7 +35,7 @@ import contextlib
 import itertools
 from collections import deque
 from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cluster_state.errors import ClusterStateError, EventsCompacted, OlderReplica
 from cluster_state.events import ChangeEvent
@@ -83,6 +84,8 @@ class Subscriber:
         self.pages = deque()
         self.pending = 0
         self.taken = page[-1].revision
+        if self.feed is not None:
+            self.feed.took(self.queued)
         return page
 
     def end(self, error: BaseException | None) -> None:
@@ -96,8 +99,8 @@ class Feed:
     ``position``: the newest revision the stream covered (None until a stream from now was
     told where it starts); it can replay every event after ``floor``."""
 
-    __slots__ = ("dropped", "floor", "home", "kept", "limit", "position", "ring",
-                 "subscribers", "task")
+    __slots__ = ("ack", "ack_wanted", "consumed", "dropped", "floor", "home", "kept", "limit",
+                 "position", "progress", "ring", "subscribers", "task", "unacked")
 
     def __init__(self, home: int, since: int | None, limit: int = DEFAULT_MAX_PENDING) -> None:
         if limit < 1:
@@ -111,14 +114,28 @@ class Feed:
         self.subscribers: dict[Subscriber, None] = {}  # in the order they came
         self.dropped = 0  # subscribers dropped for falling behind
         self.task: asyncio.Task[None] | None = None
+        # the stream's flow: (through, events and skipped ones) of the messages not yet
+        # acknowledged, the newest revision a watcher took everything through, the events
+        # taken since the last ack, and the ack to send (``ack_wanted`` is set)
+        self.unacked: deque[tuple[int, int]] = deque()
+        self.progress = since if since is not None else -1
+        self.consumed = 0
+        self.ack = -1
+        self.ack_wanted = asyncio.Event()
 
     def serves(self, since: int) -> bool:
         """Whether a watch from ``since`` can join: the feed replays everything after it."""
         return self.floor is not None and self.floor <= since
 
+    def opened(self) -> None:
+        """A new stream: the replica counts only what it sends on it."""
+        self.unacked.clear()
+        self.consumed = 0
+        self.ack_wanted.clear()
+
     def begin(self, revision: int) -> None:
         """A stream from now starts after ``revision`` (its first message)."""
-        self.position = self.floor = revision
+        self.position = self.floor = self.progress = revision
         for subscriber in self.subscribers:
             subscriber.queued = subscriber.taken = revision
 
@@ -136,9 +153,11 @@ class Feed:
         if subscriber.feed is self:
             subscriber.feed = None
 
-    def deliver(self, through: int, events: Page) -> None:
-        """One message: the events after ``position`` through revision ``through``."""
+    def deliver(self, through: int, events: Page, skipped: int = 0) -> None:
+        """One message: the events after ``position`` through revision ``through`` (and
+        ``skipped`` more the replica left out for this client)."""
         self.position = through
+        self.unacked.append((through, len(events) + skipped))
         if events:
             self.ring.append((through, events))
             self.kept += len(events)
@@ -147,6 +166,18 @@ class Feed:
                 self.kept -= len(dropped)
         for subscriber in list(self.subscribers):
             self._offer(subscriber, through, events)
+
+    def took(self, revision: int) -> None:
+        """A watcher took everything through ``revision``: every ``ACK_EVERY`` events so
+        taken, an ack is wanted (``ack``, ``ack_wanted``)."""
+        assert self.position is not None
+        self.progress = max(self.progress, min(revision, self.position))
+        while self.unacked and self.unacked[0][0] <= self.progress:
+            through, count = self.unacked.popleft()
+            self.consumed += count
+            if self.consumed >= ACK_EVERY:
+                self.ack, self.consumed = through, 0
+                self.ack_wanted.set()
 
     def end(self, error: BaseException | None) -> None:
         """The stream ended for good: each subscriber raises ``error`` after what it was
@@ -160,13 +191,15 @@ class Feed:
                 subscriber.end(error)
 
     def _offer(self, subscriber: Subscriber, through: int, events: Page) -> None:
-        if through <= subscriber.queued:
-            return
-        part = events
-        if events and events[0].revision <= subscriber.queued:
-            part = tuple(e for e in events if e.revision > subscriber.queued)
-        subscriber.queued = through
+        part: Page = ()
+        if through > subscriber.queued:
+            part = events
+            if events and events[0].revision <= subscriber.queued:
+                part = tuple(e for e in events if e.revision > subscriber.queued)
+            subscriber.queued = through
         if not part:
+            if not subscriber.pending:  # nothing for it and nothing held: as good as taken
+                self.took(through)
             return
         if subscriber.pending and subscriber.pending + len(part) > self.limit:
             # Not waited for, not buffered: dropped; it re-reads and watches again.
@@ -399,12 +432,13 @@ class _Streams:
         k, failures, n = feed.home, 0, len(self._stubs)
         while feed.subscribers:
             call = self._stubs[k].WatchAcked()
+            feed.opened()
+            acks = asyncio.ensure_future(self._acknowledge(feed, call))
             try:
                 start = (pb.WatchRequest(since=-1, typed=True, from_now=True)
                          if feed.position is None
                          else pb.WatchRequest(since=feed.position, typed=True))
                 await call.write(pb.WatchControl(start=start))
-                consumed = 0  # events (and skipped ones) since the last ack
                 async for batch in call:
                     if batch.compacted:
                         raise EventsCompacted(batch.revision, batch.oldest)
@@ -414,19 +448,13 @@ class _Streams:
                         failures = 0
                     if not feed.subscribers:
                         return  # every watcher left (or moved to another stream)
-                    consumed += len(batch.events) + batch.skipped
-                    if consumed >= ACK_EVERY and not call.done():
-                        # handed out is consumed: a slow watcher does not hold the others
-                        # back (a stream the replica ended OK refuses writes: the loop ends)
-                        with contextlib.suppress(asyncio.InvalidStateError):
-                            await call.write(pb.WatchControl(ack=batch.through))
-                        consumed = 0
                 broke = "the stream ended"  # the server is stopping: resume elsewhere
             except grpc.aio.AioRpcError as exc:
                 if exc.code().name not in _WATCH_RETRY_CODES:
                     raise
                 broke = str(exc.details())
             finally:
+                acks.cancel()
                 call.cancel()
             failures += 1
             if failures >= _WATCH_ATTEMPTS * n:
@@ -434,6 +462,18 @@ class _Streams:
             k = (k + 1) % n
             if k == feed.home:
                 await asyncio.sleep(_WATCH_RETRY_PAUSE_S)
+
+    @staticmethod
+    async def _acknowledge(feed: Feed, call: Any) -> None:
+        """Write the acks ``feed`` wants on ``call`` (alongside its reads)."""
+        from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+        while not call.done():
+            await feed.ack_wanted.wait()
+            feed.ack_wanted.clear()
+            # a stream the replica ended OK refuses writes: its reads end it
+            with contextlib.suppress(asyncio.InvalidStateError):
+                await call.write(pb.WatchControl(ack=feed.ack))
 
     def _begin(self, feed: Feed, batch: pb.EventBatch, target: str) -> None:
         if batch.events or batch.skipped:
@@ -450,6 +490,6 @@ class _Streams:
         through = max(batch.through, events[-1].revision) if events else batch.through
         assert feed.position is not None
         if through > feed.position:
-            feed.deliver(through, events)
+            feed.deliver(through, events, batch.skipped)
             self._coalesce(feed)
         return bool(events)

@@ -1,8 +1,9 @@
 """The local fan-out of a shared watch stream (``cluster_state.pushed_watch``), alone: no gRPC.
 A feed hands each message to every watcher it serves, each from its own start revision; a
 watcher that falls beyond its bound is dropped with ``EventsCompacted`` and the others do not
-notice; a later watcher joins where the feed can replay for it; a stream's end reaches every
-watcher after what it was given."""
+notice; a later watcher joins where the feed can replay for it; the stream is acknowledged as
+far as its fastest watcher took; a stream's end reaches every watcher after what it was
+given."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from cluster_state.errors import EventsCompacted
 from cluster_state.events import ChangeEvent
 from cluster_state.pushed_watch import Feed, Page, Subscriber
+from cluster_state.watch_hub import ACK_EVERY
 from consensus.errors import IndefiniteFailure
 
 
@@ -134,3 +136,28 @@ def test_the_end_of_a_stream_reaches_each_watcher_after_what_it_was_given() -> N
 def test_a_feed_refuses_an_impossible_bound() -> None:
     with pytest.raises(ValueError, match="max_pending"):
         Feed(0, -1, limit=0)
+
+
+def test_the_stream_is_acknowledged_as_far_as_its_fastest_watcher_took() -> None:
+    async def run() -> None:
+        feed = Feed(0, -1, limit=4 * ACK_EVERY)
+        fast, slow = subscribed(feed, -1), subscribed(feed, -1)
+        half = ACK_EVERY // 2
+        feed.deliver(half, page(*range(1, half + 1)))
+        feed.deliver(ACK_EVERY, page(*range(half + 1, ACK_EVERY + 1)))
+        assert not feed.ack_wanted.is_set()  # handed out, taken by nobody: not acknowledged
+        assert fast.take() is not None
+        assert feed.ack_wanted.is_set() and feed.ack == ACK_EVERY  # taken by one is enough
+        feed.ack_wanted.clear()
+        # a message with nothing for a watcher that holds nothing is as good as taken
+        beyond = subscribed(feed, 10 * ACK_EVERY)
+        feed.deliver(2 * ACK_EVERY, page(*range(ACK_EVERY + 1, 2 * ACK_EVERY + 1)))
+        assert beyond.take() is None
+        assert feed.ack_wanted.is_set() and feed.ack == 2 * ACK_EVERY
+        assert slow.pending == 2 * ACK_EVERY  # the slow one still holds what it was given
+        # a new stream (resumed elsewhere) owes nothing of the old one
+        feed.ack_wanted.clear()
+        feed.opened()
+        assert not feed.unacked and feed.consumed == 0
+
+    asyncio.run(run())
