@@ -2,7 +2,7 @@
 
     sdpaxos ctl --server HOST:PORT submit NAME --vc VC --priority P --pods 2x8,1x4
     sdpaxos ctl --config cluster.toml release NAME
-    sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV] | node NAME --bad
+    sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV | --now] | node NAME --bad
     sdpaxos ctl ... bind NAME --vc VC --pods 1x8 --on node-0003:0-7 --revision R
     sdpaxos ctl ... inspect physical [CHAIN] | inspect vc NAME | inspect group NAME
     sdpaxos ctl ... claim NAME --incarnation I --slot S --uid UID --pod NS/POD [--previous UID]
@@ -147,8 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vc.add_argument("name", help="the virtual cluster's name")
     verbs.add_parser("summary", help="GPU use per chain")
     watch = verbs.add_parser("watch", help="stream change events")
-    watch.add_argument("--from", dest="since", type=int, default=-1,
+    start = watch.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="since", type=int, default=-1,
                        help="events after this revision (default: all the store keeps)")
+    start.add_argument("--now", action="store_true",
+                       help="only the changes from now on (the store's revision, read "
+                       "linearizably by the replica)")
     watch.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
     watch.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                        help="stop after this long (with --count: exit 1 if fewer events "
@@ -203,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     replicas = _Replicas(targets, args.timeout, credentials)
     try:
         return _verb(args, replicas)
-    except grpc.RpcError as exc:
+    except (grpc.RpcError, _StreamError) as exc:
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return UNAVAILABLE if exc.code().name in _UNAVAILABLE_CODES else REFUSED
     except KeyboardInterrupt:
@@ -270,6 +274,7 @@ class _Replicas:
         from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
 
         self.timeout = timeout
+        self.targets = targets
         self.channels = [
             grpc.insecure_channel(target) if credentials is None
             else grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
@@ -289,36 +294,43 @@ class _Replicas:
                     raise
         raise AssertionError("no stubs")
 
-    def watch(self, since: int) -> Iterator[Any]:
-        """Events after ``since``, moving on to the next replica when one becomes unavailable;
-        gives up once every replica failed in a row.
-
-        One operation's events share a revision, so resuming "after the last revision seen"
-        could drop the rest of a revision cut short: the next replica is asked from the
-        revision before, and the events of the last revision already shown are skipped
-        (every replica has the same events in the same order)."""
+    def watch(self, since: int, from_now: bool = False) -> Iterator[Any]:
+        """Events after ``since`` (``from_now``: after the revision the store is at now, read
+        linearizably by the replica), a message of several at a time (``WatchPushed``),
+        moving on to the next replica when one becomes unavailable; gives up once every
+        replica failed in a row. Messages hold whole revisions, so the next replica is
+        asked from the last revision shown: nothing is lost or repeated. A watch the store
+        no longer keeps events for, or that read too slowly, raises ``OUT_OF_RANGE``."""
         import grpc
 
+        from cluster_state.errors import EventsCompacted
         from cluster_state.grpc_api import cluster_state_pb2 as pb
 
-        last, seen = since, 0  # ``seen`` events of revision ``last`` were yielded
+        last = None if from_now else since
         failures = 0
         k = 0
         while True:
-            skip = seen
             try:
-                request = pb.WatchRequest(since=last - 1 if seen else last)
-                for event in self.stubs[k].Watch(request):
-                    if skip and event.revision == last:
-                        skip -= 1
+                request = (pb.WatchRequest(since=-1, from_now=True) if last is None
+                           else pb.WatchRequest(since=last))
+                for batch in self.stubs[k].WatchPushed(request):
+                    if batch.compacted:
+                        raise _StreamError(grpc.StatusCode.OUT_OF_RANGE,
+                                           str(EventsCompacted(batch.revision, batch.oldest)))
+                    if last is None:  # the start of a watch from now
+                        if batch.events:
+                            raise _StreamError(grpc.StatusCode.FAILED_PRECONDITION,
+                                               f"the replica at {self.targets[k]} predates "
+                                               "watches from now: watch --from a revision")
+                        last = batch.through
                         continue
-                    failures = 0
-                    if event.revision == last:
-                        seen += 1
-                    else:
-                        last, seen = event.revision, 1
-                    yield event
+                    if batch.events:
+                        failures = 0
+                        last = max(batch.through, batch.events[-1].revision)
+                    yield from batch.events
                 return
+            except _StreamError:
+                raise
             except grpc.RpcError as exc:
                 failures += 1
                 if exc.code().name not in _RETRY_ELSEWHERE or failures >= len(self.stubs):
@@ -328,6 +340,20 @@ class _Replicas:
     def close(self) -> None:
         for channel in self.channels:
             channel.close()
+
+
+class _StreamError(Exception):
+    """What a watch stream's last message said, as the gRPC error it stands for."""
+
+    def __init__(self, code: Any, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> Any:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 def _session() -> Any:
@@ -476,7 +502,7 @@ def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None
         timer.start()
     seen = 0
     try:
-        for seen, event in enumerate(replicas.watch(args.since), start=1):
+        for seen, event in enumerate(replicas.watch(args.since, args.now), start=1):
             if args.json:
                 print(json.dumps({"revision": event.revision, "kind": event.kind,
                                   "subject": event.subject,

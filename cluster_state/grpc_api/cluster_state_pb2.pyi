@@ -664,12 +664,14 @@ class InspectReply(_message.Message):
     def __init__(self, json: _Optional[str] = ..., revision: _Optional[int] = ..., physical: _Optional[_Union[PhysicalTrees, _Mapping]] = ..., vc: _Optional[_Union[VcTree, _Mapping]] = ..., group: _Optional[_Union[GroupTree, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("since", "typed")
+    __slots__ = ("since", "typed", "from_now")
     SINCE_FIELD_NUMBER: _ClassVar[int]
     TYPED_FIELD_NUMBER: _ClassVar[int]
+    FROM_NOW_FIELD_NUMBER: _ClassVar[int]
     since: int
     typed: bool
-    def __init__(self, since: _Optional[int] = ..., typed: _Optional[bool] = ...) -> None: ...
+    from_now: bool
+    def __init__(self, since: _Optional[int] = ..., typed: _Optional[bool] = ..., from_now: _Optional[bool] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("revision", "kind", "subject", "data_json", "placed", "preempting", "downgraded", "cancelled", "node_health", "reconfigured", "claimed")

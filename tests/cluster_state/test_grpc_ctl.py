@@ -312,28 +312,53 @@ class _Down(grpc.RpcError):  # type: ignore[misc]
 
 
 def test_ctl_watch_resumes_at_the_next_replica_exactly_after_the_last_event() -> None:
-    # Three events at revision 7 (a release that placed two preemptors); the first replica
-    # dies after two of them. The next one is asked from revision 6 and its first two
-    # events are skipped: none is lost or repeated.
+    # Messages hold whole revisions (three events at revision 7: a release that placed two
+    # preemptors); the first replica dies after two messages. The next one is asked from
+    # the last revision shown: none is lost or repeated.
     events = [pb.Event(revision=r, kind="placed", subject=s)
               for r, s in ((5, "a"), (7, "released"), (7, "p1"), (7, "p2"), (9, "b"))]
+    messages = [pb.EventBatch(events=events[:1], through=5),
+                pb.EventBatch(events=events[1:4], through=7),
+                pb.EventBatch(events=events[4:], through=9)]
     asked = []
 
     class Stub:
         def __init__(self, dies_after: int | None) -> None:
             self.dies_after = dies_after
 
-        def Watch(self, request: pb.WatchRequest) -> Iterator[pb.Event]:
+        def WatchPushed(self, request: pb.WatchRequest) -> Iterator[pb.EventBatch]:
             asked.append(request.since)
             sent = 0
-            for event in events:
-                if event.revision > request.since:
+            for message in messages:
+                if message.through > request.since:
                     if sent == self.dies_after:
                         raise _Down()
                     sent += 1
-                    yield event
+                    yield message
 
     replicas = _Replicas.__new__(_Replicas)
-    replicas.stubs = cast(Any, [Stub(dies_after=3), Stub(dies_after=None)])
+    replicas.stubs = cast(Any, [Stub(dies_after=2), Stub(dies_after=None)])
     assert list(replicas.watch(-1)) == events
-    assert asked == [-1, 6]
+    assert asked == [-1, 7]
+
+
+def test_ctl_watch_now_shows_only_what_changes_after_it(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = stub_for(server)
+    stub.Submit(pb.SubmitRequest(group=group("before")), timeout=10)
+    stub.Release(pb.ReleaseRequest(group="before"), timeout=10)
+    code: list[int] = []
+    watching = threading.Thread(target=lambda: code.append(main(
+        ["ctl", "--server", server, "--json", "watch", "--now", "--count", "2", "--wait",
+         "30"])))
+    watching.start()
+    k = 0
+    while watching.is_alive():  # changes until the watch saw two of them
+        stub.Submit(pb.SubmitRequest(group=group(f"after{k}")), timeout=10)
+        stub.Release(pb.ReleaseRequest(group=f"after{k}"), timeout=10)
+        k += 1
+        watching.join(0.2)
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == [0] and len(shown) == 2
+    assert all(event["subject"].startswith("after") for event in shown), shown
