@@ -38,7 +38,11 @@ channels, an embedded store's open watches (their apply hooks).
 
 A session is one ``client_id``: the replicated session table remembers its recent results by
 sequence number, so a client id must not be reused by another session (a restarted scheduler
-included). Leave it out to get a random one.
+included). Leave it out to get a random one. The table evicts sessions idle for long or over
+its caps (``consensus.sessions``): a store opens a new one by itself when an update it had
+sent nowhere before finds its session gone (it never ran). A caller that numbers its own
+updates (``seq=``) numbers them with ``consensus.sessions.session_seq`` to get a session the
+table may evict; small numbers (from 0) make a pinned session, kept for good.
 
     store = AllocationStore.connect([("10.0.0.1", 7100), ...], home=0)
     result = await store.submit(GroupSpec(name="job-1", vc="vc00", priority=100,
@@ -51,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -64,10 +67,11 @@ from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, Pod, PodPlacement
 from cluster_state.store import ClusterStore
 from cluster_state.watch_hub import ACK_EVERY, ACK_WINDOW
-from consensus.errors import ConfigError, IndefiniteFailure
+from consensus.errors import ConfigError, IndefiniteFailure, SessionExpired
 from consensus.messages import Command
 from consensus.runtime.client import new_client_id
 from consensus.runtime.cluster_config import parse_address
+from consensus.sessions import SessionNumbers
 
 if TYPE_CHECKING:
     import ssl
@@ -75,7 +79,7 @@ if TYPE_CHECKING:
     import grpc
 
     from consensus.auth import Principal
-    from consensus.runtime.node import ReplicaNode
+    from consensus.runtime.node import ReplicaNode, Result
 
 __all__ = [
     "ACK_WINDOW",
@@ -239,24 +243,45 @@ class _Embedded:
         self.attempts = attempts
         #: on whose behalf (a TLS cluster's gRPC caller), checked as the commands apply
         self.principal = principal
-        self._seq = itertools.count()
+        self._numbers = SessionNumbers()
         #: the apply hooks of this store's open watches, each with the event that wakes it
         self._watches: dict[Callable[[int, Command, bytes], None], asyncio.Event] = {}
         self._closed = False
 
     def _command(self, op: bytes, seq: int | None = None) -> Command:
-        return Command(client_id=self.client_id, seq=next(self._seq) if seq is None else seq,
-                       op=op)
+        return Command(client_id=self.client_id,
+                       seq=self._numbers.next() if seq is None else seq, op=op)
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         # After a timeout (a failover, say) the command may or may not be in the log:
         # proposing the same (client id, seq) again is safe, the session table applies it
-        # once. A DefiniteFailure is final, as with the remote client.
-        command = self._command(op, seq)
-        result = await self._retried(lambda: self.node.submit(command,
-                                                              principal=self.principal),
-                                     f"no result for ({command.client_id}, {command.seq})")
-        return result.value
+        # once. A DefiniteFailure is final, as with the remote client; SessionExpired too,
+        # but for a command numbered here and proposed once: it never ran, so it is
+        # proposed again, once, in a new session (``consensus.runtime.client`` does the same).
+        renewed = False
+        while True:
+            command = self._command(op, seq)
+            proposals = 0
+
+            def submit(command: Command = command) -> Awaitable[Result]:
+                nonlocal proposals
+                proposals += 1
+                return self.node.submit(command, principal=self.principal)
+
+            try:
+                result = await self._retried(
+                    submit, f"no result for ({command.client_id}, {command.seq})")
+            except SessionExpired as exc:
+                if proposals > 1:
+                    raise IndefiniteFailure(
+                        f"({command.client_id}, {command.seq}) may have been applied before "
+                        f"its session expired (it will not be from now on): {exc}") from exc
+                if seq is not None or renewed:
+                    raise
+                self._numbers.renew(exc.log_time)
+                renewed = True
+                continue
+            return result.value
 
     async def query(self, op: bytes, stale: bool) -> bytes:
         return await self._retried(

@@ -15,7 +15,8 @@ its end; one the store has no trace of is an error, ``no group 'name'`` (``NotFo
 client, gRPC ``NOT_FOUND``).
 
 **Revisions.** ``revision`` is the global log position of the last command that changed the
-store (allocations, health or a remembered session result). A placement's *fencing token* is
+store (allocations, health, a remembered session result or the log time: a log-time command
+of ``consensus.sessions``). A placement's *fencing token* is
 the position it took effect at; every change event carries the position that made it, and
 ``events_since(revision)`` feeds watchers. Leaves remember the revision of their last change,
 which is what a conditional ``bind`` checks.
@@ -80,7 +81,7 @@ from cluster_state.ops import (
 )
 from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
-from consensus.statemachine import SessionTable
+from consensus.sessions import LOG_TIME_CLIENT, SessionTable, is_log_time_op
 
 __all__ = ["SNAPSHOT_FORMAT", "ClusterStore"]
 
@@ -160,8 +161,10 @@ class ClusterStore:
     # ------------------------------------------------------------------ writes
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.lookup(command.client_id, command.seq)
+        previous = self.sessions.admit(command)
         if previous is not None:
+            if command.client_id == LOG_TIME_CLIENT and is_log_time_op(command.op):
+                self.revision = position  # the session table changed (the log time moved)
             return previous
         remember = True
         try:

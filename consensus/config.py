@@ -58,6 +58,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: the new members take over at the change's own slot, no SEAL (what the
         # old epoch's quorum ordered after it, and may have acknowledged, is dropped)
         "epoch_at_change",
+        # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
+        # open-by rule), so a late copy of a request it ran runs again
+        "sessions_forget_evicted",
     }
 )
 

@@ -14,6 +14,7 @@
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
+        │   └── SessionExpired its session was evicted or closed: not applied (open another)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "SessionExpired",
     "UnsupportedVersion",
 ]
 
@@ -143,3 +145,19 @@ class DefiniteFailure(RequestFailed):
 class IndefiniteFailure(RequestFailed):
     """The request may or may not have taken effect; retrying with the same (client id,
     sequence number) is safe."""
+
+
+class SessionExpired(DefiniteFailure):
+    """The replicated session table no longer holds the request's session (evicted, closed,
+    or its open-by time passed: ``consensus.sessions``), so the request was not applied and
+    never will be. ``log_time``: the cluster's log time then (Unix seconds; 0 if unknown), from
+    which a client opens its next session. A client that had sent the same request before
+    without an answer learns only that it will not run from now on (the native client
+    reports an ``IndefiniteFailure`` then)."""
+
+    def __init__(self, message: str, log_time: int = 0) -> None:
+        super().__init__(message)
+        self.log_time = log_time
+
+    def __reduce__(self) -> tuple[type[SessionExpired], tuple[str, int]]:
+        return (type(self), (str(self), self.log_time))

@@ -6,6 +6,14 @@ replicated state machine executes it at most once and returns its first result);
 ``attempts`` tries it fails with ``IndefiniteFailure``. A ``DefiniteFailure`` from a replica
 is final.
 
+A client is a session of the replicated session table (``consensus.sessions``): its sequence
+numbers carry the session's open-by time. If the table evicted the session (idle too long, or
+over a cap), a request fails with ``SessionExpired``: not applied. One this client numbered
+itself and had sent nowhere before is then sent again, once, in a new session (it never ran);
+one it had sent before without an answer fails with ``IndefiniteFailure`` (it may have run
+before the session was evicted; it will not run from now on). ``execute(..., last=True)``
+closes the session with that request: what a one-shot client (a CLI verb) sends.
+
 A replica closes client connections idle for long (``conn_limits``): a request lost because
 its pooled connection turned out closed is sent again at once on a new connection to the same
 replica, without using up an attempt (once per attempt; a fresh connection's loss counts).
@@ -31,10 +39,17 @@ import msgpack
 
 from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
-from consensus.errors import DecodeError, DefiniteFailure, IndefiniteFailure, SDPaxosError
+from consensus.errors import (
+    DecodeError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    SDPaxosError,
+    SessionExpired,
+)
 from consensus.messages import Command
 from consensus.protocol.membership import Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
+from consensus.sessions import SessionNumbers
 
 __all__ = ["Client", "Reply", "cut_off", "new_client_id"]
 
@@ -119,24 +134,37 @@ class Client:
         self._home = home % len(addresses)
         self.timeout_s = timeout_s
         self.attempts = attempts
-        self._seq = itertools.count()
+        self._numbers = SessionNumbers()
         self._req_ids = itertools.count(1)
 
     def next_seq(self) -> int:
-        return next(self._seq)
+        return self._numbers.next()
 
     async def execute(
-        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None
+        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None,
+        last: bool = False,
     ) -> Reply:
-        """Run a command through the log; returns the replica's ``ok`` reply."""
-        command = Command(
-            client_id=self.client_id,
-            seq=self.next_seq() if seq is None else seq,
-            op=op,
-            keys=tuple(keys),
-            blind=blind,
-        )
-        return await self._call("cmd", command)
+        """Run a command through the log; returns the replica's ``ok`` reply. ``seq``: the
+        caller numbers its requests itself (``consensus.sessions.session_seq``); ``last``:
+        the session's last request (closed once it ran)."""
+        renewed = False
+        while True:
+            command = Command(
+                client_id=self.client_id,
+                seq=self._numbers.next(last=last) if seq is None else seq,
+                op=op,
+                keys=tuple(keys),
+                blind=blind,
+            )
+            try:
+                return await self._call("cmd", command)
+            except SessionExpired as exc:
+                if seq is not None or renewed:
+                    raise
+                # it never ran (sent once, refused): again, once, in a session opened from
+                # the cluster's log time
+                self._numbers.renew(exc.log_time)
+                renewed = True
 
     async def read(self, op: bytes, keys: Sequence[str] = (), *, stale: bool = False) -> Reply:
         command = Command(client_id=self.client_id, seq=self.next_seq(), op=op, keys=tuple(keys))
@@ -214,11 +242,13 @@ class Client:
 
     async def _call(self, kind: Kind, command: Command) -> Reply:
         last_error: BaseException | None = None
+        sent = 0  # copies sent: after the first, SessionExpired says nothing of the others
         for attempt in range(self.attempts):
             connection = self._connections[(self._home + attempt) % len(self._connections)]
             try:
                 fresh = await connection.ensure()
                 try:
+                    sent += 1
                     reply = await self._request(connection, kind, command)
                 except ConnectionError:
                     if fresh:
@@ -226,6 +256,7 @@ class Client:
                     # the replica closed the pooled connection (idle) as this request went
                     # out: the same (client_id, seq) on a new one executes at most once
                     await connection.ensure()
+                    sent += 1
                     reply = await self._request(connection, kind, command)
             except (OSError, ConnectionError, TimeoutError) as exc:
                 last_error = exc
@@ -233,6 +264,11 @@ class Client:
             if reply.status == "ok":
                 return reply
             last_error = _failure(reply)
+            if isinstance(last_error, SessionExpired) and sent > 1:
+                raise IndefiniteFailure(
+                    f"({command.client_id}, {command.seq}) may have been applied before its "
+                    f"session expired (it will not be from now on): {last_error}"
+                ) from last_error
             if reply.status != "indefinite":
                 raise last_error
         raise IndefiniteFailure(
@@ -266,6 +302,8 @@ def _failure(reply: Reply) -> SDPaxosError:
     """The error a non-``ok`` reply stands for."""
     if reply.status == "denied":
         return PermissionDenied(str(reply.payload))
+    if reply.status == "expired":
+        return SessionExpired(str(reply.payload), reply.position)
     if reply.status in ("definite", "error"):
         return DefiniteFailure(str(reply.payload))
     return IndefiniteFailure(str(reply.payload))
