@@ -96,6 +96,10 @@ __all__ = [
 
 #: the codec's bound on a client id (and a sequence number)
 _MAX_ID = (1 << 63) - 1
+#: an update refused because a new cluster's log holds no configuration yet is sent again
+#: after this long (doubled each time), for this long at most (seconds)
+NOT_CONFIGURED_RETRY_S = 0.05
+NOT_CONFIGURED_WAIT_S = 15.0
 
 _T = TypeVar("_T")
 
@@ -469,12 +473,14 @@ class AllocationStore:
             return result
         raise _unexpected(result)
 
-    async def reconfigure(self, config_yaml: str, *, seq: int | None = None) -> ops.Reconfigured:
+    async def reconfigure(self, config_yaml: str, *, seq: int | None = None,
+                          from_file: bool = False) -> ops.Reconfigured:
         """Run a new cluster configuration (HiveD's YAML) from now on, keeping the running
         groups (see ``ClusterStore``). It is validated here first: an invalid one raises
-        ``ConfigError`` and nothing is proposed."""
+        ``ConfigError`` and nothing is proposed. ``from_file``: a replica's configuration
+        file, which changes nothing if the log ran that configuration before."""
         parse_config(config_yaml)
-        result = await self._update(ops.reconfigure(config_yaml), seq)
+        result = await self._update(ops.reconfigure(config_yaml, from_file=from_file), seq)
         if isinstance(result, ops.Reconfigured):
             return result
         raise _unexpected(result)
@@ -506,13 +512,23 @@ class AllocationStore:
         raise _unexpected(result)
 
     async def _update(self, op: bytes, seq: int | None, *, lookup: bool = False) -> ops.Result:
-        """``lookup``: the op names an existing group, so "no such group" is ``NotFound``."""
+        """``lookup``: the op names an existing group, so "no such group" is ``NotFound``. A
+        new cluster's log holds no configuration for a moment (``ops.NOT_CONFIGURED``): an
+        update numbered here is sent again, as a new request, for up to
+        ``NOT_CONFIGURED_WAIT_S``."""
         if seq is not None and not 0 <= seq <= _MAX_ID:
             raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")
-        result = ops.decode_result(await self._channel.update(op, seq))
-        if isinstance(result, ops.Error):
-            raise _refused(result.reason, lookup=lookup)
-        return result
+        deadline = asyncio.get_running_loop().time() + NOT_CONFIGURED_WAIT_S
+        delay = NOT_CONFIGURED_RETRY_S
+        while True:
+            result = ops.decode_result(await self._channel.update(op, seq))
+            if not isinstance(result, ops.Error):
+                return result
+            if (result.reason != ops.NOT_CONFIGURED or seq is not None
+                    or asyncio.get_running_loop().time() + delay > deadline):
+                raise _refused(result.reason, lookup=lookup)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     # ------------------------------------------------------------------ queries
     async def status(self, name: str, *, stale: bool = False) -> dict[str, Any] | None:
