@@ -557,18 +557,17 @@ class MemberReplica:
         # what it applies is logged (before the configurations of the epochs it starts): a
         # restart applies it again from there, it does not learn it again
         mark = len(self.out.persist)
-        learned = self._learn(msg.slots, self.out.persist)
+        learned, stopped = self._learn(msg.slots, self.out.persist)
         if learned:
             self.out.persist.insert(mark, LearnedRecord(start=msg.start,
                                                         slots=msg.slots[:learned]))
-        if self.core is None and not self._awaiting_snapshot and msg.slots and (
-                msg.executed > self.learned):
+        if not stopped and msg.slots and msg.executed > self.learned:
             self._ask_to_learn(again=True)
 
-    def _learn(self, slots: Sequence[LearnedSlot], persist: list[Record]) -> int:
+    def _learn(self, slots: Sequence[LearnedSlot], persist: list[Record]) -> tuple[int, bool]:
         """Apply learned ``slots`` from ``self.learned`` on, starting the epochs their SEALs
-        begin (their configurations go to ``persist``); how many it took: all, or those up
-        to the SEAL after which this member votes (its core takes it from there)."""
+        begin (their configurations go to ``persist``); how many it took, and whether it
+        stopped at a SEAL after which this member votes (its core takes it from there)."""
         for taken, learned in enumerate(slots, 1):
             slot = self.learned
             self.learned += 1
@@ -581,15 +580,15 @@ class MemberReplica:
                     # records (``_resume_pending``)
                     self._resume_epoch(*self._pending_epochs.pop(0))
                     self._resume_pending()
-                    return taken
+                    return taken, True
                 self._start_epoch(seal_config, persist)
                 if self.core is not None or self._awaiting_snapshot:
-                    return taken  # a voter now: its core takes it from here
+                    return taken, True  # a voter now: its core takes it from here
                 continue
             executions = [Execution(slot, offset, command, False)
                           for offset, command in enumerate(learned.batch)]
             self.out.apply += self._applied(executions, self.out)
-        return len(slots)
+        return len(slots), False
 
     def _replay_learned(self, records: Sequence[Record]) -> None:
         """A restarted learner: apply again what its records say it learned (after its
