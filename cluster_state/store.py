@@ -16,8 +16,8 @@ client, gRPC ``NOT_FOUND``).
 
 **Revisions.** ``revision`` is the global log position of the last command that changed the
 store (allocations, health, a remembered session result or the log time: a log-time command
-of ``consensus.sessions``). A placement's *fencing token* is
-the position it took effect at; every change event carries the position that made it, and
+of ``consensus.sessions``). A placement's *fencing token* is the position it took effect at;
+every change event carries the position that made it, and
 ``events_since(revision)`` feeds watchers. Leaves remember the revision of their last change,
 which is what a conditional ``bind`` checks.
 
@@ -177,8 +177,8 @@ class ClusterStore:
 
     def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096,
                  configured: bool = True) -> None:
-        """``configured=False``: the configuration is the log's to set (its first
-        ``reconfigure``); ``config`` only answers queries until then (see the module)."""
+        """``configured=False``: the configuration is the log's to set (its first file
+        proposal); ``config`` only answers queries until then (see the module)."""
         self.topology = config if isinstance(config, Topology) else topology_of(config)
         # Packed now, at start, rather than by the first snapshot (on the replica's event
         # loop: a 100k-GPU configuration takes a few hundred milliseconds).
@@ -265,13 +265,12 @@ class ClusterStore:
         if not self.configured:  # the log's first: its configuration from the start
             self._begin(topo)
             return Reconfigured(topo.digest.hex(), True, {})
-        ran = topo.digest in self.configs
-        self._ran(topo.digest)
-        if topo.digest == self.topology.digest or (from_file and ran):
+        if topo.digest == self.topology.digest or (from_file and topo.digest in self.configs):
             return Reconfigured(topo.digest.hex(), False, {})
         old = self.allocator
         self.allocator, report = old.reconfigured(topo, position)
         self.topology = topo
+        self._ran(topo.digest)
         self.allocator.events.append(("reconfigured", "", [topo.digest.hex()]))
         return Reconfigured(topo.digest.hex(), True, report)
 
@@ -286,7 +285,7 @@ class ClusterStore:
         self._ran(topo.digest)
 
     def _ran(self, digest: bytes) -> None:
-        """The log ran (or was asked for) the configuration of ``digest``: the latest."""
+        """The log runs the configuration of ``digest`` from now on: the latest it ran."""
         self.configs.pop(digest, None)
         self.configs[digest] = None
         while len(self.configs) > CONFIGS_KEPT:

@@ -1174,9 +1174,7 @@ class ReplicaNode:
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
                     limits.request_started(tracked)
-                    command = request.command
-                    self._client_requests.append(
-                        (request.kind, _unblind(command) if command.blind else command))
+                    self._client_requests.append((request.kind, _unblind(request.command)))
                 self._wakeup.set()
         except DecodeError as exc:
             log.warning("closing client connection: %s", exc)
@@ -1201,8 +1199,8 @@ class ReplicaNode:
             now = max(int(time.time()), self.sessions.now if self.sessions is not None else 0)
             if open_by > now + MAX_OPEN_AHEAD_S:
                 return (f"the session's open-by time {open_by} is more than "
-                        f"{MAX_OPEN_AHEAD_S} s ahead of this replica's clock ({now}): is the "
-                        "client's clock ahead?")
+                        f"{MAX_OPEN_AHEAD_S} s ahead of this replica's clock and log time "
+                        f"({now}): is the client's clock ahead?")
         return None
 
     async def _authenticate(self, connection: _ClientConnection) -> bool:
