@@ -85,6 +85,7 @@ __all__ = [
     "LAST",
     "LOG_TIME_CLIENT",
     "LOG_TIME_MAGIC",
+    "LOG_TIME_STAGGERS",
     "OPEN_BY_SHIFT",
     "OPEN_WINDOW_S",
     "SESSION_EXPIRED",
@@ -134,6 +135,9 @@ LOG_TIME_CLIENT: Final = 0
 #: 0xC1 is never produced by msgpack, so no state machine's op starts like it.
 LOG_TIME_MAGIC: Final = b"\xc1sdpaxos-log-time\x00"
 _LOG_TIME_OP_LEN: Final = len(LOG_TIME_MAGIC) + 8
+#: replicas propose log-time commands one after the other: replica ``i`` once its clock is
+#: ``i % LOG_TIME_STAGGERS`` units later than the first one's would be
+LOG_TIME_STAGGERS: Final = 4
 
 #: the broken variant of ``SessionTable`` (``unsafe``) the simulator's teeth test runs
 FORGET_EVICTED: Final = "sessions_forget_evicted"

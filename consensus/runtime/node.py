@@ -89,6 +89,7 @@ from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
 from consensus.sessions import (
+    LOG_TIME_STAGGERS,
     OPEN_BY_SHIFT,
     OPEN_WINDOW_S,
     SESSION_EXPIRED,
@@ -142,9 +143,6 @@ BACKUPS_KEPT = 2
 #: a client's session may not open later than this after the replica's clock (or the log
 #: time, if later): tombstones of evicted sessions are kept until their open-by time
 MAX_OPEN_AHEAD_S = 10 * OPEN_WINDOW_S
-#: replicas propose log-time commands one after the other: replica ``i`` once its clock is
-#: ``i % LOG_TIME_STAGGERS`` seconds later than the first one's would be
-LOG_TIME_STAGGERS = 4
 #: a replica proposes a log-time command at most this often (seconds)
 LOG_TIME_RETRY_S = 1
 

@@ -81,6 +81,7 @@ from consensus.runtime.framing import frames_by_peer
 from consensus.sessions import (
     COUNTER_LIMIT,
     LAST,
+    LOG_TIME_STAGGERS,
     SESSION_EXPIRED,
     SessionLimits,
     SessionTable,
@@ -725,7 +726,7 @@ class Simulation:
         table = rep.store.sessions
         if clock < rep.log_time_proposed + table.limits.time_step_s:
             return
-        if not table.time_due(clock - rep.rid % 4):
+        if not table.time_due(clock - rep.rid % LOG_TIME_STAGGERS):
             return
         rep.log_time_proposed = clock
         rep.core.propose(log_time_command(clock), local)
