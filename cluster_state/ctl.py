@@ -357,10 +357,13 @@ class _StreamError(Exception):
 
 
 def _session() -> Any:
+    """A one-shot session for one update (``consensus.sessions``): retried elsewhere, it
+    applies once, and it leaves nothing in the session table once its open-by time passed."""
     from cluster_state.client import new_client_id
     from cluster_state.grpc_api import cluster_state_pb2 as pb
+    from consensus.sessions import one_shot_seq
 
-    return pb.Session(client_id=new_client_id(), seq=0)
+    return pb.Session(client_id=new_client_id(), seq=one_shot_seq())
 
 
 def _group(args: argparse.Namespace, pb: Any) -> Any:

@@ -18,6 +18,7 @@
         ├── DefiniteFailure    it did not and never will take effect
         │   ├── PermissionDenied  the request's principal may not do this; nothing changed
         │   │                     (``consensus.auth``)
+        │   ├── SessionExpired its session was evicted or closed: not applied (open another)
         │   └── Unreachable    no replica could be reached: the request never left
         │                      (retry later; exit code 3, like an indefinite failure)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
@@ -41,6 +42,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "SessionExpired",
     "Unreachable",
     "UnsupportedVersion",
 ]
@@ -159,3 +161,19 @@ class Unreachable(DefiniteFailure):
 class IndefiniteFailure(RequestFailed):
     """The request may or may not have taken effect; retrying with the same (client id,
     sequence number) is safe."""
+
+
+class SessionExpired(DefiniteFailure):
+    """The replicated session table no longer holds the request's session (evicted, closed,
+    or its open-by time passed: ``consensus.sessions``), so the request was not applied and
+    never will be. ``log_time``: the cluster's log time then (Unix seconds; 0 if unknown), from
+    which a client opens its next session. A client that had sent the same request before
+    without an answer learns only that it will not run from now on (the native client
+    reports an ``IndefiniteFailure`` then)."""
+
+    def __init__(self, message: str, log_time: int = 0) -> None:
+        super().__init__(message)
+        self.log_time = log_time
+
+    def __reduce__(self) -> tuple[type[SessionExpired], tuple[str, int]]:
+        return (type(self), (str(self), self.log_time))

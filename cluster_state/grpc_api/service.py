@@ -355,7 +355,11 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         except NotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, exc.reason)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+            # a new cluster's log holds no configuration for a moment: again later, as a new
+            # request (another session), it runs
+            code = (grpc.StatusCode.UNAVAILABLE if exc.reason == ops.NOT_CONFIGURED
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, exc.reason)
         except PermissionDenied as exc:  # a TLS cluster's principal may not: nothing changed
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except DefiniteFailure as exc:

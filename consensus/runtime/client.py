@@ -12,6 +12,14 @@ ever will). Only if that too goes unanswered does the request fail with ``Indefi
 Membership changes cannot be settled (no session table keeps them): they end indefinite
 instead.
 
+A client is a session of the replicated session table (``consensus.sessions``): its sequence
+numbers carry the session's open-by time. If the table evicted the session (idle too long, or
+over a cap), a request fails with ``SessionExpired``: not applied. One this client numbered
+itself and had sent nowhere before is then sent again, once, in a new session (it never ran);
+one it had sent before without an answer fails with ``IndefiniteFailure`` (it may have run
+before the session was evicted; it will not run from now on). ``execute(..., last=True)``
+closes the session with that request: what a one-shot client (a CLI verb) sends.
+
 A replica closes client connections idle for long (``conn_limits``): a request lost because
 its pooled connection turned out closed is sent again at once on a new connection to the same
 replica, without using up an attempt (once per attempt; a fresh connection's loss counts).
@@ -44,12 +52,13 @@ from consensus.errors import (
     DefiniteFailure,
     IndefiniteFailure,
     SDPaxosError,
+    SessionExpired,
     Unreachable,
 )
 from consensus.messages import Command
 from consensus.protocol.membership import MEMBER_OP, Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
-from consensus.statemachine import CANCEL_OP
+from consensus.sessions import CANCEL_OP, SessionNumbers
 
 __all__ = ["Client", "Reply", "cut_off", "new_client_id"]
 
@@ -134,24 +143,37 @@ class Client:
         self._home = home % len(addresses)
         self.timeout_s = timeout_s
         self.attempts = attempts
-        self._seq = itertools.count()
+        self._numbers = SessionNumbers()
         self._req_ids = itertools.count(1)
 
     def next_seq(self) -> int:
-        return next(self._seq)
+        return self._numbers.next()
 
     async def execute(
-        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None
+        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None,
+        last: bool = False,
     ) -> Reply:
-        """Run a command through the log; returns the replica's ``ok`` reply."""
-        command = Command(
-            client_id=self.client_id,
-            seq=self.next_seq() if seq is None else seq,
-            op=op,
-            keys=tuple(keys),
-            blind=blind,
-        )
-        return await self._call("cmd", command)
+        """Run a command through the log; returns the replica's ``ok`` reply. ``seq``: the
+        caller numbers its requests itself (``consensus.sessions.session_seq``); ``last``:
+        the session's last request (closed once it ran)."""
+        renewed = False
+        while True:
+            command = Command(
+                client_id=self.client_id,
+                seq=self._numbers.next(last=last) if seq is None else seq,
+                op=op,
+                keys=tuple(keys),
+                blind=blind,
+            )
+            try:
+                return await self._call("cmd", command)
+            except SessionExpired as exc:
+                if seq is not None or renewed:
+                    raise
+                # it never ran (sent once, refused): again, once, in a session opened from
+                # the cluster's log time
+                self._numbers.renew(exc.log_time)
+                renewed = True
 
     async def read(self, op: bytes, keys: Sequence[str] = (), *, stale: bool = False) -> Reply:
         command = Command(client_id=self.client_id, seq=self.next_seq(), op=op, keys=tuple(keys))
@@ -249,6 +271,11 @@ class Client:
             if step is Step.GIVE_UP and not attempts.uncertain:
                 raise Unreachable(f"no replica reachable for ({command.client_id}, "
                                   f"{command.seq}); it was never sent: {last_error}")
+            if step is Step.GIVE_UP and answer is Answer.EXPIRED:
+                raise IndefiniteFailure(
+                    f"({command.client_id}, {command.seq}) may have been applied before its "
+                    f"session expired (it will not be from now on): {last_error}"
+                ) from last_error
             if step is Step.GIVE_UP:
                 what = "nor a settled outcome " if attempts.settling else ""
                 hint = ("; a membership change is not sent twice: `sdpaxos member list` tells "
@@ -285,8 +312,9 @@ class Client:
             return Answer.UNKNOWN, None, exc  # it left: a copy may exist
         if reply.status == "ok":
             return Answer.OK, reply, None
-        error = _failure(reply)
-        return (Answer.UNKNOWN if reply.status == "indefinite" else Answer.REFUSED), reply, error
+        answer = {"indefinite": Answer.UNKNOWN, "expired": Answer.EXPIRED}.get(reply.status,
+                                                                              Answer.REFUSED)
+        return answer, reply, _failure(reply)
 
     async def _request(self, connection: _Connection, kind: Kind, command: Command) -> Reply:
         """Send one request on ``connection`` (connected) and wait for its answer."""
@@ -320,6 +348,8 @@ def _failure(reply: Reply) -> SDPaxosError:
     """The error a non-``ok`` reply stands for."""
     if reply.status == "denied":
         return PermissionDenied(str(reply.payload))
+    if reply.status == "expired":
+        return SessionExpired(str(reply.payload), reply.position)
     if reply.status in ("definite", "error"):
         return DefiniteFailure(str(reply.payload))
     return IndefiniteFailure(str(reply.payload))

@@ -25,6 +25,9 @@ advance``, snapshots, records); what this layer adds, and where:
 * **Learners** ask a voter for executed slots (``LearnRequest``/``LearnReply``,
   ``_ask_to_learn``, ``_on_learn_request``, ``_on_learn_reply``) or get its snapshot; the
   voter a learner learns from proposes its promotion once it is within ``PROMOTE_LAG`` slots.
+  What a learner applies it logs (``LearnedRecord``, before the configuration of an epoch it
+  starts): a restarted learner applies it again from its records (``_replay_learned``) and
+  asks for what follows, instead of learning again everything since its last snapshot.
 * **An epoch is left only on proof** (``_probe``, ``_on_probe_reply``): a message of a later
   epoch says only that its sender claims one; a member leaves its epoch when its core
   executes the SEAL (``_maybe_switch``) or when it holds the SEAL itself in the log a peer
@@ -53,6 +56,7 @@ from consensus.messages import (
     CatchupMarkers,
     Command,
     ConfigRecord,
+    LearnedRecord,
     LearnedSlot,
     LearnReply,
     LearnRequest,
@@ -591,7 +595,21 @@ class MemberReplica:
         if self._awaiting_snapshot or msg.start != self.learned:
             return  # a stale answer
         self.learn_lag = max(0, msg.executed - self.learned)
-        for learned in msg.slots:
+        # what it applies is logged (before the configurations of the epochs it starts): a
+        # restart applies it again from there, it does not learn it again
+        mark = len(self.out.persist)
+        learned, stopped = self._learn(msg.slots, self.out.persist)
+        if learned:
+            self.out.persist.insert(mark, LearnedRecord(start=msg.start,
+                                                        slots=msg.slots[:learned]))
+        if not stopped and msg.slots and msg.executed > self.learned:
+            self._ask_to_learn(again=True)
+
+    def _learn(self, slots: Sequence[LearnedSlot], persist: list[Record]) -> tuple[int, bool]:
+        """Apply learned ``slots`` from ``self.learned`` on, starting the epochs their SEALs
+        begin (their configurations go to ``persist``); how many it took, and whether it
+        stopped at a SEAL after which this member votes (its core takes it from there)."""
+        for taken, learned in enumerate(slots, 1):
             slot = self.learned
             self.learned += 1
             if learned.seal:
@@ -603,16 +621,29 @@ class MemberReplica:
                     # records (``_resume_pending``)
                     self._resume_epoch(*self._pending_epochs.pop(0))
                     self._resume_pending()
-                    return
-                self._start_epoch(seal_config, self.out.persist)
+                    return taken, True
+                self._start_epoch(seal_config, persist)
                 if self.core is not None or self._awaiting_snapshot:
-                    return  # a voter now: its core takes it from here
+                    return taken, True  # a voter now: its core takes it from here
                 continue
             executions = [Execution(slot, offset, command, False)
                           for offset, command in enumerate(learned.batch)]
             self.out.apply += self._applied(executions, self.out)
-        if msg.slots and msg.executed > self.learned:
-            self._ask_to_learn(again=True)
+        return len(slots), False
+
+    def _replay_learned(self, records: Sequence[Record]) -> None:
+        """A restarted learner: apply again what its records say it learned (after its
+        snapshot), so it goes on learning after it. Their epochs' configurations are
+        among the records already (nothing is logged again)."""
+        for record in records:
+            if not isinstance(record, LearnedRecord):
+                continue
+            end = record.start + len(record.slots)
+            if self.core is not None or self._awaiting_snapshot or end <= self.learned:
+                continue
+            if record.start > self.learned:
+                return  # a gap (not written by this build): learn the rest from peers
+            self._learn(record.slots[self.learned - record.start:], [])
 
     # ------------------------------------------------------------------ epoch proofs
     def _probe(self) -> None:
@@ -744,9 +775,12 @@ class MemberReplica:
             inner = None
             if snapshot is not None:
                 inner = SnapshotMeta(snapshot.slot - self.config.base, snapshot.exec_counts)
-            self.core = self._core_for(self.config, recovered=records, snapshot=inner)
+            voted = [r for r in records if not isinstance(r, LearnedRecord)]
+            self.core = self._core_for(self.config, recovered=voted, snapshot=inner)
             if self.core is not None:
                 self._replay_core()
+            else:  # a learner of this epoch: what it learned is in its records
+                self._replay_learned(records)
         self._closing_known()
 
     def _resume_pending(self) -> None:
@@ -766,11 +800,15 @@ class MemberReplica:
             self._resume_epoch(*self._pending_epochs.pop(0))
 
     def _resume_epoch(self, config: Configuration, records: list[Record]) -> None:
-        """Start ``config``'s core from our records of it (a restart), replaying them."""
+        """Start ``config``'s core from our records of it (a restart), replaying them (what
+        we learned of it, if we do not vote in it)."""
         self.config, self.learned = config, config.base
-        self.core = self._core_for(config, recovered=records, snapshot=None)
+        voted = [r for r in records if not isinstance(r, LearnedRecord)]
+        self.core = self._core_for(config, recovered=voted, snapshot=None)
         if self.core is not None:
             self._replay_core()
+        else:
+            self._replay_learned(records)
 
     def _replay_core(self) -> None:
         """Drain a restarted core's replay into our own output, applying its changes."""
