@@ -326,6 +326,8 @@ class SessionTable:
         self._reset()
 
     def _reset(self) -> None:
+        # (every attribute set here is the table's state: ``_STATE_SLOTS``; the others are
+        # its settings, which ``take`` leaves alone)
         #: the log time (0 until the first log-time command)
         self.now = 0
         #: sessions with an open-by time, least recently used first (ordered by last_active)
@@ -554,8 +556,8 @@ class SessionTable:
         """Hold what ``other`` holds, in place of this table's contents (a state loaded
         elsewhere, off the replica's loop, adopted by the table its machine's users hold);
         returns the contents replaced."""
-        replaced = [getattr(self, name) for name in SessionTable.__slots__]
-        for name in SessionTable.__slots__:
+        replaced = [getattr(self, name) for name in _STATE_SLOTS]
+        for name in _STATE_SLOTS:
             setattr(self, name, getattr(other, name))
         return replaced
 
@@ -620,3 +622,10 @@ class SessionTable:
         for client, floor, items in pinned:
             self._pinned[int(client)] = _Session(
                 int(floor), {int(seq): bytes(result) for seq, result in items})
+
+
+#: the attributes of a ``SessionTable`` that hold its state (``_reset`` sets them), not its
+#: settings (``limits``, the broken variant, the principal being applied for)
+_STATE_SLOTS: Final = ("_active", "_closed", "_gone", "_gone_at", "_over", "_pinned",
+                       "_principals", "_sessions", "now")
+

@@ -334,3 +334,13 @@ def test_the_property_catches_a_table_that_forgets_evicted_sessions() -> None:
     play(script)  # the table refuses the copy
     with pytest.raises(AssertionError, match="ran twice"):
         play(script, frozenset({FORGET_EVICTED}))
+
+
+def test_taking_a_loaded_table_keeps_this_tables_settings() -> None:
+    # (a snapshot installed off the loop is loaded into a fresh table, then taken over: the
+    # store's limits and variant must stay the store's, or its evictions would differ)
+    table = SessionTable(LIMITS, unsafe=frozenset({FORGET_EVICTED}))
+    loaded = SessionTable()
+    loaded.load_state(SessionTable(LIMITS).to_state())
+    table.take(loaded)
+    assert table.limits == LIMITS and table._forget
