@@ -58,6 +58,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: the new members take over at the change's own slot, no SEAL (what the
         # old epoch's quorum ordered after it, and may have acknowledged, is dropped)
         "epoch_at_change",
+        # membership: a member sets its own published info (addresses) in its own
+        # configuration instead of proposing it through the log (the members disagree)
+        "publish_local",
     }
 )
 

@@ -1,5 +1,6 @@
 """Membership in the simulator: the ``member`` fault class (members added, removed and
-replaced, a wiped disk followed by a replace, under every other fault) keeps every run safe
+replaced, a wiped disk followed by a replace, members that move and publish where they run,
+under every other fault) keeps every run safe
 and live, and a cluster that never changes its members runs exactly as a bare SDPaxos core."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def test_members_change_under_every_fault(replicas: int, network: str, seeds: ra
 
 
 def test_the_member_fault_class_does_change_members() -> None:
-    epochs, grown = [], False
+    epochs, grown, moves = [], False, 0
     for seed in range(1, 11):
         sim = Simulation(SimOptions(replicas=3, faults=parse_faults("member"), network="lan"),
                          seed)
@@ -29,7 +30,14 @@ def test_the_member_fault_class_does_change_members() -> None:
         config = sim._latest_config()
         epochs.append(config.epoch)
         grown = grown or len(sim.replicas) > 3
+        moves += sim._moves
+        # every member published where it runs (the first members, the ones added, the ones
+        # that moved), and every member's configuration says so
+        for rep in sim._active():
+            assert {m.id: m.info for m in rep.core.config.members} == {  # type: ignore[attr-defined]
+                m.id: sim.replicas[m.id].info for m in config.members}
     assert grown and min(epochs) >= 1 and max(epochs) >= 3, epochs
+    assert moves >= 10, moves
 
 
 def test_an_unchanged_cluster_runs_exactly_as_a_bare_core(

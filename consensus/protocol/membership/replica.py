@@ -25,6 +25,11 @@ advance``, snapshots, records); what this layer adds, and where:
 * **Learners** ask a voter for executed slots (``LearnRequest``/``LearnReply``,
   ``_ask_to_learn``, ``_on_learn_request``, ``_on_learn_reply``) or get its snapshot; the
   voter a learner learns from proposes its promotion once it is within ``PROMOTE_LAG`` slots.
+* **Where a member runs** (``info``: opaque here, the runtime's addresses) is published
+  through the log: a voter whose configuration entry says otherwise than its own ``info``
+  proposes a ``publish`` change (``_maybe_publish``, at most once a catch-up period), so the
+  members a cluster started with (whose entries carry nothing) and a member started elsewhere
+  than its ``add`` said are known to every replica, in log order.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from consensus.protocol.membership.config import (
     EPOCH_SHIFT,
     MEMBER_OP,
     PROMOTE,
+    PUBLISH,
     Change,
     Configuration,
     Member,
@@ -124,11 +130,15 @@ class MemberReplica:
         rng: random.Random,
         snapshot: SnapshotMeta | None = None,
         contacts: Sequence[int] = (),
+        info: str = "",
     ) -> None:
         """``config``: the protocol settings, ``config.replicas`` the bootstrap voters (ids
         0..N-1); a member with a higher id joins as a learner. ``contacts``: members a
-        learner asks first (the bootstrap voters may be long gone)."""
+        learner asks first (the bootstrap voters may be long gone). ``info``: where this
+        member runs, published through the log while a voter (``_maybe_publish``; "" never
+        publishes)."""
         self.contacts = tuple(contacts)
+        self.info = info
         self.protocol = config
         self.me = me
         self.rng = rng
@@ -145,6 +155,10 @@ class MemberReplica:
         self.learn_lag = 0
         #: (sequencer) when we last proposed a learner's promotion
         self._promoted_at = NEVER
+        #: when we last proposed our own ``info`` (``_maybe_publish``)
+        self._published_at = NEVER
+        #: the sequence number of the last change this member proposed itself
+        self._own_seq = -1
         self.out = Ready()
         self._handed: tuple[SDPaxosReplica | None, Ready] | None = None
         #: a learner that became a voter waits for its snapshot (``Ready.snapshot_now``) to
@@ -252,6 +266,7 @@ class MemberReplica:
     def tick(self, now: int) -> None:
         self.now = now
         if self.core is not None:
+            self._maybe_publish()
             self.core.tick(now)
         elif not self.removed and not self._awaiting_snapshot:
             self._ask_to_learn(again=False)
@@ -543,8 +558,30 @@ class MemberReplica:
                 or self.now - self._promoted_at < self.protocol.catchup_us):
             return
         self._promoted_at = self.now
-        op = encode_change(Change(PROMOTE, learner))
-        core.propose(Command(client_id=SELF_CLIENT, seq=self.now, op=op, keys=()), self.now)
+        self._propose_own(core, Change(PROMOTE, learner))
+
+    def _maybe_publish(self) -> None:
+        """A voter whose configuration entry holds another ``info`` than its own proposes
+        its own (once a catch-up period: a proposal lost with an epoch is made again)."""
+        me = self.config.member(self.me)
+        core = self.core
+        if (not self.info or me is None or me.info == self.info or core is None
+                or self.now - self._published_at < self.protocol.catchup_us):
+            return
+        self._published_at = self.now
+        change = Change(PUBLISH, self.me, info=self.info)
+        if "publish_local" in self.protocol.unsafe:
+            # broken on purpose: the member sets its own entry, outside the log's order
+            self.config, _ = apply_change(self.config, change)
+            return
+        self._propose_own(core, change)
+
+    def _propose_own(self, core: SDPaxosReplica, change: Change) -> None:
+        """Propose a change this member makes itself (its own client: ``SELF_CLIENT``,
+        sequence numbers from its clock, never repeated)."""
+        self._own_seq = max(self.now, self._own_seq + 1)
+        core.propose(Command(client_id=SELF_CLIENT, seq=self._own_seq,
+                             op=encode_change(change), keys=()), self.now)
 
     def _on_learn_reply(self, msg: LearnReply) -> None:
         if self.core is not None or self._awaiting_snapshot or msg.start != self.learned:
