@@ -8,6 +8,7 @@
     │   ├── ForeignDataDir     the data directory belongs to another cluster or replica
     │   └── MissingIdentity    an empty (wiped?) data directory of an existing cluster
     ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
+    ├── MemberRemoved          a membership change removed this replica (it never serves again)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
@@ -28,6 +29,7 @@ __all__ = [
     "IndefiniteFailure",
     "LocalProtocolError",
     "MemberRefused",
+    "MemberRemoved",
     "MissingIdentity",
     "RemoteProtocolError",
     "RequestFailed",
@@ -106,6 +108,26 @@ class MemberRefused(SDPaxosError):
 
     def __reduce__(self) -> tuple[type[MemberRefused], tuple[int, str]]:
         return (type(self), (self.peer, self.reason))
+
+
+class MemberRemoved(SDPaxosError):
+    """A membership change removed this replica from its cluster: it stops, and its data
+    directory never serves again (ids are never reused; a replica there again is a new member
+    with a new id and an empty directory: ``sdpaxos member add``)."""
+
+    def __init__(self, replica: int, cluster_id: str, epoch: int) -> None:
+        super().__init__(
+            f"replica {replica} of cluster {cluster_id!r} was removed from the cluster (its "
+            f"configuration of epoch {epoch} no longer names it): it does not serve again; "
+            "its data directory may be deleted. To run a replica here again, add a new member "
+            "(sdpaxos member add prints its cluster-file entry) with an empty data directory"
+        )
+        self.replica = replica
+        self.cluster_id = cluster_id
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[type[MemberRemoved], tuple[int, str, int]]:
+        return (type(self), (self.replica, self.cluster_id, self.epoch))
 
 
 class LocalProtocolError(SDPaxosError):

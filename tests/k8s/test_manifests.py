@@ -124,7 +124,7 @@ def test_the_store_cross_references(tmp_path: Path, overlay: str) -> None:
     # every file the cluster file names is in the volume; the CA's key is not
     assert config.tls is not None and not config.tls.metrics  # the kubelet probes plaintext
     named = [config.tls.ca, config.tls.client.cert, config.tls.client.key]  # type: ignore[union-attr]
-    named += [f for r in config.tls.replicas for f in (r.cert, r.key)]
+    named += [f for r in config.tls.replicas.values() for f in (r.cert, r.key)]
     assert all(path.exists() for path in named)
     assert config.tls.ca_key is not None and not config.tls.ca_key.exists()
     gpu = load_config(mount / config.state_machine_options["gpu_config"].name)
