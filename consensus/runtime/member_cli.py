@@ -41,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from consensus.errors import ConfigError, IndefiniteFailure
+from consensus.errors import ConfigError, DecodeError, IndefiniteFailure
 from consensus.protocol.membership.config import (
     ADD,
     NO_MEMBER,
@@ -145,7 +145,10 @@ async def _current(target: NativeTarget,
     if status is None:
         raise IndefiniteFailure("no replica answered: "
                                 + "; ".join(f"{address_text(a)}: {e}" for a, e in answers.items()))
-    members = members_of_status(status) or []
+    try:
+        members = members_of_status(status) or []
+    except DecodeError as exc:  # a peer never crashes the tool
+        raise IndefiniteFailure(str(exc)) from None
     missing = [m.info.client_address for m in members
                if m.info is not None and m.info.client_address not in answers]
     answers.update(await statuses(missing, tls=target.tls, timeout_s=timeout_s))
