@@ -632,6 +632,7 @@ class MemberReplica:
         config = config_of(meta.config) if meta.config is not None else (
             bootstrap(self.protocol.replicas))
         inner = SnapshotMeta(meta.slot - config.base, meta.exec_counts)
+        self._covered(meta.slot)
         if self.core is not None and config.epoch == self.config.epoch:
             self.config = config
             installed = self.core.install_snapshot(inner)
@@ -647,6 +648,19 @@ class MemberReplica:
             records += self.core.durable_records()
         self._closing_known()
         return records
+
+    def _covered(self, slot: int) -> None:
+        """A snapshot at global ``slot`` replaces the state machine: what this turn was to
+        apply below it (an epoch's last slots taken from its core as we left it, ``_behind``,
+        or slots a learner learned) is in it, and applied on top of it would run twice. Our
+        own clients' commands among it fail (not known here: a retry gets the first result
+        from the session table), like the core's own (``Snapshots._drop_below``)."""
+        why = "decided while this replica caught up from a snapshot: retry it"
+        covered = [e for e in self.out.apply if e.slot < slot]
+        if covered:
+            self.out.apply = [e for e in self.out.apply if e.slot >= slot]
+            self.out.failed += [Failure(e.command, False, why) for e in covered
+                                if e.led_here and not e.command.blind]
 
     def _closing_known(self) -> None:
         """A configuration taken from a snapshot may hold a voter change we never executed
