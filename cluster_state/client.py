@@ -82,6 +82,7 @@ from consensus.errors import (
 from consensus.messages import Command
 from consensus.runtime.client import new_client_id
 from consensus.runtime.cluster_config import parse_address
+from consensus.runtime.members import address_text
 from consensus.sessions import CANCEL_OP, SessionNumbers
 
 if TYPE_CHECKING:
@@ -114,6 +115,8 @@ _NO_EVENTS_AFTER = _MAX_ID
 #: after this long (doubled each time), for this long at most (seconds)
 NOT_CONFIGURED_RETRY_S = 0.05
 NOT_CONFIGURED_WAIT_S = 15.0
+#: how often a remote store asks for the current members (seconds; ``connect``)
+MEMBER_SYNC_S = 30.0
 
 _T = TypeVar("_T")
 
@@ -135,14 +138,34 @@ class _Remote:
     def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
                  timeout_s: float, attempts: int, watch_targets: Sequence[str] = (),
                  tls: ssl.SSLContext | None = None,
-                 watch_credentials: grpc.ChannelCredentials | None = None) -> None:
+                 watch_credentials: grpc.ChannelCredentials | None = None,
+                 sync_every_s: float | None = None) -> None:
         from consensus.runtime.client import Client
 
         self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
-                             attempts=attempts, tls=tls)
+                             attempts=attempts, tls=tls, sync_every_s=sync_every_s)
         self.home = home
+        self._watch_credentials = watch_credentials
         self.pushed = (PushedWatch.shared(watch_targets, credentials=watch_credentials)
                        if watch_targets else None)
+
+    async def _pushed(self) -> PushedWatch:
+        """The pushed watch: over the targets given, else over the current members' gRPC
+        addresses (the voters', the home replica's first), learnt from the replicas."""
+        if self.pushed is None:
+            members = self.client.synced_members if self.client.synced_members is not None else (
+                await self.client.sync())
+            home = self.client.addresses[0]
+            voters = [(m.info.client_address != home, address_text(m.info.grpc_address))
+                      for m in members or () if m.voter and m.info is not None
+                      and m.info.grpc_address is not None]
+            targets = [target for _, target in sorted(voters, key=lambda v: v[0])]
+            if not targets:
+                raise ConfigError("a remote watch is pushed by the replicas' gRPC service: "
+                                  "connect with watch_targets=[their grpc host:port, ...] "
+                                  "(the members name no gRPC address)")
+            self.pushed = PushedWatch.shared(targets, credentials=self._watch_credentials)
+        return self.pushed
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         reply = await self.client.execute(op, seq=seq)
@@ -154,11 +177,10 @@ class _Remote:
 
     async def watch(self, since: int, poll_s: float, from_now: bool
                     ) -> AsyncGenerator[Sequence[ChangeEvent], None]:
-        if self.pushed is None:
-            raise ConfigError("a remote watch is pushed by the replicas' gRPC service: connect "
-                              "with watch_targets=[their grpc host:port, ...]")
+        given = self.pushed is not None
+        pushed = await self._pushed()
         async with contextlib.aclosing(
-            self.pushed.watch(since, self.home, from_now=from_now)
+            pushed.watch(since, self.home if given else 0, from_now=from_now)
         ) as pages:
             async for page in pages:
                 yield page
@@ -322,19 +344,25 @@ class AllocationStore:
         watch_targets: Sequence[str] = (),
         tls: ssl.SSLContext | None = None,
         watch_credentials: grpc.ChannelCredentials | None = None,
+        sync_every_s: float | None = MEMBER_SYNC_S,
     ) -> AllocationStore:
         """Talk to the replicas at ``addresses`` (client ports: ``"host:port"`` strings or
         ``(host, port)`` pairs; anything else raises ``ConfigError``), ``addresses[home]`` first.
         A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times.
-        With ``watch_targets`` (the replicas' gRPC host:port, in the same order), ``watch``
-        uses their pushed stream, ``watch_targets[home]`` first. A TLS cluster: ``tls``
+        The addresses are where the store starts: it follows the current members
+        (``consensus.runtime.client.Client.sync``: before its first request, every
+        ``sync_every_s`` and after a request nobody answered; None: only ``addresses``), the
+        home replica first while it votes.
+        ``watch`` uses the replicas' pushed gRPC stream: ``watch_targets`` (their gRPC
+        host:port, in the same order, ``watch_targets[home]`` first), else the current
+        voters' gRPC addresses. A TLS cluster: ``tls``
         (``config.tls.tool()`` or a scheduler's ``consensus.runtime.tls.client_context``) and,
         with ``watch_targets``, ``watch_credentials``; what the certificate names is what the
         session may do (``cluster_state.authz``; a refusal raises ``PermissionDenied``)."""
         client_id = _checked_id(client_id)
         pairs = [_client_address(address) for address in addresses]
         return cls(_Remote(pairs, client_id, home, timeout_s, attempts, watch_targets,
-                           tls, watch_credentials), client_id)
+                           tls, watch_credentials, sync_every_s), client_id)
 
     @classmethod
     def embedded(

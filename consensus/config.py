@@ -70,6 +70,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",
+        # membership: a member sets its own published info (addresses) in its own
+        # configuration instead of proposing it through the log (the members disagree)
+        "publish_local",
     }
 )
 

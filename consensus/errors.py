@@ -10,6 +10,7 @@
     ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
     ├── WALCorruption          durable log data is damaged: the replica stops rather than
     │                          lose what it acknowledged (``consensus.storage.wal``)
+    ├── MemberRemoved          a membership change removed this replica (it never serves again)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
@@ -38,6 +39,7 @@ __all__ = [
     "IndefiniteFailure",
     "LocalProtocolError",
     "MemberRefused",
+    "MemberRemoved",
     "MissingIdentity",
     "RemoteProtocolError",
     "RequestFailed",
@@ -118,6 +120,26 @@ class MemberRefused(SDPaxosError):
 
     def __reduce__(self) -> tuple[type[MemberRefused], tuple[int, str]]:
         return (type(self), (self.peer, self.reason))
+
+
+class MemberRemoved(SDPaxosError):
+    """A membership change removed this replica from its cluster: it stops, and its data
+    directory never serves again (ids are never reused; a replica there again is a new member
+    with a new id and an empty directory: ``sdpaxos member add``)."""
+
+    def __init__(self, replica: int, cluster_id: str, epoch: int) -> None:
+        super().__init__(
+            f"replica {replica} of cluster {cluster_id!r} was removed from the cluster (its "
+            f"configuration of epoch {epoch} no longer names it): it does not serve again; "
+            "its data directory may be deleted. To run a replica here again, add a new member "
+            "(sdpaxos member add prints its cluster-file entry) with an empty data directory"
+        )
+        self.replica = replica
+        self.cluster_id = cluster_id
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[type[MemberRemoved], tuple[int, str, int]]:
+        return (type(self), (self.replica, self.cluster_id, self.epoch))
 
 
 class LocalProtocolError(SDPaxosError):

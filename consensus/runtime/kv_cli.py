@@ -42,6 +42,7 @@ from consensus.runtime.client_options import (
     add_client_options,
     native_target,
     run_session,
+    tool_client,
 )
 from consensus.runtime.exit_codes import OK, REFUSED, USAGE
 from consensus.runtime.state_machines import DEFAULT_KIND
@@ -119,8 +120,6 @@ Verb = Callable[["Client", argparse.Namespace], Awaitable[int]]
 
 
 def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
-    from consensus.runtime.client import Client
-
     try:
         target = native_target(args)
     except ConfigError as exc:
@@ -132,8 +131,7 @@ def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
         return USAGE
 
     async def session() -> int:
-        async with Client(new_client_id(), target.addresses, timeout_s=args.timeout,
-                          attempts=len(target.addresses), tls=target.tls) as client:
+        async with tool_client(target, new_client_id(), args.timeout) as client:
             return await verb(client, args)
 
     return run_session(verb_name, session())

@@ -67,6 +67,7 @@ from consensus.errors import (
     IndefiniteFailure,
     LocalProtocolError,
     MemberRefused,
+    MemberRemoved,
     SDPaxosError,
     SessionExpired,
 )
@@ -91,7 +92,7 @@ from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.logs import RateLimited
-from consensus.runtime.members import parse_member_info
+from consensus.runtime.members import address_text, info_of_spec, known_members
 from consensus.runtime.snapshot_writer import (
     InFlight,
     SnapshotWriter,
@@ -114,7 +115,7 @@ from consensus.sessions import (
     log_time_command,
 )
 from consensus.statemachine import DefersQueries, StateMachine, batch_applier
-from consensus.storage.identity import KnownMembers, open_identity
+from consensus.storage.identity import KnownMembers, mark_removed, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
     encode_snapshot,
@@ -351,11 +352,14 @@ class ReplicaNode:
             state_machine.restore(state)
         rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
         factory = load_core(config.protocol_name)  # SDPaxos unless [protocol] name says
-        # a member that joined later asks the cluster file's other replicas to learn the log
-        contacts = {"contacts": tuple(r.id for r in config.replicas if r.id != me)} if (
-            factory is MemberReplica) else {}
+        # a member that joined later asks the cluster file's other replicas to learn the log;
+        # every member publishes where it runs (its entry's addresses) through the log
+        membership: dict[str, Any] = {
+            "contacts": tuple(r.id for r in config.replicas if r.id != me),
+            "info": info_of_spec(config.replica(me)).encode(),
+        } if factory is MemberReplica else {}
         self.core: DrivenCore = factory(
-            config.protocol, me, recovered=records, rng=rng, snapshot=meta, **contacts
+            config.protocol, me, recovered=records, rng=rng, snapshot=meta, **membership
         )
         protocol = config.protocol
         self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
@@ -376,7 +380,7 @@ class ReplicaNode:
             cluster_id=config.cluster_id,
             me=me,
             addresses={r.id: r.address for r in config.replicas},
-            one_way_us=dict(enumerate(config.one_way_us[me])),
+            one_way_us=config.delays_from(me),
             stamped=any(any(row) for row in config.one_way_us),
             on_frame=self._on_frame,
             max_connections=config.limits.peer_cap(len(config.replicas)),
@@ -420,6 +424,8 @@ class ReplicaNode:
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
         #: peer -> time.monotonic() of its last frame (readiness: ``consensus.runtime.health``)
         self.peer_heard_at: dict[int, float] = {}
+        if isinstance(self.core, MemberReplica):  # the log's members, not only the file's
+            self._members_changed(self.core)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -618,16 +624,36 @@ class ReplicaNode:
         return core if isinstance(core, SDPaxosReplica) else None
 
     def _members_changed(self, core: MemberReplica) -> None:
-        """Connect to members that joined (their addresses are in the log, ``member_info``)."""
-        self._known_config = core.config
-        for member in core.config.members:
-            if member.id in self.transport.addresses or not member.info:
+        """Follow the log's member set (``consensus.runtime.members``): connect to members
+        that joined or published another peer address, forget the ones that left (ids below
+        ``next_id`` that are no member: a removed one never comes back)."""
+        config = self._known_config = core.config
+        transport, files = self.transport, {r.id: r for r in self.config.replicas}
+        delays = self.config.delays_from(self.me)
+        for member in known_members(config, files):
+            info = member.info
+            if member.id == self.me or info is None:
                 continue
-            info = parse_member_info(member.info)
-            if info is not None:
-                log.info("replica %d: member %d joined at %s:%d", self.me, member.id,
-                         *info.address)
-                self.transport.add_peer(member.id, info.address)
+            if transport.addresses.get(member.id) != info.address:
+                log.info("replica %d: member %d runs at %s", self.me, member.id,
+                         address_text(info.address))
+                transport.add_peer(member.id, info.address, delays.get(member.id, 0))
+        for peer in sorted(transport.addresses):
+            if peer != self.me and peer < config.next_id and config.member(peer) is None:
+                log.info("replica %d: member %d left the cluster (epoch %d); no longer "
+                         "connecting to it", self.me, peer, config.epoch)
+                transport.remove_peer(peer)
+
+    def _removed(self, core: MemberReplica) -> MemberRemoved:
+        """A change removed this replica: say so, and mark its directory so that it never
+        serves again (``consensus.storage.identity``); the loop stops with the error."""
+        error = MemberRemoved(self.me, self.config.cluster_id, core.config.epoch)
+        log.warning("replica %d: removed from the cluster at epoch %d (the members are now %s): "
+                    "it stops serving and will not start again with this data directory",
+                    self.me, core.config.epoch, [m.id for m in core.config.members])
+        self.identity = mark_removed(self.config.replica_dir(self.me), self.identity,
+                                     core.config.epoch)
+        return error
 
     def _on_refused(self, peer: int, reason: str) -> None:
         """A peer refuses our identity: stop, rather than serve with no vote (and no hope)."""
@@ -638,7 +664,7 @@ class ReplicaNode:
     async def _run(self) -> None:
         try:
             await self._loop()
-        except MemberRefused:
+        except (MemberRefused, MemberRemoved):
             raise  # not a bug: ``serve`` says why and exits
         except Exception:
             log.exception("replica %d: event loop failed", self.me)
@@ -689,8 +715,11 @@ class ReplicaNode:
                     self.me, core.view, inner.role.value, getattr(core, "sequencer", 0),
                     core.executed_through(),
                 )
-            if isinstance(core, MemberReplica) and core.config is not self._known_config:
-                self._members_changed(core)
+            if isinstance(core, MemberReplica):
+                if core.config is not self._known_config:
+                    self._members_changed(core)
+                if core.removed:  # (a restart finds it so if it stopped before it said so)
+                    raise self._removed(core)
 
     def _take_client_requests(self) -> list[tuple[str, Command]]:
         """This turn's client requests, in arrival order, up to ``MAX_READS_PER_TURN`` reads."""
@@ -1291,7 +1320,7 @@ class ReplicaNode:
             return ClientResponse(request.req_id, "denied", "permission denied: only an admin "
                                   "may inject faults")
         try:
-            cut = decode_partition(request.command.op, len(self.config.replicas))
+            cut = decode_partition(request.command.op, max(self.transport.addresses) + 1)
         except DecodeError as exc:
             return ClientResponse(request.req_id, "error", str(exc))
         log.warning("fault injection: dropping frames from replicas %s and to replicas %s",

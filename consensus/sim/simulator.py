@@ -296,6 +296,9 @@ class _Replica:
     contacts: tuple[int, ...] = ()
     #: sessions mode: its clock reading (log-time units) when it last proposed a log time
     log_time_proposed: int = 0
+    #: membership faults: where it runs, as its core publishes it through the log (a
+    #: ``member_move`` gives it another, as a replica restarted on new addresses)
+    info: str = ""
 
 
 @dataclass
@@ -424,10 +427,14 @@ class Simulation:
         if options.sessions and getattr(self.factory, "partial_order", False):
             raise ConfigError("sessions mode checks requests by their global log position: "
                               "a protocol with a total order only")
-        self.replicas = [self._new_replica(i) for i in range(n)]
-        #: membership faults (``member``): members join, leave and are replaced during the
-        #: chaos phase (a protocol whose core is ``MemberReplica``)
-        self.membership = "member" in faults and isinstance(self.replicas[0].core, MemberReplica)
+        #: membership faults (``member``): members join, leave, are replaced and move (publish
+        #: new info) during the chaos phase (a protocol whose core is ``MemberReplica``)
+        self.membership = "member" in faults and isinstance(self.factory, type) and issubclass(
+            self.factory, MemberReplica)
+        self._moves = 0
+        self.replicas: list[_Replica] = []
+        for i in range(n):
+            self.replicas.append(self._new_replica(i))
         self._member_seq = 0
         #: the membership change under way (proposed again until it took effect)
         self._wanted: Change | None = None
@@ -487,13 +494,18 @@ class Simulation:
     ) -> _Replica:
         """``contacts``: the members a member added during the run asks first."""
         meta = snapshot[0] if snapshot is not None else None
-        extra = {"contacts": contacts} if contacts else {}
+        extra: dict[str, Any] = {"contacts": contacts} if contacts else {}
+        info = ""
+        if self.membership:  # what it publishes (a restart keeps where it moved to)
+            old = self.replicas[rid] if rid < len(self.replicas) else None
+            info = old.info if old is not None else f"sim:{rid}"
+            extra["info"] = info
         core = self.factory(
             self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta,
             **extra,
         )
         rep = _Replica(rid=rid, core=core, store=self._new_store(), snapshot=snapshot,
-                       contacts=contacts)
+                       contacts=contacts, info=info)
         if durable:
             rep.durable = list(durable)
         if snapshot is not None:
@@ -1390,8 +1402,9 @@ class Simulation:
     def _member_actions(self, unavailable: int, f: int) -> list[str]:
         config = self._latest_config()
         if config.closing or config.learners or self._wanted is not None:
-            return ["member_refused"]  # one change at a time: a second one is refused
-        actions = []
+            # one change at a time: a second one is refused (a move publishes at any time)
+            return ["member_refused", "member_move"]
+        actions = ["member_move"]
         if len(config.members) < MAX_MEMBERS:
             actions += ["member_add", "member_replace"]
             # a disk is lost only while every live member is in the latest epoch: an epoch
@@ -1410,6 +1423,9 @@ class Simulation:
         rng = self.rng_fault
         config = self._latest_config()
         new = len(self.replicas)
+        if action == "member_move":
+            self._move(rng.choice([m.id for m in config.members]))
+            return
         if action == "member_refused":
             change = Change(ADD, member=0)  # refused whatever else is under way: ids are
             # never reused (and one change at a time)
@@ -1436,6 +1452,16 @@ class Simulation:
                 self._push(self.now + MEMBER_RETRY_US, MemberRetry())
             self._wanted = change
         self._propose_change(change)
+
+    def _move(self, rid: int) -> None:
+        """Member ``rid`` runs somewhere else from now on (its core publishes where; a
+        restart keeps it): as a replica restarted with new addresses in its cluster file."""
+        rep = self.replicas[rid]
+        self._moves += 1
+        rep.info = f"sim:{rid}.{self._moves}"
+        if isinstance(rep.core, MemberReplica):
+            rep.core.info = rep.info
+        self._log(f"member: {rid} moves to {rep.info}")
 
     def _propose_change(self, change: Change) -> None:
         config = self._latest_config()
@@ -1553,8 +1579,21 @@ class Simulation:
         executed = {r.core.executed_through() for r in active}
         if len(executed) != 1:
             return False
+        if self.membership and not self._published(active):
+            return False
         snapshots = {self._state_of(r) for r in active}
         return len(snapshots) == 1
+
+    def _published(self, active: list[_Replica]) -> bool:
+        """Every voter's entry holds the info it runs with (``publish``), as each member's
+        configuration has it."""
+        for rep in active:
+            config: Configuration = rep.core.config  # type: ignore[attr-defined]
+            for voter in config.voters:
+                entry = config.member(voter)
+                if entry is None or entry.info != self.replicas[voter].info:
+                    return False
+        return True
 
     def _state_of(self, rep: _Replica) -> bytes:
         """The replica's state, to compare with the others'. A partial-order core may run one
@@ -1577,6 +1616,8 @@ class Simulation:
             values = {tuple((c.client_id, c.seq) for c in log[slot]) for log in logs if slot in log}
             if len(values) > 1:
                 raise Violation(f"slot {slot} holds different commands on different replicas")
+        if self.membership:
+            self._check_configurations()
         pending = [c for c in self.clients if c.op is not None]
         history = list(self.result.history)
         for client in pending:
@@ -1603,6 +1644,20 @@ class Simulation:
         elif not self._finished():
             states = [(r.rid, r.core.executed_through(), r.alive) for r in self._active()]
             self.result.liveness = f"replicas did not converge after the heal phase: {states}"
+
+
+    def _check_configurations(self) -> None:
+        """Members that executed the same log hold the same configuration (its changes are
+        applied in log order, ``publish`` included)."""
+        held: dict[int, tuple[int, Configuration]] = {}
+        for rep in self._active():
+            config: Configuration = rep.core.config  # type: ignore[attr-defined]
+            position = rep.core.executed_through()
+            other = held.setdefault(position, (rep.rid, config))
+            if other[1] != config:
+                raise Violation(
+                    f"replicas {other[0]} and {rep.rid} executed through slot {position} with "
+                    f"different configurations: {other[1]} and {config}")
 
 
 def _summary(outgoing: list[Outgoing]) -> str:
