@@ -67,6 +67,10 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: a message of a later epoch moves a member on, on one peer's word (it
         # retires its core and learns as a learner until the next epoch)
         "trust_epoch_claims",
+        # N=5 view change: the hole filling counts the untraced replica's slots below the
+        # candidacy's start from the candidate's counts when the votes are in (a snapshot
+        # installed meanwhile moved them on: chosen slots of that replica were given away)
+        "candidacy_counts_now",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

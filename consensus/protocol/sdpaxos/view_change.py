@@ -79,7 +79,13 @@ class ViewChange:
         self.r = r
         self._votes: dict[int, Vote] = {}
         self.candidate_since = 0
+        #: where our candidacy started: our execution frontier, and how many slots each
+        #: replica owned below it. The rebuild reasons from these, not from what we hold when
+        #: the votes are in: a snapshot installed meanwhile moves the frontier past slots the
+        #: votes still report (counting those as below the start made the hole filling take
+        #: chosen slots of the untraced replica back: N=5 seed 1245, snapshots every 10)
         self._candidate_from = 0
+        self._candidate_counts: tuple[int, ...] = ()
         self.new_view: NewView | None = None  # the one we sent, while sequencer of its view
         self.new_view_acks: set[int] = set()
         self.new_view_sent_at = 0
@@ -129,6 +135,7 @@ class ViewChange:
         r.role = Role.CANDIDATE
         self.candidate_since = r.now
         self._candidate_from = r.exec_slot
+        self._candidate_counts = tuple(r.exec_count[rid] for rid in range(r.n))
         self._votes[r.me] = self._make_vote(r.exec_slot)
         r.broadcast(VRequest(src=r.me, view=view, from_slot=r.exec_slot))
         if len(self._votes) >= r.q:
@@ -248,7 +255,10 @@ class ViewChange:
             if old_sequencer not in self._votes and len(untraced) == 1:
                 m = untraced[0]
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
-                before = r.exec_count[m] - executed.count(m)  # m's slots below start
+                # m's slots below start (as of the candidacy's start: see _candidate_counts)
+                counts = (self._candidate_counts if "candidacy_counts_now" not in r.unsafe
+                          else tuple(r.exec_count[rid] for rid in range(r.n)))
+                before = counts[m] - executed.count(m)
                 # after a SEAL nothing is placed: m's instances that would need slots past it
                 # were never ordered (a sequencer assigns nothing after its SEAL), so never ready
                 fill_for(m, needed, before, owners, extend=sealed == NO_SLOT)

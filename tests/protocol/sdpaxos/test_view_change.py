@@ -14,6 +14,7 @@ from consensus.messages import NO_CL, NewView, OVote, PreVote, PreVoteReply, Vot
 from consensus.protocol.sdpaxos import Role, SDPaxosReplica
 from consensus.protocol.sdpaxos import view_change as view_change_module
 from consensus.protocol.sdpaxos.view_change import fill_for
+from consensus.protocol.types import SnapshotMeta
 
 from .builders import A, C, all_out, caccept, ccommit, compacted_at, ocommit
 
@@ -142,6 +143,30 @@ def test_n5_new_view_gives_the_untraced_replica_no_more_slots_than_it_may_have_r
                      entries=entries, c_high=(-1, -1, 0, 0, 1)), 10_000_000)
     (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
     assert (new_view.start, new_view.owners) == (2, (4, 4, NO_CL))
+
+
+@pytest.mark.parametrize("unsafe", [frozenset(), frozenset({"candidacy_counts_now"})])
+def test_n5_a_snapshot_installed_during_the_candidacy_does_not_move_the_hole_filling(
+    unsafe: frozenset[str],
+) -> None:
+    """The candidate asked for votes from slot 2, then caught up from a peer's snapshot at
+    slot 5, in which m = 4 (untraced: it and view 0's sequencer do not vote) owns slots 3 and
+    4. The votes still report those slots. Counting m's slots below the start from what the
+    candidate holds *now* (2, with the snapshot's) made the hole filling think m had all it
+    may own, and give both chosen slots away (N=5 seed 1245 of the simulator, snapshots every
+    10: two values for one slot). As of the candidacy's start, m owned none below it."""
+    r1 = _n5_candidate_that_executed_two_slots(compact=False)
+    r1.unsafe = unsafe
+    r1.install_snapshot(SnapshotMeta(slot=5, exec_counts=(0, 0, 2, 1, 2)))
+    drain(r1)
+    entries = (OVote(slot=2, owner=2, ballot=1), OVote(slot=3, owner=4, ballot=1),
+               OVote(slot=4, owner=4, ballot=1))
+    for src in (2, 3):
+        r1.step(Vote(src=src, view=1, accepted_view=0, accepted_from=0, executed=5,
+                     entries=entries, c_high=(-1, -1, 1, 0, 1)), 10_000_000)
+    (new_view,) = {m for _, m in msgs(drain(r1).send_after_persist, NewView)}
+    kept = (new_view.start, new_view.owners) == (2, (2, 4, 4))
+    assert kept == (not unsafe), new_view
 
 
 def test_n5_candidate_sends_its_snapshot_to_a_voter_behind_its_compaction_point() -> None:
