@@ -424,7 +424,7 @@ class Revocations:
             if not isinstance(table, dict):
                 raise ConfigError("no [tls] table")
             revoked = parse_revoked(table.get("revoked", []), f"{self.source}: [tls]")
-        except (OSError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
             log.warning("revocation list not reloaded, keeping %d serials: %s",
                         len(self.revoked), exc)
             return False
