@@ -17,7 +17,7 @@
   state is reconfigured to before it is seeded (``ops.reconfigure``, as ``sdpaxos ctl config
   apply`` would: the same report), refused when that drops or trims a group unless the
   operator allows it; ``sdpaxos snapshot status``: the configuration and counts a backup
-  holds.
+  holds; ``sdpaxos cert issue``: a scheduler's virtual clusters must exist.
 
 **The configuration a replica starts from.** Every replica must apply its log under the
 configuration the log ran with, or one that executes its log again from the start after the
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 
     from cluster_state.config import ClusterConfig as GpuConfig
     from cluster_state.store import ClusterStore
+    from consensus.auth import Principal
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.node import ReplicaNode
 
@@ -271,6 +272,24 @@ class ClusterStateKind(StateMachineKind):
         changes.insert(0, f"configuration {store.topology.digest.hex()[:12]} from {gpu}")
         return Seed(choice=chosen, state=store.snapshot(), changes=tuple(changes),
                     losses=tuple(losses))
+
+    def check_principal(self, principal: Principal, config: ClusterConfig) -> None:
+        from cluster_state.config import load_config
+        from cluster_state.errors import ClusterStateError
+
+        if not principal.vcs:
+            return
+        path = gpu_config_path(config)
+        try:
+            known = {vc.name for vc in load_config(path).virtual_clusters}
+        except (ClusterStateError, OSError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        missing = [vc for vc in principal.vcs if vc not in known]
+        if missing:
+            raise ConfigError(
+                f"no virtual cluster {', '.join(missing)} in {path} (it has "
+                f"{', '.join(sorted(known)) or 'none'}): a certificate for it would open "
+                "nothing")
 
 
 #: the outcomes of a reconfiguration that take GPUs from a group (``Allocator.reconfigured``)

@@ -543,6 +543,7 @@ def _cert_issue(path: Path, name: str, role: str, vcs: str | None, out: str | No
 
     config, tls = _tls_of(path)
     principal = tlsmod.parse_principal_args(name, role, vcs)
+    state_machine_kind(config.state_machine).check_principal(principal, config)
     if tls.ca_key is None:
         raise ConfigError(f"{path}: [tls].ca_key names no CA key to issue with")
     ca = tlsmod.load_ca(tls.ca, tls.ca_key)

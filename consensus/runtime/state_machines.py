@@ -6,7 +6,8 @@ replica (on the replica's ``grpc_address``), may add options to ``sdpaxos cluste
 may add metrics of its own to the replica's ``/metrics`` (``metrics``: plain ``StateMetric``
 values, so a kind needs no metrics library and ``consensus`` knows nothing of what they count),
 says what a snapshot of its state holds (``describe_state``: ``sdpaxos snapshot status``),
-and seeds a new cluster from a backup (``seed``: ``sdpaxos snapshot restore``).
+seeds a new cluster from a backup (``seed``: ``sdpaxos snapshot restore``) and judges the
+principal a client certificate is issued for (``check_principal``: ``sdpaxos cert issue``).
 ``consensus`` names none but its own: ``kv`` (``consensus.statemachine.KVStore``) is built in,
 and any installed distribution adds kinds through the ``sdpaxos.state_machines`` entry point
 group (``name = "module:object"`` in its pyproject.toml), as this project's replicated
@@ -30,6 +31,7 @@ from consensus.errors import ConfigError
 from consensus.statemachine import KVStore, StateMachine
 
 if TYPE_CHECKING:
+    from consensus.auth import Principal
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.node import ReplicaNode
 
@@ -179,6 +181,10 @@ class StateMachineKind:
         operator's ``init`` options chose instead (None: none given). Writes nothing;
         ``ConfigError`` for a state or choice that cannot be seeded."""
         return Seed(choice=chosen or InitChoice(), state=state)
+
+    def check_principal(self, principal: Principal, config: ClusterConfig) -> None:
+        """``ConfigError`` if a client certificate for ``principal`` would name what the
+        cluster of ``config`` does not have (``sdpaxos cert issue``)."""
 
 
 class _KVKind(StateMachineKind):

@@ -259,3 +259,20 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         code = await asyncio.to_thread(
             main, ["ctl", "--server", c.target, "--timeout", "2", "--json", "vc", "vc00"])
         assert code == 3 and "UNAVAILABLE" in capsys.readouterr().err  # exit_codes.UNAVAILABLE
+
+
+def test_a_scheduler_certificate_names_only_virtual_clusters_that_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 34: a certificate for a VC the cluster does not have was issued (and opened nothing)
+    assert main(["cluster", "init", "--dir", str(tmp_path), "--tls", "--gpu-store"]) == 0
+    config = str(tmp_path / "cluster.toml")
+    capsys.readouterr()
+    assert main(["cert", "issue", "--config", config, "--client", "s1", "--role", "scheduler",
+                 "--vcs", "vc00,nosuchvc"]) == 2
+    err = capsys.readouterr().err
+    assert "no virtual cluster nosuchvc in" in err and "it has vc00, vc01, vc02, vc03" in err
+    assert not (tmp_path / "tls" / "s1.pem").exists()
+    assert main(["cert", "issue", "--config", config, "--client", "s1", "--role", "scheduler",
+                 "--vcs", "vc00,vc01"]) == 0
+    assert (tmp_path / "tls" / "s1.pem").exists()
