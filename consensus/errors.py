@@ -82,12 +82,12 @@ class MissingIdentity(ConfigError):
     def __init__(self, directory: object, replica: int, cluster_id: str) -> None:
         super().__init__(
             f"data directory {directory} of replica {replica} of cluster {cluster_id!r} is "
-            "empty (no IDENTITY): either this replica lost its disk — then it must not rejoin "
-            "as if it had not, since it forgot what it promised and accepted: restore its "
-            "directory, or seed a new cluster from a backup (sdpaxos snapshot save / "
-            "restore); replacing one member while serving (sdpaxos member replace) is not "
-            "built yet — or this is the first start of a new cluster: start it with "
-            "--initial-cluster-state new (sdpaxos cluster init writes the identities itself)"
+            "empty (no IDENTITY): this replica lost its data, and a replica that forgot what "
+            "it promised and accepted must not vote again. Replace it with a new member that "
+            f"learns the log: sdpaxos member replace --config CLUSTER_FILE {replica} "
+            "--address HOST:PORT --client-address HOST:PORT --site SITE (then start the new "
+            "member with the command it prints). A new cluster's directories get their "
+            "identities from sdpaxos cluster init"
         )
         self.directory = directory
 

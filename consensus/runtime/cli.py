@@ -21,6 +21,7 @@ from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.exit_codes import REFUSED, USAGE
 from consensus.runtime.logs import add_log_level_argument, configure_logging
 from consensus.runtime.new_cluster import CONFIG_NAME, init_identities
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
@@ -425,7 +426,8 @@ def write_cluster(
     verb: str = "cluster init",
 ) -> int:
     """Write the cluster of ``args`` serving ``chosen`` (and its ``seed``) all at once; what
-    was written on stdout, or why nothing was (exit 1)."""
+    was written on stdout, or why nothing was (exit 2 for what is in the way: another
+    cluster's data, a file of the same name; 1 for a failed write)."""
     from consensus.runtime.new_cluster import write_new_cluster
 
     directory = Path(args.dir)
@@ -439,9 +441,9 @@ def write_cluster(
             certificates=(lambda path: make_certificates(path, force=True)) if args.tls
             else None,
         )
-    except (ConfigError, OSError) as exc:
+    except (ConfigError, OSError) as exc:  # what is in the way, or the disk
         print(f"sdpaxos {verb}: {exc}; nothing was written", file=sys.stderr)
-        return 1
+        return USAGE if isinstance(exc, ConfigError) else REFUSED
     written[0] += f" ({args.replicas} replicas at {', '.join(SITES[:args.replicas])})"
     print("\n".join(written))
     if chosen is not None and chosen[1].hint:

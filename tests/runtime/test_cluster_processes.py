@@ -223,7 +223,7 @@ def test_a_failed_init_leaves_nothing_behind(
         raise ConfigError("the CA could not be made")
 
     monkeypatch.setattr("consensus.runtime.cli.make_certificates", broken)
-    assert main(["cluster", "init", "--dir", str(target), "--tls", "--gpu-store"]) == 1
+    assert main(["cluster", "init", "--dir", str(target), "--tls", "--gpu-store"]) == 2
     assert "nothing was written" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
@@ -236,7 +236,7 @@ def test_init_into_a_directory_never_overwrites_what_is_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "gpu.yaml").write_text("mine\n")
-    assert main(["cluster", "init", "--dir", str(tmp_path), "--gpu-store"]) == 1
+    assert main(["cluster", "init", "--dir", str(tmp_path), "--gpu-store"]) == 2
     assert "already holds gpu.yaml" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["gpu.yaml"]
     assert (tmp_path / "gpu.yaml").read_text() == "mine\n"
