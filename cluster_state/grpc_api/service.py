@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -411,9 +412,74 @@ def _serialized(reply: bytes | Any) -> bytes:
     return data
 
 
+class _Undecodable:
+    """A request whose bytes are no message of its type (say, invalid UTF-8 in a string
+    field): its handler answers ``INVALID_ARGUMENT`` naming why (grpc's own answer to a
+    deserializer that raises is ``UNKNOWN``, "Unexpected DecodeError")."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    """``message.FromString``, giving an ``_Undecodable`` for bytes it refuses."""
+    name = message.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return _Undecodable(f"the request is not a valid {name}: {exc}")
+
+    return deserialize
+
+
+async def _refuse_undecodable(request: Any, context: Any) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+
+
+def _checked(handler: Any, client_streaming: bool, server_streaming: bool) -> Any:
+    """``handler`` refusing undecodable requests (``_Undecodable``) first."""
+    if client_streaming:
+        async def requests(incoming: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for request in incoming:
+                await _refuse_undecodable(request, context)
+                yield request
+
+        if server_streaming:
+            async def stream_stream(incoming: AsyncIterator[Any], context: Any
+                                    ) -> AsyncIterator[Any]:
+                async for reply in handler(requests(incoming, context), context):
+                    yield reply
+
+            return stream_stream
+
+        async def stream_unary(incoming: AsyncIterator[Any], context: Any) -> Any:
+            return await handler(requests(incoming, context), context)
+
+        return stream_unary
+    if server_streaming:
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await _refuse_undecodable(request, context)
+            async for reply in handler(request, context):
+                yield reply
+
+        return unary_stream
+
+    async def unary_unary(request: Any, context: Any) -> Any:
+        await _refuse_undecodable(request, context)
+        return await handler(request, context)
+
+    return unary_unary
+
+
 def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
     """``add_AllocationServiceServicer_to_server``, but the watch streams' replies may be
-    serialized bytes (a batch is serialized once for all its watchers, not once each)."""
+    serialized bytes (a batch is serialized once for all its watchers, not once each), and
+    a request that does not decode is answered ``INVALID_ARGUMENT`` (``_Undecodable``)."""
     service = pb.DESCRIPTOR.services_by_name["AllocationService"]
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
              (False, True): grpc.unary_stream_rpc_method_handler,
@@ -423,8 +489,10 @@ def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
     for method in service.methods:
         request = getattr(pb, method.input_type.name)
         reply = getattr(pb, method.output_type.name)
-        handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
-            getattr(servicer, method.name), request_deserializer=request.FromString,
+        streams = (method.client_streaming, method.server_streaming)
+        handlers[method.name] = kinds[streams](
+            _checked(getattr(servicer, method.name), *streams),
+            request_deserializer=_lenient(request),
             response_serializer=_serialized if reply is pb.EventBatch else reply.SerializeToString,
         )
     server.add_generic_rpc_handlers(
