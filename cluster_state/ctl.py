@@ -225,6 +225,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    # gRPC's C core would print its own lines (a failed handshake, at INFO) beside ctl's
+    # message, which says what they mean (_tls_refusal): errors only, unless asked for
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
 
     from consensus.errors import ConfigError
@@ -251,6 +256,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _verb(args, replicas)
     except grpc.RpcError as exc:
+        refusal = _tls_refusal(args, targets) if exc.code().name == "UNAVAILABLE" else None
+        if refusal is not None:  # no retry helps: a definite refusal
+            print(f"sdpaxos ctl: refused: {refusal}", file=sys.stderr)
+            return REFUSED
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return UNAVAILABLE if exc.code().name in _UNAVAILABLE_CODES else REFUSED
     except KeyboardInterrupt:
@@ -277,14 +286,16 @@ def _from_config(path: str) -> list[str]:
 
 def _credentials(args: argparse.Namespace) -> Any:
     """The gRPC channel credentials of a TLS cluster (None: plaintext); ``ValueError``
-    saying what is missing or unreadable."""
+    saying what is missing or unreadable. ``args.tls_probe`` is set to the same files as an
+    ``ssl.SSLContext`` (None: plaintext), for ``_tls_refusal``."""
     from pathlib import Path
 
     from cluster_state.grpc_api.tls import channel_credentials
     from consensus.errors import ConfigError
     from consensus.runtime.cluster_config import load_cluster_config
-    from consensus.runtime.tls import TlsFiles
+    from consensus.runtime.tls import TlsFiles, client_context
 
+    args.tls_probe = None
     given = [args.ca, args.cert, args.key]
     tls = None
     if args.config:
@@ -302,9 +313,22 @@ def _credentials(args: argparse.Namespace) -> Any:
     files = (TlsFiles(Path(args.cert), Path(args.key)) if args.cert
              else tls.client if tls is not None else None)
     try:
+        args.tls_probe = client_context(ca, files) if files is not None else None
         return channel_credentials(ca, files)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _tls_refusal(args: argparse.Namespace, targets: list[str]) -> str | None:
+    """Why the replicas refuse this client at TLS, if that is why none was reachable
+    (gRPC's own error says "Socket closed"): a connection to the first one tells
+    (``consensus.runtime.tls_diagnosis``)."""
+    import asyncio
+
+    from consensus.runtime.client_options import parse_endpoint
+    from consensus.runtime.tls_diagnosis import diagnose
+
+    return asyncio.run(diagnose(parse_endpoint(targets[0]), getattr(args, "tls_probe", None)))
 
 
 class _Replicas:
@@ -677,15 +701,16 @@ def _show(args: argparse.Namespace, doc: Any, title: str, columns: list[str],
         print(json.dumps(doc))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     if not columns:
-        console.print(title)
+        console.print(escape(title))
         return
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # names are text, not markup: a group "a[b]" shows as it is
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)

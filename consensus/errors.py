@@ -14,6 +14,7 @@
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
+        │   └── TlsRefused     a TLS handshake failed for a reason a retry does not change
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
 """
 
@@ -32,6 +33,7 @@ __all__ = [
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "TlsRefused",
     "UnsupportedVersion",
 ]
 
@@ -138,6 +140,13 @@ class RequestFailed(SDPaxosError):
 
 class DefiniteFailure(RequestFailed):
     """The request did not take effect and never will."""
+
+
+class TlsRefused(DefiniteFailure):
+    """A connection to a replica failed at TLS for a reason retrying does not change: the
+    replica requires TLS and this client spoke plaintext (or the other way round), its
+    certificate is not of the CA this client trusts, or it does not take this client's
+    certificate. The message says which (``consensus.runtime.tls.diagnose``)."""
 
 
 class IndefiniteFailure(RequestFailed):

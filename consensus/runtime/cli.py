@@ -139,6 +139,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: StateMachine) -> int:
+    from consensus.runtime.native_logs import capture_native_stderr
+
+    capture_native_stderr()  # gRPC's C core logs JSON lines too
     if args.no_wan_emulation:
         n = len(config.replicas)
         config = dataclasses.replace(config, one_way_us=tuple((0,) * n for _ in range(n)))

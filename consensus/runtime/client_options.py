@@ -44,6 +44,7 @@ __all__ = [
     "native_target",
     "parse_endpoint",
     "parse_endpoints",
+    "refused",
     "run_session",
 ]
 
@@ -156,6 +157,12 @@ def native_target(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     return NativeTarget(addresses, tls, config)
 
 
+def refused(exc: BaseException) -> str:
+    """``"refused: why"`` for a refusal (once: a replica's reason may say "refused" itself,
+    as a refused membership change does)."""
+    return f"refused: {str(exc).removeprefix('refused: ')}"
+
+
 def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
     """Run a client verb's session; what it raised becomes its exit code
     (``consensus.runtime.exit_codes``), said on stderr."""
@@ -165,7 +172,7 @@ def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
         print(f"sdpaxos {verb}: denied: {exc}", file=sys.stderr)
         return REFUSED
     except DefiniteFailure as exc:
-        print(f"sdpaxos {verb}: refused: {exc}", file=sys.stderr)
+        print(f"sdpaxos {verb}: {refused(exc)}", file=sys.stderr)
         return REFUSED
     except (IndefiniteFailure, OSError, TimeoutError) as exc:
         print(f"sdpaxos {verb}: unavailable: {exc}", file=sys.stderr)

@@ -17,7 +17,8 @@ list comes from the first of them that answers (else from the cluster file) and 
 is asked. An unreachable replica is a row saying so.
 
 Exit codes (``consensus.runtime.exit_codes``): 0 every replica answered (``health``: and is
-ready); 2 usage; 3 a replica unreachable (``health``: or not ready).
+ready); 1 a replica refused this client (its TLS certificate: ``TlsRefused``, or revoked);
+2 usage; 3 a replica unreachable (``health``: or not ready). Views show as ``epoch.view``.
 """
 
 from __future__ import annotations
@@ -29,9 +30,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus.errors import ConfigError, DecodeError, SDPaxosError
-from consensus.runtime.client_options import NativeTarget, add_client_options, native_target
-from consensus.runtime.exit_codes import OK, UNAVAILABLE, USAGE
+from consensus.errors import ConfigError, DecodeError, DefiniteFailure, SDPaxosError
+from consensus.protocol.membership import view_text
+from consensus.runtime.client_options import (
+    NativeTarget,
+    add_client_options,
+    native_target,
+    refused,
+)
+from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
 
 __all__ = ["add_endpoint_arguments", "run_endpoint"]
 
@@ -70,6 +77,9 @@ class Row:
     endpoint: str
     status: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    #: the error is a definite refusal (TLS: this client's certificate, or the replica's),
+    #: not an endpoint out of reach
+    refused: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -85,9 +95,13 @@ def run_endpoint(args: argparse.Namespace) -> int:
     rows = asyncio.run(_ask(target, args.cluster, args.timeout))
     if args.action == "status":
         _print_status(rows, as_json=args.json)
-        return OK if all(not row.error for row in rows) else UNAVAILABLE
-    _print_health(rows, as_json=args.json)
-    return OK if all(row.healthy for row in rows) else UNAVAILABLE
+        failed = not all(not row.error for row in rows)
+    else:
+        _print_health(rows, as_json=args.json)
+        failed = not all(row.healthy for row in rows)
+    if not failed:
+        return OK
+    return REFUSED if any(row.refused for row in rows) else UNAVAILABLE
 
 
 def _text(address: tuple[str, int]) -> str:
@@ -107,7 +121,8 @@ async def _status_of(address: tuple[str, int], target: NativeTarget, timeout_s: 
     except (OSError, TimeoutError, ConnectionError) as exc:
         row.error = f"unreachable: {str(exc) or type(exc).__name__}"
     except (SDPaxosError, DecodeError) as exc:
-        row.error = f"refused: {exc}"
+        row.error = refused(exc)
+        row.refused = isinstance(exc, DefiniteFailure)
     return row
 
 
@@ -124,7 +139,7 @@ async def _ask(target: NativeTarget, cluster: bool, timeout_s: float) -> list[Ro
             try:
                 members = [_member_address(m) for m in row.status.get("members", [])]
             except DecodeError as exc:  # a peer never crashes the tool
-                row.error = f"refused: {exc}"
+                row.error = refused(exc)
                 continue
             break
     if members is None and target.config is not None:
@@ -172,8 +187,10 @@ def _print_status(rows: list[Row], *, as_json: bool) -> None:
             table.append(["?", "?", row.endpoint, row.error, "", "", "", "", "", ""])
             continue
         role = s.get("role", "?")
+        view = s.get("view")
         table.append([str(s.get("id")), str(s.get("site")), str(s.get("address")), str(role),
-                      str(s.get("view")), str(s.get("applied")), str(s.get("lag")),
+                      view_text(view) if isinstance(view, int) else "?",
+                      str(s.get("applied")), str(s.get("lag")),
                       _size(s.get("wal_bytes")), _size(s.get("snapshot_bytes")),
                       str(s.get("version"))])
     _table(f"{len(rows)} endpoint(s)", columns, table)
@@ -197,11 +214,12 @@ def _print_health(rows: list[Row], *, as_json: bool) -> None:
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # what replicas say is text, not markup ("[tls]" stays)
+        table.add_row(*(escape(cell) for cell in row))
     Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH).print(table)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consensus.errors import ConfigError
+from consensus.protocol.membership import view_text
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def readiness(
         reasons.append("not a voter (a member learning the log, or one removed)")
     role = getattr(core, "role", None)
     if not getattr(core, "view_ready", True) or role in (Role.CANDIDATE, Role.ESTABLISHING):
-        reasons.append(f"view {node.core.view} not accepted yet "
+        reasons.append(f"view {view_text(node.core.view)} not accepted yet "
                        f"(role {getattr(role, 'value', role)})")
     if heard_window_s is None:
         heard_window_s = READY_HEARD_TIMEOUTS * config.protocol.election_timeout_us / 1e6

@@ -560,13 +560,14 @@ async def start_server(
 
 async def accept_tls(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, *, port: str, cluster_id: str,
-    revocations: Revocations,
+    revocations: Revocations, refused: Callable[[str], None] | None = None,
 ) -> Identity | None:
     """The identity a connection's certificate names: the connection came from a
     ``TlsServer`` (handshake done) or is upgraded here (``context``). None (the refusal
     logged, saying why) for a peer that does not speak TLS, whose certificate is not of the
-    CA, names nothing of this cluster or is revoked. The caller closes a refused
-    connection."""
+    CA, names nothing of this cluster or is revoked; ``refused`` is told why a certificate
+    was refused after a handshake (the connection can still carry that to the peer). The
+    caller closes a refused connection."""
     if writer.get_extra_info("ssl_object") is None:
         peer = writer.get_extra_info("peername")
         try:
@@ -577,27 +578,34 @@ async def accept_tls(
             return None
         except (OSError, ConnectionError):
             return None  # gone during the handshake
-    return checked_identity(writer, port=port, cluster_id=cluster_id, revocations=revocations)
+    return checked_identity(writer, port=port, cluster_id=cluster_id, revocations=revocations,
+                            refused=refused)
 
 
 def checked_identity(
     writer: asyncio.StreamWriter, *, port: str, cluster_id: str, revocations: Revocations,
+    refused: Callable[[str], None] | None = None,
 ) -> Identity | None:
-    """The identity of a TLS connection's peer, or None (logged) if it names nothing of
-    this cluster or is revoked."""
-    peer = writer.get_extra_info("peername")
+    """The identity of a TLS connection's peer, or None (logged, and ``refused`` told why)
+    if it names nothing of this cluster or is revoked."""
     ssl_object = writer.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    reason = None
+    identity = None
     if not der:
-        log.warning("refusing %s connection from %s: no client certificate", port, peer)
-        return None
-    try:
-        identity = identity_of(der, cluster_id)
-    except ConfigError as exc:
-        log.warning("refusing %s connection from %s: %s", port, peer, exc)
-        return None
-    if revocations.is_revoked(identity.serial):
-        log.warning("refusing %s connection from %s: the certificate of %s is revoked", port,
-                    peer, identity.describe())
-        return None
-    return identity
+        reason = "no client certificate"
+    else:
+        try:
+            identity = identity_of(der, cluster_id)
+        except ConfigError as exc:
+            reason = str(exc)
+        else:
+            if revocations.is_revoked(identity.serial):
+                reason = f"the certificate of {identity.describe()} is revoked"
+    if reason is None:
+        return identity
+    log.warning("refusing %s connection from %s: %s", port, writer.get_extra_info("peername"),
+                reason)
+    if refused is not None:
+        refused(reason)
+    return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from bench.cli import main
 from consensus.errors import ConfigError, DataDirInUse
+from consensus.protocol.membership import EPOCH_SHIFT
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.dirlock import DataDirLock, lock_holder
 from consensus.runtime.local_cluster import free_base_port
@@ -184,6 +186,16 @@ def test_up_never_starts_a_removed_member(
     try:
         config = str(tmp_path / "cluster.toml")
         assert main(["member", "remove", "--config", config, "0"]) == 0
+        capsys.readouterr()
+        _wait_until(lambda: main(["endpoint", "status", "--config", config, "--json"]) == 0
+                    and all(row["view"] >> EPOCH_SHIFT == 1
+                            for row in json.loads(capsys.readouterr().out)))
+        # issue 34: "refused: refused: 9 is not a member"; views printed as 1099511627776
+        assert main(["member", "remove", "--config", config, "9"]) == 1
+        assert capsys.readouterr().err == "sdpaxos member remove: refused: 9 is not a member\n"
+        assert main(["endpoint", "status", "--config", config]) == 0
+        table = capsys.readouterr().out
+        assert re.search(r"\s1\.\d+\s", table) and str(1 << EPOCH_SHIFT) not in table, table
         before = _pids(tmp_path)
         os.kill(before[1], signal.SIGKILL)
         _wait_until(lambda: 1 not in _pids(tmp_path))

@@ -37,7 +37,7 @@ def test_each_condition_fails_alone() -> None:
     assert not verdict.ready and "heard from 2 of 5" in verdict.reasons[0]
     n = node()
     n.core.view_ready = False
-    assert "view 3 not accepted" in readiness(n, now=NOW).reasons[0]
+    assert "view 0.3 not accepted" in readiness(n, now=NOW).reasons[0]
     n = node()
     n.core.role = Role.CANDIDATE
     assert not readiness(n, now=NOW).ready
