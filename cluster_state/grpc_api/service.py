@@ -11,8 +11,8 @@ effect once, at any replica), compacted watch history is ``OUT_OF_RANGE``.
 Query answers are typed messages (``convert``) with the revision they were read at; the
 deprecated JSON copy (field 1, where older builds answered ``JsonReply``) is filled only for
 requests that do not set ``typed``. Next to the service, ``serve_grpc`` runs the standard
-health service (``grpc.health.v1``: SERVING while it serves, NOT_SERVING once stopping) and
-server reflection.
+health service (``grpc.health.v1``: SERVING while the replica is ready, NOT_SERVING while not,
+as its ``/readyz`` says: ``ReadinessHealth``) and server reflection.
 
 Watch streams come from the replica's ``WatchHub``. ``WatchAcked`` sends while fewer than
 ``ACK_WINDOW / 2`` events are unacknowledged: a client that stops reading stops the sending,
@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SERVICE_NAME",
     "AllocationServicer",
+    "ReadinessHealth",
     "placed_to_pb",
     "serve_grpc",
     "spec_from_pb",
@@ -515,11 +516,11 @@ async def serve_grpc(
                               _visibility(node))
     _add_service(servicer, server)
     # The standard health service: "" (the server) and the allocation service are SERVING
-    # while it runs (it runs on a replica that serves: the node started before).
-    checks = health.aio.HealthServicer()
+    # while the replica is ready, NOT_SERVING while it is not, as /readyz says.
+    checks = ReadinessHealth(node)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    for name in ("", SERVICE_NAME):
-        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await checks.refresh()
+    checks.follow()
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
@@ -529,6 +530,48 @@ async def serve_grpc(
         raise OSError(f"cannot listen on {host}:{port} for gRPC")
     await server.start()
     return server
+
+
+#: how often the health service judges the replica's readiness again for its watchers (its
+#: Check judges it at every call)
+HEALTH_REFRESH_S = 0.25
+
+
+class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # (untyped upstream)
+    """``grpc.health.v1`` following the replica's readiness (``consensus.runtime.health``,
+    what ``/readyz`` answers): SERVING for "" and the allocation service while it is ready,
+    NOT_SERVING while not (no view, no majority heard, far behind, stopping). ``Check``
+    judges it at each call; ``Watch`` streams follow ``refresh``, run every
+    ``HEALTH_REFRESH_S`` while the node serves (``follow``)."""
+
+    def __init__(self, node: ReplicaNode) -> None:
+        super().__init__()
+        self._node = node
+        self._following: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        from consensus.runtime.health import readiness
+
+        ready = readiness(self._node).ready
+        status = (health_pb2.HealthCheckResponse.SERVING if ready
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            if self._server_status.get(name) != status:
+                await self.set(name, status)
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    def follow(self) -> None:
+        """Refresh every ``HEALTH_REFRESH_S`` until the node stops."""
+
+        async def loop() -> None:
+            while not self._node._stopping:
+                await asyncio.sleep(HEALTH_REFRESH_S)
+                await self.refresh()
+
+        self._following = asyncio.create_task(loop(), name="grpc-health")
 
 
 def _visibility(node: ReplicaNode) -> Callable[[Principal, str, str], bool]:

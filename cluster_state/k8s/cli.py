@@ -18,14 +18,16 @@ import contextlib
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from cluster_state.client import AllocationStore, new_client_id
 
 if TYPE_CHECKING:
     from cluster_state.k8s.kube import KubeApi
+    from cluster_state.k8s.web import Reply
 
-__all__ = ["add_arguments", "connect_store", "run"]
+__all__ = ["add_arguments", "connect_store", "health_check", "run"]
 
 log = logging.getLogger("sdpaxos.extender")
 
@@ -92,6 +94,39 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(store, args))
 
 
+#: seconds ``/healthz`` gives the Kubernetes API server and the store to answer
+HEALTH_TIMEOUT_S = 3.0
+
+
+def health_check(store: AllocationStore, kube: KubeApi) -> Callable[[], Awaitable[Reply]]:
+    """The extender's ``/healthz`` (and ``/readyz``): 200 once the Kubernetes API server
+    answers ``GET /version`` and the store a linearizable read, each within
+    ``HEALTH_TIMEOUT_S``; else 503 naming what failed (kube-scheduler should not count on an
+    extender that can neither bind nor decide). ``/livez`` only says the process runs."""
+    from cluster_state.k8s.web import Reply
+
+    async def probe(what: str, call: Awaitable[Any]) -> str | None:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                await call
+        except TimeoutError:
+            return f"{what}: no answer within {HEALTH_TIMEOUT_S:g} s"
+        except Exception as exc:  # whatever the client raised: that is the reason
+            return f"{what}: {exc or type(exc).__name__}"
+        return None
+
+    async def check() -> Reply:
+        problems = [p for p in await asyncio.gather(
+            probe(f"Kubernetes API {kube.server}", kube.version()),
+            probe("allocation store", store.summary()),
+        ) if p is not None]
+        if problems:
+            return Reply(503, {"status": "unavailable", "problems": problems})
+        return Reply(200, {"status": "ok"})
+
+    return check
+
+
 async def _kube(args: argparse.Namespace) -> KubeApi:
     from cluster_state.k8s.kube import KubeApi
 
@@ -114,7 +149,14 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
         await store.close()
         return 2
     extender = Extender(store, kube)
-    server = await serve(extender.handle, *args.listen)
+    try:
+        server = await serve(extender.handle, *args.listen, health=health_check(store, kube))
+    except OSError as exc:  # the port is taken, say: said plainly, not as a traceback
+        print(f"sdpaxos extender: cannot listen on {args.listen[0]}:{args.listen[1]}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        await kube.close()
+        await store.close()
+        return 1
     tasks = []
     if args.watch_nodes:
         tasks.append(asyncio.create_task(NodeWatcher(store, kube).run(), name="nodes"))
@@ -126,7 +168,7 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    server.close()
+    await server.stop()
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):

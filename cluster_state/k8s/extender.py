@@ -26,7 +26,9 @@ old (no JSON tags) and new (``k8s.io/kube-scheduler/extender/v1`` tags) both wor
   token (``cluster_state.k8s.hived``).
 * ``GET /v1/inspect/affinitygroups/[NAME]``, ``GET /v1/inspect/clusterstatus[/physicalcluster
   | /virtualclusters[/NAME]]`` — the store's groups and cell trees (linearizable reads).
-* ``GET /healthz`` — the extender runs.
+* ``GET /healthz`` — here, the extender runs; ``sdpaxos extender`` answers it (and ``/readyz``)
+  itself: 503 while the Kubernetes API or the store is out of reach (``cluster_state.k8s.cli.
+  health_check``); ``/livez``: the process runs (``cluster_state.k8s.web``).
 
 **Which pod gets which part of its group.** The store places the whole gang at once (one
 placement per pod — a *member slot* — HiveD's affinity group); which pod takes which slot is a

@@ -223,7 +223,7 @@ async def _serve(
     await asyncio.wait([failed, stopping], return_when=asyncio.FIRST_COMPLETED)
     log.info("replica %d shutting down", me)
     if metrics is not None:
-        metrics.close()
+        await metrics.stop()
     if service is not None:
         await service.stop()
     await node.stop()

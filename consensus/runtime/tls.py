@@ -58,9 +58,11 @@ __all__ = [
     "identity_of",
     "issue_client",
     "issue_replica",
+    "listening_socket",
     "load_ca",
     "make_ca",
     "server_context",
+    "start_protocol_server",
     "start_server",
     "write_private",
 ]
@@ -463,16 +465,20 @@ class TlsServer:
     """A listening socket whose connections are handed over only after a TLS handshake that
     began with their first byte (``loop.connect_accepted_socket``): a handshake the peer
     fails (plaintext, another CA, no certificate) is logged saying why and counted, where a
-    server's own ``ssl=`` drops it silently."""
+    server's own ``ssl=`` drops it silently. A connection goes to ``callback`` as streams, or
+    to a protocol of ``protocol_factory`` (an HTTP server's, say)."""
 
     def __init__(
-        self, sock: socket.socket, context: ssl.SSLContext,
-        callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
-        port: str, on_refused: Callable[[], None] | None,
+        self, sock: socket.socket, context: ssl.SSLContext, port: str,
+        on_refused: Callable[[], None] | None, *, callback: StreamCallback | None = None,
+        protocol_factory: Callable[[], asyncio.BaseProtocol] | None = None,
     ) -> None:
+        if (callback is None) == (protocol_factory is None):
+            raise ValueError("give a callback or a protocol factory")
         self.sockets = [sock]
         self._context = context
         self._callback = callback
+        self._protocol_factory = protocol_factory
         self._port = port
         self._on_refused = on_refused
         self._handshakes: set[asyncio.Task[None]] = set()
@@ -502,12 +508,12 @@ class TlsServer:
     async def _handshake(self, conn: socket.socket, address: object) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        streams = asyncio.StreamReaderProtocol(reader, loop=loop)
+        factory = self._protocol_factory or (lambda: streams)
         try:
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                 transport, _ = await loop.connect_accepted_socket(
-                    lambda: protocol, conn, ssl=self._context,
-                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                    factory, conn, ssl=self._context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
                 )
         except (ssl.SSLError, TimeoutError, ConnectionError, OSError) as exc:
             conn.close()
@@ -517,7 +523,9 @@ class TlsServer:
                 if self._on_refused is not None:
                     self._on_refused()
             return
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        if self._callback is None:  # the protocol serves the connection
+            return
+        writer = asyncio.StreamWriter(transport, streams, reader, loop)
         # the connection lives on in its own task, as asyncio.start_server's callbacks do
         task = asyncio.create_task(self._callback(reader, writer), name=f"{self._port}-conn")
         self._connections.add(task)
@@ -533,16 +541,37 @@ class TlsServer:
         await asyncio.gather(self._accepting, *self._handshakes, return_exceptions=True)
 
 
+#: what a stream server calls with each connection
+StreamCallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+
+
 async def start_server(
-    callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
-    host: str, port: int, *, tls: ssl.SSLContext | None, name: str = "",
-    on_refused: Callable[[], None] | None = None,
+    callback: StreamCallback, host: str, port: int, *, tls: ssl.SSLContext | None,
+    name: str = "", on_refused: Callable[[], None] | None = None,
 ) -> asyncio.Server | TlsServer:
     """``asyncio.start_server``; with ``tls``, a ``TlsServer`` whose ``callback`` gets only
     connections whose handshake succeeded (``accept_tls`` then checks their identity), and
     which logs (port ``name``) and counts (``on_refused``) the others."""
     if tls is None:
         return await asyncio.start_server(callback, host, port)
+    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}", on_refused,
+                     callback=callback)
+
+
+async def start_protocol_server(
+    protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int, *,
+    tls: ssl.SSLContext | None, name: str = "",
+) -> asyncio.Server | TlsServer:
+    """``loop.create_server(protocol_factory, ...)``; with ``tls`` a ``TlsServer`` handing
+    its protocols only connections whose handshake succeeded (the others logged)."""
+    if tls is None:
+        return await asyncio.get_running_loop().create_server(protocol_factory, host, port)
+    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}", None,
+                     protocol_factory=protocol_factory)
+
+
+async def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking socket listening on ``host:port`` (``OSError`` if it cannot)."""
     infos = await asyncio.get_running_loop().getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
@@ -555,7 +584,7 @@ async def start_server(
     except OSError:
         sock.close()
         raise
-    return TlsServer(sock, tls, callback, name or f"{host}:{port}", on_refused)
+    return sock
 
 
 async def accept_tls(
@@ -583,8 +612,8 @@ async def accept_tls(
 
 
 def checked_identity(
-    writer: asyncio.StreamWriter, *, port: str, cluster_id: str, revocations: Revocations,
-    refused: Callable[[str], None] | None = None,
+    writer: asyncio.StreamWriter | asyncio.BaseTransport, *, port: str, cluster_id: str,
+    revocations: Revocations, refused: Callable[[str], None] | None = None,
 ) -> Identity | None:
     """The identity of a TLS connection's peer, or None (logged, and ``refused`` told why)
     if it names nothing of this cluster or is revoked."""

@@ -244,7 +244,7 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         reaper.cancel()
         await asyncio.gather(reaper, return_exceptions=True)
         await kube.close()
-        server.close()
+        await server.stop()
         await store.close()
         await api.stop()
 

@@ -22,6 +22,7 @@ from consensus.errors import DefiniteFailure, TlsRefused
 from consensus.messages import Heartbeat
 from consensus.runtime.cli import _cert_issue, _cert_revoke
 from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.health import http_probe
 from consensus.runtime.metrics import serve_metrics
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.tls import (
@@ -269,6 +270,15 @@ async def test_revoked_certificate_stops_working_after_reload(
         assert config.tls is not None
         async with client(config, 1, config.tls.tool()) as admin:
             assert (await admin.read(kv_get("k"), ["k"])).status == "ok"
+        # the metrics port (aiohttp) checks revocations per request: 403, saying why
+        host, port = config.replica(0).metrics_address or ("", 0)
+        server = await serve_metrics(nodes[0], host, port, tls=config.tls.server(0))
+        try:
+            assert await http_probe(host, port, "livez", 5.0, config.tls.tool()) == (200, "ok\n")
+            code, body = await http_probe(host, port, "livez", 5.0, context_of(config, files))
+            assert code == 403 and "not revoked" in body
+        finally:
+            await server.stop()
 
 
 async def test_mangled_frames_over_tls_leave_replicas_up_and_unchanged(tmp_path: Path) -> None:
