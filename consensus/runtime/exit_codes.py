@@ -5,7 +5,9 @@ and ``sdpaxos ctl``. They are part of the command line's API (scripts branch on 
 code  name         meaning
 ====  ===========  ==================================================================
 0     OK           done as asked
-1     REFUSED      a definite refusal: waiting, conflict, not found, denied, or a
+1     REFUSED      a definite refusal: waiting, conflict, not found, denied (a TLS
+                   cluster refused the client's certificate or its role:
+                   ``TlsRefused``, ``PermissionDenied``), an invalid request, or a
                    watch that did not see its ``--count`` events within ``--wait``
 2     USAGE        bad usage: an unknown or malformed option, an unreadable cluster
                    file, no endpoint given
