@@ -255,10 +255,12 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         capsys.readouterr()
         assert await asyncio.to_thread(main, [*as_a, "--json", "vc", "vc01"]) == 1
         assert "PERMISSION_DENIED" in capsys.readouterr().err
-        # plaintext against a TLS replica: refused
+        # plaintext against a TLS replica: refused, saying why (issue 34: "UNAVAILABLE ...
+        # Socket closed", exit 3)
         code = await asyncio.to_thread(
             main, ["ctl", "--server", c.target, "--timeout", "2", "--json", "vc", "vc00"])
-        assert code == 3 and "UNAVAILABLE" in capsys.readouterr().err  # exit_codes.UNAVAILABLE
+        assert code == 1  # exit_codes.REFUSED
+        assert "requires TLS and this client spoke plaintext" in capsys.readouterr().err
 
 
 def test_a_scheduler_certificate_names_only_virtual_clusters_that_exist(
