@@ -1060,8 +1060,13 @@ class ReplicaNode:
     ) -> None:
         limits = self.client_limits
         tracked = limits.open(writer.transport.abort)
-        if tracked is None:
-            writer.transport.abort()  # over the cap: counted and logged by the limits
+        if tracked is None:  # over the cap: counted and logged by the limits; the client
+            # told (a connection closed without a word reads as a refused certificate)
+            writer.write(frame_to_wire(ClientResponse(
+                NO_REQUEST, "indefinite", "the replica is at its client connection cap "
+                f"({limits.config.client_max_connections}); another replica may answer",
+            ).encode()))
+            writer.close()
             return
         frames = FrameReader(limits.config.client_max_frame_bytes)
         connection = _ClientConnection(writer, tracked)
