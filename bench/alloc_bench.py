@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
+from cluster_state import ClusterStore, GpuConfigError, release, submit, synthetic_config
 from consensus.messages import Command
 
 __all__ = ["run"]
@@ -251,7 +251,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         synthetic_config(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                          nodes_per_rack=args.nodes_per_rack, vcs=args.vcs,
                          pinned=args.vcs // 4)
-    except ConfigError as exc:
+    except GpuConfigError as exc:
         return str(exc)
     return None
 

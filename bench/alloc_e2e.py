@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"sdpaxos bench alloc-e2e: error: {problem}", file=sys.stderr)
         return USAGE_ERROR
-    from cluster_state.errors import ConfigError
+    from cluster_state.errors import GpuConfigError
 
     try:
         report = measure(args.replicas, args.seconds, args.outstanding, nodes=args.nodes,
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                          schedulers=args.schedulers or args.replicas, watchers=args.watchers,
                          slow_watchers=args.slow_watchers,
                          profile=Path(args.profile) if args.profile else None)
-    except ConfigError as exc:  # the synthetic cluster cannot be built (checked above too)
+    except GpuConfigError as exc:  # the synthetic cluster cannot be built (checked above too)
         print(f"sdpaxos bench alloc-e2e: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     if args.json:

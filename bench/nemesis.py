@@ -14,10 +14,19 @@ harness can cut links through the transport's test-only fault layer (``cut_off``
 2. **Faults.** A schedule drawn from the seed alone (``plan_faults``; the same seed gives the
    same schedule): ``kill`` (SIGKILL, the replica stays down for the fault's duration, then
    restarts from its write-ahead log), ``stop`` (SIGSTOP ... SIGCONT), ``restart`` (SIGTERM
-   and start again at once) and ``partition`` (a minority cut off from the rest, both ways).
-   Kinds take turns in a seeded order, so a short run sees each. At most ``--max-faulty``
-   replicas (default: a minority, F) are faulty at a time; a replica counts as faulty until
-   ``RECOVERY_GRACE_S`` after it was started again.
+   and start again at once), ``partition`` (a minority cut off from the rest, both ways),
+   ``kill-all`` (SIGKILL every replica, start them all again after the fault's duration),
+   ``bridge`` (two sides that cannot hear each other and one replica, the bridge, that hears
+   and is heard by both) and ``one-way`` (a minority that hears the rest and is not heard by
+   them, or the reverse). Kinds take turns in a seeded order, so a short run sees each.
+   **Budget.** At most ``--max-faulty`` replicas (default: a minority, F) are faulty at a
+   time. A replica counts as faulty until ``RECOVERY_GRACE_S`` after it was started again; a
+   fault that cuts links counts the side it cuts off (``Fault.replicas``: every lost link has
+   an end there, so the replicas outside every fault's side, a majority, all hear each other).
+   ``kill-all`` is the one fault over the budget, a whole-cluster crash: it starts only when
+   no replica is faulty, and counts all of them faulty until ``--heal-bound`` after their
+   restart, a window that nothing else disturbs and that must end within the fault phase;
+   every replica must serve again within it, or the seed fails for liveness.
 3. **Heal.** After ``--seconds``: SIGCONT the stopped, start the killed, clear every partition.
    Then, with the load still running, each replica is probed with linearizable reads sent to
    it alone; the time from the heal to its first answer is its *unavailability after heal*.
@@ -25,15 +34,22 @@ harness can cut links through the transport's test-only fault layer (``cut_off``
 4. **Converge.** The load stops; every replica must reach the same executed slot (its metrics
    endpoint) and hold the same value for every key (local reads), within ``--heal-bound``.
 5. **Check.** The history goes through the linearizability checker (``sdpaxos lincheck``),
-   with one more read per key of the converged state at its end. Definite failures are left
-   out; an indefinite write is completed where a later operation saw its value, or left out
-   if none did (``checkable_history`` says why both are exact).
+   key by key (the store's keys are independent, so this is exact), with one more read per
+   key of the converged state at its end. Definite failures are left out: a client told so
+   may act as if the operation never happened, so it must not have (Jepsen's ``:fail``). An
+   indefinite write is completed where a later operation saw its value, or left out if none
+   did (``checkable_history`` says why both are exact). A violation names the key, where the
+   checker got stuck (how many operations it linearized, the last of them, the value there
+   and the operations none of which could go next) and the client operations that wrote the
+   values involved, with what each client was told.
 
 Verdict per seed: ``ok``, ``violation`` (not linearizable, or replicas at the same slot with
-different data), ``liveness`` (a replica not serving after heal, no convergence, a replica
-process that exited by itself, nothing completed at all) or ``unknown`` (the checker ran out
-of time). The exit status is 0 only if every seed is ok. Each seed's directory keeps the
-replica logs, ``history.jsonl`` (``sdpaxos lincheck`` re-checks it) and ``events.jsonl``.
+different data), ``liveness`` (a replica not serving after heal or after a kill-all's
+restart, no convergence, a replica process that exited by itself, nothing completed at all)
+or ``unknown`` (the checker ran out of time on some key). Each seed's report, and the
+summary, count the operations whose clients were told an indefinite outcome. The exit status
+is 0 only if every seed is ok. Each seed's directory keeps the replica logs,
+``history.jsonl`` (``sdpaxos lincheck`` re-checks it) and ``events.jsonl``.
 """
 
 from __future__ import annotations
@@ -46,6 +62,7 @@ import itertools
 import json
 import math
 import random
+import re
 import shutil
 import signal
 import socket
@@ -60,28 +77,46 @@ from typing import Any, Literal
 
 import msgpack
 
+from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import DefiniteFailure, SDPaxosError
+from consensus.messages import Command
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, cut_off
+from consensus.runtime.client_protocol import (
+    ClientRequest,
+    Cut,
+    decode_response,
+    encode_partition,
+)
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import LocalCluster, free_base_port
 from consensus.sim.history import Operation, dump_jsonl
-from consensus.sim.lincheck import Verdict, check_history
+from consensus.sim.lincheck import CheckResult, Verdict, check_keys
 from consensus.statemachine import kv_cas, kv_get, kv_put
 
 __all__ = [
     "FAULT_KINDS",
+    "LINK_KINDS",
     "Fault",
     "SeedReport",
+    "ViolationWindow",
     "add_arguments",
+    "checkable_history",
+    "failure_reasons",
     "judge",
     "main",
     "plan_faults",
     "run",
+    "send_cut",
+    "unrecovered_after_kill_all",
 ]
 
-FaultKind = Literal["kill", "stop", "restart", "partition"]
-FAULT_KINDS: tuple[FaultKind, ...] = ("kill", "stop", "restart", "partition")
+FaultKind = Literal["kill", "stop", "restart", "partition", "kill-all", "bridge", "one-way"]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "kill", "stop", "restart", "partition", "kill-all", "bridge", "one-way"
+)
+#: the kinds that cut links (``Fault.lost``) rather than act on processes
+LINK_KINDS = ("partition", "bridge", "one-way")
 VerdictName = Literal["ok", "violation", "liveness", "unknown"]
 
 #: the keys the load works on: few, so operations on a key overlap and the check has teeth
@@ -95,13 +130,18 @@ GAP_MIN_S, GAP_MAX_S = 0.3, 1.5
 #: a replica started again (after kill or restart) counts as faulty this long: it is loading
 #: its log and catching up, so faulting another one meanwhile could take away the majority
 RECOVERY_GRACE_S = 2.0
+#: default time every replica has to serve again after the heal (and after a kill-all)
+HEAL_BOUND_S = 10.0
 #: load before the first fault, so the history starts on a healthy cluster
 WARMUP_S = 1.0
 
 #: a client request unanswered this long is sent to the next replica (then indefinite)
 CLIENT_TIMEOUT_S = 1.0
-#: pause after a failed operation, so a client does not spin against a down replica
+#: pause after a failed operation, doubled after each further failure in a row up to the
+#: most, so a client does not spin against a down cluster (a kill-all) and every attempt
+#: does not count as one more indefinite operation
 FAILURE_BACKOFF_S = 0.05
+FAILURE_BACKOFF_MAX_S = 1.0
 #: one probe read at the replica being measured; probes are this far apart at most
 PROBE_TIMEOUT_S = 0.5
 PROBE_INTERVAL_S = 0.05
@@ -130,26 +170,45 @@ DEFAULT_EPHEMERAL_LOW = 32_768
 
 # --------------------------------------------------------------------------- the schedule
 
+#: a replica's transport dropping nothing
+NO_CUT = Cut(frozenset(), frozenset())
+
+
+Link = tuple[int, int]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Fault:
     """``replicas`` are faulty from ``start`` to ``end`` (seconds into the fault phase);
-    ``end`` equal to the phase's length means the final heal ends it."""
+    ``end`` equal to the phase's length means the final heal ends it. A fault of a
+    ``LINK_KINDS`` kind loses the frames of ``lost``, directed links (sender, receiver),
+    each with one end in ``replicas`` (the side it cuts off)."""
 
     kind: FaultKind
     replicas: tuple[int, ...]
     start: float
     end: float
+    lost: tuple[Link, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "replicas": list(self.replicas),
-                "start_s": round(self.start, 3), "end_s": round(self.end, 3)}
+        out: dict[str, Any] = {"kind": self.kind, "replicas": list(self.replicas),
+                               "start_s": round(self.start, 3), "end_s": round(self.end, 3)}
+        if self.lost:
+            out["lost_links"] = [list(link) for link in self.lost]
+        return out
+
+
+def _both_ways(side: Iterable[int], other: Iterable[int]) -> tuple[Link, ...]:
+    others = sorted(other)
+    return tuple(sorted((a, b) for s in side for o in others for a, b in ((s, o), (o, s))))
 
 
 def plan_faults(
-    seed: int, replicas: int, seconds: float, kinds: Sequence[FaultKind], max_faulty: int
+    seed: int, replicas: int, seconds: float, kinds: Sequence[FaultKind], max_faulty: int,
+    *, heal_bound_s: float = HEAL_BOUND_S,
 ) -> list[Fault]:
-    """The seed's fault schedule: a pure function of its arguments."""
+    """The seed's fault schedule: a pure function of its arguments. A schedule of the four
+    original kinds (kill, stop, restart, partition) is the one earlier builds drew."""
     if not kinds or max_faulty < 1:
         return []
     rng = random.Random(seed)
@@ -168,17 +227,48 @@ def plan_faults(
         if not order:  # kinds take turns, in a fresh seeded order each round
             order = list(kinds)
             rng.shuffle(order)
-        kind = order.pop()
-        # a partition may cut off several replicas (a minority unless --max-faulty allows
-        # more, and never everyone: one side must keep someone); the others hit one
-        most = min(room, len(free), replicas - 1) if kind == "partition" else 1
-        victims = tuple(sorted(rng.sample(free, rng.randint(1, most))))
+        kind = order[-1]
+        if kind == "kill-all":
+            # a whole-cluster crash waits for a quiet cluster, and is left out of this round
+            # if its restart and the heal bound after it no longer fit in the phase
+            latest = seconds - heal_bound_s - t
+            if latest < FAULT_MIN_S:
+                order.pop()
+                continue
+            if len(free) < replicas:
+                continue
+            order.pop()
+            end = round(t + rng.uniform(FAULT_MIN_S, min(FAULT_MAX_S, latest)), 3)
+            busy_until = [end + heal_bound_s] * replicas
+            faults.append(Fault(kind, tuple(range(replicas)), t, end))
+            continue
+        if kind == "bridge" and (len(free) < 2 or replicas < 3):
+            continue  # it needs a free bridge and a free side, and someone on the other
+        order.pop()
+        lost: tuple[Link, ...] = ()
+        if kind == "bridge":
+            bridge = rng.choice(free)
+            candidates = [r for r in free if r != bridge]
+            most = min(room, len(candidates), replicas - 2)
+            victims = tuple(sorted(rng.sample(candidates, rng.randint(1, most))))
+            lost = _both_ways(victims, set(range(replicas)) - set(victims) - {bridge})
+        else:
+            # a partition may cut off several replicas (a minority unless --max-faulty allows
+            # more, and never everyone: one side must keep someone); the others hit one
+            most = min(room, len(free), replicas - 1) if kind in LINK_KINDS else 1
+            victims = tuple(sorted(rng.sample(free, rng.randint(1, most))))
+            rest = sorted(set(range(replicas)) - set(victims))
+            if kind == "partition":
+                lost = _both_ways(victims, rest)
+            elif kind == "one-way":  # the side is deaf (hears nobody) or mute (nobody hears it)
+                deaf = rng.random() < 0.5
+                lost = tuple(sorted((o, v) if deaf else (v, o) for v in victims for o in rest))
         duration = 0.0 if kind == "restart" else rng.uniform(FAULT_MIN_S, FAULT_MAX_S)
         end = round(min(seconds, t + duration), 3)
         recovers = end + (RECOVERY_GRACE_S if kind in ("kill", "restart") else 0.0)
         for r in victims:
             busy_until[r] = recovers
-        faults.append(Fault(kind, victims, t, end))
+        faults.append(Fault(kind, victims, t, end, lost))
 
 
 # --------------------------------------------------------------------------- the history
@@ -198,6 +288,8 @@ class Record:
     ret_us: int | None = None
     #: a completed cas: the value it found (the history format keeps only whether it swapped)
     before: str | None = None
+    #: a failure: what the client was told (the error's message)
+    error: str | None = None
 
     @property
     def written(self) -> str | None:
@@ -208,8 +300,14 @@ class Record:
         return self.input[1] if self.f == "cas" else None
 
     def operation(self, *, ret_us: int | None = None) -> Operation:
-        """For the checker: completed if ok, else open (or completed at ``ret_us``)."""
+        """For the checker: completed if ok, else open (or completed at ``ret_us``). A cas
+        that did not swap had no effect: it is checked as a read of the value it found
+        (which the history format would lose), unless it found the value it expected, a
+        reply the store never gives, kept as the cas it is so the checker refuses it."""
         ok = self.outcome == "ok"
+        if ok and self.f == "cas" and self.output is False and self.before != self.input[0]:
+            return Operation(client=self.process, key=self.key, op="read", input=None,
+                             output=self.before, call=self.call_us, ret=self.ret_us)
         if ok or ret_us is None:
             return Operation(client=self.process, key=self.key, op=self.f, input=self.input,
                              output=self.output if ok else None, call=self.call_us,
@@ -219,6 +317,21 @@ class Record:
                          output=None if self.f == "write" else True, call=self.call_us,
                          ret=ret_us)
 
+    def describe(self) -> str:
+        """One line: the client, what it asked and what it was told."""
+        told = {"ok": "ok", "fail": "a definite failure", "info": "an indefinite outcome",
+                None: "nothing (still open)"}[self.outcome]
+        if self.outcome == "ok" and self.f == "read":
+            told += f", read {self.output!r}"
+        elif self.outcome == "ok" and self.f == "cas":
+            told += ", swapped" if self.output else f", not swapped (found {self.before!r})"
+        elif self.error is not None:
+            told += f" ({self.error})"
+        asked = {"write": f"write {self.input!r}", "read": "read",
+                 "cas": f"cas {self.input[0]!r} -> {self.input[1]!r}"}[self.f]
+        return (f"client {self.process} {asked} [call {self.call_us}, return "
+                f"{self.ret_us}]: told {told}")
+
     def events(self) -> list[dict[str, Any]]:
         value = list(self.input) if isinstance(self.input, tuple) else self.input
         base = {"process": self.process, "f": self.f, "key": self.key}
@@ -226,6 +339,8 @@ class Record:
                 "output": self.output, "time_us": self.ret_us}
         if self.f == "cas" and self.outcome == "ok":
             done["before"] = self.before
+        if self.error is not None:
+            done["error"] = self.error
         return [{**base, "type": "invoke", "value": value, "time_us": self.call_us}, done]
 
 
@@ -237,7 +352,11 @@ def checkable_history(
 ) -> tuple[list[Operation], dict[str, int]]:
     """The history for the checker, and counts of what was done to it.
 
-    * A definite failure never took effect: left out.
+    * A definite failure never took effect: left out (the client was told so and may act on
+      it, so it must not have: Jepsen's ``:fail``). A value only it wrote that shows up later
+      is a violation: nothing in the history wrote it.
+    * A completed cas that did not swap is checked as a read of the value it found
+      (``Record.operation``).
     * ``final`` (the converged state, read between ``final_call_us`` and ``final_ret_us``,
       after every operation returned) becomes one more read per key, so the end state is
       checked against the history too.
@@ -268,10 +387,12 @@ def checkable_history(
                                      output=value, call=final_call_us, ret=final_ret_us))
             saw(key, value, final_ret_us)
     counts = {"failed_dropped": 0, "indefinite_completed": 0, "indefinite_unseen_dropped": 0,
-              "indefinite_reads_dropped": 0, "final_reads": len(history)}
+              "indefinite_reads_dropped": 0, "final_reads": len(history),
+              "failed_cas_as_reads": 0}
     for record in records:
         if record.outcome == "ok":
             history.append(record.operation())
+            counts["failed_cas_as_reads"] += history[-1].op != record.f
         elif record.outcome == "fail":
             counts["failed_dropped"] += 1
         elif record.f == "read":
@@ -326,6 +447,7 @@ class Load:
         known: dict[str, str | None] = {}  # the last value this worker saw per key
         names = [name for name, _ in OP_WEIGHTS]
         weights = [weight for _, weight in OP_WEIGHTS]
+        backoff = FAILURE_BACKOFF_S
         try:
             for n in itertools.count():
                 if self.stop.is_set():
@@ -354,17 +476,19 @@ class Load:
                         record.output = msgpack.unpackb(reply.payload)[1]
                         known[key] = record.output
                     record.outcome = "ok"
-                except DefiniteFailure:
-                    record.outcome = "fail"
-                    await asyncio.sleep(FAILURE_BACKOFF_S)
-                except SDPaxosError:
+                    backoff = FAILURE_BACKOFF_S
+                except DefiniteFailure as exc:
+                    record.outcome, record.error = "fail", str(exc)
+                except SDPaxosError as exc:
                     # indefinite: the operation stays open forever, so this process is done
                     # (one open operation per client); go on as a new client
-                    record.outcome = "info"
+                    record.outcome, record.error = "info", str(exc)
                     await client.close()
                     client = self._client(home)
-                    await asyncio.sleep(FAILURE_BACKOFF_S)
                 record.ret_us = _now_us()
+                if record.outcome != "ok":
+                    await asyncio.sleep(backoff)
+                    backoff = min(2 * backoff, FAILURE_BACKOFF_MAX_S)
         finally:
             await client.close()
 
@@ -383,12 +507,51 @@ class ReplicaState:
         return {"executed": self.executed, "data": self.data}
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ViolationWindow:
+    """Where a key's history stopped being linearizable (the checker's ``where_stuck``), and
+    the recorded operations that wrote the values there, with what their clients were told
+    (a definite failure among them: an operation that took effect after all)."""
+
+    result: CheckResult
+    #: value -> the operations that wrote it (values are unique: one, or none at all)
+    writers: dict[str, list[Record]]
+
+    @classmethod
+    def of(cls, result: CheckResult, records: Sequence[Record]) -> ViolationWindow:
+        values = {result.state}
+        for op in result.stuck:
+            values.add(op.output if op.op == "read" else op.input[0] if op.op == "cas" else None)
+        writers = {
+            value: [r for r in records if r.key == result.key and r.written == value]
+            for value in sorted(v for v in values if v is not None)
+        }
+        return cls(result, writers)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.result.where_stuck(), "writers": [
+            {"value": value, "written_by": [r.describe() for r in by]}
+            for value, by in self.writers.items()
+        ]}
+
+    def lines(self) -> list[str]:
+        return self.result.describe_stuck() + [
+            f"value {value!r} written by: "
+            + ("; ".join(r.describe() for r in by) if by else "no recorded operation")
+            for value, by in self.writers.items()
+        ]
+
+
 @dataclasses.dataclass(slots=True)
 class Judgement:
     verdict: VerdictName
     reasons: list[str]
     lincheck: str
     lincheck_s: float
+    #: every key that is not linearizable, where its check got stuck
+    windows: list[ViolationWindow] = dataclasses.field(default_factory=list)
+    #: key -> the checker's verdict on it
+    keys: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def judge(
@@ -399,17 +562,22 @@ def judge(
     *,
     crashes: Sequence[str] = (),
     check_timeout_s: float = CHECK_TIMEOUT_S,
+    records: Sequence[Record] = (),
 ) -> Judgement:
     """The seed's verdict from what was observed. ``finals`` is None when the replicas did not
     converge in time (their last observed states are then not comparable); an entry of
-    ``unavailable_s`` is None for a replica that never served after the heal."""
+    ``unavailable_s`` is None for a replica that never served after the heal; ``crashes``
+    are liveness failures seen during the run; ``records`` (the operations ``history`` was
+    made from) name the writers of the values in a violation's window."""
     started = time.monotonic()
-    checked = check_history(history, timeout_s=check_timeout_s)
+    checked = check_keys(history, timeout_s=check_timeout_s)
     check_s = time.monotonic() - started
-    violations: list[str] = []
+    illegal = [c for c in checked if c.verdict is Verdict.ILLEGAL]
+    undecided = [c for c in checked if c.verdict is Verdict.UNKNOWN]
+    windows = [ViolationWindow.of(c, records) for c in illegal]
+    keys = {str(c.key): c.verdict.name.lower() for c in checked}
+    violations = [f"history not linearizable: {c.detail}" for c in illegal]
     liveness: list[str] = []
-    if checked.verdict is Verdict.ILLEGAL:
-        violations.append(f"history not linearizable: {checked.detail}")
     if finals is not None and any(f != finals[0] for f in finals):
         slots = {f.executed for f in finals}
         where = ", ".join(f"replica {r}: {f.to_json()}" for r, f in enumerate(finals))
@@ -426,15 +594,16 @@ def judge(
     liveness.extend(crashes)
     if not any(op.ret is not None for op in history):
         liveness.append("no operation completed")
-    lincheck = checked.verdict.name.lower()
+    lincheck = "illegal" if illegal else "unknown" if undecided else "ok"
     if violations:
-        return Judgement("violation", violations + liveness, lincheck, check_s)
+        return Judgement("violation", violations + liveness, lincheck, check_s, windows, keys)
     if liveness:
-        return Judgement("liveness", liveness, lincheck, check_s)
-    if checked.verdict is Verdict.UNKNOWN:
-        return Judgement("unknown", [f"linearizability check: {checked.detail}"], lincheck,
-                         check_s)
-    return Judgement("ok", [], lincheck, check_s)
+        return Judgement("liveness", liveness, lincheck, check_s, keys=keys)
+    if undecided:
+        return Judgement("unknown", [
+            f"linearizability check: keys {[c.key for c in undecided]} undecided within their "
+            f"share of {check_timeout_s} s"], lincheck, check_s, keys=keys)
+    return Judgement("ok", [], lincheck, check_s, keys=keys)
 
 
 def longest_gap_s(history: Iterable[Operation], start_us: int, end_us: int) -> float:
@@ -469,6 +638,21 @@ class SeedReport:
     )
     #: what ``checkable_history`` did to the recorded operations
     history_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: every key that is not linearizable, where its check got stuck
+    windows: list[ViolationWindow] = dataclasses.field(default_factory=list)
+    #: key -> the checker's verdict on it
+    lincheck_keys: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: what clients were told, for the failures (``failure_reasons``)
+    failure_reasons: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def indefinite(self) -> int:
+        """Operations whose clients were told the outcome is unknown."""
+        return sum(row["info"] for row in self.operations.values())
+
+    @property
+    def definite_failures(self) -> int:
+        return sum(row["fail"] for row in self.operations.values())
 
     @property
     def longest_unavailable_s(self) -> float | None:
@@ -507,6 +691,9 @@ class SeedReport:
             "faults": self._faults_json(),
             "fault_counts": dict(Counter(f.kind for f in self.faults)),
             "operations": self.operations,
+            "indefinite": self.indefinite,
+            "definite_failures": self.definite_failures,
+            "failure_reasons": self.failure_reasons,
             "history_checked": self.history_counts,
             "unavailable_after_heal_s": [
                 None if w is None else round(w, 3) for w in self.unavailable_after_heal_s
@@ -520,6 +707,8 @@ class SeedReport:
             ),
             "longest_stall_s": round(self.longest_stall_s, 3),
             "lincheck": self.lincheck,
+            "lincheck_keys": self.lincheck_keys,
+            "violations": [window.to_json() for window in self.windows],
             "lincheck_s": round(self.lincheck_s, 3),
             "final_states_equal": self.finals is not None
             and all(f == self.finals[0] for f in self.finals),
@@ -547,18 +736,21 @@ class Nemesis:
         self.replicas = replicas
         self.down: set[int] = set()  # killed, not started again yet
         self.stopped: set[int] = set()  # SIGSTOPped
-        #: partition settings: wanted (per replica, the peers it drops) and acknowledged
-        self.wanted: list[frozenset[int]] = [frozenset()] * replicas
-        self.applied: list[frozenset[int]] = [frozenset()] * replicas
-        self.partitions: list[tuple[frozenset[int], frozenset[int]]] = []
+        #: link cuts: per replica, what its transport should drop and what it acknowledged
+        self.wanted: list[Cut] = [NO_CUT] * replicas
+        self.applied: list[Cut] = [NO_CUT] * replicas
+        #: the lost links of the link faults in force, by fault index
+        self.cuts: dict[int, tuple[Link, ...]] = {}
         self.crashes: list[str] = []
         self._probe_ids = itertools.count(PROBE_ID_BASE)
-        #: a replica started again during the faults (kill's end, restart): the probe timing
-        #: how long until it serves, and the fault's index
-        self._recovering: dict[int, tuple[int, asyncio.Task[float | None]]] = {}
+        #: a replica started again during the faults (kill's end, restart): the fault's
+        #: index, when it started, and the probe timing how long until it serves
+        self._recovering: dict[int, tuple[int, float, asyncio.Task[float | None]]] = {}
         #: (fault index, replica) -> seconds from its start until it served; None: it did
         #: not serve before the heal measurement ended; "interrupted": faulted again first
         self.recovery: dict[tuple[int, int], float | str | None] = {}
+        #: replica -> when it answered the heal measurement's probe (monotonic seconds)
+        self._served_after_heal: dict[int, float] = {}
 
     async def run(self, faults: Sequence[Fault], seconds: float) -> None:
         actions = sorted(
@@ -586,11 +778,15 @@ class Nemesis:
 
     async def _begin(self, fault: Fault, index: int) -> None:
         victims = set(fault.replicas)
-        if fault.kind == "kill":
-            for r in victims & set(self.cluster.processes):
+        if fault.kind in ("kill", "kill-all"):
+            running = sorted(victims & set(self.cluster.processes))
+            for r in running:  # every signal first: a kill-all crashes them all at once
+                self.cluster.processes[r].send_signal(signal.SIGKILL)
+            for r in running:
                 self.cluster.kill(r)
                 self.down.add(r)
-                self.applied[r] = frozenset()  # a new process starts with no partition
+                self.stopped.discard(r)
+                self.applied[r] = NO_CUT  # a new process starts with no cut
         elif fault.kind == "stop":
             for r in victims & set(self.cluster.processes):
                 self.cluster.pause(r)
@@ -598,18 +794,17 @@ class Nemesis:
         elif fault.kind == "restart":
             for r in victims & set(self.cluster.processes):
                 await asyncio.to_thread(self._terminate, r)
-                self.applied[r] = frozenset()
+                self.applied[r] = NO_CUT
                 self.cluster.start(r)
                 self._track_recovery(r, index)
         else:
-            rest = frozenset(range(self.replicas)) - victims
-            self.partitions.append((frozenset(victims), rest))
+            self.cuts[index] = fault.lost
             self._recompute_partitions()
             await self._sync_partitions()
 
     def _end(self, fault: Fault, index: int) -> None:
-        if fault.kind == "kill":
-            for r in set(fault.replicas) & self.down:
+        if fault.kind in ("kill", "kill-all"):
+            for r in sorted(set(fault.replicas) & self.down):
                 self.cluster.start(r)
                 self.down.discard(r)
                 self._track_recovery(r, index)
@@ -617,20 +812,20 @@ class Nemesis:
             for r in set(fault.replicas) & self.stopped:
                 self.cluster.resume(r)
                 self.stopped.discard(r)
-        elif fault.kind == "partition":
-            self.partitions.remove((frozenset(fault.replicas),
-                                    frozenset(range(self.replicas)) - set(fault.replicas)))
+        elif fault.kind in LINK_KINDS:
+            del self.cuts[index]
             self._recompute_partitions()
 
     def _track_recovery(self, replica: int, index: int) -> None:
+        started = time.monotonic()
         task = asyncio.create_task(
-            self._until_serving(replica, time.monotonic(), math.inf, clear_partition=False)
+            self._until_serving(replica, started, math.inf, clear_partition=False)
         )
-        self._recovering[replica] = (index, task)
+        self._recovering[replica] = (index, started, task)
 
     def _interrupt(self, replica: int) -> None:
         """``replica`` is faulted again: a recovery still being timed will not be."""
-        index, task = self._recovering.pop(replica, (-1, None))
+        index, _, task = self._recovering.pop(replica, (-1, 0.0, None))
         if task is None:
             return
         if task.done():
@@ -640,14 +835,18 @@ class Nemesis:
             self.recovery[(index, replica)] = "interrupted"
 
     async def finish_recoveries(self) -> None:
-        """Record every recovery timed so far (those still running did not serve)."""
-        for replica, (index, task) in sorted(self._recovering.items()):
+        """Record every recovery timed so far. One still being timed ends with the heal
+        measurement's answer from that replica if there was one (its own probe may be
+        waiting on an attempt sent before the replica served): it served by then at the
+        latest. Otherwise it did not serve."""
+        for replica, (index, started, task) in sorted(self._recovering.items()):
             if not task.done():
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 self.recovery[(index, replica)] = await task
             if task.cancelled():
-                self.recovery[(index, replica)] = None
+                served = self._served_after_heal.get(replica)
+                self.recovery[(index, replica)] = None if served is None else served - started
         self._recovering.clear()
 
     def _terminate(self, replica: int) -> None:
@@ -660,24 +859,25 @@ class Nemesis:
             process.wait()
 
     def _recompute_partitions(self) -> None:
-        wanted: list[set[int]] = [set() for _ in range(self.replicas)]
-        for side, rest in self.partitions:
-            for r in side:
-                wanted[r] |= rest
-            for r in rest:
-                wanted[r] |= side
-        self.wanted = [frozenset(w) for w in wanted]
+        """Each lost link is cut at both ends, the sender's and the receiver's: while one end
+        is down, stopped or not told yet, the other still drops its frames."""
+        lost = {link for links in self.cuts.values() for link in links}
+        self.wanted = [
+            Cut(drop_from=frozenset(a for a, b in lost if b == r),
+                drop_to=frozenset(b for a, b in lost if a == r))
+            for r in range(self.replicas)
+        ]
 
     async def _sync_partitions(self) -> None:
-        """Send each running replica its wanted partition setting if it has not got it (a
-        replica down or stopped gets it once it runs again)."""
+        """Send each running replica its wanted cut if it has not got it (a replica down or
+        stopped gets it once it runs again)."""
         addresses = self.cluster.client_addresses
         for r in range(self.replicas):
             if r in self.down or r in self.stopped or self.applied[r] == self.wanted[r]:
                 continue
             wanted = self.wanted[r]
             try:
-                await cut_off(addresses[r], sorted(wanted), timeout_s=CUT_OFF_TIMEOUT_S)
+                await send_cut(addresses[r], wanted)
             except (OSError, ConnectionError, TimeoutError, SDPaxosError):
                 continue  # not listening yet (just started): the next round retries
             self.applied[r] = wanted
@@ -701,19 +901,22 @@ class Nemesis:
         for r in sorted(self.stopped):
             self.cluster.resume(r)
         for r in sorted(self.down):
-            self.applied[r] = frozenset()
+            self.applied[r] = NO_CUT
             self.cluster.start(r)
         self.stopped.clear()
         self.down.clear()
-        self.partitions.clear()
+        self.cuts.clear()
         self._recompute_partitions()
 
     async def measure_heal(self, healed_at: float, bound_s: float) -> list[float | None]:
         """Per replica: seconds from the heal until it answered a linearizable read (None:
         not within ``bound_s``). Clears its partition first."""
-        return list(await asyncio.gather(
+        waits = list(await asyncio.gather(
             *(self._until_serving(r, healed_at, bound_s) for r in range(self.replicas))
         ))
+        self._served_after_heal = {r: healed_at + w for r, w in enumerate(waits)
+                                   if w is not None}
+        return waits
 
     async def _until_serving(self, replica: int, since: float, bound_s: float, *,
                              clear_partition: bool = True) -> float | None:
@@ -726,9 +929,9 @@ class Nemesis:
                 return None
             tried = time.monotonic()
             try:
-                if clear_partition and self.applied[replica]:
-                    await cut_off(address, [], timeout_s=CUT_OFF_TIMEOUT_S)
-                    self.applied[replica] = frozenset()
+                if clear_partition and self.applied[replica] != NO_CUT:
+                    await cut_off(address, [], timeout_s=CUT_OFF_TIMEOUT_S)  # both ways
+                    self.applied[replica] = NO_CUT
                 client = Client(next(self._probe_ids), [address],
                                 timeout_s=PROBE_TIMEOUT_S, attempts=1)
                 try:
@@ -738,6 +941,26 @@ class Nemesis:
                 return time.monotonic() - since
             except (OSError, ConnectionError, TimeoutError, SDPaxosError):
                 await asyncio.sleep(max(0.0, tried + PROBE_INTERVAL_S - time.monotonic()))
+
+
+async def send_cut(address: tuple[str, int], cut: Cut) -> None:
+    """Set the link cuts of the replica at client ``address`` (run with
+    ``--fault-injection``): ``cut_off``'s request, in the form that may cut one way only."""
+    async with asyncio.timeout(CUT_OFF_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(*address)
+        try:
+            op = encode_partition(cut.drop_from, cut.drop_to)
+            request = ClientRequest(1, "partition", Command(client_id=0, seq=0, op=op, keys=()))
+            writer.write(frame_to_wire(request.encode()))
+            frames = FrameReader()
+            while not (answers := frames.feed(await reader.read(1 << 16))):
+                if reader.at_eof():
+                    raise ConnectionError("the replica closed the connection")
+        finally:
+            writer.close()
+    answer = decode_response(answers[0])
+    if answer.status != "ok":
+        raise DefiniteFailure(str(answer.payload))
 
 
 async def _metric(address: tuple[str, int], name: str) -> int | None:
@@ -826,6 +1049,27 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def unrecovered_after_kill_all(
+    faults: Sequence[Fault], recovery: dict[tuple[int, int], float | str | None],
+    bound_s: float,
+) -> list[str]:
+    """Liveness failures: replicas that did not serve within ``bound_s`` of their restart
+    after a kill-all (nothing else happens in that window: see ``plan_faults``)."""
+    late = []
+    for index, fault in enumerate(faults):
+        if fault.kind != "kill-all":
+            continue
+        for r in fault.replicas:
+            took = recovery.get((index, r))
+            if not isinstance(took, float) or took > bound_s:
+                when = (f"served after {took:.2f} s" if isinstance(took, float)
+                        else "not served before the next fault" if took == "interrupted"
+                        else "never served")
+                late.append(f"replica {r} did not serve within {bound_s} s of its restart "
+                            f"after the kill-all at {fault.start:.3f} s ({when})")
+    return late
+
+
 def _tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
     counts: dict[str, dict[str, int]] = {}
     for record in records:
@@ -834,9 +1078,27 @@ def _tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
     return counts
 
 
+#: the client's "gave up" prefix, which says nothing about the cause (its last error does)
+_GAVE_UP = re.compile(r"^no answer for \(#, #\) after # tries: ")
+
+
+def failure_reasons(records: Sequence[Record]) -> dict[str, dict[str, int]]:
+    """``"info"`` (indefinite) and ``"fail"`` (definite): how many operations were told each
+    reason, numbers blanked (``#``) so that like reasons count together, most frequent first.
+    Indefinite outcomes with every replica down (a kill-all) say "Connect call failed"."""
+    counts: dict[str, Counter[str]] = {"info": Counter(), "fail": Counter()}
+    for record in records:
+        if record.outcome in counts:
+            reason = _GAVE_UP.sub("last try: ", re.sub(r"\d+", "#", record.error or ""))
+            if reason.endswith(": ") or not reason:  # a TimeoutError's message is empty
+                reason += "(no message: a timeout)"
+            counts[record.outcome][reason] += 1
+    return {outcome: dict(c.most_common()) for outcome, c in counts.items()}
+
+
 async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
     faults = plan_faults(seed, options.replicas, options.seconds, options.kinds,
-                         options.max_faulty)
+                         options.max_faulty, heal_bound_s=options.heal_bound_s)
     extra = ("--fault-injection",) if options.fsync else ("--fault-injection", "--no-fsync")
     cluster = LocalCluster(directory, options.replicas, extra_args=extra)
     # LocalCluster's ports come from the kernel's ephemeral range, where a replica that is
@@ -873,6 +1135,8 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
             final_ret = _now_us()
             nemesis._note_crashes()
             crashes.extend(nemesis.crashes)
+            crashes.extend(unrecovered_after_kill_all(faults, nemesis.recovery,
+                                                      options.heal_bound_s))
             (directory / "final-states.json").write_text(json.dumps(
                 [None if s is None else s.to_json() for s in last]))
     finally:
@@ -889,14 +1153,16 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
             for event in record.events():
                 out.write(json.dumps(event) + "\n")
     judgement = judge(history, finals, waits, options.heal_bound_s, crashes=crashes,
-                      check_timeout_s=options.check_timeout_s)
+                      check_timeout_s=options.check_timeout_s, records=load.records)
     stall = longest_gap_s(history, phase_start, phase_end) if load.records else 0.0
     return SeedReport(
         seed=seed, replicas=options.replicas, seconds=options.seconds, faults=faults,
         verdict=judgement.verdict, reasons=judgement.reasons, operations=_tally(load.records),
+        failure_reasons=failure_reasons(load.records),
         unavailable_after_heal_s=waits, longest_stall_s=stall, lincheck=judgement.lincheck,
         lincheck_s=judgement.lincheck_s, finals=finals, directory=str(directory),
         recovery=dict(nemesis.recovery), history_counts=history_counts,
+        windows=judgement.windows, lincheck_keys=judgement.keys,
     )
 
 
@@ -934,9 +1200,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated kinds (default {','.join(FAULT_KINDS)})")
     parser.add_argument("--max-faulty", type=int,
                         help="replicas faulty at once (default: a minority; more is allowed)")
-    parser.add_argument("--heal-bound", type=_positive, default=10.0,
+    parser.add_argument("--heal-bound", type=_positive, default=HEAL_BOUND_S,
                         help="seconds each replica has to serve again, and to converge, "
-                        "after the heal")
+                        "after the heal (and to serve again after a kill-all)")
     parser.add_argument("--clients", type=int, default=6,
                         help="closed-loop clients writing during the faults")
     parser.add_argument("--check-timeout", type=_positive, default=CHECK_TIMEOUT_S,
@@ -960,9 +1226,16 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     return list(range(args.start_seed, args.start_seed + count))
 
 
+def _fault_counts(faults: Iterable[Fault]) -> str:
+    counts = Counter(f.kind for f in faults)
+    return ", ".join(f"{counts[k]} {k}" for k in FAULT_KINDS if counts[k]) or "none"
+
+
+_TOLD = {"info": "indefinite", "fail": "definite"}
+
+
 def _describe(report: SeedReport) -> str:
-    counts = Counter(f.kind for f in report.faults)
-    faults = ", ".join(f"{counts[k]} {k}" for k in FAULT_KINDS if counts[k]) or "none"
+    faults = _fault_counts(report.faults)
     ops = report.operations
     done = ", ".join(f"{f} {row['ok']} ok/{row['fail']} fail/{row['info']} info"
                      for f, row in sorted(ops.items()))
@@ -972,11 +1245,16 @@ def _describe(report: SeedReport) -> str:
         f"seed {report.seed}: {report.verdict.upper()}  ({report.replicas} replicas, "
         f"{report.seconds:g} s of faults: {faults})",
         f"  operations: {done or 'none'}",
+        f"  indefinite operations: {report.indefinite}; definite failures: "
+        f"{report.definite_failures}",
+        *(f"    {_TOLD[outcome]} {n} x {reason}"
+          for outcome, told in report.failure_reasons.items() for reason, n in told.items()),
         f"  unavailable after heal (s, per replica): {waits}; longest "
         f"{'-' if longest is None else f'{longest:.2f}'}; longest stall under faults "
         f"{report.longest_stall_s:.2f} s",
-        f"  lincheck: {report.lincheck} ({report.lincheck_s:.1f} s); final states "
-        f"{'equal' if report.to_json()['final_states_equal'] else 'NOT equal'}",
+        f"  lincheck: {report.lincheck} ({report.lincheck_s:.1f} s; keys "
+        + " ".join(f"{k} {v}" for k, v in report.lincheck_keys.items())
+        + f"); final states {'equal' if report.to_json()['final_states_equal'] else 'NOT equal'}",
     ]
     checked = report.history_counts
     if checked.get("indefinite_completed") or checked.get("indefinite_unseen_dropped"):
@@ -995,6 +1273,9 @@ def _describe(report: SeedReport) -> str:
             + f"; longest {'never' if recovery is None else f'{recovery:.2f}'}"
         )
     lines += [f"  reason: {reason}" for reason in report.reasons]
+    for window in report.windows:
+        lines.append(f"  violation on key {window.result.key!r}:")
+        lines += [f"    {line}" for line in window.lines()]
     return "\n".join(lines)
 
 
@@ -1028,16 +1309,34 @@ def run(args: argparse.Namespace) -> int:
     recoveries = [r.longest_recovery_s for r in reports]
     slowest = (None if any(v is None for v in recoveries)
                else max((v for v in recoveries if v is not None), default=0.0))
+    indefinite = {r.seed: r.indefinite for r in reports}
+    definite = {r.seed: r.definite_failures for r in reports}
+    all_faults = [f for r in reports for f in r.faults]
+    told: dict[str, Counter[str]] = {"info": Counter(), "fail": Counter()}
+    for report in reports:
+        for outcome, reasons in report.failure_reasons.items():
+            told[outcome].update(reasons)
     summary = {
         "runs": len(reports),
         "seeds": seeds,
         "verdicts": verdicts,
+        "fault_counts": dict(Counter(f.kind for f in all_faults)),
+        "indefinite_per_seed": indefinite,
+        "indefinite_total": sum(indefinite.values()),
+        "definite_failures_per_seed": definite,
+        "definite_failures_total": sum(definite.values()),
+        "failure_reasons_total": {k: dict(c.most_common()) for k, c in told.items()},
         "longest_unavailable_after_heal_s": None if longest is None else round(longest, 3),
         "longest_recovery_after_start_s": None if slowest is None else round(slowest, 3),
         "directory": str(root),
     }
     print(f"{len(reports)} runs, seeds {seeds}: "
           + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+          + f"; faults: {_fault_counts(all_faults)}"
+          + "; indefinite operations per seed: "
+          + ", ".join(f"{seed}: {n}" for seed, n in indefinite.items())
+          + f" (total {sum(indefinite.values())}); definite failures: total "
+          + f"{sum(definite.values())}"
           + "; longest unavailability after heal "
           + ("-" if longest is None else f"{longest:.2f} s")
           + "; longest recovery after a start under faults "

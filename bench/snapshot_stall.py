@@ -43,7 +43,7 @@ from typing import Any
 
 import msgpack
 
-from cluster_state import ClusterStore, ConfigError, release, submit, synthetic_config
+from cluster_state import ClusterStore, GpuConfigError, release, submit, synthetic_config
 from cluster_state.gc_pause import gc_paused
 from consensus.messages import Command
 from consensus.runtime.cli import SERVE_GC_THRESHOLDS, cluster_toml
@@ -222,7 +222,7 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return f"--seconds must be positive, not {args.seconds}"
     try:
         synthetic_config(nodes=args.nodes, vcs=args.vcs, pinned=args.vcs // 4)
-    except ConfigError as exc:
+    except GpuConfigError as exc:
         return str(exc)
     return None
 

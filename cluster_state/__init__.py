@@ -33,8 +33,8 @@ from cluster_state.config import (
 )
 from cluster_state.errors import (
     ClusterStateError,
-    ConfigError,
     EventsCompacted,
+    GpuConfigError,
     InvalidRequest,
     NotFound,
     RequestError,
@@ -113,7 +113,6 @@ __all__ = [
     "ClusterConfig",
     "ClusterStateError",
     "ClusterStore",
-    "ConfigError",
     "Conflict",
     "DowngradedDetails",
     "Error",
@@ -123,6 +122,7 @@ __all__ = [
     "GetGroup",
     "GetSummary",
     "GetVC",
+    "GpuConfigError",
     "Group",
     "GroupSpec",
     "Inspect",

@@ -32,6 +32,16 @@ opportunistic ones (-1) take any free leaf of a chain and bind nothing.
    running, their items are released) and the group is planned again; only a victim that the
    new plan still overlaps is preempted. If the new plan fails the downgrade is undone.
 
+**Suggested nodes** (Kubernetes' filter or preemption candidates, HiveD's ``suggestedNodes``)
+confine a new group to those nodes: every pass above packs on them only, a fresh item is
+bound to the first cell (in buddy order) holding one of them where the gang fits, the next if
+it does not (HiveD's backtracking buddy allocation), and the other chains and leaf types are
+tried before the group waits. A placed group keeps its placement whatever is suggested (HiveD
+insists on it); a preempting or reserved one whose leaves are not all on suggested nodes is
+cancelled and planned again, except in a dry run (HiveD's filtering phase). Suggesting every
+node places as suggesting none does (the cells a fresh item could be bound to differ in
+nothing a healthy gang needs, so the first is as good as the next).
+
 **Releasing** removes a group's leaves; items no guaranteed group uses any more are unbound,
 so their physical cells return to the free lists and merge. Releasing a group that something
 preempts may complete that preemption.
@@ -67,7 +77,8 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import partial
 from operator import itemgetter
@@ -96,7 +107,7 @@ from cluster_state.ops import (
     Result,
     Waiting,
 )
-from cluster_state.placement import Picker
+from cluster_state.placement import NodeFilter, Picker
 from cluster_state.snapshot_encoding import packed_array_header
 
 __all__ = ["Allocator", "Group"]
@@ -358,29 +369,41 @@ class Allocator:
         return group
 
     # ================================================================== submit
-    def submit(self, spec: GroupSpec, position: int) -> Result:
+    def submit(self, spec: GroupSpec, position: int, suggested: AbstractSet[str] | None = None,
+               *, filtering: bool = False) -> Result:
+        """Place ``spec`` (see the module documentation), inside the ``suggested`` nodes
+        when given; ``filtering``: HiveD's filtering phase (``plan_submit``), which leaves a
+        preempting group whose placement is outside them alone."""
         chains = self._chains_for(spec)
         group = self._existing(spec)
+        if group is not None and group.preempting and suggested is not None and not filtering:
+            outside = sorted({self.topo.node_name[leaf] for leaf in group.leaves()} - suggested)
+            if outside:  # HiveD: placed again inside the nodes Kubernetes suggests now
+                self._cancel(group, position, "its placement left the suggested nodes: "
+                             + ", ".join(outside))
+                group = None
         if group is not None:
             if group.reserved:  # the scheduler confirms the reservation: HiveD binds it now
                 self._promote(group, position)
             return self._status(group)
+        only = None if suggested is None else NodeFilter(self.topo, suggested)
+        within = "" if suggested is None else f" within the {len(suggested)} suggested nodes"
         sizes = spec.pod_sizes
         if spec.priority == OPPORTUNISTIC:
-            plan = self._plan_opportunistic(chains, sizes)
+            plan = self._plan_opportunistic(chains, sizes, only)
             if plan is None:
                 reason = "no free leaf cells for the group in " + self._names(chains)
-                return Waiting(spec.name, reason)
+                return Waiting(spec.name, reason + within)
             return self._place(spec, plan, position)
-        plan = self._plan_guaranteed(spec, chains, sizes, None)
+        plan = self._plan_guaranteed(spec, chains, sizes, None, only)
         if plan is not None:
             return self._place(spec, plan, position)
-        plan = self._plan_guaranteed(spec, chains, sizes, spec.priority)
+        plan = self._plan_guaranteed(spec, chains, sizes, spec.priority, only)
         if plan is None:
             return Waiting(
                 spec.name,
                 f"virtual cluster {spec.vc} has no room for {sum(sizes)} leaf cells "
-                f"at priority {spec.priority} in {self._names(chains)}",
+                f"at priority {spec.priority} in {self._names(chains)}{within}",
             )
         lazy = sorted(
             {
@@ -395,13 +418,13 @@ class Allocator:
             self._rollback(plan)
             self._downgrader = spec.name
             undo = [self._downgrade(self.groups[name], position) for name in lazy]
-            plan = self._plan_guaranteed(spec, chains, sizes, None) or self._plan_guaranteed(
-                spec, chains, sizes, spec.priority
-            )
+            plan = self._plan_guaranteed(
+                spec, chains, sizes, None, only
+            ) or self._plan_guaranteed(spec, chains, sizes, spec.priority, only)
             if plan is None:  # give the victims their guarantee back; preempt them normally
                 for name, items in zip(reversed(lazy), reversed(undo), strict=True):
                     self._upgrade(self.groups[name], items, position)
-                plan = self._plan_guaranteed(spec, chains, sizes, spec.priority)
+                plan = self._plan_guaranteed(spec, chains, sizes, spec.priority, only)
                 assert plan is not None, "the plan found before the downgrade must come back"
             else:
                 for name in lazy:
@@ -431,24 +454,27 @@ class Allocator:
 
     # ------------------------------------------------------------------ planning
     def _plan_guaranteed(
-        self, spec: GroupSpec, chains: tuple[int, ...], sizes: list[int], threshold: int | None
+        self, spec: GroupSpec, chains: tuple[int, ...], sizes: list[int], threshold: int | None,
+        only: NodeFilter | None,
     ) -> _Plan | None:
         for chain in chains:
             if spec.pinned:
                 key = self.topo.items[self.topo.vc_pinned[spec.vc][spec.pinned]].key
-                plan = self._search(key, "", chain, sizes, threshold)
+                plan = self._search(key, "", chain, sizes, threshold, only)
             else:
                 key = self.topo.key_of[(spec.vc, chain)]
-                plan = self._search(key, spec.vc, chain, sizes, threshold)
+                plan = self._search(key, spec.vc, chain, sizes, threshold, only)
             if plan is not None:
                 return plan
         return None
 
     def _search(
-        self, key: int, vc: str, chain: int, sizes: list[int], threshold: int | None
+        self, key: int, vc: str, chain: int, sizes: list[int], threshold: int | None,
+        only: NodeFilter | None,
     ) -> _Plan | None:
         """Place ``sizes`` inside the items of placement key ``key`` (binding more of
-        ``vc``'s items if ``vc`` is given): lowest common ancestor first, then packing."""
+        ``vc``'s items if ``vc`` is given): lowest common ancestor first, then packing;
+        on the nodes ``only`` allows (None: any)."""
         topo, buddy = self.topo, self.buddy
         info = topo.chains[chain]
         order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
@@ -464,7 +490,9 @@ class Allocator:
                 else self._scan(key, level, total, threshold)
             )
             for c in candidates:
-                picker = Picker(topo, self.cells, threshold)
+                if only is not None and not only.holds(c):
+                    continue
+                picker = Picker(topo, self.cells, threshold, only)
                 pods = picker.pack(picker.nodes([c], info.node_level), sizes, order,
                                    final=True)
                 if pods is not None:
@@ -476,13 +504,27 @@ class Allocator:
             for slot in topo.vc_slots[(vc, chain)]:
                 if topo.slots[slot][2] < level or not buddy.unbound[slot]:
                     continue
-                plan = self._fresh(buddy.unbound[slot][0], chain, level, sizes, order, threshold)
+                plan = self._fresh(buddy.unbound[slot][0], chain, level, sizes, order, threshold,
+                                   only)
                 if plan is not None:
                     return plan
         # ... and a gang that fits in no single cell is spread over several.
         if len(sizes) > 1:
-            return self._spread(key, vc, chain, sizes, order, threshold)
+            return self._spread(key, vc, chain, sizes, order, threshold, only)
         return None
+
+    def _cells_to_bind(self, chain: int, level: int, mode: int,
+                       only: NodeFilter | None) -> Iterator[int]:
+        """The cells an item of ``level`` may be bound to, best first: ``find_cell``'s
+        choice alone, or, on the nodes ``only`` allows, every cell holding one of them in
+        ``find_cell``'s order (HiveD's backtracking buddy allocation passes over a cell of
+        no suggested node and tries the next)."""
+        if only is None:
+            c = self.buddy.find_cell(chain, level, mode)
+            if c >= 0:
+                yield c
+            return
+        yield from self.buddy.cells_to_bind(chain, level, mode, only.holds)
 
     def _scan(self, key: int, level: int, need: int, threshold: int) -> list[int]:
         """Second-pass candidates: cells at ``level`` in the key's bound items that have
@@ -508,29 +550,30 @@ class Allocator:
         sizes: list[int],
         order: list[int],
         threshold: int | None,
+        only: NodeFilter | None,
     ) -> _Plan | None:
         """Bind ``item`` to a new physical cell and place the gang in one of its cells at
-        ``level``; unbind again if that does not work."""
+        ``level``; unbind again if that does not work (and, on the nodes ``only`` allows,
+        try the next cell)."""
         topo, cells = self.topo, self.cells
         item_level = topo.items[item].level
-        c = self.buddy.find_cell(chain, item_level, CLEAN if threshold is None else HEALTHY)
-        if c < 0:
-            return None
-        self.buddy.bind(item, c)
         total = sum(sizes)
-        inner = [
-            (max(0, total - cells.free_n[d]) if threshold is not None else 0, a, d)
-            for d in topo.desc[c][level - 1]
-            if (a := cells.avail(d, threshold)) >= total
-        ]
         node_level = topo.chains[chain].node_level
-        for _, _, d in sorted(inner):
-            picker = Picker(topo, cells, threshold)
-            pods = picker.pack(picker.nodes([d], node_level), sizes, order,
-                               final=True)
-            if pods is not None:
-                return _Plan(chain, pods, [item])
-        self.buddy.unbind(item)
+        mode = CLEAN if threshold is None else HEALTHY
+        for c in self._cells_to_bind(chain, item_level, mode, only):
+            self.buddy.bind(item, c)
+            inner = [
+                (max(0, total - cells.free_n[d]) if threshold is not None else 0, a, d)
+                for d in topo.desc[c][level - 1]
+                if (a := cells.avail(d, threshold)) >= total
+            ]
+            for _, _, d in sorted(inner):
+                picker = Picker(topo, cells, threshold, only)
+                pods = picker.pack(picker.nodes([d], node_level), sizes, order,
+                                   final=True)
+                if pods is not None:
+                    return _Plan(chain, pods, [item])
+            self.buddy.unbind(item)
         return None
 
     def _spread(
@@ -541,12 +584,13 @@ class Allocator:
         sizes: list[int],
         order: list[int],
         threshold: int | None,
+        only: NodeFilter | None,
     ) -> _Plan | None:
         """A gang no single cell holds: best-fit its pods over all the VC's units (items it
         holds first), binding more items as needed."""
         topo, buddy = self.topo, self.buddy
         node_level = topo.chains[chain].node_level
-        picker = Picker(topo, self.cells, threshold)
+        picker = Picker(topo, self.cells, threshold, only)
         held = [buddy.item_cell[i] for i in topo.key_items[key] if buddy.item_cell[i] >= 0]
         nodes = picker.nodes(sorted(held), node_level)
         fresh: list[int] = []
@@ -561,7 +605,7 @@ class Allocator:
                     unit = topo.chains[chain].info(min(level, node_level)).leaf_number
                     if unit < need or not buddy.unbound[slot]:
                         continue
-                    c = buddy.find_cell(chain, level, mode)
+                    c = next(self._cells_to_bind(chain, level, mode, only), -1)
                     if c >= 0:
                         item = buddy.unbound[slot][0]
                         buddy.bind(item, c)
@@ -576,9 +620,11 @@ class Allocator:
             out[i] = picker.pick(node, need)
         return _Plan(chain, out, fresh)
 
-    def _plan_opportunistic(self, chains: tuple[int, ...], sizes: list[int]) -> _Plan | None:
-        """Free leaves anywhere in one chain; cells no VC holds are preferred so the group is
-        less likely to be preempted (HiveD keeps opportunistic work away from guaranteed)."""
+    def _plan_opportunistic(self, chains: tuple[int, ...], sizes: list[int],
+                            only: NodeFilter | None) -> _Plan | None:
+        """Free leaves anywhere in one chain (on the nodes ``only`` allows); cells no VC
+        holds are preferred so the group is less likely to be preempted (HiveD keeps
+        opportunistic work away from guaranteed)."""
         topo, cells = self.topo, self.cells
         order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
         total = sum(sizes)
@@ -591,20 +637,22 @@ class Allocator:
             for index in (cells.region(chain), chain):
                 for level in range(low, top + 1):
                     for c in cells.candidates(index, level, total):
-                        picker = Picker(topo, cells, None)
+                        if only is not None and not only.holds(c):
+                            continue
+                        picker = Picker(topo, cells, None, only)
                         pods = picker.pack(picker.nodes([c], info.node_level), sizes, order,
                                            final=True)
                         if pods is not None:
                             return _Plan(chain, pods)
             if len(sizes) > 1:
-                picker = Picker(topo, cells, None)
+                picker = Picker(topo, cells, None, only)
                 out: list[tuple[int, ...]] = [() for _ in sizes]
                 for i in order:
                     node = next(
                         (
                             n
                             for n in cells.candidates(chain, info.node_level, sizes[i])
-                            if picker.avail(n) >= sizes[i]
+                            if picker.avail(n) >= sizes[i] and (only is None or only.holds(n))
                         ),
                         -1,
                     )
@@ -821,19 +869,25 @@ class Allocator:
     def _bind_around(self, vc: str, chain: int, leaf: int, fresh: list[int]) -> bool:
         """Bind one of ``vc``'s unbound items (lowest level first) to the free cell of that
         level around ``leaf``, if safety allows."""
+        topo = self.topo
+        return any(self._bind_at(vc, chain, leaf, topo.slots[slot][2], fresh)
+                   for slot in topo.vc_slots.get((vc, chain), ()))
+
+    def _bind_at(self, vc: str, chain: int, leaf: int, level: int, fresh: list[int]) -> bool:
+        """Bind an unbound item of ``vc``'s at ``level`` to the free cell of that level
+        around ``leaf`` (appended to ``fresh``), if there is one and safety allows."""
         topo, buddy = self.topo, self.buddy
-        for slot in topo.vc_slots.get((vc, chain), ()):
-            if not buddy.unbound[slot]:
-                continue
-            level = topo.slots[slot][2]
-            cell = topo.ancestors[leaf][level - 1]
-            root = buddy.region_root(cell)
-            if root >= 0 and buddy.safe_take(chain, level, topo.level[root]):
-                item = buddy.unbound[slot][0]
-                buddy.bind(item, cell)
-                fresh.append(item)
-                return True
-        return False
+        slot = topo.slot_of.get((vc, chain, level))
+        if slot is None or not buddy.unbound[slot]:
+            return False
+        cell = topo.ancestors[leaf][level - 1]
+        root = buddy.region_root(cell)
+        if root < 0 or not buddy.safe_take(chain, level, topo.level[root]):
+            return False
+        item = buddy.unbound[slot][0]
+        buddy.bind(item, cell)
+        fresh.append(item)
+        return True
 
     # ================================================================== release
     def release(self, name: str, position: int) -> Result:
@@ -1269,9 +1323,14 @@ class Allocator:
           chain: leaves that landed in another chain than most of the group are dropped too.
         * Guaranteed groups are given their VC's cells again, highest priority first (then
           oldest), binding VC cells around their leaves as buddy allocation would and only
-          where safety allows; a group that no longer fits its VC (the VC or pinned cell is
-          gone, or its cells are now another VC's) is downgraded to opportunistic (HiveD's
-          lazy preemption), keeping its GPUs.
+          where safety allows. As HiveD recovers a group from its pods' bind info (each
+          leaf's ``preassignedCellTypes``), a leaf is covered only by a VC cell of the type
+          that covered it before, looked up by name in the chain the leaf is in now. A group
+          that no longer fits its VC that way (the VC or pinned cell is gone, the cell type
+          is not in the leaf's chain any more, or the VC has no such cell left there) is
+          downgraded to opportunistic (HiveD's lazy preemption), keeping its GPUs. A group
+          downgraded before stays downgraded (HiveD, which keeps no record of a lazy
+          preemption, would make it guaranteed again where its cells allow).
         * Preempting and reserved groups are cancelled (HiveD keeps no reservation over a
           restart either): their schedulers submit them again.
         * Node health carries over by node name; a new node starts healthy, or bad with
@@ -1361,7 +1420,11 @@ class Allocator:
                 entry = {**entry, "outcome": "trimmed", "dropped": dropped + elsewhere}
                 touched.add(name)
             if group.guaranteed:
-                reason = new._cover(group)
+                # what covered each leaf (HiveD's preassignedCellTypes of its bind info)
+                types = {leaf: self._preassigned_type(old)
+                         for pod, new_pod in zip(g.pods, mapped, strict=True)
+                         for old, leaf in zip(pod, new_pod, strict=True) if leaf >= 0}
+                reason = new._cover(group, types)
                 if reason:
                     group.downgraded, group.downgraded_at = True, position
                     group.downgraded_by = ""
@@ -1431,9 +1494,18 @@ class Allocator:
                 buddy.bind(rebound, a)
                 self._maybe_free.add(rebound)  # unbound again if no group ends up in it
 
-    def _cover(self, group: Group) -> str:
-        """Bind ``group``'s VC cells around its leaves (the cells already bound for groups
-        placed before it count); "" if every leaf is covered, else why not (nothing bound)."""
+    def _preassigned_type(self, leaf: int) -> str:
+        """The cell type of the VC cell ``leaf`` is covered by ("" if none)."""
+        item = self.cells.item_of[leaf]
+        if item < 0:
+            return ""
+        it = self.topo.items[item]
+        return self.topo.chains[it.chain].info(it.level).cell_type
+
+    def _cover(self, group: Group, types: Mapping[int, str]) -> str:
+        """Bind ``group``'s VC cells around its leaves, each of the cell type ``types``
+        names for it (the cells already bound for groups placed before it count); "" if
+        every leaf is covered, else why not (nothing bound)."""
         topo, cells, buddy = self.topo, self.cells, self.buddy
         spec = group.spec
         if spec.vc not in topo.vc_pinned:
@@ -1448,15 +1520,23 @@ class Allocator:
             if key < 0:
                 return f"{spec.vc} has no cells in chain {topo.chains[group.chain].name}"
         fresh: list[int] = []
+        levels = {i.cell_type: i.level for i in topo.chains[group.chain].levels}
         for leaf in group.leaves():
             item = cells.item_of[leaf]
             if item >= 0 and cells.key_of_item[item] == key:
                 continue
-            bindable = item < 0 and not spec.pinned
-            if bindable and self._bind_around(spec.vc, group.chain, leaf, fresh):
+            cell_type = types.get(leaf, "")
+            level = levels.get(cell_type, 0)
+            if (item < 0 and not spec.pinned and level
+                    and self._bind_at(spec.vc, group.chain, leaf, level, fresh)):
                 continue
             for item in reversed(fresh):
                 buddy.unbind(item)
+            if not cell_type:
+                return f"{topo.address[leaf]} was in no cell of {spec.vc}"
+            if not level:
+                return (f"{topo.address[leaf]} was in a {cell_type} cell, which chain "
+                        f"{topo.chains[group.chain].name} has no more")
             return f"{topo.address[leaf]} is outside what {spec.vc} can hold now"
         return ""
 

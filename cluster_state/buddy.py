@@ -35,6 +35,7 @@ group starts using becomes an ordinary bound item.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable, Iterator
 
 from cluster_state.cells import Topology
 from cluster_state.index import CellState
@@ -255,6 +256,36 @@ class Buddy:
             if best >= 0:
                 return best
         return -1
+
+    def cells_to_bind(self, chain: int, level: int, mode: int,
+                      usable: Callable[[int], bool] | None = None) -> Iterator[int]:
+        """Every cell ``find_cell`` may choose, in its order of preference (its answer is
+        the first): free levels from ``level`` up where safety allows the split; within a
+        level, ``CLEAN`` cells in id order, ``HEALTHY`` ones by fewest used leaves then id,
+        ``SICK`` ones in id order. ``usable``: only cells it accepts, and only under free
+        cells it accepts (it must accept every ancestor of a cell it accepts). A caller that
+        cannot use a choice takes the next (HiveD's backtracking buddy allocation); binding
+        a choice and unbinding it again before asking for the next is safe (each level's
+        free list is copied when it is reached, and unbinding restores every list and
+        count)."""
+        cells, desc = self.cells, self.topo.desc
+        free_n, bad_n = cells.free_n, cells.bad_n
+        levels = self.topo.chains[chain].levels
+        size = levels[level - 1].leaf_number
+        for lv in range(level, len(levels) + 1):
+            listed = list(filter(usable, self.free[chain][lv - 1]) if usable
+                          else self.free[chain][lv - 1])
+            if not listed or not self.safe_take(chain, level, lv):
+                continue
+            under = (c for f in listed for c in ((f,) if lv == level else desc[f][level - 1])
+                     if usable is None or usable(c))
+            if mode == CLEAN:  # (lazily: a caller often takes the first)
+                yield from (c for c in under if free_n[c] == size)
+            elif mode == HEALTHY:
+                yield from sorted((c for c in under if not bad_n[c]),
+                                  key=lambda c: size - free_n[c])
+            else:
+                yield from (c for c in under if bad_n[c])
 
     def _first_clean(self, listed: list[int], level: int, size: int, full: int) -> int:
         """``find_cell``'s ``CLEAN`` choice among the free-listed cells ``listed`` of one

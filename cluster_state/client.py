@@ -64,10 +64,13 @@ from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, Pod, PodPlacement
 from cluster_state.store import ClusterStore
 from cluster_state.watch_hub import ACK_EVERY, ACK_WINDOW
-from consensus.errors import ConfigError, IndefiniteFailure
+from consensus.attempts import Answer, Attempts, Step
+from consensus.attempts import Kind as AttemptKind
+from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, SDPaxosError
 from consensus.messages import Command
 from consensus.runtime.client import new_client_id
 from consensus.runtime.cluster_config import parse_address
+from consensus.statemachine import CANCEL_OP
 
 if TYPE_CHECKING:
     import ssl
@@ -251,12 +254,34 @@ class _Embedded:
     async def update(self, op: bytes, seq: int | None) -> bytes:
         # After a timeout (a failover, say) the command may or may not be in the log:
         # proposing the same (client id, seq) again is safe, the session table applies it
-        # once. A DefiniteFailure is final, as with the remote client.
-        command = self._command(op, seq)
-        result = await self._retried(lambda: self.node.submit(command,
-                                                              principal=self.principal),
-                                     f"no result for ({command.client_id}, {command.seq})")
-        return result.value
+        # once. What an answer means for the request follows ``consensus.attempts``, as with
+        # the remote client: a definite failure after an attempt whose fate is unknown, and
+        # running out of attempts, settle the request through the log.
+        command = request = self._command(op, seq)
+        attempts = Attempts(AttemptKind.COMMAND, self.attempts, self.attempts)
+        error: SDPaxosError | None
+        while True:
+            try:
+                async with asyncio.timeout(self.timeout_s):
+                    result = await self.node.submit(request, principal=self.principal)
+                return result.value
+            except TimeoutError:
+                answer, error = Answer.UNKNOWN, None
+            except IndefiniteFailure as exc:
+                answer, error = Answer.UNKNOWN, exc
+            except DefiniteFailure as exc:
+                answer, error = Answer.REFUSED, exc
+            step = attempts.after(answer)
+            if step is Step.DONE:
+                assert error is not None
+                raise error
+            if step is Step.GIVE_UP:
+                raise IndefiniteFailure(
+                    f"no result for ({command.client_id}, {command.seq}) within "
+                    f"{self.timeout_s}s, {self.attempts} tries, nor a settled outcome"
+                )
+            if step is Step.SETTLE and request is command:
+                request = Command(client_id=command.client_id, seq=command.seq, op=CANCEL_OP)
 
     async def query(self, op: bytes, stale: bool) -> bytes:
         return await self._retried(
@@ -378,12 +403,16 @@ class AllocationStore:
     # they restart, say); by default the session numbers them. Don't mix the two.
 
     async def submit(
-        self, spec: GroupSpec, *, seq: int | None = None
+        self, spec: GroupSpec, *, seq: int | None = None,
+        suggested: Iterable[str] | None = None,
     ) -> ops.Placed | ops.Preempting | ops.Waiting:
         """Place the gang ``spec``: placed, reserving cells from lower-priority victims
-        (placed once they are released), or waiting (nothing changed; try again later)."""
+        (placed once they are released), or waiting (nothing changed; try again later).
+        ``suggested``: inside these nodes only (see ``cluster_state.ops``; a preemption of
+        ``spec`` whose nodes left them is cancelled and planned again)."""
         op = ops.submit(spec.name, spec.vc, spec.priority, spec.members,
-                        leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+                        leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
+                        suggested=suggested)
         result = await self._update(op, seq)
         if isinstance(result, ops.Placed | ops.Preempting | ops.Waiting):
             return result
@@ -463,13 +492,16 @@ class AllocationStore:
         return info
 
     async def plan_submit(
-        self, spec: GroupSpec, *, stale: bool = False
+        self, spec: GroupSpec, *, stale: bool = False, suggested: Iterable[str] | None = None
     ) -> tuple[int, ops.Placed | ops.Preempting | ops.Waiting]:
-        """A dry run of ``submit`` (nothing changes, nothing is reserved): the revision it
-        read at and what ``submit`` would answer. A ``Placed`` answer can be taken with
-        ``bind(spec, placement, revision)``, which fails if any of its GPUs changed since."""
+        """A dry run of ``submit`` (nothing changes, nothing is reserved, no preemption is
+        cancelled: HiveD's filtering phase): the revision it read at and what ``submit``
+        would answer, inside the ``suggested`` nodes if given. A ``Placed`` answer can be
+        taken with ``bind(spec, placement, revision)``, which fails if any of its GPUs
+        changed since."""
         op = ops.plan_submit(spec.name, spec.vc, spec.priority, spec.members,
-                             leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy)
+                             leaf_type=spec.leaf_type, pinned=spec.pinned, lazy=spec.lazy,
+                             suggested=suggested)
         answer = msgpack.unpackb(await self._channel.query(op, stale))
         if answer[0] == "error":
             raise _refused(answer[1], lookup=False)

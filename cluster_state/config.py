@@ -32,8 +32,8 @@ defaults to its index in ``physicalCells``. A node-level cell's address is its n
 must be given.
 
 ``parse_config`` checks everything HiveD checks at start (plus a few things it does not) and
-raises ``ConfigError`` naming the offending item. ``synthetic_config`` builds DGX-like clusters
-of any size for tests, benchmarks and demos.
+raises ``GpuConfigError`` naming the offending item. ``synthetic_config`` builds DGX-like
+clusters of any size for tests, benchmarks and demos.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import Any, Final
 
 import yaml
 
-from cluster_state.errors import ConfigError
+from cluster_state.errors import GpuConfigError
 
 _YAML_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _YAML_DUMPER: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
@@ -285,7 +285,7 @@ def _parse_text(source: str) -> ClusterConfig:
             # path, and the pure-Python loader takes seconds for a 1000-node file.
             raw = yaml.load(source, Loader=_YAML_LOADER)  # a safe loader, C or Python
         except yaml.YAMLError as exc:
-            raise ConfigError(f"configuration is not valid YAML: {exc}") from None
+            raise GpuConfigError(f"configuration is not valid YAML: {exc}") from None
     return _parse_mapping(raw)
 
 
@@ -312,7 +312,7 @@ def _parse_mapping(source: object) -> ClusterConfig:
     levels = _check_forest(types)
     raw_cells = physical.get("physicalCells")
     if not isinstance(raw_cells, list) or not raw_cells:
-        raise ConfigError("physicalCluster.physicalCells must be a non-empty list")
+        raise GpuConfigError("physicalCluster.physicalCells must be a non-empty list")
     for index, top_raw in enumerate(raw_cells):  # check each chain before building its cells
         top_type = _mapping(top_raw, f"physicalCells[{index}]").get("cellType")
         if isinstance(top_type, str) and top_type in types:
@@ -337,16 +337,16 @@ def _parse_options(raw: object) -> StoreOptions:
     known = {"reservations", "initialNodeHealth"}
     unknown = sorted(str(k) for k in table if k not in known)
     if unknown:  # a typo here would silently change how the store behaves
-        raise ConfigError(f"storeOptions: unknown option(s) {', '.join(unknown)}")
+        raise GpuConfigError(f"storeOptions: unknown option(s) {', '.join(unknown)}")
     reservations = table.get("reservations", RESERVE_UNTIL_CONFIRMED)
     if reservations not in (RESERVE_UNTIL_CONFIRMED, RESERVE_PLACE_AT_ONCE):
-        raise ConfigError(
+        raise GpuConfigError(
             f"storeOptions.reservations must be {RESERVE_UNTIL_CONFIRMED} or "
             f"{RESERVE_PLACE_AT_ONCE}, not {reservations!r}"
         )
     health = table.get("initialNodeHealth", NODES_START_HEALTHY)
     if health not in (NODES_START_HEALTHY, NODES_START_BAD):
-        raise ConfigError(
+        raise GpuConfigError(
             f"storeOptions.initialNodeHealth must be {NODES_START_HEALTHY} or "
             f"{NODES_START_BAD}, not {health!r}"
         )
@@ -357,26 +357,26 @@ def _mapping(value: object, where: str, keys: frozenset[str] | None = None
              ) -> Mapping[str, Any]:
     """``value`` as a mapping holding only ``keys`` (any, when None)."""
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be a mapping")
+        raise GpuConfigError(f"{where} must be a mapping")
     if keys is not None and not keys.issuperset(value):
         unknown = sorted(str(key) for key in value if key not in keys)
         near = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
-        raise ConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(unknown)}"
-                          + (f" (did you mean {near[0]}?)" if near else "")
-                          + f"; known: {', '.join(sorted(keys))}")
+        raise GpuConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}"
+                             + (f" (did you mean {near[0]}?)" if near else "")
+                             + f"; known: {', '.join(sorted(keys))}")
     return value
 
 
 def _int(value: object, where: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where} must be an integer >= {minimum}, not {value!r}")
+        raise GpuConfigError(f"{where} must be an integer >= {minimum}, not {value!r}")
     return value
 
 
 def _name(value: object, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float) or value == "":
-        raise ConfigError(f"{where} must be a non-empty name, not {value!r}")
+        raise GpuConfigError(f"{where} must be a non-empty name, not {value!r}")
     return str(value)
 
 
@@ -389,7 +389,7 @@ def _parse_cell_types(raw: object) -> dict[str, CellTypeSpec]:
         spec = _mapping(spec_raw, where, _CELL_TYPE_KEYS)
         node = spec.get("isNodeLevel", False)
         if not isinstance(node, bool):
-            raise ConfigError(f"{where}: isNodeLevel must be true or false")
+            raise GpuConfigError(f"{where}: isNodeLevel must be true or false")
         types[name] = CellTypeSpec(
             name=name,
             child_type=_name(spec.get("childCellType"), f"{where}: childCellType"),
@@ -410,7 +410,7 @@ def _check_forest(types: Mapping[str, CellTypeSpec]) -> dict[str, int]:
             current = types[current].child_type
             if current in path:
                 cycle = " -> ".join([*path[path.index(current):], current])
-                raise ConfigError(f"cell types are not a forest: cycle {cycle}")
+                raise GpuConfigError(f"cell types are not a forest: cycle {cycle}")
             path.append(current)
         level = levels.get(current, 1)  # a leaf type, or a type already measured
         for t in reversed(path[:-1]):
@@ -430,7 +430,7 @@ def _check_node_level(chain: str, types: Mapping[str, CellTypeSpec]) -> None:
     path = _chain_path(chain, types)
     nodes = [t for t in path if t in types and types[t].is_node_level]
     if len(nodes) != 1:
-        raise ConfigError(
+        raise GpuConfigError(
             f"physical cell chain {chain}: {len(nodes)} node-level types on "
             f"{' -> '.join(path)} (need exactly one isNodeLevel type)"
         )
@@ -459,10 +459,10 @@ class _CellBuilder:
         spec = _mapping(raw, where, _CELL_KEYS)
         cell_type = spec.get("cellType")
         if cell_type is None:
-            raise ConfigError(f"{where}: cellType is required for a top-level physical cell")
+            raise GpuConfigError(f"{where}: cellType is required for a top-level physical cell")
         cell_type = _name(cell_type, f"{where}: cellType")
         if cell_type not in self.types:
-            raise ConfigError(f"{where}: unknown cell type {cell_type!r}")
+            raise GpuConfigError(f"{where}: unknown cell type {cell_type!r}")
         return self._cell(spec, cell_type, cell_type, index, (), where, below_node=False)
 
     def _cell(
@@ -482,7 +482,7 @@ class _CellBuilder:
                 # ones below it are unique by construction (siblings' addresses are checked).
                 full = "/".join((*parents, shared.address))
                 if full in self.addresses:
-                    raise ConfigError(
+                    raise GpuConfigError(
                         f"physical cell {full} ({cell_type}): duplicate cell address {full}"
                     )
                 self.addresses.add(full)
@@ -492,24 +492,24 @@ class _CellBuilder:
             str(default) if raw_address is None else _name(raw_address, f"{where}: cellAddress")
         )
         if "/" in address:
-            raise ConfigError(f"{where}: cellAddress {address!r} must not contain '/'")
+            raise GpuConfigError(f"{where}: cellAddress {address!r} must not contain '/'")
         path = (*parents, address)
         full = "/".join(path)
         declared = spec.get("cellType")
         if declared is not None and str(declared) != cell_type:
-            raise ConfigError(
+            raise GpuConfigError(
                 f"physical cell {full}: cellType {declared!r} is not the child type "
                 f"{cell_type!r} of its parent (unknown child type)"
             )
         where = f"physical cell {full} ({cell_type})"
         if full in self.addresses:
-            raise ConfigError(f"{where}: duplicate cell address {full}")
+            raise GpuConfigError(f"{where}: duplicate cell address {full}")
         self.addresses.add(full)
         pinned = spec.get("pinnedCellId")
         pinned_id = "" if pinned is None else _name(pinned, f"{where}: pinnedCellId")
         if pinned_id:
             if pinned_id in self.pinned:
-                raise ConfigError(
+                raise GpuConfigError(
                     f"{where}: duplicate pinnedCellId {pinned_id!r} "
                     f"(also on {self.pinned[pinned_id][1]})"
                 )
@@ -517,9 +517,9 @@ class _CellBuilder:
         children_raw = spec.get("cellChildren")
         if cell_type not in self.types:  # a leaf: one device; its address is the device index
             if children_raw:
-                raise ConfigError(f"{where}: a leaf cell has no cellChildren")
+                raise GpuConfigError(f"{where}: a leaf cell has no cellChildren")
             if not address.isdigit():
-                raise ConfigError(f"{where}: a leaf cell's address must be its device index")
+                raise GpuConfigError(f"{where}: a leaf cell's address must be its device index")
             leaf_cell = PhysicalCellSpec(cell_type=cell_type, address=address,
                                          pinned_id=pinned_id)
             if below_node and not spec:
@@ -528,13 +528,14 @@ class _CellBuilder:
         type_spec = self.types[cell_type]
         if type_spec.is_node_level:
             if raw_address is None:
-                raise ConfigError(f"{where}: a node-level cell needs a cellAddress (its node name)")
+                raise GpuConfigError(
+                    f"{where}: a node-level cell needs a cellAddress (its node name)")
             leaf = self.leaf_types.get(cell_type, "")
             if not leaf:
                 leaf = self.leaf_types[cell_type] = _chain_path(cell_type, self.types)[-1]
             key = (leaf, address)
             if key in self.nodes:
-                raise ConfigError(
+                raise GpuConfigError(
                     f"{where}: duplicate node address {address} for leaf type {leaf} "
                     f"(also {self.nodes[key]})"
                 )
@@ -545,7 +546,7 @@ class _CellBuilder:
         # Fewer children than childCellNumber is a partly filled cell (a rack with two of its
         # three nodes), as HiveD accepts; see ``Topology.complete`` for what it may hold.
         if not isinstance(children_raw, list) or len(children_raw) > number:
-            raise ConfigError(
+            raise GpuConfigError(
                 f"{where}: cellChildren must list at most {number} cells "
                 f"(childCellNumber of {cell_type})"
             )
@@ -566,7 +567,7 @@ class _CellBuilder:
                 below_node or type_spec.is_node_level,
             )
             if child.address in seen:
-                raise ConfigError(f"{where}: duplicate child address {child.address}")
+                raise GpuConfigError(f"{where}: duplicate child address {child.address}")
             seen.add(child.address)
             children.append(child)
         cell = PhysicalCellSpec(
@@ -578,7 +579,7 @@ class _CellBuilder:
             devices = [int(a) for a in _leaf_addresses(cell)]
             twice = sorted({d for d in devices if devices.count(d) > 1})
             if twice:
-                raise ConfigError(f"{where}: device index {twice[0]} used twice")
+                raise GpuConfigError(f"{where}: device index {twice[0]} used twice")
             # (the child specs stay alive in the configuration: their ids stay theirs)
             self.devices_checked.add(shared_children)
         if below_node and not spec:
@@ -609,19 +610,19 @@ def _parse_vcs(
         merged: dict[tuple[str, ...], int] = {}
         cells_raw = spec.get("virtualCells") or []
         if not isinstance(cells_raw, list):
-            raise ConfigError(f"{where}: virtualCells must be a list")
+            raise GpuConfigError(f"{where}: virtualCells must be a list")
         for i, cell_raw in enumerate(cells_raw):
             cell = _mapping(cell_raw, f"{where}: virtualCells[{i}]", _VIRTUAL_CELL_KEYS)
             type_name = _name(cell.get("cellType"), f"{where}: virtualCells[{i}].cellType")
             path = tuple(type_name.split("."))
             if path[0] not in chains:
-                raise ConfigError(
+                raise GpuConfigError(
                     f"{where}: virtual cell type {type_name!r} must begin with a chain "
                     f"(a top-level physical cell type: {', '.join(sorted(chains))})"
                 )
             for parent, child in itertools.pairwise(path):
                 if parent not in types or types[parent].child_type != child:
-                    raise ConfigError(
+                    raise GpuConfigError(
                         f"{where}: virtual cell type {type_name!r} is not a path of the cell "
                         f"hierarchy ({child} is not the child type of {parent})"
                     )
@@ -630,7 +631,7 @@ def _parse_vcs(
                 merged[path] = merged.get(path, 0) + number
         pins_raw = spec.get("pinnedCells") or []
         if not isinstance(pins_raw, list):
-            raise ConfigError(f"{where}: pinnedCells must be a list")
+            raise GpuConfigError(f"{where}: pinnedCells must be a list")
         pins = []
         for i, pin_raw in enumerate(pins_raw):
             pin = _name(
@@ -638,9 +639,9 @@ def _parse_vcs(
                 f"{where}: pinnedCells[{i}].pinnedCellId",
             )
             if pin not in pinned:
-                raise ConfigError(f"{where}: unknown pinnedCellId {pin!r}")
+                raise GpuConfigError(f"{where}: unknown pinnedCellId {pin!r}")
             if pin in owner:
-                raise ConfigError(
+                raise GpuConfigError(
                     f"{where}: pinnedCellId {pin!r} is already used by virtual cluster {owner[pin]}"
                 )
             owner[pin] = name
@@ -686,7 +687,7 @@ def _check_fit(
             return False
         if cell.pinned_id in pinned_ids:
             if not is_complete(cell, types):
-                raise ConfigError(
+                raise GpuConfigError(
                     f"pinned cell {cell.pinned_id} ({cell.cell_type}) is partly filled: a "
                     f"pinned cell must list every child of its type"
                 )
@@ -724,7 +725,7 @@ def _check_fit(
                 for vc, mine in sorted(claims.items())
                 if any(lv >= level for lv in mine)
             )
-            raise ConfigError(
+            raise GpuConfigError(
                 f"virtual clusters do not fit in chain {chain} at level {level} "
                 f"({path[top - level]}): they claim {demand[level]} cells, "
                 f"{available} are obtainable; the VCs claiming this level or above: {who}"
@@ -753,12 +754,13 @@ def synthetic_config(
     one node of their share as a pinned cell ``<vc>-PIN`` (taken from the last racks).
     """
     if min(nodes, gpus_per_node, nodes_per_rack, vcs) < 1 or pinned < 0:
-        raise ConfigError("synthetic_config: sizes must be positive")
+        raise GpuConfigError("synthetic_config: sizes must be positive")
     if nodes % nodes_per_rack:
-        raise ConfigError(f"synthetic_config: {nodes} nodes do not fill racks of {nodes_per_rack}")
+        raise GpuConfigError(
+            f"synthetic_config: {nodes} nodes do not fill racks of {nodes_per_rack}")
     share = nodes // vcs
     if share < 1 or pinned > vcs or pinned > share * vcs:
-        raise ConfigError(f"synthetic_config: {nodes} nodes cannot be shared by {vcs} VCs")
+        raise GpuConfigError(f"synthetic_config: {nodes} nodes cannot be shared by {vcs} VCs")
     types: dict[str, Any] = {}
     child, size, half = leaf_type, 1, ""
     while gpus_per_node % (size * 2) == 0 and size * 2 < gpus_per_node:

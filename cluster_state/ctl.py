@@ -636,12 +636,12 @@ def _config(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | Non
     from pathlib import Path
 
     from cluster_state.config import parse_config
-    from cluster_state.errors import ConfigError
+    from cluster_state.errors import GpuConfigError
 
     try:
         text = Path(args.file).read_text()
         parse_config(text)  # validated before anything is proposed
-    except (OSError, ConfigError) as exc:
+    except (OSError, GpuConfigError) as exc:
         print(f"sdpaxos ctl: {args.file}: {exc}", file=sys.stderr)
         return 1
     request = pb.ReconfigureRequest(config_yaml=text, dry_run=args.dry_run,

@@ -3,7 +3,8 @@
 ::
 
     ClusterStateError
-    ├── ConfigError         the cluster configuration is invalid (the message names the item)
+    ├── GpuConfigError      the GPU configuration (HiveD's cell types, physical cells and
+    │                       virtual clusters) is invalid; the message names the item
     ├── RequestError        an operation is invalid; the store answers ``["error", reason]``
     │                       and changes nothing
     ├── SnapshotError       snapshot bytes that this store cannot restore
@@ -16,14 +17,17 @@
 A replicated state machine must never raise out of ``apply``: ``RequestError`` is raised
 inside the allocator and turned into an error result by the store, and nothing else is
 expected to escape (anything that does is a bug, not a user error).
+
+``GpuConfigError`` is not ``consensus.errors.ConfigError`` (a cluster file, protocol or
+replica setting that is invalid): a tool that loads both says which file is wrong.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ClusterStateError",
-    "ConfigError",
     "EventsCompacted",
+    "GpuConfigError",
     "InvalidRequest",
     "NotFound",
     "RequestError",
@@ -35,8 +39,9 @@ class ClusterStateError(Exception):
     """Base class of every error this package raises."""
 
 
-class ConfigError(ClusterStateError, ValueError):
-    """The cluster configuration is invalid; the message names the offending item."""
+class GpuConfigError(ClusterStateError, ValueError):
+    """The GPU configuration (``cluster_state.config``) is invalid; the message names the
+    offending item."""
 
 
 class RequestError(ClusterStateError, ValueError):

@@ -6,7 +6,7 @@ Writes (``Command.op`` of a logged command; build them with the functions below)
 op                                                             result
 =============================================================  ===================================
 ``["submit", group]``                                          ``placed`` | ``preempting`` |
-                                                               ``waiting`` | ``error``
+``["submit", group, [node, ...]]``                             ``waiting`` | ``error``
 ``["bind", group, [[node, [device, ...]], ...], revision]``    ``placed`` | ``conflict`` |
                                                                ``error``
 ``["release", name]``                                          ``["released", name, [promoted]]``
@@ -24,7 +24,16 @@ op                                                             result
 
 where ``group`` is ``[name, vc, priority, [[pod_number, leaf_cell_number], ...], leaf_type,
 pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" for "any" /
-"none"). Results:
+"none"). ``[node, ...]`` are the nodes Kubernetes suggests for the group (its filter's or its
+preemption candidates, HiveD's ``suggestedNodes`` with ``ignoreK8sSuggestedNodes: false``):
+a new group is placed inside them only (the search tries the other chains and leaf types
+and the VC's other cells before it waits), a group already placed keeps its placement (as
+HiveD insists), and a preempting or reserved group whose placement is no longer inside them
+is cancelled and planned again inside them (HiveD's preempting phase; ``plan_submit``,
+HiveD's filtering phase, cancels nothing). Without the list, every node will do, and the op is
+what builds before suggested nodes wrote and read; those builds refuse the three-element form
+as malformed, so every replica must run a build that reads it before a scheduler sends it
+(as for ``claim``). Results:
 
 * ``["placed", name, chain, [[leaf_cell_number, node, [device, ...]], ...], token]`` — one
   entry per pod, members in the order given, ``pod_number`` pods each; ``token`` is the global
@@ -56,7 +65,7 @@ pinned_cell_id, lazy_preemption]`` (``leaf_type`` and ``pinned_cell_id`` are "" 
 * ``["reconfigured", sha256_hex, changed, report]`` — the store now runs the configuration in
   ``yaml_text`` (HiveD's format, validated again by every replica; an invalid one is an
   ``error`` and changes nothing); ``changed`` is false when it was already running it.
-  ``report`` says what happened to every group (``ClusterStore.reconfigure``).
+  ``report`` says what happened to every group (``Allocator.reconfigured`` has the rules).
 * A preemptor whose victims are all gone is *reserved* (its ``group`` query says so and a
   ``reserved`` event is emitted) until the scheduler confirms it with a second ``submit`` or a
   ``bind`` of exactly its reserved placement, which answer ``placed`` (HiveD's Preempting
@@ -75,7 +84,8 @@ physical and virtual placement and lazy-preemption status (HiveD's inspect API).
 ``["plan", yaml_text]`` answers ``["plan", revision, report]``: what ``reconfigure`` would do
 now (a dry run; nothing changes). ``["plan_submit", group]`` answers ``["plan_submit",
 revision, result]``: the wire form of what ``submit`` would answer now (a dry run on a copy:
-nothing changes, nothing is reserved — HiveD's filtering phase).
+nothing changes, nothing is reserved — HiveD's filtering phase); ``["plan_submit", group,
+[node, ...]]`` plans inside those nodes.
 
 The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; the
 ``encode_result``/``decode_result`` pair converts the typed results.
@@ -84,6 +94,7 @@ The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -95,6 +106,7 @@ __all__ = [
     "MAX_NAME",
     "MAX_PODS",
     "MAX_PRIORITY",
+    "MAX_SUGGESTED",
     "OPPORTUNISTIC",
     "Bind",
     "Claim",
@@ -159,6 +171,8 @@ MAX_PODS = 4096
 MAX_NAME = 256
 #: Upper bound of a claim's pod key, "namespace/name" (Kubernetes: 63 + 1 + 253 characters).
 MAX_POD_KEY = 2 * MAX_NAME
+#: Upper bound of a suggested node list (a request naming every node of a large cluster).
+MAX_SUGGESTED = 1 << 17
 #: The kinds of tree ``inspect`` draws.
 INSPECT_KINDS = ("physical", "vc", "group")
 
@@ -211,7 +225,10 @@ class PodPlacement:
 
 @dataclass(frozen=True, slots=True)
 class Submit:
+    """Place ``spec``; ``suggested``: inside these nodes only (None: any node)."""
+
     spec: GroupSpec
+    suggested: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +335,7 @@ class PlanSubmit:
     """What submitting ``spec`` would answer now (a dry run: HiveD's filtering phase)."""
 
     spec: GroupSpec
+    suggested: frozenset[str] | None = None
 
 
 Query = (
@@ -499,9 +517,18 @@ def submit(
     leaf_type: str = "",
     pinned: str = "",
     lazy: bool = False,
+    suggested: Iterable[str] | None = None,
 ) -> bytes:
-    """Submit affinity group ``name``: ``members`` are ``(pod_number, leaf_cell_number)``."""
-    return _pack(["submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)])
+    """Submit affinity group ``name``: ``members`` are ``(pod_number, leaf_cell_number)``;
+    ``suggested``: place it inside these nodes only (None: anywhere)."""
+    op = ["submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)]
+    return _pack(_with_suggested(op, suggested))
+
+
+def _with_suggested(op: list[Any], suggested: Iterable[str] | None) -> list[Any]:
+    """``op`` with its suggested nodes, sorted (the wire form of an op without them is what
+    builds before suggested nodes wrote)."""
+    return op if suggested is None else [*op, sorted(set(suggested))]
 
 
 def bind(
@@ -567,9 +594,11 @@ def plan_submit(
     leaf_type: str = "",
     pinned: str = "",
     lazy: bool = False,
+    suggested: Iterable[str] | None = None,
 ) -> bytes:
     """A dry run of ``submit``: what it would answer now (nothing changes, nothing reserved)."""
-    return _pack(["plan_submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)])
+    op = ["plan_submit", _spec(name, vc, priority, members, leaf_type, pinned, lazy)]
+    return _pack(_with_suggested(op, suggested))
 
 
 def inspect(kind: str, name: str = "") -> bytes:
@@ -701,6 +730,16 @@ def _decode_spec(raw: object) -> GroupSpec:
     )
 
 
+def _decode_suggested(raw: object) -> frozenset[str]:
+    # (one pass over thousands of names, no call per name: a preempt of a large cluster's
+    # pod names every node)
+    if (not isinstance(raw, list) or len(raw) > MAX_SUGGESTED
+            or not all(type(node) is str and 0 < len(node) <= MAX_NAME for node in raw)):
+        raise RequestError(f"suggested nodes must be a list of at most {MAX_SUGGESTED} "
+                           f"node names (non-empty strings of at most {MAX_NAME})")
+    return frozenset(raw)
+
+
 def _decode_claim(op: list[Any]) -> Claim:
     _, group, incarnation, slot, uid, pod, previous = op
     if not _is_int(incarnation) or incarnation < 0:
@@ -717,8 +756,8 @@ def decode_op(data: bytes) -> Op:
     """The typed write operation in ``data``; ``RequestError`` if it is not one."""
     op = _unpack(data)
     name = op[0]
-    if name == "submit" and len(op) == 2:
-        return Submit(_decode_spec(op[1]))
+    if name == "submit" and len(op) in (2, 3):
+        return Submit(_decode_spec(op[1]), _decode_suggested(op[2]) if len(op) == 3 else None)
     if name == "bind" and len(op) == 4:
         spec = _decode_spec(op[1])
         if not isinstance(op[2], list) or not _is_int(op[3]):
@@ -769,6 +808,7 @@ def decode_query(data: bytes) -> Query:
         return Inspect(op[1], _text(op[2], "name", empty=True))
     if name == "plan" and len(op) == 2 and isinstance(op[1], str):
         return PlanReconfigure(op[1])
-    if name == "plan_submit" and len(op) == 2:
-        return PlanSubmit(_decode_spec(op[1]))
+    if name == "plan_submit" and len(op) in (2, 3):
+        suggested = _decode_suggested(op[2]) if len(op) == 3 else None
+        return PlanSubmit(_decode_spec(op[1]), suggested)
     raise RequestError(f"unknown or malformed query {name!r}")

@@ -11,27 +11,59 @@ as few groups as possible are preempted.
 * ``pick``: inside a node, descend into the child with the fewest available leaves that holds
   the whole pod; when no child does, this cell is the pod's lowest common ancestor and the
   pod takes the fullest children first (touching as few as possible). Ties go to lower ids.
+
+A request may be confined to some nodes (Kubernetes' suggested nodes, ``NodeFilter``): the
+picker then packs on those nodes only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from cluster_state.cells import Topology
 from cluster_state.index import FREE, CellState
 
-__all__ = ["Picker"]
+__all__ = ["NodeFilter", "Picker"]
+
+
+class NodeFilter:
+    """The nodes a request may use, by name (HiveD's suggested nodes; names the
+    configuration does not know are ignored), and the cells that hold one of them. Nothing
+    is computed ahead (a preempt of a large cluster's pod names thousands of nodes, and a
+    plan looks at a few cells): a cell above the node level is looked at once."""
+
+    __slots__ = ("_above", "_topo", "names")
+
+    def __init__(self, topo: Topology, names: Set[str]) -> None:
+        self.names = names
+        self._topo = topo
+        self._above: dict[int, bool] = {}  # cells above the node level, once looked at
+
+    def holds(self, c: int) -> bool:
+        """Whether cell ``c`` is or lies in an allowed node, or holds one."""
+        topo = self._topo
+        if topo.node_cell[c] >= 0:
+            return topo.node_name[c] in self.names
+        known = self._above.get(c)
+        if known is None:
+            node_level = topo.chains[topo.chain_of[c]].node_level
+            names, node_name = self.names, topo.node_name
+            known = any(node_name[n] in names for n in topo.desc[c][node_level - 1])
+            self._above[c] = known
+        return known
 
 
 class Picker:
     """One planning attempt: remembers the leaves it already chose for earlier pods."""
 
-    __slots__ = ("cells", "taken", "taken_free", "threshold", "topo")
+    __slots__ = ("cells", "only", "taken", "taken_free", "threshold", "topo")
 
-    def __init__(self, topo: Topology, cells: CellState, threshold: int | None) -> None:
+    def __init__(self, topo: Topology, cells: CellState, threshold: int | None,
+                 only: NodeFilter | None = None) -> None:
         self.topo = topo
         self.cells = cells
         self.threshold = threshold
+        self.only = only  # the nodes it may pack on (None: any)
         self.taken: dict[int, int] = {}  # cell -> leaves chosen under it so far
         self.taken_free: dict[int, int] = {}  # ... of which were free
 
@@ -49,7 +81,8 @@ class Picker:
 
     def nodes(self, roots: Sequence[int], node_level: int) -> list[int]:
         """The placement units under ``roots``: node-level cells, or a root itself when it
-        lies at or below the node level (a sub-node VC cell is its own unit, as in HiveD)."""
+        lies at or below the node level (a sub-node VC cell is its own unit, as in HiveD);
+        those on allowed nodes only."""
         level, desc = self.topo.level, self.topo.desc
         out: list[int] = []
         for r in roots:
@@ -57,6 +90,8 @@ class Picker:
                 out.append(r)
             else:
                 out.extend(desc[r][node_level - 1])
+        if self.only is not None:
+            out = list(filter(self.only.holds, out))
         return out
 
     def best_node(self, nodes: Sequence[int], need: int) -> int:

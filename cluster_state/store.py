@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import msgpack
@@ -48,7 +49,7 @@ import msgpack
 from cluster_state.allocator import Allocator
 from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
-from cluster_state.errors import ConfigError, EventsCompacted, RequestError, SnapshotError
+from cluster_state.errors import EventsCompacted, GpuConfigError, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 from cluster_state.ops import (
@@ -160,7 +161,7 @@ class ClusterStore:
     # ------------------------------------------------------------------ writes
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.lookup(command.client_id, command.seq)
+        previous = self.sessions.settled(command)  # a retry's first result, or a cancel's
         if previous is not None:
             return previous
         remember = True
@@ -180,8 +181,8 @@ class ClusterStore:
     def _execute(self, op: Op, position: int) -> Result:
         allocator = self.allocator
         match op:
-            case Submit(spec):
-                return allocator.submit(spec, position)
+            case Submit(spec, suggested):
+                return allocator.submit(spec, position, suggested)
             case Bind(spec, pods, revision):
                 return allocator.bind(spec, pods, revision, position)
             case Release(name):
@@ -212,7 +213,7 @@ class ClusterStore:
     def _parse(text: str) -> Topology:
         try:
             return topology_of(parse_config(text))
-        except ConfigError as exc:
+        except GpuConfigError as exc:
             raise RequestError(f"invalid configuration: {exc}") from None
 
     def _reconfigure(self, text: str, position: int) -> Result:
@@ -240,12 +241,14 @@ class ClusterStore:
         _, report = copy.reconfigured(topo, self.revision + 1)
         return {"changed": True, **report}
 
-    def plan_submit(self, spec: GroupSpec) -> list[Any]:
-        """The wire form of what ``submit(spec)`` would answer now, run on a copy (nothing
-        changes, nothing is reserved: HiveD's filtering phase)."""
+    def plan_submit(self, spec: GroupSpec, suggested: AbstractSet[str] | None = None) -> list[Any]:
+        """The wire form of what ``submit(spec, suggested)`` would answer now, run on a copy
+        (nothing changes, nothing is reserved: HiveD's filtering phase, which cancels no
+        preemption either)."""
         copy = Allocator(self.topology)
         copy.import_state(self.allocator.export_state())
-        result: list[Any] = msgpack.unpackb(encode_result(copy.submit(spec, self.revision + 1)))
+        planned = copy.submit(spec, self.revision + 1, suggested, filtering=True)
+        result: list[Any] = msgpack.unpackb(encode_result(planned))
         return result
 
     # ------------------------------------------------------------------ reads
@@ -283,8 +286,8 @@ class ClusterStore:
                     kind, info = "inspect", allocator.inspect_group(name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
-                case PlanSubmit(spec):
-                    kind, info = "plan_submit", self.plan_submit(spec)
+                case PlanSubmit(spec, suggested):
+                    kind, info = "plan_submit", self.plan_submit(spec, suggested)
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
@@ -368,7 +371,7 @@ class ClusterStore:
                 if fmt == SNAPSHOT_FORMAT:
                     config = msgpack.unpackb(config)
                 topology = topology_of(parse_config(config))
-            except ConfigError as exc:
+            except GpuConfigError as exc:
                 raise SnapshotError(f"the snapshot's configuration is invalid: {exc}") from None
             if topology.digest != digest:
                 raise SnapshotError("the snapshot's configuration does not match its digest")

@@ -44,7 +44,12 @@ import msgpack
 
 from consensus.errors import DecodeError, DefiniteFailure
 from consensus.messages import Command
-from consensus.statemachine import SessionTable, StateMachine
+from consensus.statemachine import (
+    CANCEL_OP,
+    SessionTable,
+    StateMachine,
+    denied_result,
+)
 
 __all__ = [
     "ADMIN",
@@ -270,12 +275,20 @@ class AuthorizingMachine:
             return self.inner.apply(position, command)
         sessions = self._sessions
         if sessions is not None and sessions.lookup(command.client_id, command.seq) is not None:
-            denied = None  # executed before (it was allowed then): its first result
+            # executed before (it was allowed then): its first result, not judged again; or
+            # refused before: the remembered refusal, which the node answers as one
+            # (``consensus.statemachine.SESSION_MARK``)
             inner_op = command.op[len(ENVELOPE_MAGIC):]  # not read by a session hit
         else:
             inner_op, denied = self._check(command.op, read=False)
-        if denied is not None:
-            return denied
+            if denied is not None and inner_op != CANCEL_OP:  # anyone may settle a request
+                if sessions is not None:
+                    # Remembered as the request's outcome: a later copy of it (a client retry
+                    # proposed elsewhere) is refused too, never applied under a rule that
+                    # changed meanwhile: the caller was told it failed for good.
+                    sessions.record(command.client_id, command.seq,
+                                    denied_result(denied.reason))
+                return denied
         return self.inner.apply(position, Command(
             client_id=command.client_id, seq=command.seq, op=inner_op, keys=command.keys,
             blind=command.blind,

@@ -58,6 +58,12 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: the new members take over at the change's own slot, no SEAL (what the
         # old epoch's quorum ordered after it, and may have acknowledged, is dropped)
         "epoch_at_change",
+        # a command whose instance was recovered without it fails *definitely*, though a
+        # client retry may carry it elsewhere (what the cores did before issue 39) ...
+        "definite_recovered",
+        # ... and a client takes a definite failure for the request's end even after an
+        # earlier attempt whose outcome it never learned (``consensus.attempts``)
+        "trust_definite",
     }
 )
 

@@ -8,14 +8,23 @@
     │   ├── ForeignDataDir     the data directory belongs to another cluster or replica
     │   └── MissingIdentity    an empty (wiped?) data directory of an existing cluster
     ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
+    ├── WALCorruption          durable log data is damaged: the replica stops rather than
+    │                          lose what it acknowledged (``consensus.storage.wal``)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
     └── RequestFailed          a client request did not complete
         ├── DefiniteFailure    it did not and never will take effect
-        │   └── TlsRefused     a TLS handshake failed for a reason a retry does not change
+        │   ├── PermissionDenied  the request's principal may not do this; nothing changed
+        │   │                     (``consensus.auth``)
+        │   ├── TlsRefused     a TLS handshake failed for a reason a retry does not change
+        │   └── Unreachable    no replica could be reached: the request never left
+        │                      (retry later; exit code 3, like an indefinite failure)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
+
+``WALCorruption`` and ``PermissionDenied`` live beside what raises them. The GPU allocation
+store has its own hierarchy (``cluster_state.errors``); no name means two things.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ __all__ = [
     "RequestFailed",
     "SDPaxosError",
     "TlsRefused",
+    "Unreachable",
     "UnsupportedVersion",
 ]
 
@@ -146,7 +156,14 @@ class TlsRefused(DefiniteFailure):
     """A connection to a replica failed at TLS for a reason retrying does not change: the
     replica requires TLS and this client spoke plaintext (or the other way round), its
     certificate is not of the CA this client trusts, or it does not take this client's
-    certificate. The message says which (``consensus.runtime.tls.diagnose``)."""
+    certificate. The message says which (``consensus.runtime.tls_diagnosis``); the command
+    line exits 1 for it (a refusal, not 3)."""
+
+
+class Unreachable(DefiniteFailure):
+    """No replica could be reached (every connection was refused or could not be made): the
+    request never left the client, so it did not and cannot take effect. Retrying later is
+    the remedy, as for an indefinite failure (the command line exits 3 for both)."""
 
 
 class IndefiniteFailure(RequestFailed):

@@ -5,24 +5,40 @@ the same snapshot bytes on every replica. ``SessionTable`` gives any state machi
 exactly-once effects for retried requests: a command identified by ``(client_id, seq)`` is
 applied the first time it appears in the global log; a later copy (a client retry that was
 proposed again, possibly at another replica) returns the first result without applying.
+
+Settling a request: a client that lost track of one of its requests (timeouts, a lost
+connection, a replica that restarted) may have copies of it in several replicas' instances,
+any of which may still be chosen and executed. It sends ``CANCEL_OP`` under the same
+``(client_id, seq)``: the cancel is a copy like any other, so whichever of the copies comes
+first in the log decides. If the request executed before, the cancel answers its first
+result; if not, the session records ``CANCELLED`` as the request's result, so every later
+copy is answered ``CANCELLED`` and never applied: the request never took effect and never
+will (``consensus.attempts`` has the client's side of it). A request refused by the
+authorization check as it applied is remembered the same way (``denied_result``), so a later
+copy is refused too rather than applied under a rule that changed meanwhile.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgpack
 
 from consensus.messages import MAX_KEY_BYTES, Command
 
 __all__ = [
+    "CANCELLED",
+    "CANCEL_OP",
+    "SESSION_MARK",
     "BatchApplier",
     "KVStore",
     "SessionTable",
     "StateMachine",
     "batch_applier",
+    "denied_reason",
+    "denied_result",
     "kv_cas",
     "kv_delete",
     "kv_get",
@@ -83,6 +99,28 @@ SESSION_WINDOW = 256
 #: (the client has moved past it), but its result is gone.
 EXPIRED: bytes = msgpack.packb(["expired"])
 
+#: The op of a cancel (see the module documentation); ``0xc1`` is never the first byte of
+#: msgpack, so no state machine's op looks like it.
+CANCEL_OP: Final = b"\xc1sdpaxos-cancel"
+#: The first bytes of every result the session table itself gives a request that never
+#: executed (never a state machine's: ``0xc1`` is never the first byte of msgpack).
+SESSION_MARK: Final = b"\xc1sdpaxos-session:"
+#: The result of a request cancelled before it executed: it never took effect, and never will.
+CANCELLED: Final = SESSION_MARK + b"cancelled"
+_DENIED: Final = SESSION_MARK + b"denied:"
+
+
+def denied_result(reason: str) -> bytes:
+    """What a session remembers of a request the authorization check refused as it applied."""
+    return _DENIED + reason.encode()
+
+
+def denied_reason(result: bytes) -> str | None:
+    """The reason of a remembered refusal (``denied_result``), or None."""
+    if result.startswith(_DENIED):
+        return result[len(_DENIED):].decode(errors="replace")
+    return None
+
 
 class _Session:
     __slots__ = ("floor", "order", "results")
@@ -128,6 +166,18 @@ class SessionTable:
             return EXPIRED
         return hit
 
+    def settled(self, command: Command) -> bytes | None:
+        """What ``command`` is answered without running: the first result of its request if
+        that executed (``lookup``); for a cancel (``CANCEL_OP``) of a request that did not,
+        ``CANCELLED``, now recorded as the request's result; None if it must run (then
+        ``record`` its result)."""
+        client_id, seq = command.client_id, command.seq
+        previous = self.lookup(client_id, seq)
+        if previous is None and command.op == CANCEL_OP:
+            self.record(client_id, seq, CANCELLED)
+            return CANCELLED
+        return previous
+
     def record(self, client_id: int, seq: int, result: bytes) -> None:
         session = self._sessions.get(client_id)
         if session is None:
@@ -138,8 +188,8 @@ class SessionTable:
         self, commands: Sequence[Command], execute: Callable[[bytes], bytes]
     ) -> list[bytes]:
         """For each command in turn, its first result if it already ran (``lookup``), else
-        ``execute(op)``, recorded: what ``lookup``/``record`` around each command give, with
-        the session looked up once per command."""
+        ``execute(op)`` (``CANCELLED`` for a cancel), recorded: what ``settled``/``record``
+        around each command give, with the session looked up once per command."""
         sessions = self._sessions
         results: list[bytes] = []
         append = results.append
@@ -152,7 +202,7 @@ class SessionTable:
                 if seq <= session.floor:
                     result = EXPIRED
                 else:
-                    result = execute(op)
+                    result = CANCELLED if op == CANCEL_OP else execute(op)
                     _remember(session, seq, result)
             append(result)
         return results
@@ -245,7 +295,7 @@ class KVStore:
 
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.lookup(command.client_id, command.seq)
+        previous = self.sessions.settled(command)
         if previous is not None:
             return previous
         result = self._execute(command.op)

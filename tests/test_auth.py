@@ -22,7 +22,7 @@ from consensus.auth import (
 )
 from consensus.errors import DecodeError
 from consensus.messages import Command
-from consensus.statemachine import KVStore, kv_get, kv_put
+from consensus.statemachine import CANCEL_OP, CANCELLED, KVStore, denied_reason, kv_get, kv_put
 
 SCHED = Principal("s", SCHEDULER, ("vc1", "vc2"))
 
@@ -43,11 +43,12 @@ def test_a_principal_is_validated() -> None:
 
 
 def test_forged_and_mangled_envelopes_are_refused_and_change_nothing() -> None:
-    machine = AuthorizingMachine(KVStore())
+    kv = KVStore()
+    machine = AuthorizingMachine(kv)
     root = Principal("root", ADMIN)
     assert not isinstance(machine.run(0, Command(client_id=1, seq=0,
                                                  op=seal(root, kv_put("k", "v")))), Denied)
-    before = machine.snapshot()
+    before = dict(kv.data)
     # a client that sent an envelope of its own: the replica wraps it in the real one
     forged = seal(Principal("ro", READER), seal(root, kv_put("k", "forged")))
     outcome = machine.run(1, Command(client_id=2, seq=0, op=forged))
@@ -65,7 +66,9 @@ def test_forged_and_mangled_envelopes_are_refused_and_change_nothing() -> None:
             open_envelope(bytes(data))
         outcome = machine.run(2 + i, Command(client_id=3, seq=i, op=bytes(data)))
         assert isinstance(outcome, Denied)  # a scheduler has no rights in a key-value store
-    assert machine.snapshot() == before
+    # nothing changed but the refused requests' sessions, which remember the refusals
+    assert kv.data == before
+    assert {client for client, _, _ in kv.sessions.to_state()} == {1, 2, 3}
 
 
 def test_roles_of_a_machine_without_rules_of_its_own() -> None:
@@ -75,3 +78,26 @@ def test_roles_of_a_machine_without_rules_of_its_own() -> None:
                                              op=seal(reader, kv_put("k", "v")))), Denied)
     assert not isinstance(machine.ask(seal(reader, kv_get("k"))), Denied)
     assert isinstance(machine.ask(seal(SCHED, kv_get("k"))), Denied)
+
+
+def test_a_refusal_is_remembered_so_a_later_copy_is_refused_too() -> None:
+    # issue 39: the caller of a refused request was told it failed for good; a copy of it
+    # ordered later (a retry elsewhere) must not apply, whatever the rules say by then
+    kv = KVStore()
+    machine = AuthorizingMachine(kv)
+    reader = Principal("ro", READER)
+    refused = machine.run(0, Command(client_id=1, seq=0, op=seal(reader, kv_put("k", "v"))))
+    assert isinstance(refused, Denied)
+    admin = Principal("root", ADMIN)
+    again = machine.run(1, Command(client_id=1, seq=0, op=seal(admin, kv_put("k", "v"))))
+    assert denied_reason(again) == refused.reason  # type: ignore[arg-type]
+    assert kv.data == {}
+
+
+def test_anyone_may_settle_a_request() -> None:
+    kv = KVStore()
+    machine = AuthorizingMachine(kv)
+    reader = Principal("ro", READER)
+    assert machine.run(0, Command(client_id=1, seq=0, op=seal(reader, CANCEL_OP))) == CANCELLED
+    late = machine.run(1, Command(client_id=1, seq=0, op=seal(SCHED, kv_put("k", "v"))))
+    assert late == CANCELLED and kv.data == {}

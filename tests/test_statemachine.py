@@ -4,7 +4,10 @@ from protocol.util import cmd
 
 from consensus.messages import Command
 from consensus.statemachine import (
+    CANCEL_OP,
+    CANCELLED,
     EXPIRED,
+    SESSION_MARK,
     SESSION_WINDOW,
     KVStore,
     kv_cas,
@@ -12,6 +15,8 @@ from consensus.statemachine import (
     kv_get,
     kv_put,
 )
+
+_OK = msgpack.packb(["ok"])
 
 
 def result(store: KVStore, position: int, command: Command) -> list[object]:
@@ -88,3 +93,50 @@ def test_query_reads_without_changing_state() -> None:
     assert msgpack.unpackb(kv.query(kv_get("missing"))) == ["value", None]
     assert msgpack.unpackb(kv.query(kv_put("k", "x")))[0] == "error"
     assert kv.snapshot() == before
+
+
+# ---------------------------------------------------------------------------- settling (#39)
+
+
+def test_a_cancel_before_any_copy_ran_settles_it_as_never_applied() -> None:
+    kv = KVStore()
+    assert kv.apply(0, cmd(9, 4, op=CANCEL_OP)) == CANCELLED
+    # a copy of the request ordered after the cancel (a retry proposed elsewhere, or the
+    # first attempt's instance chosen late) is answered CANCELLED and changes nothing
+    assert kv.apply(1, cmd(9, 4, op=kv_put("k", "v"))) == CANCELLED
+    assert kv.apply_batch(2, [cmd(9, 4, op=kv_put("k", "v"))]) == [CANCELLED]
+    assert kv.data == {}
+
+
+def test_a_cancel_after_a_copy_ran_answers_its_first_result() -> None:
+    kv = KVStore()
+    first = kv.apply(0, cmd(9, 4, op=kv_cas("k", None, "v")))
+    assert kv.apply(1, cmd(9, 4, op=CANCEL_OP)) == first
+    assert kv.apply_batch(2, [cmd(9, 4, op=CANCEL_OP)]) == [first]
+    assert kv.data == {"k": "v"}
+
+
+def test_the_batch_path_settles_like_apply_one_by_one() -> None:
+    commands = [cmd(9, 0, op=CANCEL_OP), cmd(9, 0, op=kv_put("a", "1")),
+                cmd(9, 1, op=kv_put("b", "2")), cmd(9, 1, op=CANCEL_OP)]
+    one, batch = KVStore(), KVStore()
+    singles = [one.apply(i, c) for i, c in enumerate(commands)]
+    assert batch.apply_batch(0, commands) == singles == [CANCELLED, CANCELLED, _OK, _OK]
+    assert one.snapshot() == batch.snapshot()
+    assert batch.data == {"b": "2"}
+
+
+def test_a_cancelled_request_stays_cancelled_across_a_snapshot() -> None:
+    kv = KVStore()
+    kv.apply(0, cmd(9, 4, op=CANCEL_OP))
+    restored = KVStore()
+    restored.restore(kv.snapshot())
+    assert restored.apply(1, cmd(9, 4, op=kv_put("k", "v"))) == CANCELLED
+    assert restored.data == {}
+
+
+def test_the_session_marks_are_not_msgpack_so_no_state_machine_result_looks_like_one() -> None:
+    with pytest.raises(ValueError):  # 0xc1 is never the first byte of msgpack
+        msgpack.unpackb(CANCELLED)
+    assert CANCELLED.startswith(SESSION_MARK)
+    assert not CANCEL_OP.startswith(SESSION_MARK)

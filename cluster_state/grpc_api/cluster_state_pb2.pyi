@@ -51,12 +51,20 @@ class Session(_message.Message):
     def __init__(self, client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("group", "session")
+    __slots__ = ("group", "session", "suggested")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    SUGGESTED_FIELD_NUMBER: _ClassVar[int]
     group: GroupSpec
     session: Session
-    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+    suggested: SuggestedNodes
+    def __init__(self, group: _Optional[_Union[GroupSpec, _Mapping]] = ..., session: _Optional[_Union[Session, _Mapping]] = ..., suggested: _Optional[_Union[SuggestedNodes, _Mapping]] = ...) -> None: ...
+
+class SuggestedNodes(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("placed", "preempting", "waiting")

@@ -44,7 +44,7 @@ from cluster_state import ops
 from cluster_state.cells import Topology
 from cluster_state.client import AllocationStore, InvalidRequest
 from cluster_state.config import parse_config
-from cluster_state.errors import ConfigError, EventsCompacted, NotFound
+from cluster_state.errors import EventsCompacted, GpuConfigError, NotFound
 from cluster_state.grpc_api import cluster_state_pb2 as pb
 from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
 from cluster_state.grpc_api import convert
@@ -138,8 +138,9 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
     # ------------------------------------------------------------------ updates
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitReply:
         spec = spec_from_pb(request.group)
+        suggested = list(request.suggested.nodes) if request.HasField("suggested") else None
         async with self._session(request.session, context) as (store, seq):
-            result = await self._call(context, store.submit(spec, seq=seq))
+            result = await self._call(context, store.submit(spec, seq=seq, suggested=suggested))
         if isinstance(result, ops.Placed):
             return pb.SubmitReply(placed=placed_to_pb(result))
         if isinstance(result, ops.Preempting):
@@ -178,7 +179,7 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         # Validated before anything is proposed: an invalid file never reaches the log.
         try:
             topology = Topology(parse_config(request.config_yaml))
-        except ConfigError as exc:
+        except GpuConfigError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("context.abort returned") from None  # it raises
         if request.dry_run:

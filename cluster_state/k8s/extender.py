@@ -14,16 +14,21 @@ old (no JSON tags) and new (``k8s.io/kube-scheduler/extender/v1`` tags) both wor
   that placement at the revision the plan read (it fails, and is planned again, if any of its
   GPUs changed meanwhile — another extender got there first); a plan that needs victims fails
   every node naming them, so kube-scheduler calls preempt; otherwise every node fails with
-  the store's reason. With ``ignoreK8sSuggestedNodes: false`` a placement on a node
-  Kubernetes did not suggest is not taken (the pod waits).
+  the store's reason. With ``ignoreK8sSuggestedNodes: false`` the plan is made inside the
+  nodes Kubernetes suggests (the store's search runs in them; HiveD's suggested nodes).
 * ``POST /v1/extender/preempt`` — the *preempting phase*: ``submit`` creates the reservation
   (the store's Preempting group: higher priorities only may take its cells) and the answer
-  names the victims by pod UID (the live pods of the victim groups, on one node, as
-  Kubernetes preempts one node at a time: the first in name order). A group already placed,
-  or one with no victims, answers no victims (the next filter binds it).
+  names the victims by pod UID: the live pods of the victim groups on every node they run on
+  (kube-scheduler picks the node it preempts on). With ``ignoreK8sSuggestedNodes: false`` the
+  candidate nodes (``nodeNameToMetaVictims``, ``nodeNameToVictims`` or newer schedulers'
+  ``nodeToVictims``) are the suggested ones: the reservation is made inside them, and one
+  made before whose nodes are no longer all among them is cancelled and made again (HiveD's
+  preempting phase). A group already placed, or one with no victims, answers no victims
+  (the next filter binds it).
 * ``POST /v1/extender/bind`` — the pod's Binding through the Kubernetes API, carrying HiveD's
   ``pod-bind-info`` and ``pod-leaf-cell-isolation`` annotations and the allocation's fencing
-  token (``cluster_state.k8s.hived``).
+  token (``cluster_state.k8s.hived``). Every field of ``ExtenderBindingArgs`` (the pod's
+  namespace, name and UID, the node) is required, as HiveD's.
 * ``GET /v1/inspect/affinitygroups/[NAME]``, ``GET /v1/inspect/clusterstatus[/physicalcluster
   | /virtualclusters[/NAME]]`` — the store's groups and cell trees (linearizable reads).
 * ``GET /healthz`` — here, the extender runs; ``sdpaxos extender`` answers it (and ``/readyz``)
@@ -60,8 +65,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 from cluster_state.client import AllocationStore
@@ -173,7 +178,8 @@ class Extender:
         node_objects = field(field(args, "nodes"), "items")
         suggested = [str(n) for n in field(args, "nodeNames") or []] or [
             _name(n) for n in node_objects or []]
-        outcome = await self._placement_for_filter(request, suggested)
+        outcome = await self._placement_for_filter(
+            request, None if request.ignore_suggested else suggested)
         if isinstance(outcome, str):
             return {"nodenames": [], "failedNodes": dict.fromkeys(suggested, outcome),
                     "error": ""}
@@ -192,8 +198,9 @@ class Extender:
         return result
 
     async def _placement_for_filter(self, request: PodRequest,
-                                    suggested: list[str]) -> Placed | str:
-        """The group's placement, taking it if a plan needs no victims; else why not."""
+                                    suggested: list[str] | None) -> Placed | str:
+        """The group's placement, taking it if a plan (inside ``suggested``, if given) needs
+        no victims; else why not."""
         spec, store = request.spec, self.store
         for _ in range(FILTER_ATTEMPTS):
             info = await store.status(spec.name)
@@ -208,14 +215,11 @@ class Extender:
                 if isinstance(confirmed, Placed):
                     return confirmed
                 continue
-            revision, plan = await store.plan_submit(spec)
+            revision, plan = await store.plan_submit(spec, suggested=suggested)
             if isinstance(plan, Waiting):
                 return f"{EXTENDER}: {plan.reason}"
             if isinstance(plan, Preempting):
                 return f"{EXTENDER}: preemption needed: victims " + ", ".join(plan.victims)
-            outside = self._outside(request, plan, suggested)
-            if outside:
-                return f"{EXTENDER}: the placement needs nodes Kubernetes filtered out: {outside}"
             pods = tuple(PodPlacement(node, devices) for _, node, devices in plan.pods)
             try:
                 taken = await store.bind(spec, pods, revision)
@@ -227,13 +231,6 @@ class Extender:
             assert isinstance(taken, Conflict)
             log.info("filter %s: %s; planning again", spec.name, taken.reason)
         return f"{EXTENDER}: the cells kept changing under the plan; retry"
-
-    @staticmethod
-    def _outside(request: PodRequest, plan: Placed, suggested: Iterable[str]) -> str:
-        if request.ignore_suggested:
-            return ""
-        allowed = set(suggested)
-        return ", ".join(sorted({node for _, node, _ in plan.pods if node not in allowed}))
 
     # ------------------------------------------------------------------ pods of a gang
     async def _gang_pods(self, request: PodRequest) -> list[tuple[dict[str, Any], PodRequest]]:
@@ -325,19 +322,16 @@ class Extender:
         if not isinstance(pod, dict):
             raise SpecError("ExtenderPreemptionArgs has no pod")
         request = pod_request(pod)
-        candidates = sorted(set(field(args, "nodeNameToMetaVictims") or {})
-                            | set(field(args, "nodeNameToVictims") or {}))
+        # the candidate nodes: by UID (a node cache), with the pods (none), or newer names
+        candidates: set[str] = set()
+        for key in ("nodeNameToMetaVictims", "nodeNameToVictims", "nodeToVictims"):
+            candidates.update(str(node) for node in field(args, key) or {})
         none: dict[str, Any] = {"nodeNameToMetaVictims": {}}
         info = await self.store.status(request.spec.name)
         if info is not None and info["state"] == "placed":
             return none  # the next filter binds it
-        if info is None and not request.ignore_suggested:
-            _, plan = await self.store.plan_submit(request.spec)
-            if isinstance(plan, Preempting | Placed) and candidates and self._outside(
-                    request, plan if isinstance(plan, Placed) else Placed("", "", (), 0),
-                    candidates):
-                return none
-        result = await self.store.submit(request.spec)
+        suggested = None if request.ignore_suggested else candidates
+        result = await self.store.submit(request.spec, suggested=suggested)
         if not isinstance(result, Preempting):
             return none
         victims = set(result.victims)
@@ -347,25 +341,26 @@ class Extender:
             node = (victim.get("spec") or {}).get("nodeName")
             if member is not None and node and _live(victim) and member.spec.name in victims:
                 by_node.setdefault(str(node), []).append(member.uid)
-        if not by_node:
-            return none
-        # Kubernetes preempts on one node at a time; the others follow on later calls
-        node = min(by_node)
-        return {"nodeNameToMetaVictims": {node: {
-            "pods": [{"uid": uid} for uid in sorted(by_node[node])], "numPDBViolations": 0}}}
+        # every node with victims: kube-scheduler chooses the one it preempts on, and the
+        # others follow on later calls (HiveD's algorithm names a random one)
+        return {"nodeNameToMetaVictims": {
+            node: {"pods": [{"uid": uid} for uid in sorted(uids)], "numPDBViolations": 0}
+            for node, uids in sorted(by_node.items())}}
 
     # ------------------------------------------------------------------ bind
     async def bind(self, args: Any) -> dict[str, Any]:
         """``ExtenderBindingArgs`` in, ``ExtenderBindingResult`` out."""
-        namespace = str(field(args, "podNamespace") or "default")
+        namespace = str(field(args, "podNamespace") or "")
         name = str(field(args, "podName") or "")
         uid = str(field(args, "podUID") or "")
         node = str(field(args, "node") or "")
-        if not name or not node:
-            raise SpecError("ExtenderBindingArgs needs podName and node")
+        if not (namespace and name and uid and node):  # HiveD's check and message
+            given = {"PodName": name, "PodNamespace": namespace, "PodUID": uid, "Node": node}
+            raise SpecError(
+                f"ExtenderBindingArgs: All fields should not be empty: {json.dumps(given)}")
         pod = await self.kube.get_pod(namespace, name)
         request = pod_request(pod)
-        if uid and request.uid and uid != request.uid:
+        if uid != request.uid:
             return {"error": f"pod {namespace}/{name} is now uid {request.uid}, not {uid}"}
         claimed = await self._claim(request)  # the filter's claim, or a new one
         if isinstance(claimed, str):

@@ -68,11 +68,11 @@ make a handler do:
   election timeout apart: a replica would have to miss years of them to be that far behind.
 
 What admission does not bound: the work a message inside the windows legitimately causes.
-The sharpest case known is ``sdpaxos.view_change.fill_for`` (N=5 view change), quadratic in the
-holes it fills: a vote with ``c_high[m]`` k above the candidate's count costs it about
-0.07 s at k = 1,024, 1.3 s at 4,096 and 4.4 s at 8,192. Narrowing ``VOTE_WINDOW`` would drop
-correct votes after a long sequencer outage and stall the view change for good; the fix
-belongs in the core (fill the holes in one pass).
+The sharpest case known is ``sdpaxos.view_change.fill_for`` (N=5 view change): a vote with
+``c_high[m]`` k above the candidate's count has it fill k holes. It fills them in one pass,
+linear in k (``test_hole_filling_is_linear``: 200,000 of them; under a millisecond at
+k = 8,192); it was quadratic, 1.3 s at k = 4,096. Narrowing ``VOTE_WINDOW`` instead would
+drop correct votes after a long sequencer outage and stall the view change for good.
 
 Cost: every peer message passes here. ``Entry.passes`` is generated per class from the table
 (like the codec's decoders) and tests the rules inline without building a sentence; only a

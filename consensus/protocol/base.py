@@ -1,9 +1,11 @@
-"""The interface every sans-I/O protocol core implements (SDPaxos, Multi-Paxos, Mencius).
+"""The interface every sans-I/O protocol core implements (SDPaxos, Multi-Paxos, Mencius,
+EPaxos, and the membership layer around SDPaxos).
 
 A driver (the simulator or the asyncio runtime) owns one core per replica and calls, in any
 interleaving, ``propose`` / ``step`` / ``tick``; after each burst of inputs (one "loop turn") it
 drains ``ready()``, carries the batch out in the documented order (see ``ready.py``) and calls
 ``advance``. ``now`` is a monotonic integer clock in microseconds, supplied by the driver.
+What a driver reports about a core (readiness, status, metrics) it takes from ``status()``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from consensus.messages import Batch, Command, PeerMessage, Record
 from consensus.protocol.ready import Ready
 
 if TYPE_CHECKING:
+    from consensus.protocol.status import CoreStatus
     from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["CoreFactory", "DrivenCore", "ProtocolCore"]
@@ -51,6 +54,10 @@ class ProtocolCore(Protocol):
 
     def executed_through(self) -> int:
         """The highest global slot applied (handed out in ``Ready.apply``), or -1."""
+        ...
+
+    def status(self) -> CoreStatus:
+        """Where this replica stands, as of its last input (role, view, positions, leases)."""
         ...
 
 

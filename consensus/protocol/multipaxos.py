@@ -48,6 +48,7 @@ Replica ``config.leader`` (0 unless configured) starts as the leader, pre-prepar
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from typing import Final
@@ -74,7 +75,8 @@ from consensus.messages import (
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of, next_ballot
 from consensus.protocol.batch import CATCHUP_BYTES, CommandBatch, batch_size
 from consensus.protocol.slotlog import Batch, Key, Slot, SlotLogCore, key_of
-from consensus.protocol.types import NEVER, SnapshotMeta
+from consensus.protocol.status import CoreStatus
+from consensus.protocol.types import NEVER, Role, SnapshotMeta
 
 __all__ = ["PROMISE_ENTRIES", "MultiPaxosReplica"]
 
@@ -184,6 +186,17 @@ class MultiPaxosReplica(SlotLogCore):
 
     def _lease_valid(self) -> bool:
         return self.is_leader and self.now < self._lease_until
+
+    def status(self) -> CoreStatus:
+        """Leader, candidate (following nobody) or follower of ``leader``, and the leases."""
+        role = Role.LEADER if self.is_leader else (
+            Role.CANDIDATE if self._candidacy is not None else Role.FOLLOWER)
+        bound = not self.is_leader and self.now < self._granted_until
+        return dataclasses.replace(
+            super().status(), role=role,
+            leader=None if role is Role.CANDIDATE else self.leader,
+            lease_held=self._lease_valid(), lease_granted_to=self.leader if bound else None,
+        )
 
     def _submit(self, command: Command) -> None:
         if self.is_leader:

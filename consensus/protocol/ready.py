@@ -75,8 +75,20 @@ def executions(slot: int, batch: Iterable[Command], led_here: bool) -> list[Exec
 class Failure:
     """A command led here that did not complete.
 
-    ``definite``: it never took effect and never will (its instance was decided without it).
-    Otherwise the outcome is unknown; a retry with the same (client id, seq) is safe.
+    ``definite``: the *request* never took effect and never will — not this copy of it only,
+    but every copy of its ``(client id, seq)`` anywhere. Otherwise the outcome is unknown; a
+    retry with the same (client id, seq) is safe (the session table applies it once).
+
+    The rule for ``definite`` (every core keeps it): a client may have sent the request to
+    several replicas (a retry after a timeout or a lost connection, a restarted replica asked
+    again), and each may hold it in an instance of its own; a core knows only its own. So a
+    core reports a failure as definite only for a refusal that follows from the request
+    itself and the rules every replica shares, never from a fate of one of its instances:
+    an instance decided without the command (a recoverer's no-op) is reported indefinite,
+    since another replica's instance may still carry it (``CPhase._own_decided``). What
+    settles such a request for good is the log itself: a cancel under the same
+    (client id, seq) (``consensus.statemachine.CANCEL_OP``) that the session table orders
+    against every copy (``consensus.attempts``: the client's side).
     """
 
     command: Command

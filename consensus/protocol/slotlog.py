@@ -60,7 +60,8 @@ from consensus.messages import (
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.ready import Execution, Outgoing, Ready
-from consensus.protocol.types import NEVER, SnapshotMeta
+from consensus.protocol.status import CoreStatus
+from consensus.protocol.types import NEVER, Role, SnapshotMeta
 
 __all__ = [
     "BASELINE_UNSAFE_VARIANTS",
@@ -228,6 +229,15 @@ class SlotLogCore(ABC):
 
     def executed_through(self) -> int:
         return self.exec_slot - 1
+
+    def status(self) -> CoreStatus:
+        """A peer among peers, with the frontiers the others heartbeat (Multi-Paxos adds its
+        leader and leases)."""
+        return CoreStatus(
+            role=Role.PEER, view=self.view, executed=self.exec_slot,
+            voters=tuple(range(self.n)),
+            peer_executed={peer: self._peer_executed[peer] for peer in self._peers},
+        )
 
     # ------------------------------------------------------------------ subclass interface
     @abstractmethod

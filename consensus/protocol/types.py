@@ -2,8 +2,8 @@
 
 ``SnapshotMeta`` says where a state-machine snapshot stands in a log (every core compacts to
 one and installs one; storage encodes it; the node and the simulator ship it). ``Role`` is
-what a replica does in its current view (reported by status and metrics). ``NEVER`` is
-the time of what never happened, for every core's timers.
+what a replica does in its current view (``CoreStatus.role``: reported by status and
+metrics). ``NEVER`` is the time of what never happened, for every core's timers.
 """
 
 from __future__ import annotations
@@ -22,10 +22,18 @@ NEVER = -(1 << 62)
 
 
 class Role(enum.Enum):
+    """An SDPaxos core is a follower, candidate, establishing or the sequencer; a Multi-Paxos
+    core a follower, candidate or the leader; a leaderless core (Mencius, EPaxos) a peer; a
+    member that does not vote (``consensus.protocol.membership``) a learner, or removed."""
+
     FOLLOWER = "follower"
     CANDIDATE = "candidate"  # asked for votes for the current view
     ESTABLISHING = "establishing"  # elected; waiting for a majority to accept its NewView
     SEQUENCER = "sequencer"  # serving the current view
+    LEADER = "leader"  # Multi-Paxos: leading at its ballot
+    PEER = "peer"  # leaderless: every replica leads its own instances
+    LEARNER = "learner"  # a member learning the log, not voting yet
+    REMOVED = "removed"  # a member a change removed (ids are never reused: for good)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,15 @@
 
 Requests are pipelined on one connection. A request not answered within ``timeout_s`` is sent
 again with the same ``(client_id, seq)`` to the next replica (the session table on the
-replicated state machine executes it at most once and returns its first result); after
-``attempts`` tries it fails with ``IndefiniteFailure``. A ``DefiniteFailure`` from a replica
-is final.
+replicated state machine executes it at most once and returns its first result). What an
+answer means for the request follows ``consensus.attempts``: a ``DefiniteFailure`` is final
+only if no earlier attempt may have left a copy of the request behind; otherwise, and after
+``attempts`` tries without an answer, the client *settles* the request — a cancel under its
+own ``(client_id, seq)`` that the log orders against every copy — and its answer is the
+request's outcome: the result if a copy executed, a ``DefiniteFailure`` if none did (none
+ever will). Only if that too goes unanswered does the request fail with ``IndefiniteFailure``.
+Membership changes cannot be settled (no session table keeps them): they end indefinite
+instead.
 
 A replica closes client connections idle for long (``conn_limits``): a request lost because
 its pooled connection turned out closed is sent again at once on a new connection to the same
@@ -34,6 +40,8 @@ from typing import Any
 
 import msgpack
 
+from consensus.attempts import Answer, Attempts, Step
+from consensus.attempts import Kind as AttemptKind
 from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
 from consensus.errors import (
@@ -42,9 +50,10 @@ from consensus.errors import (
     IndefiniteFailure,
     SDPaxosError,
     TlsRefused,
+    Unreachable,
 )
 from consensus.messages import MAX_OP_BYTES, Command
-from consensus.protocol.membership import Change, encode_change
+from consensus.protocol.membership import MEMBER_OP, Change, encode_change
 from consensus.runtime.client_protocol import (
     NO_REQUEST,
     ClientRequest,
@@ -53,6 +62,7 @@ from consensus.runtime.client_protocol import (
     decode_response,
 )
 from consensus.runtime.tls_diagnosis import diagnose, refusal
+from consensus.statemachine import CANCEL_OP
 
 __all__ = ["Client", "Reply", "cut_off", "new_client_id"]
 
@@ -100,8 +110,13 @@ class _Connection:
                     answered = True
                     response = decode_response(payload)
                     if response.req_id == NO_REQUEST and response.status != "ok":
-                        # about no request in particular: every one on this connection
-                        failure = _failure(response)
+                        # about no request in particular: the answer to every one on this
+                        # connection (a refused certificate, the replica's connection cap)
+                        for req_id, waiting in self.pending.items():
+                            if not waiting.done():
+                                waiting.set_result(ClientResponse(req_id, response.status,
+                                                                  response.payload))
+                        self.pending.clear()
                         return
                     future = self.pending.pop(response.req_id, None)
                     if future is not None and not future.done():
@@ -248,35 +263,68 @@ class Client:
         return membership
 
     async def _call(self, kind: Kind, command: Command) -> Reply:
+        """``command``'s outcome: attempts at replica after replica, as ``Attempts`` rules
+        (the module documentation), settled through the log when an attempt's fate stays
+        unknown."""
         if len(command.op) > MAX_OP_BYTES:  # every replica refuses it: not sent at all
             raise DefiniteFailure(f"op of {len(command.op)} bytes is over the limit of "
                                   f"{MAX_OP_BYTES} bytes; nothing was sent")
+        attempts = Attempts(_kind_of(kind, command), self.attempts, self.attempts)
+        request, request_kind = command, kind
         last_error: BaseException | None = None
-        for attempt in range(self.attempts):
-            connection = self._connections[(self._home + attempt) % len(self._connections)]
+        k = 0
+        while True:
+            connection = self._connections[(self._home + k) % len(self._connections)]
+            k += 1
+            answer, reply, error = await self._attempt(connection, request_kind, request)
+            step = attempts.after(answer)
+            if step is Step.DONE:
+                if reply is not None and reply.status == "ok":
+                    return reply
+                assert error is not None
+                raise error
+            last_error = error
+            if step is Step.GIVE_UP and not attempts.uncertain:
+                raise Unreachable(f"no replica reachable for ({command.client_id}, "
+                                  f"{command.seq}); it was never sent: {last_error}")
+            if step is Step.GIVE_UP:
+                what = "nor a settled outcome " if attempts.settling else ""
+                hint = ("; a membership change is not sent twice: `sdpaxos member list` tells "
+                        "whether it took effect" if attempts.kind is AttemptKind.CHANGE else "")
+                raise IndefiniteFailure(
+                    f"no answer {what}for ({command.client_id}, {command.seq}) after "
+                    f"{attempts.made or 1} tries: {last_error}{hint}"
+                )
+            if step is Step.SETTLE and request is command:
+                # settle it: a cancel under its own (client id, seq), ordered by the log
+                # against every copy of it (consensus.statemachine.CANCEL_OP)
+                request = Command(client_id=command.client_id, seq=command.seq, op=CANCEL_OP)
+                request_kind = "cmd"
+
+    async def _attempt(
+        self, connection: _Connection, kind: Kind, command: Command
+    ) -> tuple[Answer, Reply | None, SDPaxosError | BaseException | None]:
+        """One attempt on ``connection``: what it tells (``Answer``), the reply, the error."""
+        try:
+            fresh = await connection.ensure()
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            return Answer.UNSENT, None, exc  # never left: no copy of it anywhere
+        try:
             try:
-                fresh = await connection.ensure()
-                try:
-                    reply = await self._request(connection, kind, command)
-                except ConnectionError:
-                    if fresh:
-                        raise
-                    # the replica closed the pooled connection (idle) as this request went
-                    # out: the same (client_id, seq) on a new one executes at most once
-                    await connection.ensure()
-                    reply = await self._request(connection, kind, command)
-            except (OSError, ConnectionError, TimeoutError) as exc:
-                last_error = exc
-                continue
-            if reply.status == "ok":
-                return reply
-            last_error = _failure(reply)
-            if reply.status != "indefinite":
-                raise last_error
-        raise IndefiniteFailure(
-            f"no answer for ({command.client_id}, {command.seq}) after {self.attempts} tries: "
-            f"{last_error}"
-        )
+                reply = await self._request(connection, kind, command)
+            except ConnectionError:
+                if fresh:
+                    raise
+                # the replica closed the pooled connection (idle) as this request went
+                # out: the same (client_id, seq) on a new one executes at most once
+                await connection.ensure()
+                reply = await self._request(connection, kind, command)
+        except (OSError, ConnectionError, TimeoutError) as exc:
+            return Answer.UNKNOWN, None, exc  # it left: a copy may exist
+        if reply.status == "ok":
+            return Answer.OK, reply, None
+        error = _failure(reply)
+        return (Answer.UNKNOWN if reply.status == "indefinite" else Answer.REFUSED), reply, error
 
     async def _request(self, connection: _Connection, kind: Kind, command: Command) -> Reply:
         """Send one request on ``connection`` (connected) and wait for its answer."""
@@ -298,6 +346,12 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _kind_of(kind: Kind, command: Command) -> AttemptKind:
+    if kind != "cmd":
+        return AttemptKind.READ
+    return AttemptKind.CHANGE if command.op.startswith(MEMBER_OP) else AttemptKind.COMMAND
 
 
 def _failure(reply: Reply) -> SDPaxosError:

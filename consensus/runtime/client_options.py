@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consensus.auth import PermissionDenied
-from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure
+from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, Unreachable
 from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, UNAVAILABLE
 
 if TYPE_CHECKING:
@@ -171,6 +171,9 @@ def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
     except PermissionDenied as exc:
         print(f"sdpaxos {verb}: denied: {exc}", file=sys.stderr)
         return REFUSED
+    except Unreachable as exc:  # never sent: "unavailable", as the exit codes name it
+        print(f"sdpaxos {verb}: unavailable: {exc}", file=sys.stderr)
+        return UNAVAILABLE
     except DefiniteFailure as exc:
         print(f"sdpaxos {verb}: {refused(exc)}", file=sys.stderr)
         return REFUSED

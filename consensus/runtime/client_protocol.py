@@ -6,7 +6,9 @@ Request ``[req_id, kind, client_id, seq, op, keys, blind]``:
   the sequencer) or ``"stale"`` (a read of the replica's local state, possibly stale);
   ``"partition"`` is the test-only fault layer (refused unless the replica runs with
   ``--fault-injection``): ``op`` is a msgpack array of the peer ids to cut off from now on, in
-  both directions (empty: heal), and ``client_id``, ``seq``, ``keys`` are ignored;
+  both directions (empty: heal), or a map ``{"from": [ids], "to": [ids]}`` for one-way cuts
+  (frames arriving from the first are dropped, frames sent to the second are; see
+  ``Cut``), and ``client_id``, ``seq``, ``keys`` are ignored;
 * ``"backup"`` takes a consistent snapshot (``consensus.runtime.backup``): a linearizable read
   barrier, then the state machine's snapshot at the position it reached, kept by the replica
   for chunked reading; the ``ok`` payload is msgpack ``[token, size, sha256, slot]``. A TLS
@@ -39,6 +41,7 @@ answers ``NO_REQUEST`` ``"denied"`` with the reason before it closes the connect
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,9 +62,11 @@ __all__ = [
     "BadRequest",
     "ClientRequest",
     "ClientResponse",
+    "Cut",
     "decode_partition",
     "decode_request",
     "decode_response",
+    "encode_partition",
     "ok_response_wire",
 ]
 
@@ -219,12 +224,38 @@ def decode_response(payload: bytes) -> ClientResponse:
     return ClientResponse(req_id, status, body, position)
 
 
-def decode_partition(op: bytes, replicas: int) -> frozenset[int]:
-    """The peer ids of a ``"partition"`` request's ``op``."""
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What a ``"partition"`` request asks of the replica's transport (test only): drop the
+    frames that arrive from ``drop_from`` and those it would send to ``drop_to``. Both equal:
+    a partition; one empty: a one-way cut (a replica that hears a peer the peer cannot hear)."""
+
+    drop_from: frozenset[int]
+    drop_to: frozenset[int]
+
+
+def encode_partition(drop_from: Iterable[int], drop_to: Iterable[int]) -> bytes:
+    """A ``"partition"`` request's ``op`` for a one-way (or two-way) cut."""
+    packed: bytes = msgpack.packb({"from": sorted(drop_from), "to": sorted(drop_to)})
+    return packed
+
+
+def decode_partition(op: bytes, replicas: int) -> Cut:
+    """The cut a ``"partition"`` request's ``op`` asks for: an array of peer ids (both
+    directions) or a map ``{"from": ids, "to": ids}``."""
     try:
-        peers = msgpack.unpackb(op, max_array_len=replicas, max_map_len=0)
+        peers = msgpack.unpackb(op, max_array_len=replicas, max_map_len=2)
     except Exception as exc:
-        raise DecodeError(f"partition op is not a msgpack array of ids: {exc}") from None
+        raise DecodeError(f"partition op is not msgpack: {exc}") from None
+    if isinstance(peers, dict):
+        if set(peers) != {"from", "to"}:
+            raise DecodeError('partition op must be a list of ids or {"from": ids, "to": ids}')
+        return Cut(_replica_ids(peers["from"], replicas), _replica_ids(peers["to"], replicas))
+    both = _replica_ids(peers, replicas)
+    return Cut(both, both)
+
+
+def _replica_ids(peers: object, replicas: int) -> frozenset[int]:
     if not isinstance(peers, list) or not all(_is_int(p) and 0 <= p < replicas for p in peers):
-        raise DecodeError(f"partition op must be a list of replica ids in [0, {replicas})")
+        raise DecodeError(f"partition op must list replica ids in [0, {replicas})")
     return frozenset(peers)

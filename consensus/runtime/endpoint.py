@@ -30,7 +30,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus.errors import ConfigError, DecodeError, DefiniteFailure, SDPaxosError
+from consensus.errors import (
+    ConfigError,
+    DecodeError,
+    DefiniteFailure,
+    SDPaxosError,
+    Unreachable,
+)
 from consensus.protocol.membership import view_text
 from consensus.runtime.client_options import (
     NativeTarget,
@@ -122,7 +128,7 @@ async def _status_of(address: tuple[str, int], target: NativeTarget, timeout_s: 
         row.error = f"unreachable: {str(exc) or type(exc).__name__}"
     except (SDPaxosError, DecodeError) as exc:
         row.error = refused(exc)
-        row.refused = isinstance(exc, DefiniteFailure)
+        row.refused = isinstance(exc, DefiniteFailure) and not isinstance(exc, Unreachable)
     return row
 
 

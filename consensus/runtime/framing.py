@@ -1,8 +1,9 @@
 """A loop turn's outgoing messages as the frames that carry them, one peer at a time.
 
-The node sends exactly these frames (``PeerNode._send``); the simulator encodes with the same
-function, then decodes what it would deliver, so that frame size limits and codec bugs show up
-in simulation as they would between real processes. No I/O here (the simulator imports it).
+The replica node sends exactly these frames (``ReplicaNode``, at the end of each loop turn);
+the simulator encodes with the same function, then decodes what it would deliver, so that
+frame size limits and codec bugs show up in simulation as they would between real processes.
+No I/O here (the simulator imports it).
 """
 
 from __future__ import annotations

@@ -5,20 +5,26 @@ replica's loop task has not died. It never depends on peers, so a replica cut of
 minority partition stays live (restarting it would not heal the partition, and restarting
 every replica of a partitioned majority at once is how an outage starts).
 
-**Readiness** (``/readyz``) says the replica can serve clients now, from what it knows itself:
+**Readiness** (``/readyz``) says the replica can serve clients now, from what it knows itself
+(its node's loop and peer frames, and its core's ``status()``):
 
 1. *serving*: the log is replayed and the replica's loop runs (not stopping);
-2. *view accepted*: a core that has views (SDPaxos) holds the current one — it is a follower
-   or the sequencer of a view whose NewView it accepted, not a candidate or a sequencer still
-   establishing its view;
-3. *majority heard*: counting itself, a majority of the replicas sent it a frame within the
-   last ``heard_window_s`` (by default ``READY_HEARD_TIMEOUTS`` election timeouts: heartbeats
-   flow every heartbeat interval, so silence that long means the peer is gone or cut off);
-4. *caught up*: its applied position is at most ``max_lag`` slots behind the best position a
-   peer reported (heartbeats carry it; cores that do not report peers' positions skip this).
+2. *voting*: it is a voter of its configuration (a member still learning the log, or one
+   removed, is not);
+3. *view accepted*: it holds its current view — an SDPaxos follower or sequencer of a view
+   whose NewView it accepted, not a candidate or a sequencer still establishing its view; a
+   Multi-Paxos leader or follower, not a candidate;
+4. *majority heard*: counting itself, a majority of its configuration's voters sent it a
+   frame within the last ``heard_window_s`` (by default ``READY_HEARD_TIMEOUTS`` election
+   timeouts: heartbeats flow every heartbeat interval, so silence that long means the peer is
+   gone or cut off);
+5. *caught up*: its applied position is at most ``max_lag`` slots behind the best position a
+   peer reported (heartbeats and catch-up requests carry it; a core that knows no comparable
+   positions, EPaxos, skips this).
 
-A replica in a minority partition fails (3) and answers 503 while ``/livez`` answers 200.
-``Readiness.reasons`` names every failed condition; the 503 body lists them.
+A replica in a minority partition fails (4) and answers 503 while ``/livez`` answers 200.
+``Readiness.reasons`` names every failed condition; the 503 body lists them. ``judge`` is the
+judgement alone, from a core's status and the node's facts.
 """
 
 from __future__ import annotations
@@ -27,11 +33,13 @@ import asyncio
 import ssl
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consensus.errors import ConfigError
 from consensus.protocol.membership import view_text
+from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -43,6 +51,7 @@ __all__ = [
     "READY_MAX_LAG",
     "Readiness",
     "http_probe",
+    "judge",
     "liveness",
     "readiness",
     "run_probe",
@@ -67,8 +76,7 @@ class Readiness:
 
 def liveness(node: ReplicaNode) -> Readiness:
     """The process runs: always, unless the replica's loop task died."""
-    task = node._loop_task
-    if task is not None and task.done() and not node._stopping:
+    if node.loop_died:
         return Readiness(False, ("the replica's event loop stopped",))
     return Readiness(True, ())
 
@@ -78,41 +86,46 @@ def readiness(
     max_lag: int = READY_MAX_LAG,
 ) -> Readiness:
     """The conditions of the module documentation, judged now (``time.monotonic()``)."""
-    now = time.monotonic() if now is None else now
-    config = node.config
-    n = len(config.replicas)
-    reasons: list[str] = []
-    task = node._loop_task
-    if task is None or task.done() or node._stopping:
-        reasons.append("not serving (replaying its log, stopping or stopped)")
-    core: object = getattr(node, "sdpaxos", None) or node.core  # (the epoch's SDPaxos core)
-    if getattr(node.core, "voting", True) is False:
-        reasons.append("not a voter (a member learning the log, or one removed)")
-    role = getattr(core, "role", None)
-    if not getattr(core, "view_ready", True) or role in (Role.CANDIDATE, Role.ESTABLISHING):
-        reasons.append(f"view {view_text(node.core.view)} not accepted yet "
-                       f"(role {getattr(role, 'value', role)})")
     if heard_window_s is None:
-        heard_window_s = READY_HEARD_TIMEOUTS * config.protocol.election_timeout_us / 1e6
-    heard = 1 + sum(
-        1
-        for peer, at in node.peer_heard_at.items()
-        if peer != node.me and now - at <= heard_window_s
+        heard_window_s = READY_HEARD_TIMEOUTS * node.config.protocol.election_timeout_us / 1e6
+    return judge(
+        node.core.status(), me=node.me, serving=node.serving, applied=node.executed_slot,
+        heard_at=node.peer_heard_at, now=time.monotonic() if now is None else now,
+        heard_window_s=heard_window_s, max_lag=max_lag,
     )
-    majority = n // 2 + 1
+
+
+def judge(
+    status: CoreStatus, *, me: int, serving: bool, applied: int, heard_at: Mapping[int, float],
+    now: float, heard_window_s: float, max_lag: int,
+) -> Readiness:
+    """Replica ``me``'s readiness: its core's ``status``, whether its loop is ``serving``, the
+    slot its state machine ``applied`` up to, and when it last heard from each member
+    (``heard_at``, seconds on the clock of ``now``)."""
+    reasons: list[str] = []
+    if not serving:
+        reasons.append("not serving (replaying its log, stopping or stopped)")
+    if not status.voting:
+        reasons.append("not a voter (a member learning the log, or one removed)")
+    if not status.view_accepted or status.role in (Role.CANDIDATE, Role.ESTABLISHING):
+        reasons.append(f"view {view_text(status.view)} not accepted yet "
+                       f"(role {status.role.value})")
+    voters = status.voters
+    heard = sum(
+        1 for voter in voters
+        if voter == me or (voter in heard_at and now - heard_at[voter] <= heard_window_s)
+    )
+    majority = len(voters) // 2 + 1
     if heard < majority:
         reasons.append(
-            f"heard from {heard} of {n} replicas (itself included) in the last "
+            f"heard from {heard} of {len(voters)} replicas (itself included) in the last "
             f"{heard_window_s:.3g}s, a majority is {majority}"
         )
-    positions: dict[int, int] | None = getattr(core, "_peer_executed", None)
-    if positions:
-        best = max(positions.values())
-        if best - node.executed_slot > max_lag:
-            reasons.append(
-                f"applied up to slot {node.executed_slot}, a peer reported {best} "
-                f"(more than {max_lag} behind)"
-            )
+    best = status.best_peer_executed
+    if best is not None and best - applied > max_lag:
+        reasons.append(
+            f"applied up to slot {applied}, a peer reported {best} (more than {max_lag} behind)"
+        )
     return Readiness(not reasons, tuple(reasons))
 
 

@@ -30,6 +30,7 @@ from prometheus_client.core import (
 )
 
 from consensus.protocol.admission import REJECTION_KINDS
+from consensus.protocol.types import Role
 from consensus.runtime.health import PROBES, probe_response
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.state_machines import MetricsSource, StateMetric, state_machine_kind
@@ -134,23 +135,25 @@ def _family(metric: StateMetric) -> Metric:
 
 
 def _core_families(node: ReplicaNode) -> Iterator[Metric]:
-    core, stats = node.core, node.stats
-    # the baseline cores (Multi-Paxos, Mencius) have no sequencer and no leases: 0 / -1
+    status, stats = node.core.status(), node.stats
+    # the counters below are the SDPaxos core's (0 for a baseline core, or while learning)
     sdpaxos = node.sdpaxos
-    yield _gauge("sdpaxos_view", "The view (sequencer epoch) this replica is in.", core.view)
+    yield _gauge("sdpaxos_view", "The view (sequencer epoch) this replica is in.", status.view)
     yield _counter("sdpaxos_view_changes_total",
                    "Times this replica's view moved on since it started (a new sequencer).",
                    stats.view_changes)
-    yield _gauge("sdpaxos_is_sequencer", "1 if this replica is the sequencer of its view.",
-                 int(sdpaxos is not None and sdpaxos.role.value == "sequencer"))
+    yield _gauge("sdpaxos_is_sequencer",
+                 "1 if this replica is the sequencer of its view (Multi-Paxos: the leader).",
+                 int(status.role in (Role.SEQUENCER, Role.LEADER)))
     yield _gauge("sdpaxos_lease_valid",
-                 "1 if this replica is the sequencer and holds read leases from a majority "
-                 "(it may answer linearizable reads).",
-                 int(sdpaxos is not None and sdpaxos.lease_valid()))
+                 "1 if this replica is the sequencer (Multi-Paxos: the leader) and holds read "
+                 "leases from a majority (it may answer linearizable reads).",
+                 int(status.lease_held))
+    granted = status.lease_granted_to
     yield _gauge("sdpaxos_lease_granted_to",
                  "The replica this one granted its read lease to while it runs (it votes for "
                  "no other sequencer meanwhile); -1 for none.",
-                 NO_LEASE if sdpaxos is None else sdpaxos.lease_granted())
+                 NO_LEASE if granted is None else granted)
     yield _counter("sdpaxos_c_recoveries_total",
                    "C-instance recoveries this replica started (a Prepare over a suspected "
                    "replica's unfinished instances).",
@@ -161,6 +164,13 @@ def _core_families(node: ReplicaNode) -> Iterator[Metric]:
     yield _gauge("sdpaxos_executed_slots",
                  "One past the last global log slot applied to the state machine.",
                  node.executed_slot)
+    peers = GaugeMetricFamily("sdpaxos_peer_executed_slots",
+                              "The execution frontier each peer last reported to this replica "
+                              "(none for a core without comparable positions, EPaxos).",
+                              labels=["peer"])
+    for peer, executed in sorted(status.peer_executed.items()):
+        peers.add_metric([str(peer)], executed)
+    yield peers
     yield _counter("sdpaxos_commands_applied_total",
                    "Commands applied to the state machine (a restart's replay included).",
                    stats.commands_applied)

@@ -89,7 +89,7 @@ from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
-from consensus.statemachine import StateMachine, batch_applier
+from consensus.statemachine import SESSION_MARK, StateMachine, batch_applier, denied_reason
 from consensus.storage.identity import KnownMembers, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
@@ -420,7 +420,7 @@ class ReplicaNode:
         self._snapshot_writer.close()
         if self.snapshot_on_stop and self._applied_since_snapshot and not self.wal.closed:
             # a clean stop leaves nothing to execute again: the restart reads the snapshot
-            # (a kill -9 still replays the log, see SDPaxosReplica._replay_executed)
+            # (after a kill -9 the restart executes the log since the last snapshot again: _replay)
             self._take_snapshot()
         self.wal.close()
         for key in list(self._commands):
@@ -515,6 +515,18 @@ class ReplicaNode:
         the process rather than keep a replica that accepts connections and does nothing."""
         assert self._loop_task is not None
         await asyncio.shield(self._loop_task)
+
+    @property
+    def serving(self) -> bool:
+        """The log is replayed and the loop runs, not stopping (``consensus.runtime.health``)."""
+        task = self._loop_task
+        return task is not None and not task.done() and not self._stopping
+
+    @property
+    def loop_died(self) -> bool:
+        """The loop ended while nobody stopped the replica (it raised, or a peer refused it)."""
+        task = self._loop_task
+        return task is not None and task.done() and not self._stopping
 
     @property
     def sdpaxos(self) -> SDPaxosReplica | None:
@@ -998,6 +1010,9 @@ class ReplicaNode:
     def _complete(
         self, key: tuple[int, int], result: Result, now: int, latency: Histogram
     ) -> None:
+        if result.value.startswith(SESSION_MARK):  # it never executed: see session_refusal
+            self._fail(key, session_refusal(result.value), reads=False)
+            return
         started = self._proposed_at.pop(key, None)
         if started is not None:
             latency.observe((now - started) / 1e6)
@@ -1036,7 +1051,8 @@ class ReplicaNode:
     def _partition(
         self, request: ClientRequest, principal: Principal | None = None
     ) -> ClientResponse:
-        """The test-only fault layer: cut this replica off from some peers."""
+        """The test-only fault layer: cut this replica off from some peers (one way or
+        both)."""
         if not self.fault_injection:
             return ClientResponse(request.req_id, "error", "fault injection is disabled "
                                   "(sdpaxos serve --fault-injection)")
@@ -1044,11 +1060,13 @@ class ReplicaNode:
             return ClientResponse(request.req_id, "denied", "permission denied: only an admin "
                                   "may inject faults")
         try:
-            blocked = decode_partition(request.command.op, len(self.config.replicas))
+            cut = decode_partition(request.command.op, len(self.config.replicas))
         except DecodeError as exc:
             return ClientResponse(request.req_id, "error", str(exc))
-        log.warning("fault injection: cut off from replicas %s", sorted(blocked))
-        self.transport.blocked = blocked - {self.me}
+        log.warning("fault injection: dropping frames from replicas %s and to replicas %s",
+                    sorted(cut.drop_from), sorted(cut.drop_to))
+        self.transport.drop_from = cut.drop_from - {self.me}
+        self.transport.drop_to = cut.drop_to - {self.me}
         return ClientResponse(request.req_id, "ok", b"")
 
     def _status(self, request: ClientRequest) -> ClientResponse:
@@ -1238,3 +1256,16 @@ def _clocks() -> tuple[float, float]:
 
 def _now_us() -> int:
     return time.monotonic_ns() // 1000
+
+
+def session_refusal(result: bytes) -> DefiniteFailure:
+    """The error a request is answered with when the session table gave it one of its own
+    results (``consensus.statemachine.SESSION_MARK``): it never executed and never will,
+    because it was refused by authorization as it applied (``PermissionDenied``) or because
+    its client cancelled it before any copy of it executed."""
+    reason = denied_reason(result)
+    if reason is not None:
+        return PermissionDenied(reason)
+    return DefiniteFailure("not applied: the request was cancelled before any copy of it "
+                           "executed (it never will)")
+

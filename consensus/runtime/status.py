@@ -3,10 +3,11 @@
 
 ``replica_status(node)`` is a msgpack-able dict with string keys (``STATUS_FIELDS``): who the
 replica is (id, site, client address, cluster id, state machine, protocol, version), where
-it stands (role, view, the sequencer/leader it follows, applied position, the best position a
-peer reported and its lag behind it), what it holds on disk (bytes of write-ahead log and of
-snapshots), its readiness verdict with the failed conditions (``consensus.runtime.health``:
-the same judgement as ``/readyz``) and the cluster's members as its cluster file lists them
+it stands (from its core's ``status()``: role, view, the sequencer or leader it follows — nil
+when it follows nobody —, applied position, the best position a peer reported and its lag
+behind it), what it holds on disk (bytes of write-ahead log and of snapshots), its readiness
+verdict with the failed conditions (``consensus.runtime.health``: the same judgement as
+``/readyz``) and the cluster's members as its cluster file lists them
 (so a tool that knows one endpoint learns every replica).
 """
 
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from consensus.protocol.membership import MemberReplica
-from consensus.protocol.types import Role
 from consensus.runtime.health import liveness, readiness
 from consensus.runtime.members import parse_member_info
 
@@ -36,8 +36,6 @@ STATUS_FIELDS = (
     "view", "leader", "applied", "best_peer_applied", "lag", "wal_bytes", "snapshot_bytes",
     "live", "ready", "reasons", "members", "membership",
 )
-#: the role of a replica of a leaderless core (Mencius, EPaxos): every replica leads its own
-PEER_ROLE = "peer"
 
 
 @functools.cache
@@ -63,24 +61,13 @@ def _bytes_under(directory: Path) -> int:
     return total
 
 
-def _role(node: ReplicaNode) -> tuple[str, int]:
-    """(role, the replica it follows: sequencer or leader; -1 for a leaderless core)."""
-    core = node.core
-    role = getattr(core, "role", None)
-    if isinstance(role, Role):  # SDPaxos: views with a sequencer
-        return role.value, int(getattr(core, "sequencer", -1))
-    leader = getattr(core, "leader", None)
-    if isinstance(leader, int):  # Multi-Paxos
-        return ("leader" if leader == node.me else "follower"), leader
-    return PEER_ROLE, -1
-
-
 def replica_status(node: ReplicaNode) -> dict[str, Any]:
     config = node.config
     spec = config.replica(node.me)
-    role, leader = _role(node)
-    positions: dict[int, int] | None = getattr(node.core, "_peer_executed", None)
-    best = max(positions.values()) if positions else node.executed_slot
+    core = node.core.status()
+    applied = node.executed_slot
+    best = core.best_peer_executed
+    best = applied if best is None else best
     verdict = readiness(node)
     replica_dir = config.replica_dir(node.me)
     return {
@@ -91,12 +78,12 @@ def replica_status(node: ReplicaNode) -> dict[str, Any]:
         "state_machine": config.state_machine,
         "protocol": config.protocol_name,
         "version": package_version(),
-        "role": role,
-        "view": int(node.core.view),
-        "leader": leader,
-        "applied": node.executed_slot,
+        "role": core.role.value,
+        "view": core.view,
+        "leader": core.leader,
+        "applied": applied,
         "best_peer_applied": best,
-        "lag": max(0, best - node.executed_slot),
+        "lag": max(0, best - applied),
         "wal_bytes": _bytes_under(replica_dir / "wal"),
         "snapshot_bytes": _bytes_under(node.snapshot_dir),
         "live": liveness(node).ready,

@@ -42,8 +42,9 @@ per-frame charge); beyond it arriving frames are dropped. Both count in
 Inbound connections are capped (``max_connections``, ``conn_limits``): more are closed at
 once; a first frame too long to be a handshake closes its connection before it is buffered.
 
-``blocked`` (test-only): frames to blocked peers are dropped at ``send``, frames from them on
-arrival and again at delivery (all counted in ``frames_dropped``).
+``drop_to`` and ``drop_from`` (test-only): frames to the peers of ``drop_to`` are dropped at
+``send``, frames from those of ``drop_from`` on arrival and again at delivery (all counted in
+``frames_dropped``). A peer in both is cut off; in one only, the link works one way.
 
 TLS (``consensus.runtime.tls``; a cluster file with ``[tls]``): every connection is mutual
 TLS 1.3 before the handshake frame. The listener requires a certificate of the cluster's CA
@@ -326,9 +327,11 @@ class PeerTransport:
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
         self._timer: PreciseTimer | None = None
-        #: test-only fault layer: peers cut off in both directions (frames to and from them
-        #: are dropped, connections stay up), like a partition that loses packets
-        self.blocked: frozenset[int] = frozenset()
+        #: test-only fault layer: peers whose frames are dropped on arrival, and peers the
+        #: frames to which are dropped at send (connections stay up), like a partition that
+        #: loses packets (in both directions if a peer is in both)
+        self.drop_from: frozenset[int] = frozenset()
+        self.drop_to: frozenset[int] = frozenset()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -370,7 +373,7 @@ class PeerTransport:
             return
         if (
             not link.connected
-            or peer in self.blocked
+            or peer in self.drop_to
             or _backlog(link) + len(payload) > self.max_queue_bytes
         ):
             # a peer we cannot reach gets nothing queued: by the time it is back it would all
@@ -636,7 +639,7 @@ class PeerTransport:
             traffic.bytes_received += _LENGTH_PREFIX + len(payload)
             if inbound.failed:
                 continue
-            if peer in self.blocked:
+            if peer in self.drop_from:
                 self.stats.frames_dropped += 1
                 traffic.frames_dropped += 1
                 continue
@@ -715,7 +718,7 @@ class PeerTransport:
         writer.close()
 
     def _deliver(self, inbound: _Inbound, stamp: int, body: bytes) -> None:
-        if inbound.peer in self.blocked:
+        if inbound.peer in self.drop_from:
             self.stats.frames_dropped += 1
             self.stats.peer(inbound.peer).frames_dropped += 1
             return

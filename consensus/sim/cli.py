@@ -184,13 +184,14 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
     ready: dict[str, list[int]] = {}
     executed: dict[str, list[int]] = {}
     messages: dict[str, int] = {}
-    completed = 0
+    completed = failed = 0
     unchecked = 0
     snapshots = {"taken": 0, "installed": 0, "restarts_from": 0}
     long_log: list[dict[str, Any]] = []
     for seed in seeds:
         result: RunResult = Simulation(options, seed).run()
         completed += result.ops_completed
+        failed += result.ops_failed
         unchecked += 0 if result.checked else 1
         snapshots["taken"] += result.snapshots_taken
         snapshots["installed"] += result.snapshots_installed
@@ -223,6 +224,7 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
         "violations": violations,
         "liveness_failures": liveness,
         "ops_completed": completed,
+        "ops_failed": failed,
         "histories_unchecked": unchecked,
         "snapshots": snapshots,
         "site_latency_ms": {site: _percentiles(ready[site]) for site in order},
@@ -264,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
             f"faults: {', '.join(report['faults']) or 'none'}: "
             f"{len(report['violations'])} violations, "
             f"{len(report['liveness_failures'])} liveness failures, "
-            f"{report['ops_completed']} operations, {report['elapsed_s']} s"
+            f"{report['ops_completed']} operations ({report['ops_failed']} more failed for "
+            f"good), {report['elapsed_s']} s"
         )
         for restart in report.get("long_log", ()):
             took = restart.get("recovered_ms")

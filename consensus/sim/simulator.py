@@ -59,6 +59,7 @@ from typing import Any, assert_never
 
 import msgpack
 
+from consensus.attempts import Answer, Attempts, Kind, Step
 from consensus.codec import DEFAULT_MAX_FRAME, decode_frame
 from consensus.config import SITES, ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError, DecodeError, LocalProtocolError
@@ -104,7 +105,7 @@ from consensus.sim.events import (
 from consensus.sim.history import Operation
 from consensus.sim.lincheck import Verdict, check_history
 from consensus.sim.network import LinkFaults, Network
-from consensus.statemachine import KVStore, kv_cas, kv_get, kv_put
+from consensus.statemachine import CANCEL_OP, SESSION_MARK, KVStore, kv_cas, kv_get, kv_put
 from consensus.storage.snapshot import decode_snapshot, encode_snapshot
 
 __all__ = [
@@ -162,6 +163,9 @@ LONG_LOG_HORIZON_US = 600_000_000
 
 #: about this many clients share a key (the checker's cost grows with per-key concurrency)
 CLIENTS_PER_KEY = 4
+#: a client's unanswered attempts at an update before it settles it (``consensus.attempts``;
+#: the native client's default)
+CLIENT_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +207,9 @@ class RunResult:
     violation_time_us: int = 0
     liveness: str | None = None
     ops_completed: int = 0
+    #: operations that ended in a definite failure (settled as never applied): no operation
+    #: in the history, which the checker takes to say they never took effect
+    ops_failed: int = 0
     ready_latency_us: dict[str, list[int]] = field(default_factory=dict)
     executed_latency_us: dict[str, list[int]] = field(default_factory=dict)
     history: list[Operation] = field(default_factory=list)
@@ -884,9 +891,19 @@ class Simulation:
         keyless = op["kind"] != "read" and share > 0 and rng.random() < share
         command = Command(client_id=client.cid, seq=client.seq, op=op["bytes"],
                           keys=() if keyless else (key,), blind=op["blind"])
-        op.update(key=key, command=command, call=self.now, attempt=0, site=client.home)
+        op.update(key=key, command=command, call=self.now, attempt=0, site=client.home,
+                  attempts=self._attempts(Kind.READ if op["kind"] == "read" else Kind.COMMAND))
         client.op = op
         self._submit(client)
+
+    def _attempts(self, kind: Kind) -> Attempts:
+        """A client's account of one operation (``consensus.attempts``), as the native client
+        keeps it: an update is settled after ``CLIENT_ATTEMPTS`` unanswered attempts, and the
+        settling goes on until it is answered (the run heals in the end); a read is sent
+        again until it is answered."""
+        limit = CLIENT_ATTEMPTS if kind is Kind.COMMAND else None
+        return Attempts(kind, limit, None,
+                        trust_definite="trust_definite" in self.options.unsafe)
 
     def _submit(self, client: _Client) -> None:
         op = client.op
@@ -899,7 +916,7 @@ class Simulation:
         else:
             target = (client.home + op["attempt"]) % self.n
         request = Read if op.get("lease") else Propose
-        self._push(self.now, request(target, op["command"]))
+        self._push(self.now, request(target, op.get("cancel", op["command"])))
         op["proposed_at"] = op.get("proposed_at", self.now)
         timeout = 2 * self.config.election_timeout_us
         self._push(self.now + timeout, ClientTimeout(client.cid, client.seq, op["attempt"]))
@@ -908,16 +925,40 @@ class Simulation:
         op = client.op
         if op is None or client.seq != event.seq or op["attempt"] != event.attempt:
             return
-        op["attempt"] += 1  # same (client id, seq), next replica
+        self._next_attempt(client, op, Answer.UNKNOWN)
+
+    def _next_attempt(self, client: _Client, op: dict[str, Any], answer: Answer) -> None:
+        """What the client does after an attempt that gave no result (``Attempts.after``):
+        the same (client id, seq) to the next replica, or its cancel once settling, or —
+        after a definite failure that ends it — nothing: the operation never happened, and
+        stays out of the history (what the checker must find true)."""
+        step = op["attempts"].after(answer)
+        if step is Step.DONE:  # a refusal that ends the operation
+            self.result.ops_failed += 1
+            client.op = None
+            self._push(self.now + self.rng_work.randrange(self.think_us + 1), Issue(client.cid))
+            return
+        assert step is not Step.GIVE_UP, "simulated clients never give up"
+        if step is Step.SETTLE and "cancel" not in op:
+            command = op["command"]
+            op["cancel"] = Command(client_id=command.client_id, seq=command.seq, op=CANCEL_OP,
+                                   keys=(), blind=False)
+        op["attempt"] += 1  # the next replica
         self._submit(client)
 
     def _open(self, command: Command) -> tuple[_Client, dict[str, Any]] | None:
+        """The open operation an answer about ``command`` is for: a client settling an
+        operation listens to its cancel alone (late answers to the operation's own copies go
+        to connections it left, as the native client's do)."""
         if not 1000 <= command.client_id < 1000 + len(self.clients):
             return None
         client = self._client(command.client_id)
-        if client.op is None or client.seq != command.seq:
+        op = client.op
+        if op is None or client.seq != command.seq or ("cancel" in op) != (
+            command.op == CANCEL_OP
+        ):
             return None
-        return client, client.op
+        return client, op
 
     def _ready(self, rep: _Replica, command: Command) -> None:
         opened = self._open(command)
@@ -935,13 +976,19 @@ class Simulation:
 
     def _executed(self, rep: _Replica, command: Command, result: bytes) -> None:
         opened = self._open(command)
-        if opened is None or command.blind:
+        if opened is None:
             return
         client, op = opened
+        if result.startswith(SESSION_MARK):  # cancelled: the request never ran, nor will
+            self._next_attempt(client, op, Answer.REFUSED)
+            return
+        if command.blind:
+            return  # answered when it was ready
         decoded = msgpack.unpackb(result)
         if decoded[0] == "expired":
             raise Violation(f"session expired for {command.client_id}:{command.seq}")
-        output = decoded[1]  # get: value; cas: swapped
+        # get: the value; cas: swapped; a write settled after it ran: ["ok"]
+        output = None if op["kind"] == "write" else decoded[1]
         site = SITES[rep.rid] if rep.rid < len(SITES) else str(rep.rid)
         self.result.executed_latency_us.setdefault(site, []).append(self.now - op["call"])
         self._complete(client, op, output)
@@ -958,14 +1005,7 @@ class Simulation:
         if opened is None:
             return
         client, op = opened
-        if definite and op["attempt"] == 0:
-            # it never took effect (and was never sent anywhere else): no operation in the
-            # history, move on. After a retry, another copy may still take effect.
-            client.op = None
-            self._push(self.now + self.rng_work.randrange(self.think_us + 1), Issue(client.cid))
-        else:
-            op["attempt"] += 1
-            self._submit(client)
+        self._next_attempt(client, op, Answer.REFUSED if definite else Answer.UNKNOWN)
 
     def _complete(self, client: _Client, op: dict[str, Any], output: Any) -> None:
         self.result.history.append(
@@ -1075,7 +1115,8 @@ class Simulation:
                           blind=False)
         client.op = {"kind": "read", "input": None, "bytes": command.op, "blind": False,
                      "lease": False, "probe": True, "key": key, "command": command,
-                     "call": self.now, "attempt": 0, "site": client.home}
+                     "call": self.now, "attempt": 0, "site": client.home,
+                     "attempts": self._attempts(Kind.READ)}
         self._submit(client)
 
     def _replica_states(self) -> str:

@@ -284,3 +284,10 @@ def check_invariants(alloc: Allocator) -> None:
 def allocation_state(store: ClusterStore) -> list[Any]:
     """Every piece of allocation state (derived included), without leaf revisions."""
     return store.allocator.debug_state()
+
+
+def without_sessions(snapshot: bytes) -> list[Any]:
+    """A store's snapshot without its session table: what a refused request leaves as it was
+    (the session table remembers the refusal, so a later copy of the request is refused too)."""
+    fields: list[Any] = msgpack.unpackb(snapshot)
+    return fields[:-1]

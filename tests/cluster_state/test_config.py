@@ -5,7 +5,7 @@ import pytest
 import yaml
 from cs_helpers import MULTI_CHAIN_YAML, multi_chain_config
 
-from cluster_state import ConfigError, Topology, parse_config, synthetic_config
+from cluster_state import GpuConfigError, Topology, parse_config, synthetic_config
 from cluster_state.config import load_config
 
 # HiveD's example/config/basic/hivedscheduler.yaml, as summarised in the reference.
@@ -102,7 +102,7 @@ def test_load_config_reads_a_file(tmp_path: Any) -> None:
 
 
 def _error(config: dict[str, Any] | str) -> str:
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(GpuConfigError) as info:
         parse_config(config)
     return str(info.value)
 
@@ -299,5 +299,5 @@ def test_synthetic_config_shapes_and_fits() -> None:
         )
         assert leaves + 8 * len(vc.pinned_cells) == 16 * 8
     assert synthetic_config(nodes=6, gpus_per_node=3, nodes_per_rack=3, vcs=2).cell_types[0].name
-    with pytest.raises(ConfigError):
+    with pytest.raises(GpuConfigError):
         synthetic_config(nodes=10, nodes_per_rack=8)

@@ -193,6 +193,24 @@ def test_a_session_makes_a_retried_update_take_effect_once(server: str) -> None:
     assert "below 2^63" in (caught.value.details() or "")
 
 
+def test_submit_inside_the_suggested_nodes_over_grpc(server: str) -> None:
+    stub = stub_for(server)
+    anywhere = stub.Submit(pb.SubmitRequest(group=group("free")), timeout=10).placed
+    stub.Release(pb.ReleaseRequest(group="free"), timeout=10)
+    summary = json.loads(stub.GetSummary(pb.QueryRequest(), timeout=10).json)
+    assert summary["nodes"] == 16
+    (pod,) = anywhere.pods
+    other = "node0011" if pod.node != "node0011" else "node0010"  # vc00's first rack
+    placed = stub.Submit(pb.SubmitRequest(
+        group=group("picky"), suggested=pb.SuggestedNodes(nodes=[other])), timeout=10)
+    assert [p.node for p in placed.placed.pods] == [other]
+    # an empty list is a suggestion too: no node, so the gang waits
+    none = stub.Submit(pb.SubmitRequest(group=group("nowhere"), suggested=pb.SuggestedNodes()),
+                       timeout=10)
+    assert none.WhichOneof("outcome") == "waiting" and "within the 0 suggested" in (
+        none.waiting.reason)
+
+
 def test_bind_over_grpc_and_ctl(server: str, capsys: pytest.CaptureFixture[str]) -> None:
     stub = stub_for(server)
     placed = stub.Submit(pb.SubmitRequest(group=group("a")), timeout=10).placed

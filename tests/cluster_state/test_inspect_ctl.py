@@ -17,7 +17,7 @@ from bench.cli import main
 from cluster_state import ClusterStore, release, submit
 from cluster_state.client import AllocationStore
 from cluster_state.config import synthetic_config
-from cluster_state.errors import ConfigError
+from cluster_state.errors import GpuConfigError
 from cluster_state.grpc_api.service import serve_grpc
 from cluster_state.ops import GroupSpec, Member, inspect
 from consensus.runtime.cli import cluster_toml
@@ -209,7 +209,7 @@ def test_embedded_reconfigure_and_inspect(
         assert (await store.plan_reconfiguration(text))["changed"] is False
         same = await store.reconfigure(text)
         assert same.changed is False
-        with pytest.raises(ConfigError):
+        with pytest.raises(GpuConfigError):
             await store.reconfigure("physicalCluster: 1")
         with pytest.raises(ValueError, match="kind"):
             await store.inspect("trees")

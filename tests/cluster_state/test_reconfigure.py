@@ -267,3 +267,90 @@ def test_a_renamed_leaf_type_keeps_the_groups() -> None:
     assert result[3]["groups"] == {"k": {"outcome": "kept"}, "v": {"outcome": "kept"}}
     check_invariants(d.store.allocator)
     assert d.store.topology.chains_for_leaf.keys() == {"K80-12G", "V100"}
+
+
+# --------------------------------------------------------------------------- HiveD's recovery
+# (issue 36 point 6) A leaf is covered again only by a VC cell of the type that covered it
+# before (HiveD's preassignedCellTypes), found by name in the leaf's chain now.
+
+SOCKETS_AND_NODES = """
+physicalCluster:
+  cellTypes:
+    SWITCH: {childCellType: P100, childCellNumber: 2}
+    SOCKET: {childCellType: SWITCH, childCellNumber: 2}
+    NODE: {childCellType: SOCKET, childCellNumber: 2, isNodeLevel: true}
+    RACK: {childCellType: NODE, childCellNumber: 3}
+  physicalCells:
+  - cellType: RACK
+    cellChildren: [{cellAddress: n0}, {cellAddress: n1}, {cellAddress: n2}]
+virtualClusters:
+  VC: {virtualCells: [{cellType: RACK.NODE, cellNumber: NODES},
+                      {cellType: RACK.NODE.SOCKET, cellNumber: 2}]}
+"""
+
+
+def test_a_shrunk_quota_is_not_made_up_for_with_cells_of_another_type() -> None:
+    """HiveD's testReconfiguration, group9: a 7 + 5 gang on two node cells of a VC left with
+    one node cell and two socket cells is lazily preempted; covering the 5-GPU pod with the
+    sockets (4 + 1) is a placement HiveD never makes."""
+    d = Driver(ClusterStore(parse_config(SOCKETS_AND_NODES.replace("NODES", "2"))))
+    placed = d.apply(submit("g", "VC", 1, [(1, 7), (1, 5)]))
+    assert len({node for node, _ in devices(placed)}) == 2
+    result = d.apply(reconfigure(SOCKETS_AND_NODES.replace("NODES", "1")))
+    outcome = result[3]["groups"]["g"]
+    assert outcome["outcome"] == "downgraded", outcome
+    info = group(d, "g")
+    assert info is not None and info["downgraded"] and info["lazy_preemption"]["preemptor"] == ""
+    check_invariants(d.store.allocator)
+    # a gang on socket cells keeps them whatever happens to the node cells
+    d = Driver(ClusterStore(parse_config(SOCKETS_AND_NODES.replace("NODES", "2"))))
+    for name in ("a", "b"):
+        d.apply(submit(name, "VC", 1, [(1, 8)]))
+    small = d.apply(submit("s", "VC", 1, [(1, 4)]))
+    assert small[0] == "placed"
+    d.apply(reconfigure(SOCKETS_AND_NODES.replace("NODES", "1")))
+    kept = {name: (info := group(d, name)) is not None and not info["downgraded"]
+            for name in ("a", "b", "s")}
+    assert kept == {"a": True, "b": False, "s": True}, kept  # b: the newer node-cell group
+    check_invariants(d.store.allocator)
+
+
+SHORTENED = """
+physicalCluster:
+  cellTypes:
+    PAIR: {childCellType: GPU, childCellNumber: 2}
+    NODE: {childCellType: PAIR, childCellNumber: 2, isNodeLevel: true}
+    RACK: {childCellType: NODE, childCellNumber: 2}
+  physicalCells:
+  - cellType: RACK
+    cellChildren: [{cellAddress: n0}, {cellAddress: n1}]
+virtualClusters:
+  VC: {virtualCells: [{cellType: RACK.NODE, cellNumber: 1}]}
+"""
+
+
+def test_cell_types_are_found_by_name_in_a_changed_chain() -> None:
+    """HiveD's testReconfiguration: a node whose cell type loses its sub-node levels keeps its
+    group (the type is found at its new level); a group covered by a type the leaf's chain no
+    longer has (group13: its nodes now top-level single nodes) is lazily preempted."""
+    d = Driver(ClusterStore(parse_config(SHORTENED)))
+    assert d.apply(submit("g", "VC", 1, [(1, 4)]))[0] == "placed"
+    flat = SHORTENED.replace("NODE: {childCellType: PAIR, childCellNumber: 2, isNodeLevel: true}",
+                        "NODE: {childCellType: GPU, childCellNumber: 4, isNodeLevel: true}")
+    result = d.apply(reconfigure(flat))
+    assert result[3]["groups"]["g"] == {"outcome": "kept"}, result[3]
+    check_invariants(d.store.allocator)
+    # a whole rack for the VC; the rack is then split into two single nodes
+    rack = SHORTENED.replace("cellType: RACK.NODE, cellNumber: 1", "cellType: RACK, cellNumber: 1")
+    d = Driver(ClusterStore(parse_config(rack)))
+    assert d.apply(submit("r", "VC", 1, [(2, 4)]))[0] == "placed"
+    old_rack = "  - cellType: RACK\n    cellChildren: [{cellAddress: n0}, {cellAddress: n1}]"
+    new_cells = ("  - {cellType: NODE, cellAddress: n0}\n  - {cellType: NODE, cellAddress: n1}\n"
+                 "  - cellType: RACK\n    cellChildren: [{cellAddress: m0}, {cellAddress: m1}]")
+    split = rack.replace(old_rack, new_cells).replace(
+        "cellType: RACK, cellNumber: 1", "cellType: RACK, cellNumber: 1}, "
+        "{cellType: NODE, cellNumber: 2")
+    result = d.apply(reconfigure(split))
+    outcome = result[3]["groups"]["r"]
+    assert outcome["outcome"] == "downgraded" and "RACK cell" in outcome["reason"], outcome
+    check_invariants(d.store.allocator)

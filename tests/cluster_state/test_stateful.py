@@ -103,6 +103,53 @@ class AllocationMachine(RuleBasedStateMachine):
             for victim in result[2]:
                 assert self.store.allocator.groups[victim].priority < priority
 
+    @rule(
+        vc=st.integers(0, 9),
+        priority=PRIORITIES,
+        shape=SHAPES,
+        chosen=st.sets(st.integers(0, 1000), max_size=6),
+    )
+    def submit_inside_suggested_nodes(
+        self, vc: int, priority: int, shape: list[tuple[int, int]], chosen: set[int]
+    ) -> None:
+        """A group is placed (or reserves) inside the nodes Kubernetes suggests, or waits."""
+        vc_name = self.topo.vcs[vc % len(self.topo.vcs)]
+        names = sorted(self.topo.nodes)
+        suggested = {names[i % len(names)] for i in chosen}
+        name = self._name()
+        before = allocation_state(self.store)
+        result = self._apply(submit(name, vc_name, priority, shape, suggested=suggested))
+        if result[0] in {"waiting", "error"}:
+            assert allocation_state(self.store) == before
+        else:
+            held = self.store.allocator.groups[name].leaves()
+            assert {self.topo.node_name[leaf] for leaf in held} <= suggested, result
+
+    @rule(data=st.data(), chosen=st.sets(st.integers(0, 1000), max_size=6))
+    def resubmit_preemptor_with_suggested_nodes(self, data: st.DataObject,
+                                                chosen: set[int]) -> None:
+        """A preemptor submitted again keeps its reservation inside the suggested nodes,
+        else it is cancelled and planned again inside them."""
+        preempting = sorted(n for n, g in self.store.allocator.groups.items() if g.preempting)
+        if not preempting:
+            return
+        name = data.draw(st.sampled_from(preempting))
+        group = self.store.allocator.groups[name]
+        spec, before = group.spec, group.leaves()
+        names = sorted(self.topo.nodes)
+        suggested = {names[i % len(names)] for i in chosen}
+        inside = {self.topo.node_name[leaf] for leaf in before} <= suggested
+        result = self._apply(submit(spec.name, spec.vc, spec.priority, spec.members,
+                                    leaf_type=spec.leaf_type, pinned=spec.pinned,
+                                    lazy=spec.lazy, suggested=suggested))
+        now = self.store.allocator.groups.get(name)
+        if inside:
+            assert now is not None and now.leaves() == before, result
+        else:
+            assert ("cancelled", name) in self._changes()
+            if now is not None:
+                assert {self.topo.node_name[leaf] for leaf in now.leaves()} <= suggested
+
     @rule(data=st.data())
     def release_group(self, data: st.DataObject) -> None:
         names = sorted(self.store.allocator.groups)

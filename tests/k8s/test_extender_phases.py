@@ -20,7 +20,12 @@ from cluster_state.client import AllocationStore
 from cluster_state.config import load_config
 from cluster_state.events import ChangeEvent
 from cluster_state.k8s.extender import Extender, GangReaper
-from cluster_state.k8s.hived import BIND_INFO_ANNOTATION, FENCING_ANNOTATION, ISOLATION_ANNOTATION
+from cluster_state.k8s.hived import (
+    BIND_INFO_ANNOTATION,
+    FENCING_ANNOTATION,
+    ISOLATION_ANNOTATION,
+    pod_request,
+)
 from cluster_state.k8s.kube import KubeApi
 from cluster_state.k8s.nodes import NodeWatcher
 from cluster_state.k8s.web import serve
@@ -150,11 +155,12 @@ async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
         "Pod": high, "NodeNameToMetaVictims": {n: {"Pods": [], "NumPDBViolations": 0}
                                                for n in NODES}})
     assert status == 200
+    # the victims on every node they run on (kube-scheduler picks the node it preempts on)
     victims = preempt["nodeNameToMetaVictims"]
-    assert len(victims) == 1
-    (victim_node, meta), = victims.items()
-    on_node = [p["metadata"]["uid"] for p in low if p["spec"]["nodeName"] == victim_node]
-    assert [v["uid"] for v in meta["pods"]] == on_node
+    assert set(victims) == {p["spec"]["nodeName"] for p in low} and len(victims) == 2
+    for victim_node, meta in victims.items():
+        on_node = [p["metadata"]["uid"] for p in low if p["spec"]["nodeName"] == victim_node]
+        assert [v["uid"] for v in meta["pods"]] == on_node
     assert s.group("high")["state"] == "preempting"  # type: ignore[index]
     assert "waiting for the preemption" in next(iter((await s.filter(high))["failedNodes"]
                                                     .values()))
@@ -167,23 +173,79 @@ async def test_filter_preempt_bind_and_release(setup: Setup) -> None:
     assert s.api.bindings[-1]["target"]["name"] == node
 
 
-async def test_ignore_k8s_suggested_nodes_false_waits_for_suggested_ones(setup: Setup) -> None:
+async def test_ignore_k8s_suggested_nodes_false_plans_inside_the_suggested_ones(
+    setup: Setup,
+) -> None:
     s = setup
     pod = gang("picky", 1, 4, vc="vc2", ignore_suggested=False)[0]
     s.api.add_pod(pod)
-    _, plan = await s.client.plan_submit(
-        (await asyncio.to_thread(lambda: None)) or __import__(
-            "cluster_state.k8s.hived", fromlist=["pod_request"]).pod_request(pod).spec)
+    _, plan = await s.client.plan_submit(pod_request(pod).spec)
     planned = plan.pods[0][1]  # type: ignore[union-attr]
     others = tuple(n for n in NODES if n != planned)
-    refused = await s.filter(pod, others)
-    assert refused["nodenames"] == [] and "filtered out" in refused["failedNodes"][others[0]]
-    assert s.group("picky") is None
+    # the store searches inside the suggested nodes: another of vc2's cells
+    taken = await s.filter(pod, others)
+    assert taken["nodenames"] and taken["nodenames"][0] in others, taken
+    # none of the suggested nodes will do: the pod waits, and says why
+    stuck = gang("stuck", 1, 4, vc="vc2", ignore_suggested=False)[0]
+    s.api.add_pod(stuck)
+    refused = await s.filter(stuck, (taken["nodenames"][0],))
+    assert refused["nodenames"] == [] and "suggested nodes" in next(
+        iter(refused["failedNodes"].values()))
+    assert s.group("stuck") is None
     # the default (true) takes the plan whatever Kubernetes suggests, as HiveD does
     lax = gang("lax", 1, 4, vc="vc2")[0]
     s.api.add_pod(lax)
-    assert (await s.filter(lax, others))["nodenames"]
-    assert (await s.filter(pod, NODES))["nodenames"]
+    assert (await s.filter(lax, (taken["nodenames"][0],)))["nodenames"]
+
+
+async def test_preemption_inside_the_candidate_nodes_and_cancelled_when_they_change(
+    setup: Setup,
+) -> None:
+    s = setup
+    low = gang("low", 2, 4, vc="vc2")
+    for pod in low:
+        s.api.add_pod(pod)
+        await schedule(s, pod)
+    high = gang("high", 1, 4, vc="vc2", priority=100, ignore_suggested=False)[0]
+    s.api.add_pod(high)
+    first, second = sorted(p["spec"]["nodeName"] for p in low)
+    gang_victims = {p["spec"]["nodeName"]: {"pods": [{"uid": p["metadata"]["uid"]}],
+                                            "numPDBViolations": 0} for p in low}
+    # a newer kube-scheduler names its candidates in nodeToVictims; the whole victim gang
+    # goes, so its pods on both nodes are named
+    status, answer = await s.post("preempt", {"pod": high, "nodeToVictims": {
+        second: {"pods": [], "numPDBViolations": 0}}})
+    assert (status, answer) == (200, {"nodeNameToMetaVictims": gang_victims})
+    info = s.group("high")
+    assert info is not None and {node for _, node, _ in info["pods"]} == {second}
+    # the candidates changed: the reservation on `second` is cancelled, made on `first`
+    status, answer = await s.post("preempt", {"Pod": high, "NodeNameToVictims": {
+        first: {"Pods": [], "NumPDBViolations": 0}}})
+    assert (status, answer) == (200, {"nodeNameToMetaVictims": gang_victims})
+    assert ("cancelled", "high") in [(e.kind, e.subject) for e in s.store.events_since(0)]
+    info = s.group("high")
+    assert info is not None and {node for _, node, _ in info["pods"]} == {first}
+    # no candidate will do: cancelled, no victims named
+    status, answer = await s.post("preempt", {"Pod": high, "NodeNameToMetaVictims": {
+        n: {"Pods": [], "NumPDBViolations": 0} for n in NODES if n not in (first, second)}})
+    assert (status, answer) == (200, {"nodeNameToMetaVictims": {}})
+    assert s.group("high") is None
+
+
+async def test_bind_needs_every_field_of_its_arguments(setup: Setup) -> None:
+    s = setup
+    pod = gang("tidy", 1, 2)[0]
+    s.api.add_pod(pod)
+    node = (await s.filter(pod))["nodenames"][0]
+    full = {"PodName": "tidy-0", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
+            "Node": node}
+    for missing in ("PodUID", "PodNamespace", "PodName", "Node"):
+        status, body = await s.post("bind", {k: v for k, v in full.items() if k != missing})
+        assert status == 400 and "All fields should not be empty" in body["error"], missing
+    assert not s.api.bindings
+    wrong = await s.post("bind", {**full, "PodUID": "someone-else"})
+    assert wrong[0] == 200 and "is now uid" in wrong[1]["error"]
+    assert await s.post("bind", full) == (200, {"error": ""})
 
 
 async def test_bad_requests_and_inspect(setup: Setup) -> None:

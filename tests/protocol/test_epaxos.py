@@ -271,7 +271,8 @@ def test_recovery_of_an_instance_nobody_saw_commits_a_no_op_and_the_owner_fails_
     turn(owner, key_cmd(7, "a"))
     ready = turn(owner, ECommit(src=1, view=0, owner=0, index=0, ballot=ballot, batch=(),
                                 seq=0, deps=(-1, -1, -1)))
-    assert [f.command.seq for f in ready.failed] == [7] and ready.failed[0].definite
+    # failed, not definitely: a client retry may carry it in another replica's instance
+    assert [f.command.seq for f in ready.failed] == [7] and not ready.failed[0].definite
 
 
 # --------------------------------------------------------------------------- TryPreAccept

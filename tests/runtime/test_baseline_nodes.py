@@ -60,6 +60,8 @@ async def scenario(config: ClusterConfig) -> None:
                          "replicas did not converge", timeout_s=5)
         assert len({node.state_machine.snapshot() for node in nodes}) == 1
         assert "sdpaxos_is_sequencer 0" in render(nodes[0])
+        leads = config.protocol_name == "multipaxos"  # (its leader: replica 1)
+        assert f"sdpaxos_is_sequencer {int(leads)}" in render(nodes[1])
         assert "sdpaxos_c_recoveries_total 0" in render(nodes[0])
     finally:
         for node in nodes:

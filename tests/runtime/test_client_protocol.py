@@ -14,7 +14,10 @@ from consensus.runtime.client_protocol import (
     NO_REQUEST,
     BadRequest,
     ClientRequest,
+    Cut,
+    decode_partition,
     decode_request,
+    encode_partition,
 )
 
 
@@ -41,6 +44,32 @@ def test_a_decoded_request_is_the_encoded_one() -> None:
 def test_a_malformed_request_is_refused(fields: list[object]) -> None:
     with pytest.raises(DecodeError):
         decode_request(msgpack.packb(fields, use_bin_type=True))
+
+
+def test_a_partition_op_is_a_two_way_list_or_a_one_way_map() -> None:
+    both = frozenset({1, 2})
+    assert decode_partition(msgpack.packb([1, 2]), 3) == Cut(both, both)
+    assert decode_partition(msgpack.packb([]), 3) == Cut(frozenset(), frozenset())  # heal
+    one_way = decode_partition(encode_partition([2], []), 3)
+    assert one_way == Cut(drop_from=frozenset({2}), drop_to=frozenset())
+    assert decode_partition(encode_partition([0], [1, 2]), 3) == Cut(frozenset({0}), both)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        msgpack.packb([3]),  # not a replica of three
+        msgpack.packb([True]),  # a bool is no id
+        msgpack.packb({"from": [1]}),  # both directions must be given
+        msgpack.packb({"from": [1], "into": [2]}),
+        msgpack.packb({"from": 1, "to": []}),
+        msgpack.packb([0, 1, 2, 0]),  # longer than the cluster
+        b"\xc1",  # not msgpack
+    ],
+)
+def test_a_malformed_partition_op_is_refused(op: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_partition(op, 3)
 
 
 @pytest.mark.parametrize(("fields", "req_id", "reason"), [

@@ -93,6 +93,15 @@ async def traffic(tmp_path: Path) -> None:
 
         # a follower grants the sequencer its read lease (heartbeats ask for it)
         await wait_until(lambda: granted_to() == 0, "lease granted to the sequencer")
+
+        def peer_positions() -> dict[str, float]:
+            family = families(render(follower))["sdpaxos_peer_executed_slots"]
+            return {s.labels["peer"]: s.value for s in family.samples}
+
+        # ... and hears from the heartbeats how far the others executed
+        everyone = leader.executed_slot
+        await wait_until(lambda: peer_positions() == {"0": everyone, "2": everyone},
+                         "the peers' positions")
         # the sequencer goes: the survivors move to a new view, and count it
         await leader.stop()
         await wait_until(lambda: follower.stats.view_changes > 0, "a view change", 10)

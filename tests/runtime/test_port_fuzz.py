@@ -12,8 +12,9 @@ import pytest
 
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
 from consensus.errors import DefiniteFailure
-from consensus.messages import Heartbeat
+from consensus.messages import Command, Heartbeat
 from consensus.runtime.client import Client, cut_off
+from consensus.runtime.client_protocol import ClientRequest, encode_partition
 from consensus.runtime.cluster_config import parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -21,7 +22,9 @@ from consensus.runtime.transport import Handshake
 from consensus.statemachine import KVStore, kv_get, kv_put
 
 
-def cluster(tmp_path: Path) -> tuple[list[ReplicaNode], list[tuple[str, int]]]:
+def cluster(
+    tmp_path: Path, *, fault_injection: bool = False
+) -> tuple[list[ReplicaNode], list[tuple[str, int]]]:
     base = free_base_port()
     raw = {
         "cluster_id": "fuzz",
@@ -37,7 +40,8 @@ def cluster(tmp_path: Path) -> tuple[list[ReplicaNode], list[tuple[str, int]]]:
         ],
     }
     config = parse_cluster_config(raw, base=tmp_path, source="test")
-    nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+    nodes = [ReplicaNode(config, i, KVStore(), fsync=False, fault_injection=fault_injection)
+             for i in range(3)]
     return nodes, [spec.client_address for spec in config.replicas]
 
 
@@ -149,9 +153,36 @@ def test_partition_requests_are_refused_without_fault_injection(tmp_path: Path) 
         try:
             with pytest.raises(DefiniteFailure, match="fault injection is disabled"):
                 await cut_off(clients[0], [1, 2])
-            assert nodes[0].transport.blocked == frozenset()
+            assert nodes[0].transport.drop_from == nodes[0].transport.drop_to == frozenset()
         finally:
             for node in nodes:
                 await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_partition_request_cuts_one_way_or_both_and_a_bad_one_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    async def run() -> None:
+        nodes, _ = cluster(tmp_path, fault_injection=True)
+        node = nodes[1]
+
+        def ask(op: bytes) -> str:
+            command = Command(client_id=0, seq=0, op=op, keys=())
+            return node._partition(ClientRequest(4, "partition", command)).status
+
+        try:
+            assert ask(encode_partition(drop_from=[0], drop_to=[])) == "ok"  # 1 hears not 0
+            assert (node.transport.drop_from, node.transport.drop_to) == ({0}, set())
+            assert ask(msgpack.packb([0, 1, 2])) == "ok"  # both ways; never itself
+            assert node.transport.drop_from == node.transport.drop_to == {0, 2}
+            assert ask(msgpack.packb({"from": [0], "to": [7]})) == "error"
+            assert node.transport.drop_from == node.transport.drop_to == {0, 2}
+            assert ask(msgpack.packb([])) == "ok"
+            assert node.transport.drop_from == node.transport.drop_to == frozenset()
+        finally:
+            for each in nodes:
+                await each.stop()
 
     asyncio.run(asyncio.wait_for(run(), 30))

@@ -242,8 +242,9 @@ async def test_roles_are_checked_as_commands_apply(tmp_path: Path) -> None:
                 await sched.read(kv_get("k"), ["k"])
         for node in nodes:
             await applied(node, 3)
-            state = node.state_machine.snapshot()
-            assert b"reader" not in state and b"blind" not in state
+            # refused, so nothing changed but the sessions' memory of the refusals (a later
+            # copy of a refused request is refused too: issue 39)
+            assert node.state_machine.data == {"k": "v"}  # type: ignore[attr-defined]
 
 
 async def test_revoked_certificate_stops_working_after_reload(

@@ -255,9 +255,37 @@ async def test_held_frames_are_bounded_and_blocked_peers_are_dropped_at_delivery
         async with raw_peer(addresses[1], hello) as (_, writer):
             writer.write(stamped(b"cut", _now_us()))
             await until(lambda: receiver.stats.frames_received == 12)
-            receiver.blocked = frozenset({0})
+            receiver.drop_from = frozenset({0})
             await until(lambda: receiver.stats.frames_dropped == 8)
         assert len(inbox.frames) == 4
+
+
+async def test_a_one_way_cut_drops_one_direction_and_the_other_still_works() -> None:
+    """The test-only fault layer: 0 drops what it sends to 1 (1 cannot hear 0, 0 hears 1),
+    then what arrives from 1 (0 cannot hear 1, 1 hears 0). A frame sent after a dropped one
+    on the same connection proves the first was dropped, not late."""
+    addresses = two_addresses()
+    inboxes = [Inbox(), Inbox()]
+    async with (
+        transport(0, addresses, 0, inboxes[0]) as zero,
+        transport(1, addresses, 0, inboxes[1]) as one,
+    ):
+        await until(lambda: zero._links[1].connected and one._links[0].connected)
+        zero.drop_to = frozenset({1})
+        zero.send(1, b"lost to 1")
+        one.send(0, b"heard by 0")
+        await inboxes[0].wait_for(1)
+        zero.drop_to, zero.drop_from = frozenset(), frozenset({1})
+        one.send(0, b"lost at 0")
+        zero.send(1, b"heard by 1")
+        await inboxes[1].wait_for(1)
+        await until(lambda: zero.stats.frames_dropped == 2)  # one at send, one on arrival
+        zero.drop_from = frozenset()
+        one.send(0, b"healed")
+        await inboxes[0].wait_for(2)
+    assert inboxes[0].payloads == [b"heard by 0", b"healed"]
+    assert inboxes[1].payloads == [b"heard by 1"]
+    assert zero.stats.frames_dropped == 2 and one.stats.frames_dropped == 0
 
 
 async def test_an_on_frame_that_raises_closes_only_that_connection() -> None:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consensus.sim.history import HistoryFormatError, Operation, dump_jsonl, load_jsonl
-from consensus.sim.lincheck import Verdict, brute_force_check, check_history, run
+from consensus.sim.lincheck import Verdict, brute_force_check, check_history, check_keys, run
 
 
 def w(client: int, value: str, call: int, ret: int | None, key: str = "x") -> Operation:
@@ -90,6 +90,41 @@ def test_illegal_result_names_the_key_and_a_partial_order() -> None:
     result = check_history([w(1, "a", 0, 10, "k"), r(2, None, 20, 30, "k")], timeout_s=5)
     assert result.key == "k"
     assert [op.op for op in result.partial] == ["write"]
+
+
+def test_illegal_result_says_where_the_search_got_stuck() -> None:
+    # "b" is acknowledged at 30; a read from 40 to 50 sees "a" again. The deepest legal
+    # prefix is write a, write b, the overlapping read of "b"; there the register holds "b"
+    # and the stale read, the only operation that may go next, cannot.
+    history = [w(1, "a", 0, 10), w(2, "b", 20, 30), r(3, "a", 40, 50), r(4, "b", 45, 55),
+               r(5, "b", 60, 70), w(6, "c", 80, 90), r(7, "y", 0, 5, key="y")]
+    result = check_history(history, timeout_s=5)
+    assert result.verdict is Verdict.ILLEGAL and result.key == "x"
+    assert result.partial == [*history[:2], history[3]] and result.state == "b"
+    assert result.stuck == [history[2]]
+    where = result.where_stuck(context=1)
+    assert where == {"key": "x", "linearized": 3, "last_linearized": [history[3].to_json()],
+                     "state": "b", "stuck": [history[2].to_json()]}
+    text = "\n".join(result.describe_stuck())
+    assert "key 'x': 3 operations linearized" in text and "holds 'b'" in text
+    assert "client 3 read -> 'a' [call 40, return 50]" in text
+    # stuck at once: the operations overlapping the first one are the window
+    first = check_history([r(1, "z", 0, 10), r(2, "q", 5, 20), w(3, "z", 30, 40)], timeout_s=5)
+    assert first.verdict is Verdict.ILLEGAL and first.partial == [] and first.state is None
+    assert [op.client for op in first.stuck] == [1, 2]
+
+
+def test_every_key_is_checked_and_an_undecided_key_hides_no_violation() -> None:
+    # key "a" is small and cannot be decided at once; key "b" is larger, checked after it,
+    # and has a lost write (the old checker stopped at the first undecided key)
+    hard = [w(i, f"v{i}", 0, None, key="a") for i in range(20)] + [r(99, "no", 99, 100, "a")]
+    lost = [w(1, f"u{i}", 10 * i, 10 * i + 5, key="b") for i in range(40)]
+    lost.append(r(2, "u0", 1000, 1010, key="b"))
+    results = check_keys(hard + lost, timeout_s=0.0)
+    assert [(r.key, r.verdict) for r in results] == [("a", Verdict.UNKNOWN),
+                                                     ("b", Verdict.ILLEGAL)]
+    assert check_history(hard + lost, timeout_s=0.0).key == "b"
+    assert check_history(hard, timeout_s=0.0).verdict is Verdict.UNKNOWN
 
 
 # ---------------------------------------------------------------- agreement with brute force
@@ -199,7 +234,11 @@ def test_cli_exit_codes(tmp_path: Path, ops: list[Operation], code: int,
     with path.open("w") as out:
         dump_jsonl(ops, out)
     assert run(argparse.Namespace(history=str(path), timeout=5.0, json=True)) == code
-    assert json.loads(capsys.readouterr().out)["operations"] == len(ops)
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["operations"] == len(ops)
+    assert ("where" in answer) == (code == 1)
+    assert run(argparse.Namespace(history=str(path), timeout=5.0, json=False)) == code
+    assert ("none of these can go next" in capsys.readouterr().out) == (code == 1)
 
 
 def test_cli_unknown_and_malformed(tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ from consensus.protocol.epaxos.state import (
 )
 from consensus.protocol.ready import Failure, Outgoing, Ready
 from consensus.protocol.slotlog import Key, key_of
-from consensus.protocol.types import SnapshotMeta
+from consensus.protocol.status import CoreStatus
+from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["EPaxosReplica"]
 
@@ -221,6 +222,12 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
 
     def executed_through(self) -> int:
         return self.exec_slot - 1
+
+    def status(self) -> CoreStatus:
+        """A peer among peers. No peer positions: ``executed`` counts the commands executed
+        here, in an order of its own, and heartbeats carry the next own index."""
+        return CoreStatus(role=Role.PEER, view=self.view, executed=self.exec_slot,
+                          voters=tuple(range(self.n)))
 
     # ------------------------------------------------------------------ plumbing
     def _enter(self, now: int) -> None:
@@ -540,7 +547,8 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
 
     def _own_decided(self, index: int, batch: Batch) -> None:
         """Our instance ``index`` is committed: its commands are ready; those we proposed in
-        it that a recovery replaced (with a no-op) failed for good."""
+        it that a recovery replaced (with a no-op) failed, not definitely: the client may
+        have sent them to another replica too (``ready.Failure``'s rule)."""
         chosen = {key_of(command) for command in batch}
         for command in batch:
             key = key_of(command)
@@ -555,7 +563,8 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
             lost_command = self._mine.pop(key, None)
             if lost_command is not None:
                 self._out.failed.append(
-                    Failure(lost_command, True, "instance recovered as a no-op")
+                    Failure(lost_command, False, "instance recovered as a no-op; another "
+                            "copy of the request may still run: retry it, or settle it")
                 )
 
     # ------------------------------------------------------------------ timers

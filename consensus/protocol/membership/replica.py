@@ -69,6 +69,7 @@ from consensus.protocol.membership.config import (
 from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
 from consensus.protocol.sdpaxos.instances import NEVER, NO_SLOT
 from consensus.protocol.sdpaxos.replica import SDPaxosReplica
+from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["LEARN_BATCH", "PROMOTE_LAG", "MemberReplica", "config_of", "record_of"]
@@ -196,6 +197,25 @@ class MemberReplica:
 
     def executed_through(self) -> int:
         return self.exec_slot - 1
+
+    def status(self) -> CoreStatus:
+        """The epoch core's status in member ids and global slots; a member that does not
+        vote is a learner (or removed) that knows no view, sequencer or peers' positions."""
+        config = self.config
+        if self.core is None:
+            return CoreStatus(
+                role=Role.REMOVED if self.removed else Role.LEARNER, view=self.view,
+                executed=self.exec_slot, voters=config.voters, epoch=config.epoch, voting=False,
+            )
+        inner = self.core.status()
+        voters, base = config.voters, config.base
+        return dataclasses.replace(
+            inner, executed=base + inner.executed, voters=voters, epoch=config.epoch,
+            leader=None if inner.leader is None else voters[inner.leader],
+            peer_executed={voters[peer]: base + at for peer, at in inner.peer_executed.items()},
+            lease_granted_to=(None if inner.lease_granted_to is None
+                              else voters[inner.lease_granted_to]),
+        )
 
     def committed_log(self) -> Mapping[int, Batch]:
         if self.core is None:

@@ -26,8 +26,9 @@ Rules:
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
   the new view gave to someone else.
-* Our instance decided with another value (a recoverer's no-op): its commands failed,
-  definitely (``_own_decided``).
+* Our instance decided with another value (a recoverer's no-op): the commands we proposed in
+  it will never execute from it, but their requests may still execute from another copy, so
+  they fail *indefinitely* (``_own_decided``; the rule is ``ready.Failure``'s).
 * Retransmission (``retransmit``): what is not chosen after the adaptive timeout
   (``RtoEstimator``; Karn: only instances sent once are sampled) is sent again to the peers
   that did not acknowledge it, with one ``CRequest`` for the latest late index; a serving
@@ -59,7 +60,11 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["CPhase"]
+__all__ = ["RECOVERED_WITHOUT", "CPhase"]
+
+#: why a command we proposed failed when our instance was decided without it
+RECOVERED_WITHOUT = ("its instance was recovered without it; another copy of the request "
+                     "may still run: retry it, or settle it")
 
 
 class CPhase:
@@ -249,7 +254,14 @@ class CPhase:
         r.readiness.check_ready()
 
     def _own_decided(self, index: int, inst: CInstance) -> None:
-        """Our instance was chosen: if not with what we proposed, its commands failed."""
+        """Our instance was chosen: if not with what we proposed, its commands failed.
+
+        Not definitely (``ready.Failure``): the copy we proposed here never executes, but
+        the client may have sent the same request elsewhere — after a timeout, or because we
+        crashed — and the instance of the replica it asked then may carry it and be chosen,
+        ordered and executed whatever became of ours. Nothing here can tell: which instances
+        hold a request is known to its client only. So the outcome is left open; the client
+        retries (the session table applies the request once) or settles it through the log."""
         r = self.r
         self.rtt_probes.pop(index, None)
         # ours from this incarnation, or found in our records at a restart
@@ -261,9 +273,8 @@ class CPhase:
         chosen = set(inst.batch or ())
         for command in proposed:
             if command not in chosen:
-                r.out.failed.append(
-                    Failure(command, True, "its instance was recovered without it")
-                )
+                r.out.failed.append(Failure(command, "definite_recovered" in r.unsafe,
+                                            RECOVERED_WITHOUT))
 
     def _promised(self, owner: int, index: int) -> int:
         r = self.r

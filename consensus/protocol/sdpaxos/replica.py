@@ -87,6 +87,7 @@ from consensus.protocol.sdpaxos.sequencer import Sequencer
 from consensus.protocol.sdpaxos.snapshots import Snapshots
 from consensus.protocol.sdpaxos.straggler import StragglerDetector
 from consensus.protocol.sdpaxos.view_change import ViewChange
+from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["SDPaxosReplica"]
@@ -387,6 +388,18 @@ class SDPaxosReplica:
 
     def executed_through(self) -> int:
         return self.exec_slot - 1
+
+    def status(self) -> CoreStatus:
+        """Role, view, execution frontier, the peers' reported frontiers and the leases
+        (replicas are this core's indexes, slots its own: see ``MemberReplica.status``)."""
+        granted = self.lease_granted()
+        return CoreStatus(
+            role=self.role, view=self.view, executed=self.exec_slot,
+            voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
+            peer_executed={peer: self.peer_executed[peer] for peer in self.peers},
+            lease_held=self.lease_valid(),
+            lease_granted_to=None if granted == NO_HOLDER else granted,
+        )
 
     @property
     def recoveries_started(self) -> int:

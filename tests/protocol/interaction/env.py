@@ -19,6 +19,10 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
 ``propose <r> <key>=<value> [<key>=<value> ...]``
     blind writes (``kv_put``) proposed at replica ``r`` in one turn (so in one batch). Every
     command gets the next sequence number of client 1; it prints as ``key=value``.
+``retry <r> <key>=<value>``
+    a client retry: the write last proposed as ``key=value`` proposed again at replica ``r``,
+    with the same (client id, seq) (as the native client sends it to the next replica after
+    a timeout). Only the first copy in the log takes effect (the session table).
 ``read <r> <key>``
     a linearizable read (``kv_get``, client 2) at replica ``r``; prints as ``get(key)``.
 ``process-ready <rs>``
@@ -81,6 +85,10 @@ Output of a Ready (``> r handling Ready``), in the order a driver carries it out
     read get(key) -> value               a linearizable read served
     failed <command> definite=B: reason  a command led here failed
     snapshot-request d                   peer d needs our snapshot
+
+Checked after every step, whatever the script: a request reported failed *definitely*
+(``Failure.definite``: it never took effect, nor will) is never executed by any replica, before
+or after the report. A violation is an error naming both.
 
 Messages print without ``src`` (the arrow names it) and without ``view`` when it is 0.
 Commands print as ``key=value`` / ``get(key)``; batches as ``[a=1,b=2]`` (``[]``: a no-op);
@@ -159,7 +167,9 @@ class _Node:
 class InteractionEnv:
     """Replicas, links and a clock, driven by the commands in the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, unsafe: frozenset[str] = frozenset()) -> None:
+        #: broken-on-purpose variants every core of the cluster runs (teeth tests)
+        self.unsafe = unsafe
         self.config: ProtocolConfig | None = None
         self.nodes: list[_Node] = []
         self.now = 0
@@ -172,6 +182,12 @@ class InteractionEnv:
         self.hidden: frozenset[str] = frozenset()
         self.labels: dict[tuple[int, int], str] = {}
         self._seqs = {WRITER: 0, READER: 0}
+        #: the command last proposed under each label (what ``retry`` proposes again)
+        self._proposed: dict[str, Command] = {}
+        #: requests reported failed definitely: (client id, seq) -> where
+        self._definite: dict[tuple[int, int], str] = {}
+        #: requests some replica executed (their first copy): (client id, seq) -> where
+        self._executed: dict[tuple[int, int], str] = {}
 
     # ------------------------------------------------------------------ dispatch
     def handle(self, block: Block) -> str:
@@ -276,7 +292,7 @@ class InteractionEnv:
             raise ValueError("the cluster exists already")
         positional = block.positional()
         n = int(positional[0])
-        settings: dict[str, object] = {"replicas": n}
+        settings: dict[str, object] = {"replicas": n, "unsafe": self.unsafe}
         for word in positional[1:]:
             if word != "thrifty":
                 raise ValueError(f"unknown flag {word!r}")
@@ -291,7 +307,7 @@ class InteractionEnv:
             _Node(rid=r, core=SDPaxosReplica(self.config, r, rng=random.Random(r)))
             for r in range(n)
         ]
-        defaults = ProtocolConfig(replicas=n)
+        defaults = ProtocolConfig(replicas=n, unsafe=self.unsafe)
         changed = [
             f"{name}={getattr(self.config, name)}"
             for name in known
@@ -307,7 +323,17 @@ class InteractionEnv:
             key, sep, value = pair.partition("=")
             if not sep or not key:
                 raise ValueError(f"expected key=value, got {pair!r}")
-            core.propose(self._command(WRITER, kv_put(key, value), key, pair), self.now)
+            command = self._command(WRITER, kv_put(key, value), key, pair)
+            self._proposed[pair] = command
+            core.propose(command, self.now)
+        return []
+
+    def cmd_retry(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        label = block.args[1]
+        if label not in self._proposed:
+            raise ValueError(f"nothing was proposed as {label!r}")
+        self._core(rid).propose(self._proposed[label], self.now)
         return []
 
     def cmd_read(self, block: Block) -> list[str]:
@@ -363,6 +389,7 @@ class InteractionEnv:
         for command in ready.ready:
             lines.append(f"ready {self.fmt_command(command)}")
         for ex in ready.apply:
+            self._note_execution(rid, ex.slot, ex.command, node.store)
             node.store.apply(ex.position, ex.command)
             where = f"{ex.slot}" if ex.offset == 0 else f"{ex.slot}.{ex.offset}"
             mine = " led here" if ex.led_here else ""
@@ -370,6 +397,8 @@ class InteractionEnv:
         for read in ready.reads:
             lines.append(f"read {self.fmt_command(read)} -> {_read_result(node.store, read)}")
         for failure in ready.failed:
+            if failure.definite:
+                self._note_definite(rid, failure.command)
             lines.append(
                 f"failed {self.fmt_command(failure.command)} "
                 f"definite={self._fmt_value('', failure.definite)}: {failure.reason}"
@@ -382,6 +411,24 @@ class InteractionEnv:
                 self._queue(rid, peer, node.snapshot)
                 lines.append(f"{rid}->{peer} {self.fmt_item(node.snapshot)}")
         return lines
+
+    def _note_execution(self, rid: int, slot: int, command: Command, store: KVStore) -> None:
+        if store.sessions.lookup(command.client_id, command.seq) is None:  # not a later copy
+            self._note(self._executed, self._definite, command,
+                       f"executed at replica {rid} in slot {slot}")
+
+    def _note_definite(self, rid: int, command: Command) -> None:
+        self._note(self._definite, self._executed, command, f"failed definitely at replica {rid}")
+
+    def _note(self, seen: dict[tuple[int, int], str], other: dict[tuple[int, int], str],
+              command: Command, where: str) -> None:
+        """Note what became of a request; a definite failure and an execution of the same
+        request, in either order, is a violation."""
+        key = (command.client_id, command.seq)
+        seen.setdefault(key, where)
+        if key in other:
+            raise AssertionError(f"a definite failure took effect: {self.fmt_command(command)} "
+                                 f"{other[key]}, then {where}")
 
     def _queue(self, src: int, dst: int, item: Item) -> None:
         if self.nodes[dst].core is None:

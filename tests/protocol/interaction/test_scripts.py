@@ -78,3 +78,13 @@ def test_a_bad_command_names_its_line(tmp_path: Path) -> None:
     path.write_text("add-nodes 3\n----\nok\n\npropose 7 x=1\n----\nok\n")
     with pytest.raises(ScriptError, match=r"bad.txt:5: .*no replica 7"):
         run_script(path, InteractionEnv().handle)
+
+
+def test_a_definite_failure_that_took_effect_fails_the_retry_script() -> None:
+    # Teeth for client_retry_recovered.txt (issue 39): a core that reports the command of an
+    # instance recovered without it as failed *definitely* (what every core did before) is
+    # caught by the environment's check, at the replica that reports it.
+    env = InteractionEnv(unsafe=frozenset({"definite_recovered"}))
+    with pytest.raises(AssertionError, match=r"a definite failure took effect: x=1 executed "
+                       r"at replica 1 in slot 1, then failed definitely at replica 2"):
+        run_script(TESTDATA / "client_retry_recovered.txt", env.handle)

@@ -12,7 +12,7 @@ step the safety invariants hold:
 
 At teardown the network heals — everything in flight is delivered and every replica's
 timers run, ``retransmit_us`` apart, until the cluster settles — and then every command a
-leader reported ready, and every command proposed that did not definitely fail, has executed
+leader reported ready, and every command proposed whose one copy did not fail, has executed
 on every replica, and every leader has reported its executed commands ready.
 
 Machines:
@@ -116,7 +116,8 @@ class SDPaxosMachine(RuleBasedStateMachine):
         for failure in ready.failed:
             key = (failure.command.client_id, failure.command.seq)
             assert self.view_changes, f"{key} failed without any recovery"
-            assert failure.definite
+            # never definite: the core cannot know of copies elsewhere (``ready.Failure``)
+            assert not failure.definite
             assert key not in self.ready_seen, f"{key} failed after it was ready"
             self.failed.add(key)
         # a command reported ready may not fail later either
@@ -192,7 +193,8 @@ class SDPaxosMachine(RuleBasedStateMachine):
                 key = (e.command.client_id, e.command.seq)
                 assert key in self.proposed, f"{key} was never proposed"
                 assert e.led_here == (self.proposed[key] == replica), (replica, e)
-                assert key not in self.failed, f"{key} executed after a definite failure"
+                # each command is proposed once here: its only copy failed, so it never runs
+                assert key not in self.failed, f"{key} executed after its only copy failed"
                 if not self.view_changes:
                     assert self.slot_owner.get((0, e.slot)) == self.proposed[key], (replica, e)
             # offsets restart at 0 in each slot and count up without a gap
