@@ -124,8 +124,9 @@ def start(config_path: Path, replica: int, log_dir: Path, extra: Sequence[str]) 
 def stop(config: ClusterConfig, replicas: Mapping[int, int],
          timeout_s: float = STOP_TIMEOUT_S) -> list[int]:
     """Stop the replica processes ``replicas`` (id -> pid, as ``running`` gives them): SIGTERM,
-    then SIGKILL for one still holding its directory after ``timeout_s``. Returns the ids
-    killed with SIGKILL. A pid that is gone, or no longer holds the directory, is left alone."""
+    then SIGKILL for one still holding its directory after ``timeout_s``; returns once each
+    released its directory and exited. Returns the ids killed with SIGKILL. A pid that is
+    gone, or no longer holds the directory, is left alone."""
     directories = replica_dirs(config)
     for pid in replicas.values():
         if pid != UNKNOWN_HOLDER:
@@ -135,24 +136,35 @@ def stop(config: ClusterConfig, replicas: Mapping[int, int],
     killed = []
     for replica, pid in replicas.items():
         directory = directories[replica]
-        while time.monotonic() < deadline and lock_holder(directory) is not None:
-            _reap(pid)
+
+        def stopped(pid: int = pid, directory: Path = directory) -> bool:
+            # the lock goes as the process leaves serve, just before it exits
+            return lock_holder(directory) is None and (pid == UNKNOWN_HOLDER or _gone(pid))
+
+        while time.monotonic() < deadline and not stopped():
             time.sleep(_POLL_S)
         if lock_holder(directory) == pid != UNKNOWN_HOLDER:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
             killed.append(replica)
-            while lock_holder(directory) is not None:
-                _reap(pid)
-                time.sleep(_POLL_S)
-        _reap(pid)
+        killed_by = time.monotonic() + timeout_s  # (a SIGKILL'd process goes at once)
+        while not stopped() and time.monotonic() < killed_by:
+            time.sleep(_POLL_S)
     return killed
 
 
-def _reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is our child (one this process started)."""
+def _gone(pid: int) -> bool:
+    """``pid`` has exited (collected if it was our child: one this process started)."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # exited, waiting for a parent other than us to collect it
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def write_pids(directory: Path, config: ClusterConfig) -> dict[int, int]:
@@ -237,18 +249,42 @@ async def wait_serving(
 # ---------------------------------------------------------------------------- the verbs
 
 
-def _load(directory: Path, verb: str) -> tuple[ClusterConfig, ssl.SSLContext | None] | None:
-    """The cluster of ``directory`` and its tools' TLS context; None (said why) if the file
-    does not load."""
+@dataclass(frozen=True, slots=True)
+class _Cluster:
+    """A cluster directory as ``up`` and ``restart`` find it."""
+
+    config: ClusterConfig
+    #: the tools' TLS context (None: a plaintext cluster)
+    tls: ssl.SSLContext | None
+    #: replica id -> client address, of the cluster file's replicas
+    addresses: dict[int, tuple[str, int]]
+    #: what runs now (``running``)
+    running: dict[int, int]
+    #: the log's members, as a running replica tells (``members_of``; None: none told)
+    members: set[int] | None
+
+
+def _find(directory: Path, only: int | None, verb: str, timeout_s: float) -> _Cluster | int:
+    """The cluster of ``directory``: what runs and the log's members; an exit code (said
+    why) when its file does not load or has no replica ``only``."""
     from consensus.errors import ConfigError
     from consensus.runtime.cluster_config import load_cluster_config
 
     try:
         config = load_cluster_config(directory / CONFIG_NAME)
-        return config, config.tls.tool() if config.tls is not None else None
+        tls = config.tls.tool() if config.tls is not None else None
     except ConfigError as exc:
         print(f"sdpaxos cluster {verb}: {exc}", file=sys.stderr)
-        return None
+        return USAGE
+    addresses = {spec.id: spec.client_address for spec in config.replicas}
+    if only is not None and only not in addresses:
+        print(f"sdpaxos cluster {verb}: the cluster file has no replica {only} "
+              f"(replicas {_ids(addresses)})", file=sys.stderr)
+        return USAGE
+    now = running(config)
+    answers = asyncio.run(statuses({r: addresses[r] for r in now if r in addresses}, tls,
+                                   timeout_s))
+    return _Cluster(config, tls, addresses, now, members_of(answers, config))
 
 
 def _ids(replicas: Iterable[int]) -> str:
@@ -261,29 +297,15 @@ def _replicas(replicas: Iterable[int]) -> str:
     return f"replica{'s' if len(ids) != 1 else ''} {_ids(ids)}"
 
 
-def _in_file(config: ClusterConfig, replica: int, verb: str) -> bool:
-    if any(spec.id == replica for spec in config.replicas):
-        return True
-    print(f"sdpaxos cluster {verb}: the cluster file has no replica {replica} "
-          f"(replicas {_ids(spec.id for spec in config.replicas)})", file=sys.stderr)
-    return False
-
-
 def up(directory: Path, only: int | None, timeout_s: float, extra: Sequence[str]) -> int:
     """``sdpaxos cluster up [--id N]`` (see the module); 0 once everything started serves,
     1 if something failed (what this command started is stopped again), 2 for a bad cluster
     file or ``--id``."""
-    loaded = _load(directory, "up")
-    if loaded is None:
-        return USAGE
-    config, tls = loaded
-    if only is not None and not _in_file(config, only, "up"):
-        return USAGE
-    addresses = {spec.id: spec.client_address for spec in config.replicas}
-    before = running(config)
-    answers = asyncio.run(statuses(
-        {r: addresses[r] for r in before if r in addresses}, tls, timeout_s))
-    members = members_of(answers, config)
+    found = _find(directory, only, "up", timeout_s)
+    if isinstance(found, int):
+        return found
+    config, tls, addresses, before, members = (found.config, found.tls, found.addresses,
+                                               found.running, found.members)
     if members is not None:
         for replica in sorted(members - addresses.keys()):
             print(f"cluster up: member {replica} has no [[replica]] entry in "
@@ -346,11 +368,10 @@ def up(directory: Path, only: int | None, timeout_s: float, extra: Sequence[str]
 
 def down(directory: Path, only: int | None) -> int:
     """``sdpaxos cluster down [--id N]``: 0 once nothing (or N) runs any more."""
-    loaded = _load(directory, "down")
-    if loaded is None:
-        return USAGE
-    config, _ = loaded
-    now = running(config)
+    found = _find(directory, None, "down", 0.0)  # (nothing asked: the members do not matter)
+    if isinstance(found, int):
+        return found
+    config, now = found.config, found.running
     targets = now if only is None else {r: p for r, p in now.items() if r == only}
     if not targets:
         print(f"cluster down: {'no replica' if only is None else f'replica {only} is not'} "
@@ -368,16 +389,11 @@ def down(directory: Path, only: int | None) -> int:
 def restart(directory: Path, only: int | None, timeout_s: float, extra: Sequence[str]) -> int:
     """``sdpaxos cluster restart [--id N]``: each replica (or N) stopped and started again,
     one at a time, the next once it serves; 1 as soon as one does not come back."""
-    loaded = _load(directory, "restart")
-    if loaded is None:
-        return USAGE
-    config, tls = loaded
-    if only is not None and not _in_file(config, only, "restart"):
-        return USAGE
-    addresses = {spec.id: spec.client_address for spec in config.replicas}
-    now = running(config)
-    members = members_of(asyncio.run(statuses(
-        {r: addresses[r] for r in now if r in addresses}, tls, timeout_s)), config)
+    found = _find(directory, only, "restart", timeout_s)
+    if isinstance(found, int):
+        return found
+    config, tls, addresses, now, members = (found.config, found.tls, found.addresses,
+                                            found.running, found.members)
     known = set(addresses) if members is None else members & addresses.keys()
     if only is not None and only not in known:
         print(f"sdpaxos cluster restart: replica {only} is not a member of the cluster (the "

@@ -91,6 +91,13 @@ def test_down_leaves_alone_a_process_that_is_not_its_replica(
         stranger.wait()
 
 
+def _init_and_up(directory: Path) -> str:
+    assert main(["cluster", "init", "--dir", str(directory), "--no-wan",
+                 "--base-port", str(free_base_port())]) == 0
+    assert main(["cluster", "up", "--dir", str(directory)]) == 0
+    return str(directory)
+
+
 def _pids(directory: Path) -> dict[int, int]:
     """Replica id -> pid of what serves the cluster's data directories now."""
     return running(load_cluster_config(directory / "cluster.toml"))
@@ -135,10 +142,7 @@ def test_up_twice_is_a_no_op_and_a_second_serve_is_refused(
 def test_one_replica_killed_is_restarted_alone_by_up_and_by_restart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    directory = str(tmp_path)
-    assert main(["cluster", "init", "--dir", directory, "--no-wan",
-                 "--base-port", str(free_base_port())]) == 0
-    assert main(["cluster", "up", "--dir", directory]) == 0
+    directory = _init_and_up(tmp_path)
     try:
         first = _pids(tmp_path)
         os.kill(first[1], signal.SIGKILL)
@@ -179,10 +183,7 @@ def test_down_stops_a_replica_started_by_hand(
 def test_up_never_starts_a_removed_member(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    directory = str(tmp_path)
-    assert main(["cluster", "init", "--dir", directory, "--no-wan",
-                 "--base-port", str(free_base_port())]) == 0
-    assert main(["cluster", "up", "--dir", directory]) == 0
+    directory = _init_and_up(tmp_path)
     try:
         config = str(tmp_path / "cluster.toml")
         assert main(["member", "remove", "--config", config, "0"]) == 0
