@@ -16,6 +16,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "sim-failover": ("bench.sim_failover", "sequencer failover time in the simulator"),
     "msg-cost": ("bench.msg_cost", "messages per read and per write in the simulator"),
     "alloc-e2e": ("bench.alloc_e2e", "GPU allocations/s through replicated store processes"),
+    "watch": ("bench.watch_fanout", "watchers at a paced allocation rate: CPU per delivered "
+              "event, event delay"),
     "throughput": (
         "bench.throughput",
         "peak throughput per protocol, replicas as processes with CPU limits",
@@ -25,6 +27,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "reads": ("bench.reads", "linearizable read throughput and latency, uniform and Zipf keys"),
     "restart": ("bench.restart", "recovery time after restarting replicas at real log sizes"),
     "decode": ("bench.decode", "decoding time of votes, promises and new views by size"),
+    "extender-filter": ("bench.extender_filter",
+                        "the extender's filter latency: pod cache against listing every pod"),
 }
 
 

@@ -25,7 +25,26 @@ collector runs as ``sdpaxos serve`` runs it (thresholds, everything built before
 frozen). The three replicas share one loop, so the probe sees every replica's stalls and the
 load's own turns as well.
 
+Then one phase per operation of ``--operations`` (default all three), each ``--seconds``
+under the same load, the replicas' own snapshots falling due as in ``off_loop``:
+
+* ``install``: replica 2 cut off from its peers (the transport's test-only ``blocked``) until
+  their logs no longer hold what it missed (compacted past it), then let back: it is sent
+  replica 0's (or 1's) snapshot and installs it (``ReplicaNode._install_snapshot``: state
+  built by the worker thread);
+* ``backup``: ``--repeat`` backups of replica 0 through its client port (``Client.backup``,
+  what ``sdpaxos snapshot save`` does);
+* ``digest``: ``--repeat`` digest queries (``AllocationStore.digest``) at replica 0.
+
+Reported per operation: how many ran and how long each took (wall, p50/max), the longest
+stall of the event loop by the replicas' own probe (``NodeStats.longest_stall_s``, the
+``sdpaxos_loop_stall_longest_seconds`` metric: the most of any replica, over the phase; 20 ms
+resolution), the bench probe's lateness as above, and ``on_loop_ms``: what the same work
+costs when run whole at once (timed here on replica 0's store, as the loop ran it before:
+``restore``, ``snapshot`` with encoding and sha256, ``query(get_digest())``).
+
     python -m bench.snapshot_stall [--nodes 12288 --vcs 64 --seconds 10 --phases 6]
+    python -m bench.snapshot_stall --phases 0 --operations install,backup,digest
 """
 
 from __future__ import annotations
@@ -33,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import json
 import random
 import sys
@@ -44,12 +64,17 @@ from typing import Any
 import msgpack
 
 from cluster_state import ClusterStore, GpuConfigError, release, submit, synthetic_config
-from cluster_state.gc_pause import gc_paused
+from cluster_state.client import AllocationStore
+from cluster_state.gc_pause import freeze, gc_paused
+from cluster_state.ops import get_digest
 from consensus.messages import Command
+from consensus.runtime.backup import BACKUP_CLIENT_ID
 from consensus.runtime.cli import SERVE_GC_THRESHOLDS, cluster_toml
+from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
-from consensus.runtime.node import ReplicaNode
+from consensus.runtime.node import LAG_PROBE_S, ReplicaNode
+from consensus.storage.snapshot import encode_snapshot
 
 __all__ = ["run"]
 
@@ -64,6 +89,13 @@ VARIANTS = ("off_loop", "on_loop")
 LAST_VARIANT = "none"
 #: a snapshot never falls due in the ``none`` phases (commands)
 NEVER = 10**12
+#: the operations measured after the snapshot phases (``--operations``)
+OPERATIONS = ("install", "backup", "digest")
+#: the replica cut off (until its peers compacted their logs past it) and then sent a
+#: snapshot to install
+LAGGING = 2
+#: the longest any operation may take before the phase gives up on it (seconds)
+OPERATION_TIMEOUT_S = 120.0
 #: gang shapes (pods, GPUs per pod) the clients submit
 SHAPES = [[(1, 1)], [(1, 2)], [(1, 4)], [(1, 8)], [(2, 8)], [(4, 8)]]
 
@@ -112,11 +144,16 @@ class _Load:
 
         await asyncio.gather(*(client(c) for c in range(outstanding)))
 
-    async def churn(self, seconds: float, outstanding: int) -> None:
+    async def churn(self, seconds: float, outstanding: int,
+                    busy: asyncio.Future[Any] | None = None) -> None:
+        """Submit and release for ``seconds``, and on while ``busy`` is not done."""
         deadline = time.monotonic() + seconds
 
+        def going() -> bool:
+            return time.monotonic() < deadline or (busy is not None and not busy.done())
+
         async def client(c: int) -> None:
-            while time.monotonic() < deadline:
+            while going():
                 if self.placed and self.rng.random() < 0.5:
                     await self.release_one(c)
                 else:
@@ -133,7 +170,8 @@ async def _probe(lateness: list[float], stop: asyncio.Event) -> None:
 
 
 async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int,
-                   outstanding: int, directory: Path) -> dict[str, Any]:
+                   outstanding: int, directory: Path, chosen: tuple[str, ...] = OPERATIONS,
+                   repeat: int = 5) -> dict[str, Any]:
     config = synthetic_config(nodes=nodes, vcs=vcs, pinned=vcs // 4)
     # the collector as ``sdpaxos serve`` runs it: young objects as usual, old ones rarely,
     # and what is built at start frozen out of its way (full passes over three 100k-GPU
@@ -155,9 +193,9 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
         await load.fill(nodes * 8, outstanding)
         fill_s = time.perf_counter() - started
         gc.collect()
-        gc.freeze()
+        freeze()
         results = []
-        for phase in range(phases + 1):
+        for phase in range(phases + 1 if phases else 0):
             variant = VARIANTS[phase % len(VARIANTS)] if phase < phases else LAST_VARIANT
             for replica in replicas:
                 replica.snapshot_every = NEVER if variant == "none" else every
@@ -191,6 +229,12 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
                 "stall_max_ms": round(max(lateness, default=0.0) * 1e3, 1),
                 "applied_per_s": round((replicas[0].stats.commands_applied - applied) / elapsed),
             })
+        operations = [
+            await _operation_phase(name, replicas, load, seconds, outstanding, every, repeat)
+            for name in chosen
+        ]
+        for done in operations:  # (after them all: each holds the loop seconds at 98k GPUs)
+            done["on_loop_ms"] = _on_loop_ms(done["operation"], replicas[0])
         snapshot_bytes = len(stores[0].snapshot())
     finally:
         for replica in replicas:
@@ -203,21 +247,133 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
         "every": every,
         "outstanding": outstanding,
         "phases": results,
+        "operations": operations,
+    }
+
+
+async def _until(done: Any, what: str) -> None:
+    deadline = time.monotonic() + OPERATION_TIMEOUT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {OPERATION_TIMEOUT_S:g} s")
+        await asyncio.sleep(0.01)
+
+
+async def _install_once(replicas: list[ReplicaNode]) -> float:
+    """Cut replica ``LAGGING`` off until its peers took ``SNAPSHOTS_MISSED`` snapshots, let
+    it back; seconds from then until it installed one of theirs."""
+    lagging = replicas[LAGGING]
+    others = [r for r in replicas if r is not lagging]
+    installed = lagging.stats.snapshots_installed
+    lagging.transport.blocked = frozenset(r.me for r in others)
+    for replica in others:
+        replica.transport.blocked = frozenset({lagging.me})
+    frontier = lagging.core.exec_slot
+
+    def compacted_past() -> bool:  # their logs no longer hold what it missed
+        cores = [r.sdpaxos for r in others]
+        return all(core is not None and core.compacted > frontier for core in cores)
+
+    await _until(compacted_past, "the peers' compaction while replica 2 is cut off")
+    started = time.perf_counter()
+    for replica in replicas:
+        replica.transport.blocked = frozenset()
+    await _until(lambda: lagging.stats.snapshots_installed > installed,
+                 "replica 2's install of a peer's snapshot")
+    return time.perf_counter() - started
+
+
+def _on_loop_ms(name: str, node: ReplicaNode) -> float:
+    """What ``name``'s work costs run whole at once, as the loop ran it before (ms, the
+    median of three): the state built from a snapshot (not adopted), a backup's encoding
+    and hashing, a digest query."""
+    store = node.state_machine
+    assert isinstance(store, ClusterStore)
+    data = store.snapshot()
+    costs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        if name == "install":
+            store.prepare_restore(data)
+        elif name == "backup":
+            hashlib.sha256(encode_snapshot(node.core.snapshot_meta(), store.snapshot()))
+        else:
+            store.query(get_digest())
+        costs.append(time.perf_counter() - started)
+    return round(_percentile(costs, 0.5) * 1e3, 1)
+
+
+async def _operation_phase(name: str, replicas: list[ReplicaNode], load: _Load,
+                           seconds: float, outstanding: int, every: int,
+                           repeat: int) -> dict[str, Any]:
+    """``--seconds`` of the load with ``name`` run meanwhile (see the module's header)."""
+    for replica in replicas:
+        replica.snapshot_every = every
+        replica.snapshot_off_loop = True
+    # the replicas' lag probes measure across what held the loop before the phase (the
+    # fill's collection, say): their next wake-ups are let pass before they count
+    await asyncio.sleep(2 * LAG_PROBE_S)
+    for replica in replicas:
+        replica.stats.longest_stall_s = 0.0
+    home = replicas[0]
+    durations: list[float] = []
+
+    async def drive() -> None:
+        if name == "install":
+            durations.append(await _install_once(replicas))
+            return
+        client = Client(BACKUP_CLIENT_ID, [home.config.replica(home.me).client_address],
+                        timeout_s=OPERATION_TIMEOUT_S)
+        store = AllocationStore.embedded(home)
+        try:
+            for _ in range(repeat):
+                started = time.perf_counter()
+                if name == "backup":
+                    await client.backup()
+                else:
+                    await store.digest()
+                durations.append(time.perf_counter() - started)
+        finally:
+            await client.close()
+
+    lateness: list[float] = []
+    stop = asyncio.Event()
+    probe = asyncio.create_task(_probe(lateness, stop))
+    driving = asyncio.ensure_future(drive())
+    await load.churn(seconds, outstanding, busy=driving)
+    await driving
+    stop.set()
+    await probe
+    return {
+        "operation": name,
+        "count": len(durations),
+        "took_p50_ms": round(_percentile(durations, 0.5) * 1e3, 1),
+        "took_max_ms": round(max(durations, default=0.0) * 1e3, 1),
+        "loop_stall_longest_ms": round(
+            max(r.stats.longest_stall_s for r in replicas) * 1e3, 1),
+        "stall_p99_ms": round(_percentile(lateness, 0.99) * 1e3, 1),
+        "stall_max_ms": round(max(lateness, default=0.0) * 1e3, 1),
     }
 
 
 def run(nodes: int = 12288, vcs: int = 64, seconds: float = 10.0, phases: int = 6,
-        every: int = 2000, outstanding: int = 32) -> dict[str, Any]:
+        every: int = 2000, outstanding: int = 32, operations: tuple[str, ...] = OPERATIONS,
+        repeat: int = 5) -> dict[str, Any]:
     """Run the phases; return the measurements as a JSON-able dict."""
     with tempfile.TemporaryDirectory(prefix="snapshot-stall-") as directory:
         return asyncio.run(_measure(nodes, vcs, seconds, phases, every, outstanding,
-                                    Path(directory)))
+                                    Path(directory), operations, repeat))
 
 
 def check_arguments(args: argparse.Namespace) -> str | None:
     """What makes these parameters impossible (one line), or None."""
-    if min(args.nodes, args.vcs, args.phases, args.every, args.outstanding) < 1:
-        return "--nodes, --vcs, --phases, --every and --outstanding must be positive"
+    if min(args.nodes, args.vcs, args.every, args.outstanding, args.repeat) < 1:
+        return "--nodes, --vcs, --every, --outstanding and --repeat must be positive"
+    if args.phases < 0:
+        return f"--phases must be 0 or more, not {args.phases}"
+    unknown = set(_operations(args.operations)) - set(OPERATIONS)
+    if unknown:
+        return f"--operations: unknown {', '.join(sorted(unknown))} (of {', '.join(OPERATIONS)})"
     if args.seconds <= 0:
         return f"--seconds must be positive, not {args.seconds}"
     try:
@@ -235,13 +391,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--phases", type=int, default=6)
     parser.add_argument("--every", type=int, default=2000)
     parser.add_argument("--outstanding", type=int, default=32)
+    parser.add_argument("--operations", default=",".join(OPERATIONS),
+                        help="comma list of the operation phases (empty: none)")
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="backups and digests taken in their phase")
     args = parser.parse_args(argv)
     problem = check_arguments(args)
     if problem is not None:
         print(f"snapshot_stall: error: {problem}", file=sys.stderr)
         raise SystemExit(USAGE_ERROR)
     print(json.dumps(run(args.nodes, args.vcs, args.seconds, args.phases, args.every,
-                         args.outstanding), indent=2))
+                         args.outstanding, _operations(args.operations), args.repeat),
+                     indent=2))
+
+
+def _operations(text: str) -> tuple[str, ...]:
+    return tuple(name for name in (part.strip() for part in text.split(",")) if name)
 
 
 if __name__ == "__main__":

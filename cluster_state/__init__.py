@@ -37,6 +37,7 @@ from cluster_state.errors import (
     GpuConfigError,
     InvalidRequest,
     NotFound,
+    OlderReplica,
     RequestError,
     SnapshotError,
 )
@@ -134,6 +135,7 @@ __all__ = [
     "NodeHealthDetails",
     "NodeHealthSet",
     "NotFound",
+    "OlderReplica",
     "Op",
     "PhysicalCellSpec",
     "Placed",

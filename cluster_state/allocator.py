@@ -91,7 +91,7 @@ from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
 from cluster_state.config import NODES_START_BAD, RESERVE_PLACE_AT_ONCE
 from cluster_state.errors import RequestError
-from cluster_state.index import FREE, CellState
+from cluster_state.index import C_LOOP_ITEMS, FREE, CellState
 from cluster_state.ops import (
     OPPORTUNISTIC,
     Claimed,
@@ -958,6 +958,7 @@ class Allocator:
                 f"not {previous or 'nobody'}"
             )
         group.claims = MappingProxyType({**group.claims, slot: holder})
+        self.events.append(("claimed", name, [incarnation, slot, uid, holder[1], previous]))
         return Claimed(name, incarnation, slot, uid)
 
     def _promote(self, group: Group, position: int) -> None:
@@ -1054,7 +1055,23 @@ class Allocator:
             "preempted_by": sorted(group.preemptors),
             "incarnation": group.created,
             "claims": [[slot, uid, pod] for slot, (uid, pod) in sorted(group.claims.items())],
+            "preassigned": self._preassigned_types(group),
         }
+
+    def _preassigned_types(self, group: Group) -> list[list[str]]:
+        """Per pod, per leaf: the cell type of the VC's preassigned cell the leaf is in (""
+        for opportunistic or lazily preempted use): HiveD's ``preassignedCellTypes``, by
+        which its recovery finds the leaf's virtual cell."""
+        topo, item_of = self.topo, self.cells.item_of
+        out = []
+        for pod in group.pods:
+            types = []
+            for leaf in pod:
+                item = item_of[leaf] if group.guaranteed else -1
+                it = topo.items[item] if item >= 0 else None
+                types.append(topo.chains[it.chain].info(it.level).cell_type if it else "")
+            out.append(types)
+        return out
 
     def list_groups(self, vc: str = "") -> list[dict[str, Any]]:
         return [
@@ -1247,15 +1264,23 @@ class Allocator:
                 guaranteed.extend(leaves)
             every_leaf.extend(leaves)
         buddy_item_used = buddy.item_used
-        # the leaves each item's guaranteed groups use, counted in C (per item, not per leaf)
-        for item, used in Counter(map(cells.item_of.__getitem__, guaranteed)).items():
+        # the leaves each item's guaranteed groups use, counted in C (per item, not per leaf;
+        # C_LOOP_ITEMS at once)
+        per_item: Counter[int] = Counter()
+        for start in range(0, len(guaranteed), C_LOOP_ITEMS):
+            per_item.update(map(cells.item_of.__getitem__,
+                                guaranteed[start : start + C_LOOP_ITEMS]))
+        for item, used in per_item.items():
             buddy_item_used[item] += used
             buddy.mark_used(item)
         # ``_eff`` of every leaf, by C loops (a Python call per leaf was a tenth of a restore)
         prio_of: dict[str | None, int] = {name: g.priority for name, g in self.groups.items()}
         prio_of[None] = FREE  # no owner / no reserver
-        effs = list(map(max, map(prio_of.__getitem__, map(cells.owner.__getitem__, every_leaf)),
-                        map(prio_of.__getitem__, map(cells.reserver.__getitem__, every_leaf))))
+        effs: list[int] = []
+        for start in range(0, len(every_leaf), C_LOOP_ITEMS):
+            leaves = every_leaf[start : start + C_LOOP_ITEMS]
+            effs += map(max, map(prio_of.__getitem__, map(cells.owner.__getitem__, leaves)),
+                        map(prio_of.__getitem__, map(cells.reserver.__getitem__, leaves)))
         cells.set_leaves(every_leaf, effs, -1)
         cells.rebuild_indexes()
         if isinstance(revs, bytes):  # snapshot format 3: every leaf's revision, packed

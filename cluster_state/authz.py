@@ -49,7 +49,7 @@ SKIPPED = "skipped"
 #: event kinds whose subject is a group (the others — node health, reconfiguration — are the
 #: whole cluster's)
 _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
-                           "released", "trimmed"})
+                           "released", "trimmed", "claimed"})
 
 
 #: how a submit's and a bind's op begin after their msgpack array header (``ops.submit``)

@@ -16,16 +16,18 @@ the log and are linearizable; queries (``status``, ``vc``, ``summary``, ``alloca
 
 ``watch(r)`` yields every change event after revision ``r`` in order, exactly once, pushed
 (no polling). Embedded, it is fed by the node's apply hook and the store's own event log;
-remote, by the replicas' gRPC stream (``PushedWatch`` over ``WatchAcked``: batches pushed as
-commands apply, acknowledged as the caller consumes them so a replica never sends far ahead of
-a caller that stopped reading, resumed at the next replica if the stream breaks), so a remote
-store that watches needs the replicas' gRPC addresses: ``connect(..., watch_targets=[grpc
-host:port, ...])``. Either way a watcher that lost its connection resumes with
-``watch(last.revision)`` — at any replica, since every replica holds the same events — and if
-the store no longer keeps them, or the caller read too slowly and the replica dropped it, it
-raises ``EventsCompacted``: re-read the state with ``allocations()`` and watch from the
-``revision`` that list carries (list-then-watch misses and repeats nothing). Many watchers in
-one process share one ``PushedWatch`` (one connection per target).
+remote, by the replicas' gRPC stream (``cluster_state.pushed_watch``: every watcher of the
+process, of every store connected to the same replicas, shares one ``WatchAcked`` stream per
+replica; batches pushed as commands apply, acknowledged as the process hands them out so a
+replica never sends far ahead of a process that stopped reading, resumed at the next replica
+if the stream breaks), so a remote store that watches needs the replicas' gRPC addresses:
+``connect(..., watch_targets=[grpc host:port, ...])``. Either way a watcher that lost its
+connection resumes with ``watch(last.revision)`` — at any replica, since every replica holds
+the same events — and if the store no longer keeps them, or the caller read too slowly and
+was dropped, it raises ``EventsCompacted``: re-read the state with ``allocations()`` and watch
+from the ``revision`` that list carries (list-then-watch misses and repeats nothing).
+``watch(from_now=True)`` starts at the store's revision now, read linearizably, at whichever
+replica serves it.
 
 A store answer ``["error", reason]`` raises ``InvalidRequest`` (nothing changed) —
 ``NotFound``, a subclass, when the call names a group or VC the store does not hold (``release``
@@ -59,11 +61,12 @@ import msgpack
 
 from cluster_state import ops
 from cluster_state.config import parse_config
-from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest, NotFound
+from cluster_state.errors import ClusterStateError, InvalidRequest, NotFound
 from cluster_state.events import ChangeEvent
 from cluster_state.ops import GroupSpec, Member, Pod, PodPlacement
+from cluster_state.pushed_watch import PushedWatch
 from cluster_state.store import ClusterStore
-from cluster_state.watch_hub import ACK_EVERY, ACK_WINDOW
+from cluster_state.watch_hub import ACK_WINDOW
 from consensus.attempts import Answer, Attempts, Step
 from consensus.attempts import Kind as AttemptKind
 from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, SDPaxosError
@@ -95,6 +98,9 @@ __all__ = [
 
 #: the codec's bound on a client id (and a sequence number)
 _MAX_ID = (1 << 63) - 1
+#: a revision no event reaches: asked for the events after it, a read answers only the
+#: revision it read at
+_NO_EVENTS_AFTER = _MAX_ID
 
 _T = TypeVar("_T")
 
@@ -106,7 +112,8 @@ class _Channel(Protocol):
 
     async def query(self, op: bytes, stale: bool) -> bytes: ...
 
-    def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]: ...
+    def watch(self, since: int, poll_s: float, from_now: bool
+              ) -> AsyncGenerator[Sequence[ChangeEvent], None]: ...
 
     async def close(self) -> None: ...
 
@@ -121,7 +128,7 @@ class _Remote:
         self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
                              attempts=attempts, tls=tls)
         self.home = home
-        self.pushed = (PushedWatch(watch_targets, credentials=watch_credentials)
+        self.pushed = (PushedWatch.shared(watch_targets, credentials=watch_credentials)
                        if watch_targets else None)
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
@@ -132,11 +139,14 @@ class _Remote:
         reply = await self.client.read(op, stale=stale)
         return bytes(reply.payload)  # type: ignore[arg-type]
 
-    async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+    async def watch(self, since: int, poll_s: float, from_now: bool
+                    ) -> AsyncGenerator[Sequence[ChangeEvent], None]:
         if self.pushed is None:
             raise ConfigError("a remote watch is pushed by the replicas' gRPC service: connect "
                               "with watch_targets=[their grpc host:port, ...]")
-        async with contextlib.aclosing(self.pushed.watch(since, self.home)) as pages:
+        async with contextlib.aclosing(
+            self.pushed.watch(since, self.home, from_now=from_now)
+        ) as pages:
             async for page in pages:
                 yield page
 
@@ -144,89 +154,6 @@ class _Remote:
         await self.client.close()
         if self.pushed is not None:
             await self.pushed.close()
-
-
-#: the gRPC status codes after which a pushed watch resumes at the next target
-_WATCH_RETRY_CODES = ("UNAVAILABLE", "CANCELLED", "DEADLINE_EXCEEDED", "INTERNAL", "UNKNOWN")
-#: a pushed watch gives up after this many broken streams in a row without an event
-_WATCH_ATTEMPTS = 6
-#: ... pausing this long between rounds over every target
-_WATCH_RETRY_PAUSE_S = 0.2
-
-
-class PushedWatch:
-    """Watch streams pushed by the replicas' gRPC service (``WatchAcked``), over one
-    channel per target, shared by every ``watch`` call (see the module documentation)."""
-
-    def __init__(self, targets: Sequence[str], *,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
-        """``credentials``: a TLS cluster's (``cluster_state.grpc_api.tls``)."""
-        import grpc
-
-        from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
-        from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
-
-        if not targets:
-            raise ValueError("PushedWatch needs at least one gRPC target (host:port)")
-        self.targets = list(targets)
-        self._channels = [
-            grpc.aio.insecure_channel(target) if credentials is None
-            else grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-            for target in self.targets
-        ]
-        self._stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
-                       for c in self._channels]
-
-    async def watch(self, since: int, first: int = 0) -> AsyncGenerator[list[ChangeEvent], None]:
-        """Pages of events after ``since``, starting at target ``first``; a broken stream
-        resumes at the next target after the last revision seen (pages hold whole
-        revisions). What the caller consumed is acknowledged (``ACK_EVERY`` events at a
-        time) when it asks for the next page: a caller that stops asking stops the replica
-        sending, and is dropped with ``EventsCompacted`` once the replica's queue for it
-        overflows."""
-        import grpc
-
-        from cluster_state.grpc_api import cluster_state_pb2 as pb
-        from cluster_state.grpc_api.convert import event_from_pb
-
-        k, failures = first % len(self._stubs), 0
-        while True:
-            call = self._stubs[k].WatchAcked()
-            try:
-                await call.write(pb.WatchControl(start=pb.WatchRequest(since=since, typed=True)))
-                consumed = 0  # events (and skipped ones) since the last ack
-                async for batch in call:
-                    if batch.compacted:
-                        raise EventsCompacted(batch.revision, batch.oldest)
-                    events = [event_from_pb(e) for e in batch.events]
-                    if events:
-                        failures = 0
-                        since = events[-1].revision
-                        yield events
-                    # the caller asked for more: what it was given is consumed
-                    consumed += len(events) + batch.skipped
-                    if consumed >= ACK_EVERY and not call.done():
-                        # a stream the replica ended OK refuses writes: the loop ends next
-                        with contextlib.suppress(asyncio.InvalidStateError):
-                            await call.write(pb.WatchControl(ack=batch.through))
-                        consumed = 0
-                broke = "the stream ended"  # the server is stopping: resume elsewhere
-            except grpc.aio.AioRpcError as exc:
-                if exc.code().name not in _WATCH_RETRY_CODES:
-                    raise
-                broke = str(exc.details())
-            finally:
-                call.cancel()
-            failures += 1
-            if failures >= _WATCH_ATTEMPTS * len(self._stubs):
-                raise IndefiniteFailure(f"no watch stream from {self.targets}: {broke}")
-            k = (k + 1) % len(self._stubs)
-            if k == first % len(self._stubs):
-                await asyncio.sleep(_WATCH_RETRY_PAUSE_S)
-
-    async def close(self) -> None:
-        for channel in self._channels:
-            await channel.close()
 
 
 class _Embedded:
@@ -296,7 +223,8 @@ class _Embedded:
                     return await call()
         raise IndefiniteFailure(f"{what} within {self.timeout_s}s, {self.attempts} tries")
 
-    async def watch(self, since: int, poll_s: float) -> AsyncGenerator[list[ChangeEvent], None]:
+    async def watch(self, since: int, poll_s: float, from_now: bool
+                    ) -> AsyncGenerator[Sequence[ChangeEvent], None]:
         # The node calls its apply hooks on its own loop, right after each command applies:
         # a set flag is all a waiting watcher needs, and it reads the events locally.
         changed = asyncio.Event()
@@ -306,6 +234,8 @@ class _Embedded:
 
         if self._closed:
             raise ClusterStateError("this AllocationStore is closed")
+        if from_now:  # a linearizable read: this replica has applied through it since
+            since = _revision_of(await self.query(ops.get_events(_NO_EVENTS_AFTER), False))
         self.node.on_apply.append(wake)
         self._watches[wake] = changed
         try:
@@ -562,6 +492,20 @@ class AllocationStore:
             raise ValueError(f"kind must be one of {', '.join(ops.INSPECT_KINDS)}")
         return await self._query(ops.inspect(kind, name), stale)
 
+    async def hived_inspect(self, kind: str, name: str = "", *, stale: bool = False) -> Any:
+        """HiveD's inspect API objects (``cluster_state.hived_view``): ``groups`` (an
+        ``AffinityGroupList``), ``group`` ``name`` (an ``AffinityGroup``, None if unknown),
+        ``cluster``, ``physical``, ``vcs``, ``vc`` ``name`` (``NotFound`` if unknown)."""
+        if kind not in ops.HIVED_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(ops.HIVED_KINDS)}")
+        return await self._query(ops.hived_inspect(kind, name), stale)
+
+    async def revision(self, *, stale: bool = False) -> int:
+        """The store's revision: the position of the last command that changed it (every
+        change acknowledged before this call has one no higher, unless ``stale``: then the
+        local replica's)."""
+        return (await self.read_at(ops.get_events(_NO_EVENTS_AFTER), stale=stale))[0]
+
     async def _query(self, op: bytes, stale: bool) -> Any:
         return (await self.read_at(op, stale=stale))[1]
 
@@ -576,20 +520,26 @@ class AllocationStore:
 
     # ------------------------------------------------------------------ watch
     async def watch(
-        self, since: int = -1, *, poll_s: float = 0.05
+        self, since: int = -1, *, poll_s: float = 0.05, from_now: bool = False
     ) -> AsyncGenerator[ChangeEvent, None]:
         """Every change event with a revision above ``since``, in order, once each; new ones
         as they happen, pushed (remote: ``ConfigError`` unless the store was connected with
-        ``watch_targets``). Raises ``EventsCompacted`` if the store dropped some of them or
-        this watcher read too slowly. ``poll_s``: how often an embedded watch looks at the
-        store anyway (at least every second: a snapshot installed from a peer calls no hook).
+        ``watch_targets``). ``from_now`` instead of ``since``: the changes after the revision
+        the store is at now, read linearizably (``revision()``; remote: by the replica that
+        serves the watch, which has applied through it first), so no change acknowledged
+        before the call is among them and none after it is missed. Raises
+        ``EventsCompacted`` if the store dropped some of them or this watcher read too
+        slowly. ``poll_s``: how often an embedded watch looks at the store anyway (at least
+        every second: a snapshot installed from a peer calls no hook).
 
         One operation may emit several events with the same revision (a release that places
         its preemptors, say); they come one after the other. To resume exactly after the
         last event seen, watch from that revision minus one and skip the events of that
         revision already seen (every replica emits the same events in the same order)."""
+        if from_now and since != -1:
+            raise ValueError("a watch starts at since or from now, not both")
         # Closing this generator closes the channel's too (and so unhooks an embedded one).
-        async with contextlib.aclosing(self._channel.watch(since, poll_s)) as pages:
+        async with contextlib.aclosing(self._channel.watch(since, poll_s, from_now)) as pages:
             async for events in pages:
                 for event in events:
                     yield event
@@ -636,6 +586,14 @@ def _client_address(address: tuple[str, int] | str) -> tuple[str, int]:
         return address
     raise ConfigError(f"replica client address: expected \"host:port\" or (host, port), got "
                       f"{address!r}")
+
+
+def _revision_of(answer: bytes) -> int:
+    """The revision a query's answer was read at (``["error", reason]``: refused)."""
+    decoded = msgpack.unpackb(answer)
+    if decoded[0] == "error":
+        raise _refused(decoded[1], lookup=False)
+    return int(decoded[1])
 
 
 def _checked_id(client_id: int | None) -> int:

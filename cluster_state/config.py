@@ -25,11 +25,11 @@ virtual clusters")::
 A type name used as a ``childCellType`` but not defined is a *leaf* type (one device). Levels
 count from the leaf (level 1). A *chain* is the type of a top-level physical cell; a virtual cell
 type ``CHAIN.T1.T2`` names the type ``T2`` inside that chain. Omitted children are inferred;
-their addresses follow HiveD: below a node the default child address is
-``parent_default * childCellNumber + i`` restarting at the node (so a leaf's address is its
-device index), above a node the same restarting at the top-level cell, and a top-level cell
-defaults to its index in ``physicalCells``. A node-level cell's address is its node name and
-must be given.
+their addresses follow HiveD (``pkg/api/config.go: inferPhysicalCellSpec``): the default
+child address is ``parent_default * childCellNumber + i``, where a top-level cell's default is
+its index in ``physicalCells`` (whatever address it is given) and a node's is 0 (so a leaf's
+address is its device index, and the second 2-node cell of the 8th top-level 4-node rack is
+``7/15``). A node-level cell's address is its node name and must be given.
 
 ``parse_config`` checks everything HiveD checks at start (plus a few things it does not) and
 raises ``GpuConfigError`` naming the offending item. ``synthetic_config`` builds DGX-like
@@ -550,8 +550,9 @@ class _CellBuilder:
                 f"{where}: cellChildren must list at most {number} cells "
                 f"(childCellNumber of {cell_type})"
             )
-        # Default child addresses restart at the top-level cell and at the node.
-        base = 0 if (not parents or type_spec.is_node_level) else default
+        # Default child addresses restart at the node; above it they go on from the
+        # top-level cell's index (HiveD's inferPhysicalCellSpec).
+        base = 0 if type_spec.is_node_level else default
         children = []
         seen: set[str] = set()
         for i, child_raw in enumerate(children_raw):

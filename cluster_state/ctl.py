@@ -2,10 +2,16 @@
 
     sdpaxos ctl --server HOST:PORT submit NAME --vc VC --priority P --pods 2x8,1x4
     sdpaxos ctl --config cluster.toml release NAME
-    sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV] | node NAME --bad
+    sdpaxos ctl ... status [NAME] | vc NAME | summary | watch [--from REV | --now] | node NAME --bad
     sdpaxos ctl ... bind NAME --vc VC --pods 1x8 --on node-0003:0-7 --revision R
     sdpaxos ctl ... inspect physical [CHAIN] | inspect vc NAME | inspect group NAME
+    sdpaxos ctl ... claim NAME --incarnation I --slot S --uid UID --pod NS/POD [--previous UID]
     sdpaxos ctl ... config apply FILE [--dry-run]
+
+``claim`` gives member pod S of a placed group to a pod (what the Kubernetes extender records
+when a pod takes its part of a gang; a compare-and-set: ``--previous`` names the pod that
+holds it now, if one does); ``status NAME`` lists the group's claims, ``watch`` shows them as
+``claimed`` events.
 
 ``config apply`` validates FILE (HiveD's YAML format) here, then proposes it through the log:
 running groups keep their GPUs and the report says what happened to each (``--dry-run`` only
@@ -181,6 +187,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       metavar="NODE:DEVICES", help="one pod's GPUs; once per pod, in order")
     bind.add_argument("--revision", type=_bounded(-1, _INT64_MAX, "--revision"), required=True,
                       help="conflict if one of these GPUs changed after this revision")
+    claim = verbs.add_parser("claim", help="give a member pod of a placed group to a pod")
+    claim.add_argument("name", help="the group's name")
+    claim.add_argument("--incarnation", type=int, required=True,
+                       help="the group's incarnation (status NAME shows it)")
+    claim.add_argument("--slot", type=int, required=True, help="the member pod (0..)")
+    claim.add_argument("--uid", required=True, help="the pod's UID")
+    claim.add_argument("--pod", required=True, metavar="NAMESPACE/NAME", help="the pod")
+    claim.add_argument("--previous", default="",
+                       help="the UID of the pod that holds it now (default: nobody)")
     release = verbs.add_parser("release", help="release a group's GPUs")
     release.add_argument("name", type=parse_name, help="the group's name")
     status = verbs.add_parser("status", help="one group, or every allocation")
@@ -192,9 +207,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     vc.add_argument("name", help="the virtual cluster's name")
     verbs.add_parser("summary", help="GPU use per chain")
     watch = verbs.add_parser("watch", help="stream change events")
-    watch.add_argument("--from", dest="since", type=_bounded(-1, _INT64_MAX, "--from"),
+    start = watch.add_mutually_exclusive_group()
+    start.add_argument("--from", dest="since", type=_bounded(-1, _INT64_MAX, "--from"),
                        default=-1,
                        help="events after this revision (default: all the store keeps)")
+    start.add_argument("--now", action="store_true",
+                       help="only the changes from now on (the store's revision, read "
+                       "linearizably by the replica)")
     watch.add_argument("--count", type=int, default=0, help="stop after this many (0: never)")
     watch.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                        help="stop after this long (with --count: exit 1 if fewer events "
@@ -255,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     replicas = _Replicas(targets, args.timeout, credentials)
     try:
         return _verb(args, replicas)
-    except grpc.RpcError as exc:
+    except (grpc.RpcError, _StreamError) as exc:
         refusal = _tls_refusal(args, targets) if exc.code().name == "UNAVAILABLE" else None
         if refusal is not None:  # no retry helps: a definite refusal
             print(f"sdpaxos ctl: refused: {refusal}", file=sys.stderr)
@@ -341,6 +360,7 @@ class _Replicas:
         from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
 
         self.timeout = timeout
+        self.targets = targets
         self.channels = [
             grpc.insecure_channel(target) if credentials is None
             else grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
@@ -360,36 +380,43 @@ class _Replicas:
                     raise
         raise AssertionError("no stubs")
 
-    def watch(self, since: int) -> Iterator[Any]:
-        """Events after ``since``, moving on to the next replica when one becomes unavailable;
-        gives up once every replica failed in a row.
-
-        One operation's events share a revision, so resuming "after the last revision seen"
-        could drop the rest of a revision cut short: the next replica is asked from the
-        revision before, and the events of the last revision already shown are skipped
-        (every replica has the same events in the same order)."""
+    def watch(self, since: int, from_now: bool = False) -> Iterator[Any]:
+        """Events after ``since`` (``from_now``: after the revision the store is at now, read
+        linearizably by the replica), a message of several at a time (``WatchPushed``),
+        moving on to the next replica when one becomes unavailable; gives up once every
+        replica failed in a row. Messages hold whole revisions, so the next replica is
+        asked from the last revision shown: nothing is lost or repeated. A watch the store
+        no longer keeps events for, or that read too slowly, raises ``OUT_OF_RANGE``."""
         import grpc
 
+        from cluster_state.errors import EventsCompacted
         from cluster_state.grpc_api import cluster_state_pb2 as pb
 
-        last, seen = since, 0  # ``seen`` events of revision ``last`` were yielded
+        last = None if from_now else since
         failures = 0
         k = 0
         while True:
-            skip = seen
             try:
-                request = pb.WatchRequest(since=last - 1 if seen else last)
-                for event in self.stubs[k].Watch(request):
-                    if skip and event.revision == last:
-                        skip -= 1
+                request = (pb.WatchRequest(since=-1, from_now=True) if last is None
+                           else pb.WatchRequest(since=last))
+                for batch in self.stubs[k].WatchPushed(request):
+                    if batch.compacted:
+                        raise _StreamError(grpc.StatusCode.OUT_OF_RANGE,
+                                           str(EventsCompacted(batch.revision, batch.oldest)))
+                    if last is None:  # the start of a watch from now
+                        if batch.events:
+                            raise _StreamError(grpc.StatusCode.FAILED_PRECONDITION,
+                                               f"the replica at {self.targets[k]} predates "
+                                               "watches from now: watch --from a revision")
+                        last = batch.through
                         continue
-                    failures = 0
-                    if event.revision == last:
-                        seen += 1
-                    else:
-                        last, seen = event.revision, 1
-                    yield event
+                    if batch.events:
+                        failures = 0
+                        last = max(batch.through, batch.events[-1].revision)
+                    yield from batch.events
                 return
+            except _StreamError:
+                raise
             except grpc.RpcError as exc:
                 failures += 1
                 if exc.code().name not in _RETRY_ELSEWHERE or failures >= len(self.stubs):
@@ -399,6 +426,20 @@ class _Replicas:
     def close(self) -> None:
         for channel in self.channels:
             channel.close()
+
+
+class _StreamError(Exception):
+    """What a watch stream's last message said, as the gRPC error it stands for."""
+
+    def __init__(self, code: Any, details: str) -> None:
+        super().__init__(details)
+        self._code, self._details = code, details
+
+    def code(self) -> Any:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
 
 
 def _session() -> Any:
@@ -421,6 +462,7 @@ def _verb(args: argparse.Namespace, replicas: _Replicas) -> int:
 
     verbs: dict[str, Callable[[argparse.Namespace, _Replicas, Any], int | None]] = {
         "submit": _submit, "bind": _bind, "release": _release, "status": _status,
+        "claim": _claim,
         "vc": _vc, "summary": _summary, "watch": _watch, "node": _node,
         "inspect": _inspect, "config": _config,
     }
@@ -467,6 +509,22 @@ def _bind(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
     return None
 
 
+def _claim(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
+    request = pb.ClaimRequest(group=args.name, incarnation=args.incarnation, slot=args.slot,
+                              uid=args.uid, pod=args.pod, previous=args.previous,
+                              session=_session())
+    reply = replicas.call("Claim", request)
+    if reply.WhichOneof("outcome") == "claimed":
+        claimed = reply.claimed
+        _show(args, {"claimed": claimed.group, "incarnation": claimed.incarnation,
+                     "slot": claimed.slot, "uid": claimed.uid},
+              f"{args.pod} ({args.uid}) holds member pod {args.slot} of {args.name}", [], [])
+        return None
+    _show(args, {"conflict": reply.conflict.group, "reason": reply.conflict.reason},
+          f"{args.name}: not claimed: {reply.conflict.reason}", [], [])
+    return REFUSED
+
+
 def _release(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
     reply = replicas.call("Release", pb.ReleaseRequest(group=args.name, session=_session()))
     doc = {"released": args.name, "promoted": list(reply.promoted),
@@ -480,7 +538,8 @@ def _status(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
         query = pb.QueryRequest(name=args.name, stale=args.stale, typed=True)
         group = replicas.call("GetGroup", query).group
         info = {**_doc(group.spec), **_doc(group, skip=("spec",))}
-        rows = [[k, json.dumps(v)] for k, v in info.items()]
+        rows = [[k, json.dumps(v)] for k, v in info.items() if k != "claims"]
+        rows += [[f"claim {c['slot']}", f"{c['pod']} ({c['uid']})"] for c in info["claims"]]
         _show(args, info, f"group {args.name}", ["field", "value"], rows)
         return
     query = pb.QueryRequest(name=args.vc, stale=args.stale, typed=True)
@@ -529,7 +588,7 @@ def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None
         timer.start()
     seen = 0
     try:
-        for seen, event in enumerate(replicas.watch(args.since), start=1):
+        for seen, event in enumerate(replicas.watch(args.since, args.now), start=1):
             if args.json:
                 print(json.dumps({"revision": event.revision, "kind": event.kind,
                                   "subject": event.subject,

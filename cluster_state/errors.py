@@ -9,6 +9,7 @@
     │                       and changes nothing
     ├── SnapshotError       snapshot bytes that this store cannot restore
     ├── EventsCompacted     a watcher asked for events older than the store still keeps
+    ├── OlderReplica        a watch from now reached a replica of a build before it
     └── InvalidRequest      a client's request was refused by the store (the client side of
         │                   ``RequestError``: nothing changed)
         └── NotFound        ... because it names a group or VC the store does not hold
@@ -30,6 +31,7 @@ __all__ = [
     "GpuConfigError",
     "InvalidRequest",
     "NotFound",
+    "OlderReplica",
     "RequestError",
     "SnapshotError",
 ]
@@ -77,6 +79,11 @@ class EventsCompacted(ClusterStateError):
 
     def __reduce__(self) -> tuple[type[EventsCompacted], tuple[int, int]]:
         return (type(self), (self.revision, self.oldest))
+
+
+class OlderReplica(ClusterStateError):
+    """A watch from now reached a replica of a build that does not know
+    ``WatchRequest.from_now`` (it answered the events after the request's ``since``)."""
 
 
 class InvalidRequest(ClusterStateError):

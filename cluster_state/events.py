@@ -21,6 +21,9 @@ kind               subject                  data
 ``trimmed``        group                    ``[chain, pods, token]``: a reconfiguration
                                             dropped some of its leaves
 ``reconfigured``   ""                       ``[sha256 of the new configuration]``
+``claimed``        group                    ``[incarnation, slot, uid, pod, previous]``: pod
+                                            ``uid`` ("namespace/name" ``pod``) took member
+                                            pod ``slot`` (from ``previous``, "" for nobody)
 =================  =======================  ===============================================
 
 ``ChangeEvent.details`` gives the data as named fields (``PlacedDetails`` & co, by kind).
@@ -38,6 +41,7 @@ from cluster_state.ops import Pod
 __all__ = [
     "CancelledDetails",
     "ChangeEvent",
+    "ClaimedDetails",
     "DowngradedDetails",
     "EventDetails",
     "EventLog",
@@ -82,9 +86,20 @@ class ReconfiguredDetails:
     digest: str  # sha256 hex of the new configuration
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimedDetails:
+    """A pod took a member pod of a placed group (``cluster_state.ops``' claim)."""
+
+    incarnation: int
+    slot: int
+    uid: str
+    pod: str  # "namespace/name"
+    previous: str  # the pod UID that held it before ("" for nobody)
+
+
 #: None for ``released`` and ``reserved`` (nothing more to say)
 EventDetails = (PlacedDetails | PreemptingDetails | DowngradedDetails | CancelledDetails
-                | NodeHealthDetails | ReconfiguredDetails | None)
+                | NodeHealthDetails | ReconfiguredDetails | ClaimedDetails | None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +128,10 @@ class ChangeEvent:
                 return NodeHealthDetails(bool(data[0]))
             case "reconfigured":
                 return ReconfiguredDetails(data[0])
+            case "claimed":
+                incarnation, slot, uid, pod, previous = data
+                return ClaimedDetails(int(incarnation), int(slot), str(uid), str(pod),
+                                      str(previous))
         return None
 
     def to_wire(self) -> list[Any]:

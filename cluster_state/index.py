@@ -35,6 +35,10 @@ from cluster_state.cells import Topology
 __all__ = ["FREE", "CellState", "SortedIds"]
 
 _concat = iterate_all.from_iterable
+#: a loop run in C (``Counter``, ``map``) takes at most this many items at once: a restore
+#: runs in a replica's worker thread, and one C call holds the interpreter lock, so the
+#: replica's event loop, for as long as it runs (100 ms for a 100k-GPU cluster's leaves)
+C_LOOP_ITEMS = 4096
 
 #: The effective priority of a free leaf (HiveD's "free" priority).
 FREE = -2
@@ -342,7 +346,10 @@ class CellState:
         used leaf of a 100k-GPU cluster at once)."""
         ancestors, free_n, hist = self.topo.ancestors, self.free_n, self.hist
         for (old, new), moved in moves.items():
-            under = Counter(_concat(map(ancestors.__getitem__, moved)))
+            under: Counter[int] = Counter()
+            for start in range(0, len(moved), C_LOOP_ITEMS):  # (see C_LOOP_ITEMS)
+                under.update(_concat(map(ancestors.__getitem__,
+                                         moved[start : start + C_LOOP_ITEMS])))
             if old == FREE and new != FREE:  # a restore's every move: one loop
                 for a, n in under.items():
                     free_n[a] -= n

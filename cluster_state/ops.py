@@ -80,7 +80,10 @@ revisions only) or ``["compacted", since, oldest]`` when events after ``since`` 
 replica's snapshot: replicas that applied the same log answer the same (a divergence check).
 ``["inspect", "physical" | "vc" | "group", name]`` answers ``["inspect", revision, tree]``: the
 physical cell trees (``name``: a chain, or "" for all), a VC's virtual cell trees, or a group's
-physical and virtual placement and lazy-preemption status (HiveD's inspect API).
+physical and virtual placement and lazy-preemption status. ``["hived", kind, name]`` answers
+``["hived", revision, object]``: the state as HiveD's own inspect API objects
+(``cluster_state.hived_view``; ``kind`` is one of ``HIVED_KINDS``: ``groups``, ``group``
+``name`` (None if unknown), ``cluster``, ``physical``, ``vcs``, ``vc`` ``name``).
 ``["plan", yaml_text]`` answers ``["plan", revision, report]``: what ``reconfigure`` would do
 now (a dry run; nothing changes). ``["plan_submit", group]`` answers ``["plan_submit",
 revision, result]``: the wire form of what ``submit`` would answer now (a dry run on a copy:
@@ -119,6 +122,7 @@ __all__ = [
     "GetSummary",
     "GetVC",
     "GroupSpec",
+    "HivedInspect",
     "Inspect",
     "ListGroups",
     "Member",
@@ -151,6 +155,7 @@ __all__ = [
     "get_group",
     "get_summary",
     "get_vc",
+    "hived_inspect",
     "inspect",
     "list_groups",
     "name_problem",
@@ -175,6 +180,8 @@ MAX_POD_KEY = 2 * MAX_NAME
 MAX_SUGGESTED = 1 << 17
 #: The kinds of tree ``inspect`` draws.
 INSPECT_KINDS = ("physical", "vc", "group")
+#: The HiveD inspect objects ``hived_inspect`` answers (``cluster_state.hived_view``).
+HIVED_KINDS = ("groups", "group", "cluster", "physical", "vcs", "vc")
 
 
 # --------------------------------------------------------------------------- requests
@@ -324,6 +331,14 @@ class Inspect:
 
 
 @dataclass(frozen=True, slots=True)
+class HivedInspect:
+    """HiveD's inspect object ``kind`` (one of ``HIVED_KINDS``; ``name``: a group or VC)."""
+
+    kind: str
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class PlanReconfigure:
     """What reconfiguring to ``text`` would do now (a dry run)."""
 
@@ -340,7 +355,7 @@ class PlanSubmit:
 
 Query = (
     GetGroup | GetVC | GetSummary | ListGroups | GetEvents | GetDigest | Inspect | PlanReconfigure
-    | PlanSubmit
+    | PlanSubmit | HivedInspect
 )
 
 
@@ -606,6 +621,11 @@ def inspect(kind: str, name: str = "") -> bytes:
     return _pack(["inspect", kind, name])
 
 
+def hived_inspect(kind: str, name: str = "") -> bytes:
+    """HiveD's inspect object ``kind`` (``HIVED_KINDS``), of group or VC ``name``."""
+    return _pack(["hived", kind, name])
+
+
 def get_group(name: str) -> bytes:
     return _pack(["group", name])
 
@@ -806,6 +826,8 @@ def decode_query(data: bytes) -> Query:
         return GetDigest()
     if name == "inspect" and len(op) == 3 and op[1] in INSPECT_KINDS:
         return Inspect(op[1], _text(op[2], "name", empty=True))
+    if name == "hived" and len(op) == 3 and op[1] in HIVED_KINDS:
+        return HivedInspect(op[1], _text(op[2], "name", empty=True))
     if name == "plan" and len(op) == 2 and isinstance(op[1], str):
         return PlanReconfigure(op[1])
     if name == "plan_submit" and len(op) in (2, 3):

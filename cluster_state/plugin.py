@@ -142,7 +142,7 @@ class ClusterStateKind(StateMachineKind):
     def build(self, config: ClusterConfig) -> ClusterStore:
         import gc
 
-        from cluster_state.gc_pause import gc_paused
+        from cluster_state.gc_pause import freeze, gc_paused
 
         gc.collect()  # what is garbage now is not frozen below (the heap is small yet)
         with gc_paused():
@@ -155,7 +155,7 @@ class ClusterStateKind(StateMachineKind):
             # A 100k-GPU store is millions of long-lived objects: out of the collector's
             # way for good, as the replica does with its logs once it serves (``gc.freeze``
             # also forgets the allocations counted meanwhile, so no pass over them follows)
-            gc.freeze()
+            freeze()
         return store
 
     async def serve(self, node: ReplicaNode, config: ClusterConfig, me: int) -> Service | None:

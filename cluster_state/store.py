@@ -52,6 +52,7 @@ from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import EventsCompacted, GpuConfigError, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
+from cluster_state.hived_view import HivedView
 from cluster_state.ops import (
     Bind,
     Claim,
@@ -62,6 +63,7 @@ from cluster_state.ops import (
     GetSummary,
     GetVC,
     GroupSpec,
+    HivedInspect,
     Inspect,
     ListGroups,
     Op,
@@ -78,6 +80,7 @@ from cluster_state.ops import (
     decode_op,
     decode_query,
     encode_result,
+    get_digest,
 )
 from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
@@ -99,11 +102,13 @@ _SNAPSHOT_FORMAT_NO_CONFIG = 1
 _SNAPSHOT_FIELDS = 7
 _EVENT_LOG_FIELDS = 2
 
+#: the digest query (``ops.get_digest``), answered off the loop (``defer_query``)
+_DIGEST_OP = get_digest()
 #: about this many events per page of the watch stream (whole revisions only)
 EVENTS_PAGE = 512
 #: the event kinds whose subject is a group, and those that mean it is gone
 _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
-                           "released", "trimmed"})
+                           "released", "trimmed", "claimed"})
 _GROUP_ENDS = frozenset({"released", "cancelled"})
 
 
@@ -276,14 +281,15 @@ class ClusterStore:
                         return _pack(["compacted", since, exc.oldest])
                     kind, info = "events", [e.to_wire() for e in _page(events)]
                 case GetDigest():
-                    digest = hashlib.sha256(self.snapshot()).hexdigest()
-                    kind, info = "digest", {"revision": self.revision, "sha256": digest}
+                    return self._digest_later()()
                 case Inspect("physical", name):
                     kind, info = "inspect", allocator.inspect_physical(name)
                 case Inspect("vc", name):
                     kind, info = "inspect", allocator.inspect_vc(name)
                 case Inspect(_, name):
                     kind, info = "inspect", allocator.inspect_group(name)
+                case HivedInspect(what, name):
+                    kind, info = "hived", self._hived(what, name)
                 case PlanReconfigure(text):
                     kind, info = "plan", self.plan_reconfiguration(text)
                 case PlanSubmit(spec, suggested):
@@ -291,6 +297,36 @@ class ClusterStore:
         except RequestError as exc:
             return _pack(["error", exc.reason])
         return _pack([kind, self.revision, info])
+
+    def defer_query(self, op: bytes) -> Callable[[], bytes] | None:
+        """The digest query off the replica's event loop (``consensus.statemachine.
+        DefersQueries``): the snapshot it hashes is captured now (``capture_snapshot``, a few
+        ms at 100k GPUs), packed and hashed later (15-75 ms on the loop, before). The other
+        queries are answered now."""
+        return self._digest_later() if op == _DIGEST_OP else None
+
+    def _digest_later(self) -> Callable[[], bytes]:
+        """The digest query's answer as of now, made when called (in any thread)."""
+        snapshot, revision = self.capture_snapshot(), self.revision
+
+        def answer() -> bytes:
+            digest = hashlib.sha256(snapshot()).hexdigest()
+            return _pack(["digest", revision, {"revision": revision, "sha256": digest}])
+
+        return answer
+
+    def _hived(self, kind: str, name: str) -> Any:
+        """HiveD's inspect object ``kind`` (``cluster_state.hived_view``)."""
+        view = HivedView(self.allocator)
+        if kind == "vc":
+            tree = view.virtual_cluster(name)
+            if tree is None:
+                raise RequestError(f"unknown virtual cluster {name!r}")
+            return tree
+        if kind == "group":
+            return view.affinity_group(name)
+        return {"groups": view.affinity_groups, "cluster": view.cluster_status,
+                "physical": view.physical_cluster, "vcs": view.virtual_clusters}[kind]()
 
     def events_since(self, revision: int) -> list[ChangeEvent]:
         """Every change after ``revision`` (``EventsCompacted`` if some are gone)."""
@@ -340,12 +376,43 @@ class ClusterStore:
         """Load a snapshot, adopting the configuration it was taken under (a store built
         with another one runs the snapshot's until a ``reconfigure`` command changes it).
         The state is loaded in bulk, without collector passes over what it makes (nor after
-        it, where the process freezes its long-lived objects: ``freeze_if_frozen``)."""
+        it, where the process freezes its long-lived objects: ``freeze_if_frozen``).
+        (``prepare_restore``, finished at once: a subclass changes both or neither.)"""
+        self.prepare_restore(data)()
+
+    def prepare_restore(self, data: bytes) -> Callable[[], object]:
+        """``restore(data)`` in two parts (``consensus.runtime.snapshot_writer``): this call,
+        in any thread, builds the snapshot's state *beside* the store's (0.35-0.45 s at 98k
+        GPUs, which held a replica's event loop when it installed a peer's snapshot); the
+        function returned makes it the store's, at once (on the loop), and returns what it
+        replaced (to be let go of off the loop: a 98k-GPU allocator takes 50-100 ms to
+        free, ``snapshot_writer.release_gradually``). The build reads
+        nothing of the store but its topology (an immutable object, whichever one it reads)
+        and changes nothing of it, so the store goes on applying commands meanwhile; what
+        they changed is replaced by the snapshot's state when the function runs. The event
+        log and the session table stay the same objects (an ``AuthorizingMachine`` holds the
+        table): their contents are moved in. ``SnapshotError`` (from this call) for a
+        snapshot that does not load; the store is then untouched."""
         with gc_paused():
-            self._restore(data)
+            loaded = self._load(data)
             freeze_if_frozen()  # before the collector runs again: no pass over it at all
 
-    def _restore(self, data: bytes) -> None:
+        def adopt() -> object:
+            topology, allocator, events, sessions, revision, packed_events = loaded
+            replaced = [self.allocator, self.events.events, self._packed_events]
+            replaced.append(self.sessions.take(sessions))
+            self.topology = topology
+            self.allocator = allocator
+            self.events.floor, self.events.events = events.floor, events.events
+            self.revision = revision
+            self._packed_events = packed_events
+            return replaced
+
+        return adopt
+
+    def _load(self, data: bytes) -> tuple[Topology, Allocator, EventLog, SessionTable, int,
+                                          PackedEvents]:
+        """A snapshot's state, built beside the store's (see ``prepare_restore``)."""
         try:
             fields, pieces = unpack_snapshot(data, SNAPSHOT_FORMAT)
             fmt = fields[0]
@@ -378,13 +445,15 @@ class ClusterStore:
         try:
             allocator = Allocator(topology, bulk=True)  # indexes built once, at the end
             allocator.import_state(state)
+            event_log = EventLog(self.events.limit)
+            event_log.load_state(events)
+            table = SessionTable()
+            table.load_state(sessions)
+            revision = int(revision)
         except Exception as exc:
             raise SnapshotError(f"the snapshot's state does not load: {exc!r}") from None
-        self.topology = topology
-        self.allocator = allocator
-        self.events.load_state(events)
-        self.sessions.load_state(sessions)
-        self.revision = int(revision)
+        packed_events = PackedEvents()
         if pieces is not None:  # the snapshot's own bytes of what was just loaded from it
             allocator.keep_packed(state[0], pieces.groups)
-            self._packed_events.keep(self.events.events, pieces.events)
+            packed_events.keep(event_log.events, pieces.events)
+        return topology, allocator, event_log, table, revision, packed_events

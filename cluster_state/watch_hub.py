@@ -19,7 +19,10 @@ replica or any other, since every replica emits the same events — misses and r
 
 A snapshot installed from a peer replaces the store's events without calling the hook, and a
 turn may apply more commands than the store keeps events for: then the hub cannot tell what
-its watchers missed, and every watcher gets ``EventsCompacted``.
+it did not fan out, and each watcher is brought up to date from the store's kept events on
+its own if they reach back to what it was queued (a lagging replica that catches up by
+snapshot keeps the watchers that started at a revision it had not reached), or else gets
+``EventsCompacted``.
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ __all__ = ["ACK_EVERY", "ACK_WINDOW", "DEFAULT_MAX_PENDING", "FAN_OUT_DELAY_S", 
 #: reading is at most half of it plus one message, whatever the client's HTTP/2 window (a
 #: non-reading client with BDP probing otherwise soaks up megabytes per stream) ...
 ACK_WINDOW = 2048
-#: ... and the client acknowledges each time it consumed this many since its last ack: one
-#: small message per 512 events, not per batch. Acks are messages too: at 1,000 streams
+#: ... and the client acknowledges each time it consumed this many since its last ack (a
+#: process sharing the stream among its watchers: handed them out): one small message per
+#: 512 events, not per batch. Acks are messages too: at 1,000 streams
 #: every 256 events (the window was 1,024) they were a fifth of a replica's watch messages
 #: and a quarter of the watcher processes' CPU (alloc-e2e --watchers 1000, py-spy); a client
 #: acking every 512 to a replica of the smaller window stalls for a round trip per ack
@@ -235,7 +239,6 @@ class WatchHub:
         batch = Batch(events)
         self._last = batch.last
         self.batches_sent += 1
-        limit = self.max_pending
         for watcher in self._watchers:
             if watcher.compacted is not None:
                 continue
@@ -245,14 +248,17 @@ class WatchHub:
                 part = Batch([e for e in events if e.revision > watcher.queued])
             else:
                 part = batch
-            if watcher.pending and watcher.pending + len(part.events) > limit:
-                # Not waited for, not buffered: dropped, it re-reads and watches again.
-                self._drop(watcher, EventsCompacted(watcher.taken, self._last))
-                continue
-            watcher.batches.append(part)
-            watcher.pending += len(part.events)
-            watcher.queued = part.last
-            watcher.wake.set()
+            self._offer(watcher, part)
+
+    def _offer(self, watcher: _Watcher, batch: Batch) -> None:
+        if watcher.pending and watcher.pending + len(batch.events) > self.max_pending:
+            # Not waited for, not buffered: dropped, it re-reads and watches again.
+            self._drop(watcher, EventsCompacted(watcher.taken, self._last))
+            return
+        watcher.batches.append(batch)
+        watcher.pending += len(batch.events)
+        watcher.queued = batch.last
+        watcher.wake.set()
 
     def _drop(self, watcher: _Watcher, why: EventsCompacted) -> None:
         # What it was sent is delivered; what it has not taken yet is dropped with the rest.
@@ -266,7 +272,14 @@ class WatchHub:
 
     def _compact_all(self, oldest: int) -> None:
         kept = self._store.events.events
-        self._last = kept[-1].revision if kept else oldest
+        self._last = kept[-1].revision if kept else max(oldest, self._store.events.floor)
         for watcher in self._watchers:
-            if watcher.compacted is None:
-                self._drop(watcher, EventsCompacted(watcher.taken, max(oldest, self._last)))
+            if watcher.compacted is not None:
+                continue
+            try:
+                events = self._store.events_since(watcher.queued)
+            except EventsCompacted:
+                self._drop(watcher, EventsCompacted(watcher.taken, self._last))
+                continue
+            if events:  # its own batch: this happens once per snapshot, not per turn
+                self._offer(watcher, Batch(events))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -46,6 +47,7 @@ from consensus.errors import DecodeError, DefiniteFailure
 from consensus.messages import Command
 from consensus.statemachine import (
     CANCEL_OP,
+    DefersQueries,
     SessionTable,
     StateMachine,
     denied_result,
@@ -298,9 +300,21 @@ class AuthorizingMachine:
         inner_op, denied = self._check(op, read=True)
         if denied is not None:
             return denied
-        answer = self.inner.query(inner_op)
-        if self._filter is not None and inner_op is not op:  # enveloped: someone's read
-            principal, _ = open_envelope(op)
+        return self.filtered(op, self.inner.query(inner_op))
+
+    def ask_later(self, op: bytes) -> Callable[[], bytes] | Denied | None:
+        """``ask`` for a read the inner machine answers off the loop (``DefersQueries``):
+        the refusal now, or the function that makes the inner answer later (in any thread;
+        pass what it makes through ``filtered``, on the loop). None: ``ask`` now."""
+        if not isinstance(self.inner, DefersQueries):
+            return None
+        inner_op, denied = self._check(op, read=True)
+        return denied if denied is not None else self.inner.defer_query(inner_op)
+
+    def filtered(self, op: bytes, answer: bytes) -> bytes:
+        """The inner machine's ``answer`` to ``op`` as the principal it carries may see it."""
+        if self._filter is not None and op.startswith(ENVELOPE_MAGIC):  # someone's read
+            principal, inner_op = open_envelope(op)
             if principal is not None:
                 answer = self._filter.filter_answer(principal, inner_op, answer)
         return answer

@@ -64,6 +64,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # ... and a client takes a definite failure for the request's end even after an
         # earlier attempt whose outcome it never learned (``consensus.attempts``)
         "trust_definite",
+        # membership: a message of a later epoch moves a member on, on one peer's word (it
+        # retires its core and learns as a learner until the next epoch)
+        "trust_epoch_claims",
     }
 )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import msgpack
 
@@ -33,6 +33,7 @@ __all__ = [
     "CANCEL_OP",
     "SESSION_MARK",
     "BatchApplier",
+    "DefersQueries",
     "KVStore",
     "SessionTable",
     "StateMachine",
@@ -68,6 +69,19 @@ class StateMachine(Protocol):
 
     def restore(self, data: bytes) -> None:
         """Replace the current state with a snapshot taken by ``snapshot``."""
+        ...
+
+
+@runtime_checkable
+class DefersQueries(Protocol):
+    """A state machine with read-only ops too costly for the replica's event loop (a digest
+    of the whole state, say): they are answered off the loop, from what is read at once."""
+
+    def defer_query(self, op: bytes) -> Callable[[], bytes] | None:
+        """For such an ``op``: read now what its answer needs of the current state and
+        return the function that makes the answer ``query(op)`` would have made now, later
+        and in any thread (it must read nothing that applying later commands changes, as
+        ``snapshot_writer.CapturesSnapshots`` does). None: answer it with ``query`` now."""
         ...
 
 
@@ -220,6 +234,15 @@ class SessionTable:
                 int(floor), {int(seq): bytes(result) for seq, result in items}
             )
 
+    def take(self, other: SessionTable) -> list[object]:
+        """Hold what ``other`` holds, in place of this table's contents (a state loaded
+        elsewhere, off the replica's loop, adopted by the table its machine's users hold);
+        returns the contents replaced."""
+        replaced = [getattr(self, name) for name in SessionTable.__slots__]
+        for name in SessionTable.__slots__:
+            setattr(self, name, getattr(other, name))
+        return replaced
+
 
 _packer = msgpack.Packer()
 
@@ -358,7 +381,21 @@ class KVStore:
         )
 
     def restore(self, data: bytes) -> None:
+        self.prepare_restore(data)()
+
+    def prepare_restore(self, data: bytes) -> Callable[[], object]:
+        """``restore(data)`` in two parts (``consensus.runtime.snapshot_writer.
+        RestoresOffLoop``): the state built here, in any thread, beside the store's; made
+        the store's by the function returned (which returns what it replaced)."""
         applied_position, items, sessions = msgpack.unpackb(data)
-        self.applied_position = applied_position
-        self.data = dict(items)
-        self.sessions.load_state(sessions)
+        loaded = dict(items)
+        table = SessionTable()
+        table.load_state(sessions)
+
+        def adopt() -> object:
+            replaced = [self.data, self.sessions.take(table)]
+            self.applied_position = applied_position
+            self.data = loaded
+            return replaced
+
+        return adopt

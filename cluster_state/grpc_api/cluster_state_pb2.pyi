@@ -275,6 +275,44 @@ class Claim(_message.Message):
     pod: str
     def __init__(self, slot: _Optional[int] = ..., uid: _Optional[str] = ..., pod: _Optional[str] = ...) -> None: ...
 
+class ClaimRequest(_message.Message):
+    __slots__ = ("group", "incarnation", "slot", "uid", "pod", "previous", "session")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    incarnation: int
+    slot: int
+    uid: str
+    pod: str
+    previous: str
+    session: Session
+    def __init__(self, group: _Optional[str] = ..., incarnation: _Optional[int] = ..., slot: _Optional[int] = ..., uid: _Optional[str] = ..., pod: _Optional[str] = ..., previous: _Optional[str] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class Claimed(_message.Message):
+    __slots__ = ("group", "incarnation", "slot", "uid")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    incarnation: int
+    slot: int
+    uid: str
+    def __init__(self, group: _Optional[str] = ..., incarnation: _Optional[int] = ..., slot: _Optional[int] = ..., uid: _Optional[str] = ...) -> None: ...
+
+class ClaimReply(_message.Message):
+    __slots__ = ("claimed", "conflict")
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
+    CONFLICT_FIELD_NUMBER: _ClassVar[int]
+    claimed: Claimed
+    conflict: Conflict
+    def __init__(self, claimed: _Optional[_Union[Claimed, _Mapping]] = ..., conflict: _Optional[_Union[Conflict, _Mapping]] = ...) -> None: ...
+
 class Group(_message.Message):
     __slots__ = ("spec", "state", "downgraded", "lazy_preemption", "chain", "pods", "token", "victims", "preempted_by", "incarnation", "claims")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -626,15 +664,17 @@ class InspectReply(_message.Message):
     def __init__(self, json: _Optional[str] = ..., revision: _Optional[int] = ..., physical: _Optional[_Union[PhysicalTrees, _Mapping]] = ..., vc: _Optional[_Union[VcTree, _Mapping]] = ..., group: _Optional[_Union[GroupTree, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("since", "typed")
+    __slots__ = ("since", "typed", "from_now")
     SINCE_FIELD_NUMBER: _ClassVar[int]
     TYPED_FIELD_NUMBER: _ClassVar[int]
+    FROM_NOW_FIELD_NUMBER: _ClassVar[int]
     since: int
     typed: bool
-    def __init__(self, since: _Optional[int] = ..., typed: _Optional[bool] = ...) -> None: ...
+    from_now: bool
+    def __init__(self, since: _Optional[int] = ..., typed: _Optional[bool] = ..., from_now: _Optional[bool] = ...) -> None: ...
 
 class Event(_message.Message):
-    __slots__ = ("revision", "kind", "subject", "data_json", "placed", "preempting", "downgraded", "cancelled", "node_health", "reconfigured")
+    __slots__ = ("revision", "kind", "subject", "data_json", "placed", "preempting", "downgraded", "cancelled", "node_health", "reconfigured", "claimed")
     REVISION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     SUBJECT_FIELD_NUMBER: _ClassVar[int]
@@ -645,6 +685,7 @@ class Event(_message.Message):
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
     NODE_HEALTH_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURED_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_FIELD_NUMBER: _ClassVar[int]
     revision: int
     kind: str
     subject: str
@@ -655,7 +696,8 @@ class Event(_message.Message):
     cancelled: CancelledEvent
     node_health: NodeHealthEvent
     reconfigured: ReconfiguredEvent
-    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., data_json: _Optional[str] = ..., placed: _Optional[_Union[PlacedEvent, _Mapping]] = ..., preempting: _Optional[_Union[PreemptingEvent, _Mapping]] = ..., downgraded: _Optional[_Union[DowngradedEvent, _Mapping]] = ..., cancelled: _Optional[_Union[CancelledEvent, _Mapping]] = ..., node_health: _Optional[_Union[NodeHealthEvent, _Mapping]] = ..., reconfigured: _Optional[_Union[ReconfiguredEvent, _Mapping]] = ...) -> None: ...
+    claimed: ClaimedEvent
+    def __init__(self, revision: _Optional[int] = ..., kind: _Optional[str] = ..., subject: _Optional[str] = ..., data_json: _Optional[str] = ..., placed: _Optional[_Union[PlacedEvent, _Mapping]] = ..., preempting: _Optional[_Union[PreemptingEvent, _Mapping]] = ..., downgraded: _Optional[_Union[DowngradedEvent, _Mapping]] = ..., cancelled: _Optional[_Union[CancelledEvent, _Mapping]] = ..., node_health: _Optional[_Union[NodeHealthEvent, _Mapping]] = ..., reconfigured: _Optional[_Union[ReconfiguredEvent, _Mapping]] = ..., claimed: _Optional[_Union[ClaimedEvent, _Mapping]] = ...) -> None: ...
 
 class PlacedEvent(_message.Message):
     __slots__ = ("chain", "pods", "token")
@@ -696,6 +738,20 @@ class ReconfiguredEvent(_message.Message):
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     digest: str
     def __init__(self, digest: _Optional[str] = ...) -> None: ...
+
+class ClaimedEvent(_message.Message):
+    __slots__ = ("incarnation", "slot", "uid", "pod", "previous")
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    UID_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    incarnation: int
+    slot: int
+    uid: str
+    pod: str
+    previous: str
+    def __init__(self, incarnation: _Optional[int] = ..., slot: _Optional[int] = ..., uid: _Optional[str] = ..., pod: _Optional[str] = ..., previous: _Optional[str] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("events", "compacted", "revision", "oldest", "through", "skipped")

@@ -49,6 +49,11 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseReply.FromString,
                 _registered_method=True)
+        self.Claim = channel.unary_unary(
+                '/sdpaxos.cluster_state.v1.AllocationService/Claim',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimReply.FromString,
+                _registered_method=True)
         self.SetNodeHealth = channel.unary_unary(
                 '/sdpaxos.cluster_state.v1.AllocationService/SetNodeHealth',
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.NodeHealthRequest.SerializeToString,
@@ -117,6 +122,12 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Claim(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -213,6 +224,11 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseReply.SerializeToString,
+            ),
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimReply.SerializeToString,
             ),
             'SetNodeHealth': grpc.unary_unary_rpc_method_handler(
                     servicer.SetNodeHealth,
@@ -346,6 +362,33 @@ class AllocationService:
             '/sdpaxos.cluster_state.v1.AllocationService/Release',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseRequest.SerializeToString,
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.ReleaseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/Claim',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ClaimReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -184,6 +184,10 @@ def event_to_pb(event: ChangeEvent, *, with_json: bool) -> pb.Event:
             message.node_health.healthy = data[0]
         case "reconfigured":
             message.reconfigured.digest = data[0]
+        case "claimed":
+            incarnation, slot, uid, pod, previous = data
+            message.claimed.CopyFrom(pb.ClaimedEvent(incarnation=incarnation, slot=slot,
+                                                     uid=uid, pod=pod, previous=previous))
     return message
 
 
@@ -208,6 +212,9 @@ def event_from_pb(event: pb.Event) -> ChangeEvent:
         data = (event.node_health.healthy,)
     elif details == "reconfigured":
         data = (event.reconfigured.digest,)
+    elif details == "claimed":
+        claimed = event.claimed
+        data = (claimed.incarnation, claimed.slot, claimed.uid, claimed.pod, claimed.previous)
     else:  # released, reserved: nothing more
         data = ()
     return ChangeEvent(event.revision, event.kind, event.subject, data)

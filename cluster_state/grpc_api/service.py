@@ -17,7 +17,12 @@ as its ``/readyz`` says: ``ReadinessHealth``) and server reflection.
 Watch streams come from the replica's ``WatchHub``. ``WatchAcked`` sends while fewer than
 ``ACK_WINDOW / 2`` events are unacknowledged: a client that stops reading stops the sending,
 so what the transport holds for it is bounded whatever its HTTP/2 window, and its queue at the
-hub overflows into ``EventsCompacted``, the stream's last message.
+hub overflows into ``EventsCompacted``, the stream's last message. Every replica serves them,
+from a revision or from now (``WatchRequest.from_now``: a linearizable read of the store's
+revision first, sent as the stream's first message, so a lagging replica does not start a
+watch before what the cluster acknowledged). A client process shares one stream per replica
+among all its watchers (``cluster_state.pushed_watch``), so a message is per process, not per
+watcher.
 
 In a TLS cluster (``serve_grpc(..., tls=...)``) clients present certificates of the cluster's
 CA (``cluster_state.grpc_api.tls``): a call is refused ``UNAUTHENTICATED`` unless its
@@ -163,6 +168,17 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         return pb.ReleaseReply(promoted=list(result.promoted),
                                already_released=result.already_released)
 
+    async def Claim(self, request: pb.ClaimRequest, context: Any) -> pb.ClaimReply:
+        async with self._session(request.session, context) as (store, seq):
+            result = await self._call(context, store.claim(
+                request.group, request.incarnation, request.slot, request.uid, request.pod,
+                request.previous, seq=seq))
+        if isinstance(result, ops.Claimed):
+            return pb.ClaimReply(claimed=pb.Claimed(
+                group=result.group, incarnation=result.incarnation, slot=result.slot,
+                uid=result.uid))
+        return pb.ClaimReply(conflict=pb.Conflict(group=result.group, reason=result.reason))
+
     async def SetNodeHealth(
         self, request: pb.NodeHealthRequest, context: Any
     ) -> pb.NodeHealthReply:
@@ -277,8 +293,12 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
         # all the watchers it reaches, and serialized EventBatch messages concatenated are
         # their merge (events appended, the last `through` wins), so a watcher that fell
         # behind costs one write, not one per batch.
+        since = request.since
+        if request.from_now:
+            since = await self._now(context)
+            yield pb.EventBatch(through=since)
         try:
-            async for batches in self._hub.watch(request.since):
+            async for batches in self._hub.watch(since):
                 yield _encoded(batches, request.typed)
         except EventsCompacted as exc:
             yield pb.EventBatch(compacted=True, revision=exc.revision, oldest=exc.oldest)
@@ -292,10 +312,14 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
                                 "WatchAcked starts with a WatchControl holding `start`")
             raise AssertionError("context.abort returned")  # it raises
         start = first.start
+        since = start.since
+        if start.from_now:
+            since = await self._now(context)
+            yield pb.EventBatch(through=since)  # no events: nothing to acknowledge
         flow = _AckedFlow()
         acks = asyncio.ensure_future(flow.read_acks(requests))
         dropped = asyncio.Event()
-        batches_in = self._hub.watch(start.since, dropped=dropped)
+        batches_in = self._hub.watch(since, dropped=dropped)
         try:
             while True:
                 # Take more from the hub only while the client keeps up: otherwise its
@@ -318,7 +342,14 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             acks.cancel()
             await batches_in.aclose()
 
-    # ------------------------------------------------------------------ errors
+    async def _now(self, context: Any) -> int:
+        """Where a watch from now starts: the store's revision, read linearizably (this
+        replica has applied through it when the read answers, so it starts no earlier than
+        anything the cluster acknowledged before the call; one cut off from the sequencer
+        fails the call UNAVAILABLE and its client tries the next replica)."""
+        with self._pool.store() as store:
+            return await self._call(context, store.revision())
+
     # ------------------------------------------------------------------ errors
     async def _call(self, context: Any, call: Awaitable[_T]) -> _T:
         try:

@@ -4,16 +4,24 @@ clients, and the principal of a call.
 
 The servicer authenticates each call (``authenticate_servicer`` wraps every RPC method): the
 peer's certificate must name a client of this cluster and not be revoked (the replica's
-``Revocations``, which a SIGHUP reloads: a revoked certificate's next call is refused with
-UNAUTHENTICATED, its connection may stay up). What it names is the principal the call's
-commands carry through the log (``CALLER`` holds it for the call's task), and a scheduler's
-watch streams are trimmed to the events it may see.
+``Revocations``, which a SIGHUP reloads). What it names is the principal the call's commands
+carry through the log (``CALLER`` holds it for the call's task), and a scheduler's watch
+streams are trimmed to the events it may see.
+
+**Revocation.** A revoked certificate's calls are refused with UNAUTHENTICATED before any
+handler runs, and a reload that revokes it ends every call of it still open at once (a watch
+stream, an update waiting for the log: ``Authenticator`` keeps them by serial) with
+UNAUTHENTICATED. Its TLS handshake itself still completes: grpcio offers neither a CRL nor a
+verification callback on the server side, and its HTTP/2 connection is not closed (grpc.aio
+has no handle on it), but nothing of the replica answers on it any more.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
@@ -78,15 +86,26 @@ class Unauthenticated(Exception):
 
 
 class Authenticator:
-    """The principal of a gRPC call to a TLS cluster's replica."""
+    """The principal of a gRPC call to a TLS cluster's replica, and the calls open for each
+    certificate (ended when it is revoked)."""
 
     def __init__(self, cluster_id: str, revocations: Revocations) -> None:
         self.cluster_id = cluster_id
         self.revocations = revocations
         self._known: dict[bytes, tuple[int, Principal]] = {}
+        #: serial -> the tasks of its calls under way
+        self._open: dict[int, set[asyncio.Task[Any]]] = {}
+        #: the tasks cancelled because their certificate was revoked
+        self._ended: set[asyncio.Task[Any]] = set()
+        revocations.subscribe(self._revoked)
 
     def principal(self, context: Any) -> Principal:
         """Who made the call (``Unauthenticated`` saying why not)."""
+        return self.identify(context)[1]
+
+    def identify(self, context: Any) -> tuple[int, Principal]:
+        """The serial of the call's certificate and who it names (``Unauthenticated``
+        saying why not)."""
         pems = context.auth_context().get("x509_pem_cert")
         if not pems:
             raise Unauthenticated("a client certificate of this cluster is required")
@@ -104,9 +123,32 @@ class Authenticator:
             known = self._known[pem] = (identity.serial, identity.principal)
         serial, principal = known
         if self.revocations.is_revoked(serial):
-            raise Unauthenticated(f"the certificate of {principal.describe()} (serial "
-                                  f"{serial:x}) is revoked")
-        return principal
+            raise Unauthenticated(_revoked(principal, serial))
+        return serial, principal
+
+    @contextlib.contextmanager
+    def open_call(self, serial: int) -> Iterator[Callable[[], bool]]:
+        """The call the current task serves, kept open under ``serial`` for its duration;
+        yields whether it was ended by that certificate's revocation."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._open.setdefault(serial, set()).add(task)
+        try:
+            yield lambda: task in self._ended
+        finally:
+            self._ended.discard(task)
+            tasks = self._open.get(serial)
+            if tasks is not None:
+                tasks.discard(task)
+                if not tasks:
+                    del self._open[serial]
+
+    def _revoked(self, serials: frozenset[int]) -> None:
+        """A reload revoked ``serials``: end the calls they have open."""
+        for serial in serials:
+            for task in self._open.get(serial, ()):
+                self._ended.add(task)
+                task.cancel()
 
 
 #: whether a principal may see an event of this kind about this subject
@@ -124,30 +166,57 @@ def authenticate_servicer(servicer: Any, authenticator: Authenticator,
                                                    visible))
 
 
-async def _principal(authenticator: Authenticator, context: Any) -> Principal:
+def _revoked(principal: Principal, serial: int) -> str:
+    return f"the certificate of {principal.describe()} (serial {serial:x}) is revoked"
+
+
+async def _identify(authenticator: Authenticator, context: Any) -> tuple[int, Principal]:
     try:
-        return authenticator.principal(context)
+        return authenticator.identify(context)
     except Unauthenticated as exc:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
         raise AssertionError("context.abort returned") from None  # it raises
 
 
+async def _end_revoked(context: Any, principal: Principal, serial: int) -> None:
+    """End a call whose certificate was revoked while it was open (its task was cancelled
+    for it: the cancellation is taken back, and the call answered UNAUTHENTICATED)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, _revoked(principal, serial))
+    raise AssertionError("context.abort returned")  # it raises
+
+
 def _authenticated(method: Any, authenticator: Authenticator, visible: Visibility) -> Any:
     if inspect.isasyncgenfunction(method):
         async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            principal = await _principal(authenticator, context)
+            serial, principal = await _identify(authenticator, context)
             CALLER.set(principal)
-            async for item in method(request, context):
-                kept = _trimmed(item, principal, visible)
-                if kept is not None:
-                    yield kept
+            with authenticator.open_call(serial) as ended:
+                try:
+                    async for item in method(request, context):
+                        kept = _trimmed(item, principal, visible)
+                        if kept is not None:
+                            yield kept
+                except asyncio.CancelledError:
+                    if not ended():
+                        raise
+                    await _end_revoked(context, principal, serial)
 
         return stream
 
     async def unary(request: Any, context: Any) -> Any:
-        CALLER.set(await _principal(authenticator, context))
-        call: Awaitable[Any] = method(request, context)
-        return await call
+        serial, principal = await _identify(authenticator, context)
+        CALLER.set(principal)
+        with authenticator.open_call(serial) as ended:
+            try:
+                call: Awaitable[Any] = method(request, context)
+                return await call
+            except asyncio.CancelledError:
+                if not ended():
+                    raise
+                await _end_revoked(context, principal, serial)
 
     return unary
 

@@ -2,12 +2,16 @@
 against a replicated allocation store.
 
     sdpaxos extender --config cluster.toml --listen 0.0.0.0:30096 --home 0 [--watch-nodes]
+        [--force-pod-bind-threshold 3] [--waiting-pod-scheduling-block-ms 0]
 
 The store is reached through the cluster file's client addresses (its own ``[tls]`` client
 certificate when the cluster runs TLS), starting with replica ``--home``. The Kubernetes API
 (through ``kubernetes_asyncio``, the ``k8s`` extra) is ``--kube-api URL`` (no credentials: a
 test's fake server or ``kubectl proxy``), ``--kubeconfig PATH`` (with ``--kube-context``) or,
-by default, the pod's in-cluster service account.
+by default, the pod's in-cluster service account. The extender serves once its pod cache has
+listed the pods (HiveD's informer sync). ``--force-pod-bind-threshold`` and
+``--waiting-pod-scheduling-block-ms`` are HiveD's ``forcePodBindThreshold`` and
+``waitingPodSchedulingBlockMilliSec``, with HiveD's defaults.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from cluster_state.client import AllocationStore, new_client_id
 
 if TYPE_CHECKING:
     from cluster_state.k8s.kube import KubeApi
-    from cluster_state.k8s.web import Reply
+    from cluster_state.k8s.web import Handler, Reply
 
 __all__ = ["add_arguments", "connect_store", "health_check", "run"]
 
@@ -52,6 +56,12 @@ def _host_port(text: str) -> tuple[str, int]:
     return host or "0.0.0.0", int(port)
 
 
+def _non_negative(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, not {text!r}")
+    return int(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="the store's cluster file")
     parser.add_argument("--home", type=int, default=0,
@@ -68,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the kubeconfig's context (default: its current one)")
     parser.add_argument("--watch-nodes", action="store_true",
                         help="turn node Ready conditions and deletions into node health")
+    parser.add_argument("--force-pod-bind-threshold", type=_non_negative, default=3,
+                        metavar="N", help="filters of a binding pod after which the extender "
+                        "binds it itself (HiveD's forcePodBindThreshold; default 3)")
+    parser.add_argument("--waiting-pod-scheduling-block-ms", type=_non_negative, default=0,
+                        metavar="MS", help="how long the filter of a pod that waits holds the "
+                        "other scheduling back (HiveD's waitingPodSchedulingBlockMilliSec; "
+                        "default 0)")
     parser.add_argument("--no-release", action="store_true",
                         help="do not release groups whose pods are all gone (another instance "
                         "does)")
@@ -98,11 +115,13 @@ def run(args: argparse.Namespace) -> int:
 HEALTH_TIMEOUT_S = 3.0
 
 
-def health_check(store: AllocationStore, kube: KubeApi) -> Callable[[], Awaitable[Reply]]:
+def health_check(store: AllocationStore, kube: KubeApi, synced: asyncio.Event | None = None
+                 ) -> Callable[[], Awaitable[Reply]]:
     """The extender's ``/healthz`` (and ``/readyz``): 200 once the Kubernetes API server
     answers ``GET /version`` and the store a linearizable read, each within
-    ``HEALTH_TIMEOUT_S``; else 503 naming what failed (kube-scheduler should not count on an
-    extender that can neither bind nor decide). ``/livez`` only says the process runs."""
+    ``HEALTH_TIMEOUT_S``, and the pod cache has synced (``synced``); else 503 naming what
+    failed (kube-scheduler should not count on an extender that can neither bind nor
+    decide). ``/livez`` only says the process runs."""
     from cluster_state.k8s.web import Reply
 
     async def probe(what: str, call: Awaitable[Any]) -> str | None:
@@ -120,11 +139,31 @@ def health_check(store: AllocationStore, kube: KubeApi) -> Callable[[], Awaitabl
             probe(f"Kubernetes API {kube.server}", kube.version()),
             probe("allocation store", store.summary()),
         ) if p is not None]
+        if synced is not None and not synced.is_set():
+            problems.append(NOT_SYNCED)
         if problems:
             return Reply(503, {"status": "unavailable", "problems": problems})
         return Reply(200, {"status": "ok"})
 
     return check
+
+
+#: why the extender answers no verb yet
+NOT_SYNCED = "the pod cache has not synced with the Kubernetes API yet"
+
+
+def _once_synced(handler: Handler, synced: asyncio.Event) -> Handler:
+    """``handler`` once the pod cache has synced (HiveD decides once its informers synced);
+    503 before."""
+    from cluster_state.k8s.web import Reply
+
+    async def handle(method: str, path: str, query: dict[str, list[str]], body: bytes
+                     ) -> Reply:
+        if not synced.is_set():
+            return Reply(503, {"error": NOT_SYNCED})
+        return await handler(method, path, query, body)
+
+    return handle
 
 
 async def _kube(args: argparse.Namespace) -> KubeApi:
@@ -140,6 +179,7 @@ async def _kube(args: argparse.Namespace) -> KubeApi:
 async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
     from cluster_state.k8s.extender import Extender, GangReaper
     from cluster_state.k8s.nodes import NodeWatcher
+    from cluster_state.k8s.pods import PodCache
     from cluster_state.k8s.web import serve
 
     try:
@@ -148,31 +188,36 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
         print(f"sdpaxos extender: {exc}", file=sys.stderr)
         await store.close()
         return 2
-    extender = Extender(store, kube)
-    try:
-        server = await serve(extender.handle, *args.listen, health=health_check(store, kube))
-    except OSError as exc:  # the port is taken, say: said plainly, not as a traceback
-        print(f"sdpaxos extender: cannot listen on {args.listen[0]}:{args.listen[1]}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
-        await kube.close()
-        await store.close()
-        return 1
-    tasks = []
-    if args.watch_nodes:
-        tasks.append(asyncio.create_task(NodeWatcher(store, kube).run(), name="nodes"))
+    pods = PodCache(kube)
+    tasks = [asyncio.create_task(pods.run(), name="pods")]
+    watcher = NodeWatcher(store, kube) if args.watch_nodes else None
+    if watcher is not None:
+        tasks.append(asyncio.create_task(watcher.run(), name="nodes"))
+    extender = Extender(store, kube, pods, force_bind_threshold=args.force_pod_bind_threshold,
+                        waiting_block_ms=args.waiting_pod_scheduling_block_ms,
+                        node_known=watcher.known.__contains__ if watcher is not None else None)
     if not args.no_release:
-        tasks.append(asyncio.create_task(GangReaper(store, kube).run(), name="reaper"))
-    log.info("extender listening on %s:%d", *server.sockets[0].getsockname()[:2])
+        tasks.append(asyncio.create_task(GangReaper(store, kube, pods).run(), name="reaper"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    code = 0
+    try:  # listening at once: a taken port is said now, probes answer while the cache syncs
+        server = await serve(_once_synced(extender.handle, pods.synced), *args.listen,
+                             health=health_check(store, kube, pods.synced))
+    except OSError as exc:  # the port is taken, say: said plainly, not as a traceback
+        print(f"sdpaxos extender: cannot listen on {args.listen[0]}:{args.listen[1]}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        code = 1
+    else:
+        log.info("extender listening on %s:%d", *server.sockets[0].getsockname()[:2])
+        await stop.wait()
+        await server.stop()
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await kube.close()
     await store.close()
-    return 0
+    return code

@@ -1,14 +1,15 @@
 """The extender's HTTP server (kube-scheduler's calls), on aiohttp.
 
 ``serve(handler, host, port, health=...)`` answers HTTP/1.1 requests on keep-alive
-connections: ``handler(method, path, query, body)`` (the request's JSON body decoded, None
-without one) returns ``Reply(status, json_body)``. ``GET /livez`` answers 200 while the process
-runs; ``GET /healthz`` and ``GET /readyz`` answer ``health()``'s reply when one is given (the
-extender's: 503 while it cannot reach the Kubernetes API or the store), else go to
-``handler``. A body that is not JSON is 400, one over ``MAX_BODY`` 413 (before a byte of it is
-read), one that does not arrive within ``READ_TIMEOUT_S`` 408; a request aiohttp cannot parse
-is its 400; a handler that raises gets 500 with the error's text (logged); a peer never crashes
-the server. A port that cannot be bound raises ``OSError`` from ``serve``. (The extender's
+connections: ``handler(method, path, query, body)`` (``body``: the request's bytes, which the
+handler decodes: HiveD answers a body that is not JSON in each path's own way) returns
+``Reply(status, json_body)``. ``GET /livez`` answers 200 while the process runs; ``GET
+/healthz`` and ``GET /readyz`` answer ``health()``'s reply when one is given (the extender's:
+503 while it cannot reach the Kubernetes API or the store), else go to ``handler``. A body over
+``MAX_BODY`` is 413 (before a byte of it is read), one that does not arrive within
+``READ_TIMEOUT_S`` 408; a request aiohttp cannot parse is its 400; a handler that raises gets
+500 with the error's text (logged); a peer never crashes the server. A port that cannot be
+bound raises ``OSError`` from ``serve``. (The extender's
 calls to the Kubernetes API go through ``kubernetes_asyncio``: ``cluster_state.k8s.kube``.)
 """
 
@@ -53,7 +54,7 @@ class Reply:
     body: Any
 
 
-Handler = Callable[[str, str, dict[str, list[str]], Any], Awaitable[Reply]]
+Handler = Callable[[str, str, dict[str, list[str]], bytes], Awaitable[Reply]]
 Health = Callable[[], Awaitable[Reply]]
 
 
@@ -88,13 +89,9 @@ async def serve(handler: Handler, host: str, port: int, *, health: Health | None
             return _json(413, {"error": f"body over {MAX_BODY} bytes"})
         try:
             async with asyncio.timeout(READ_TIMEOUT_S):
-                raw = await request.read() if request.can_read_body else b""
+                body = await request.read() if request.can_read_body else b""
         except TimeoutError:
             return _json(408, {"error": f"body not sent within {READ_TIMEOUT_S:g} s"})
-        try:
-            body = json.loads(raw) if raw else None
-        except ValueError as exc:  # UnicodeDecodeError included
-            return _json(400, {"error": f"body is not JSON: {exc}"})
         query = {key: request.query.getall(key) for key in request.query}
         try:
             answer = await handler(request.method, request.path, query, body)

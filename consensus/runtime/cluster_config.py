@@ -35,7 +35,9 @@ Example (``sdpaxos cluster init`` writes one like it)::
     client_max_connections = 1000  # per replica; more are closed at once
     client_max_frame_bytes = 2097152       # the largest client frame
     client_max_buffered_bytes = 67108864   # partial-frame bytes over all client connections
-    peer_max_connections = 0       # 0: two per other replica plus 8 for handshakes
+    peer_max_connections = 0       # of configured peers (handshake done); 0: 2 per peer + 8
+    peer_max_handshakes = 16       # connections still in their handshake (silent ones make room)
+    peer_handshake_timeout_s = 2   # to prove a configured peer (TLS handshake included)
 
     [tls]                          # optional: mutual TLS 1.3 on every link (runtime/tls.py)
     ca = "tls/ca.pem"              # the cluster's CA: the only issuer any link accepts

@@ -7,11 +7,20 @@ replica from 35 to 228 MB). The policy, in the spirit of ZooKeeper's ``maxClient
 ``jute.maxbuffer`` and etcd's ``--max-request-bytes``:
 
 * **Caps on connections per port.** A connection over the cap is closed at once (it is
-  refused, counted in ``PortStats.refused``, and logged once per ``REFUSAL_LOG_INTERVAL_S``
-  with the count since, never once per connection: a flood must not flood the log too). The
-  peer port's cap defaults to ``PEER_CONNECTIONS_PER_REPLICA`` per other replica (its live
-  connection and a dead one not noticed yet) plus ``PEER_SPARE_CONNECTIONS`` for handshakes in
-  progress; the transport's handshake timeout frees those.
+  refused, counted in ``PortStats.refused``, and logged once per ``logs.LOG_INTERVAL_S`` with
+  the count since, never once per connection: a flood must not flood the log too). The peer
+  port's cap counts only connections whose handshake proved a configured peer: it defaults to
+  ``PEER_CONNECTIONS_PER_REPLICA`` per other replica (its live connection and a dead one not
+  noticed yet) plus ``PEER_SPARE_CONNECTIONS`` (members added later).
+* **Connections still in their handshake have a cap of their own** (``HandshakeGuard``: the
+  peer port's ``peer_max_handshakes``, a TLS port's ``tls.MAX_HANDSHAKES``) and a short
+  deadline (``peer_handshake_timeout_s``), so idle or hostile connections never take an
+  authenticated peer's room: 40 loops holding silent connections to two replicas' peer ports
+  made a restarted third one take 8.1 s to serve instead of 1.7 s, when they counted against
+  the peer cap. When that cap is full, a newcomer takes the place of the oldest connection
+  that has sent nothing at all for ``SILENT_GRACE_S`` (a peer's dialer writes its handshake
+  at once, and a TLS client its hello): silent connections, however many, never keep a peer
+  out; only a newcomer finding every place taken by connections that did talk is refused.
 * **Idle client connections time out**: no complete request and no answer sent for
   ``client_idle_timeout_s``, and nothing outstanding (a connection waiting on the answer to a
   request is never idle; the client port has no watches). The native client reconnects
@@ -33,10 +42,10 @@ the port has connections) every ``sweep_interval`` (a quarter of the shorter tim
 ``MIN_SWEEP_S`` and ``MAX_SWEEP_S``): the read path only records times, so a connection costs
 no timer of its own. A connection is closed at most one sweep interval after its deadline.
 
-``ClientPortLimits`` and ``PortGuard`` do no I/O of their own: the port's server calls ``open``
-/ ``admit`` on accept, reports what it read and what it answered, and the policy calls the
-connection's ``close`` callback when a deadline passes. Tests drive it with a fake clock and
-``sweep(now)``.
+``ClientPortLimits``, ``PortGuard`` and ``HandshakeGuard`` do no I/O of their own: the port's
+server calls ``open`` / ``admit`` on accept, reports what it read and what it answered, and the
+policy calls the connection's ``close`` callback when a deadline passes or it makes room. Tests
+drive it with a fake clock and ``sweep(now)``.
 """
 
 from __future__ import annotations
@@ -51,9 +60,12 @@ from typing import Literal
 
 from consensus.errors import ConfigError
 from consensus.messages import MAX_KEY_BYTES, MAX_KEYS_PER_COMMAND, MAX_OP_BYTES
+from consensus.runtime.logs import RateLimited
 
 __all__ = [
     "ClientPortLimits",
+    "HandshakeGuard",
+    "Handshaking",
     "LimitsConfig",
     "PortGuard",
     "PortStats",
@@ -63,8 +75,6 @@ __all__ = [
 
 log = logging.getLogger("sdpaxos.conn_limits")
 
-#: a refused connection is logged at most once per this many seconds (with the count since)
-REFUSAL_LOG_INTERVAL_S = 10.0
 #: the sweep runs this many times per (shortest) timeout ...
 SWEEPS_PER_TIMEOUT = 4
 #: ... but not more often than this (a short test timeout must not spin the loop) ...
@@ -74,8 +84,17 @@ MAX_SWEEP_S = 1.0
 #: inbound peer connections per other replica: its live one, and one it gave up on that this
 #: side has not seen closed yet
 PEER_CONNECTIONS_PER_REPLICA = 2
-#: room on the peer port for connections still in their handshake (which has a timeout)
+#: room on the peer port for members added later (``membership``)
 PEER_SPARE_CONNECTIONS = 8
+#: peer connections in their handshake at once (``HandshakeGuard``), and how long one may
+#: take to prove a configured peer: a peer's dialer writes its handshake frame at once (after
+#: the TLS handshake, in a TLS cluster), so a second covers a WAN round trip several times
+DEFAULT_PEER_MAX_HANDSHAKES = 16
+DEFAULT_PEER_HANDSHAKE_TIMEOUT_S = 2.0
+#: a connection in its handshake that sent nothing for this long makes room for a newcomer
+#: when the handshakes' cap is full (a dialer writes at once: the first bytes follow the TCP
+#: handshake's last packet)
+SILENT_GRACE_S = 0.1
 #: msgpack framing of a request around its op and keys: array header, req_id, kind, client_id,
 #: seq, bin/str headers, blind (a generous bound)
 _REQUEST_OVERHEAD = 1 << 10
@@ -116,9 +135,13 @@ class LimitsConfig:
     client_max_buffered_bytes: int = DEFAULT_CLIENT_MAX_BUFFERED_BYTES
     #: 0: ``peer_connection_cap(replicas)``
     peer_max_connections: int = 0
+    #: peer connections in their handshake at once, and how long one may take
+    peer_max_handshakes: int = DEFAULT_PEER_MAX_HANDSHAKES
+    peer_handshake_timeout_s: float = DEFAULT_PEER_HANDSHAKE_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        for name in ("client_idle_timeout_s", "client_frame_timeout_s"):
+        for name in ("client_idle_timeout_s", "client_frame_timeout_s",
+                     "peer_handshake_timeout_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -132,6 +155,7 @@ class LimitsConfig:
             "client_max_frame_bytes": LARGEST_REQUEST_BYTES,
             "client_max_buffered_bytes": LARGEST_REQUEST_BYTES,
             "peer_max_connections": 0,
+            "peer_max_handshakes": 1,
         }
         for name, minimum in minimums.items():
             value = getattr(self, name)
@@ -178,25 +202,16 @@ class PortStats:
     buffered_bytes: int = 0
 
 
-class _Throttled:
-    """A warning logged at most once per ``REFUSAL_LOG_INTERVAL_S``, with the count since."""
-
-    __slots__ = ("_clock", "_last", "_unlogged")
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._unlogged = 0
-        self._last = -math.inf
-
-    def count(self) -> int | None:
-        """Count one; the number to report if it is time to log, else None."""
-        self._unlogged += 1
-        now = self._clock()
-        if now - self._last < REFUSAL_LOG_INTERVAL_S:
-            return None
-        self._last = now
-        reported, self._unlogged = self._unlogged, 0
-        return reported
+@dataclass(slots=True)
+class HandshakeStats:
+    #: connections in their handshake now (gauge)
+    open: int = 0
+    #: refused at once, every place taken by a connection that talked
+    refused: int = 0
+    #: closed to make room for a newcomer, having sent nothing
+    evicted_silent: int = 0
+    #: closed for not finishing their handshake in time
+    timed_out: int = 0
 
 
 class PortGuard:
@@ -213,7 +228,7 @@ class PortGuard:
         self.max_connections = max_connections
         self.stats = PortStats()
         self._clock = clock
-        self._refusals = _Throttled(clock)
+        self._log = RateLimited(log, clock=clock)
 
     def admit(self) -> bool:
         """Count a new connection in; False (counted, maybe logged) if the port is full: the
@@ -223,12 +238,8 @@ class PortGuard:
             stats.open += 1
             return True
         stats.refused += 1
-        reported = self._refusals.count()
-        if reported is not None:
-            log.warning(
-                "%s port: refused %d connection(s) over its cap of %d since the last report",
-                self.port, reported, self.max_connections,
-            )  # fmt: skip
+        self._log.warning("refused", "%s port: refused a connection over its cap of %d",
+                          self.port, self.max_connections)
         return False
 
     def release(self) -> None:
@@ -264,7 +275,6 @@ class ClientPortLimits(PortGuard):
         self.config = config
         self._connections: set[Tracked] = set()
         self._timer: asyncio.TimerHandle | None = None
-        self._over_budget = _Throttled(clock)
 
     # ------------------------------------------------------------------ the server's calls
     def open(self, close: Callable[[], None]) -> Tracked | None:
@@ -297,13 +307,11 @@ class ClientPortLimits(PortGuard):
         tracked.buffered = buffered
         if buffered and stats.buffered_bytes > self.config.client_max_buffered_bytes:
             stats.closed_over_budget += 1
-            reported = self._over_budget.count()
-            if reported is not None:
-                log.warning(
-                    "client port: closed %d connection(s) since the last report for partial "
-                    "frames over [limits].client_max_buffered_bytes = %d (the last held %d "
-                    "bytes)", reported, self.config.client_max_buffered_bytes, buffered,
-                )  # fmt: skip
+            self._log.warning(
+                "over budget", "client port: closed a connection for partial frames over "
+                "[limits].client_max_buffered_bytes = %d (it held %d bytes)",
+                self.config.client_max_buffered_bytes, buffered,
+            )  # fmt: skip
             self._forget_bytes(tracked)
             return False
         return True
@@ -385,3 +393,77 @@ class ClientPortLimits(PortGuard):
             log.exception("client port: sweeping connections failed")
         if self._connections:
             self._arm()
+
+
+class Handshaking:
+    """A connection of a ``HandshakeGuard``: when it came, whether it sent anything yet."""
+
+    __slots__ = ("close", "since", "talked")
+
+    def __init__(self, close: Callable[[], object], since: float) -> None:
+        #: closes it (making room for a newcomer)
+        self.close = close
+        self.since = since
+        self.talked = False
+
+
+class HandshakeGuard:
+    """The connections of a port still in their handshake: a cap of their own, and room made
+    for a newcomer by closing the oldest one that sent nothing (see the module's header).
+    The server calls ``admit`` on accept, ``talked`` when the first bytes come, and
+    ``finished`` once the handshake ended either way (``timed_out`` for its deadline)."""
+
+    def __init__(self, port: str, max_handshakes: int, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(max_handshakes, bool) or not isinstance(max_handshakes, int) or (
+            max_handshakes < 1
+        ):
+            raise ConfigError(f"{port} port: max_handshakes must be >= 1, got "
+                              f"{max_handshakes!r}")
+        self.port = port
+        self.max_handshakes = max_handshakes
+        self.stats = HandshakeStats()
+        self._clock = clock
+        self._log = RateLimited(log, clock=clock)
+        #: in the order they came (the oldest first)
+        self._open: dict[Handshaking, None] = {}
+
+    def admit(self, close: Callable[[], object]) -> Handshaking | None:
+        """A connection was accepted: its record, or None if it is refused (counted, maybe
+        logged; the caller closes it at once). Over the cap, the oldest connection silent
+        for ``SILENT_GRACE_S`` is closed (``close``) to make room."""
+        now = self._clock()
+        if len(self._open) >= self.max_handshakes:
+            silent = next((entry for entry in self._open
+                           if not entry.talked and now - entry.since >= SILENT_GRACE_S), None)
+            if silent is None:
+                self.stats.refused += 1
+                self._log.warning(
+                    "refused", "%s port: refused a connection: %d handshakes under way, each "
+                    "of which sent something", self.port, self.max_handshakes,
+                )  # fmt: skip
+                return None
+            self.stats.evicted_silent += 1
+            self._log.warning(
+                "evicted", "%s port: closed a connection silent for %.1f s to make room for "
+                "a newcomer (%d handshakes under way)", self.port, now - silent.since,
+                self.max_handshakes,
+            )  # fmt: skip
+            self.finished(silent)
+            silent.close()
+        entry = Handshaking(close, now)
+        self._open[entry] = None
+        self.stats.open = len(self._open)
+        return entry
+
+    def talked(self, entry: Handshaking) -> None:
+        """Its first bytes came: it no longer makes room for newcomers."""
+        entry.talked = True
+
+    def finished(self, entry: Handshaking, *, timed_out: bool = False) -> None:
+        """Its handshake ended (proved, refused, timed out or closed); idempotent."""
+        if entry in self._open:
+            del self._open[entry]
+            self.stats.open = len(self._open)
+            if timed_out:
+                self.stats.timed_out += 1

@@ -68,13 +68,17 @@ class LocalCluster:
         grpc: bool = False,
         extra_args: tuple[str, ...] = (),
         tls: bool = False,
+        source: Path | None = None,
     ) -> None:
         """``state_machine``: the body of a ``[state_machine]`` table (paths relative to
         ``directory``); ``grpc``: a gRPC address for every replica (a kind that serves
         gRPC serves it there); ``tls``: mutual TLS on every link, certificates made in
-        ``directory/tls`` (``sdpaxos cluster init --tls``)."""
+        ``directory/tls`` (``sdpaxos cluster init --tls``); ``source``: run the replicas
+        from that source tree (another build's checkout, to measure it against this one:
+        it comes first on their path and is their working directory)."""
         self.directory = directory
         self.extra_args = extra_args
+        self.source = source
         directory.mkdir(parents=True, exist_ok=True)
         text = cluster_toml(replicas, free_base_port(), wan=wan, grpc=grpc, tls=tls)
         if protocol:
@@ -101,12 +105,16 @@ class LocalCluster:
 
     def start(self, replica: int) -> None:
         log = open(self.directory / f"replica-{replica}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if self.source is not None:
+            env["PYTHONPATH"] = str(self.source)
         self.processes[replica] = subprocess.Popen(
             [sys.executable, "-m", "bench.cli", "serve", "--config", str(self.config_path),
              "--id", str(replica), *self.extra_args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
+            cwd=self.source,
         )
 
     def start_all(self) -> None:

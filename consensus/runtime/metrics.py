@@ -302,9 +302,24 @@ def _connection_families(node: ReplicaNode) -> Iterator[Metric]:
                    client.closed_over_budget)
     yield _gauge("sdpaxos_client_buffered_bytes",
                  "Bytes the client connections hold buffered.", client.buffered_bytes)
-    yield _gauge("sdpaxos_peer_connections_open", "Open inbound peer connections.", peer.open)
+    yield _gauge("sdpaxos_peer_connections_open",
+                 "Open inbound peer connections whose handshake proved a configured peer.",
+                 peer.open)
     yield _counter("sdpaxos_peer_connections_refused_total",
-                   "Inbound peer connections refused over the connection cap.", peer.refused)
+                   "Inbound peer connections of configured peers refused over the connection "
+                   "cap.", peer.refused)
+    handshakes = node.transport.handshakes.stats
+    yield _gauge("sdpaxos_peer_handshakes_open",
+                 "Inbound peer connections still in their handshake.", handshakes.open)
+    yield _counter("sdpaxos_peer_handshakes_refused_total",
+                   "Inbound peer connections refused at once: every handshake place taken by "
+                   "a connection that sent something.", handshakes.refused)
+    yield _counter("sdpaxos_peer_handshakes_evicted_total",
+                   "Inbound peer connections closed in their handshake, having sent nothing, "
+                   "to make room for a newcomer.", handshakes.evicted_silent)
+    yield _counter("sdpaxos_peer_handshakes_timed_out_total",
+                   "Inbound peer connections closed for not finishing their handshake in time.",
+                   handshakes.timed_out)
 
 
 class MetricsServer:

@@ -7,6 +7,11 @@ fsync once (group commit, on the loop: the next turn batches whatever came in me
 answer the blind writes that became ready, send the acknowledgements, apply committed commands
 to the state machine, answer the rest, ``advance``.
 
+Work too long for a turn runs in the node's worker thread (``snapshot_writer``, whose header
+says how the worker never reads a state machine while the loop changes it): writing snapshots,
+building a peer's snapshot's state (installed at a turn's start once built), encoding a
+backup, answering a query the state machine defers (``DefersQueries``: the store's digest).
+
 Clients reach the node through ``submit`` / ``read`` (in-process, for embedding) or the client
 port (``client_protocol``). A request waits on a future keyed by ``(client_id, seq)``.
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -29,8 +35,9 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack
 
@@ -84,12 +91,25 @@ from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
+from consensus.runtime.logs import RateLimited
 from consensus.runtime.members import parse_member_info
-from consensus.runtime.snapshot_writer import InFlight, SnapshotWriter, capture_state
+from consensus.runtime.snapshot_writer import (
+    InFlight,
+    SnapshotWriter,
+    capture_state,
+    prepared_restore,
+    release_gradually,
+)
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
-from consensus.statemachine import SESSION_MARK, StateMachine, batch_applier, denied_reason
+from consensus.statemachine import (
+    SESSION_MARK,
+    DefersQueries,
+    StateMachine,
+    batch_applier,
+    denied_reason,
+)
 from consensus.storage.identity import KnownMembers, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
@@ -132,10 +152,15 @@ BACKUP_CHUNK = 512 << 10
 #: backups a replica keeps for chunked reading (a newer one drops the oldest)
 BACKUPS_KEPT = 2
 
+#: a stopping replica waits this long for its client connections to close before it cuts them
+CLIENT_CLOSE_S = 1.0
+
 #: TLS: the longest op a client may send (its principal's envelope must fit the codec's limit)
 _MAX_SEALED_OP = MAX_OP_BYTES - ENVELOPE_OVERHEAD
 
 __all__ = ["NodeStats", "ReplicaNode", "Result"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("sdpaxos.node")
 
@@ -158,8 +183,10 @@ class NodeStats:
     bad_frames: int = 0
     snapshots_taken: int = 0
     snapshots_installed: int = 0
-    #: the longest a snapshot of our own held the event loop at once (seconds): its capture
-    #: or its install (the log's rewrite), the file's writing being off the loop
+    #: the longest a snapshot held the event loop at once (seconds): the capture or the
+    #: install (the log's rewrite) of one of our own, the core's install of a peer's and its
+    #: state's adoption; the files' writing and a peer's snapshot's decoding and building
+    #: being off the loop
     longest_snapshot_hold_s: float = 0.0
     #: ... the CPU time the loop's thread spent in it (seconds: the rest is waiting for the
     #: disk, or for the CPU on a busy machine) ...
@@ -195,6 +222,23 @@ class NodeStats:
     messages_received: dict[type, int] = field(default_factory=dict)
     #: times the core's view moved on while this node ran
     view_changes: int = 0
+
+
+class _Prepared:
+    """A peer's snapshot made ready by the worker: its meta, and what makes its state the
+    state machine's (``take``n once: the one reference to it, so that it is let go of
+    where the node decides)."""
+
+    __slots__ = ("_adopt", "meta")
+
+    def __init__(self, meta: SnapshotMeta, adopt: Callable[[], object]) -> None:
+        self.meta = meta
+        self._adopt: Callable[[], object] | None = adopt
+
+    def take(self) -> Callable[[], object]:
+        adopt, self._adopt = self._adopt, None
+        assert adopt is not None
+        return adopt
 
 
 class _ClientConnection:
@@ -276,6 +320,9 @@ class ReplicaNode:
         self.snapshot_off_loop = snapshot_off_loop
         #: the snapshot being written off the loop (at most one)
         self._in_flight: InFlight | None = None
+        #: a peer's snapshot being made ready off the loop (at most one): its bytes, and
+        #: what the worker made of them
+        self._install: tuple[bytes, Future[_Prepared]] | None = None
         self._incoming: dict[int, tuple[int, int, bytearray]] = {}  # src -> (slot, got, data)
         directory = config.replica_dir(me)
         self.identity = open_identity(directory, config.cluster_id, me, bootstrap=bootstrap)
@@ -308,7 +355,12 @@ class ReplicaNode:
         self.revocations = tls.revocations() if tls is not None else Revocations(frozenset())
         self._client_tls = tls.server(me) if tls is not None else None
         self._authz = AuthorizingMachine(state_machine) if tls is not None else None
+        #: the client port's connections, and the tasks serving them (a stop closes them and
+        #: waits for their tasks: cancelled when the process ends, each logged an error)
         self._client_connections: set[_ClientConnection] = set()
+        self._client_tasks: set[asyncio.Task[None]] = set()
+        #: what peers and clients can make happen again and again, logged once an interval
+        self._log = RateLimited(log)
         self.revocations.subscribe(self._revoked)
         self.transport = PeerTransport(
             cluster_id=config.cluster_id,
@@ -324,6 +376,8 @@ class ReplicaNode:
             identity=(self.identity.incarnation, self.identity.token),
             admit=self.known_members.admit,
             on_refused=self._on_refused,
+            max_handshakes=config.limits.peer_max_handshakes,
+            handshake_timeout_s=config.limits.peer_handshake_timeout_s,
         )
         #: the client port's connection caps, idle/slow timeouts and buffer budget
         self.client_limits = ClientPortLimits(config.limits)
@@ -427,6 +481,21 @@ class ReplicaNode:
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=False)
         for key in list(self._reads):
             self._fail(key, IndefiniteFailure("replica shutting down"), reads=True)
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        """Answer what the clients still wait for (it failed: the replica stops), close their
+        connections and let the tasks serving them end by themselves (a task left to the end
+        of the process is cancelled, and asyncio logs that as an error, one per client)."""
+        self._answer_clients()
+        for connection in self._client_connections:
+            connection.writer.close()
+        if self._client_tasks:
+            _, late = await asyncio.wait(self._client_tasks, timeout=CLIENT_CLOSE_S)
+            for connection in self._client_connections:  # (a TLS close waits for its peer)
+                connection.writer.transport.abort()
+            if late:
+                await asyncio.wait(late)
 
     # ------------------------------------------------------------------ embedded API
     async def submit(self, command: Command, *, principal: Principal | None = None) -> Result:
@@ -479,7 +548,8 @@ class ReplicaNode:
             messages = decode_frame(payload, lazy_batches=True)
         except DecodeError as exc:
             self.stats.bad_frames += 1
-            log.warning("dropping a bad frame from replica %d: %s", peer, exc)
+            self._log.warning(f"bad frame {peer}", "dropping a bad frame from replica %d "
+                              "(counted in sdpaxos_bad_frames_total): %s", peer, exc)
             return
         # every id, index, slot, view and ballot against the configuration and the core's
         # state, and src against the peer the handshake named: one bad message drops it all
@@ -581,6 +651,8 @@ class ReplicaNode:
                 await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
             self._wakeup.clear()
             started = self._busy_since = time.perf_counter()
+            if self._install is not None and self._install[1].done():
+                await self._install_snapshot()
             now = _now_us()
             events, self._events = self._events, []
             events += self._take_client_requests()
@@ -632,7 +704,7 @@ class ReplicaNode:
                 continue
             if kind == "snapshot":
                 assert isinstance(item, bytes)
-                self._install_snapshot(item)
+                self._receive_snapshot(item)
                 continue
             command = item
             assert isinstance(command, Command)
@@ -674,25 +746,18 @@ class ReplicaNode:
                 self._complete((command.client_id, command.seq), _READY, now, ready_latency)
         self._answer_clients()  # ready writes wait for neither the acks nor the state machine
         self._send(ready.send_after_persist)
-        machine = self.state_machine
         if ready.apply:
             await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
         for command in ready.reads:
             key = (command.client_id, command.seq)
-            waiters = self._reads.pop(key, ())
+            waiters = self._reads.pop(key, [])
             if key in self._backup_keys:
                 self._backup_keys.discard(key)
-                for waiter in waiters:
-                    self._resolve(waiter, Result(self._take_backup(), -1))
+                if waiters:
+                    self._take_backup(waiters)
             elif waiters:
-                answered = (
-                    machine.query(command.op) if self._authz is None
-                    else self._authz.ask(command.op)
-                )
-                for waiter in waiters:
-                    self._resolve(waiter, PermissionDenied(answered.reason)
-                                  if isinstance(answered, Denied) else Result(answered, -1))
+                self._answer_read(command.op, waiters)
         for failure in ready.failed:
             key = (failure.command.client_id, failure.command.seq)
             error = DefiniteFailure if failure.definite else IndefiniteFailure
@@ -768,6 +833,48 @@ class ReplicaNode:
                 key = (command.client_id, command.seq)
                 self._complete(key, Result(result, position), now, executed_latency)
 
+    def _answer_read(self, op: bytes, waiters: list[Waiter]) -> None:
+        """Answer a read now (every command of the turn applied), or, for one the state
+        machine answers off the loop (``DefersQueries``), from what it reads now, once the
+        worker made the answer."""
+        machine, authz = self.state_machine, self._authz
+        if authz is not None:
+            later = authz.ask_later(op)
+        else:
+            later = machine.defer_query(op) if isinstance(machine, DefersQueries) else None
+        if later is None:
+            answered = machine.query(op) if authz is None else authz.ask(op)
+            self._answered(waiters, answered)
+        elif isinstance(later, Denied):
+            self._answered(waiters, later)
+        else:
+            def made(work: Future[bytes]) -> None:
+                answer = self._made(work, "a read")
+                if authz is not None and isinstance(answer, bytes):
+                    answer = authz.filtered(op, answer)
+                self._answered(waiters, answer, now=False)
+
+            self._when_done(self._snapshot_writer.submit(later), made)
+
+    def _made(self, work: Future[_T], what: str) -> _T | IndefiniteFailure:
+        """What the worker made, or the failure its waiters get (a bug: logged)."""
+        try:
+            return work.result()
+        except Exception as exc:
+            log.error("replica %d: %s failed off the loop: %r", self.me, what, exc)
+            return IndefiniteFailure(f"{what} failed at replica {self.me}: {exc!r}")
+
+    def _answered(self, waiters: list[Waiter], answered: bytes | Denied | SDPaxosError, *,
+                  now: bool = True) -> None:
+        """Resolve a read's waiters (``now=False``: outside a turn, so written at once)."""
+        outcome: Result | SDPaxosError = (
+            PermissionDenied(answered.reason) if isinstance(answered, Denied)
+            else answered if isinstance(answered, SDPaxosError) else Result(answered, -1))
+        for waiter in waiters:
+            self._resolve(waiter, outcome)
+        if not now:
+            self._answer_clients()
+
     def _answer_clients(self) -> None:
         """Write each client connection's answers of this turn in one go."""
         for connection in self._dirty:
@@ -838,13 +945,7 @@ class ReplicaNode:
         in_flight = InFlight(meta, self._snapshot_writer.write(meta, state, records, room))
         self._in_flight = in_flight
         self._snapshot_taken()
-        loop = asyncio.get_running_loop()
-
-        def wake(_: object) -> None:  # in the worker: a turn installs it
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stop joins)
-                loop.call_soon_threadsafe(self._wakeup.set)
-
-        in_flight.done.add_done_callback(wake)
+        self._wake_when_done(in_flight.done)  # a turn installs it
         self._snapshot_held(started)
 
     def _finish_snapshot(self) -> None:
@@ -907,20 +1008,33 @@ class ReplicaNode:
         stats.longest_snapshot_hold_s = max(stats.longest_snapshot_hold_s, wall - started[0])
         stats.longest_snapshot_cpu_s = max(stats.longest_snapshot_cpu_s, cpu - started[1])
 
-    def _take_backup(self) -> bytes:
-        """Snapshot the state machine now (every command of the turn applied) for a backup;
-        the answer: msgpack ``[token, size, sha256, slot]``."""
+    def _take_backup(self, waiters: list[Waiter]) -> None:
+        """A backup of the state machine as of now (every command of the turn applied):
+        captured here, encoded and hashed off the loop; its waiters are answered then with
+        msgpack ``[token, size, sha256, slot]``, the token naming it for ``_backup_chunk``."""
         meta = self.core.snapshot_meta()
-        data = encode_snapshot(meta, self.state_machine.snapshot())
-        token = next(self._backup_tokens)
-        self._backups[token] = data
-        while len(self._backups) > BACKUPS_KEPT:
-            del self._backups[min(self._backups)]
-        log.info("replica %d: backup %d taken at slot %d (%d bytes)", self.me, token,
-                 meta.slot, len(data))
-        answer: bytes = msgpack.packb([token, len(data), hashlib.sha256(data).hexdigest(),
-                                       meta.slot])
-        return answer
+        state = capture_state(self.state_machine)
+
+        def encode() -> tuple[bytes, str]:  # in the worker
+            data = encode_snapshot(meta, state())
+            return data, hashlib.sha256(data).hexdigest()
+
+        def taken(work: Future[tuple[bytes, str]]) -> None:
+            made = self._made(work, "a backup")
+            if isinstance(made, IndefiniteFailure):
+                self._answered(waiters, made, now=False)
+                return
+            data, digest = made
+            token = next(self._backup_tokens)
+            self._backups[token] = data
+            while len(self._backups) > BACKUPS_KEPT:
+                del self._backups[min(self._backups)]
+            log.info("replica %d: backup %d taken at slot %d (%d bytes)", self.me, token,
+                     meta.slot, len(data))
+            answer: bytes = msgpack.packb([token, len(data), digest, meta.slot])
+            self._answered(waiters, answer, now=False)
+
+        self._when_done(self._snapshot_writer.submit(encode), taken)
 
     def _backup_chunk(self, request: ClientRequest) -> ClientResponse:
         try:
@@ -971,32 +1085,103 @@ class ReplicaNode:
         else:
             self._incoming[chunk.src] = (slot, got, buffer)
 
-    def _install_snapshot(self, data: bytes) -> None:
-        self._join_snapshot()  # ours first: it is compacted to, and the log rewritten, in order
-        try:
-            meta, state = decode_snapshot(data)
-        except DecodeError as exc:
-            log.warning("replica %d: ignoring a bad snapshot: %s", self.me, exc)
+    def _receive_snapshot(self, data: bytes) -> None:
+        """A peer's snapshot arrived whole: the worker decodes it and builds its state beside
+        the state machine's (``snapshot_writer.prepared_restore``) while this replica goes on
+        as before; the first turn after that installs it (``_install_snapshot``). One at a
+        time: a peer sends its snapshot again while it is still asked for."""
+        if self._install is not None:
             return
+        machine = self.state_machine
+
+        def prepare() -> _Prepared:
+            meta, state = decode_snapshot(data)
+            return _Prepared(meta, prepared_restore(machine, state))
+
+        future = self._snapshot_writer.submit(prepare)
+        self._install = (data, future)
+        self._wake_when_done(future)
+
+    async def _install_snapshot(self) -> None:
+        """Install the peer's snapshot made ready off the loop, if it is still of use: the
+        core installs it and the state machine takes the state built for it (both at once,
+        here); then the snapshot file and the log's rewrite to the core's new records are
+        written by the worker while this replica's turns wait (nothing the installed core
+        logs may reach the log before the snapshot it starts from is durable; the loop
+        itself goes on reading sockets meanwhile)."""
+        assert self._install is not None
+        (data, ready), self._install = self._install, None
+        try:
+            prepared = ready.result()
+        except Exception as exc:  # bytes from the network: a peer never crashes us
+            log.warning("replica %d: ignoring a snapshot that does not load: %s", self.me, exc)
+            return
+        meta = prepared.meta
+        if self._in_flight is not None:
+            # ours first: it is compacted to, and the log rewritten, in order
+            await self._off_loop(self._in_flight.done)
+            self._finish_snapshot()
         replicas = self.config.protocol.replicas
         if isinstance(self.core, MemberReplica):
             if not self.core.accepts_snapshot(meta):
+                self._let_go([prepared.take()])  # (the state built goes off the loop too)
                 return
         elif meta.slot <= self.core.exec_slot or len(meta.exec_counts) != replicas:
+            self._let_go([prepared.take()])
             return
+        started = _clocks()
         # the core first: it may refuse a snapshot that lacks something it executed (EPaxos:
         # a peer's executed set may hold other independent instances), and then the state
         # machine must keep its own state
         records = self.core.install_snapshot(meta)
         if self.core.exec_slot < meta.slot:
             log.info("replica %d: the core refused a snapshot at slot %d", self.me, meta.slot)
+            self._let_go([prepared.take()])
             return
-        self.state_machine.restore(state)
-        write_snapshot(self.snapshot_dir, data, meta.slot)
+        self._let_go([prepared.take()()])  # what the state machine's new state replaced
+        payloads = [encode_record(record) for record in records]
+        self._snapshot_held(started)
+
+        def store() -> None:
+            write_snapshot(self.snapshot_dir, data, meta.slot)  # durable before the log shrinks
+            self.wal.rewrite(payloads)
+
+        await self._off_loop(self._snapshot_writer.submit(store))
         self._snapshot = (data, meta)
-        self.wal.rewrite([encode_record(record) for record in records])
+        self.executed_slot = self.core.exec_slot
+        self._applied_since_snapshot = self._logged_since_snapshot = 0
+        self._last_snapshot_at = time.monotonic()
         self.stats.snapshots_installed += 1
         log.info("replica %d: installed a snapshot at slot %d", self.me, meta.slot)
+
+    def _let_go(self, garbage: list[object]) -> None:
+        """Free what ``garbage`` alone refers to in the worker, a part at a time
+        (``snapshot_writer.release_gradually``: freed at once, a 98k-GPU store's replaced
+        state held the loop 50-100 ms). The caller keeps no reference to it."""
+        self._snapshot_writer.submit(functools.partial(release_gradually, garbage))
+
+    async def _off_loop(self, work: Future[_T]) -> _T:
+        """Wait for the worker's ``work`` in the middle of a turn: this replica's turns wait
+        and the loop serves everything else."""
+        self._busy_until_now()
+        try:
+            return await asyncio.wrap_future(work)
+        finally:
+            self._busy_since = time.perf_counter()
+
+    def _wake_when_done(self, work: Future[Any]) -> None:
+        """A turn runs once the worker finished ``work``."""
+        self._when_done(work, lambda _: self._wakeup.set())
+
+    def _when_done(self, work: Future[_T], then: Callable[[Future[_T]], None]) -> None:
+        """``then(work)`` on the loop once the worker finished ``work``."""
+        loop = asyncio.get_running_loop()
+
+        def done(_: object) -> None:  # in the worker
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (stop joins)
+                loop.call_soon_threadsafe(then, work)
+
+        work.add_done_callback(done)
 
     def _send(self, outgoing: list[Outgoing]) -> None:
         sent = self.stats.messages_sent
@@ -1088,6 +1273,10 @@ class ReplicaNode:
             return
         frames = FrameReader(limits.config.client_max_frame_bytes)
         connection = _ClientConnection(writer, tracked)
+        task = asyncio.current_task()
+        assert task is not None
+        self._client_connections.add(connection)
+        self._client_tasks.add(task)
         try:
             if self._client_tls is not None and not await self._authenticate(connection):
                 return
@@ -1148,12 +1337,14 @@ class ReplicaNode:
                     self._client_requests.append((request.kind, request.command))
                 self._wakeup.set()
         except DecodeError as exc:
-            log.warning("closing client connection: %s", exc)
+            self._log.warning("bad client bytes", "closing client connection from %s: %s",
+                              writer.get_extra_info("peername"), exc)
         except (OSError, ConnectionError):
             pass
         finally:
             writer.close()
             self._client_connections.discard(connection)
+            self._client_tasks.discard(task)
             limits.closed(tracked)
 
     async def _authenticate(self, connection: _ClientConnection) -> bool:
@@ -1174,7 +1365,6 @@ class ReplicaNode:
         connection.principal = identity.principal
         connection.sealer = sealer(identity.principal)
         connection.serial = identity.serial
-        self._client_connections.add(connection)
         return True
 
     def _revoked(self, serials: frozenset[int]) -> None:

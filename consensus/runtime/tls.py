@@ -45,6 +45,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from consensus.auth import SCHEDULER, Principal, principal_problem
 from consensus.errors import ConfigError
+from consensus.runtime.conn_limits import HandshakeGuard, Handshaking
+from consensus.runtime.logs import RateLimited
 
 __all__ = [
     "REPLICA_DNS_NAME",
@@ -68,6 +70,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("sdpaxos.tls")
+#: refusals: one line per kind and port per interval, with the count since
+_refusals = RateLimited(log)
 
 URI_SCHEME: Final = "sdpaxos"
 #: a DNS name every replica certificate carries: gRPC clients check the server's name against
@@ -444,10 +448,11 @@ class Revocations:
 # ---------------------------------------------------------------------------- accepting
 
 
-def refusal_reason(exc: BaseException) -> str:
-    """Why a TLS handshake with a connecting peer failed, in words for the log."""
+def refusal_reason(exc: BaseException, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> str:
+    """Why a TLS handshake with a connecting peer failed, in words for the log (a few
+    words for each kind of failure: they key its rate-limited line)."""
     if isinstance(exc, TimeoutError):
-        return (f"no TLS handshake within {HANDSHAKE_TIMEOUT_S:g} s (this port requires TLS 1.3 "
+        return (f"no TLS handshake within {timeout_s:g} s (this port requires TLS 1.3 "
                 "with a certificate of the cluster's CA)")
     reason = getattr(exc, "reason", None) or type(exc).__name__
     if reason in _NOT_TLS_REASONS:
@@ -456,8 +461,9 @@ def refusal_reason(exc: BaseException) -> str:
     return f"TLS handshake failed: {reason} (a certificate of this cluster's CA is required)"
 
 
-#: TLS handshakes under way on one port at most; more connections are closed at once (a
-#: handshake costs CPU and a slot for up to HANDSHAKE_TIMEOUT_S)
+#: TLS handshakes under way on one port at most (a handshake costs CPU and a slot for up to
+#: its timeout): a newcomer takes the place of the oldest that sent nothing, else it is closed
+#: at once (``conn_limits.HandshakeGuard``)
 MAX_HANDSHAKES: Final = 64
 
 
@@ -465,12 +471,15 @@ class TlsServer:
     """A listening socket whose connections are handed over only after a TLS handshake that
     began with their first byte (``loop.connect_accepted_socket``): a handshake the peer
     fails (plaintext, another CA, no certificate) is logged saying why and counted, where a
-    server's own ``ssl=`` drops it silently. A connection goes to ``callback`` as streams, or
-    to a protocol of ``protocol_factory`` (an HTTP server's, say)."""
+    server's own ``ssl=`` drops it silently. Handshakes under way are capped
+    (``MAX_HANDSHAKES``, ``guard``): silent connections make room for newcomers. A connection
+    goes to ``callback`` as streams, or to a protocol of ``protocol_factory`` (an HTTP
+    server's, say)."""
 
     def __init__(
         self, sock: socket.socket, context: ssl.SSLContext, port: str,
-        on_refused: Callable[[], None] | None, *, callback: StreamCallback | None = None,
+        on_refused: Callable[[], None] | None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        *, callback: StreamCallback | None = None,
         protocol_factory: Callable[[], asyncio.BaseProtocol] | None = None,
     ) -> None:
         if (callback is None) == (protocol_factory is None):
@@ -481,6 +490,8 @@ class TlsServer:
         self._protocol_factory = protocol_factory
         self._port = port
         self._on_refused = on_refused
+        self._timeout = handshake_timeout_s
+        self.guard = HandshakeGuard(f"{port} (TLS)", MAX_HANDSHAKES)
         self._handshakes: set[asyncio.Task[None]] = set()
         #: the callbacks' tasks (referenced until done; like asyncio's, not cancelled by close)
         self._connections: set[asyncio.Task[None]] = set()
@@ -493,36 +504,47 @@ class TlsServer:
             try:
                 conn, address = await loop.sock_accept(sock)
             except OSError as exc:  # out of descriptors, say: keep serving the others
-                log.warning("%s port: accept failed: %s", self._port, exc)
+                _refusals.warning(f"{self._port} accept", "%s port: accept failed: %s",
+                                  self._port, exc)
                 await asyncio.sleep(0.1)
                 continue
-            if len(self._handshakes) >= MAX_HANDSHAKES:
-                log.warning("refusing %s connection from %s: %d TLS handshakes under way",
-                            self._port, address, len(self._handshakes))
-                conn.close()
+            entry = self.guard.admit(conn.close)
+            if entry is None:
+                conn.close()  # every place taken by a talking one: counted, logged
                 continue
-            task = asyncio.create_task(self._handshake(conn, address))
+            task = asyncio.create_task(self._handshake(conn, address, entry))
+            entry.close = task.cancel  # made room for: its handshake ends, closing it
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, conn: socket.socket, address: object) -> None:
+    async def _handshake(self, conn: socket.socket, address: object, entry: Handshaking) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(loop=loop)
         streams = asyncio.StreamReaderProtocol(reader, loop=loop)
         factory = self._protocol_factory or (lambda: streams)
+        deadline = asyncio.timeout(self._timeout)
         try:
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+            async with deadline:
+                await _readable(conn)
+                self.guard.talked(entry)
                 transport, _ = await loop.connect_accepted_socket(
-                    factory, conn, ssl=self._context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+                    factory, conn, ssl=self._context, ssl_handshake_timeout=self._timeout,
                 )
         except (ssl.SSLError, TimeoutError, ConnectionError, OSError) as exc:
             conn.close()
+            self.guard.finished(entry, timed_out=deadline.expired())
             if isinstance(exc, ssl.SSLError | TimeoutError):
-                log.warning("refusing %s connection from %s: %s", self._port, address,
-                            refusal_reason(exc))
+                reason = refusal_reason(exc, self._timeout)
+                _refusals.warning(f"{self._port} {reason}", "refusing %s connection from %s: "
+                                  "%s", self._port, address, reason)
                 if self._on_refused is not None:
                     self._on_refused()
             return
+        except asyncio.CancelledError:  # made room for (or the server closed)
+            conn.close()
+            self.guard.finished(entry)
+            raise
+        self.guard.finished(entry)
         if self._callback is None:  # the protocol serves the connection
             return
         writer = asyncio.StreamWriter(transport, streams, reader, loop)
@@ -548,14 +570,16 @@ StreamCallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutin
 async def start_server(
     callback: StreamCallback, host: str, port: int, *, tls: ssl.SSLContext | None,
     name: str = "", on_refused: Callable[[], None] | None = None,
+    handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> asyncio.Server | TlsServer:
     """``asyncio.start_server``; with ``tls``, a ``TlsServer`` whose ``callback`` gets only
-    connections whose handshake succeeded (``accept_tls`` then checks their identity), and
-    which logs (port ``name``) and counts (``on_refused``) the others."""
+    connections whose handshake (within ``handshake_timeout_s``) succeeded (``accept_tls``
+    then checks their identity), and which logs (port ``name``) and counts (``on_refused``)
+    the others."""
     if tls is None:
         return await asyncio.start_server(callback, host, port)
-    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}", on_refused,
-                     callback=callback)
+    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}",
+                     on_refused, handshake_timeout_s, callback=callback)
 
 
 async def start_protocol_server(
@@ -587,6 +611,22 @@ async def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+async def _readable(sock: socket.socket) -> None:
+    """Until ``sock`` has bytes to read (or is closed by its peer)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
 async def accept_tls(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, *, port: str, cluster_id: str,
     revocations: Revocations, refused: Callable[[str], None] | None = None,
@@ -603,7 +643,9 @@ async def accept_tls(
             async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
                 await writer.start_tls(context)
         except (ssl.SSLError, TimeoutError) as exc:
-            log.warning("refusing %s connection from %s: %s", port, peer, refusal_reason(exc))
+            reason = refusal_reason(exc)
+            _refusals.warning(f"{port} {reason}", "refusing %s connection from %s: %s", port,
+                              peer, reason)
             return None
         except (OSError, ConnectionError):
             return None  # gone during the handshake
@@ -619,22 +661,24 @@ def checked_identity(
     if it names nothing of this cluster or is revoked."""
     ssl_object = writer.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-    reason = None
+    reason: str | None = None
+    key = ""
     identity = None
     if not der:
-        reason = "no client certificate"
+        reason, key = "no client certificate", "no certificate"
     else:
         try:
             identity = identity_of(der, cluster_id)
         except ConfigError as exc:
-            reason = str(exc)
+            reason, key = str(exc), "no identity"
         else:
             if revocations.is_revoked(identity.serial):
                 reason = f"the certificate of {identity.describe()} is revoked"
+                key = f"revoked {identity.serial:x}"
     if reason is None:
         return identity
-    log.warning("refusing %s connection from %s: %s", port, writer.get_extra_info("peername"),
-                reason)
+    _refusals.warning(f"{port} {key}", "refusing %s connection from %s: %s", port,
+                      writer.get_extra_info("peername"), reason)
     if refused is not None:
         refused(reason)
     return None

@@ -39,8 +39,13 @@ connection holds for delivery are bounded by ``max_queue_bytes`` too (payloads p
 per-frame charge); beyond it arriving frames are dropped. Both count in
 ``frames_dropped``; the protocol retransmits. A connection closed for a bad frame (or an
 ``on_frame`` that raised) drops what it held; one the peer closed still delivers it.
-Inbound connections are capped (``max_connections``, ``conn_limits``): more are closed at
-once; a first frame too long to be a handshake closes its connection before it is buffered.
+Inbound connections are capped (``conn_limits``): those still in their handshake by
+``max_handshakes`` (a newcomer takes the place of the oldest one that sent nothing, else it is
+closed at once) and ``handshake_timeout_s`` (the TLS handshake, in a TLS cluster, and the
+handshake frame); those whose handshake proved a configured peer by ``max_connections`` (more
+are closed at once); a first frame too long to be a handshake closes its connection before it
+is buffered. What the network can make happen again and again is logged once per
+``logs.LOG_INTERVAL_S`` with the count since (``logs.RateLimited``).
 
 ``drop_to`` and ``drop_from`` (test-only): frames to the peers of ``drop_to`` are dropped at
 ``send``, frames from those of ``drop_from`` on arrival and again at delivery (all counted in
@@ -73,7 +78,15 @@ import msgpack
 
 from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import DecodeError, LocalProtocolError
-from consensus.runtime.conn_limits import PortGuard, peer_connection_cap
+from consensus.runtime.conn_limits import (
+    DEFAULT_PEER_HANDSHAKE_TIMEOUT_S,
+    DEFAULT_PEER_MAX_HANDSHAKES,
+    HandshakeGuard,
+    Handshaking,
+    PortGuard,
+    peer_connection_cap,
+)
+from consensus.runtime.logs import RateLimited
 from consensus.runtime.precise_timer import PreciseTimer
 from consensus.runtime.tls import (
     HANDSHAKE_TIMEOUT_S as TLS_HANDSHAKE_TIMEOUT_S,
@@ -95,7 +108,6 @@ log = logging.getLogger("sdpaxos.transport")
 
 RECONNECT_MIN_S = 0.05
 RECONNECT_MAX_S = 1.0
-HANDSHAKE_TIMEOUT_S = 5.0
 #: a first frame this long is no handshake (one is under 300 bytes: its cluster id is at most
 #: 256): refused before more of it is buffered
 MAX_HANDSHAKE_BYTES = 1 << 10
@@ -282,16 +294,22 @@ class PeerTransport:
         identity: tuple[int, str] | None = None,
         admit: Callable[[int, int, str], str | None] | None = None,
         on_refused: Callable[[int, str], None] | None = None,
+        max_handshakes: int = DEFAULT_PEER_MAX_HANDSHAKES,
+        handshake_timeout_s: float = DEFAULT_PEER_HANDSHAKE_TIMEOUT_S,
     ) -> None:
         """``stamped``: whether this cluster emulates WAN delays (every replica must agree;
         default: whether any of this replica's links has a delay). A replica whose own links
         all have none still stamps when its peers' links have delays. ``max_connections``:
-        inbound connections at most (default ``conn_limits.peer_connection_cap``); more are
-        closed at once. ``tls_server``/``tls_dialer``: mutual TLS on every connection (both or
-        neither), certificates checked against ``revocations``. ``identity``: this replica's
+        inbound connections of configured peers at most (default
+        ``conn_limits.peer_connection_cap``); more are closed at once.
+        ``tls_server``/``tls_dialer``: mutual TLS on every connection (both or neither),
+        certificates checked against ``revocations``. ``identity``: this replica's
         (incarnation, member token), sent in its handshakes; ``admit(peer, incarnation,
         token)``: None to take a dialer's frames, else the reason it is refused (sent back to
-        it); ``on_refused(peer, reason)``: a peer refused this replica's identity."""
+        it); ``on_refused(peer, reason)``: a peer refused this replica's identity.
+        ``max_handshakes``, ``handshake_timeout_s``: inbound connections that have not proved
+        a configured peer yet, at most, and how long one has (``conn_limits.HandshakeGuard``);
+        they do not count against ``max_connections``."""
         if (tls_server is None) != (tls_dialer is None):
             raise ValueError("TLS needs both a server and a dialer context")
         self.cluster_id = cluster_id
@@ -310,11 +328,15 @@ class PeerTransport:
         self.max_frame = max_frame
         self.max_queue_bytes = max_queue_bytes
         self.stats = TransportStats()
-        #: inbound connections: their count and cap
+        #: inbound connections that proved a configured peer: their count and cap
         self.inbound_limits = PortGuard(
             "peer",
             peer_connection_cap(len(addresses)) if max_connections is None else max_connections,
         )
+        #: inbound connections in their handshake, and how long one may take
+        self.handshakes = HandshakeGuard("peer", max_handshakes)
+        self.handshake_timeout_s = handshake_timeout_s
+        self._log = RateLimited(log)
         self._links = {
             peer: _Link(one_way_us.get(peer, 0)) for peer in sorted(addresses) if peer != me
         }
@@ -339,7 +361,8 @@ class PeerTransport:
         if self._stamped:
             self._timer = PreciseTimer()
         self._server = await start_server(self._accept, host, port, tls=self._tls_server,
-                                          name="peer", on_refused=self._refused)
+                                          name="peer", on_refused=self._refused,
+                                          handshake_timeout_s=self.handshake_timeout_s)
         for peer in self._links:
             self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
 
@@ -514,32 +537,41 @@ class PeerTransport:
 
     # ------------------------------------------------------------------ receiving
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.inbound_limits.admit():
-            writer.transport.abort()  # over the cap: counted and logged by the guard
-            return
         task = asyncio.current_task()
         assert task is not None
+        # room made for a newcomer closes this one: its read ends (``HandshakeGuard``)
+        entry = self.handshakes.admit(writer.transport.abort)
+        if entry is None:
+            writer.transport.abort()  # every place taken by a talking one: counted, logged
+            return
         self._readers.add(task)
         peername = writer.get_extra_info("peername")
         extra = _STAMP.size if self._stamped else 0
         frames = FrameReader(min(self.max_frame + extra, 0xFFFFFFFF))
         deliverer: asyncio.Task[None] | None = None
+        admitted = False
+        deadline = asyncio.timeout(self.handshake_timeout_s)
         try:
             identity: Identity | None = None
-            if self._tls_server is not None:
-                identity = await accept_tls(
-                    writer, self._tls_server, port="peer", cluster_id=self.cluster_id,
-                    revocations=self.revocations,
-                )
-                if identity is None:
-                    self.stats.bad_connections += 1
-                    return
-                self._inbound_serials[writer] = identity.serial
-            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
-                hello = await self._handshake(reader, writer, frames, identity)
+            async with deadline:
+                if self._tls_server is not None:
+                    self.handshakes.talked(entry)  # (its TLS handshake is done)
+                    identity = await accept_tls(
+                        writer, self._tls_server, port="peer", cluster_id=self.cluster_id,
+                        revocations=self.revocations,
+                    )
+                    if identity is None:
+                        self.stats.bad_connections += 1
+                        return
+                    self._inbound_serials[writer] = identity.serial
+                hello = await self._handshake(reader, writer, frames, identity, entry)
             if hello is None:
                 return
+            self.handshakes.finished(entry)
             peer, early = hello
+            admitted = self.inbound_limits.admit()  # a configured peer: now it counts
+            if not admitted:
+                return  # over the cap: counted and logged by the guard
             inbound = _Inbound(peer, self._links[peer].delay_us)
             if self._stamped:
                 deliverer = asyncio.create_task(
@@ -560,8 +592,13 @@ class PeerTransport:
                 await deliverer
         except DecodeError as exc:
             self.stats.bad_connections += 1
-            log.warning("closing connection from %s: %s", peername, exc)
-        except (TimeoutError, OSError, ConnectionError):
+            self._log.warning("bad bytes", "closing peer connection from %s: %s", peername, exc)
+        except TimeoutError:
+            if deadline.expired():
+                self.handshakes.finished(entry, timed_out=True)
+                self._log.warning("timed out", "closing peer connection from %s: no handshake "
+                                  "within %g s", peername, self.handshake_timeout_s)
+        except (OSError, ConnectionError):
             pass
         except asyncio.CancelledError:
             if not self._closing:
@@ -574,11 +611,13 @@ class PeerTransport:
             if deliverer is not None:
                 deliverer.cancel()
             self._readers.discard(task)
-            self.inbound_limits.release()
+            self.handshakes.finished(entry)
+            if admitted:
+                self.inbound_limits.release()
 
     async def _handshake(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frames: FrameReader,
-        identity: Identity | None,
+        identity: Identity | None, entry: Handshaking,
     ) -> tuple[int, list[bytes]] | None:
         """The peer's id and the frames that came with its handshake, or None if refused.
         ``identity``: what the peer's TLS certificate names (None: plaintext cluster)."""
@@ -586,6 +625,7 @@ class PeerTransport:
             data = await reader.read(4096)
             if not data:
                 return None
+            self.handshakes.talked(entry)
             payloads = frames.feed(data)
             if payloads:
                 break
@@ -593,24 +633,30 @@ class PeerTransport:
                 raise DecodeError(f"a first frame of over {MAX_HANDSHAKE_BYTES} bytes is no "
                                   "handshake")
         hello = Handshake.decode(payloads[0])
-        problem = None
+        problem, kind = None, ""  # (the kind keys its rate-limited log line)
         if hello.cluster_id != self.cluster_id:
+            kind = "cluster"
             problem = f"cluster id {hello.cluster_id!r}, expected {self.cluster_id!r}"
         elif hello.version != FORMAT_VERSION:
+            kind = "version"
             problem = f"wire version {hello.version}, this build speaks {FORMAT_VERSION}"
         elif hello.replica_id not in self._links:
+            kind = "unknown"
             problem = f"unknown replica id {hello.replica_id}"
         elif identity is not None and identity.replica != hello.replica_id:
+            kind = "certificate"
             problem = (
                 f"its handshake claims replica id {hello.replica_id} but its certificate "
                 f"names {identity.describe()}"
             )
         elif hello.stamped and not self._stamped:
+            kind = "stamping"
             problem = (
                 f"replica {hello.replica_id} stamps its frames (WAN emulation on), this one "
                 "does not"
             )
         elif self._stamped and not hello.stamped:
+            kind = "stamping"
             problem = (
                 f"replica {hello.replica_id} does not stamp its frames (WAN emulation off or "
                 "an older build), this one emulates WAN delays"
@@ -618,13 +664,14 @@ class PeerTransport:
         elif self.admit is not None and (
             refused := self.admit(hello.replica_id, hello.incarnation, hello.token)
         ) is not None:
+            kind = f"identity {hello.replica_id}"  # (ids of the configuration: bounded)
             problem = refused
             writer.write(encode_refusal(refused))  # the peer stops, saying why
             with contextlib.suppress(OSError, ConnectionError):
                 await writer.drain()
         if problem is not None:
             self.stats.bad_connections += 1
-            log.warning("refusing peer connection: %s", problem)
+            self._log.warning(f"refused {kind}", "refusing peer connection: %s", problem)
             return None
         return hello.replica_id, payloads[1:]
 
@@ -707,7 +754,8 @@ class PeerTransport:
                     self._deliver(inbound, stamp, body)
         except DecodeError as exc:
             self.stats.bad_connections += 1
-            log.warning("closing connection from replica %d: %s", inbound.peer, exc)
+            self._log.warning(f"bad bytes {inbound.peer}", "closing connection from replica "
+                              "%d: %s", inbound.peer, exc)
         except Exception:
             log.exception(
                 "handling a frame from replica %d failed; closing its connection", inbound.peer

@@ -1,5 +1,5 @@
-"""Impossible parameters of the allocation benches and demo are usage errors: exit status 2
-and one line saying what is wrong, checked before anything starts (issue 27 point 7)."""
+"""Impossible parameters of the allocation and watch benches and demo are usage errors: exit
+status 2 and one line saying what is wrong, checked before anything starts (issue 27 point 7)."""
 
 import pytest
 
@@ -18,6 +18,12 @@ from bench.cli import main
         (["bench", "alloc-e2e", "--watchers", "3", "--slow-watchers", "4"], "--slow-watchers"),
         (["bench", "alloc-e2e", "--schedulers", "-1"], "--schedulers"),
         (["demo", "--duration", "0"], "--duration"),
+        (["bench", "watch", "--watchers", "3", "--slow-watchers", "3"], "--slow-watchers"),
+        (["bench", "watch", "--watchers", "3", "--processes", "4"], "--processes"),
+        (["bench", "watch", "--rate", "0"], "--rate"),
+        (["bench", "watch", "--max-in-flight", "0"], "--max-in-flight"),
+        (["bench", "watch", "--nodes", "12"], "multiple of 8"),
+        (["bench", "watch", "--source", "/nonexistent"], "not a checkout"),
     ],
 )
 def test_impossible_parameters_are_one_line_usage_errors(

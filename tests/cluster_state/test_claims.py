@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from cluster_state import ClusterStore, reconfigure, release, submit
+from cluster_state.events import ClaimedDetails
 from cluster_state.ops import claim, get_group, inspect, release_if
 from consensus.messages import Command
 
@@ -82,6 +83,13 @@ def test_a_held_member_changes_hands_only_from_the_named_holder() -> None:
     assert d.apply(claim("g", inc, 2, "uid-c", "ns/c", "uid-a")) == [
         "claimed", "g", inc, 2, "uid-c"]
     assert store.allocator.groups["g"].claims == {2: ("uid-c", "ns/c")}
+    # the watch stream has each claim that changed a holder (and nothing for the refusals)
+    claimed = [e for e in store.events_since(-1) if e.kind == "claimed"]
+    assert [(e.subject, e.details) for e in claimed] == [
+        ("g", ClaimedDetails(inc, 2, "uid-a", "ns/a", "")),
+        ("g", ClaimedDetails(inc, 2, "uid-c", "ns/c", "uid-a"))]
+    assert d.apply(claim("g", inc, 2, "uid-c", "ns/c", "uid-a"))[0] == "claimed"  # a retry
+    assert len([e for e in store.events_since(-1) if e.kind == "claimed"]) == 2
     check_invariants(store.allocator)
 
 

@@ -313,3 +313,19 @@ def test_the_end_to_end_benchmark_runs_and_checks_its_end_state() -> None:
     cpu = report["cpu_ms_per_allocation"]
     assert sorted(cpu) == ["loadgen", "replica0", "replica1", "replica2"]
     assert all(ms > 0 for ms in cpu.values()), cpu
+
+
+@pytest.mark.timeout(180)
+def test_the_watch_benchmark_measures_shared_streams_and_checks_every_watcher() -> None:
+    from bench.watch_fanout import measure
+
+    report = measure(3, watchers=12, processes=2, rate=20.0, seconds=1.5, nodes=64, vcs=4)
+    assert report["ok"], report["checks"]
+    assert report["placed"] > 0 and report["skipped"] == 0
+    # every watcher took every event of the window (the counts are equal: checked)
+    assert report["delivered_events"] > 0
+    assert report["server_cpu_us_per_delivered_event"] > 0
+    assert report["watcher_cpu_us_per_delivered_event"] > 0
+    assert report["delay"]["count"] > 0 and report["delay"]["p99_ms"] >= report["delay"]["p50_ms"]
+    # six watchers a process, two on each replica: one stream to each replica, shared
+    assert report["streams_per_process"] == [3, 3]

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from cluster_state import ClusterStore, synthetic_config
-from cluster_state.gc_pause import freeze_if_frozen, gc_paused
+from cluster_state.gc_pause import freeze, freeze_if_frozen, gc_paused, unfreeze
 
 
 @pytest.fixture
@@ -17,9 +17,9 @@ def collector() -> Iterator[None]:
     """The test's changes to the collector undone after it (nothing frozen before: objects
     other tests froze are put back in the collector's view, which costs only time)."""
     enabled = gc.isenabled()
-    gc.unfreeze()
+    unfreeze()
     yield
-    gc.unfreeze()
+    unfreeze()
     if enabled:
         gc.enable()
     else:
@@ -59,3 +59,19 @@ def test_a_restored_store_is_frozen_where_the_built_one_was(collector: None) -> 
     assert gc.get_freeze_count() > frozen
     assert not any(obj is again.allocator for obj in gc.get_objects())  # out of its view
     assert again.snapshot() == data
+
+
+def test_a_freeze_made_here_is_known_without_counting_the_frozen(
+    collector: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    freeze()  # as the store's plugin does once its store is built
+    frozen = gc.get_freeze_count()
+
+    def walked() -> int:
+        raise AssertionError("gc.get_freeze_count walks every frozen object")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walked)
+    ClusterStore(synthetic_config(nodes=16, vcs=2)).restore(
+        ClusterStore(synthetic_config(nodes=16, vcs=2)).snapshot())
+    monkeypatch.undo()
+    assert gc.get_freeze_count() > frozen

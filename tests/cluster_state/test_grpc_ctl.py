@@ -242,6 +242,44 @@ def test_bind_over_grpc_and_ctl(server: str, capsys: pytest.CaptureFixture[str])
     assert "nodes" in capsys.readouterr().out
 
 
+def test_claims_over_grpc_ctl_and_the_watch(server: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    stub = stub_for(server)
+    stub.Submit(pb.SubmitRequest(group=group("g", 2, 4)), timeout=10)
+    incarnation = stub.GetGroup(pb.QueryRequest(name="g", typed=True), timeout=10).group.incarnation
+    code, out, _ = ctl(capsys, server, "claim", "g", "--incarnation", str(incarnation),
+                       "--slot", "1", "--uid", "u1", "--pod", "ns/p1")
+    assert code == 0 and json.loads(out) == {"claimed": "g", "incarnation": incarnation,
+                                             "slot": 1, "uid": "u1"}
+    # held: another pod's claim of it is a conflict (exit 1), naming the holder
+    code, out, _ = ctl(capsys, server, "claim", "g", "--incarnation", str(incarnation),
+                       "--slot", "1", "--uid", "u2", "--pod", "ns/p2")
+    assert code == 1 and "held by u1" in json.loads(out)["reason"]
+    # ... unless it names the holder as gone
+    reply = stub.Claim(pb.ClaimRequest(group="g", incarnation=incarnation, slot=1, uid="u2",
+                                       pod="ns/p2", previous="u1"), timeout=10)
+    assert reply.WhichOneof("outcome") == "claimed" and reply.claimed.uid == "u2"
+    code, out, _ = ctl(capsys, server, "status", "g")
+    assert json.loads(out)["claims"] == [{"slot": 1, "uid": "u2", "pod": "ns/p2"}]
+    assert main(["ctl", "--server", server, "status", "g"]) == 0
+    assert "ns/p2 (u2)" in capsys.readouterr().out
+    # the watch stream has both claims, typed
+    events = []
+    stream = stub.Watch(pb.WatchRequest(since=-1, typed=True), timeout=10)
+    for event in stream:
+        if event.kind == "claimed":
+            events.append(event)
+        if len(events) == 2:
+            stream.cancel()
+            break
+    assert [(e.subject, e.claimed.slot, e.claimed.uid, e.claimed.pod, e.claimed.previous)
+            for e in events] == [("g", 1, "u1", "ns/p1", ""), ("g", 1, "u2", "ns/p2", "u1")]
+    assert all(e.claimed.incarnation == incarnation for e in events)
+    code, out, _ = ctl(capsys, server, "watch", "--count", "3")
+    assert [json.loads(line)["kind"] for line in out.splitlines()] == [
+        "placed", "claimed", "claimed"]
+
+
 def test_a_watch_behind_the_kept_events_fails_clearly(
     server: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -282,31 +320,56 @@ class _Down(grpc.RpcError):  # type: ignore[misc]
 
 
 def test_ctl_watch_resumes_at_the_next_replica_exactly_after_the_last_event() -> None:
-    # Three events at revision 7 (a release that placed two preemptors); the first replica
-    # dies after two of them. The next one is asked from revision 6 and its first two
-    # events are skipped: none is lost or repeated.
+    # Messages hold whole revisions (three events at revision 7: a release that placed two
+    # preemptors); the first replica dies after two messages. The next one is asked from
+    # the last revision shown: none is lost or repeated.
     events = [pb.Event(revision=r, kind="placed", subject=s)
               for r, s in ((5, "a"), (7, "released"), (7, "p1"), (7, "p2"), (9, "b"))]
+    messages = [pb.EventBatch(events=events[:1], through=5),
+                pb.EventBatch(events=events[1:4], through=7),
+                pb.EventBatch(events=events[4:], through=9)]
     asked = []
 
     class Stub:
         def __init__(self, dies_after: int | None) -> None:
             self.dies_after = dies_after
 
-        def Watch(self, request: pb.WatchRequest) -> Iterator[pb.Event]:
+        def WatchPushed(self, request: pb.WatchRequest) -> Iterator[pb.EventBatch]:
             asked.append(request.since)
             sent = 0
-            for event in events:
-                if event.revision > request.since:
+            for message in messages:
+                if message.through > request.since:
                     if sent == self.dies_after:
                         raise _Down()
                     sent += 1
-                    yield event
+                    yield message
 
     replicas = _Replicas.__new__(_Replicas)
-    replicas.stubs = cast(Any, [Stub(dies_after=3), Stub(dies_after=None)])
+    replicas.stubs = cast(Any, [Stub(dies_after=2), Stub(dies_after=None)])
     assert list(replicas.watch(-1)) == events
-    assert asked == [-1, 6]
+    assert asked == [-1, 7]
+
+
+def test_ctl_watch_now_shows_only_what_changes_after_it(
+    server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = stub_for(server)
+    stub.Submit(pb.SubmitRequest(group=group("before")), timeout=10)
+    stub.Release(pb.ReleaseRequest(group="before"), timeout=10)
+    code: list[int] = []
+    watching = threading.Thread(target=lambda: code.append(main(
+        ["ctl", "--server", server, "--json", "watch", "--now", "--count", "2", "--wait",
+         "30"])))
+    watching.start()
+    k = 0
+    while watching.is_alive():  # changes until the watch saw two of them
+        stub.Submit(pb.SubmitRequest(group=group(f"after{k}")), timeout=10)
+        stub.Release(pb.ReleaseRequest(group=f"after{k}"), timeout=10)
+        k += 1
+        watching.join(0.2)
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == [0] and len(shown) == 2
+    assert all(event["subject"].startswith("after") for event in shown), shown
 
 
 def test_undecodable_requests_are_invalid_argument_and_bad_names_never_reach_the_log(

@@ -265,6 +265,44 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         assert "requires TLS and this client spoke plaintext" in capsys.readouterr().err
 
 
+async def test_a_revoked_certificates_open_calls_end_when_the_revocation_is_reloaded(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        assert c.config.tls is not None and c.config.tls.client is not None
+        revoked_files, kept_files = c.files(RO), c.files(Principal("ro2", READER))
+        admin = c.stub(c.config.tls.client)
+        revoked, kept = c.stub(revoked_files), c.stub(kept_files)
+        streams = [stub.WatchPushed(pb.WatchRequest(since=-1, typed=True))
+                   for stub in (revoked, kept)]
+        await admin.Submit(pb.SubmitRequest(group=group("g1", "vc00")), timeout=10)
+        for stream in streams:  # both see the first event: their streams are open
+            async with asyncio.timeout(10):
+                assert (await stream.read()).events
+        source = c.config.tls.source
+        assert source is not None and _cert_revoke(source, None, str(revoked_files.cert)) == 0
+        for node in c.nodes:
+            node.revocations.reload()
+        # the revoked certificate's stream ends at once, saying why; the other goes on
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async with asyncio.timeout(10):
+                while True:
+                    await streams[0].read()
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "revoked" in (caught.value.details() or "")
+        await admin.Submit(pb.SubmitRequest(group=group("g2", "vc01")), timeout=10)
+        async with asyncio.timeout(10):
+            subjects: list[str] = []
+            while "g2" not in subjects:
+                subjects += [e.subject for e in (await streams[1].read()).events]
+        # and its new calls are refused, the other certificate's answered
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await revoked.GetVC(pb.QueryRequest(name="vc00"), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert json.loads((await kept.GetVC(pb.QueryRequest(name="vc00"), timeout=10)).json)
+        streams[1].cancel()
+
+
 def test_a_scheduler_certificate_names_only_virtual_clusters_that_exist(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,12 +11,17 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
 import pytest
-from test_client import gang, start
+from test_client import GPU, gang, start
 
 from cluster_state.client import AllocationStore
+from cluster_state.config import synthetic_config
 from cluster_state.errors import EventsCompacted
 from cluster_state.events import ChangeEvent
+from cluster_state.store import ClusterStore
 from cluster_state.watch_hub import Batch, WatchHub
+from consensus.runtime.cli import cluster_toml
+from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 
 #: watchers on one hub, as many as one replica of a 3-replica cluster serves at 1,000 streams
@@ -177,3 +182,59 @@ def test_a_hub_refuses_impossible_settings(tmp_path: Path) -> None:
                 await node.stop()
 
     asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_lagging_replica_that_installs_a_snapshot_keeps_the_watchers_it_can_serve(
+    tmp_path: Path,
+) -> None:
+    # Replica 2 is cut off while the others run more commands than its store keeps events
+    # for (and compact their logs). Back, it catches up (a snapshot or a turn longer than the
+    # kept events): the hub cannot tell what it did not fan out, so each watcher is brought
+    # up to date on its own: one that resumed here at a revision the cluster reached
+    # meanwhile misses nothing, one still at the old position is told EventsCompacted.
+    async def run() -> None:
+        (tmp_path / "gpu.yaml").write_text(synthetic_config(**GPU).to_yaml())
+        text = cluster_toml(3, free_base_port(), wan=False)
+        (tmp_path / "cluster.toml").write_text(text)
+        config = load_cluster_config(tmp_path / "cluster.toml")
+        nodes = [ReplicaNode(config, i, ClusterStore(synthetic_config(**GPU), event_limit=8),
+                             fsync=False, snapshot_every=20) for i in range(3)]
+        for node in nodes:
+            await node.start()
+        store = AllocationStore.embedded(nodes[0])
+        hub = WatchHub(nodes[2])
+        try:
+            await store.submit(gang("first", "vc01", 100, (1, 1)))
+            await _until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot)
+            old = hub.watch(-1)
+            took = [e for b in await anext(old) for e in b.events]
+            assert [e.subject for e in took] == ["first"]
+            for node in nodes[:2]:
+                node.transport.drop_from = node.transport.drop_to = frozenset({2})
+            nodes[2].transport.drop_from = nodes[2].transport.drop_to = frozenset({0, 1})
+            for k in range(30):  # 60 events: far more than the 8 kept
+                await store.submit(gang(f"j{k}", "vc01", 100, (1, 1)))
+                await store.release(f"j{k}")
+            resumed_at = nodes[0].state_machine.revision  # type: ignore[attr-defined]
+            resumed = hub.watch(resumed_at)  # a watcher that saw it all at replica 0
+            taking = asyncio.ensure_future(anext(resumed))
+            await _until(lambda: hub.watchers == 2)
+            for node in nodes:
+                node.transport.drop_from = node.transport.drop_to = frozenset()
+            await _until(lambda: nodes[2].executed_slot >= nodes[0].executed_slot, 30)
+            await store.submit(gang("after", "vc01", 100, (1, 1)))
+            batches = await asyncio.wait_for(taking, 30)
+            assert [(e.kind, e.subject) for b in batches for e in b.events] == [
+                ("placed", "after")]
+            with pytest.raises(EventsCompacted) as caught:
+                await anext(old)
+            assert caught.value.revision == took[-1].revision  # what it took
+            assert hub.dropped == 1
+            await resumed.aclose()
+        finally:
+            await store.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+

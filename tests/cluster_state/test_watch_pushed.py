@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import grpc
@@ -45,7 +45,7 @@ async def _serve(nodes: list[ReplicaNode]) -> tuple[list[grpc.aio.Server], list[
     return servers, targets
 
 
-async def _collect(events: AsyncIterator[list[ChangeEvent]], n: int) -> list[ChangeEvent]:
+async def _collect(events: AsyncIterator[Sequence[ChangeEvent]], n: int) -> list[ChangeEvent]:
     out: list[ChangeEvent] = []
     async for page in events:
         out.extend(page)

@@ -24,6 +24,7 @@ from cluster_state.k8s.cli import connect_store
 from cluster_state.k8s.extender import Extender, GangReaper
 from cluster_state.k8s.hived import BIND_INFO_ANNOTATION
 from cluster_state.k8s.kube import KubeApi
+from cluster_state.k8s.pods import PodCache
 from cluster_state.k8s.web import serve
 from consensus.runtime.local_cluster import LocalCluster
 
@@ -80,15 +81,17 @@ class Scheduler:
             if pod["spec"].get("nodeName"):
                 continue
             result = await self.call("filter", {"pod": pod, "nodenames": NODES})
-            if not result["nodenames"]:
+            if not result["NodeNames"]:
+                assert result["Error"] == "" or "already been bound" in result["Error"], result
                 continue
             answer = await self.call("bind", {"podName": name, "podNamespace": namespace,
                                               "podUID": pod["metadata"]["uid"],
-                                              "node": result["nodenames"][0]})
-            if answer["error"] == "":
+                                              "node": result["NodeNames"][0]})
+            if answer["Error"] == "":
                 self.bound += 1
-            else:
-                assert "already bound" in answer["error"], answer
+            else:  # bound by the other scheduler meanwhile (HiveD's answers)
+                assert "already been bound" in answer["Error"] or (
+                    "already assigned" in answer["Error"]), answer
 
 
 def bound_cells(api: FakeApiServer) -> dict[str, list[tuple[str, int]]]:
@@ -177,8 +180,11 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         stdout=log, stderr=subprocess.STDOUT)
     # extender 1: in this process, through replica 1
     store = connect_store(config, 1)
-    server = await serve(Extender(store, kube).handle, "127.0.0.1", 0)
-    reaper = asyncio.create_task(GangReaper(store, kube).run())
+    pods = PodCache(kube)
+    cache = asyncio.create_task(pods.run())
+    await asyncio.wait_for(pods.synced.wait(), SERVE_S)
+    server = await serve(Extender(store, kube, pods).handle, "127.0.0.1", 0)
+    reaper = asyncio.create_task(GangReaper(store, kube, pods).run())
     urls = [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"]
     for url in urls:
         await wait_serving(url, store, f"{url} does not serve\n" + cluster.logs()
@@ -196,13 +202,13 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         nodes = []
         for scheduler, pod in ((schedulers[0], p0), (schedulers[1], p1)):
             nodes.append((await scheduler.call("filter", {"pod": pod, "nodenames": NODES}))
-                         ["nodenames"][0])
+                         ["NodeNames"][0])
         binds = await asyncio.gather(*(
             scheduler.call("bind", {"podName": pod["metadata"]["name"], "podNamespace": "default",
                                     "podUID": pod["metadata"]["uid"], "node": node})
             for scheduler, pod, node in ((schedulers[1], p1, nodes[1]),
                                          (schedulers[0], p0, nodes[0]))))
-        assert binds == [{"error": ""}] * 2
+        assert binds == [{"Error": ""}] * 2
         schedulers[0].bound += 1
         schedulers[1].bound += 1
         await check(api, store, all_gangs)
@@ -242,7 +248,8 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         process.wait()
         log.close()
         reaper.cancel()
-        await asyncio.gather(reaper, return_exceptions=True)
+        cache.cancel()
+        await asyncio.gather(reaper, cache, return_exceptions=True)
         await kube.close()
         await server.stop()
         await store.close()

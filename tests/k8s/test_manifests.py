@@ -1,15 +1,18 @@
 """deploy/k8s: every object of both overlays validates against Kubernetes' schemas
-(kubernetes-validate, strict), and the pieces fit together: the cluster file names the
-StatefulSet's pods through its headless Service, one replica per ordinal, every file it names
-is in the pods' projected volume (the CA's key is not), probes hit the metrics port's /livez
-and /readyz, the disruption budget keeps a majority, the commands are real CLI verbs, and
-kube-scheduler's extender configuration reaches the extender's Service and routes."""
+(kubernetes-validate, strict), renders as ``kubectl kustomize`` renders it, and the pieces fit
+together: the cluster file names the StatefulSet's pods through its headless Service, one
+replica per ordinal, each replica's pod (its init container run as the kubelet would) holds
+its own certificate and key and no other key (the CA's neither), the extender sees only the
+CA's and the admin's, probes hit the metrics port's /livez and /readyz, the disruption budget
+keeps a majority, the commands are real CLI verbs, and kube-scheduler's extender
+configuration reaches the extender's Service and routes."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import copy
+import json
 import re
 import shutil
 import subprocess
@@ -25,6 +28,7 @@ from bench.cli import build_parser
 from cluster_state.config import load_config
 from cluster_state.k8s.extender import Extender
 from cluster_state.k8s.web import LIVE_PATH, READY_PATHS
+from consensus.errors import ConfigError
 from consensus.runtime.cluster_config import load_cluster_config
 
 from .kustomize import find, render
@@ -75,17 +79,51 @@ def test_the_validation_catches_a_broken_manifest(tmp_path: Path) -> None:
 
 
 def mounted(objects: list[dict[str, Any]], volume: dict[str, Any], into: Path) -> Path:
-    """Write a projected volume's files as the kubelet would."""
+    """Write a volume's files (a ConfigMap, a Secret or a projection of them, with their
+    ``items`` if they name some) as the kubelet would."""
     into.mkdir()
-    for source in volume["projected"]["sources"]:
+    sources = volume["projected"]["sources"] if "projected" in volume else [volume]
+    for source in sources:
         if "configMap" in source:
-            for name, text in find(objects, "ConfigMap", source["configMap"]["name"])[
-                    "data"].items():
-                (into / name).write_text(text)
+            config_map = source["configMap"]
+            data = {name: text.encode() for name, text in find(
+                objects, "ConfigMap", config_map["name"])["data"].items()}
         else:
-            for name, b64 in find(objects, "Secret", source["secret"]["name"])["data"].items():
-                (into / name).write_bytes(base64.b64decode(b64))
+            config_map = source["secret"]
+            name = config_map.get("name") or config_map["secretName"]
+            data = {key: base64.b64decode(b64)
+                    for key, b64 in find(objects, "Secret", name)["data"].items()}
+        items = config_map.get("items") or [{"key": key, "path": key} for key in data]
+        for item in items:
+            (into / item["path"]).write_bytes(data[item["key"]])
     return into
+
+
+def replica_pod(objects: list[dict[str, Any]], ordinal: int, root: Path) -> Path:
+    """Replica ``ordinal``'s pod as its replica container sees it, ``root`` standing for
+    ``/``: every volume the init containers mount written as the kubelet would, then the init
+    containers run (their scripts, with ``root`` for ``/``). Returns the pod's root."""
+    pod = find(objects, "StatefulSet", "sdpaxos")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for init in pod["initContainers"]:
+        for mount in init["volumeMounts"]:
+            where = root / mount["mountPath"].lstrip("/")
+            if where.exists():
+                continue
+            where.parent.mkdir(parents=True, exist_ok=True)
+            volume = volumes[mount["name"]]
+            if "emptyDir" in volume:
+                where.mkdir()
+            else:
+                mounted(objects, volume, where)
+        assert init["command"] == ["sh", "-c"]
+        script = init["args"][0].replace("/etc/", f"{root}/etc/")
+        env = {e["name"]: str(ordinal) for e in init["env"]
+               if e["valueFrom"]["fieldRef"]["fieldPath"].endswith("pod-index']")}
+        done = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+    return root
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -108,7 +146,8 @@ def test_the_store_cross_references(tmp_path: Path, overlay: str) -> None:
     config_dir = Path(args.config).parent
     assert mounts["cluster"] == str(config_dir)
     # the cluster file, loaded from the volume as the pod sees it
-    mount = mounted(objects, volumes["cluster"], tmp_path / "mount")
+    root = replica_pod(objects, 1, tmp_path / "pod")
+    mount = root / str(config_dir).lstrip("/")
     config = load_cluster_config(mount / Path(args.config).name)
     assert [r.id for r in config.replicas] == list(range(n)) == list(range(sts["spec"]["replicas"]))
     assert str(config.data_dir) == mounts["data"]
@@ -122,12 +161,9 @@ def test_the_store_cross_references(tmp_path: Path, overlay: str) -> None:
             assert host == f"{sts['metadata']['name']}-{spec.id}.{peers['metadata']['name']}"
             assert ports[name] == port
     assert {p["name"]: p["port"] for p in peers["spec"]["ports"]} == ports
-    # every file the cluster file names is in the volume; the CA's key is not
+    # the TLS files replica 1 reads are in its volume (the others: test_each_replica_...)
     assert config.tls is not None and not config.tls.metrics  # the kubelet probes plaintext
-    named = [config.tls.ca, config.tls.client.cert, config.tls.client.key]  # type: ignore[union-attr]
-    named += [f for r in config.tls.replicas for f in (r.cert, r.key)]
-    assert all(path.exists() for path in named)
-    assert config.tls.ca_key is not None and not config.tls.ca_key.exists()
+    assert config.tls.ca.exists() and config.tls.replicas[1].key.exists()
     gpu = load_config(mount / config.state_machine_options["gpu_config"].name)
     assert gpu.options.initial_node_health == "bad"  # nodes count once Kubernetes says Ready
     # probes on the metrics port: /livez keeps the pod, /readyz routes clients
@@ -168,7 +204,9 @@ def test_the_extender_and_kube_scheduler_cross_references(tmp_path: Path) -> Non
     mount = mounted(objects, volumes["cluster"], tmp_path / "mount")
     assert container["volumeMounts"][0]["mountPath"] == str(Path(args.config).parent)
     config = load_cluster_config(mount / Path(args.config).name)
-    assert config.tls is not None and config.tls.client.cert.exists()  # type: ignore[union-attr]
+    assert config.tls is not None and config.tls.client is not None
+    config.tls.tool()  # the admin's certificate and key load: what the extender presents
+    assert not any(r.key.exists() for r in config.tls.replicas)  # no replica's key
     binding = find(objects, "ClusterRoleBinding", "sdpaxos-extender")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
                                     "namespace": namespace}]
@@ -186,10 +224,70 @@ def test_the_extender_and_kube_scheduler_cross_references(tmp_path: Path) -> Non
     assert match.group(1, 2) == (service["metadata"]["name"], namespace)
     assert int(match.group(3)) == service["spec"]["ports"][0]["port"]
     handler = Extender(None, None).handle  # type: ignore[arg-type]
-    for verb in ("filterVerb", "preemptVerb", "bindVerb"):
+    for verb, what in (("filterVerb", "ExtenderArgs"), ("preemptVerb", "ExtenderPreemptionArgs"),
+                       ("bindVerb", "ExtenderBindingArgs")):
         path = f"{match.group(4)}/{extender[verb]}"
-        reply = asyncio.run(handler("POST", path, {}, {}))
-        assert reply.status == 400, (path, reply)  # a bad request, not an unknown route
+        reply = asyncio.run(handler("POST", path, {}, b"{}"))
+        # a bad request (HiveD's answer for the path's arguments), not an unknown route
+        assert what in json.dumps(reply.body), (path, reply)
     assert extender["managedResources"][0]["name"] == (
         "hivedscheduler.microsoft.com/pod-scheduling-enable")
     assert scheduler["profiles"][0]["schedulerName"] == "hivedscheduler"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_replica_pod_reads_only_its_own_key(tmp_path: Path, overlay: str) -> None:
+    objects = rendered(tmp_path, overlay)
+    sts = find(objects, "StatefulSet", "sdpaxos")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # the replica mounts no Secret, only what its init container wrote (in memory)
+    mounted_by_replica = [volumes[m["name"]] for m in container["volumeMounts"]
+                          if m["name"] in volumes]
+    assert not any("secret" in v or "projected" in v for v in mounted_by_replica)
+    assert volumes["cluster"]["emptyDir"]["medium"] == "Memory"
+    args = parse_cli([re.sub(r"\$\(POD_ORDINAL\)", "0", a) for a in container["args"]])
+    for ordinal in range(OVERLAYS[overlay]):
+        root = replica_pod(objects, ordinal, tmp_path / f"pod-{ordinal}")
+        config = load_cluster_config(root / args.config.lstrip("/"))
+        assert config.tls is not None and config.tls.ca_key is not None
+        # its own certificate and key load, as the replica loads them
+        config.tls.server(ordinal)
+        config.tls.dialer(ordinal)
+        # no other replica's key, nor the admin's, nor the CA's, is there to read
+        for other in range(OVERLAYS[overlay]):
+            if other != ordinal:
+                assert not config.tls.replicas[other].key.exists()
+                with pytest.raises(ConfigError):
+                    config.tls.server(other)
+        assert config.tls.client is not None and not config.tls.client.key.exists()
+        assert not config.tls.ca_key.exists()
+        # the cluster file is the ConfigMap's, through a link (a reload reads an update)
+        assert (root / args.config.lstrip("/")).is_symlink()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl here")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_kubectl_kustomize_renders_what_these_tests_check(tmp_path: Path, overlay: str) -> None:
+    objects = rendered(tmp_path, overlay)
+    done = subprocess.run(["kubectl", "kustomize", str(tmp_path / "k8s" / "overlays" / overlay)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    theirs = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    key = lambda o: (o["kind"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, theirs)) == sorted(map(key, objects))
+    for obj in theirs:
+        assert strip(obj) == strip(find(objects, *key(obj))), key(obj)
+
+
+def strip(obj: Any) -> Any:
+    """``obj`` without what kustomize adds of its own (empty containers; a Secret's data is
+    compared decoded: kubectl wraps its base64 lines)."""
+    if isinstance(obj, dict) and obj.get("kind") == "Secret":
+        obj = {**obj, "data": {k: base64.b64decode(v) for k, v in obj["data"].items()}}
+    if isinstance(obj, dict):
+        return {k: strip(v) for k, v in obj.items() if v not in ({}, [], None)}
+    if isinstance(obj, list):
+        return [strip(v) for v in obj]
+    return obj

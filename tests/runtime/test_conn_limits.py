@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from consensus.codec import FrameReader, frame_to_wire
+from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import ConfigError
 from consensus.messages import Command
 from consensus.runtime.client import Client, cut_off
@@ -28,15 +28,16 @@ from consensus.runtime.client_protocol import (
 from consensus.runtime.cluster_config import parse_cluster_config
 from consensus.runtime.conn_limits import (
     LARGEST_REQUEST_BYTES,
-    REFUSAL_LOG_INTERVAL_S,
     ClientPortLimits,
     LimitsConfig,
     PortGuard,
     peer_connection_cap,
 )
 from consensus.runtime.local_cluster import free_base_port
+from consensus.runtime.logs import LOG_INTERVAL_S
 from consensus.runtime.metrics import render
 from consensus.runtime.node import ReplicaNode
+from consensus.runtime.transport import Handshake
 from consensus.statemachine import KVStore, kv_get, kv_put
 
 from .polling import wait_until
@@ -77,13 +78,14 @@ def test_the_cap_refuses_beyond_it_and_logs_once_per_interval(
     with caplog.at_level(logging.WARNING, logger="sdpaxos.conn_limits"):
         for _ in range(50):
             assert not guard.admit()
-        clock.now += REFUSAL_LOG_INTERVAL_S
+        clock.now += LOG_INTERVAL_S
         assert not guard.admit()
     assert (guard.stats.open, guard.stats.refused) == (2, 51)
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert refusals == [
-        "client port: refused 1 connection(s) over its cap of 2 since the last report",
-        "client port: refused 50 connection(s) over its cap of 2 since the last report",
+        "client port: refused a connection over its cap of 2",
+        "client port: refused a connection over its cap of 2 (and 49 more like it since the "
+        "last report)",
     ]
     guard.release()
     assert guard.admit()  # a slot freed is a slot taken
@@ -242,6 +244,8 @@ def test_the_defaults_apply_without_a_limits_table(tmp_path: Path) -> None:
     ({"peer_max_connections": 1},
      "[limits].peer_max_connections must be 0 (automatic) or at least the 2 other replicas"),
     ({"peer_max_connections": -1}, "[limits].peer_max_connections must be an integer >= 0"),
+    ({"peer_max_handshakes": 0}, "[limits].peer_max_handshakes must be an integer >= 1"),
+    ({"peer_handshake_timeout_s": -2}, "[limits].peer_handshake_timeout_s must be seconds > 0"),
 ])
 def test_a_bad_limit_is_a_clear_error_naming_its_key(
     tmp_path: Path, table: dict[str, Any], message: str
@@ -382,7 +386,7 @@ def test_connections_over_the_caps_are_refused_while_the_others_keep_working(
     async def run() -> None:
         nodes, clients = _cluster(
             tmp_path, client_max_connections=2, peer_max_connections=2,
-            client_idle_timeout_s=30,
+            client_idle_timeout_s=30, peer_handshake_timeout_s=0.5,
         )
         for node in nodes:
             await node.start()
@@ -411,17 +415,28 @@ def test_connections_over_the_caps_are_refused_while_the_others_keep_working(
             assert (await _ask(reader, again, _put(43, 2, "again"))).status == "ok"
             again.close()
             kept[1][1].close()
-            # the peer port: both other replicas' connections, then no room
+            # the peer port: both other replicas' connections, then no room for a third
+            # connection claiming a configured peer, refused at once once its handshake is in
             await wait_until(
                 lambda: _metric(node, "sdpaxos_peer_connections_open") == 2,
                 "the peers are not connected",
             )
             peer_address = node.config.replica(0).address
             reader, intruder = await asyncio.open_connection(*peer_address)
-            # refused at once, not after the 5 s handshake timeout
+            intruder.write(Handshake(node.config.cluster_id, 1, FORMAT_VERSION).encode())
             assert await _closed_by_peer(reader) < 1.0
             intruder.close()
             assert _metric(node, "sdpaxos_peer_connections_refused_total") == 1
+            # a silent one does not count against that cap: it waits in its handshake, and
+            # is closed at the handshake's deadline
+            reader, silent = await asyncio.open_connection(*peer_address)
+            await wait_until(lambda: _metric(node, "sdpaxos_peer_handshakes_open") == 1,
+                             "the silent connection is not in its handshake")
+            assert _metric(node, "sdpaxos_peer_connections_open") == 2
+            assert 0.3 < await _closed_by_peer(reader) < 2.0  # (peer_handshake_timeout_s)
+            silent.close()
+            assert _metric(node, "sdpaxos_peer_handshakes_timed_out_total") == 1
+            assert _metric(node, "sdpaxos_peer_handshakes_open") == 0
             await wait_until(
                 lambda: _metric(node, "sdpaxos_client_connections_open") == 0,
                 "client connections left open",

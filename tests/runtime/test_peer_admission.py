@@ -69,6 +69,8 @@ from consensus.messages import (
 )
 from consensus.protocol.admission import VIEW_WINDOW
 from consensus.protocol.ballot import ballot_of
+from consensus.protocol.membership import MemberReplica
+from consensus.protocol.membership.config import EPOCH_SHIFT
 from consensus.runtime.client import Client
 from consensus.runtime.metrics import render
 from consensus.runtime.transport import Handshake
@@ -229,3 +231,37 @@ def _labelled(text: str, name: str) -> dict[str, int]:
             label, value = line.split()
             out[label.split('"')[1]] = int(float(value))
     return out
+
+
+def test_a_frame_claiming_a_far_future_epoch_moves_no_replica(tmp_path: Path) -> None:
+    """Issue 38 point 5 on the wire: a peer's frames claiming an epoch far ahead make the
+    replica ask for the SEAL (no one has one) and nothing more: it keeps voting in its epoch
+    and the cluster serves (before, it dropped its core and learned until the next epoch)."""
+    async def run() -> None:
+        nodes, clients = cluster(tmp_path)
+        for node in nodes:
+            await node.start()
+        try:
+            _, writer = await asyncio.open_connection(*nodes[TARGET].config.replica(
+                TARGET).address)
+            writer.write(Handshake(nodes[TARGET].config.cluster_id, FORGER,
+                                   FORMAT_VERSION).encode())
+            claim = Heartbeat(src=FORGER, view=1000 << EPOCH_SHIFT, executed=0,
+                              lease_request=-1)
+            for _ in range(20):
+                writer.write(frame_to_wire(encode_frame([claim])))
+            await writer.drain()
+            target = nodes[TARGET]
+            await wait_until(lambda: target.stats.messages_received.get(Heartbeat, 0) >= 20,
+                             "the claims did not arrive")
+            assert isinstance(target.core, MemberReplica)
+            assert target.core.voting and target.core.config.epoch == 0
+            async with Client(7, clients[TARGET:TARGET + 1], timeout_s=5.0) as client:
+                assert (await client.execute(kv_put("after", "lie"), ["after"])).status == "ok"
+            assert target.core.voting and target.core.config.epoch == 0
+            writer.close()
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))

@@ -9,6 +9,7 @@ import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from consensus.messages import Command
 from consensus.protocol.types import SnapshotMeta
@@ -26,31 +27,51 @@ EVERY = 200
 HOLD_S = 10.0
 
 
-class HeldWrites:
+class Held:
+    """A step of the worker held: its ``hold``-th call (1-based) waits until ``released``,
+    before the step runs (``after``: once it ran)."""
+
+    def __init__(self, hold: int = 1, *, after: bool = False) -> None:
+        self.calls = 0
+        self.holding = threading.Event()
+        self.released = threading.Event()
+        self._hold, self._after = hold, after
+
+    def wrap(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any) -> Any:
+            self.calls += 1
+            mine = self.calls == self._hold
+            if mine and not self._after:
+                self._wait()
+            result = step(*args)
+            if mine and self._after:
+                self._wait()
+            return result
+
+        return held
+
+    def _wait(self) -> None:
+        self.holding.set()
+        self.released.wait(HOLD_S)
+
+
+class HeldWrites(Held):
     """Stands in for a ``SnapshotWriter``'s writing: records each snapshot's slot and holds
     the ``hold``-th one (1-based) until ``released``, before its file is written (or after its
     file and the log's prepared rewrite are)."""
 
     def __init__(self, writer: SnapshotWriter, hold: int, *, after_file: bool = False) -> None:
+        super().__init__(hold, after=after_file)
         self.slots: list[int] = []
-        self.released = threading.Event()
-        self._write = writer._write
-        self._hold, self._after_file = hold, after_file
-        self.holding = threading.Event()
-        writer._write = self.write  # type: ignore[method-assign]
+        write = self.wrap(writer._write)
 
-    def write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
-              room: int) -> tuple[bytes, PreparedRewrite]:
-        self.slots.append(meta.slot)
-        held = len(self.slots) == self._hold
-        if held and not self._after_file:
-            self.holding.set()
-            self.released.wait(HOLD_S)
-        written = self._write(meta, state, records, room)
-        if held and self._after_file:
-            self.holding.set()
-            self.released.wait(HOLD_S)
-        return written
+        def recorded(meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
+                     room: int) -> tuple[bytes, PreparedRewrite]:
+            self.slots.append(meta.slot)
+            written: tuple[bytes, PreparedRewrite] = write(meta, state, records, room)
+            return written
+
+        writer._write = recorded  # type: ignore[method-assign]
 
 
 async def load(node: ReplicaNode, first: int, count: int) -> None:

@@ -408,6 +408,37 @@ async def test_sessions_belong_to_their_principal(tmp_path: Path) -> None:
             assert b"2" in (await first.read(kv_get("b"), ["b"])).payload
 
 
+async def test_a_revoked_replica_certificate_loses_its_connections_and_gets_no_new_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The peer mesh: once its revocation is reloaded, replica 2's certificate is cut off
+    (its open connections closed both ways, its dials refused at the handshake) while the
+    two others keep theirs and serve."""
+    caplog.set_level(logging.INFO)
+    path = write_tls_cluster(tmp_path)
+    async with running(path) as (config, nodes):
+        assert config.tls is not None
+        async with client(config, 1, config.tls.tool()) as admin:
+            await admin.execute(kv_put("k", "1"), ["k"])
+            for node in nodes:
+                await applied(node, 1)
+            assert _cert_revoke(path, None, str(config.tls.replicas[2].cert)) == 0
+            for node in nodes:
+                assert node.revocations.reload()
+            await refused(caplog, "closing a peer connection", "was revoked")
+            for node in nodes[:2]:  # each keeps only the other's connection, and its link
+                await wait_until(lambda n=node: n.transport.inbound_limits.stats.open == 1,
+                                 f"replica {node.me} still takes replica 2's connection")
+                await wait_until(lambda n=node: not n.transport._links[2].connected,
+                                 f"replica {node.me} still sends to replica 2")
+                assert node.transport._links[1 - node.me].connected
+            await refused(caplog, "refusing peer connection", "replica 2", "is revoked")
+            cut_at = nodes[2].executed_slot
+            await admin.execute(kv_put("k", "2"), ["k"])  # the two others still serve
+            await applied(nodes[0], cut_at + 1)
+            assert nodes[2].executed_slot == cut_at
+
+
 async def test_a_client_is_told_which_certificate_tls_refuses(tmp_path: Path) -> None:
     """Issue 34: a client of another CA saw "connection to replica lost" (exit 3: retry)
     while the replica's log said why; now it is a definite refusal naming the certificate."""

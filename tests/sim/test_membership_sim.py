@@ -1,13 +1,18 @@
 """Membership in the simulator: the ``member`` fault class (members added, removed and
 replaced, a wiped disk followed by a replace, under every other fault) keeps every run safe
-and live, and a cluster that never changes its members runs exactly as a bare SDPaxos core."""
+and live, a cluster that never changes its members runs exactly as a bare SDPaxos core, and a
+peer lying about its epoch moves no one (the variant that trusts it is caught)."""
 
 from __future__ import annotations
 
 import pytest
 
+from consensus.messages import Heartbeat
+from consensus.protocol.membership import MemberReplica
+from consensus.protocol.membership.config import EPOCH_SHIFT
 from consensus.sim import simulator
 from consensus.sim.cli import parse_faults, sweep
+from consensus.sim.events import Frame
 from consensus.sim.simulator import SimOptions, Simulation
 
 
@@ -44,3 +49,39 @@ def test_an_unchanged_cluster_runs_exactly_as_a_bare_core(
     assert layered.ok and bare.ok
     assert layered.history == bare.history and layered.messages == bare.messages
     assert layered.trace_tail == bare.trace_tail
+
+
+#: a seed of the lying-peer runs (any: the lie wins or loses whatever the seed)
+LIE_SEED = 5
+#: how far ahead the lie's epoch is
+FAR = 1000
+
+
+def lie_about_the_epoch(sim: Simulation, liar: int, *, every_us: int, until_us: int) -> None:
+    """Frames from ``liar`` claiming an epoch ``FAR`` ahead, to every other replica, again and
+    again (what an authenticated peer can send: only a header's field)."""
+    view = FAR << EPOCH_SHIFT
+    for at in range(every_us, until_us, every_us):
+        for rep in sim.replicas:
+            if rep.rid != liar:
+                claim = Heartbeat(src=liar, view=view, executed=0, lease_request=-1)
+                sim.schedule(at, Frame(rep.rid, rep.incarnation, (claim,)))
+
+
+@pytest.mark.parametrize(("unsafe", "live"), [(frozenset(), True),
+                                              (frozenset({"trust_epoch_claims"}), False)])
+def test_a_peer_lying_about_its_epoch_moves_no_one(unsafe: frozenset[str], live: bool) -> None:
+    """The correct layer asks for the SEAL and finds none: every replica keeps voting in
+    epoch 0 and the run completes. The broken variant that takes one peer's word drops both
+    others' cores for learners: no quorum is left and the run stalls (caught)."""
+    options = SimOptions(replicas=3, network="lan", ops=300, think_us=5_000, unsafe=unsafe)
+    sim = Simulation(options, LIE_SEED)
+    lie_about_the_epoch(sim, 0, every_us=20_000, until_us=3_000_000)
+    result = sim.run()
+    assert result.violation is None, result.violation
+    assert result.ok == live, result.liveness
+    cores = [rep.core for rep in sim.replicas]
+    assert all(isinstance(core, MemberReplica) for core in cores)
+    voting = [core.voting and core.config.epoch == 0 for core in cores
+              if isinstance(core, MemberReplica)]
+    assert voting == ([True] * 3 if live else [True, False, False]), voting

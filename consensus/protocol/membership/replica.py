@@ -25,6 +25,16 @@ advance``, snapshots, records); what this layer adds, and where:
 * **Learners** ask a voter for executed slots (``LearnRequest``/``LearnReply``,
   ``_ask_to_learn``, ``_on_learn_request``, ``_on_learn_reply``) or get its snapshot; the
   voter a learner learns from proposes its promotion once it is within ``PROMOTE_LAG`` slots.
+* **An epoch is left only on proof** (``_probe``, ``_on_probe_reply``): a message of a later
+  epoch says only that its sender claims one; a member leaves its epoch when its core
+  executes the SEAL (``_maybe_switch``) or when it holds the SEAL itself in the log a peer
+  sends it. On such a message a voter keeps its core and asks every member it knows for the
+  executed slots from its own frontier (``LearnRequest``); it retires its core to learn the
+  rest of the epoch like a learner (``_behind``) only once an answer carries the SEAL, which
+  it scans for batch after batch while answers show the log going on. A peer claiming a
+  far-future epoch therefore costs a round of requests, no longer a voter (it made one drop
+  its core and learn, as a learner, until the next epoch: one authenticated peer could take
+  the quorum away). A snapshot of a later epoch is the other proof (the log up to it).
 """
 
 from __future__ import annotations
@@ -156,6 +166,10 @@ class MemberReplica:
         self._pending_epochs: list[tuple[Configuration, list[Record]]] = []
         #: the broken variant ``epoch_at_change``: the slot its epoch was cut at
         self._cut_at = NO_SLOT
+        #: looking for the proof that our epoch ended (``_probe``): when we last asked, and
+        #: the global slot whose answers we take (NO_SLOT: not looking)
+        self._probed_at = NEVER
+        self._probe_slot = NO_SLOT
         self._recover(recovered, snapshot)
 
     # ------------------------------------------------------------------ who we are
@@ -263,7 +277,10 @@ class MemberReplica:
         if self.core is not None and epoch == self.config.epoch:
             self.core.step(message, now)
         elif epoch > self.config.epoch:
-            self._behind()
+            if "trust_epoch_claims" in self.protocol.unsafe:
+                self._behind()  # broken on purpose: one peer's word moves us on
+            else:
+                self._probe()
         elif isinstance(message, Catchup | CatchupMarkers):
             found = self._retired_epoch(epoch)
             if found is not None:
@@ -442,6 +459,7 @@ class MemberReplica:
 
     def _start_epoch(self, config: Configuration, persist: list[Record]) -> None:
         voted = self.core is not None
+        self._probe_slot = NO_SLOT
         self.config = config
         self.learned = config.base
         if not voted and config.index_of(self.me) is not None:
@@ -567,8 +585,11 @@ class MemberReplica:
         core.propose(Command(client_id=SELF_CLIENT, seq=self.now, op=op, keys=()), self.now)
 
     def _on_learn_reply(self, msg: LearnReply) -> None:
-        if self.core is not None or self._awaiting_snapshot or msg.start != self.learned:
-            return  # voting (or a stale answer): the core learns by itself
+        if self.core is not None:
+            self._on_probe_reply(msg)
+            return
+        if self._awaiting_snapshot or msg.start != self.learned:
+            return  # a stale answer
         self.learn_lag = max(0, msg.executed - self.learned)
         for learned in msg.slots:
             slot = self.learned
@@ -592,6 +613,37 @@ class MemberReplica:
             self.out.apply += self._applied(executions, self.out)
         if msg.slots and msg.executed > self.learned:
             self._ask_to_learn(again=True)
+
+    # ------------------------------------------------------------------ epoch proofs
+    def _probe(self) -> None:
+        """A message of a later epoch: ask every member we know for the executed slots from
+        our frontier, looking for the SEAL of our epoch (at most once per catch-up period)."""
+        if self.core is None or self.now - self._probed_at < self.protocol.catchup_us:
+            return
+        self._probed_at = self.now
+        self._probe_slot = self.exec_slot
+        known = (*self.contacts, *self.config.voters, *(m.id for m in self.config.members))
+        request = LearnRequest(src=self.me, view=self.config.start_view, slot=self._probe_slot)
+        self.out.send += [Outgoing(peer, request) for peer in dict.fromkeys(known)
+                          if peer != self.me]
+
+    def _on_probe_reply(self, msg: LearnReply) -> None:
+        """An answer to ``_probe``: if its slots hold our epoch's SEAL, the epoch ended (the
+        log says so, not a claim): learn the rest of it; if it shows the log going on past
+        them, look on from there (asking its sender)."""
+        if self._probe_slot == NO_SLOT or msg.start != self._probe_slot:
+            return  # not what we asked for (or the core moved on by itself)
+        if any(learned.seal for learned in msg.slots):
+            self._probe_slot = NO_SLOT
+            self._behind()
+            if self.core is None and msg.start == self.learned:
+                self._on_learn_reply(msg)  # (what it carries is the log from our frontier)
+            return
+        end = msg.start + len(msg.slots)
+        if msg.slots and msg.executed > end and epoch_of(msg.view) > self.config.epoch:
+            self._probe_slot = end
+            self.out.send.append(Outgoing(msg.src, LearnRequest(
+                src=self.me, view=self.config.start_view, slot=end)))
 
     # ------------------------------------------------------------------ snapshots
     def snapshot_meta(self) -> SnapshotMeta:
