@@ -126,6 +126,7 @@ from consensus.messages import (
     ETryPreAcceptReply,
     ExecutedRecord,
     Heartbeat,
+    LearnedRecord,
     LearnedSlot,
     LearnReply,
     LearnRequest,
@@ -280,6 +281,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         CPromiseRecord: 68,
         ExecutedRecord: 69,
         ConfigRecord: 70,
+        LearnedRecord: 71,
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
@@ -627,6 +629,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("closing", _STR),
         ("closing_member", _NONE),
     ),
+    LearnedRecord: (("start", _UINT), ("slots", _Array(LearnedSlot, MAX_ENTRIES))),
     # durable records
     CAcceptedRecord: (
         ("owner", _UINT),

@@ -280,6 +280,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "CPromiseRecord": 68,
         "ExecutedRecord": 69,
         "ConfigRecord": 70,
+        "LearnedRecord": 71,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
         "PaxosPromiseRecord": 82,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final
 
-from consensus.errors import ConfigError
+from consensus.errors import ConfigError, MemberRemoved
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 from consensus.runtime.state_machines import InitFile
 from consensus.storage.identity import open_identity, read_identity
@@ -43,7 +43,9 @@ def init_identities(path: Path) -> ClusterConfig:
     replica); the file's configuration."""
     config = load_cluster_config(path)
     for spec in config.replicas:
-        open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id, bootstrap=True)
+        with contextlib.suppress(MemberRemoved):  # removed: it keeps its (removed) identity
+            open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id,
+                          bootstrap=True)
     return config
 
 

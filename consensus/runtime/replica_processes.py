@@ -42,7 +42,7 @@ from typing import Any, Final
 from consensus.errors import SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.dirlock import UNKNOWN_HOLDER, lock_holder
-from consensus.runtime.exit_codes import OK, REFUSED, USAGE
+from consensus.runtime.exit_codes import OK, REFUSED, REMOVED, USAGE
 from consensus.runtime.new_cluster import CONFIG_NAME
 
 __all__ = [
@@ -332,12 +332,15 @@ def up(directory: Path, only: int | None, timeout_s: float, extra: Sequence[str]
         answers = asyncio.run(statuses({s.replica: addresses[s.replica] for s in started},
                                        tls, timeout_s, started))
         members = members_of(answers, config)
-        removed = [s for s in started if members is not None and s.replica not in members]
+        # a removed member exits by itself (REMOVED) or, an older build's, is stopped again
+        removed = [s for s in started if s.process.poll() == REMOVED
+                   or (members is not None and s.replica not in members)]
         if removed:
-            stop(config, {s.replica: s.process.pid for s in removed})
+            stop(config, {s.replica: s.process.pid for s in removed
+                          if s.process.poll() is None})
             for s in removed:
                 print(f"cluster up: replica {s.replica} is no longer a member of the cluster "
-                      "(its log says so): stopped it again")
+                      "(its log says so): not started")
             started = [s for s in started if s not in removed]
     serving = asyncio.run(wait_serving({s.replica: addresses[s.replica] for s in started},
                                        timeout_s, started, tls))
@@ -410,7 +413,8 @@ def restart(directory: Path, only: int | None, timeout_s: float, extra: Sequence
                                         tls)):
             code = started.process.poll()
             print(f"sdpaxos cluster restart: replica {replica} "
-                  + (f"exited with status {code}" if code is not None else
+                  + ("was removed from the cluster (exit 4): not restarted" if code == REMOVED
+                     else f"exited with status {code}" if code is not None else
                      f"did not serve within {timeout_s:g} s (it keeps trying)")
                   + f"; see {directory / f'replica-{replica}.log'}", file=sys.stderr)
             write_pids(directory, config)

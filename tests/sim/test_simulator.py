@@ -131,6 +131,10 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         (5, "epoch_at_change", "member", "wan", 6, 1),
         (5, "definite_recovered", "crash,drift,dup,loss,member,partition,pause,reorder", "wan",
          2, 160),
+        # a member's published addresses set in its own configuration, outside the log:
+        # members that executed the same log disagree on who runs where (every one of the
+        # first 10 seeds)
+        (3, "publish_local", "member", "lan", 2, 1),
     ],
 )
 def test_broken_variants_are_caught(
@@ -184,7 +188,8 @@ def test_ci_sweep_with_snapshots(protocol: str) -> None:
 
 
 # Runs that failed before the core learnt to live with compaction (each fix also has a
-# handler test in tests/protocol/sdpaxos/).
+# handler test in tests/protocol/sdpaxos/). Found before the membership fault class existed:
+# they run every other fault class, so what membership adds to a run does not move them.
 @pytest.mark.parametrize(
     ("replicas", "network", "seed"),
     [
@@ -196,8 +201,8 @@ def test_ci_sweep_with_snapshots(protocol: str) -> None:
 )
 def test_runs_that_once_broke_with_snapshots_stay_safe(replicas: int, network: str,
                                                         seed: int) -> None:
-    options = SimOptions(replicas=replicas, faults=parse_faults("all"), network=network,
-                         snapshot_every=10)
+    faults = parse_faults("all") - {"member"}
+    options = SimOptions(replicas=replicas, faults=faults, network=network, snapshot_every=10)
     result = Simulation(options, seed).run()
     assert result.ok, result.violation or result.liveness
     assert result.snapshots_installed > 0
