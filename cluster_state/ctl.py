@@ -37,7 +37,9 @@ Tables on the terminal (rich); ``--json`` prints JSON instead. Exit codes
 (``consensus.runtime.exit_codes``, the same as ``sdpaxos``'s client verbs): 0 done; 1 a
 definite refusal (a submit left waiting, a bind conflict, an invalid request, NOT_FOUND,
 PERMISSION_DENIED; a watch that saw fewer than ``--count`` events within ``--wait``); 2 bad
-usage; 3 unavailable (no replica reachable, a deadline exceeded).
+usage; 3 unavailable (no replica reachable, a deadline exceeded); 5 refused at TLS (the
+replica requires TLS, does not trust this client's certificate, or it is revoked: the
+message says which).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from consensus.runtime.exit_codes import REFUSED
+from consensus.runtime.exit_codes import REFUSED, TLS_REFUSED
 
 __all__ = ["add_arguments", "parse_devices", "parse_name", "parse_pods", "run"]
 
@@ -251,9 +253,15 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     # gRPC's C core would print its own lines (a failed handshake, at INFO) beside ctl's
-    # message, which says what they mean (_tls_refusal): errors only, unless asked for
+    # message, which says what they mean (_tls_refusal): errors only, unless asked for. It
+    # reads the variable as it starts; the environment is left as it was (children, and the
+    # processes a test starts after running ctl in-process, keep their own verbosity).
+    asked = "GRPC_VERBOSITY" in os.environ
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
+
+    if not asked:
+        del os.environ["GRPC_VERBOSITY"]
 
     from consensus.errors import ConfigError
     from consensus.runtime.client_options import client_target
@@ -283,7 +291,10 @@ def run(args: argparse.Namespace) -> int:
         refusal = _tls_refusal(args, targets) if exc.code().name == "UNAVAILABLE" else None
         if refusal is not None:  # no retry helps: a definite refusal
             print(f"sdpaxos ctl: refused: {refusal}", file=sys.stderr)
-            return REFUSED
+            return TLS_REFUSED
+        if exc.code().name == "UNAUTHENTICATED":  # the certificate (revoked, say)
+            print(f"sdpaxos ctl: refused: {exc.details()}", file=sys.stderr)
+            return TLS_REFUSED
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return UNAVAILABLE if exc.code().name in _UNAVAILABLE_CODES else REFUSED
     except KeyboardInterrupt:

@@ -15,7 +15,8 @@
 * ``sdpaxos snapshot restore``: a new cluster on the configuration the backup holds (written
   out as ``gpu.yaml``), or on another one given with the ``init`` options, which the backup's
   state is reconfigured to before it is seeded (``ops.reconfigure``, as ``sdpaxos ctl config
-  apply`` would: the same report), refused when that drops or trims a group unless the
+  apply`` would: the same report), refused when that drops, trims or downgrades a group, or
+  cancels a reservation, unless the
   operator allows it; ``sdpaxos snapshot status``: the configuration and counts a backup
   holds; ``sdpaxos cert issue``: a scheduler's virtual clusters must exist.
 
@@ -294,8 +295,10 @@ class ClusterStateKind(StateMachineKind):
                 "nothing")
 
 
-#: the outcomes of a reconfiguration that take GPUs from a group (``Allocator.reconfigured``)
-LOSING_OUTCOMES: Final = frozenset({"dropped", "trimmed"})
+#: the outcomes of a reconfiguration that take from a group what it held
+#: (``Allocator.reconfigured``): GPUs (dropped, trimmed), its VC's guarantee (downgraded to
+#: opportunistic: preemptible), its reservation (cancelled); all but "kept"
+LOSING_OUTCOMES: Final = frozenset({"dropped", "trimmed", "downgraded", "cancelled"})
 #: the session a restore's reconfiguration is applied under (``seed``)
 RESTORE_CLIENT_ID: Final = 1 << 44
 

@@ -180,8 +180,9 @@ class TlsRefused(DefiniteFailure):
     """A connection to a replica failed at TLS for a reason retrying does not change: the
     replica requires TLS and this client spoke plaintext (or the other way round), its
     certificate is not of the CA this client trusts, or it does not take this client's
-    certificate. The message says which (``consensus.runtime.tls_diagnosis``); the command
-    line exits 1 for it (a refusal, not 3)."""
+    certificate, or refuses it outright (revoked, not a client's). The message says which
+    (``consensus.runtime.tls_diagnosis``); the command line exits 5 (``TLS_REFUSED``) for
+    it: no retry changes it."""
 
 
 class Unreachable(DefiniteFailure):

@@ -19,7 +19,8 @@ serves it. The new cluster runs the backup's state machine kind on the configura
 backup holds (a GPU store's is written out beside the cluster file: ``StateMachineKind.seed``).
 The kind's ``init`` options (``--gpu-config FILE``) choose another configuration: the backup's
 state is moved to it before it is seeded, as ``sdpaxos ctl config apply`` would move it, and
-the same report is printed; a move that drops or trims a group is refused unless
+the same report is printed; a move that drops, trims or downgrades a group (or cancels a
+reservation) is refused unless
 ``--allow-drop``. Everything is checked before anything is written, and the new cluster is
 written at once (``consensus.runtime.new_cluster``): a restore that fails leaves nothing.
 
@@ -46,10 +47,16 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consensus.errors import ConfigError, DecodeError, IndefiniteFailure, SDPaxosError
+from consensus.errors import (
+    ConfigError,
+    DecodeError,
+    IndefiniteFailure,
+    SDPaxosError,
+    TlsRefused,
+)
 from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.cluster_config import ClusterConfig
-from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
+from consensus.runtime.exit_codes import OK, REFUSED, TLS_REFUSED, UNAVAILABLE, USAGE
 from consensus.runtime.state_machines import state_machine_kind
 from consensus.storage.backup import decode_backup, encode_backup
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
@@ -83,7 +90,7 @@ def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
     restore.add_argument(
         "--allow-drop", action="store_true",
         help="restore even when the configuration given takes GPUs from groups of the "
-        "backup (they are dropped or trimmed; the report names them)")
+        "backup (GPUs, a VC's guarantee, a reservation: the report names them)")
     status = actions.add_parser(
         "status", help="check FILE and print what it holds: sha256, log position, size, "
         "state machine, source cluster, configuration and counts")
@@ -142,6 +149,9 @@ def _save(path: Path, args: argparse.Namespace, me: int | None, timeout_s: float
     except (IndefiniteFailure, ConnectionError, TimeoutError) as exc:
         print(f"sdpaxos snapshot save: unavailable: {exc}", file=sys.stderr)
         return UNAVAILABLE
+    except TlsRefused as exc:
+        print(f"sdpaxos snapshot save: refused: {exc}", file=sys.stderr)
+        return TLS_REFUSED
     except (SDPaxosError, DecodeError, OSError) as exc:
         print(f"sdpaxos snapshot save: {exc}", file=sys.stderr)
         return REFUSED
@@ -212,13 +222,13 @@ def _restore(path: Path, args: argparse.Namespace) -> int:
               "apply would move it):\n  " + "\n  ".join(seed.changes))
     if seed.losses and not args.allow_drop:
         print(f"sdpaxos snapshot restore: refused: the configuration given would take GPUs "
-              f"from {len(seed.losses)} group(s) of the backup:\n  "
+              f"or guarantees from {len(seed.losses)} group(s) of the backup:\n  "
               + "\n  ".join(seed.losses)
               + "\nrestore without the configuration options to keep the backup's own, or "
               "pass --allow-drop to lose them; nothing was written", file=sys.stderr)
         return REFUSED
     if seed.losses:
-        print(f"--allow-drop: {len(seed.losses)} group(s) lose GPUs:\n  "
+        print(f"--allow-drop: {len(seed.losses)} group(s) lose GPUs or guarantees:\n  "
               + "\n  ".join(seed.losses))
 
     def plant(config: ClusterConfig) -> None:

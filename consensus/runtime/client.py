@@ -32,13 +32,13 @@ request, again once that long has passed, and after a request found no replica a
 
 A TLS cluster (``tls``: an ``ssl.SSLContext`` from ``consensus.runtime.tls``, e.g.
 ``config.tls.tool()``) is reached over mutual TLS 1.3; what the client's certificate names is
-the principal its requests are checked as, and a refused one raises
-``consensus.auth.PermissionDenied`` (a ``DefiniteFailure``): a certificate refused outright
-(revoked, of another cluster, a replica's) with the replica's reason, a role refused an
-operation likewise. A connection that fails at TLS for a reason a retry does not change (the
-replica requires TLS and this client spoke plaintext, its certificate is not of the CA this
-client trusts, it refused this client's certificate) raises ``TlsRefused`` (a
-``DefiniteFailure``) saying which (``consensus.runtime.tls_diagnosis``).
+the principal its requests are checked as, and an operation its role may not do raises
+``consensus.auth.PermissionDenied`` (a ``DefiniteFailure``). A connection that fails at TLS
+for a reason a retry does not change (the replica requires TLS and this client spoke
+plaintext, its certificate is not of the CA this client trusts, it refused this client's
+certificate: another CA's, revoked, of another cluster, a replica's) raises ``TlsRefused`` (a
+``DefiniteFailure``) saying which, with the replica's own reason where it gave one
+(``consensus.runtime.tls_diagnosis``).
 """
 
 from __future__ import annotations
@@ -130,9 +130,13 @@ class _Connection:
                 for payload in frames.feed(data):
                     answered = True
                     response = decode_response(payload)
+                    if response.req_id == NO_REQUEST and response.status == "denied":
+                        # the certificate refused (revoked, not a client's): nothing ran
+                        failure = TlsRefused(str(response.payload))
+                        return
                     if response.req_id == NO_REQUEST and response.status != "ok":
                         # about no request in particular: the answer to every one on this
-                        # connection (a refused certificate, the replica's connection cap)
+                        # connection (the replica's connection cap)
                         for req_id, waiting in self.pending.items():
                             if not waiting.done():
                                 waiting.set_result(ClientResponse(req_id, response.status,

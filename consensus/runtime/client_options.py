@@ -35,8 +35,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consensus.auth import PermissionDenied
-from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, Unreachable
-from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, UNAVAILABLE
+from consensus.errors import (
+    ConfigError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    TlsRefused,
+    Unreachable,
+)
+from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, TLS_REFUSED, UNAVAILABLE
 
 if TYPE_CHECKING:
     from consensus.runtime.client import Client
@@ -193,6 +199,9 @@ def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
     (``consensus.runtime.exit_codes``), said on stderr."""
     try:
         return asyncio.run(session)
+    except TlsRefused as exc:
+        print(f"sdpaxos {verb}: {refused(exc)}", file=sys.stderr)
+        return TLS_REFUSED
     except PermissionDenied as exc:
         print(f"sdpaxos {verb}: denied: {exc}", file=sys.stderr)
         return REFUSED

@@ -40,7 +40,8 @@ of it can be read (``BadRequest.req_id``), the reason naming the limit it broke 
 ``MAX_OP_BYTES``, say), else under ``req_id`` 0, which the client takes as the answer to
 every request it has in flight on the connection: ``NO_REQUEST``. A TLS cluster that refuses a
 client's certificate after the handshake (revoked, of another cluster, not a client's)
-answers ``NO_REQUEST`` ``"denied"`` with the reason before it closes the connection.
+answers ``NO_REQUEST`` ``"denied"`` with the reason before it closes the connection (the
+client raises ``TlsRefused``).
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ file still says. An unreachable replica is a row saying so, and so is a member n
 the address of.
 
 Exit codes (``consensus.runtime.exit_codes``): 0 every replica answered (``health``: and is
-ready); 1 a replica refused this client (its TLS certificate: ``TlsRefused``, or revoked);
-2 usage; 3 a replica unreachable (``health``: or not ready). Views show as ``epoch.view``.
+ready); 1 a replica refused this client; 2 usage; 3 a replica unreachable (``health``: or
+not ready); 5 a replica refused it at TLS (``TlsRefused``: the message says why). Views
+show as ``epoch.view``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus.errors import ConfigError, DecodeError, DefiniteFailure, Unreachable
+from consensus.errors import (
+    ConfigError,
+    DecodeError,
+    DefiniteFailure,
+    TlsRefused,
+    Unreachable,
+)
 from consensus.protocol.membership import view_text
 from consensus.runtime.client_options import (
     NativeTarget,
@@ -41,7 +48,7 @@ from consensus.runtime.client_options import (
     native_target,
     refused,
 )
-from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
+from consensus.runtime.exit_codes import OK, REFUSED, TLS_REFUSED, UNAVAILABLE, USAGE
 from consensus.runtime.members import address_text, members_of_status
 
 __all__ = ["add_endpoint_arguments", "run_endpoint"]
@@ -82,6 +89,8 @@ class Row:
     #: the error is a definite refusal (TLS: this client's certificate, or the replica's),
     #: not an endpoint out of reach
     refused: bool = False
+    #: ... by TLS (``TlsRefused``: exit ``TLS_REFUSED``)
+    tls: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -103,7 +112,9 @@ def run_endpoint(args: argparse.Namespace) -> int:
         failed = not all(row.healthy for row in rows)
     if not failed:
         return OK
-    return REFUSED if any(row.refused for row in rows) else UNAVAILABLE
+    if any(row.refused for row in rows):
+        return TLS_REFUSED if any(row.tls for row in rows) else REFUSED
+    return UNAVAILABLE
 
 
 def _row(address: tuple[str, int], answer: dict[str, Any] | BaseException) -> Row:
@@ -116,6 +127,7 @@ def _row(address: tuple[str, int], answer: dict[str, Any] | BaseException) -> Ro
         row.error = refused(answer)
         row.refused = isinstance(answer, DefiniteFailure) and not isinstance(answer,
                                                                               Unreachable)
+        row.tls = isinstance(answer, TlsRefused)
     return row
 
 

@@ -207,16 +207,23 @@ async def statuses(
 
 def members_of(answers: Statuses, config: ClusterConfig) -> set[int] | None:
     """The member ids of the newest membership among ``answers`` (highest epoch, then
-    applied position); the cluster file's replicas for a protocol without membership
-    changes; None when nothing answered."""
-    if not answers:
+    applied position: ``consensus.runtime.client.newest_status``); the cluster file's
+    replicas for a protocol without membership changes; None when nothing (sensible)
+    answered."""
+    from consensus.errors import DecodeError
+    from consensus.runtime.client import newest_status
+    from consensus.runtime.members import members_of_status
+
+    newest = newest_status(answers.values())
+    if newest is None:
         return None
-    newest = max(answers.values(), key=lambda a: ((a.get("membership") or {}).get("epoch", 0),
-                                                  a.get("applied", 0)))
-    membership = newest.get("membership")
-    if membership is None:
+    try:
+        members = members_of_status(newest)
+    except DecodeError:  # a replica never crashes the tool
+        return None
+    if members is None:
         return {spec.id for spec in config.replicas}
-    return {int(member[0]) for member in membership["members"]}
+    return {member.id for member in members}
 
 
 async def wait_serving(

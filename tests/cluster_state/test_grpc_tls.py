@@ -261,7 +261,7 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         # Socket closed", exit 3)
         code = await asyncio.to_thread(
             main, ["ctl", "--server", c.target, "--timeout", "2", "--json", "vc", "vc00"])
-        assert code == 1  # exit_codes.REFUSED
+        assert code == 5  # exit_codes.TLS_REFUSED
         assert "requires TLS and this client spoke plaintext" in capsys.readouterr().err
 
 

@@ -1,8 +1,8 @@
 """Restoring a GPU store never drops work silently (issue 34 point 4): ``snapshot restore``
 seeds the backup's own kind and configuration by default; another configuration goes through
-the report ``ctl config apply`` gives and is refused when it drops or trims a group unless
-``--allow-drop``; ``snapshot status`` says what a backup holds; a failed restore writes
-nothing."""
+the report ``ctl config apply`` gives and is refused when it drops, trims or downgrades a
+group unless ``--allow-drop``; ``snapshot status`` says what a backup holds; a failed restore
+writes nothing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+import yaml
 
 from bench.cli import main
 from cluster_state import ops
@@ -113,6 +114,22 @@ def test_a_configuration_that_drops_work_is_refused_and_nothing_is_written(
     assert set(tmp_path.iterdir()) == {backup, other}
 
 
+def test_a_configuration_without_a_groups_virtual_cluster_is_refused_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group whose VC is gone keeps its GPUs but not its guarantee (downgraded to
+    opportunistic: preemptible): that is lost work too."""
+    backup = _backup(tmp_path / "b.snap", _store().snapshot())
+    narrow = CONFIG.to_dict()
+    del narrow["virtualClusters"]["vc01"]
+    other = tmp_path / "narrow.yaml"
+    other.write_text(yaml.safe_dump(narrow))
+    assert main(["snapshot", "restore", str(backup), "--dir", str(tmp_path / "r"),
+                 "--gpu-config", str(other)]) == REFUSED
+    assert "job2: downgraded (virtual cluster vc01 is gone)" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def test_allow_drop_restores_onto_the_given_configuration_and_says_what_goes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -123,7 +140,7 @@ def test_allow_drop_restores_onto_the_given_configuration_and_says_what_goes(
     assert main(["snapshot", "restore", str(backup), "--dir", str(target), "--gpu-config",
                  str(other), "--allow-drop"]) == OK
     out = capsys.readouterr().out
-    assert "--allow-drop: 1 group(s) lose GPUs:\n  job1: dropped" in out
+    assert "--allow-drop: 1 group(s) lose GPUs or guarantees:\n  job1: dropped" in out
     seeded = _seeded(target)
     assert sorted(seeded.allocator.groups) == ["job2"]
     # the new cluster begins with the given configuration: its replicas propose nothing

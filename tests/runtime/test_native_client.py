@@ -9,9 +9,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from consensus.auth import PermissionDenied
 from consensus.codec import FrameReader, frame_to_wire
-from consensus.errors import DefiniteFailure
+from consensus.errors import DefiniteFailure, TlsRefused
 from consensus.messages import MAX_OP_BYTES, Command
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, cut_off
@@ -177,7 +176,7 @@ def test_an_answer_to_no_request_fails_every_request_of_the_connection() -> None
         try:
             async with Client(7, [server.sockets[0].getsockname()[:2]], timeout_s=30.0,
                               attempts=1) as client, asyncio.timeout(10):
-                with pytest.raises(PermissionDenied, match="revoked"):
+                with pytest.raises(TlsRefused, match="revoked"):
                     await client.read(b"op")
         finally:
             server.close()

@@ -207,7 +207,7 @@ async def test_client_without_certificate_is_refused(
         # a replica's certificate is no client's
         replica = client(config, 4, client_context(config.tls.ca, config.tls.replicas[0]),
                          timeout_s=1.0, attempts=1)
-        with pytest.raises(PermissionDenied, match=r"refuses this client's certificate: "
+        with pytest.raises(TlsRefused, match=r"refuses this client's certificate: "
                                                    r"replica 0 .* is no client"):
             await replica.execute(kv_put("k", "replica"), ["k"])
         await replica.close()
@@ -263,7 +263,7 @@ async def test_revoked_certificate_stops_working_after_reload(
             assert node.revocations.reload()  # what SIGHUP runs
         await refused(caplog, "was revoked")
         # the open connection was closed; a new one is refused, saying why
-        with pytest.raises(PermissionDenied, match=r"the certificate of reader 'ro' .* revoked"):
+        with pytest.raises(TlsRefused, match=r"the certificate of reader 'ro' .* revoked"):
             await ro.read(kv_get("k"), ["k"])
         await ro.close()
         await refused(caplog, "refusing client connection", "is revoked")

@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 
 from bench.cli import main
-from consensus.auth import PermissionDenied
-from consensus.errors import IndefiniteFailure
+from consensus.errors import IndefiniteFailure, TlsRefused
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import load_cluster_config
-from consensus.runtime.exit_codes import REFUSED
+from consensus.runtime.exit_codes import TLS_REFUSED
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.tls import TlsFiles, client_context
 from consensus.statemachine import kv_get, kv_put
@@ -33,7 +32,7 @@ async def _read_until_refused(client: Client, deadline_s: float) -> None:
     while loop.time() < end:
         try:
             await client.read(kv_get("k"), ["k"])
-        except (IndefiniteFailure, PermissionDenied):  # refused, now saying why
+        except (IndefiniteFailure, TlsRefused):  # refused, now saying why
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the revoked certificate still works after SIGHUP")
@@ -106,18 +105,18 @@ def test_tls_refusals_are_named_to_the_client_and_logged_as_json(
         capsys.readouterr()
         for verb in (["ctl", "--endpoints", grpc_at, "summary"],
                      ["endpoint", "status", "--endpoints", native_at]):
-            assert main([*verb, "--timeout", "3"]) == REFUSED
+            assert main([*verb, "--timeout", "3"]) == TLS_REFUSED
             captured = capsys.readouterr()  # ctl: on stderr; endpoint: in its table
             assert "requires TLS and this client spoke" in " ".join(
                 (captured.err + captured.out).split())
         theirs = ["--ca", str(other / "tls" / "ca.pem"), "--cert",
                   str(other / "tls" / "admin.pem"), "--key", str(other / "tls" / "admin.key")]
         assert main(["ctl", "--endpoints", grpc_at, "--timeout", "3", *theirs, "summary"]) \
-            == REFUSED
+            == TLS_REFUSED
         assert "presents a certificate this client does not trust" in capsys.readouterr().err
         ours_ca = ["--ca", str(directory / "tls" / "ca.pem"), *theirs[2:]]
         assert main(["ctl", "--endpoints", grpc_at, "--timeout", "3", *ours_ca, "summary"]) \
-            == REFUSED
+            == TLS_REFUSED
         assert "does not take this client's certificate" in capsys.readouterr().err
     finally:
         assert main(["cluster", "down", "--dir", str(directory)]) == 0
