@@ -165,6 +165,10 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
         return 1
+    except OSError as exc:  # a port taken, say: one JSON record (its traceback inside), exit 1
+        logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc,
+                                           exc_info=exc)
+        return 1
     return 0
 
 

@@ -183,3 +183,28 @@ time.sleep(0.5)
         ("stderr", "warning", "not absl at all"),
         ("sdpaxos", "warning", "our own"),  # the thread logs the pipe's lines when it can
     ])
+
+
+def test_a_replica_that_cannot_bind_its_port_logs_one_json_record(tmp_path: Path) -> None:
+    """A port taken by another process: the replica's log stays JSON (a Python traceback
+    was printed over it) and it exits 1."""
+    import socket
+
+    from consensus.runtime.cli import cluster_toml
+    from consensus.runtime.local_cluster import free_base_port
+
+    base = free_base_port()
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, base, wan=False))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base))  # replica 0's peer port
+        taken.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path), "--id", "0",
+             "--initial-cluster-state", "new"],
+            capture_output=True, text=True, timeout=60, env={**os.environ,
+                                                             "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 1
+    records = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    assert any(r["level"] == "error" and "replica 0 stopped" in r["msg"]
+               and "address already in use" in r["msg"] for r in records), records
