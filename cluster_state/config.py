@@ -1,6 +1,9 @@
 """Cluster configuration in HiveD's YAML format: cell types, physical cells, virtual clusters.
 
-Accepted shape (unknown keys, e.g. ``skuTypes``, are ignored as HiveD does)::
+Accepted shape (keys HiveD reads but the store does not, e.g. ``skuTypes`` or HiveD's
+scheduler settings such as ``webServerAddress``, are ignored; any other key is refused, naming
+the key and the nearest known one, so a misspelled ``virtualCluster:`` is not read as "no
+virtual clusters")::
 
     physicalCluster:
       cellTypes:
@@ -36,6 +39,7 @@ clusters of any size for tests, benchmarks and demos.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import itertools
 import json
@@ -43,7 +47,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -285,9 +289,25 @@ def _parse_text(source: str) -> ClusterConfig:
     return _parse_mapping(raw)
 
 
+#: the keys each mapping of a configuration may hold: the store's, and those HiveD's
+#: ``pkg/api`` reads that the store ignores (the scheduler's own settings, OpenPAI's
+#: ``skuTypes``), so a HiveD file loads as it is
+_ROOT_KEYS: Final = frozenset({
+    "physicalCluster", "virtualClusters", "storeOptions",
+    "kubeApiServerAddress", "kubeConfigFilePath", "webServerAddress",
+    "waitingPodSchedulingBlockMilliSec", "forcePodBindThreshold",
+})
+_PHYSICAL_KEYS: Final = frozenset({"cellTypes", "physicalCells", "skuTypes"})
+_CELL_TYPE_KEYS: Final = frozenset({"childCellType", "childCellNumber", "isNodeLevel"})
+_CELL_KEYS: Final = frozenset({"cellType", "cellAddress", "cellChildren", "pinnedCellId"})
+_VC_KEYS: Final = frozenset({"virtualCells", "pinnedCells"})
+_VIRTUAL_CELL_KEYS: Final = frozenset({"cellType", "cellNumber"})
+_PINNED_KEYS: Final = frozenset({"pinnedCellId"})
+
+
 def _parse_mapping(source: object) -> ClusterConfig:
-    root = _mapping(source, "configuration")
-    physical = _mapping(root.get("physicalCluster"), "physicalCluster")
+    root = _mapping(source, "configuration", _ROOT_KEYS)
+    physical = _mapping(root.get("physicalCluster"), "physicalCluster", _PHYSICAL_KEYS)
     types = _parse_cell_types(physical.get("cellTypes"))
     levels = _check_forest(types)
     raw_cells = physical.get("physicalCells")
@@ -333,9 +353,18 @@ def _parse_options(raw: object) -> StoreOptions:
     return StoreOptions(reservations=reservations, initial_node_health=health)
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
+def _mapping(value: object, where: str, keys: frozenset[str] | None = None
+             ) -> Mapping[str, Any]:
+    """``value`` as a mapping holding only ``keys`` (any, when None)."""
     if not isinstance(value, Mapping):
         raise GpuConfigError(f"{where} must be a mapping")
+    if keys is not None and not keys.issuperset(value):
+        unknown = sorted(str(key) for key in value if key not in keys)
+        near = difflib.get_close_matches(unknown[0], sorted(keys), n=1)
+        raise GpuConfigError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}"
+                             + (f" (did you mean {near[0]}?)" if near else "")
+                             + f"; known: {', '.join(sorted(keys))}")
     return value
 
 
@@ -357,7 +386,7 @@ def _parse_cell_types(raw: object) -> dict[str, CellTypeSpec]:
     for name_raw, spec_raw in table.items():
         name = _name(name_raw, "a cell type name")
         where = f"cell type {name}"
-        spec = _mapping(spec_raw, where)
+        spec = _mapping(spec_raw, where, _CELL_TYPE_KEYS)
         node = spec.get("isNodeLevel", False)
         if not isinstance(node, bool):
             raise GpuConfigError(f"{where}: isNodeLevel must be true or false")
@@ -427,7 +456,7 @@ class _CellBuilder:
 
     def top(self, raw: object, index: int) -> PhysicalCellSpec:
         where = f"physicalCells[{index}]"
-        spec = _mapping(raw, where)
+        spec = _mapping(raw, where, _CELL_KEYS)
         cell_type = spec.get("cellType")
         if cell_type is None:
             raise GpuConfigError(f"{where}: cellType is required for a top-level physical cell")
@@ -527,7 +556,8 @@ class _CellBuilder:
         children = []
         seen: set[str] = set()
         for i, child_raw in enumerate(children_raw):
-            child_spec = _mapping({} if child_raw is None else child_raw, f"{where}: child {i}")
+            child_spec = _mapping({} if child_raw is None else child_raw, f"{where}: child {i}",
+                                  _CELL_KEYS)
             child = self._cell(
                 child_spec,
                 type_spec.child_type,
@@ -576,13 +606,14 @@ def _parse_vcs(
     for name_raw in table:
         name = _name(name_raw, "a virtual cluster name")
         where = f"virtual cluster {name}"
-        spec = _mapping(table[name_raw] if table[name_raw] is not None else {}, where)
+        spec = _mapping(table[name_raw] if table[name_raw] is not None else {}, where,
+                        _VC_KEYS)
         merged: dict[tuple[str, ...], int] = {}
         cells_raw = spec.get("virtualCells") or []
         if not isinstance(cells_raw, list):
             raise GpuConfigError(f"{where}: virtualCells must be a list")
         for i, cell_raw in enumerate(cells_raw):
-            cell = _mapping(cell_raw, f"{where}: virtualCells[{i}]")
+            cell = _mapping(cell_raw, f"{where}: virtualCells[{i}]", _VIRTUAL_CELL_KEYS)
             type_name = _name(cell.get("cellType"), f"{where}: virtualCells[{i}].cellType")
             path = tuple(type_name.split("."))
             if path[0] not in chains:
@@ -605,7 +636,7 @@ def _parse_vcs(
         pins = []
         for i, pin_raw in enumerate(pins_raw):
             pin = _name(
-                _mapping(pin_raw, f"{where}: pinnedCells[{i}]").get("pinnedCellId"),
+                _mapping(pin_raw, f"{where}: pinnedCells[{i}]", _PINNED_KEYS).get("pinnedCellId"),
                 f"{where}: pinnedCells[{i}].pinnedCellId",
             )
             if pin not in pinned:

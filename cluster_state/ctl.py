@@ -37,7 +37,9 @@ Tables on the terminal (rich); ``--json`` prints JSON instead. Exit codes
 (``consensus.runtime.exit_codes``, the same as ``sdpaxos``'s client verbs): 0 done; 1 a
 definite refusal (a submit left waiting, a bind conflict, an invalid request, NOT_FOUND,
 PERMISSION_DENIED; a watch that saw fewer than ``--count`` events within ``--wait``); 2 bad
-usage; 3 unavailable (no replica reachable, a deadline exceeded).
+usage; 3 unavailable (no replica reachable, a deadline exceeded); 5 refused at TLS (the
+replica requires TLS, does not trust this client's certificate, or it is revoked: the
+message says which).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from consensus.runtime.exit_codes import REFUSED
+from consensus.runtime.exit_codes import REFUSED, TLS_REFUSED
 
-__all__ = ["add_arguments", "parse_devices", "parse_pods", "run"]
+__all__ = ["add_arguments", "parse_devices", "parse_name", "parse_pods", "run"]
 
 #: gRPC codes after which the same request may go to another replica
 _RETRY_ELSEWHERE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
@@ -58,15 +60,64 @@ _RETRY_ELSEWHERE = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
 _UNAVAILABLE_CODES = (*_RETRY_ELSEWHERE, "CANCELLED")
 
 
+#: the largest value of the API's 32- and 64-bit integer fields (``cluster_state.proto``)
+_UINT32_MAX = (1 << 32) - 1
+_INT64_MAX = (1 << 63) - 1
+
+
 def parse_pods(text: str) -> list[tuple[int, int]]:
     """``"2x8,1x4"`` -> ``[(2, 8), (1, 4)]``: pods x GPUs per pod, per gang member."""
+    from cluster_state.ops import MAX_PODS
+
     members = []
     for part in text.split(","):
         pods, sep, gpus = part.strip().partition("x")
         if not sep or not pods.isdigit() or not gpus.isdigit() or min(int(pods), int(gpus)) < 1:
             raise argparse.ArgumentTypeError(f"--pods: expected PODSxGPUS[,...], got {part!r}")
+        if int(gpus) > _UINT32_MAX:
+            raise argparse.ArgumentTypeError(
+                f"--pods: {gpus} GPUs per pod in {part!r} is over {_UINT32_MAX}")
         members.append((int(pods), int(gpus)))
+    if sum(pods for pods, _ in members) > MAX_PODS:
+        raise argparse.ArgumentTypeError(
+            f"--pods: {sum(pods for pods, _ in members)} pods in {text!r}; a group has at most "
+            f"{MAX_PODS}")
     return members
+
+
+def _bounded(low: int, high: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer in ``low..high`` (a usage error naming the range)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what}: expected an integer, got {text!r}"
+                                             ) from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what}: {text} is not in {low}..{high}")
+        return value
+
+    return parse
+
+
+def parse_name(text: str) -> str:
+    """A group, virtual cluster, node, GPU type or pinned cell name as the store takes it
+    (``cluster_state.ops.name_problem``): a usage error naming what is wrong."""
+    from cluster_state.ops import name_problem
+
+    problem = name_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _optional_name(text: str) -> str:
+    return parse_name(text) if text else text
+
+
+#: the most GPUs ``--on`` names for one pod (a range like 0-4294967295 is a typo)
+MAX_POD_DEVICES = 1 << 12
 
 
 def parse_devices(text: str) -> tuple[str, list[int]]:
@@ -78,9 +129,16 @@ def parse_devices(text: str) -> tuple[str, list[int]]:
         if not low.isdigit() or (dash and not high.isdigit()):
             devices = []
             break
-        devices += range(int(low), int(high if dash else low) + 1)
+        last = int(high if dash else low)
+        if last - int(low) + len(devices) >= MAX_POD_DEVICES:
+            raise argparse.ArgumentTypeError(
+                f"--on: {text!r} names more than {MAX_POD_DEVICES} GPUs for one pod")
+        devices += range(int(low), last + 1)
     if not sep or not node or not devices:
         raise argparse.ArgumentTypeError(f"--on: expected NODE:DEVICES (0-3,6), got {text!r}")
+    parse_name(node)
+    if devices[-1] > _UINT32_MAX:
+        raise argparse.ArgumentTypeError(f"--on: GPU {devices[-1]} is over {_UINT32_MAX}")
     return node, devices
 
 
@@ -112,16 +170,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _global_options(parser, after_verb=False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
+    from cluster_state.ops import MAX_PRIORITY, OPPORTUNISTIC
+
     def gang(verb: argparse.ArgumentParser) -> None:
-        verb.add_argument("name", help="the group's (gang's) name")
-        verb.add_argument("--vc", required=True, help="the virtual cluster it runs in")
-        verb.add_argument("--priority", type=int, default=0,
-                          help="0..1000, or -1 opportunistic")
+        verb.add_argument("name", type=parse_name, help="the group's (gang's) name")
+        verb.add_argument("--vc", type=parse_name, required=True,
+                          help="the virtual cluster it runs in")
+        verb.add_argument("--priority", type=_bounded(OPPORTUNISTIC, MAX_PRIORITY, "--priority"),
+                          default=0, help=f"0..{MAX_PRIORITY}, or {OPPORTUNISTIC} opportunistic")
         verb.add_argument("--pods", type=parse_pods, required=True,
                           help="PODSxGPUS per member, e.g. 2x8,1x4")
-        verb.add_argument("--leaf-type", default="",
+        verb.add_argument("--leaf-type", type=_optional_name, default="",
                           help="the GPU (leaf cell) type (default: any)")
-        verb.add_argument("--pinned", default="", help="a pinned cell id of the VC")
+        verb.add_argument("--pinned", type=_optional_name, default="",
+                          help="a pinned cell id of the VC")
         verb.add_argument("--lazy", action="store_true", help="lazy preemption")
 
     gang(verbs.add_parser("submit", help="submit a gang (affinity group)"))
@@ -129,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gang(bind)
     bind.add_argument("--on", type=parse_devices, action="append", required=True,
                       metavar="NODE:DEVICES", help="one pod's GPUs; once per pod, in order")
-    bind.add_argument("--revision", type=int, required=True,
+    bind.add_argument("--revision", type=_bounded(-1, _INT64_MAX, "--revision"), required=True,
                       help="conflict if one of these GPUs changed after this revision")
     claim = verbs.add_parser("claim", help="give a member pod of a placed group to a pod")
     claim.add_argument("name", help="the group's name")
@@ -141,7 +203,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     claim.add_argument("--previous", default="",
                        help="the UID of the pod that holds it now (default: nobody)")
     release = verbs.add_parser("release", help="release a group's GPUs")
-    release.add_argument("name", help="the group's name")
+    release.add_argument("name", type=parse_name, help="the group's name")
     status = verbs.add_parser("status", help="one group, or every allocation")
     status.add_argument("name", nargs="?", default="",
                         help="the group's name (default: every allocation)")
@@ -152,7 +214,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     verbs.add_parser("summary", help="GPU use per chain")
     watch = verbs.add_parser("watch", help="stream change events")
     start = watch.add_mutually_exclusive_group()
-    start.add_argument("--from", dest="since", type=int, default=-1,
+    start.add_argument("--from", dest="since", type=_bounded(-1, _INT64_MAX, "--from"),
+                       default=-1,
                        help="events after this revision (default: all the store keeps)")
     start.add_argument("--now", action="store_true",
                        help="only the changes from now on (the store's revision, read "
@@ -161,8 +224,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     watch.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                        help="stop after this long (with --count: exit 1 if fewer events "
                        "came); default: no limit")
-    node = verbs.add_parser("node", help="mark a node healthy or bad")
-    node.add_argument("name", help="the node's name")
+    node = verbs.add_parser("node", help="mark a node healthy or bad (exit 1 for a node the "
+                            "store does not have: nothing changes)")
+    node.add_argument("name", type=parse_name, help="the node's name")
     health = node.add_mutually_exclusive_group(required=True)
     health.add_argument("--healthy", dest="healthy", action="store_true",
                         help="the node is healthy again")
@@ -186,7 +250,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
+    # gRPC's C core would print its own lines (a failed handshake, at INFO) beside ctl's
+    # message, which says what they mean (_tls_refusal): errors only, unless asked for. It
+    # reads the variable as it starts; the environment is left as it was (children, and the
+    # processes a test starts after running ctl in-process, keep their own verbosity).
+    asked = "GRPC_VERBOSITY" in os.environ
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     import grpc
+
+    if not asked:
+        del os.environ["GRPC_VERBOSITY"]
 
     from consensus.errors import ConfigError
     from consensus.runtime.client_options import client_target
@@ -213,6 +288,13 @@ def run(args: argparse.Namespace) -> int:
         replicas.sync()
         return _verb(args, replicas)
     except (grpc.RpcError, _StreamError) as exc:
+        refusal = _tls_refusal(args, targets) if exc.code().name == "UNAVAILABLE" else None
+        if refusal is not None:  # no retry helps: a definite refusal
+            print(f"sdpaxos ctl: refused: {refusal}", file=sys.stderr)
+            return TLS_REFUSED
+        if exc.code().name == "UNAUTHENTICATED":  # the certificate (revoked, say)
+            print(f"sdpaxos ctl: refused: {exc.details()}", file=sys.stderr)
+            return TLS_REFUSED
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return UNAVAILABLE if exc.code().name in _UNAVAILABLE_CODES else REFUSED
     except KeyboardInterrupt:
@@ -239,14 +321,16 @@ def _from_config(path: str) -> list[str]:
 
 def _credentials(args: argparse.Namespace) -> Any:
     """The gRPC channel credentials of a TLS cluster (None: plaintext); ``ValueError``
-    saying what is missing or unreadable."""
+    saying what is missing or unreadable. ``args.tls_probe`` is set to the same files as an
+    ``ssl.SSLContext`` (None: plaintext), for ``_tls_refusal``."""
     from pathlib import Path
 
     from cluster_state.grpc_api.tls import channel_credentials
     from consensus.errors import ConfigError
     from consensus.runtime.cluster_config import load_cluster_config
-    from consensus.runtime.tls import TlsFiles
+    from consensus.runtime.tls import TlsFiles, client_context
 
+    args.tls_probe = None
     given = [args.ca, args.cert, args.key]
     tls = None
     if args.config:
@@ -264,9 +348,22 @@ def _credentials(args: argparse.Namespace) -> Any:
     files = (TlsFiles(Path(args.cert), Path(args.key)) if args.cert
              else tls.client if tls is not None else None)
     try:
+        args.tls_probe = client_context(ca, files) if files is not None else None
         return channel_credentials(ca, files)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
+
+
+def _tls_refusal(args: argparse.Namespace, targets: list[str]) -> str | None:
+    """Why the replicas refuse this client at TLS, if that is why none was reachable
+    (gRPC's own error says "Socket closed"): a connection to the first one tells
+    (``consensus.runtime.tls_diagnosis``)."""
+    import asyncio
+
+    from consensus.runtime.client_options import parse_endpoint
+    from consensus.runtime.tls_diagnosis import diagnose
+
+    return asyncio.run(diagnose(parse_endpoint(targets[0]), getattr(args, "tls_probe", None)))
 
 
 class _Replicas:
@@ -563,17 +660,21 @@ def _watch(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None
     return None
 
 
-def _node(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> None:
+def _node(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
     request = pb.NodeHealthRequest(node=args.name, healthy=args.healthy, session=_session())
     reply = replicas.call("SetNodeHealth", request)
+    if reply.warning:  # a node the store does not have (HiveD ignores its reports)
+        if args.json:
+            print(json.dumps({"node": args.name, "healthy": args.healthy, "changed": False,
+                              "error": reply.warning}))
+        print(f"sdpaxos ctl: node: {reply.warning}; nothing changed", file=sys.stderr)
+        return REFUSED
     doc = {"node": args.name, "healthy": args.healthy, "changed": reply.changed,
            "cancelled": list(reply.cancelled)}
-    if reply.warning:
-        doc["warning"] = reply.warning
-        print(f"sdpaxos ctl: warning: {reply.warning}", file=sys.stderr)
     _show(args, doc, f"{args.name} {'healthy' if args.healthy else 'bad'}"
           f"{'' if reply.changed else ' (unchanged)'}", ["cancelled preemptor"],
           [[g] for g in reply.cancelled])
+    return None
 
 
 def _inspect(args: argparse.Namespace, replicas: _Replicas, pb: Any) -> int | None:
@@ -709,15 +810,16 @@ def _show(args: argparse.Namespace, doc: Any, title: str, columns: list[str],
         print(json.dumps(doc))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
     if not columns:
-        console.print(title)
+        console.print(escape(title))
         return
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # names are text, not markup: a group "a[b]" shows as it is
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)

@@ -39,6 +39,7 @@ from typing import Any
 
 from cluster_state.ledger import GpuLedger, double_allocations
 from cluster_state.workload import JobSpec, next_job
+from consensus.protocol.membership import view_text
 
 __all__ = ["add_arguments", "run"]
 
@@ -215,7 +216,8 @@ async def _failover(args: argparse.Namespace, cluster: Any, state: DemoState) ->
         await asyncio.sleep(0.05)
     stall = f"first new allocation after {first - killed_at:.2f}s" if first else "none yet"
     state.note(
-        f"view {state.view}: replica {state.sequencer} ({_site(cluster, state.sequencer)}) "
+        f"view {view_text(state.view)}: replica {state.sequencer} "
+        f"({_site(cluster, state.sequencer)}) "
         f"is sequencer ({stall})"
     )
     state.failover_s = first - killed_at if first else None
@@ -488,7 +490,8 @@ def _render(state: DemoState) -> Any:
     for name, (used, total, groups) in sorted(state.vcs.items()):
         vcs.add_row(name, str(used), str(total), str(groups))
     header = (
-        f"[bold]{state.phase}[/]   sequencer: replica {state.sequencer}   view {state.view}   "
+        f"[bold]{state.phase}[/]   sequencer: replica {state.sequencer}   "
+        f"view {view_text(state.view) if state.view >= 0 else '?'}   "
         f"t={now - state.started:.0f}s"
     )
     return Panel(Group(header, sites, vcs, "\n".join(state.events[-6:])),

@@ -103,13 +103,14 @@ The ``decode_*`` functions validate untrusted bytes and raise ``RequestError``; 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 import msgpack
 
-from cluster_state.errors import RequestError
+from cluster_state.errors import InvalidRequest, RequestError
 
 __all__ = [
     "FROM_FILE",
@@ -166,6 +167,7 @@ __all__ = [
     "hived_inspect",
     "inspect",
     "list_groups",
+    "name_problem",
     "plan_reconfigure",
     "plan_submit",
     "reconfigure",
@@ -527,7 +529,9 @@ def _spec(
     lazy: bool,
 ) -> list[Any]:
     pairs = [[m.pods, m.leaves] if isinstance(m, Member) else [m[0], m[1]] for m in members]
-    return [name, vc, priority, pairs, leaf_type, pinned, lazy]
+    return [_named(name, "a group name"), _named(vc, "a virtual cluster name"), priority, pairs,
+            _named(leaf_type, "a GPU type", empty=True),
+            _named(pinned, "a pinned cell id", empty=True), lazy]
 
 
 def submit(
@@ -568,7 +572,8 @@ def bind(
     """Place group ``name`` exactly at ``pods`` (``(node, [device, ...])`` per pod) unless a
     leaf involved changed after ``revision`` (read it from a query)."""
     placement = [
-        [p.node, list(p.devices)] if isinstance(p, PodPlacement) else [p[0], list(p[1])]
+        [_named(p.node, "a node name"), list(p.devices)] if isinstance(p, PodPlacement)
+        else [_named(p[0], "a node name"), list(p[1])]
         for p in pods
     ]
     spec = _spec(name, vc, priority, members, leaf_type, pinned, lazy)
@@ -576,12 +581,12 @@ def bind(
 
 
 def release(name: str) -> bytes:
-    return _pack(["release", name])
+    return _pack(["release", _named(name, "a group name")])
 
 
 def release_if(name: str, incarnation: int) -> bytes:
     """Release group ``name`` only if it is still ``incarnation`` (its ``group`` query's)."""
-    return _pack(["release", name, incarnation])
+    return _pack(["release", _named(name, "a group name"), incarnation])
 
 
 def claim(name: str, incarnation: int, slot: int, uid: str, pod: str,
@@ -592,7 +597,7 @@ def claim(name: str, incarnation: int, slot: int, uid: str, pod: str,
 
 
 def set_node_health(node: str, healthy: bool) -> bytes:
-    return _pack(["node_health", node, healthy])
+    return _pack(["node_health", _named(node, "a node name"), healthy])
 
 
 #: the third element of a ``reconfigure`` op proposed from a replica's configuration file
@@ -684,7 +689,38 @@ def _is_int(value: object) -> bool:
 
 def _text(value: object, what: str, *, empty: bool = False) -> str:
     if not isinstance(value, str) or len(value) > MAX_NAME or (not value and not empty):
-        raise RequestError(f"{what} must be a {'' if empty else 'non-empty '}string")
+        raise RequestError(f"{what} must be a string of {0 if empty else 1}..{MAX_NAME} "
+                           "characters"
+                           + (f", not {len(value)}" if isinstance(value, str) else ""))
+    return value
+
+
+def name_problem(value: str, what: str = "a name", *, empty: bool = False) -> str | None:
+    """Why ``value`` cannot name a group, virtual cluster, node, GPU type or pinned cell
+    (None: it can): it is 1..``MAX_NAME`` characters (0.. with ``empty``) and holds no
+    control character (a NUL in a name is placed, then hard to type again). The encoders
+    below refuse such names before they reach the log (``InvalidRequest``); the store's own
+    check, as it applies a command, stays the older, looser one, so a log written before
+    this check executes the same again."""
+    if len(value) > MAX_NAME or (not value and not empty):
+        return (f"{what} must be {0 if empty else 1}..{MAX_NAME} characters, not "
+                f"{len(value)}")
+    for index, char in enumerate(value):
+        if unicodedata.category(char) in _CONTROL:
+            return (f"{what} must not hold control characters: U+{ord(char):04X} at "
+                    f"{index} of {value!r}")
+    return None
+
+
+#: Unicode categories a name may not hold: controls (C0, DEL, C1) and lone surrogates
+_CONTROL = frozenset({"Cc", "Cs"})
+
+
+def _named(value: str, what: str, *, empty: bool = False) -> str:
+    """``value`` if it may name something (``name_problem``), else ``InvalidRequest``."""
+    problem = name_problem(value, what, empty=empty)
+    if problem is not None:
+        raise InvalidRequest(problem)
     return value
 
 

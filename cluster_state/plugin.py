@@ -11,7 +11,14 @@
   (below), and the allocation service (``cluster_state.grpc_api.service``) on the replica's
   ``grpc_address``, stopped with it;
 * ``sdpaxos cluster init --gpu-store | --gpu-config FILE``: a generated or given GPU cluster
-  and a ``grpc_address`` for every replica.
+  and a ``grpc_address`` for every replica;
+* ``sdpaxos snapshot restore``: a new cluster on the configuration the backup holds (written
+  out as ``gpu.yaml``), or on another one given with the ``init`` options, which the backup's
+  state is reconfigured to before it is seeded (``ops.reconfigure``, as ``sdpaxos ctl config
+  apply`` would: the same report), refused when that drops, trims or downgrades a group, or
+  cancels a reservation, unless the
+  operator allows it; ``sdpaxos snapshot status``: the configuration and counts a backup
+  holds; ``sdpaxos cert issue``: a scheduler's virtual clusters must exist.
 
 **The configuration the log began with is in the log** (``cluster_state.store``). A replica of
 a cluster created by this build builds its store from its ``gpu_config`` file, unconfigured:
@@ -57,10 +64,13 @@ from typing import TYPE_CHECKING, Any, Final
 import msgpack
 
 from consensus.errors import ConfigError
+from consensus.messages import Command
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.state_machines import (
     InitChoice,
+    InitFile,
     MetricsSource,
+    Seed,
     Service,
     StateMachineKind,
 )
@@ -70,6 +80,7 @@ if TYPE_CHECKING:
 
     from cluster_state.config import ClusterConfig as GpuConfig
     from cluster_state.store import ClusterStore
+    from consensus.auth import Principal
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.node import ReplicaNode
 
@@ -197,27 +208,134 @@ class ClusterStateKind(StateMachineKind):
         from cluster_state.errors import ClusterStateError
 
         given: str | None = getattr(args, "gpu_config", None)
+        files = {}
         if given is not None:
             try:  # refuse a bad file now rather than when the replicas start
                 load_config(given)
-            except (ClusterStateError, OSError) as exc:
+            except OSError as exc:
+                raise ConfigError(f"{given}: cannot read: {exc.strerror}") from None
+            except ClusterStateError as exc:
                 raise ConfigError(f"{given}: {exc}") from None
             gpu = str(Path(given).resolve())
         elif getattr(args, "gpu_store", False):
             gpu = GENERATED_FILE
-            generated = cluster_file.parent / gpu
-            generated.write_text(synthetic_config(
-                nodes=GENERATED_NODES, vcs=GENERATED_VCS, pinned=GENERATED_PINNED
-            ).to_yaml())
-            print(f"wrote {generated} ({GENERATED_NODES} nodes x 8 GPUs, {GENERATED_VCS} "
-                  "virtual clusters)")
+            files[gpu] = InitFile(
+                text=synthetic_config(nodes=GENERATED_NODES, vcs=GENERATED_VCS,
+                                      pinned=GENERATED_PINNED).to_yaml(),
+                about=f"{GENERATED_NODES} nodes x 8 GPUs, {GENERATED_VCS} virtual clusters")
         else:
             return None
-        return InitChoice(
-            table={GPU_CONFIG_KEY: gpu},
-            grpc=True,
-            hint=f"the GPU allocation store: sdpaxos ctl --config {cluster_file} status",
-        )
+        return _store_choice(gpu, cluster_file, files)
+
+    def describe_state(self, state: bytes) -> Mapping[str, object]:
+        store = _restored(state)
+        summary = store.allocator.summary()
+        topology = store.topology
+        return {
+            "configuration": f"{topology.digest.hex()[:12]} ({summary['nodes']} nodes, "
+                             f"{sum(chain['leaves'] for chain in summary['chains'])} GPUs, "
+                             f"virtual clusters {', '.join(summary['vcs']) or 'none'})",
+            "revision": store.revision,
+            "groups": summary["groups"],
+            "preempting groups": summary["preempting"],
+            "GPUs in use": sum(chain["guaranteed"] + chain["opportunistic"]
+                               for chain in summary["chains"]),
+            "bad nodes": len(summary["bad_nodes"]),
+        }
+
+    def seed(self, state: bytes, chosen: InitChoice | None, cluster_file: Path) -> Seed:
+        from cluster_state.ops import reconfigure
+
+        store = _restored(state)
+        if chosen is None:  # the backup's own configuration, written out beside the file
+            text = store.topology.config.to_yaml()
+            about = f"the backup's GPU configuration, {store.topology.digest.hex()[:12]}"
+            return Seed(choice=_store_choice(GENERATED_FILE, cluster_file,
+                                             {GENERATED_FILE: InitFile(text=text, about=about)}),
+                        state=state)
+        gpu = chosen.table[GPU_CONFIG_KEY]
+        given = chosen.files.get(gpu)
+        try:
+            text = given.text if given is not None else Path(gpu).read_text()
+        except OSError as exc:
+            raise ConfigError(f"{gpu}: {exc}") from None
+        plan = store.plan_reconfiguration(text)
+        if not plan.get("changed"):
+            return Seed(choice=chosen, state=state)
+        # Applied here as the log would apply it, so the new cluster begins with its
+        # outcome and its replicas have no configuration of their file to propose.
+        store.apply(store.revision + 1, Command(client_id=RESTORE_CLIENT_ID, seq=0,
+                                                op=reconfigure(text), keys=(), blind=False))
+        changes, losses = [], []
+        for group, entry in sorted(plan.get("groups", {}).items()):
+            line = _outcome(group, entry)
+            changes.append(line)
+            if entry.get("outcome") in LOSING_OUTCOMES:
+                losses.append(line)
+        changes.insert(0, f"configuration {store.topology.digest.hex()[:12]} from {gpu}")
+        return Seed(choice=chosen, state=store.snapshot(), changes=tuple(changes),
+                    losses=tuple(losses))
+
+    def check_principal(self, principal: Principal, config: ClusterConfig) -> None:
+        from cluster_state.config import load_config
+        from cluster_state.errors import ClusterStateError
+
+        if not principal.vcs:
+            return
+        path = gpu_config_path(config)
+        try:
+            known = {vc.name for vc in load_config(path).virtual_clusters}
+        except (ClusterStateError, OSError) as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        missing = [vc for vc in principal.vcs if vc not in known]
+        if missing:
+            raise ConfigError(
+                f"no virtual cluster {', '.join(missing)} in {path} (it has "
+                f"{', '.join(sorted(known)) or 'none'}): a certificate for it would open "
+                "nothing")
+
+
+#: the outcomes of a reconfiguration that take from a group what it held
+#: (``Allocator.reconfigured``): GPUs (dropped, trimmed), its VC's guarantee (downgraded to
+#: opportunistic: preemptible), its reservation (cancelled); all but "kept"
+LOSING_OUTCOMES: Final = frozenset({"dropped", "trimmed", "downgraded", "cancelled"})
+#: the session a restore's reconfiguration is applied under (``seed``)
+RESTORE_CLIENT_ID: Final = 1 << 44
+
+
+def _store_choice(gpu: str, cluster_file: Path, files: Mapping[str, InitFile]) -> InitChoice:
+    return InitChoice(
+        table={GPU_CONFIG_KEY: gpu}, grpc=True, files=files,
+        hint=f"the GPU allocation store: sdpaxos ctl --config {cluster_file} status",
+    )
+
+
+def _outcome(group: str, entry: Mapping[str, Any]) -> str:
+    """One group's line of a reconfiguration report."""
+    line = f"{group}: {entry.get('outcome')}"
+    if entry.get("dropped"):
+        line += f", {len(entry['dropped'])} GPUs gone ({', '.join(entry['dropped'][:4])}" + (
+            ", ...)" if len(entry["dropped"]) > 4 else ")")
+    if entry.get("moved_to"):
+        line += f", moved {entry['moved_from']} -> {entry['moved_to']}"
+    if entry.get("reason"):
+        line += f" ({entry['reason']})"
+    return line
+
+
+def _restored(state: bytes) -> ClusterStore:
+    """A store holding the snapshot ``state`` under the configuration it carries."""
+    from cluster_state.config import synthetic_config
+    from cluster_state.errors import ClusterStateError
+    from cluster_state.store import ClusterStore
+
+    # the smallest configuration a store is built on: restore adopts the snapshot's own
+    store = ClusterStore(synthetic_config(nodes=8, vcs=1, pinned=0))
+    try:
+        store.restore(state)
+    except ClusterStateError as exc:
+        raise ConfigError(f"the backup's GPU store does not load: {exc}") from None
+    return store
 
 
 #: the entry point's object (pyproject.toml: ``cluster_state = "cluster_state.plugin:..."``)

@@ -20,6 +20,7 @@
         │   ├── PermissionDenied  the request's principal may not do this; nothing changed
         │   │                     (``consensus.auth``)
         │   ├── SessionExpired its session was evicted or closed: not applied (open another)
+        │   ├── TlsRefused     a TLS handshake failed for a reason a retry does not change
         │   └── Unreachable    no replica could be reached: the request never left
         │                      (retry later; exit code 3, like an indefinite failure)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
@@ -45,6 +46,7 @@ __all__ = [
     "RequestFailed",
     "SDPaxosError",
     "SessionExpired",
+    "TlsRefused",
     "Unreachable",
     "UnsupportedVersion",
 ]
@@ -96,12 +98,12 @@ class MissingIdentity(ConfigError):
     def __init__(self, directory: object, replica: int, cluster_id: str) -> None:
         super().__init__(
             f"data directory {directory} of replica {replica} of cluster {cluster_id!r} is "
-            "empty (no IDENTITY): either this replica lost its disk — then it must not rejoin "
-            "as if it had not, since it forgot what it promised and accepted: restore its "
-            "directory, or seed a new cluster from a backup (sdpaxos snapshot save / "
-            "restore); replacing one member while serving (sdpaxos member replace) is not "
-            "built yet — or this is the first start of a new cluster: start it with "
-            "--initial-cluster-state new (sdpaxos cluster init writes the identities itself)"
+            "empty (no IDENTITY): this replica lost its data, and a replica that forgot what "
+            "it promised and accepted must not vote again. Replace it with a new member that "
+            f"learns the log: sdpaxos member replace --config CLUSTER_FILE {replica} "
+            "--address HOST:PORT --client-address HOST:PORT --site SITE (then start the new "
+            "member with the command it prints). A new cluster's directories get their "
+            "identities from sdpaxos cluster init"
         )
         self.directory = directory
 
@@ -172,6 +174,15 @@ class RequestFailed(SDPaxosError):
 
 class DefiniteFailure(RequestFailed):
     """The request did not take effect and never will."""
+
+
+class TlsRefused(DefiniteFailure):
+    """A connection to a replica failed at TLS for a reason retrying does not change: the
+    replica requires TLS and this client spoke plaintext (or the other way round), its
+    certificate is not of the CA this client trusts, or it does not take this client's
+    certificate, or refuses it outright (revoked, not a client's). The message says which
+    (``consensus.runtime.tls_diagnosis``); the command line exits 5 (``TLS_REFUSED``) for
+    it: no retry changes it."""
 
 
 class Unreachable(DefiniteFailure):

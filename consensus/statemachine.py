@@ -28,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import msgpack
 
-from consensus.messages import Command
+from consensus.messages import MAX_KEY_BYTES, Command
 from consensus.sessions import (
     CANCEL_OP,
     CANCELLED,
@@ -59,6 +59,7 @@ __all__ = [
     "kv_cas",
     "kv_delete",
     "kv_get",
+    "kv_key_problem",
     "kv_put",
 ]
 
@@ -135,20 +136,38 @@ def _error(reason: str) -> bytes:
     return _pack(["error", reason])
 
 
+def kv_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a key of the store (None: it can): 1..``MAX_KEY_BYTES`` bytes of
+    UTF-8, the most a command's keys may hold. The ``kv_*`` builders refuse such keys
+    (``ValueError``) before anything is proposed; the store itself, applying a command,
+    keeps taking what it took before, so an older log executes the same."""
+    size = len(key.encode(errors="surrogatepass"))
+    if not 1 <= size <= MAX_KEY_BYTES:
+        return f"a key must be 1..{MAX_KEY_BYTES} bytes of UTF-8, not {size}"
+    return None
+
+
+def _key(key: str) -> str:
+    problem = kv_key_problem(key)
+    if problem is not None:
+        raise ValueError(problem)
+    return key
+
+
 def kv_put(key: str, value: str) -> bytes:
-    return _pack(["put", key, value])
+    return _pack(["put", _key(key), value])
 
 
 def kv_get(key: str) -> bytes:
-    return _pack(["get", key])
+    return _pack(["get", _key(key)])
 
 
 def kv_cas(key: str, expected: str | None, new: str) -> bytes:
-    return _pack(["cas", key, expected, new])
+    return _pack(["cas", _key(key), expected, new])
 
 
 def kv_delete(key: str) -> bytes:
-    return _pack(["delete", key])
+    return _pack(["delete", _key(key)])
 
 
 class KVStore:

@@ -11,8 +11,8 @@ effect once, at any replica), compacted watch history is ``OUT_OF_RANGE``.
 Query answers are typed messages (``convert``) with the revision they were read at; the
 deprecated JSON copy (field 1, where older builds answered ``JsonReply``) is filled only for
 requests that do not set ``typed``. Next to the service, ``serve_grpc`` runs the standard
-health service (``grpc.health.v1``: SERVING while it serves, NOT_SERVING once stopping) and
-server reflection.
+health service (``grpc.health.v1``: SERVING while the replica is ready, NOT_SERVING while not,
+as its ``/readyz`` says: ``ReadinessHealth``) and server reflection.
 
 Watch streams come from the replica's ``WatchHub``. ``WatchAcked`` sends while fewer than
 ``ACK_WINDOW / 2`` events are unacknowledged: a client that stops reading stops the sending,
@@ -41,6 +41,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SERVICE_NAME",
     "AllocationServicer",
+    "ReadinessHealth",
     "placed_to_pb",
     "serve_grpc",
     "spec_from_pb",
@@ -472,9 +474,74 @@ def _serialized(reply: bytes | Any) -> bytes:
     return data
 
 
+class _Undecodable:
+    """A request whose bytes are no message of its type (say, invalid UTF-8 in a string
+    field): its handler answers ``INVALID_ARGUMENT`` naming why (grpc's own answer to a
+    deserializer that raises is ``UNKNOWN``, "Unexpected DecodeError")."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    """``message.FromString``, giving an ``_Undecodable`` for bytes it refuses."""
+    name = message.DESCRIPTOR.full_name
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as exc:
+            return _Undecodable(f"the request is not a valid {name}: {exc}")
+
+    return deserialize
+
+
+async def _refuse_undecodable(request: Any, context: Any) -> None:
+    if isinstance(request, _Undecodable):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+
+
+def _checked(handler: Any, client_streaming: bool, server_streaming: bool) -> Any:
+    """``handler`` refusing undecodable requests (``_Undecodable``) first."""
+    if client_streaming:
+        async def requests(incoming: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
+            async for request in incoming:
+                await _refuse_undecodable(request, context)
+                yield request
+
+        if server_streaming:
+            async def stream_stream(incoming: AsyncIterator[Any], context: Any
+                                    ) -> AsyncIterator[Any]:
+                async for reply in handler(requests(incoming, context), context):
+                    yield reply
+
+            return stream_stream
+
+        async def stream_unary(incoming: AsyncIterator[Any], context: Any) -> Any:
+            return await handler(requests(incoming, context), context)
+
+        return stream_unary
+    if server_streaming:
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            await _refuse_undecodable(request, context)
+            async for reply in handler(request, context):
+                yield reply
+
+        return unary_stream
+
+    async def unary_unary(request: Any, context: Any) -> Any:
+        await _refuse_undecodable(request, context)
+        return await handler(request, context)
+
+    return unary_unary
+
+
 def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
     """``add_AllocationServiceServicer_to_server``, but the watch streams' replies may be
-    serialized bytes (a batch is serialized once for all its watchers, not once each)."""
+    serialized bytes (a batch is serialized once for all its watchers, not once each), and
+    a request that does not decode is answered ``INVALID_ARGUMENT`` (``_Undecodable``)."""
     service = pb.DESCRIPTOR.services_by_name["AllocationService"]
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler,
              (False, True): grpc.unary_stream_rpc_method_handler,
@@ -484,8 +551,10 @@ def _add_service(servicer: AllocationServicer, server: grpc.aio.Server) -> None:
     for method in service.methods:
         request = getattr(pb, method.input_type.name)
         reply = getattr(pb, method.output_type.name)
-        handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
-            getattr(servicer, method.name), request_deserializer=request.FromString,
+        streams = (method.client_streaming, method.server_streaming)
+        handlers[method.name] = kinds[streams](
+            _checked(getattr(servicer, method.name), *streams),
+            request_deserializer=_lenient(request),
             response_serializer=_serialized if reply is pb.EventBatch else reply.SerializeToString,
         )
     server.add_generic_rpc_handlers(
@@ -508,11 +577,11 @@ async def serve_grpc(
                               _visibility(node))
     _add_service(servicer, server)
     # The standard health service: "" (the server) and the allocation service are SERVING
-    # while it runs (it runs on a replica that serves: the node started before).
-    checks = health.aio.HealthServicer()
+    # while the replica is ready, NOT_SERVING while it is not, as /readyz says.
+    checks = ReadinessHealth(node)
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    for name in ("", SERVICE_NAME):
-        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await checks.refresh()
+    checks.follow()
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME), server)
@@ -522,6 +591,48 @@ async def serve_grpc(
         raise OSError(f"cannot listen on {host}:{port} for gRPC")
     await server.start()
     return server
+
+
+#: how often the health service judges the replica's readiness again for its watchers (its
+#: Check judges it at every call)
+HEALTH_REFRESH_S = 0.25
+
+
+class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # (untyped upstream)
+    """``grpc.health.v1`` following the replica's readiness (``consensus.runtime.health``,
+    what ``/readyz`` answers): SERVING for "" and the allocation service while it is ready,
+    NOT_SERVING while not (no view, no majority heard, far behind, stopping). ``Check``
+    judges it at each call; ``Watch`` streams follow ``refresh``, run every
+    ``HEALTH_REFRESH_S`` while the node serves (``follow``)."""
+
+    def __init__(self, node: ReplicaNode) -> None:
+        super().__init__()
+        self._node = node
+        self._following: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        from consensus.runtime.health import readiness
+
+        ready = readiness(self._node).ready
+        status = (health_pb2.HealthCheckResponse.SERVING if ready
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ("", SERVICE_NAME):
+            if self._server_status.get(name) != status:
+                await self.set(name, status)
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+    def follow(self) -> None:
+        """Refresh every ``HEALTH_REFRESH_S`` until the node stops."""
+
+        async def loop() -> None:
+            while not self._node._stopping:
+                await asyncio.sleep(HEALTH_REFRESH_S)
+                await self.refresh()
+
+        self._following = asyncio.create_task(loop(), name="grpc-health")
 
 
 def _visibility(node: ReplicaNode) -> Callable[[Principal, str, str], bool]:

@@ -22,14 +22,16 @@ import contextlib
 import logging
 import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from cluster_state.client import AllocationStore, new_client_id
 
 if TYPE_CHECKING:
     from cluster_state.k8s.kube import KubeApi
+    from cluster_state.k8s.web import Handler, Reply
 
-__all__ = ["add_arguments", "connect_store", "run"]
+__all__ = ["add_arguments", "connect_store", "health_check", "run"]
 
 log = logging.getLogger("sdpaxos.extender")
 
@@ -109,6 +111,61 @@ def run(args: argparse.Namespace) -> int:
     return asyncio.run(_serve(store, args))
 
 
+#: seconds ``/healthz`` gives the Kubernetes API server and the store to answer
+HEALTH_TIMEOUT_S = 3.0
+
+
+def health_check(store: AllocationStore, kube: KubeApi, synced: asyncio.Event | None = None
+                 ) -> Callable[[], Awaitable[Reply]]:
+    """The extender's ``/healthz`` (and ``/readyz``): 200 once the Kubernetes API server
+    answers ``GET /version`` and the store a linearizable read, each within
+    ``HEALTH_TIMEOUT_S``, and the pod cache has synced (``synced``); else 503 naming what
+    failed (kube-scheduler should not count on an extender that can neither bind nor
+    decide). ``/livez`` only says the process runs."""
+    from cluster_state.k8s.web import Reply
+
+    async def probe(what: str, call: Awaitable[Any]) -> str | None:
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                await call
+        except TimeoutError:
+            return f"{what}: no answer within {HEALTH_TIMEOUT_S:g} s"
+        except Exception as exc:  # whatever the client raised: that is the reason
+            return f"{what}: {exc or type(exc).__name__}"
+        return None
+
+    async def check() -> Reply:
+        problems = [p for p in await asyncio.gather(
+            probe(f"Kubernetes API {kube.server}", kube.version()),
+            probe("allocation store", store.summary()),
+        ) if p is not None]
+        if synced is not None and not synced.is_set():
+            problems.append(NOT_SYNCED)
+        if problems:
+            return Reply(503, {"status": "unavailable", "problems": problems})
+        return Reply(200, {"status": "ok"})
+
+    return check
+
+
+#: why the extender answers no verb yet
+NOT_SYNCED = "the pod cache has not synced with the Kubernetes API yet"
+
+
+def _once_synced(handler: Handler, synced: asyncio.Event) -> Handler:
+    """``handler`` once the pod cache has synced (HiveD decides once its informers synced);
+    503 before."""
+    from cluster_state.k8s.web import Reply
+
+    async def handle(method: str, path: str, query: dict[str, list[str]], body: bytes
+                     ) -> Reply:
+        if not synced.is_set():
+            return Reply(503, {"error": NOT_SYNCED})
+        return await handler(method, path, query, body)
+
+    return handle
+
+
 async def _kube(args: argparse.Namespace) -> KubeApi:
     from cluster_state.k8s.kube import KubeApi
 
@@ -145,22 +202,22 @@ async def _serve(store: AllocationStore, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = None
-    synced = asyncio.create_task(pods.synced.wait())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait((synced, stopping), return_when=asyncio.FIRST_COMPLETED)
-    if synced.done():  # HiveD serves once its informers synced
-        server = await serve(extender.handle, *args.listen)
-        log.info("extender listening on %s:%d (%d pods cached)",
-                 *server.sockets[0].getsockname()[:2], len(pods))
-        await stopping
-    synced.cancel()
-    if server is not None:
-        server.close()
+    code = 0
+    try:  # listening at once: a taken port is said now, probes answer while the cache syncs
+        server = await serve(_once_synced(extender.handle, pods.synced), *args.listen,
+                             health=health_check(store, kube, pods.synced))
+    except OSError as exc:  # the port is taken, say: said plainly, not as a traceback
+        print(f"sdpaxos extender: cannot listen on {args.listen[0]}:{args.listen[1]}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        code = 1
+    else:
+        log.info("extender listening on %s:%d", *server.sockets[0].getsockname()[:2])
+        await stop.wait()
+        await server.stop()
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
     await kube.close()
     await store.close()
-    return 0
+    return code

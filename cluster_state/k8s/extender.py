@@ -41,7 +41,10 @@ case-insensitively as Go's decoder does, so kube-schedulers old (no JSON tags) a
   /v1/inspect/clusterstatus[/physicalcluster | /virtualclusters/[NAME]]`` — HiveD's inspect
   objects (``cluster_state.hived_view``; linearizable reads); a Preempting group's
   ``preemptingPods`` are its unbound pods this extender's pod cache holds.
-* ``GET /healthz`` — the extender runs.
+* ``GET /healthz`` — here, the extender runs; ``sdpaxos extender`` answers it (and ``/readyz``)
+  itself: 503 while the Kubernetes API or the store is out of reach or the pod cache has not
+  synced (``cluster_state.k8s.cli.health_check``); ``/livez``: the process runs
+  (``cluster_state.k8s.web``).
 
 Every pod the extender reads comes from its pod cache (``cluster_state.k8s.pods``: a watch,
 HiveD's informer); a pod the cache does not hold (yet) is read from the API server once, and

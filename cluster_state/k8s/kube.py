@@ -82,10 +82,18 @@ class KubeApi:
     def server(self) -> str:
         return str(self.configuration.host)
 
-    def _core(self) -> client.CoreV1Api:
+    def _api_client(self) -> client.ApiClient:
         if self._client is None:
             self._client = client.ApiClient(self.configuration)
-        return client.CoreV1Api(self._client)
+        return self._client
+
+    def _core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self._api_client())
+
+    async def version(self) -> dict[str, Any]:
+        """``GET /version``: the API server's build (any client may ask); ``HttpError`` or an
+        exception of the connection when it does not answer it."""
+        return await self._get(client.VersionApi(self._api_client()).get_code)
 
     async def close(self) -> None:
         if self._client is not None:

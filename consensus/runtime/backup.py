@@ -1,4 +1,5 @@
-"""``sdpaxos snapshot save | restore``: back up a live cluster, seed a new one from a backup.
+"""``sdpaxos snapshot save | restore | status``: back up a live cluster, seed a new one from a
+backup, say what a backup holds.
 
 ``save FILE --config C [--id N]`` (or ``--endpoints``, or ``$SDPAXOS_CONFIG`` /
 ``$SDPAXOS_ENDPOINTS``: ``consensus.runtime.client_options``) asks one replica (``--id``, else
@@ -14,18 +15,31 @@ is written atomically (temp file, fsync, rename).
 init`` does (same options; a new cluster id, ``restored-<random>`` unless ``--cluster-id``:
 peers and clients of the old cluster are refused by the new one), and seeds every replica with
 the snapshot as its state at slot 0 of the new log. ``sdpaxos cluster up --dir D`` then
-serves it. The state machine kind of the new cluster must be the backup's (pass the kind's
-``init`` options, e.g. ``--gpu-store`` with its configuration, for a GPU store).
+serves it. The new cluster runs the backup's state machine kind on the configuration the
+backup holds (a GPU store's is written out beside the cluster file: ``StateMachineKind.seed``).
+The kind's ``init`` options (``--gpu-config FILE``) choose another configuration: the backup's
+state is moved to it before it is seeded, as ``sdpaxos ctl config apply`` would move it, and
+the same report is printed; a move that drops, trims or downgrades a group (or cancels a
+reservation) is refused unless
+``--allow-drop``. Everything is checked before anything is written, and the new cluster is
+written at once (``consensus.runtime.new_cluster``): a restore that fails leaves nothing.
+
+``status FILE [--json]`` checks the file and prints what ``etcdutl snapshot status`` does (its
+sha256, log position and size) and what it is: its state machine kind, the source cluster's
+id and size, when it was taken, and the kind's own account (``describe_state``: a GPU store's
+configuration, revision, groups and GPUs in use; a key-value store's keys).
 
 Exit codes (``consensus.runtime.exit_codes``): 0 done; 1 a definite refusal (permission
-denied, a damaged file, ``D`` already holds a cluster); 2 usage (a bad option, an unreadable
-cluster file, no endpoint); 3 unavailable (no replica answered).
+denied, a damaged file, ``D`` already holds a cluster, a configuration that would drop work);
+2 usage (a bad option, an unreadable cluster file, no endpoint, a kind not installed); 3
+unavailable (no replica answered).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import secrets
 import ssl
@@ -33,10 +47,17 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consensus.errors import ConfigError, DecodeError, IndefiniteFailure, SDPaxosError
+from consensus.errors import (
+    ConfigError,
+    DecodeError,
+    IndefiniteFailure,
+    SDPaxosError,
+    TlsRefused,
+)
 from consensus.protocol.types import SnapshotMeta
-from consensus.runtime.cluster_config import load_cluster_config
-from consensus.runtime.exit_codes import OK, REFUSED, UNAVAILABLE, USAGE
+from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.exit_codes import OK, REFUSED, TLS_REFUSED, UNAVAILABLE, USAGE
+from consensus.runtime.state_machines import state_machine_kind
 from consensus.storage.backup import decode_backup, encode_backup
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
 
@@ -61,14 +82,27 @@ def add_snapshot_arguments(parser: argparse.ArgumentParser) -> None:
     save.add_argument("--id", type=int, default=None,
                       help="with --config: ask this replica (default: the first of the file "
                       "that answers)")
-    restore = actions.add_parser("restore", help="seed a new cluster in --dir from FILE")
+    restore = actions.add_parser(
+        "restore", help="seed a new cluster in --dir from FILE, on the state machine and "
+        "configuration FILE holds (or another configuration, given as cluster init takes it)")
     restore.add_argument("file", metavar="FILE", help="a backup written by snapshot save")
     add_init_options(restore, cluster_id_default=None)
+    restore.add_argument(
+        "--allow-drop", action="store_true",
+        help="restore even when the configuration given takes GPUs from groups of the "
+        "backup (GPUs, a VC's guarantee, a reservation: the report names them)")
+    status = actions.add_parser(
+        "status", help="check FILE and print what it holds: sha256, log position, size, "
+        "state machine, source cluster, configuration and counts")
+    status.add_argument("file", metavar="FILE", help="a backup written by snapshot save")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run_snapshot(args: argparse.Namespace) -> int:
     if args.action == "save":
         return _save(Path(args.file), args, args.id, args.timeout)
+    if args.action == "status":
+        return _status(Path(args.file), args.json)
     return _restore(Path(args.file), args)
 
 
@@ -115,6 +149,9 @@ def _save(path: Path, args: argparse.Namespace, me: int | None, timeout_s: float
     except (IndefiniteFailure, ConnectionError, TimeoutError) as exc:
         print(f"sdpaxos snapshot save: unavailable: {exc}", file=sys.stderr)
         return UNAVAILABLE
+    except TlsRefused as exc:
+        print(f"sdpaxos snapshot save: refused: {exc}", file=sys.stderr)
+        return TLS_REFUSED
     except (SDPaxosError, DecodeError, OSError) as exc:
         print(f"sdpaxos snapshot save: {exc}", file=sys.stderr)
         return REFUSED
@@ -145,44 +182,95 @@ async def _cluster_of(
 
 
 def _restore(path: Path, args: argparse.Namespace) -> int:
-    from consensus.runtime.cli import CONFIG_NAME, init_cluster
+    from consensus.runtime.cli import CONFIG_NAME, check_ports, chosen_kind, write_cluster
 
     try:
         header, _, state = decode_backup(path.read_bytes())
     except (OSError, DecodeError) as exc:
         print(f"sdpaxos snapshot restore: {path}: {exc}", file=sys.stderr)
-        return 1
+        return REFUSED
     cluster_id = args.cluster_id or f"restored-{secrets.token_hex(4)}"
-    if cluster_id == header.cluster_id:
-        print(f"sdpaxos snapshot restore: the new cluster needs an id of its own, not the "
-              f"backed-up cluster's ({cluster_id!r})", file=sys.stderr)
-        return 2
     directory = Path(args.dir)
-    if (directory / "data").exists() and any((directory / "data").iterdir()):
-        print(f"sdpaxos snapshot restore: {directory / 'data'} holds replicas' data: restore "
-              "into a new directory", file=sys.stderr)
-        return 1
-    code = init_cluster(args, cluster_id=cluster_id)
-    if code != 0:
-        return code
+    cluster_file = directory / CONFIG_NAME
     try:
-        config = load_cluster_config(directory / CONFIG_NAME)
-        if config.state_machine != header.state_machine:
-            raise ConfigError(
-                f"the backup holds a {header.state_machine!r} state machine, the new cluster "
-                f"would run {config.state_machine!r}: pass that kind's init options"
-            )
-        seed = encode_snapshot(SnapshotMeta(0, (0,) * len(config.replicas)), state)
-        for spec in config.replicas:
-            write_snapshot(config.replica_dir(spec.id) / "snapshots", seed, 0)
-    except (ConfigError, OSError) as exc:
-        (directory / CONFIG_NAME).unlink(missing_ok=True)  # no half-seeded cluster stays
+        if cluster_id == header.cluster_id:
+            raise ConfigError(f"the new cluster needs an id of its own, not the backed-up "
+                              f"cluster's ({cluster_id!r})")
+        kind = state_machine_kind(header.state_machine)
+        check_ports(args.replicas, args.base_port)
+        chosen = chosen_kind(args, cluster_file)
+        if chosen is not None and chosen[0] != kind.name:
+            raise ConfigError(f"the backup holds a {kind.name!r} state machine; the options "
+                              f"given are {chosen[0]!r}'s (without them the new cluster "
+                              "runs the backup's own configuration)")
+    except ConfigError as exc:
         print(f"sdpaxos snapshot restore: {exc}", file=sys.stderr)
-        return 1
-    print(f"seeded {len(config.replicas)} replicas of cluster {cluster_id!r} in {directory} with "
-          f"the state of {header.cluster_id!r} at log position {header.slot} (taken "
+        return USAGE
+    held = [p for p in (cluster_file, directory / "data") if p.exists()]
+    if held:
+        print(f"sdpaxos snapshot restore: {directory} already holds a cluster ("
+              f"{', '.join(str(p) for p in held)}): restore into a new directory",
+              file=sys.stderr)
+        return REFUSED
+    try:
+        seed = kind.seed(state, None if chosen is None else chosen[1], cluster_file)
+    except ConfigError as exc:
+        print(f"sdpaxos snapshot restore: {exc}", file=sys.stderr)
+        return REFUSED
+    if seed.changes:
+        print("the backup's state, moved to the configuration given (as sdpaxos ctl config "
+              "apply would move it):\n  " + "\n  ".join(seed.changes))
+    if seed.losses and not args.allow_drop:
+        print(f"sdpaxos snapshot restore: refused: the configuration given would take GPUs "
+              f"or guarantees from {len(seed.losses)} group(s) of the backup:\n  "
+              + "\n  ".join(seed.losses)
+              + "\nrestore without the configuration options to keep the backup's own, or "
+              "pass --allow-drop to lose them; nothing was written", file=sys.stderr)
+        return REFUSED
+    if seed.losses:
+        print(f"--allow-drop: {len(seed.losses)} group(s) lose GPUs or guarantees:\n  "
+              + "\n  ".join(seed.losses))
+
+    def plant(config: ClusterConfig) -> None:
+        """Every replica's first snapshot: the seed, at slot 0 of the new log."""
+        snapshot = encode_snapshot(SnapshotMeta(0, (0,) * len(config.replicas)), seed.state)
+        for spec in config.replicas:
+            write_snapshot(config.replica_dir(spec.id) / "snapshots", snapshot, 0)
+
+    code = write_cluster(args, cluster_id, (kind.name, seed.choice), seed=plant,
+                         verb="snapshot restore")
+    if code != OK:
+        return code
+    print(f"seeded {args.replicas} replicas of cluster {cluster_id!r} in {directory} with the "
+          f"state of {header.cluster_id!r} at log position {header.slot} (taken "
           f"{header.taken_at}); start it with: sdpaxos cluster up --dir {directory}")
-    return 0
+    return OK
+
+
+def _status(path: Path, as_json: bool) -> int:
+    """``snapshot status FILE``: what the backup holds, checked (``etcdutl snapshot status``:
+    its hash, position and size; here also its kind, source cluster, configuration and
+    counts)."""
+    try:
+        header, _, state = decode_backup(path.read_bytes())
+        kind = state_machine_kind(header.state_machine)
+        about = dict(kind.describe_state(state))
+    except (OSError, DecodeError, ConfigError) as exc:
+        print(f"sdpaxos snapshot status: {path}: {exc}", file=sys.stderr)
+        return REFUSED
+    doc: dict[str, object] = {
+        "file": str(path), "sha256": header.sha256, "position": header.slot,
+        "size": header.size, "kind": header.state_machine, "cluster_id": header.cluster_id,
+        "replicas": header.replicas, "taken_at": header.taken_at, "format": header.format,
+        **about,
+    }
+    if as_json:
+        print(json.dumps(doc))
+        return OK
+    width = max(len(key) for key in doc)
+    for key, value in doc.items():
+        print(f"{key:<{width}}  {value}")
+    return OK
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -1,5 +1,7 @@
-"""``sdpaxos serve`` (one replica), ``sdpaxos cluster init|up|down`` (a local cluster) and
-``sdpaxos cert init|issue|revoke`` (a TLS cluster's certificates, ``consensus.runtime.tls``)."""
+"""``sdpaxos serve`` (one replica), ``sdpaxos cluster init|up|down|restart`` (a local cluster:
+``consensus.runtime.new_cluster`` writes one, ``consensus.runtime.replica_processes`` runs
+it) and ``sdpaxos cert init|issue|revoke`` (a TLS cluster's certificates,
+``consensus.runtime.tls``)."""
 
 from __future__ import annotations
 
@@ -10,40 +12,43 @@ import dataclasses
 import gc
 import json
 import logging
-import os
 import signal
-import ssl
-import subprocess
 import sys
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, MemberRemoved, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
-from consensus.runtime.exit_codes import REMOVED
-from consensus.runtime.logs import DEFAULT_LEVEL, add_log_level_argument, configure_logging
+from consensus.runtime.exit_codes import REFUSED, REMOVED, USAGE
+from consensus.runtime.logs import add_log_level_argument, configure_logging
+from consensus.runtime.new_cluster import CONFIG_NAME, init_identities
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
 from consensus.runtime.tls import TlsConfig
 from consensus.statemachine import StateMachine
 from consensus.storage.identity import open_identity
 
 __all__ = [
+    "CONFIG_NAME",
     "add_cert_arguments",
     "add_cluster_arguments",
     "add_serve_arguments",
+    "check_ports",
+    "chosen_kind",
+    "cluster_toml",
+    "init_cluster",
+    "init_identities",
+    "make_certificates",
     "run_cert",
     "run_cluster",
     "run_serve",
+    "write_cluster",
 ]
 
-CONFIG_NAME = "cluster.toml"
 #: ``serve --initial-cluster-state`` (etcd's names)
 NEW_CLUSTER = "new"
 EXISTING_CLUSTER = "existing"
-PIDS_NAME = "pids.json"
 #: ``gc.set_threshold`` of a serving replica: it keeps many long-lived objects (its logs), and
 #: full collections of them cost pauses of tens of ms, so young objects are collected as
 #: usual and old ones rarely
@@ -137,6 +142,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: StateMachine) -> int:
+    from consensus.runtime.native_logs import capture_native_stderr
+
+    capture_native_stderr()  # gRPC's C core logs JSON lines too
     if args.no_wan_emulation:
         n = len(config.replicas)
         config = dataclasses.replace(config, one_way_us=tuple((0,) * n for _ in range(n)))
@@ -156,6 +164,10 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
         return REMOVED
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
+        return 1
+    except OSError as exc:  # a port taken, say: one JSON record (its traceback inside), exit 1
+        logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc,
+                                           exc_info=exc)
         return 1
     return 0
 
@@ -221,7 +233,7 @@ async def _serve(
     await asyncio.wait([failed, stopping], return_when=asyncio.FIRST_COMPLETED)
     log.info("replica %d shutting down", me)
     if metrics is not None:
-        metrics.close()
+        await metrics.stop()
     if service is not None:
         await service.stop()
     await node.stop()
@@ -239,15 +251,28 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     init.add_argument("--force", action="store_true",
                       help="overwrite the cluster file of an existing --dir (its replicas' "
                       "data stays: delete data/ yourself to start empty)")
-    up = actions.add_parser("up", help="start the cluster in --dir as background processes")
-    up.add_argument("--dir", required=True, help="the cluster's directory (of cluster init)")
-    up.add_argument("--timeout", type=float, default=30.0,
-                    help="seconds to wait for every replica to serve")
-    up.add_argument("--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
-                    help="passed to every replica's serve")
-    add_log_level_argument(up)  # the replicas' (their logs: replica-<id>.log in --dir)
-    down = actions.add_parser("down", help="stop the processes started by 'up'")
-    down.add_argument("--dir", required=True, help="the cluster's directory (of cluster up)")
+    up = actions.add_parser(
+        "up", help="start what is missing of the cluster in --dir: every member of its log "
+        "(asked of a running replica; none running: the cluster file's replicas) that has "
+        "no process serving its data directory")
+    restart = actions.add_parser(
+        "restart", help="stop and start the cluster's replicas one at a time, each once the "
+        "previous one serves again (or only --id)")
+    for action in (up, restart):
+        action.add_argument("--dir", required=True,
+                            help="the cluster's directory (of cluster init)")
+        action.add_argument("--id", type=int, default=None,
+                            help="only this replica (up: if it does not run)")
+        action.add_argument("--timeout", type=float, default=30.0,
+                            help="seconds to wait for each replica started to serve")
+        action.add_argument("--snapshot-every", type=_positive_int, default=None,
+                            metavar="COMMANDS", help="passed to every replica's serve")
+        add_log_level_argument(action)  # the replicas' (their logs: replica-<id>.log in --dir)
+    down = actions.add_parser(
+        "down", help="stop every replica process serving the cluster's data directories, "
+        "however it was started (or only --id)")
+    down.add_argument("--dir", required=True, help="the cluster's directory")
+    down.add_argument("--id", type=int, default=None, help="only this replica")
     health = actions.add_parser("health", help="exit 0 if a replica serves linearizable reads")
     health.add_argument("--config", required=True, help="cluster TOML file")
     health.add_argument("--id", type=int, required=True, help="the replica to ask")
@@ -284,12 +309,6 @@ def add_init_options(parser: argparse.ArgumentParser, *, cluster_id_default: str
         kind.add_init_arguments(parser)
 
 
-def init_cluster(args: argparse.Namespace, *, cluster_id: str) -> int:
-    """``cluster init`` with ``args`` (``add_init_options``), never over an existing one."""
-    return _init(Path(args.dir), args.replicas, args.base_port, wan=not args.no_wan, args=args,
-                 force=False, tls=args.tls, cluster_id=cluster_id)
-
-
 def run_cluster(args: argparse.Namespace) -> int:
     if args.action in ("health", "netem"):
         from consensus.runtime import cluster_ops
@@ -303,15 +322,22 @@ def run_cluster(args: argparse.Namespace) -> int:
         return cluster_ops.run_netem(args.config, args.id, args.device, args.apply)
     directory = Path(args.dir)
     if args.action == "init":
-        return _init(directory, args.replicas, args.base_port, wan=not args.no_wan, args=args,
-                     force=args.force, tls=args.tls, cluster_id=args.cluster_id)
+        return init_cluster(args, cluster_id=args.cluster_id, force=args.force)
+    from consensus.runtime import replica_processes
+
+    if args.action == "down":
+        return replica_processes.down(directory, args.id)
+    extra = [] if args.snapshot_every is None else ["--snapshot-every", str(args.snapshot_every)]
+    extra += ["--log-level", args.log_level]
     if args.action == "up":
-        return _up(directory, args.timeout, args.snapshot_every, args.log_level)
-    return _down(directory)
+        return replica_processes.up(directory, args.id, args.timeout, extra)
+    return replica_processes.restart(directory, args.id, args.timeout, extra)
 
 
 #: the cluster id ``cluster init`` gives a local cluster
 DEFAULT_CLUSTER_ID = "local"
+#: the offsets of a replica's ports from ``--base-port`` (peers, clients, metrics, gRPC)
+PORT_OFFSETS = (0, 100, 200, 300)
 
 
 def cluster_toml(
@@ -353,9 +379,40 @@ def cluster_toml(
     return "\n".join(lines)
 
 
-def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
-          args: argparse.Namespace, force: bool = False, tls: bool = False,
-          cluster_id: str = DEFAULT_CLUSTER_ID) -> int:
+def check_ports(replicas: int, base_port: int) -> None:
+    """``ConfigError`` unless every port of ``replicas`` replicas from ``base_port`` is one
+    (``PORT_OFFSETS``)."""
+    from consensus.runtime.cluster_config import PORTS
+
+    low, high = base_port, base_port + PORT_OFFSETS[-1] + replicas - 1
+    if low not in PORTS or high not in PORTS:
+        raise ConfigError(
+            f"--base-port {base_port}: the replicas would listen on ports {low}..{high} "
+            f"(base+0..base+{PORT_OFFSETS[-1] + replicas - 1}); ports are "
+            f"{PORTS.start}..{PORTS.stop - 1}")
+
+
+def chosen_kind(args: argparse.Namespace, cluster_file: Path) -> tuple[str, InitChoice] | None:
+    """The state machine the ``init`` options chose, and what it writes (None: none chose
+    one, the built-in default); ``ConfigError`` for bad options or files they name."""
+    chosen: tuple[str, InitChoice] | None = None
+    for name, kind in kinds().items():  # argparse keeps the kinds' options apart
+        choice = kind.init_choice(args, cluster_file)
+        if choice is not None and chosen is not None:
+            raise ConfigError(f"options of two state machines ({chosen[0]} and {name}) given; "
+                              "choose one")
+        if choice is not None:
+            chosen = (name, choice)
+    return chosen
+
+
+def init_cluster(args: argparse.Namespace, *, cluster_id: str, force: bool = False) -> int:
+    """``cluster init`` with ``args`` (``add_init_options``): everything checked, then
+    written at once (``consensus.runtime.new_cluster``)."""
+    from consensus.runtime.cluster_config import load_cluster_config
+    from consensus.runtime.replica_processes import running
+
+    directory = Path(args.dir)
     path = directory / CONFIG_NAME
     if path.exists() and not force:
         # rewriting it under a cluster's logs (5 replicas over 3 replicas' data, say) starts
@@ -364,206 +421,50 @@ def _init(directory: Path, replicas: int, base_port: int, *, wan: bool,
               "choose another --dir, or --force to overwrite the cluster file",
               file=sys.stderr)
         return 1
-    if _live_replicas(directory) and force:
-        print(f"sdpaxos cluster init: the cluster in {directory} is up; run sdpaxos cluster "
-              f"down --dir {directory} first", file=sys.stderr)
-        return 1
-    directory.mkdir(parents=True, exist_ok=True)
-    chosen: tuple[str, InitChoice] | None = None
-    for name, kind in kinds().items():  # argparse keeps the kinds' options apart
-        try:
-            choice = kind.init_choice(args, path)
-        except ConfigError as exc:  # refused now rather than when the replicas start
-            print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
-            return 2
-        if choice is not None and chosen is not None:
-            print(f"sdpaxos cluster init: options of two state machines ({chosen[0]} and "
-                  f"{name}) given; choose one", file=sys.stderr)
-            return 2
-        if choice is not None:
-            chosen = (name, choice)
-    table = None if chosen is None else {"kind": chosen[0], **chosen[1].table}
-    grpc = chosen is not None and chosen[1].grpc
-    path.write_text(cluster_toml(replicas, base_port, wan=wan, state_machine=table, grpc=grpc,
-                                 tls=tls, cluster_id=cluster_id))
-    print(f"wrote {path} ({replicas} replicas at {', '.join(SITES[:replicas])})")
+    if path.exists():
+        with contextlib.suppress(ConfigError):
+            if running(load_cluster_config(path)):
+                print(f"sdpaxos cluster init: the cluster in {directory} is up; run sdpaxos "
+                      f"cluster down --dir {directory} first", file=sys.stderr)
+                return 1
     try:
-        init_identities(path)
-    except ConfigError as exc:  # --force over another cluster's data
+        check_ports(args.replicas, args.base_port)
+        chosen = chosen_kind(args, path)
+    except ConfigError as exc:  # refused now rather than when the replicas start
         print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
         return 2
-    if tls:
-        try:
-            _cert_init(path, force=force)
-        except ConfigError as exc:
-            print(f"sdpaxos cluster init: {exc}", file=sys.stderr)
-            return 1
+    return write_cluster(args, cluster_id, chosen, force=force)
+
+
+def write_cluster(
+    args: argparse.Namespace, cluster_id: str, chosen: tuple[str, InitChoice] | None, *,
+    force: bool = False, seed: Callable[[ClusterConfig], None] | None = None,
+    verb: str = "cluster init",
+) -> int:
+    """Write the cluster of ``args`` serving ``chosen`` (and its ``seed``) all at once; what
+    was written on stdout, or why nothing was (exit 2 for what is in the way: another
+    cluster's data, a file of the same name; 1 for a failed write)."""
+    from consensus.runtime.new_cluster import write_new_cluster
+
+    directory = Path(args.dir)
+    table = None if chosen is None else {"kind": chosen[0], **chosen[1].table}
+    text = cluster_toml(args.replicas, args.base_port, wan=not args.no_wan,
+                        state_machine=table, grpc=chosen is not None and chosen[1].grpc,
+                        tls=args.tls, cluster_id=cluster_id)
+    try:
+        written = write_new_cluster(
+            directory, text, {} if chosen is None else chosen[1].files, force=force, seed=seed,
+            certificates=(lambda path: make_certificates(path, force=True)) if args.tls
+            else None,
+        )
+    except (ConfigError, OSError) as exc:  # what is in the way, or the disk
+        print(f"sdpaxos {verb}: {exc}; nothing was written", file=sys.stderr)
+        return USAGE if isinstance(exc, ConfigError) else REFUSED
+    written[0] += f" ({args.replicas} replicas at {', '.join(SITES[:args.replicas])})"
+    print("\n".join(written))
     if chosen is not None and chosen[1].hint:
         print(chosen[1].hint)
     return 0
-
-
-def init_identities(path: Path) -> None:
-    """Give every replica of the cluster file ``path`` its identity in its data directory
-    (one that has one keeps it; ``ConfigError`` if it belongs to another cluster or replica)."""
-    from consensus.runtime.cluster_config import load_cluster_config
-
-    config = load_cluster_config(path)
-    for spec in config.replicas:
-        with contextlib.suppress(MemberRemoved):  # removed: it keeps its (removed) identity
-            open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id,
-                          bootstrap=True)
-
-
-def _up(
-    directory: Path, timeout: float, snapshot_every: int | None = None,
-    log_level: str = DEFAULT_LEVEL,
-) -> int:
-    from consensus.runtime.cluster_config import load_cluster_config
-
-    path = directory / CONFIG_NAME
-    try:
-        config = load_cluster_config(path)
-    except ConfigError as exc:
-        print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
-        return 2
-    running = _live_replicas(directory)
-    if running:
-        print(f"sdpaxos cluster up: the cluster in {directory} is already up (pids "
-              f"{sorted(running)}); run sdpaxos cluster down --dir {directory} first",
-              file=sys.stderr)
-        return 1
-    pids: dict[str, int] = {}
-    processes: list[subprocess.Popen[bytes]] = []
-    extra = [] if snapshot_every is None else ["--snapshot-every", str(snapshot_every)]
-    extra += ["--log-level", log_level]
-    for spec in config.replicas:
-        log_file = open(directory / f"replica-{spec.id}.log", "ab")  # noqa: SIM115
-        process = subprocess.Popen(
-            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path.resolve()), "--id",
-             str(spec.id), *extra],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        pids[str(spec.id)] = process.pid
-        processes.append(process)
-    (directory / PIDS_NAME).write_text(json.dumps(pids))
-    addresses = [spec.client_address for spec in config.replicas]
-    try:
-        tls = config.tls.tool() if config.tls is not None else None
-    except ConfigError as exc:
-        print(f"sdpaxos cluster up: {exc}", file=sys.stderr)
-        _down(directory)
-        return 2
-    serving = asyncio.run(_wait_serving(addresses, timeout, processes, tls))
-    exited = [(spec.id, p.returncode) for spec, p in zip(config.replicas, processes, strict=True)
-              if p.poll() is not None]
-    if serving and not exited:
-        print(f"cluster up: {len(pids)} replicas serving (pids {sorted(pids.values())})")
-        return 0
-    # Serving addresses prove nothing about our processes (another cluster may hold them):
-    # a replica that exited is a failure, whoever answers.
-    for replica, code in exited:
-        print(f"cluster up: replica {replica} exited with status {code}; see "
-              f"{directory / f'replica-{replica}.log'}", file=sys.stderr)
-    if not exited:
-        print("cluster up: replicas did not start serving in time; see the replica logs",
-              file=sys.stderr)
-    _down(directory)
-    return 1
-
-
-async def _wait_serving(
-    addresses: list[tuple[str, int]], timeout: float,
-    processes: Sequence[subprocess.Popen[bytes]] = (), tls: ssl.SSLContext | None = None,
-) -> bool:
-    """Every address answers a linearizable read within ``timeout``; False as soon as one of
-    ``processes`` exits. ``tls``: the cluster's tools' context (a TLS cluster)."""
-    from consensus.runtime.client import Client
-    from consensus.statemachine import kv_get
-
-    deadline = time.monotonic() + timeout
-    for replica, _ in enumerate(addresses):
-        while time.monotonic() < deadline:
-            if any(process.poll() is not None for process in processes):
-                return False
-            client = Client(1 << 40, addresses, home=replica, timeout_s=1.0, attempts=1,
-                            tls=tls)
-            try:
-                await client.read(kv_get("__probe__"), ("__probe__",))
-                break
-            except SDPaxosError:
-                await asyncio.sleep(0.2)
-            finally:
-                await client.close()
-        else:
-            return False
-    return True
-
-
-def _down(directory: Path) -> int:
-    path = directory / PIDS_NAME
-    if not path.exists():
-        print(f"cluster down: no {PIDS_NAME} in {directory}", file=sys.stderr)
-        return 1
-    listed = [int(pid) for pid in json.loads(path.read_text()).values()]
-    pids = [pid for pid in listed if _is_replica_of(pid, directory)]
-    for pid in sorted(set(listed) - set(pids)):
-        # exited meanwhile, or its pid now belongs to another process: not ours to signal
-        print(f"cluster down: pid {pid} is not a running replica of this cluster; left alone")
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    for pid in pids:
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.05)
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    path.unlink()
-    print(f"cluster down: stopped {len(pids)} replicas")
-    return 0
-
-
-def _live_replicas(directory: Path) -> list[int]:
-    """The pids in the directory's pid file that are running replicas of its cluster."""
-    path = directory / PIDS_NAME
-    if not path.exists():
-        return []
-    try:
-        listed = [int(pid) for pid in json.loads(path.read_text()).values()]
-    except (ValueError, TypeError, AttributeError):
-        return []
-    return [pid for pid in listed if _is_replica_of(pid, directory)]
-
-
-def _is_replica_of(pid: int, directory: Path) -> bool:
-    """``pid`` runs ``sdpaxos serve`` on this directory's cluster file (what ``up``
-    started), judged by its command line."""
-    if not _alive(pid):
-        return False
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    config = str((directory / CONFIG_NAME).resolve()).encode()
-    return b"serve" in argv and config in argv
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # ---------------------------------------------------------------------------- cert
@@ -620,6 +521,14 @@ def _tls_of(path: Path) -> tuple[ClusterConfig, TlsConfig]:
 
 def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> int:
     """The CA, every replica's certificate and the admin's, where ``[tls]`` names them."""
+    print(make_certificates(path, force=force, exist_ok=exist_ok))
+    return 0
+
+
+def make_certificates(path: Path, *, force: bool = False, exist_ok: bool = False) -> str:
+    """Make the CA, every replica's certificate and the admin's, where the ``[tls]`` table of
+    the cluster file ``path`` names them; what was made (``ConfigError`` if they exist,
+    unless ``force`` or, all of them, ``exist_ok``)."""
     from consensus.runtime import tls as tlsmod
 
     config, tls = _tls_of(path)
@@ -630,8 +539,7 @@ def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> in
         files += [tls.client.cert, tls.client.key]
     existing = [str(f) for f in files if f.exists()]
     if exist_ok and not force and len(existing) == len(files):
-        print(f"the certificates of {path} exist; kept")
-        return 0
+        return f"the certificates of {path} exist; kept"
     if existing and not force:
         raise ConfigError(f"{', '.join(existing)} exist; --force replaces them (with a new CA)")
     ca = tlsmod.make_ca(config.cluster_id)
@@ -646,8 +554,7 @@ def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> in
         admin = Principal(ADMIN_NAME, ADMIN)
         tlsmod.issue_client(ca, config.cluster_id, admin).write(tls.client)
         made += f" and the {ADMIN_NAME} client certificate"
-    print(f"made {made} in {tls.ca.parent} (private keys mode 0600)")
-    return 0
+    return f"made {made} in {tls.ca.parent} (private keys mode 0600)"
 
 
 def _cert_issue(path: Path, name: str, role: str, vcs: str | None, out: str | None) -> int:
@@ -655,6 +562,7 @@ def _cert_issue(path: Path, name: str, role: str, vcs: str | None, out: str | No
 
     config, tls = _tls_of(path)
     principal = tlsmod.parse_principal_args(name, role, vcs)
+    state_machine_kind(config.state_machine).check_principal(principal, config)
     if tls.ca_key is None:
         raise ConfigError(f"{path}: [tls].ca_key names no CA key to issue with")
     ca = tlsmod.load_ca(tls.ca, tls.ca_key)

@@ -32,8 +32,13 @@ request, again once that long has passed, and after a request found no replica a
 
 A TLS cluster (``tls``: an ``ssl.SSLContext`` from ``consensus.runtime.tls``, e.g.
 ``config.tls.tool()``) is reached over mutual TLS 1.3; what the client's certificate names is
-the principal its requests are checked as, and a refused one raises
-``consensus.auth.PermissionDenied`` (a ``DefiniteFailure``).
+the principal its requests are checked as, and an operation its role may not do raises
+``consensus.auth.PermissionDenied`` (a ``DefiniteFailure``). A connection that fails at TLS
+for a reason a retry does not change (the replica requires TLS and this client spoke
+plaintext, its certificate is not of the CA this client trusts, it refused this client's
+certificate: another CA's, revoked, of another cluster, a replica's) raises ``TlsRefused`` (a
+``DefiniteFailure``) saying which, with the replica's own reason where it gave one
+(``consensus.runtime.tls_diagnosis``).
 """
 
 from __future__ import annotations
@@ -61,12 +66,20 @@ from consensus.errors import (
     IndefiniteFailure,
     SDPaxosError,
     SessionExpired,
+    TlsRefused,
     Unreachable,
 )
-from consensus.messages import Command
+from consensus.messages import MAX_OP_BYTES, Command
 from consensus.protocol.membership import MEMBER_OP, Change, encode_change
-from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
+from consensus.runtime.client_protocol import (
+    NO_REQUEST,
+    ClientRequest,
+    ClientResponse,
+    Kind,
+    decode_response,
+)
 from consensus.runtime.members import KnownMember, members_of_status
+from consensus.runtime.tls_diagnosis import diagnose, refusal
 from consensus.sessions import CANCEL_OP, SessionNumbers
 
 __all__ = ["Client", "Reply", "cut_off", "new_client_id", "newest_status", "statuses"]
@@ -107,24 +120,50 @@ class _Connection:
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         frames = FrameReader()
+        answered = False  # a frame came: the connection was taken (no TLS refusal)
+        failure: BaseException = ConnectionError("connection to replica lost")
         try:
             while True:
                 data = await reader.read(1 << 16)
                 if not data:
                     break
                 for payload in frames.feed(data):
+                    answered = True
                     response = decode_response(payload)
+                    if response.req_id == NO_REQUEST and response.status == "denied":
+                        # the certificate refused (revoked, not a client's): nothing ran
+                        failure = TlsRefused(str(response.payload))
+                        return
+                    if response.req_id == NO_REQUEST and response.status != "ok":
+                        # about no request in particular: the answer to every one on this
+                        # connection (the replica's connection cap)
+                        for req_id, waiting in self.pending.items():
+                            if not waiting.done():
+                                waiting.set_result(ClientResponse(req_id, response.status,
+                                                                  response.payload))
+                        self.pending.clear()
+                        return
                     future = self.pending.pop(response.req_id, None)
                     if future is not None and not future.done():
                         future.set_result(response)
+        except ssl.SSLError as exc:  # an alert: the replica refused this client's certificate
+            reason = refusal(exc, self.address)
+            if reason is not None:
+                failure = TlsRefused(reason)
         except (OSError, ConnectionError, DecodeError):
             pass
         finally:
+            writer.close()
+            if not answered and self.pending:
+                # closed before any answer: what a replica refusing this client's TLS (or
+                # plaintext) does, or one stopping: which it is, a new connection tells
+                reason = await diagnose(self.address, self.tls)
+                if reason is not None:
+                    failure = TlsRefused(reason)
             for future in self.pending.values():
                 if not future.done():
-                    future.set_exception(ConnectionError("connection to replica lost"))
+                    future.set_exception(failure)
             self.pending.clear()
-            writer.close()
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -319,6 +358,9 @@ class Client:
         """``command``'s outcome: attempts at replica after replica, as ``Attempts`` rules
         (the module documentation), settled through the log when an attempt's fate stays
         unknown."""
+        if len(command.op) > MAX_OP_BYTES:  # every replica refuses it: not sent at all
+            raise DefiniteFailure(f"op of {len(command.op)} bytes is over the limit of "
+                                  f"{MAX_OP_BYTES} bytes; nothing was sent")
         attempts = Attempts(_kind_of(kind, command), self.attempts, self.attempts)
         request, request_kind = command, kind
         await self._maybe_sync()
@@ -463,9 +505,41 @@ def _failure(reply: Reply) -> SDPaxosError:
 async def _open(
     address: tuple[str, int], tls: ssl.SSLContext | None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to ``address``; ``TlsRefused`` when its TLS handshake fails for a reason
+    a retry does not change (``consensus.runtime.tls_diagnosis``)."""
     if tls is None:
         return await asyncio.open_connection(*address)
-    return await asyncio.open_connection(*address, ssl=tls, server_hostname=address[0])
+    try:
+        return await asyncio.open_connection(*address, ssl=tls, server_hostname=address[0])
+    except (ssl.SSLError, ConnectionResetError) as exc:
+        reason = refusal(exc, address)
+        if reason is None and await _answers_plaintext(address):
+            reason = (f"the replica at {address[0]}:{address[1]} does not speak TLS: it "
+                      "answers in plaintext (a cluster without [tls]: give no certificates)")
+        if reason is None:
+            raise
+        raise TlsRefused(reason) from None
+
+
+async def _answers_plaintext(address: tuple[str, int], timeout_s: float = 2.0) -> bool:
+    """Whether ``address`` answers a plaintext ``status`` request (a replica without TLS,
+    which closes a TLS client's connection at its first bytes)."""
+    request = ClientRequest(1, "status", Command(client_id=0, seq=0, op=b"", keys=()))
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(*address)
+            try:
+                writer.write(frame_to_wire(request.encode()))
+                frames = FrameReader()
+                while data := await reader.read(1 << 16):
+                    payloads = frames.feed(data)
+                    if payloads:
+                        return decode_response(payloads[0]).req_id == 1
+                return False
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, DecodeError):
+        return False
 
 
 async def cut_off(

@@ -35,8 +35,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from consensus.auth import PermissionDenied
-from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, Unreachable
-from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, UNAVAILABLE
+from consensus.errors import (
+    ConfigError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    TlsRefused,
+    Unreachable,
+)
+from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, TLS_REFUSED, UNAVAILABLE
 
 if TYPE_CHECKING:
     from consensus.runtime.client import Client
@@ -52,6 +58,7 @@ __all__ = [
     "native_target",
     "parse_endpoint",
     "parse_endpoints",
+    "refused",
     "run_session",
     "tool_client",
 ]
@@ -181,11 +188,20 @@ def tool_client(target: NativeTarget, client_id: int, timeout_s: float) -> Clien
                   sync_every_s=math.inf)
 
 
+def refused(exc: BaseException) -> str:
+    """``"refused: why"`` for a refusal (once: a replica's reason may say "refused" itself,
+    as a refused membership change does)."""
+    return f"refused: {str(exc).removeprefix('refused: ')}"
+
+
 def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
     """Run a client verb's session; what it raised becomes its exit code
     (``consensus.runtime.exit_codes``), said on stderr."""
     try:
         return asyncio.run(session)
+    except TlsRefused as exc:
+        print(f"sdpaxos {verb}: {refused(exc)}", file=sys.stderr)
+        return TLS_REFUSED
     except PermissionDenied as exc:
         print(f"sdpaxos {verb}: denied: {exc}", file=sys.stderr)
         return REFUSED
@@ -193,7 +209,7 @@ def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:
         print(f"sdpaxos {verb}: unavailable: {exc}", file=sys.stderr)
         return UNAVAILABLE
     except DefiniteFailure as exc:
-        print(f"sdpaxos {verb}: refused: {exc}", file=sys.stderr)
+        print(f"sdpaxos {verb}: {refused(exc)}", file=sys.stderr)
         return REFUSED
     except (IndefiniteFailure, OSError, TimeoutError) as exc:
         print(f"sdpaxos {verb}: unavailable: {exc}", file=sys.stderr)

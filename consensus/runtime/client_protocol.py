@@ -34,6 +34,14 @@ Response ``[req_id, status, payload, position]``:
   closed, or never opened in time: ``consensus.sessions``), so it was not applied and never
   will be (str reason; ``position`` is the cluster's log time, Unix seconds, from which the
   client opens its next session: ``consensus.errors.SessionExpired``).
+
+A request that does not decode is answered ``"error"`` under its own ``req_id`` when that much
+of it can be read (``BadRequest.req_id``), the reason naming the limit it broke (an op over
+``MAX_OP_BYTES``, say), else under ``req_id`` 0, which the client takes as the answer to
+every request it has in flight on the connection: ``NO_REQUEST``. A TLS cluster that refuses a
+client's certificate after the handshake (revoked, of another cluster, not a client's)
+answers ``NO_REQUEST`` ``"denied"`` with the reason before it closes the connection (the
+client raises ``TlsRefused``).
 """
 
 from __future__ import annotations
@@ -55,6 +63,8 @@ from consensus.errors import DecodeError
 from consensus.messages import Command
 
 __all__ = [
+    "NO_REQUEST",
+    "BadRequest",
     "ClientRequest",
     "ClientResponse",
     "Cut",
@@ -121,29 +131,73 @@ _set_kind = ClientRequest.__dict__["kind"].__set__
 _set_command = ClientRequest.__dict__["command"].__set__
 
 
+#: the ``req_id`` of an answer to no request in particular: to all of the connection's
+NO_REQUEST = 0
+
+
+class BadRequest(DecodeError):
+    """A request that does not decode; ``req_id``: its own, when that much could be read
+    (else ``NO_REQUEST``)."""
+
+    def __init__(self, reason: str, req_id: int = NO_REQUEST) -> None:
+        super().__init__(reason)
+        self.req_id = req_id
+
+
+def _undecodable(payload: bytes, error: Exception) -> BadRequest:
+    """Why ``payload`` is no request, under its ``req_id`` if it has one. Read again without
+    the limits (a payload is at most a client frame: ``conn_limits``) to name the one it
+    broke."""
+    try:
+        fields = msgpack.unpackb(payload, use_list=False, max_map_len=0)
+    except Exception:
+        return BadRequest(f"request is not valid msgpack: {error}")
+    if type(fields) is not tuple or not fields or type(fields[0]) is not int or not (
+        0 <= fields[0] < _INT64_END
+    ):
+        return BadRequest(f"request is not valid msgpack: {error}")
+    req_id = fields[0]
+    if len(fields) == 7:
+        op, keys = fields[4], fields[5]
+        if isinstance(op, bytes) and len(op) > MAX_OP_BYTES:
+            return BadRequest(f"op of {len(op)} bytes is over the limit of {MAX_OP_BYTES} "
+                              "bytes", req_id)
+        if isinstance(keys, tuple) and len(keys) > MAX_KEYS_PER_COMMAND:
+            return BadRequest(f"{len(keys)} keys are over the limit of {MAX_KEYS_PER_COMMAND}",
+                              req_id)
+        for key in keys if isinstance(keys, tuple) else ():
+            if isinstance(key, str) and len(key.encode()) > MAX_KEY_BYTES:
+                return BadRequest(f"a key of {len(key.encode())} bytes is over the limit of "
+                                  f"{MAX_KEY_BYTES} bytes", req_id)
+    return BadRequest(f"request is not valid msgpack: {error}", req_id)
+
+
 def decode_request(payload: bytes) -> ClientRequest:
+    """The request in ``payload``; ``BadRequest`` (a ``DecodeError``) naming what is wrong."""
     try:
         fields = msgpack.unpackb(payload, **_REQUEST_LIMITS)
     except Exception as exc:
-        raise DecodeError(f"request is not valid msgpack: {exc}") from None
+        raise _undecodable(payload, exc) from None
     if type(fields) is not tuple or len(fields) != 7:
-        raise DecodeError("request must be [req_id, kind, client_id, seq, op, keys, blind]")
+        raise BadRequest("request must be [req_id, kind, client_id, seq, op, keys, blind]")
     req_id, kind, client_id, seq, op, keys, blind = fields
-    if type(req_id) is not int or type(client_id) is not int or type(seq) is not int:
-        raise DecodeError("req_id, client_id and seq must be integers")
-    if not (0 <= req_id < _INT64_END and 0 <= client_id < _INT64_END and 0 <= seq < _INT64_END):
-        raise DecodeError("req_id, client_id and seq must be non-negative int64")
+    if type(req_id) is not int or not 0 <= req_id < _INT64_END:
+        raise BadRequest("req_id must be a non-negative int64")
+    if type(client_id) is not int or type(seq) is not int:
+        raise BadRequest("client_id and seq must be integers", req_id)
+    if not (0 <= client_id < _INT64_END and 0 <= seq < _INT64_END):
+        raise BadRequest("client_id and seq must be non-negative int64", req_id)
     if kind not in KINDS:
-        raise DecodeError(f"kind must be one of {KINDS}, got {kind!r}")
+        raise BadRequest(f"kind must be one of {KINDS}, got {kind!r}", req_id)
     if type(op) is not bytes:
-        raise DecodeError("op must be bytes")
+        raise BadRequest("op must be bytes", req_id)
     if type(keys) is not tuple:
-        raise DecodeError("keys must be a list of strings")
+        raise BadRequest("keys must be a list of strings", req_id)
     for key in keys:
         if type(key) is not str:
-            raise DecodeError("keys must be a list of strings")
+            raise BadRequest("keys must be a list of strings", req_id)
     if type(blind) is not bool:
-        raise DecodeError("blind must be a boolean")
+        raise BadRequest("blind must be a boolean", req_id)
     request: ClientRequest = _new(ClientRequest)  # checked above: no __init__ to run
     _set_req_id(request, req_id)
     _set_kind(request, kind)

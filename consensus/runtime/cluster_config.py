@@ -67,7 +67,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 from consensus.config import ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError
@@ -81,13 +81,20 @@ from consensus.runtime.state_machines import (
 )
 from consensus.runtime.tls import TlsConfig, TlsFiles, parse_revoked
 
-__all__ = ["ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
+__all__ = ["PORTS", "ClusterConfig", "ReplicaSpec", "load_cluster_config", "parse_address"]
+
+
+#: the ports an address may name
+PORTS: Final = range(1, 1 << 16)
 
 
 def parse_address(text: str, what: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdigit():
         raise ConfigError(f"{what}: expected host:port, got {text!r}")
+    if int(port) not in PORTS:
+        raise ConfigError(f"{what}: port {port} of {text!r} is out of range "
+                          f"({PORTS.start}..{PORTS.stop - 1})")
     return host.strip("[]"), int(port)
 
 
@@ -153,9 +160,12 @@ class ClusterConfig:
 def load_cluster_config(path: str | Path) -> ClusterConfig:
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}): a cluster file is "
+                          "TOML, which is UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return parse_cluster_config(raw, base=path.parent, source=str(path))

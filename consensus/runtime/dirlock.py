@@ -4,7 +4,8 @@ Two replica processes on one write-ahead log interleave appends and rewrite each
 snapshots: ``sdpaxos cluster up`` run twice once started a second set of replicas over the
 first one's logs. ``DataDirLock`` takes ``flock`` on ``LOCK`` in the directory (released by the
 kernel when the process dies, even by ``kill -9``, so a stale lock never blocks a restart) and
-writes its pid there, so that a refusal names the holder.
+writes its pid there, so that a refusal names the holder, and ``lock_holder`` tells the tools
+(``sdpaxos cluster up|down|restart``) which process serves a directory, however it was started.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from pathlib import Path
 
 from consensus.errors import DataDirInUse
 
-__all__ = ["LOCK_NAME", "DataDirLock"]
+__all__ = ["LOCK_NAME", "UNKNOWN_HOLDER", "DataDirLock", "lock_holder"]
 
 #: the lock file's name in the data directory
 LOCK_NAME = "LOCK"
+#: ``lock_holder`` of a directory locked by a process that has not written its pid yet
+UNKNOWN_HOLDER = 0
 
 
 class DataDirLock:
@@ -52,3 +55,23 @@ class DataDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def lock_holder(directory: Path) -> int | None:
+    """The pid of the process holding ``directory``'s lock (``UNKNOWN_HOLDER`` while it has
+    not written its pid yet), or None when no process holds it. Asks with a shared lock taken
+    and dropped at once, so a replica starting at that very instant may be refused once."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else UNKNOWN_HOLDER
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -20,7 +20,9 @@ file still says. An unreachable replica is a row saying so, and so is a member n
 the address of.
 
 Exit codes (``consensus.runtime.exit_codes``): 0 every replica answered (``health``: and is
-ready); 2 usage; 3 a replica unreachable (``health``: or not ready).
+ready); 1 a replica refused this client; 2 usage; 3 a replica unreachable (``health``: or
+not ready); 5 a replica refused it at TLS (``TlsRefused``: the message says why). Views
+show as ``epoch.view``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,21 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus.errors import ConfigError, DecodeError
-from consensus.runtime.client_options import NativeTarget, add_client_options, native_target
-from consensus.runtime.exit_codes import OK, UNAVAILABLE, USAGE
+from consensus.errors import (
+    ConfigError,
+    DecodeError,
+    DefiniteFailure,
+    TlsRefused,
+    Unreachable,
+)
+from consensus.protocol.membership import view_text
+from consensus.runtime.client_options import (
+    NativeTarget,
+    add_client_options,
+    native_target,
+    refused,
+)
+from consensus.runtime.exit_codes import OK, REFUSED, TLS_REFUSED, UNAVAILABLE, USAGE
 from consensus.runtime.members import address_text, members_of_status
 
 __all__ = ["add_endpoint_arguments", "run_endpoint"]
@@ -72,6 +86,11 @@ class Row:
     endpoint: str
     status: dict[str, Any] = field(default_factory=dict)
     error: str = ""
+    #: the error is a definite refusal (TLS: this client's certificate, or the replica's),
+    #: not an endpoint out of reach
+    refused: bool = False
+    #: ... by TLS (``TlsRefused``: exit ``TLS_REFUSED``)
+    tls: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -87,9 +106,15 @@ def run_endpoint(args: argparse.Namespace) -> int:
     rows = asyncio.run(_ask(target, args.cluster, args.timeout))
     if args.action == "status":
         _print_status(rows, as_json=args.json)
-        return OK if all(not row.error for row in rows) else UNAVAILABLE
-    _print_health(rows, as_json=args.json)
-    return OK if all(row.healthy for row in rows) else UNAVAILABLE
+        failed = not all(not row.error for row in rows)
+    else:
+        _print_health(rows, as_json=args.json)
+        failed = not all(row.healthy for row in rows)
+    if not failed:
+        return OK
+    if any(row.refused for row in rows):
+        return TLS_REFUSED if any(row.tls for row in rows) else REFUSED
+    return UNAVAILABLE
 
 
 def _row(address: tuple[str, int], answer: dict[str, Any] | BaseException) -> Row:
@@ -99,7 +124,10 @@ def _row(address: tuple[str, int], answer: dict[str, Any] | BaseException) -> Ro
     elif isinstance(answer, OSError | TimeoutError | ConnectionError):
         row.error = f"unreachable: {str(answer) or type(answer).__name__}"
     else:
-        row.error = f"refused: {answer}"
+        row.error = refused(answer)
+        row.refused = isinstance(answer, DefiniteFailure) and not isinstance(answer,
+                                                                              Unreachable)
+        row.tls = isinstance(answer, TlsRefused)
     return row
 
 
@@ -116,7 +144,7 @@ async def _ask(target: NativeTarget, cluster: bool, timeout_s: float) -> list[Ro
     try:
         members = _members(status)
     except DecodeError as exc:  # a peer never crashes the tool
-        return [Row(address_text(target.addresses[0]), error=f"refused: {exc}")]
+        return [Row(address_text(target.addresses[0]), error=refused(exc))]
     missing = [address for _, address in members
                if address is not None and address not in answers]
     answers.update(await statuses(missing, tls=target.tls, timeout_s=timeout_s))
@@ -166,7 +194,8 @@ def _print_status(rows: list[Row], *, as_json: bool) -> None:
             continue
         role = s.get("role", "?")
         table.append([str(s.get("id")), str(s.get("site")), str(s.get("address")), str(role),
-                      str(s.get("view")), str(s.get("applied")), str(s.get("lag")),
+                      view_text(s["view"]) if isinstance(s.get("view"), int) else "?",
+                      str(s.get("applied")), str(s.get("lag")),
                       _size(s.get("wal_bytes")), _size(s.get("snapshot_bytes")),
                       str(s.get("version"))])
     _table(f"{len(rows)} endpoint(s)", columns, table)
@@ -190,11 +219,12 @@ def _print_health(rows: list[Row], *, as_json: bool) -> None:
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
+    for row in rows:  # what replicas say is text, not markup ("[tls]" stays)
+        table.add_row(*(escape(cell) for cell in row))
     Console(width=None if sys.stdout.isatty() else _PIPE_WIDTH).print(table)

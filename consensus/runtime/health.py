@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consensus.errors import ConfigError
+from consensus.protocol.membership import view_text
 from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role
 
@@ -107,7 +108,8 @@ def judge(
     if not status.voting:
         reasons.append("not a voter (a member learning the log, or one removed)")
     if not status.view_accepted or status.role in (Role.CANDIDATE, Role.ESTABLISHING):
-        reasons.append(f"view {status.view} not accepted yet (role {status.role.value})")
+        reasons.append(f"view {view_text(status.view)} not accepted yet "
+                       f"(role {status.role.value})")
     voters = status.voters
     heard = sum(
         1 for voter in voters
@@ -138,26 +140,19 @@ def probe_response(node: ReplicaNode, path: str) -> tuple[int, bytes]:
 async def http_probe(
     host: str, port: int, path: str, timeout_s: float, tls: ssl.SSLContext | None = None
 ) -> tuple[int, str]:
-    """GET ``/path`` from a replica's metrics port: (status, body); status 0 if unreachable."""
+    """GET ``/path`` from a replica's metrics port (aiohttp): (status, body); status 0 and
+    why if it cannot be reached."""
+    import aiohttp
+
+    scheme = "https" if tls is not None else "http"
+    url = f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/{path}"
     try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(
-                host, port, ssl=tls, server_hostname=host if tls is not None else None
-            )
-            try:
-                writer.write(f"GET /{path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
-                await writer.drain()
-                raw = await reader.read()
-            finally:
-                writer.close()
-    except (OSError, TimeoutError, ssl.SSLError) as exc:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as session, session.get(url, ssl=tls if tls is not None else False) as response:
+            return response.status, await response.text(errors="replace")
+    except (aiohttp.ClientError, OSError, TimeoutError, ssl.SSLError) as exc:
         return 0, str(exc) or type(exc).__name__
-    head, _, body = raw.partition(b"\r\n\r\n")
-    try:
-        status = int(head.split(b" ", 2)[1])
-    except (IndexError, ValueError):
-        return 0, "not an HTTP answer"
-    return status, body.decode(errors="replace")
 
 
 def run_probe(config_path: str, me: int, path: str, timeout_s: float) -> int:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from consensus.errors import ConfigError, DefiniteFailure
+from consensus.messages import MAX_KEY_BYTES
 from consensus.runtime.client import new_client_id
 from consensus.runtime.client_options import (
     add_client_options,
@@ -46,7 +47,7 @@ from consensus.runtime.client_options import (
 )
 from consensus.runtime.exit_codes import OK, REFUSED, USAGE
 from consensus.runtime.state_machines import DEFAULT_KIND
-from consensus.statemachine import kv_cas, kv_delete, kv_get, kv_put
+from consensus.statemachine import kv_cas, kv_delete, kv_get, kv_key_problem, kv_put
 
 if TYPE_CHECKING:
     from consensus.runtime.client import Client
@@ -71,8 +72,17 @@ WATCH_POLL_S = 0.1
 # ---------------------------------------------------------------------------- arguments
 
 
+def _key_text(text: str) -> str:
+    """KEY as the store takes it (``kv_key_problem``): a usage error naming the limit."""
+    problem = kv_key_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _key(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("key", metavar="KEY", help="the key")
+    parser.add_argument("key", metavar="KEY", type=_key_text,
+                        help=f"the key (1..{MAX_KEY_BYTES} bytes)")
     add_client_options(parser)
 
 

@@ -1,5 +1,6 @@
-"""A Prometheus text endpoint (``GET /metrics``) for one replica node, on plain asyncio; the
-same port answers ``GET /livez`` and ``GET /readyz`` (``consensus.runtime.health``).
+"""A Prometheus text endpoint (``GET /metrics``) for one replica node, served by aiohttp; the
+same port answers ``GET /livez`` and ``GET /readyz`` (``consensus.runtime.health``). Exact
+paths only (``PATHS``), each for GET and HEAD: another path is 404, another method 405.
 
 The exposition is ``prometheus_client``'s, from a registry of the node's own (several nodes
 share a process in tests and embeddings), whose collector reads ``ReplicaNode.stats``, the
@@ -15,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import ssl
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -28,15 +31,16 @@ from prometheus_client.core import (
 
 from consensus.protocol.admission import REJECTION_KINDS
 from consensus.protocol.types import Role
-from consensus.runtime.health import HTTP_OK, PROBES, probe_response
+from consensus.runtime.health import PROBES, probe_response
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.state_machines import MetricsSource, StateMetric, state_machine_kind
-from consensus.runtime.tls import TlsServer, accept_tls, start_server
+from consensus.runtime.tls import TlsServer, checked_identity, start_protocol_server
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["CONTENT_TYPE", "NodeMetrics", "metrics_of", "render", "serve_metrics"]
+__all__ = ["CONTENT_TYPE", "PATHS", "MetricsServer", "NodeMetrics", "metrics_of", "render",
+           "serve_metrics"]
 
 #: the Prometheus text format's content type
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -342,39 +346,70 @@ def _connection_families(node: ReplicaNode) -> Iterator[Metric]:
                    handshakes.timed_out)
 
 
+class MetricsServer:
+    """What ``serve_metrics`` runs: an aiohttp application on a listening socket."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.Server | TlsServer) -> None:
+        self._runner = runner
+        self._server = server
+        self.sockets = server.sockets
+
+    def close(self) -> None:
+        """Stop listening (``stop`` also ends the connections still open)."""
+        self._server.close()
+
+    async def stop(self) -> None:
+        self.close()
+        await self._runner.cleanup()
+
+
+#: the paths served, each for GET and HEAD (aiohttp answers 404 for any other path, 405 for
+#: another method: no prefix of a path, nor a path with a suffix, is one of them)
+PATHS = ("/metrics", *(f"/{probe}" for probe in PROBES))
+
+
 async def serve_metrics(
     node: ReplicaNode, host: str, port: int, tls: ssl.SSLContext | None = None
-) -> asyncio.Server | TlsServer:
-    """Serve ``GET /metrics``; with ``tls`` (a cluster's ``[tls] metrics = true``) over mutual
-    TLS 1.3: a scraper presents a certificate of the cluster's CA (any identity of it), and a
-    connection without one is refused with a log line saying why."""
+) -> MetricsServer:
+    """Serve ``GET /metrics``, ``/livez`` and ``/readyz`` (and ``HEAD``) with aiohttp; with
+    ``tls`` (a cluster's ``[tls] metrics = true``) over mutual TLS 1.3: a scraper presents a
+    certificate of the cluster's CA (any identity of it), a connection without one is refused
+    with a log line saying why, and a request with a revoked one is answered 403."""
     metrics = metrics_of(node)  # before the node starts: its replay counts
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            if tls is not None and await accept_tls(
-                writer, tls, port="metrics", cluster_id=node.config.cluster_id,
-                revocations=node.revocations,
-            ) is None:
-                return
-            async with asyncio.timeout(5):
-                request = await reader.readline()
-            if request.startswith(b"GET /metrics"):
-                body = metrics.render().encode()
-                head = b"HTTP/1.0 200 OK\r\nContent-Type: %s\r\n" % CONTENT_TYPE.encode()
-            elif probe := next((p for p in PROBES if request.startswith(f"GET /{p}".encode())),
-                               None):
-                status, body = probe_response(node, probe)
-                reason = b"OK" if status == HTTP_OK else b"Service Unavailable"
-                head = b"HTTP/1.0 %d %s\r\nContent-Type: text/plain\r\n" % (status, reason)
-            else:
-                body = b"not found\n"
-                head = b"HTTP/1.0 404 Not Found\r\nContent-Type: text/plain\r\n"
-            writer.write(head + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            await writer.drain()
-        except (TimeoutError, OSError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def scrape(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render().encode(),
+                            headers={"Content-Type": CONTENT_TYPE})
 
-    return await start_server(handle, host, port, tls=tls, name="metrics")
+    def probe(path: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def answer(request: web.Request) -> web.Response:
+            status, body = probe_response(node, path)
+            return web.Response(status=status, body=body, content_type="text/plain")
+
+        return answer
+
+    @web.middleware
+    async def authenticated(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # the handshake checked the CA; who the certificate names, and revocations, here
+        if tls is not None and (request.transport is None or checked_identity(
+            request.transport, port="metrics", cluster_id=node.config.cluster_id,
+            revocations=node.revocations,
+        ) is None):
+            raise web.HTTPForbidden(text="a certificate of this cluster, not revoked, is "
+                                         "required\n")
+        return await handler(request)
+
+    app = web.Application(middlewares=[authenticated])
+    app.router.add_get("/metrics", scrape)
+    for name in PROBES:
+        app.router.add_get(f"/{name}", probe(name))
+    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    await runner.setup()
+    assert runner.server is not None  # made by setup: the protocol factory of the connections
+    try:
+        server = await start_protocol_server(runner.server, host, port, tls=tls,
+                                             name="metrics")
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return MetricsServer(runner, server)

@@ -74,12 +74,14 @@ from consensus.errors import (
 from consensus.messages import Command, Record, SnapshotChunk
 from consensus.protocol.admission import check_frame
 from consensus.protocol.base import DrivenCore
-from consensus.protocol.membership import Change, MemberReplica, encode_change
+from consensus.protocol.membership import Change, MemberReplica, encode_change, view_text
 from consensus.protocol.ready import SLOT_STRIDE, Execution, Outgoing, Ready
 from consensus.protocol.registry import load_core
 from consensus.protocol.sdpaxos import VIEW_SPAN, SDPaxosReplica
 from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.client_protocol import (
+    NO_REQUEST,
+    BadRequest,
     ClientRequest,
     ClientResponse,
     Status,
@@ -259,7 +261,7 @@ class _Prepared:
 class _ClientConnection:
     """Answers for one client connection, written once per loop turn."""
 
-    __slots__ = ("out", "principal", "sealer", "serial", "tracked", "writer")
+    __slots__ = ("out", "principal", "refused_one", "sealer", "serial", "tracked", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter, tracked: Tracked) -> None:
         self.writer = writer
@@ -270,6 +272,15 @@ class _ClientConnection:
         self.out: list[bytes] = []
         #: its record in the client port's limits (outstanding requests, deadlines)
         self.tracked = tracked
+        #: a request of it was refused as undecodable (logged once per connection)
+        self.refused_one = False
+
+    def refuse(self, reason: str) -> None:
+        """Tell the client why its certificate is refused, before the connection closes:
+        the answer to every request it sends (``NO_REQUEST``)."""
+        self.writer.write(frame_to_wire(ClientResponse(
+            NO_REQUEST, "denied", f"the cluster refuses this client's certificate: {reason}"
+        ).encode()))
 
 
 #: Who waits for a request: an in-process caller's future, or (connection, request id).
@@ -711,9 +722,9 @@ class ReplicaNode:
             if inner is not None and (core.view, inner.role) != self._last_seen_view:
                 self._last_seen_view = (core.view, inner.role)
                 log.info(
-                    "replica %d: view %d, role %s, sequencer %d, executed through slot %d",
-                    self.me, core.view, inner.role.value, getattr(core, "sequencer", 0),
-                    core.executed_through(),
+                    "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
+                    self.me, view_text(core.view), inner.role.value,
+                    getattr(core, "sequencer", 0), core.executed_through(),
                 )
             if isinstance(core, MemberReplica):
                 if core.config is not self._known_config:
@@ -1338,8 +1349,13 @@ class ReplicaNode:
     ) -> None:
         limits = self.client_limits
         tracked = limits.open(writer.transport.abort)
-        if tracked is None:
-            writer.transport.abort()  # over the cap: counted and logged by the limits
+        if tracked is None:  # over the cap: counted and logged by the limits; the client
+            # told (a connection closed without a word reads as a refused certificate)
+            writer.write(frame_to_wire(ClientResponse(
+                NO_REQUEST, "indefinite", "the replica is at its client connection cap "
+                f"({limits.config.client_max_connections}); another replica may answer",
+            ).encode()))
+            writer.close()
             return
         frames = FrameReader(limits.config.client_max_frame_bytes)
         connection = _ClientConnection(writer, tracked)
@@ -1362,8 +1378,13 @@ class ReplicaNode:
                 for payload in payloads:
                     try:
                         request = decode_request(payload)
-                    except DecodeError as exc:
-                        writer.write(frame_to_wire(ClientResponse(0, "error", str(exc)).encode()))
+                    except BadRequest as exc:  # answered, under its own req_id if it has one
+                        if not connection.refused_one:  # logged once per connection
+                            connection.refused_one = True
+                            log.warning("refusing a request of the client at %s: %s",
+                                        writer.get_extra_info("peername"), exc)
+                        writer.write(frame_to_wire(
+                            ClientResponse(exc.req_id, "error", str(exc)).encode()))
                         continue
                     if request.kind == "partition":
                         writer.write(frame_to_wire(self._partition(request, principal).encode()))
@@ -1441,13 +1462,14 @@ class ReplicaNode:
         assert self._client_tls is not None
         identity = await accept_tls(
             connection.writer, self._client_tls, port="client", cluster_id=self.config.cluster_id,
-            revocations=self.revocations,
+            revocations=self.revocations, refused=connection.refuse,
         )
         if identity is None:
             return False
         if identity.principal is None:
             log.warning("refusing client connection from %s: %s is no client",
                         connection.writer.get_extra_info("peername"), identity.describe())
+            connection.refuse(f"{identity.describe()} is no client")
             return False
         connection.principal = identity.principal
         connection.sealer = sealer(identity.principal)

@@ -4,7 +4,10 @@ A kind is a ``StateMachineKind`` object: it reads its own keys of the ``[state_m
 table, builds the state machine a replica applies commands to, may serve something beside the
 replica (on the replica's ``grpc_address``), may add options to ``sdpaxos cluster init``, and
 may add metrics of its own to the replica's ``/metrics`` (``metrics``: plain ``StateMetric``
-values, so a kind needs no metrics library and ``consensus`` knows nothing of what they count).
+values, so a kind needs no metrics library and ``consensus`` knows nothing of what they count),
+says what a snapshot of its state holds (``describe_state``: ``sdpaxos snapshot status``),
+seeds a new cluster from a backup (``seed``: ``sdpaxos snapshot restore``) and judges the
+principal a client certificate is issued for (``check_principal``: ``sdpaxos cert issue``).
 ``consensus`` names none but its own: ``kv`` (``consensus.statemachine.KVStore``) is built in,
 and any installed distribution adds kinds through the ``sdpaxos.state_machines`` entry point
 group (``name = "module:object"`` in its pyproject.toml), as this project's replicated
@@ -28,6 +31,7 @@ from consensus.errors import ConfigError
 from consensus.statemachine import KVStore, StateMachine
 
 if TYPE_CHECKING:
+    from consensus.auth import Principal
     from consensus.runtime.cluster_config import ClusterConfig
     from consensus.runtime.node import ReplicaNode
 
@@ -35,7 +39,9 @@ __all__ = [
     "DEFAULT_KIND",
     "ENTRY_POINT_GROUP",
     "InitChoice",
+    "InitFile",
     "MetricsSource",
+    "Seed",
     "Service",
     "StateMachineKind",
     "StateMetric",
@@ -65,6 +71,15 @@ class Service(Protocol):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InitFile:
+    """A file ``cluster init`` writes beside the cluster file for a kind."""
+
+    text: str
+    #: printed after "wrote PATH": what it holds
+    about: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InitChoice:
     """What ``sdpaxos cluster init`` writes for a kind the user chose with its options."""
 
@@ -74,6 +89,24 @@ class InitChoice:
     grpc: bool = False
     #: printed after the cluster file was written: how to use what it serves
     hint: str = ""
+    #: files to write beside the cluster file (relative name -> file): written by ``cluster
+    #: init`` with the cluster file, never before everything was checked
+    files: Mapping[str, InitFile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Seed:
+    """What ``sdpaxos snapshot restore`` seeds a new cluster with (``StateMachineKind.seed``)."""
+
+    #: the new cluster file's ``[state_machine]`` choice (its table, files, gRPC)
+    choice: InitChoice
+    #: the state machine's snapshot the new log begins with
+    state: bytes
+    #: what the seed changes in the backup's state, one line each (say, a configuration
+    #: change's outcome for every group it touches)
+    changes: tuple[str, ...] = ()
+    #: the subset of ``changes`` that loses work: refused unless the operator allows it
+    losses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,9 +165,26 @@ class StateMachineKind:
 
     def init_choice(self, args: argparse.Namespace, cluster_file: Path) -> InitChoice | None:
         """What ``cluster init`` writes when its options chose this kind (None: they did
-        not). Runs once the cluster file's directory exists; may write files beside it; a
-        bad input is a ``ConfigError`` (nothing written)."""
+        not). Writes nothing itself (the files it needs go in ``InitChoice.files``); a bad
+        input is a ``ConfigError``."""
         return None
+
+    def describe_state(self, state: bytes) -> Mapping[str, object]:
+        """What a snapshot of this kind's state holds, for ``sdpaxos snapshot status``:
+        its configuration and counts, by name (``ConfigError`` for bytes that do not
+        load)."""
+        return {}
+
+    def seed(self, state: bytes, chosen: InitChoice | None, cluster_file: Path) -> Seed:
+        """How ``snapshot restore`` seeds a new cluster with ``state`` (a backup of this
+        kind): by default with the backup's own configuration; ``chosen`` is what the
+        operator's ``init`` options chose instead (None: none given). Writes nothing;
+        ``ConfigError`` for a state or choice that cannot be seeded."""
+        return Seed(choice=chosen or InitChoice(), state=state)
+
+    def check_principal(self, principal: Principal, config: ClusterConfig) -> None:
+        """``ConfigError`` if a client certificate for ``principal`` would name what the
+        cluster of ``config`` does not have (``sdpaxos cert issue``)."""
 
 
 class _KVKind(StateMachineKind):
@@ -142,6 +192,14 @@ class _KVKind(StateMachineKind):
 
     def build(self, config: ClusterConfig) -> StateMachine:
         return KVStore()
+
+    def describe_state(self, state: bytes) -> Mapping[str, object]:
+        store = KVStore()
+        try:
+            store.restore(state)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"not a key-value store snapshot: {exc}") from None
+        return {"keys": len(store.data)}
 
     def metrics(self, node: ReplicaNode) -> MetricsSource | None:
         machine = node.state_machine

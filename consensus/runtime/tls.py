@@ -60,9 +60,11 @@ __all__ = [
     "identity_of",
     "issue_client",
     "issue_replica",
+    "listening_socket",
     "load_ca",
     "make_ca",
     "server_context",
+    "start_protocol_server",
     "start_server",
     "write_private",
 ]
@@ -428,7 +430,7 @@ class Revocations:
             if not isinstance(table, dict):
                 raise ConfigError("no [tls] table")
             revoked = parse_revoked(table.get("revoked", []), f"{self.source}: [tls]")
-        except (OSError, tomllib.TOMLDecodeError, ConfigError) as exc:
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, ConfigError) as exc:
             log.warning("revocation list not reloaded, keeping %d serials: %s",
                         len(self.revoked), exc)
             return False
@@ -470,17 +472,22 @@ class TlsServer:
     began with their first byte (``loop.connect_accepted_socket``): a handshake the peer
     fails (plaintext, another CA, no certificate) is logged saying why and counted, where a
     server's own ``ssl=`` drops it silently. Handshakes under way are capped
-    (``MAX_HANDSHAKES``, ``guard``): silent connections make room for newcomers."""
+    (``MAX_HANDSHAKES``, ``guard``): silent connections make room for newcomers. A connection
+    goes to ``callback`` as streams, or to a protocol of ``protocol_factory`` (an HTTP
+    server's, say)."""
 
     def __init__(
-        self, sock: socket.socket, context: ssl.SSLContext,
-        callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
-        port: str, on_refused: Callable[[], None] | None,
-        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        self, sock: socket.socket, context: ssl.SSLContext, port: str,
+        on_refused: Callable[[], None] | None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+        *, callback: StreamCallback | None = None,
+        protocol_factory: Callable[[], asyncio.BaseProtocol] | None = None,
     ) -> None:
+        if (callback is None) == (protocol_factory is None):
+            raise ValueError("give a callback or a protocol factory")
         self.sockets = [sock]
         self._context = context
         self._callback = callback
+        self._protocol_factory = protocol_factory
         self._port = port
         self._on_refused = on_refused
         self._timeout = handshake_timeout_s
@@ -513,15 +520,15 @@ class TlsServer:
     async def _handshake(self, conn: socket.socket, address: object, entry: Handshaking) -> None:
         loop = asyncio.get_running_loop()
         reader = asyncio.StreamReader(loop=loop)
-        protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+        streams = asyncio.StreamReaderProtocol(reader, loop=loop)
+        factory = self._protocol_factory or (lambda: streams)
         deadline = asyncio.timeout(self._timeout)
         try:
             async with deadline:
                 await _readable(conn)
                 self.guard.talked(entry)
                 transport, _ = await loop.connect_accepted_socket(
-                    lambda: protocol, conn, ssl=self._context,
-                    ssl_handshake_timeout=self._timeout,
+                    factory, conn, ssl=self._context, ssl_handshake_timeout=self._timeout,
                 )
         except (ssl.SSLError, TimeoutError, ConnectionError, OSError) as exc:
             conn.close()
@@ -538,7 +545,9 @@ class TlsServer:
             self.guard.finished(entry)
             raise
         self.guard.finished(entry)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        if self._callback is None:  # the protocol serves the connection
+            return
+        writer = asyncio.StreamWriter(transport, streams, reader, loop)
         # the connection lives on in its own task, as asyncio.start_server's callbacks do
         task = asyncio.create_task(self._callback(reader, writer), name=f"{self._port}-conn")
         self._connections.add(task)
@@ -554,10 +563,13 @@ class TlsServer:
         await asyncio.gather(self._accepting, *self._handshakes, return_exceptions=True)
 
 
+#: what a stream server calls with each connection
+StreamCallback = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]]
+
+
 async def start_server(
-    callback: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Coroutine[Any, Any, None]],
-    host: str, port: int, *, tls: ssl.SSLContext | None, name: str = "",
-    on_refused: Callable[[], None] | None = None,
+    callback: StreamCallback, host: str, port: int, *, tls: ssl.SSLContext | None,
+    name: str = "", on_refused: Callable[[], None] | None = None,
     handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
 ) -> asyncio.Server | TlsServer:
     """``asyncio.start_server``; with ``tls``, a ``TlsServer`` whose ``callback`` gets only
@@ -566,6 +578,24 @@ async def start_server(
     the others."""
     if tls is None:
         return await asyncio.start_server(callback, host, port)
+    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}",
+                     on_refused, handshake_timeout_s, callback=callback)
+
+
+async def start_protocol_server(
+    protocol_factory: Callable[[], asyncio.BaseProtocol], host: str, port: int, *,
+    tls: ssl.SSLContext | None, name: str = "",
+) -> asyncio.Server | TlsServer:
+    """``loop.create_server(protocol_factory, ...)``; with ``tls`` a ``TlsServer`` handing
+    its protocols only connections whose handshake succeeded (the others logged)."""
+    if tls is None:
+        return await asyncio.get_running_loop().create_server(protocol_factory, host, port)
+    return TlsServer(await listening_socket(host, port), tls, name or f"{host}:{port}", None,
+                     protocol_factory=protocol_factory)
+
+
+async def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking socket listening on ``host:port`` (``OSError`` if it cannot)."""
     infos = await asyncio.get_running_loop().getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )
@@ -578,8 +608,7 @@ async def start_server(
     except OSError:
         sock.close()
         raise
-    return TlsServer(sock, tls, callback, name or f"{host}:{port}", on_refused,
-                     handshake_timeout_s)
+    return sock
 
 
 async def _readable(sock: socket.socket) -> None:
@@ -600,13 +629,14 @@ async def _readable(sock: socket.socket) -> None:
 
 async def accept_tls(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, *, port: str, cluster_id: str,
-    revocations: Revocations,
+    revocations: Revocations, refused: Callable[[str], None] | None = None,
 ) -> Identity | None:
     """The identity a connection's certificate names: the connection came from a
     ``TlsServer`` (handshake done) or is upgraded here (``context``). None (the refusal
     logged, saying why) for a peer that does not speak TLS, whose certificate is not of the
-    CA, names nothing of this cluster or is revoked. The caller closes a refused
-    connection."""
+    CA, names nothing of this cluster or is revoked; ``refused`` is told why a certificate
+    was refused after a handshake (the connection can still carry that to the peer). The
+    caller closes a refused connection."""
     if writer.get_extra_info("ssl_object") is None:
         peer = writer.get_extra_info("peername")
         try:
@@ -619,30 +649,36 @@ async def accept_tls(
             return None
         except (OSError, ConnectionError):
             return None  # gone during the handshake
-    return checked_identity(writer, port=port, cluster_id=cluster_id, revocations=revocations)
+    return checked_identity(writer, port=port, cluster_id=cluster_id, revocations=revocations,
+                            refused=refused)
 
 
 def checked_identity(
-    writer: asyncio.StreamWriter, *, port: str, cluster_id: str, revocations: Revocations,
+    writer: asyncio.StreamWriter | asyncio.BaseTransport, *, port: str, cluster_id: str,
+    revocations: Revocations, refused: Callable[[str], None] | None = None,
 ) -> Identity | None:
-    """The identity of a TLS connection's peer, or None (logged) if it names nothing of
-    this cluster or is revoked."""
-    peer = writer.get_extra_info("peername")
+    """The identity of a TLS connection's peer, or None (logged, and ``refused`` told why)
+    if it names nothing of this cluster or is revoked."""
     ssl_object = writer.get_extra_info("ssl_object")
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    reason: str | None = None
+    key = ""
+    identity = None
     if not der:
-        _refusals.warning(f"{port} no certificate", "refusing %s connection from %s: no "
-                          "client certificate", port, peer)
-        return None
-    try:
-        identity = identity_of(der, cluster_id)
-    except ConfigError as exc:
-        _refusals.warning(f"{port} no identity", "refusing %s connection from %s: %s", port,
-                          peer, exc)
-        return None
-    if revocations.is_revoked(identity.serial):
-        _refusals.warning(f"{port} revoked {identity.serial:x}", "refusing %s connection from "
-                          "%s: the certificate of %s is revoked", port, peer,
-                          identity.describe())
-        return None
-    return identity
+        reason, key = "no client certificate", "no certificate"
+    else:
+        try:
+            identity = identity_of(der, cluster_id)
+        except ConfigError as exc:
+            reason, key = str(exc), "no identity"
+        else:
+            if revocations.is_revoked(identity.serial):
+                reason = f"the certificate of {identity.describe()} is revoked"
+                key = f"revoked {identity.serial:x}"
+    if reason is None:
+        return identity
+    _refusals.warning(f"{port} {key}", "refusing %s connection from %s: %s", port,
+                      writer.get_extra_info("peername"), reason)
+    if refused is not None:
+        refused(reason)
+    return None

@@ -124,6 +124,43 @@ def test_child_of_the_wrong_type_is_named() -> None:
     assert "rack-a/dgx-a1" in message and "unknown child type" in message
 
 
+@pytest.mark.parametrize(("where", "key", "fragment"), [
+    ([], "virtualCluster", "configuration: unknown key virtualCluster (did you mean "
+     "virtualClusters?)"),
+    (["physicalCluster"], "celltypes", "physicalCluster: unknown key celltypes (did you mean "
+     "cellTypes?)"),
+    (["physicalCluster", "cellTypes", "V100-NODE"], "isNodelevel", "cell type V100-NODE: "
+     "unknown key isNodelevel (did you mean isNodeLevel?)"),
+    (["physicalCluster", "physicalCells", 0], "cellAdress", "physicalCells[0]: unknown key "
+     "cellAdress (did you mean cellAddress?)"),
+    (["physicalCluster", "physicalCells", 0, "cellChildren", 1], "pinnedCellID",
+     "physical cell rack-a (V100-RACK): child 1: unknown key pinnedCellID (did you mean "
+     "pinnedCellId?)"),
+    (["virtualClusters", "VC1"], "virtualcells", "virtual cluster VC1: unknown key "
+     "virtualcells (did you mean virtualCells?)"),
+    (["virtualClusters", "VC1", "virtualCells", 0], "number", "virtualCells[0]: unknown key "
+     "number"),
+])
+def test_unknown_keys_are_refused_naming_the_nearest_known_one(
+    where: list[Any], key: str, fragment: str
+) -> None:
+    # issue 34: a misspelled top-level virtualCluster: loaded as zero VCs without a word
+    config = raw()
+    table = config
+    for step in where:
+        table = table[step]
+    table[key] = table.pop("virtualClusters") if key == "virtualCluster" else 1
+    assert fragment in _error(config)
+
+
+def test_the_keys_hived_reads_and_the_store_ignores_are_accepted() -> None:
+    config = raw()
+    config.update(webServerAddress=":9096", waitingPodSchedulingBlockMilliSec=50,
+                  kubeApiServerAddress="http://k8s:8080", forcePodBindThreshold=3)
+    assert "skuTypes" in config["physicalCluster"]  # OpenPAI's, in the shared fixture
+    assert parse_config(config) == parse_config(raw())
+
+
 def test_unknown_top_level_type_is_named() -> None:
     config = raw()
     config["physicalCluster"]["physicalCells"][2]["cellType"] = "P100-NODE"

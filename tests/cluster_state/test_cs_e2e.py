@@ -291,7 +291,6 @@ def test_concurrent_schedulers_at_every_site_through_replica_processes(
                            for p in g["pods"]]} for g in final]
         for words, message in (
             (["--vc", "nope", "--pods", "1x1"], "unknown virtual cluster"),
-            (["--vc", "vc00", "--priority", "1001", "--pods", "1x1"], "priority"),
             (["--vc", "vc00", "--priority", "-1", "--pinned", "vc00-PIN", "--pods", "1x8"],
              "pinned"),
         ):

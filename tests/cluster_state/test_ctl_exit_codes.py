@@ -62,3 +62,55 @@ def test_no_replica_reachable_is_unavailable_and_no_endpoint_is_usage(
     dead = f"127.0.0.1:{free_base_port()}"
     assert main(["ctl", "summary", "--endpoints", dead, "--timeout", "2"]) == UNAVAILABLE
     assert "UNAVAILABLE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("words", "fragment"), [
+    (["submit", "j", "--vc", "vc00", "--pods", "1x1", "--priority", "99999999999999999999"],
+     "--priority: 99999999999999999999 is not in -1..1000"),
+    (["submit", "j", "--vc", "vc00", "--pods", "5000000000x1"],
+     "5000000000 pods in '5000000000x1'; a group has at most 4096"),
+    (["submit", "j", "--vc", "vc00", "--pods", "1x5000000000"], "is over 4294967295"),
+    (["submit", "a" * 100_000, "--vc", "vc00", "--pods", "1x1"],
+     "a name must be 1..256 characters, not 100000"),
+    (["submit", "nul\x01job", "--vc", "vc00", "--pods", "1x1"],
+     "must not hold control characters: U+0001 at 3"),
+    (["bind", "j", "--vc", "vc00", "--pods", "1x1", "--on", "n:0-99999999999",
+      "--revision", "1"], "names more than 4096 GPUs for one pod"),
+    (["bind", "j", "--vc", "vc00", "--pods", "1x1", "--on", "n:0", "--revision",
+      "99999999999999999999"], "--revision: 99999999999999999999 is not in"),
+    (["watch", "--from", "x"], "--from: expected an integer, got 'x'"),
+])
+def test_bad_numbers_and_names_are_usage_errors_naming_the_limit(
+    words: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 34: these printed Python tracebacks and exited 1 (the name: "must be a non-empty
+    # string", its limit of 256 never named; a NUL in a name was placed)
+    with pytest.raises(SystemExit) as exited:
+        main(["ctl", "--endpoints", "127.0.0.1:1", *words])
+    assert exited.value.code == USAGE
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_a_node_the_store_does_not_have_is_refused(
+    server: str, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    # issue 34: "warning: unknown node", a table, and exit 0
+    assert main(["ctl", "--server", server, "node", "nosuch", "--bad"]) == REFUSED
+    captured = capsys.readouterr()
+    assert "unknown node 'nosuch'" in captured.err and "nothing changed" in captured.err
+    assert captured.out == ""
+    assert main(["ctl", "--server", server, "--json", "node", "nosuch", "--bad"]) == REFUSED
+    assert json.loads(capsys.readouterr().out)["changed"] is False
+
+
+def test_names_with_control_characters_never_reach_the_log() -> None:
+    from cluster_state import ops
+    from cluster_state.errors import InvalidRequest
+
+    for build in (lambda: ops.submit("a\x00b", "vc00", 1, [(1, 1)]),
+                  lambda: ops.release("a\x00b"), lambda: ops.set_node_health("n\x7f", False),
+                  lambda: ops.submit("j", "v\nc", 1, [(1, 1)])):
+        with pytest.raises(InvalidRequest, match="control characters"):
+            build()
+    assert ops.decode_op(ops.submit("ok name", "vc00", 1, [(1, 1)]))  # a space is fine

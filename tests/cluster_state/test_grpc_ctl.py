@@ -126,7 +126,6 @@ def test_invalid_requests_fail_clearly_and_change_nothing(
 ) -> None:
     cases = [
         (["--vc", "nope", "--priority", "1", "--pods", "1x1"], "unknown virtual cluster"),
-        (["--vc", "vc00", "--priority", "1001", "--pods", "1x1"], "priority"),
         (["--vc", "vc00", "--priority", "-1", "--pods", "1x8", "--pinned", "vc00-PIN"],
          "pinned"),
         (["--vc", "vc00", "--priority", "1", "--pods", "1x9"], "does not fit"),
@@ -140,6 +139,15 @@ def test_invalid_requests_fail_clearly_and_change_nothing(
     assert code == 1 and "NOT_FOUND" in err
     with pytest.raises(SystemExit):
         main(["ctl", "--server", server, "submit", "x", "--vc", "vc00", "--pods", "2y8"])
+    with pytest.raises(SystemExit):  # ctl refuses it itself (a usage error), the store too:
+        main(["ctl", "--server", server, "submit", "x", "--vc", "vc00", "--priority", "1001",
+              "--pods", "1x1"])
+    with pytest.raises(grpc.RpcError) as caught:
+        stub_for(server).Submit(pb.SubmitRequest(group=pb.GroupSpec(
+            name="x", vc="vc00", priority=1001, members=[pb.Member(pods=1, leaves=1)])),
+            timeout=10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "priority" in (caught.value.details() or "")
 
 
 def stub_for(server: str) -> Any:
@@ -362,3 +370,39 @@ def test_ctl_watch_now_shows_only_what_changes_after_it(
     shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == [0] and len(shown) == 2
     assert all(event["subject"].startswith("after") for event in shown), shown
+
+
+def test_undecodable_requests_are_invalid_argument_and_bad_names_never_reach_the_log(
+    server: str,
+) -> None:
+    """Issue 34: invalid UTF-8 in a string field was ``UNKNOWN`` ("Unexpected DecodeError");
+    a group named with a NUL was placed."""
+    import grpc
+
+    from cluster_state.grpc_api import cluster_state_pb2 as pb
+    from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
+
+    bad_utf8 = b"\x0a\x02\xff\xfe"  # field 1 (name / group), a string of two invalid bytes
+    truncated = b"\x08\xff"  # field 1 (since), a varint cut short
+    service = "/sdpaxos.cluster_state.v1.AllocationService/"
+    with grpc.insecure_channel(server) as channel:
+        for method, streams, data in (("GetGroup", False, bad_utf8),
+                                      ("Submit", False, bad_utf8), ("Watch", True, truncated)):
+            raw = (channel.unary_stream if streams else channel.unary_unary)(
+                service + method, request_serializer=lambda b: b,
+                response_deserializer=lambda b: b)
+            with pytest.raises(grpc.RpcError) as caught:
+                reply = raw(data, timeout=10)
+                if streams:
+                    next(iter(reply))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+            assert "is not a valid sdpaxos.cluster_state.v1." in (caught.value.details() or "")
+        stub = pb_grpc.AllocationServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Submit(pb.SubmitRequest(group=pb.GroupSpec(
+                name="nul\x00job", vc="vc00", priority=1, members=[pb.Member(pods=1, leaves=1)],
+            )), timeout=10)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "control characters: U+0000" in (caught.value.details() or "")
+        listing = stub.ListAllocations(pb.QueryRequest(typed=True), timeout=10)
+        assert list(listing.groups) == []  # nothing was placed

@@ -257,10 +257,12 @@ async def test_ctl_presents_the_cluster_certificate_or_a_given_one(
         capsys.readouterr()
         assert await asyncio.to_thread(main, [*as_a, "--json", "vc", "vc01"]) == 1
         assert "PERMISSION_DENIED" in capsys.readouterr().err
-        # plaintext against a TLS replica: refused
+        # plaintext against a TLS replica: refused, saying why (issue 34: "UNAVAILABLE ...
+        # Socket closed", exit 3)
         code = await asyncio.to_thread(
             main, ["ctl", "--server", c.target, "--timeout", "2", "--json", "vc", "vc00"])
-        assert code == 3 and "UNAVAILABLE" in capsys.readouterr().err  # exit_codes.UNAVAILABLE
+        assert code == 5  # exit_codes.TLS_REFUSED
+        assert "requires TLS and this client spoke plaintext" in capsys.readouterr().err
 
 
 async def test_a_revoked_certificates_open_calls_end_when_the_revocation_is_reloaded(
@@ -299,3 +301,20 @@ async def test_a_revoked_certificates_open_calls_end_when_the_revocation_is_relo
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
         assert json.loads((await kept.GetVC(pb.QueryRequest(name="vc00"), timeout=10)).json)
         streams[1].cancel()
+
+
+def test_a_scheduler_certificate_names_only_virtual_clusters_that_exist(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 34: a certificate for a VC the cluster does not have was issued (and opened nothing)
+    assert main(["cluster", "init", "--dir", str(tmp_path), "--tls", "--gpu-store"]) == 0
+    config = str(tmp_path / "cluster.toml")
+    capsys.readouterr()
+    assert main(["cert", "issue", "--config", config, "--client", "s1", "--role", "scheduler",
+                 "--vcs", "vc00,nosuchvc"]) == 2
+    err = capsys.readouterr().err
+    assert "no virtual cluster nosuchvc in" in err and "it has vc00, vc01, vc02, vc03" in err
+    assert not (tmp_path / "tls" / "s1.pem").exists()
+    assert main(["cert", "issue", "--config", config, "--client", "s1", "--role", "scheduler",
+                 "--vcs", "vc00,vc01"]) == 0
+    assert (tmp_path / "tls" / "s1.pem").exists()

@@ -187,10 +187,11 @@ def test_config_apply_inspect_and_health_warning_over_grpc(
     assert "physical cluster" in capsys.readouterr().out
     assert main(["ctl", "--server", address, "inspect", "vc", "vc00"]) == 0
     assert "virtual cluster vc00" in capsys.readouterr().out
-    # a health report for a node the configuration does not know: ignored, with a warning
+    # a health report for a node the configuration does not know: ignored (the API answers
+    # with a warning), which ctl reports as a refusal (issue 34: it exited 0)
     code, out, err = ctl(capsys, address, "node", on[0], "--bad")
-    assert code == 0 and json.loads(out)["changed"] is False
-    assert "unknown node" in json.loads(out)["warning"] and "warning" in err
+    assert code == 1 and json.loads(out)["changed"] is False
+    assert "unknown node" in json.loads(out)["error"] and "nothing changed" in err
 
 
 def test_embedded_reconfigure_and_inspect(

@@ -227,7 +227,8 @@ class AllocationMachine(RuleBasedStateMachine):
             assert result[0] in {"conflict", "error"}, result
             assert allocation_state(self.store) == before
 
-    @rule(data=st.sampled_from([b"\xc1", msgpack.packb(["submit", 1]), release("")]))
+    @rule(data=st.sampled_from([b"\xc1", msgpack.packb(["submit", 1]),
+                                msgpack.packb(["release", ""])]))
     def invalid_op(self, data: bytes) -> None:
         before = self.store.snapshot()
         assert self._apply(data)[0] == "error"

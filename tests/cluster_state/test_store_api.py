@@ -262,6 +262,37 @@ def test_an_embedded_store_in_async_with_unhooks_its_open_watches(tmp_path: Path
     asyncio.run(asyncio.wait_for(run(), 20))
 
 
+def test_grpc_health_follows_readiness(tmp_path: Path) -> None:
+    """Issue 34: grpc.health.v1 said SERVING for as long as the server ran, while /readyz
+    said 503 (a replica cut off from the majority)."""
+    serving, not_serving = (health_pb2.HealthCheckResponse.SERVING,
+                            health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def run() -> None:
+        nodes = await start(tmp_path)
+        async with grpc_served(nodes[:1]) as (target,):
+            channel = grpc.aio.insecure_channel(target)
+            try:
+                checks = health_pb2_grpc.HealthStub(channel)
+                request = health_pb2.HealthCheckRequest(service=SERVICE_NAME)
+                assert (await checks.Check(request, timeout=10)).status == serving
+                watch = checks.Watch(request)
+                assert (await anext(aiter(watch))).status == serving
+                for node in nodes[1:]:  # the majority is gone: replica 0 is not ready
+                    await node.stop()
+                async with asyncio.timeout(10):  # pushed to the watcher as it changes
+                    assert (await anext(aiter(watch))).status == not_serving
+                assert (await checks.Check(request, timeout=10)).status == not_serving
+                whole = health_pb2.HealthCheckRequest(service="")
+                assert (await checks.Check(whole, timeout=10)).status == not_serving
+                watch.cancel()
+            finally:
+                await channel.close()
+        await nodes[0].stop()
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
 def test_health_and_reflection_are_served_next_to_the_api(tmp_path: Path) -> None:
     async def run() -> None:
         nodes = await start(tmp_path)

@@ -38,5 +38,5 @@ async def setup() -> AsyncIterator[Setup]:
         task.cancel()
     await asyncio.gather(*s.tasks, return_exceptions=True)
     await kube.close()
-    server.close()
+    await server.stop()
     await s.api.stop()

@@ -122,6 +122,8 @@ class FakeApiServer:
         self.requests.append((request.method, request.path, query))
         self.headers.append(dict(request.headers))
         parts = request.path.strip("/").split("/")
+        if request.method == "GET" and parts == ["version"]:
+            return web.json_response({"major": "1", "minor": "30", "gitVersion": "v1.30.0-fake"})
         if request.method == "GET" and parts in (["api", "v1", "pods"], ["api", "v1", "nodes"]):
             kind = parts[2]
             if _watching(query):

@@ -330,26 +330,77 @@ async def test_node_watch_feeds_node_health(setup: Setup) -> None:
 async def test_bytes_that_are_not_http_get_400_and_the_extender_goes_on(setup: Setup) -> None:
     s = setup
     port = int(s.url.rsplit(":", 1)[1])
-    for garbage in (b"\x00\xff garbage\r\n\r\n", b"POST /v1/extender/filter HTTP/1.1\r\n"
-                    b"Content-Length: 99999999999\r\n\r\n", b"GET / HTTP/1.1\r\nno colon\r\n\r\n"):
+    for garbage, status in (
+        (b"\x00\xff garbage\r\n\r\n", b"400"),
+        (b"POST /v1/extender/filter HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n"
+         b"\r\n", b"413"),
+        (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400"),
+    ):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(garbage)
         await writer.drain()
-        answer = await reader.read()
+        async with asyncio.timeout(10):  # answered at once (a body over the limit unread)
+            answer = await reader.readline()
         writer.close()
-        assert answer.startswith(b"HTTP/1.1 400"), (garbage, answer[:80])
-    # HTTP, but not the path's JSON: HiveD's user error in the answer, as HiveD gives it
-    status, body = await request(s.url, "POST", "/v1/extender/filter", None)
-    assert status == 200 and body["Error"] == (
-        "Code: 400, Message: hivedscheduler: User Error: Failed to unmarshal web request body "
-        "to ExtenderArgs: EOF")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/extender/filter HTTP/1.1\r\nContent-Length: 5\r\n"
-                 b"Connection: close\r\n\r\n{nope")
-    await writer.drain()
-    answer = await reader.read()
-    writer.close()
-    assert answer.startswith(b"HTTP/1.1 200") and b"Failed to unmarshal web request body to " \
-        b"ExtenderArgs" in answer, answer
+        assert answer.startswith(b"HTTP/1.") and answer.split()[1] == status, (garbage, answer)
     status, body = await s.get("/healthz")
     assert (status, body) == (200, {"status": "ok"})
+
+
+async def test_healthz_fails_while_the_api_server_or_the_store_is_out_of_reach(
+    setup: Setup,
+) -> None:
+    """Issue 34: the extender's /healthz was 200 while the Kubernetes API server was down."""
+    from cluster_state.k8s.cli import health_check
+    from cluster_state.k8s.kube import KubeApi
+    from cluster_state.k8s.web import serve
+    from consensus.runtime.local_cluster import free_base_port
+
+    s = setup
+    nowhere = free_base_port()  # nothing listens there
+    down_api = KubeApi(f"http://127.0.0.1:{nowhere}", timeout_s=1.0)
+    down_store = AllocationStore.connect([("127.0.0.1", nowhere + 1)], timeout_s=0.5,
+                                         attempts=1)
+    cases = [(s.client, KubeApi(s.api.url), 200, ""),
+             (s.client, down_api, 503, f"Kubernetes API http://127.0.0.1:{nowhere}: "),
+             (down_store, KubeApi(s.api.url), 503, "allocation store: ")]
+    try:
+        for store, kube, status, problem in cases:
+            server = await serve(s.extender.handle, "127.0.0.1", 0,
+                                 health=health_check(store, kube, s.pods.synced))
+            url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            try:
+                for path in ("/healthz", "/readyz"):
+                    got, body = await request(url, "GET", path)
+                    assert got == status, (path, body)
+                    assert problem in " ".join(body.get("problems", [""]))
+                assert await request(url, "GET", "/livez") == (200, {"status": "ok"})
+            finally:
+                await server.stop()
+                await kube.close()
+    finally:
+        await down_store.close()
+
+
+async def test_a_taken_port_is_a_clear_error_not_a_traceback(
+    tmp_path: Path, setup: Setup
+) -> None:
+    """Issue 34: the extender on a taken port died with a traceback."""
+    import subprocess
+    import sys
+
+    from consensus.runtime.cli import cluster_toml
+
+    s = setup
+    taken = int(s.url.rsplit(":", 1)[1])  # the fixture's extender listens there
+    config = tmp_path / "cluster.toml"
+    config.write_text(cluster_toml(3, 20_000, wan=False))
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "bench.cli", "extender", "--config", str(config), "--listen",
+         f"127.0.0.1:{taken}", "--kube-api", s.api.url],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith(f"cannot listen on 127.0.0.1:{taken}: Address already "
+                                        "in use"), done.stderr
+    assert "Traceback" not in done.stderr

@@ -251,7 +251,7 @@ async def scenario(cluster: LocalCluster, tmp_path: Path) -> None:
         cache.cancel()
         await asyncio.gather(reaper, cache, return_exceptions=True)
         await kube.close()
-        server.close()
+        await server.stop()
         await store.close()
         await api.stop()
 

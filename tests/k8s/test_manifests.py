@@ -27,6 +27,7 @@ import yaml
 from bench.cli import build_parser
 from cluster_state.config import load_config
 from cluster_state.k8s.extender import Extender
+from cluster_state.k8s.web import LIVE_PATH, READY_PATHS
 from consensus.errors import ConfigError
 from consensus.runtime.cluster_config import load_cluster_config
 
@@ -199,6 +200,9 @@ def test_the_extender_and_kube_scheduler_cross_references(tmp_path: Path) -> Non
     (container,) = pod["containers"]
     args = parse_cli(container["args"])
     assert args.watch_nodes and args.listen[1] == container["ports"][0]["containerPort"]
+    # probes: the process runs (restarts nothing over an outage elsewhere); it can work
+    assert container["livenessProbe"]["httpGet"]["path"] == LIVE_PATH
+    assert container["readinessProbe"]["httpGet"]["path"] in READY_PATHS
     volumes = {v["name"]: v for v in pod["volumes"]}
     mount = mounted(objects, volumes["cluster"], tmp_path / "mount")
     assert container["volumeMounts"][0]["mountPath"] == str(Path(args.config).parent)

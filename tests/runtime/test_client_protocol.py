@@ -9,8 +9,10 @@ import msgpack
 import pytest
 
 from consensus.errors import DecodeError
-from consensus.messages import Command
+from consensus.messages import MAX_KEY_BYTES, MAX_OP_BYTES, Command
 from consensus.runtime.client_protocol import (
+    NO_REQUEST,
+    BadRequest,
     ClientRequest,
     Cut,
     decode_partition,
@@ -68,3 +70,22 @@ def test_a_partition_op_is_a_two_way_list_or_a_one_way_map() -> None:
 def test_a_malformed_partition_op_is_refused(op: bytes) -> None:
     with pytest.raises(DecodeError):
         decode_partition(op, 3)
+
+
+@pytest.mark.parametrize(("fields", "req_id", "reason"), [
+    ([7, "cmd", 3, 9, b"x" * (MAX_OP_BYTES + 1), [], False], 7,
+     f"op of {MAX_OP_BYTES + 1} bytes is over the limit of {MAX_OP_BYTES} bytes"),
+    ([8, "cmd", 3, 9, b"op", ["k" * (MAX_KEY_BYTES + 1)], False], 8,
+     f"a key of {MAX_KEY_BYTES + 1} bytes is over the limit of {MAX_KEY_BYTES} bytes"),
+    ([9, "nope", 3, 9, b"op", [], False], 9, "kind must be one of"),
+    ([-1, "cmd", 3, 9, b"op", [], False], NO_REQUEST, "req_id must be a non-negative int64"),
+    (["x"], NO_REQUEST, "request must be"),
+])
+def test_a_refused_request_is_answered_under_its_own_id_naming_the_limit(
+    fields: list[object], req_id: int, reason: str
+) -> None:
+    # issue 34: a 1 MiB put was answered under req_id 0 with msgpack's words ("exceeds
+    # max_bin_len"): the client matched no request, and timed out with an empty reason
+    with pytest.raises(BadRequest) as refused:
+        decode_request(msgpack.packb(fields, use_bin_type=True))
+    assert refused.value.req_id == req_id and reason in str(refused.value)

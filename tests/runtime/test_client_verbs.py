@@ -216,3 +216,22 @@ def test_snapshot_save_through_endpoints_learns_the_cluster_from_a_replica(
     assert main(["snapshot", "save", str(tmp_path / "no.bak"), "--endpoints", dead,
                  "--timeout", "1"]) == UNAVAILABLE
     assert not (tmp_path / "no.bak").exists()
+
+
+@pytest.mark.parametrize(("key", "fragment"), [
+    ("", "a key must be 1..1024 bytes of UTF-8, not 0"),
+    ("k" * 1025, "a key must be 1..1024 bytes of UTF-8, not 1025"),
+])
+def test_an_empty_or_oversize_key_is_a_usage_error(
+    key: str, fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # issue 34: an empty key was accepted ("OK") and stored
+    for verb in (["put", key, "v"], ["get", key], ["del", key], ["cas", key, "v", "--absent"]):
+        with pytest.raises(SystemExit) as exited:
+            main([*verb, "--endpoints", "127.0.0.1:1"])
+        assert exited.value.code == USAGE
+        assert fragment in capsys.readouterr().err
+    from consensus.statemachine import kv_put
+
+    with pytest.raises(ValueError, match="a key must be"):
+        kv_put(key, "v")

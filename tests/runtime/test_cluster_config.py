@@ -112,3 +112,21 @@ def test_an_older_file_without_initial_replicas_reads_as_before(tmp_path: Path) 
     head, sep, tail = text.partition("[protocol]")
     config = _write(tmp_path, head + _joined(3, 20_000) + "\n" + sep + tail)
     assert config.protocol.replicas == 3 and [s.id for s in config.replicas] == [0, 1, 2, 3]
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error_not_a_traceback(tmp_path: Path) -> None:
+    # issue 34: a UnicodeDecodeError traceback (exit 1) from every verb given such a file
+    path = tmp_path / "cluster.toml"
+    path.write_bytes(b'cluster_id = "\xff\xfe"\n')
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 14\)"):
+        load_cluster_config(path)
+
+
+def test_a_port_out_of_range_is_named_as_such(tmp_path: Path) -> None:
+    # issue 34: "expected host:port, got '127.0.0.1:70000'"
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, 20_000, wan=False).replace("127.0.0.1:20001",
+                                                               "127.0.0.1:70001"))
+    with pytest.raises(ConfigError, match=r"port 70001 of '127.0.0.1:70001' is out of range "
+                                          r"\(1..65535\)"):
+        load_cluster_config(path)

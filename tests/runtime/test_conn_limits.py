@@ -19,7 +19,12 @@ from consensus.codec import FORMAT_VERSION, FrameReader, frame_to_wire
 from consensus.errors import ConfigError
 from consensus.messages import Command
 from consensus.runtime.client import Client, cut_off
-from consensus.runtime.client_protocol import ClientRequest, ClientResponse, decode_response
+from consensus.runtime.client_protocol import (
+    NO_REQUEST,
+    ClientRequest,
+    ClientResponse,
+    decode_response,
+)
 from consensus.runtime.cluster_config import parse_cluster_config
 from consensus.runtime.conn_limits import (
     LARGEST_REQUEST_BYTES,
@@ -389,7 +394,13 @@ def test_connections_over_the_caps_are_refused_while_the_others_keep_working(
         try:
             kept = [await asyncio.open_connection(*clients[0]) for _ in range(2)]
             reader, extra = await asyncio.open_connection(*clients[0])
-            assert await _closed_by_peer(reader) < 1.0  # at once
+            # told why, then closed at once: a client tries another replica (a connection
+            # closed without a word would read as a refused TLS certificate)
+            async with asyncio.timeout(1.0):
+                told = decode_response(FrameReader().feed(await reader.read(1 << 16))[0])
+            assert (told.req_id, told.status) == (NO_REQUEST, "indefinite")
+            assert "client connection cap (2)" in str(told.payload)
+            assert await _closed_by_peer(reader) < 1.0
             extra.close()
             assert _metric(node, "sdpaxos_client_connections_refused_total") == 1
             assert _metric(node, "sdpaxos_client_connections_open") == 2

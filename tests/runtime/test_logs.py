@@ -9,6 +9,9 @@ import contextlib
 import io
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -154,3 +157,54 @@ def test_the_replica_loop_failing_is_logged_with_its_traceback(
     entry = json.loads(line)
     assert entry["msg"] == "replica 0: event loop failed"
     assert "RuntimeError: disk on fire" in entry["exc"] and "broken_loop" in entry["exc"]
+
+
+def test_lines_native_libraries_write_on_stderr_become_json_records() -> None:
+    """Issue 34: gRPC's C core wrote its own lines into the replica's JSON log."""
+    code = """
+import logging, os, time
+from consensus.runtime.logs import configure_logging
+from consensus.runtime.native_logs import capture_native_stderr
+configure_logging("info")
+capture_native_stderr()
+os.write(2, b"I1128 19:52:01.518153    2502 ssl_transport_security.cc:2563] Handshake failed\\n")
+os.write(2, b"E1128 19:52:01.518200    2502 chttp2_server.cc:12] bind failed\\n")
+os.write(2, b"not absl at all\\n")
+logging.getLogger("sdpaxos").warning("our own")
+time.sleep(0.5)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    assert sorted((r["logger"], r["level"], r["msg"]) for r in records) == sorted([
+        ("grpc", "info", "Handshake failed (ssl_transport_security.cc:2563)"),
+        ("grpc", "error", "bind failed (chttp2_server.cc:12)"),
+        ("stderr", "warning", "not absl at all"),
+        ("sdpaxos", "warning", "our own"),  # the thread logs the pipe's lines when it can
+    ])
+
+
+def test_a_replica_that_cannot_bind_its_port_logs_one_json_record(tmp_path: Path) -> None:
+    """A port taken by another process: the replica's log stays JSON (a Python traceback
+    was printed over it) and it exits 1."""
+    import socket
+
+    from consensus.runtime.cli import cluster_toml
+    from consensus.runtime.local_cluster import free_base_port
+
+    base = free_base_port()
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, base, wan=False))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base))  # replica 0's peer port
+        taken.listen()
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.cli", "serve", "--config", str(path), "--id", "0",
+             "--initial-cluster-state", "new"],
+            capture_output=True, text=True, timeout=60, env={**os.environ,
+                                                             "PYTHONPATH": os.getcwd()})
+    assert done.returncode == 1
+    records = [json.loads(line) for line in done.stderr.splitlines()]  # every line is JSON
+    assert any(r["level"] == "error" and "replica 0 stopped" in r["msg"]
+               and "address already in use" in r["msg"] for r in records), records

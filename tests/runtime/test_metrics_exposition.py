@@ -188,3 +188,39 @@ def test_histogram_buckets_and_quantiles() -> None:
         except ValueError:
             continue
         raise AssertionError(f"bounds {bad} accepted")
+
+
+async def test_the_metrics_port_answers_exact_paths_with_head_404_and_405(
+    tmp_path: Path,
+) -> None:
+    """Issue 34: a readline() parser matched by prefix: GET /livezzz was 200, /metricsXYZ
+    served metrics, HEAD /metrics was 404."""
+    import aiohttp
+
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    config = load_cluster_config(path)
+    node = ReplicaNode(config, 0, KVStore(), fsync=False)
+    host, port = config.replica(0).metrics_address or ("", 0)
+    server = await serve_metrics(node, host, port)
+    await node.start()
+    base = f"http://{host}:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def status(method: str, target: str) -> tuple[int, bytes]:
+                async with session.request(method, base + target) as response:
+                    return response.status, await response.read()
+
+            code, body = await status("GET", "/metrics")
+            assert code == 200 and b"sdpaxos_view" in body
+            assert await status("HEAD", "/metrics") == (200, b"")
+            assert (await status("GET", "/livez"))[0] == 200
+            assert (await status("HEAD", "/livez"))[0] == 200
+            assert (await status("GET", "/readyz"))[0] == 503  # alone: no majority heard
+            for wrong in ("/livezzz", "/metricsXYZ", "/readyz/x", "/", "/metric"):
+                assert (await status("GET", wrong))[0] == 404, wrong
+            for method in ("POST", "PUT", "DELETE"):
+                assert (await status(method, "/metrics"))[0] == 405, method
+    finally:
+        await server.stop()
+        await node.stop()

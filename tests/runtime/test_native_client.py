@@ -9,10 +9,17 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from consensus.errors import DefiniteFailure
+from consensus.codec import FrameReader, frame_to_wire
+from consensus.errors import DefiniteFailure, TlsRefused
+from consensus.messages import MAX_OP_BYTES, Command
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, cut_off
-from consensus.runtime.client_protocol import ClientResponse
+from consensus.runtime.client_protocol import (
+    NO_REQUEST,
+    ClientRequest,
+    ClientResponse,
+    decode_response,
+)
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -113,3 +120,65 @@ def test_a_request_whose_fate_was_lost_is_settled_through_the_log(tmp_path: Path
                 await node.stop()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_an_oversize_request_is_refused_naming_its_limit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34: a 1 MiB put got an IndefiniteFailure with an empty reason after the client's
+    timeout, and the replica logged nothing."""
+    path = tmp_path / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    config = load_cluster_config(path)
+
+    async def run() -> None:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        for node in nodes:
+            await node.start()
+        try:
+            address = config.replica(0).client_address
+            async with Client(7, [address], timeout_s=5.0, attempts=1) as client:
+                with pytest.raises(DefiniteFailure, match=f"over the limit of {MAX_OP_BYTES} "
+                                                          "bytes; nothing was sent"):
+                    await client.execute(kv_put("big", "x" * (1 << 20)), ["big"])
+            # a client that sends it anyway is answered under the request's own id, at once
+            reader, writer = await asyncio.open_connection(*address)
+            big = Command(client_id=7, seq=0, op=b"x" * (MAX_OP_BYTES + 8), keys=())
+            writer.write(frame_to_wire(ClientRequest(42, "cmd", big).encode()))
+            frames = FrameReader()
+            async with asyncio.timeout(5):
+                while not (payloads := frames.feed(await reader.read(1 << 16))):
+                    pass
+            answer = decode_response(payloads[0])
+            assert (answer.req_id, answer.status) == (42, "error")
+            assert f"is over the limit of {MAX_OP_BYTES} bytes" in str(answer.payload)
+            writer.close()
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
+    assert any("refusing a request of the client" in r.getMessage() and "over the limit" in
+               r.getMessage() for r in caplog.records)
+
+
+def test_an_answer_to_no_request_fails_every_request_of_the_connection() -> None:
+    """A refusal the replica cannot tie to a request (req_id 0: a certificate refused) is
+    the answer to every request in flight on the connection, at once."""
+
+    async def run() -> None:
+        async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(frame_to_wire(ClientResponse(NO_REQUEST, "denied", "revoked").encode()))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+        try:
+            async with Client(7, [server.sockets[0].getsockname()[:2]], timeout_s=30.0,
+                              attempts=1) as client, asyncio.timeout(10):
+                with pytest.raises(TlsRefused, match="revoked"):
+                    await client.read(b"op")
+        finally:
+            server.close()
+
+    asyncio.run(run())

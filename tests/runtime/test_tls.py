@@ -18,10 +18,11 @@ import pytest
 
 from consensus.auth import READER, SCHEDULER, PermissionDenied, Principal, seal
 from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
-from consensus.errors import IndefiniteFailure
+from consensus.errors import DefiniteFailure, TlsRefused
 from consensus.messages import Heartbeat
 from consensus.runtime.cli import _cert_issue, _cert_revoke
 from consensus.runtime.cluster_config import load_cluster_config
+from consensus.runtime.health import http_probe
 from consensus.runtime.metrics import serve_metrics
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.tls import (
@@ -110,9 +111,10 @@ async def test_tls_cluster_serves_and_refuses_plaintext_saying_why(
         async with client(config, 1, config.tls.tool()) as admin:
             assert (await admin.execute(kv_put("k", "v"), ["k"])).status == "ok"
             assert b"v" in (await admin.read(kv_get("k"), ["k"])).payload
-        # a plaintext client: refused, logged, nothing applied
+        # a plaintext client: refused, told why (issue 34: "connection to replica lost", an
+        # IndefiniteFailure: "retry"), logged, nothing applied
         plain = client(config, 2, None, timeout_s=1.0, attempts=1)
-        with pytest.raises(IndefiniteFailure):
+        with pytest.raises(TlsRefused, match="requires TLS and this client spoke plaintext"):
             await plain.execute(kv_put("k", "plain"), ["k"])
         await plain.close()
         await refused(caplog, "refusing client connection", "does not speak TLS")
@@ -198,14 +200,15 @@ async def test_client_without_certificate_is_refused(
         anonymous.check_hostname = False
         anonymous.load_verify_locations(config.tls.ca)
         nameless = client(config, 3, anonymous, timeout_s=1.0, attempts=1)
-        with pytest.raises(IndefiniteFailure):
+        with pytest.raises(TlsRefused, match="does not take this client's certificate"):
             await nameless.execute(kv_put("k", "anonymous"), ["k"])
         await nameless.close()
         await refused(caplog, "refusing client connection", "TLS handshake failed")
         # a replica's certificate is no client's
         replica = client(config, 4, client_context(config.tls.ca, config.tls.replicas[0]),
                          timeout_s=1.0, attempts=1)
-        with pytest.raises(IndefiniteFailure):
+        with pytest.raises(TlsRefused, match=r"refuses this client's certificate: "
+                                                   r"replica 0 .* is no client"):
             await replica.execute(kv_put("k", "replica"), ["k"])
         await replica.close()
         await refused(caplog, "refusing client connection", "is no client")
@@ -259,7 +262,8 @@ async def test_revoked_certificate_stops_working_after_reload(
         for node in nodes:
             assert node.revocations.reload()  # what SIGHUP runs
         await refused(caplog, "was revoked")
-        with pytest.raises(IndefiniteFailure):  # the open connection was closed, no new one
+        # the open connection was closed; a new one is refused, saying why
+        with pytest.raises(TlsRefused, match=r"the certificate of reader 'ro' .* revoked"):
             await ro.read(kv_get("k"), ["k"])
         await ro.close()
         await refused(caplog, "refusing client connection", "is revoked")
@@ -267,6 +271,15 @@ async def test_revoked_certificate_stops_working_after_reload(
         assert config.tls is not None
         async with client(config, 1, config.tls.tool()) as admin:
             assert (await admin.read(kv_get("k"), ["k"])).status == "ok"
+        # the metrics port (aiohttp) checks revocations per request: 403, saying why
+        host, port = config.replica(0).metrics_address or ("", 0)
+        server = await serve_metrics(nodes[0], host, port, tls=config.tls.server(0))
+        try:
+            assert await http_probe(host, port, "livez", 5.0, config.tls.tool()) == (200, "ok\n")
+            code, body = await http_probe(host, port, "livez", 5.0, context_of(config, files))
+            assert code == 403 and "not revoked" in body
+        finally:
+            await server.stop()
 
 
 async def test_mangled_frames_over_tls_leave_replicas_up_and_unchanged(tmp_path: Path) -> None:
@@ -320,7 +333,7 @@ async def test_no_key_material_in_logs(
         async with client(config, 1, config.tls.tool()) as admin:
             await admin.execute(kv_put("k", "v"), ["k"])
         plain = client(config, 2, None, timeout_s=0.5, attempts=1)
-        with pytest.raises(IndefiniteFailure):
+        with pytest.raises(TlsRefused):
             await plain.read(kv_get("k"), ["k"])
         await plain.close()
         await refused(caplog, "does not speak TLS")
@@ -424,3 +437,39 @@ async def test_a_revoked_replica_certificate_loses_its_connections_and_gets_no_n
             await admin.execute(kv_put("k", "2"), ["k"])  # the two others still serve
             await applied(nodes[0], cut_at + 1)
             assert nodes[2].executed_slot == cut_at
+
+
+async def test_a_client_is_told_which_certificate_tls_refuses(tmp_path: Path) -> None:
+    """Issue 34: a client of another CA saw "connection to replica lost" (exit 3: retry)
+    while the replica's log said why; now it is a definite refusal naming the certificate."""
+    path = write_tls_cluster(tmp_path)
+    (tmp_path / "other").mkdir()
+    other = load_cluster_config(write_tls_cluster(tmp_path / "other"))  # same id, another CA
+    async with running(path) as (config, _):
+        assert config.tls is not None and other.tls is not None and other.tls.client
+        # the replica's certificate is not of the CA this client trusts
+        with pytest.raises(TlsRefused, match="presents a certificate this client does not "
+                                             "trust") as caught:
+            async with client(config, 2, other.tls.tool(), attempts=1) as stranger:
+                await stranger.read(kv_get("k"), ["k"])
+        assert isinstance(caught.value, DefiniteFailure)  # exit 1, not 3
+        # this client's certificate is not of the cluster's CA
+        with pytest.raises(TlsRefused, match="does not take this client's certificate"):
+            async with client(config, 3, client_context(config.tls.ca, other.tls.client),
+                              attempts=1) as foreign:
+                await foreign.read(kv_get("k"), ["k"])
+        # a TLS client of a plaintext replica
+    async with running(write_plain_cluster(tmp_path / "plain")) as (plain, _):
+        with pytest.raises(TlsRefused, match="does not speak TLS"):
+            async with client(plain, 4, config.tls.tool(), attempts=1) as tls_client:
+                await tls_client.read(kv_get("k"), ["k"])
+
+
+def write_plain_cluster(directory: Path) -> Path:
+    from consensus.runtime.cli import cluster_toml
+    from consensus.runtime.local_cluster import free_base_port
+
+    directory.mkdir()
+    path = directory / "cluster.toml"
+    path.write_text(cluster_toml(3, free_base_port(), wan=False))
+    return path

@@ -71,6 +71,7 @@ from consensus.protocol.membership.config import (
     decode_change,
     encode_change,
     next_epoch,
+    view_text,
 )
 from consensus.protocol.membership.replica import (
     LEARN_BATCH,
@@ -97,4 +98,5 @@ __all__ = [
     "encode_change",
     "next_epoch",
     "record_of",
+    "view_text",
 ]

@@ -50,6 +50,7 @@ __all__ = [
     "decode_change",
     "encode_change",
     "next_epoch",
+    "view_text",
 ]
 
 #: The views of epoch ``e`` are ``[e << EPOCH_SHIFT, (e + 1) << EPOCH_SHIFT)``: a message's view
@@ -70,6 +71,12 @@ KINDS: Final = (ADD, REPLACE, PROMOTE, REMOVE, PUBLISH)
 MAX_MEMBER_ID: Final = (1 << 31) - 1
 #: the longest ``info`` (a string on the wire: the codec's limit for one)
 MAX_INFO_BYTES: Final = MAX_KEY_BYTES
+
+
+def view_text(view: int) -> str:
+    """A view as people read it: ``epoch.view`` (``3.1``: view 1 of epoch 3), not the
+    number the wire carries (``3 << EPOCH_SHIFT | 1``)."""
+    return f"{view >> EPOCH_SHIFT}.{view & ((1 << EPOCH_SHIFT) - 1)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,3 +149,10 @@ def test_other_ops_are_no_changes_and_info_is_bounded() -> None:
     assert decode_change(b"\x93\xa3put") is None  # a state machine's msgpack op
     long = Change(ADD, info="x" * (MAX_INFO_BYTES + 1))
     assert decode_change(encode_change(long)) == Change("")
+
+
+def test_views_read_as_epoch_dot_view() -> None:
+    from consensus.protocol.membership import EPOCH_SHIFT, view_text
+
+    assert view_text(0) == "0.0" and view_text(7) == "0.7"
+    assert view_text(3 << EPOCH_SHIFT | 1) == "3.1"  # issue 34: printed as 3298534883329
