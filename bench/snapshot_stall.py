@@ -28,10 +28,10 @@ load's own turns as well.
 Then one phase per operation of ``--operations`` (default all three), each ``--seconds``
 under the same load, the replicas' own snapshots falling due as in ``off_loop``:
 
-* ``install``: replica 2 cut off from its peers (the transport's test-only ``blocked``) until
-  their logs no longer hold what it missed (compacted past it), then let back: it is sent
-  replica 0's (or 1's) snapshot and installs it (``ReplicaNode._install_snapshot``: state
-  built by the worker thread);
+* ``install``: replica 2 cut off from its peers (the transport's test-only ``drop_from``
+  and ``drop_to``) until their logs no longer hold what it missed (compacted past it), then
+  let back: it is sent replica 0's (or 1's) snapshot and installs it
+  (``ReplicaNode._install_snapshot``: state built by the worker thread);
 * ``backup``: ``--repeat`` backups of replica 0 through its client port (``Client.backup``,
   what ``sdpaxos snapshot save`` does);
 * ``digest``: ``--repeat`` digest queries (``AllocationStore.digest``) at replica 0.
@@ -265,9 +265,10 @@ async def _install_once(replicas: list[ReplicaNode]) -> float:
     lagging = replicas[LAGGING]
     others = [r for r in replicas if r is not lagging]
     installed = lagging.stats.snapshots_installed
-    lagging.transport.blocked = frozenset(r.me for r in others)
+    cut = frozenset(r.me for r in others)
+    lagging.transport.drop_from = lagging.transport.drop_to = cut
     for replica in others:
-        replica.transport.blocked = frozenset({lagging.me})
+        replica.transport.drop_from = replica.transport.drop_to = frozenset({lagging.me})
     frontier = lagging.core.exec_slot
 
     def compacted_past() -> bool:  # their logs no longer hold what it missed
@@ -277,7 +278,7 @@ async def _install_once(replicas: list[ReplicaNode]) -> float:
     await _until(compacted_past, "the peers' compaction while replica 2 is cut off")
     started = time.perf_counter()
     for replica in replicas:
-        replica.transport.blocked = frozenset()
+        replica.transport.drop_from = replica.transport.drop_to = frozenset()
     await _until(lambda: lagging.stats.snapshots_installed > installed,
                  "replica 2's install of a peer's snapshot")
     return time.perf_counter() - started

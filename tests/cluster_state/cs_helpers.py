@@ -286,8 +286,13 @@ def allocation_state(store: ClusterStore) -> list[Any]:
     return store.allocator.debug_state()
 
 
+#: where a store's snapshot holds its session table (``ClusterStore.snapshot``'s fields)
+SESSIONS_FIELD = 6
+
+
 def without_sessions(snapshot: bytes) -> list[Any]:
     """A store's snapshot without its session table: what a refused request leaves as it was
     (the session table remembers the refusal, so a later copy of the request is refused too)."""
     fields: list[Any] = msgpack.unpackb(snapshot)
-    return fields[:-1]
+    del fields[SESSIONS_FIELD]
+    return fields

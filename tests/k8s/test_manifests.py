@@ -163,9 +163,9 @@ def test_the_store_cross_references(tmp_path: Path, overlay: str) -> None:
     assert {p["name"]: p["port"] for p in peers["spec"]["ports"]} == ports
     # the TLS files replica 1 reads are in its volume (the others: test_each_replica_...)
     assert config.tls is not None and not config.tls.metrics  # the kubelet probes plaintext
-    named = [config.tls.ca, config.tls.client.cert, config.tls.client.key]  # type: ignore[union-attr]
-    named += [f for r in config.tls.replicas.values() for f in (r.cert, r.key)]
-    assert all(path.exists() for path in named)
+    own = config.tls.replicas[1]
+    assert all(path.exists() for path in (config.tls.ca, own.cert, own.key))
+    assert not any(r.key.exists() for i, r in config.tls.replicas.items() if i != 1)
     assert config.tls.ca_key is not None and not config.tls.ca_key.exists()
     gpu = load_config(mount / config.state_machine_options["gpu_config"].name)
     assert gpu.options.initial_node_health == "bad"  # nodes count once Kubernetes says Ready
@@ -209,7 +209,7 @@ def test_the_extender_and_kube_scheduler_cross_references(tmp_path: Path) -> Non
     config = load_cluster_config(mount / Path(args.config).name)
     assert config.tls is not None and config.tls.client is not None
     config.tls.tool()  # the admin's certificate and key load: what the extender presents
-    assert not any(r.key.exists() for r in config.tls.replicas)  # no replica's key
+    assert not any(r.key.exists() for r in config.tls.replicas.values())  # no replica's key
     binding = find(objects, "ClusterRoleBinding", "sdpaxos-extender")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
                                     "namespace": namespace}]

@@ -137,13 +137,16 @@ async def restart_until_served(nodes: list[ReplicaNode], config: ClusterConfig) 
     return time.monotonic() - started
 
 
+SILENT_HELD_S = 20.0
+
+
 async def test_silent_connections_held_against_two_peers_do_not_keep_a_third_out(
     tmp_path: Path,
 ) -> None:
     # a handshake deadline as long as the one the silent connections used to hold a place
     # of the peer cap for: were they not made to give way, the third would wait for it
     config = dataclasses.replace(three_replicas(tmp_path),
-                                 limits=LimitsConfig(peer_handshake_timeout_s=5.0))
+                                 limits=LimitsConfig(peer_handshake_timeout_s=SILENT_HELD_S))
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
     for n in nodes:
         await n.start()
@@ -154,8 +157,9 @@ async def test_silent_connections_held_against_two_peers_do_not_keep_a_third_out
         async with held_silent(attacked, ATTACKERS) as opened:
             await wait_until(lambda: opened[0] >= 2 * ATTACKERS, "the attack did not start")
             under_attack = await restart_until_served(nodes, config)
-        # with the silent connections counted against the peer cap (12) it took seconds
-        assert under_attack < 2 * quiet + 2.0, (quiet, under_attack)
+        # with the silent connections counted against the peer cap (12) it took the
+        # handshake deadline more (half of it leaves a busy machine room)
+        assert under_attack < quiet + SILENT_HELD_S / 2, (quiet, under_attack)
         # the peer caps were never reached: the silent ones waited in their handshakes, and
         # made room for the newcomers
         assert all(n.transport.inbound_limits.stats.refused == 0 for n in nodes[:2])
