@@ -15,8 +15,10 @@ a one-shot command-line write every ``--cli-every`` seconds (``sdpaxos put``; ev
 ``sdpaxos ctl submit`` or ``release`` of a one-GPU gang), as subprocesses or in-process
 (``--cli-mode``). Every ``--every`` seconds an operator action, in turn: a replica killed
 (SIGKILL) and restarted, a backup (``sdpaxos snapshot save``), the GPU configuration edited
-(``sdpaxos ctl config apply`` of a file that adds or removes the spare rack's virtual
-cluster: it drops no group, which its dry run must confirm), a member replaced (``sdpaxos
+(``sdpaxos ctl config apply`` of a file that gives the spare rack to one virtual cluster,
+then splits it between two, and back: it drops no group, which its dry run must confirm, and
+never returns to the file the replicas started with, so a restart that reverted it would
+show), a member replaced (``sdpaxos
 member replace``, the new replica started, the old one retired). Rounds alternate between the
 GPU store and the key-value cluster (the configuration edit is the store's). One action at a
 time, each ending once every member serves.
@@ -61,7 +63,7 @@ from typing import Any, Literal
 import yaml
 
 from bench.harness import machine_info, run_interruptible, write_json
-from bench.nemesis import Record
+from bench.nemesis import Record, positive, tally
 from bench.soak_checks import Evidence, judge
 from bench.soak_cluster import ActionFailed, SoakCluster, base_ports
 from bench.soak_load import (
@@ -81,8 +83,9 @@ __all__ = ["Options", "add_arguments", "edited_config", "gpu_config_text", "run"
 ActionKind = Literal["kill", "backup", "config", "replace"]
 #: the operator's actions, in turn
 ROTATION: tuple[ActionKind, ...] = ("kill", "backup", "config", "replace")
-#: the spare rack's virtual cluster, which configuration edits add and remove
-SPARE_VC = "spare"
+#: the virtual clusters the spare rack is given to, by configuration: the replicas' file
+#: gives it to none; the edits give it to one, then split it between two, and back
+SPARE_VCS: tuple[tuple[str, ...], ...] = ((), ("spare",), ("spare-a", "spare-b"))
 #: seconds a cluster has to converge at the end, the watchers to take the last event
 SETTLE_S = 60.0
 #: seconds the load's clients have to stop (their last requests answered)
@@ -123,23 +126,16 @@ class Options:
 # ----------------------------------------------------------------------- command line
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.alloc_e2e import NODES_PER_RACK
 
     parser.description = (__doc__ or "").split("\n\n")[0]
-    parser.add_argument("--duration", type=_positive, default=3600.0, metavar="SECONDS",
+    parser.add_argument("--duration", type=positive, default=3600.0, metavar="SECONDS",
                         help="seconds of load (default 3600)")
-    parser.add_argument("--every", type=_positive, default=None, metavar="SECONDS",
+    parser.add_argument("--every", type=positive, default=None, metavar="SECONDS",
                         help="seconds between operator actions (default: duration / 48, at "
                         "least 20: each kind every 5 minutes of an hour)")
-    parser.add_argument("--sample-every", type=_positive, default=None, metavar="SECONDS",
+    parser.add_argument("--sample-every", type=positive, default=None, metavar="SECONDS",
                         help="seconds between samples (default: duration / 120, 5 to 30)")
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
                         help="replicas per cluster")
@@ -148,18 +144,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(plus a spare rack)")
     parser.add_argument("--vcs", type=int, default=4, help="virtual clusters the load uses")
     parser.add_argument("--schedulers", type=int, default=3, help="scheduler sessions")
-    parser.add_argument("--rate", type=_positive, default=1.0,
+    parser.add_argument("--rate", type=positive, default=1.0,
                         help="gangs submitted per second, over all schedulers")
-    parser.add_argument("--hold", type=_positive, default=None, metavar="SECONDS",
+    parser.add_argument("--hold", type=positive, default=None, metavar="SECONDS",
                         help="mean seconds a placed gang is held (default: duration / 8, at "
                         "most 30)")
-    parser.add_argument("--session", type=_positive, default=300.0, metavar="SECONDS",
+    parser.add_argument("--session", type=positive, default=300.0, metavar="SECONDS",
                         help="a scheduler or key-value client renews its session this often")
     parser.add_argument("--watchers", type=int, default=4, help="watchers of the store")
     parser.add_argument("--kv-clients", type=int, default=2, help="key-value clients")
-    parser.add_argument("--kv-pause", type=_positive, default=0.5, metavar="SECONDS",
+    parser.add_argument("--kv-pause", type=positive, default=0.5, metavar="SECONDS",
                         help="mean pause between a key-value client's operations")
-    parser.add_argument("--cli-every", type=_positive, default=3.0, metavar="SECONDS",
+    parser.add_argument("--cli-every", type=positive, default=3.0, metavar="SECONDS",
                         help="seconds between one-shot command-line writes")
     parser.add_argument("--cli-mode", choices=("subprocess", "in-process"),
                         default="subprocess",
@@ -168,9 +164,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--snapshot-every", type=int, default=2000, metavar="COMMANDS",
                         help="replicas snapshot every this many commands (their --snapshot-"
                         "every)")
-    parser.add_argument("--kill-down", type=_positive, default=2.0, metavar="SECONDS",
+    parser.add_argument("--kill-down", type=positive, default=2.0, metavar="SECONDS",
                         help="how long a killed replica stays down")
-    parser.add_argument("--check-timeout", type=_positive, default=CHECK_TIMEOUT_S,
+    parser.add_argument("--check-timeout", type=positive, default=CHECK_TIMEOUT_S,
                         help="time budget of the linearizability check, seconds")
     parser.add_argument("--enforce-targets", action="store_true",
                         help="exit 1 when a target is missed too (default: reported only)")
@@ -251,27 +247,30 @@ def run(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------- the GPU configuration
 
 
-def gpu_config_text(nodes: int, vcs: int, *, spare: bool) -> str:
-    """The store's configuration: ``synthetic_config(nodes, vcs)`` and a spare rack, given to
-    the virtual cluster ``SPARE_VC`` when ``spare`` (the edits toggle that)."""
+def gpu_config_text(nodes: int, vcs: int, *, spare: int) -> str:
+    """The store's configuration: ``synthetic_config(nodes, vcs)`` and a spare rack, given
+    to the virtual clusters ``SPARE_VCS[spare]`` (0: none, the replicas' file)."""
     from cluster_state.config import synthetic_config
 
     doc = yaml.safe_load(synthetic_config(nodes=nodes, vcs=vcs).to_yaml())
-    return edited_config(doc, spare=spare)
+    return edited_config(doc, SPARE_VCS[spare])
 
 
-def edited_config(doc: dict[str, Any], *, spare: bool) -> str:
-    """``doc`` (a configuration without the spare rack) with it, and its VC if ``spare``."""
+def edited_config(doc: dict[str, Any], spare_vcs: tuple[str, ...]) -> str:
+    """``doc`` (a configuration without the spare rack) with it, its nodes shared equally by
+    ``spare_vcs`` (a whole rack for one)."""
     doc = copy.deepcopy(doc)
     physical = doc["physicalCluster"]
     rack_type = physical["physicalCells"][0]["cellType"]
     size = physical["cellTypes"][rack_type]["childCellNumber"]
+    node_type = physical["cellTypes"][rack_type]["childCellType"]
     physical["physicalCells"].append({
         "cellType": rack_type, "cellAddress": "rack-spare",
         "cellChildren": [{"cellAddress": f"spare-node{i:02d}"} for i in range(size)]})
-    if spare:
-        doc["virtualClusters"][SPARE_VC] = {
-            "virtualCells": [{"cellType": rack_type, "cellNumber": 1}]}
+    for name in spare_vcs:
+        cells = ({"cellType": rack_type, "cellNumber": 1} if len(spare_vcs) == 1 else
+                 {"cellType": f"{rack_type}.{node_type}", "cellNumber": size // len(spare_vcs)})
+        doc["virtualClusters"][name] = {"virtualCells": [cells]}
     text: str = yaml.safe_dump(doc, sort_keys=False)
     return text
 
@@ -291,7 +290,7 @@ class Soak:
         gpu_dir, kv_dir = root / "gpu", root / "kv"
         gpu_dir.mkdir(parents=True, exist_ok=True)
         self.vcs = [f"vc{k:02d}" for k in range(options.vcs)]
-        self.config_text = gpu_config_text(options.nodes, options.vcs, spare=False)
+        self.config_text = gpu_config_text(options.nodes, options.vcs, spare=0)
         (gpu_dir / "gpu.yaml").write_text(self.config_text)
         extra: tuple[str, ...] = ("--snapshot-every", str(options.snapshot_every))
         if not options.fsync:
@@ -451,10 +450,11 @@ class Soak:
         return detail
 
     async def _edit_config(self) -> dict[str, Any]:
-        """The spare rack's VC added (odd edits) or removed (even): a change every time, and
-        one that drops no group (``apply_config`` checks the dry run)."""
+        """The spare rack given to one VC (odd edits) or split between two (even): a change
+        every time, never back to the replicas' file, and one that drops no group
+        (``apply_config`` checks the dry run)."""
         self.edits += 1
-        text = gpu_config_text(self.options.nodes, self.options.vcs, spare=self.edits % 2 == 1)
+        text = gpu_config_text(self.options.nodes, self.options.vcs, spare=2 - self.edits % 2)
         path = self.root / "gpu" / f"gpu-edit-{self.edits:03d}.yaml"
         path.write_text(text)
         detail = await self.gpu.apply_config(path)
@@ -608,7 +608,7 @@ class Soak:
                            "p99_ms": _ms(percentile([v for _, _, v in latencies], 0.99))},
             "one_shot": {**one_shot.counts, "mode": one_shot.mode,
                          "p50_ms": _ms(percentile([v for _, _, v in one_shot.latencies], 0.5))},
-            "kv": {"operations": _tally(self.records),
+            "kv": {"operations": tally(self.records),
                    "history_checked": judgement.history_counts,
                    "lincheck_s": round(judgement.lincheck_s, 2)},
             "watchers": [{"events": watchers.events[k], "resumed": watchers.resumed[k],
@@ -635,13 +635,6 @@ def _latency_timeline(latencies: list[tuple[float, str, float]], step_s: float
              "p50_ms": _ms(percentile(v, 0.5)), "p99_ms": _ms(percentile(v, 0.99))}
             for k, v in sorted(bins.items())]
 
-
-def _tally(records: list[Record]) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
-    for record in records:
-        row = counts.setdefault(record.f, {"ok": 0, "fail": 0, "info": 0})
-        row[record.outcome or "info"] += 1
-    return counts
 
 
 if __name__ == "__main__":

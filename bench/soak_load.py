@@ -34,7 +34,7 @@ import itertools
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -401,7 +401,8 @@ class KVClients:
                    known: dict[str, str | None]) -> Record:
         record = Record(client.client_id, "read", key, None, now_us())
         self.records.append(record)
-        try:
+
+        async def operation() -> None:
             if name == "put":
                 record.f, record.input = "write", value
                 await client.execute(kv_put(key, value), [key], blind=True)
@@ -417,13 +418,8 @@ class KVClients:
                 reply = await client.read(kv_get(key), [key])
                 record.output = msgpack.unpackb(reply.payload)[1]
                 known[key] = record.output
-            record.outcome = "ok"
-        except DefiniteFailure as exc:
-            record.outcome, record.error = "fail", str(exc)
-        except (SDPaxosError, OSError) as exc:
-            record.outcome, record.error = "info", str(exc) or type(exc).__name__
-        record.ret_us = now_us()
-        return record
+
+        return await _recorded(record, operation())
 
 
 #: the processes of one-shot writes in the history: one each, numbered from here
@@ -473,23 +469,18 @@ class OneShotWriter:
         if self.mode == "subprocess":
             result = await run_tool(["put", key, value, "--config", str(self._kv_config),
                                      "--timeout", str(ONE_SHOT_TIMEOUT_S)], ONE_SHOT_LIMIT_S)
-            record.outcome = _outcome(result.code)
-            if record.outcome != "ok":
+            outcome = record.outcome = _outcome(result.code)
+            if outcome != "ok":
                 record.error = result.stderr.strip()[-300:] or f"exit {result.code}"
+            record.ret_us = now_us()
         else:  # what ``sdpaxos put`` does, without the process: a session of its own
             addresses = self._kv_addresses()
             async with Client(new_client_id(), addresses, timeout_s=ONE_SHOT_TIMEOUT_S,
                               attempts=len(addresses)) as client:
-                try:
-                    await client.execute(kv_put(key, value), (key,))
-                    record.outcome = "ok"
-                except DefiniteFailure as exc:
-                    record.outcome, record.error = "fail", str(exc)
-                except (SDPaxosError, OSError) as exc:
-                    record.outcome, record.error = "info", str(exc) or type(exc).__name__
-        record.ret_us = now_us()
+                await _recorded(record, client.execute(kv_put(key, value), (key,)))
+            outcome = record.outcome or "info"
         self.counts["put"] += 1
-        self._count(record.outcome)
+        self._count(outcome)
         self.latencies.append((self._clock(), "put", time.monotonic() - began))
 
     async def _ctl(self, *words: str) -> tuple[Outcome, dict[str, Any]]:
@@ -556,6 +547,20 @@ class OneShotWriter:
         elif outcome == "info":
             self.acked.uncertain.add(name)
         return ""  # a definite failure changed nothing: the gang stays, expected at the end
+
+
+async def _recorded(record: Record, operation: Awaitable[Any]) -> Record:
+    """``record`` completed with what running ``operation`` told its client: ok, a definite
+    failure (``fail``) or an indefinite one (``info``)."""
+    try:
+        await operation
+        record.outcome = "ok"
+    except DefiniteFailure as exc:
+        record.outcome, record.error = "fail", str(exc)
+    except (SDPaxosError, OSError) as exc:
+        record.outcome, record.error = "info", str(exc) or type(exc).__name__
+    record.ret_us = now_us()
+    return record
 
 
 def _outcome(code: int | None) -> Outcome:

@@ -27,8 +27,8 @@ def print_report(report: dict[str, Any]) -> None:
         [[c["name"], "yes" if c["ok"] else "NO", c["detail"]] for c in report["checks"]])
     print_table(
         "targets (issue 38, scaled to the run: window = a sixth of it)",
-        ["target", "value", "bound", "met"],
-        [[t["name"], _value(t), "-" if t["bound"] is None else _bound(t),
+        ["target", "warm -> end", "value", "bound", "met"],
+        [[t["name"], _ends(t), _value(t), "-" if t["bound"] is None else _bound(t),
           "-" if t["met"] is None else "yes" if t["met"] else "NO"] for t in report["targets"]])
     sessions = report["sessions_at_end"]
     print_table(
@@ -56,6 +56,16 @@ def print_report(report: dict[str, Any]) -> None:
         ["at (s)", "action", "cluster", "took (s)", "outcome"],
         [[a["start_s"], a["kind"], a["cluster"], round(a["end_s"] - a["start_s"], 1),
           "ok" if a["ok"] else "FAILED: " + a["error"][:120]] for a in report["actions"]])
+
+
+def _ends(target: dict[str, Any]) -> str:
+    """A growth's values at the end of the warm-up and at the end (bytes in MiB)."""
+    ends = target.get("from_to")
+    if not ends:
+        return "-"
+    if "bytes" in target["name"]:
+        return f"{ends[0] / MB:.1f} -> {ends[1] / MB:.1f} MiB"
+    return f"{ends[0]:g} -> {ends[1]:g}"
 
 
 def _value(target: dict[str, Any]) -> str:

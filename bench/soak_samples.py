@@ -49,6 +49,7 @@ __all__ = [
     "scrape",
     "stalls",
     "targets",
+    "warm_and_end",
 ]
 
 #: RSS and open files may grow at most this much from the end of the warm-up to the end
@@ -190,16 +191,23 @@ class Windows:
         return self.duration_s - self.window_s / 2 <= t <= self.duration_s
 
 
-def growth(series: Iterable[tuple[float, float]], windows: Windows) -> float | None:
-    """How much a series of (time, value) grew from the end of the warm-up to the end, as a
-    fraction (0.1: +10 %); None if either part has no sample or the warm value is 0."""
+def warm_and_end(series: Iterable[tuple[float, float]], windows: Windows
+                 ) -> tuple[float, float] | None:
+    """A series of (time, value) at the end of the warm-up and at the end (medians: see the
+    module); None if either part has no sample."""
     points = list(series)
     warm = [v for t, v in points if windows.warm(t)]
     end = [v for t, v in points if windows.end(t)]
-    if not warm or not end:
+    return (statistics.median(warm), statistics.median(end)) if warm and end else None
+
+
+def growth(series: Iterable[tuple[float, float]], windows: Windows) -> float | None:
+    """How much a series of (time, value) grew from the end of the warm-up to the end, as a
+    fraction (0.1: +10 %); None if either part has no sample or the warm value is 0."""
+    ends = warm_and_end(series, windows)
+    if ends is None or ends[0] <= 0:
         return None
-    base = statistics.median(warm)
-    return None if base <= 0 else statistics.median(end) / base - 1
+    return ends[1] / ends[0] - 1
 
 
 def latency_ratio(latencies: Iterable[tuple[float, float]], windows: Windows) -> float | None:
@@ -253,10 +261,20 @@ def stalls(samples: Samples, cluster: str) -> tuple[float | None, float | None]:
     return longest, after
 
 
-def _target(name: str, value: float | None, bound: float | None, unit: str) -> dict[str, Any]:
+def _target(name: str, value: float | None, bound: float | None, unit: str,
+            ends: tuple[float, float] | None = None) -> dict[str, Any]:
+    """A target's row; ``ends``: a growth's values at the end of the warm-up and the end."""
     met = None if value is None or bound is None else value <= bound
     return {"name": name, "value": None if value is None else round(value, 4),
-            "bound": bound, "unit": unit, "met": met}
+            "bound": bound, "unit": unit, "met": met,
+            "from_to": None if ends is None else [round(v, 1) for v in ends]}
+
+
+def _growth_target(samples: Samples, windows: Windows, cluster: str, field: str,
+                   label: str, bound: float | None) -> dict[str, Any]:
+    series = cluster_series(samples, cluster, field)
+    return _target(f"{cluster}: {label} growth", growth(series, windows), bound, "fraction",
+                   warm_and_end(series, windows))
 
 
 def targets(samples: Samples, latencies: Iterable[tuple[float, float]],
@@ -265,13 +283,12 @@ def targets(samples: Samples, latencies: Iterable[tuple[float, float]],
     scheduler operations' (completion time, latency) pairs."""
     rows = []
     for cluster in clusters:
-        for field, label in (("rss_bytes", "resident memory"), ("open_files", "open files")):
-            rows.append(_target(f"{cluster}: {label} growth",
-                                growth(cluster_series(samples, cluster, field), windows),
-                                GROWTH_TARGET, "fraction"))
-        rows.append(_target(f"{cluster}: disk (WAL + snapshots) growth",
-                            growth(cluster_series(samples, cluster, "disk"), windows), None,
-                            "fraction"))
+        rows.append(_growth_target(samples, windows, cluster, "rss_bytes",
+                                   "resident memory (bytes)", GROWTH_TARGET))
+        rows.append(_growth_target(samples, windows, cluster, "open_files", "open files",
+                                   GROWTH_TARGET))
+        rows.append(_growth_target(samples, windows, cluster, "disk",
+                                   "disk (WAL segments + snapshots, bytes)", None))
         longest, after = stalls(samples, cluster)
         rows.append(_target(f"{cluster}: longest loop stall (start-ups included)", longest,
                             None, "seconds"))
