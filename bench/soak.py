@@ -14,14 +14,13 @@ its own GPU ledger; ``--kv-clients`` key-value clients put, get and compare-and-
 a one-shot command-line write every ``--cli-every`` seconds (``sdpaxos put``; every fourth a
 ``sdpaxos ctl submit`` or ``release`` of a one-GPU gang), as subprocesses or in-process
 (``--cli-mode``). Every ``--every`` seconds an operator action, in turn: a replica killed
-(SIGKILL) and restarted, a backup (``sdpaxos snapshot save``), the GPU configuration edited
+(SIGKILL) and restarted; a backup (``sdpaxos snapshot save``); the GPU configuration edited
 (``sdpaxos ctl config apply`` of a file that gives the spare rack to one virtual cluster,
 then splits it between two, and back: it drops no group, which its dry run must confirm, and
 never returns to the file the replicas started with, so a restart that reverted it would
-show), a member replaced (``sdpaxos
-member replace``, the new replica started, the old one retired). Rounds alternate between the
-GPU store and the key-value cluster (the configuration edit is the store's). One action at a
-time, each ending once every member serves.
+show); a member replaced (``sdpaxos member replace``, the new replica started, the old one
+retired). Rounds alternate between the GPU store and the key-value cluster (the configuration
+edit is the store's). One action at a time, each ending once every member serves.
 
 **Sampled** every ``--sample-every`` seconds, per replica process: resident memory, open
 files, write-ahead log and snapshot bytes, the longest loop stall
@@ -68,6 +67,7 @@ from bench.soak_checks import Evidence, judge
 from bench.soak_cluster import ActionFailed, SoakCluster, base_ports
 from bench.soak_load import (
     KEYS,
+    PRIORITY,
     AckedAllocations,
     KVClients,
     OneShotWriter,
@@ -230,6 +230,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"sdpaxos bench soak: interrupted; every process it started was stopped "
               f"(work in {root})", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # a cluster that did not start: nothing to judge
+        print(f"sdpaxos bench soak: {exc}\n(work in {root})", file=sys.stderr)
+        return 1
     failed = [c for c in report["checks"] if not c["ok"]]
     missed = [t for t in report["targets"] if t["met"] is False]
     if args.json == "-":
@@ -310,6 +313,7 @@ class Soak:
         self.actions: list[dict[str, Any]] = []
         self.crashes: list[str] = []
         self.edits = 0
+        self.spare = 0  # the configuration applied last: SPARE_VCS[spare]
         self.backups: dict[str, Path] = {}
 
     def clock(self) -> float:
@@ -366,7 +370,7 @@ class Soak:
             for task in done:
                 if task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-            watched = await self._last_event(watchers, schedulers)
+            watched = await self._last_event(watchers)
         finally:
             sampler.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -374,31 +378,42 @@ class Soak:
             await schedulers.close()
         await self._sample()  # the state at the end of the load
         return {"schedulers": schedulers, "watchers": watchers, "watched_to_end": watched,
-                "one_shot": one_shot, "kv_clients": kv, "stopped_late": len(pending)}
+                "one_shot": one_shot}
 
-    async def _last_event(self, watchers: Watchers, schedulers: Schedulers) -> bool:
+    async def _last_event(self, watchers: Watchers) -> bool:
         """A last gang placed and released, so that every watcher has an event to reach;
         whether every one took it."""
         from cluster_state.client import AllocationStore
         from cluster_state.errors import ClusterStateError
-        from cluster_state.ops import GroupSpec, Member
+        from cluster_state.ops import GroupSpec, Member, Placed
         from consensus.errors import SDPaxosError
 
         watchers.last_group = "soak-end"
         addresses = self.gpu.client_addresses
+        # the spare rack's VCs first: no scheduler uses them, so they have room
+        candidates = [*SPARE_VCS[self.spare], *self.vcs]
         async with AllocationStore.connect(addresses, attempts=len(addresses)) as store:
             deadline = time.monotonic() + SETTLE_S
-            while True:
+            while candidates:
                 try:
-                    await store.submit(GroupSpec(name="soak-end", vc=self.vcs[0], priority=0,
-                                                 members=(Member(1, 1),)))
-                    await store.release("soak-end")
-                    break
+                    placed = await store.submit(GroupSpec(
+                        name="soak-end", vc=candidates[0], priority=PRIORITY,
+                        members=(Member(1, 1),)))
+                    if isinstance(placed, Placed):
+                        await store.release("soak-end")
+                        return await watchers.finish(SETTLE_S)
+                    candidates.pop(0)  # waiting: no room there
                 except (SDPaxosError, ClusterStateError):
                     if time.monotonic() > deadline:
-                        return False
+                        break
                     await asyncio.sleep(0.5)
-        return await watchers.finish(SETTLE_S)
+                    try:  # the submit may have placed it: its release is the last event
+                        await store.release("soak-end")
+                        return await watchers.finish(SETTLE_S)
+                    except (SDPaxosError, ClusterStateError):
+                        continue  # (not found: it was not placed)
+        await watchers.finish(0.0)
+        return False
 
     async def _operate(self) -> None:
         """The operator's actions, one at a time, every ``every_s`` (see the module); none
@@ -429,8 +444,8 @@ class Soak:
             else:
                 detail = await self._edit_config()
             entry.update(ok=True, **detail)
-        except (ActionFailed, OSError, ValueError) as exc:
-            entry.update(ok=False, error=str(exc)[-2000:])
+        except Exception as exc:
+            entry.update(ok=False, error=(str(exc) or repr(exc))[-2000:])
         entry["end_s"] = round(self.clock(), 3)
         self.actions.append(entry)
         print(f"  [{self.clock():7.1f} s] {kind} ({cluster.name}) "
@@ -454,11 +469,12 @@ class Soak:
         every time, never back to the replicas' file, and one that drops no group
         (``apply_config`` checks the dry run)."""
         self.edits += 1
-        text = gpu_config_text(self.options.nodes, self.options.vcs, spare=2 - self.edits % 2)
+        spare = 2 - self.edits % 2
+        text = gpu_config_text(self.options.nodes, self.options.vcs, spare=spare)
         path = self.root / "gpu" / f"gpu-edit-{self.edits:03d}.yaml"
         path.write_text(text)
         detail = await self.gpu.apply_config(path)
-        self.config_text = text
+        self.config_text, self.spare = text, spare
         return detail
 
     # ------------------------------------------------------------------ sampling
@@ -485,24 +501,39 @@ class Soak:
     # ------------------------------------------------------------------ the checks
 
     async def _final(self) -> dict[str, Any]:
-        from cluster_state.client import AllocationStore
-        from cluster_state.ledger import double_allocations
-
         gpu_digests = await self._gpu_converged()
-        addresses = self.gpu.client_addresses
-        async with AllocationStore.connect(addresses, attempts=len(addresses)) as store:
-            listing = await store.allocations()
-            plan = await store.plan_reconfiguration(self.config_text)
+        listing, plan = await self._store_at_end()
         kv_state, final_call, final_ret = await self._kv_converged()
         sessions = await self._sessions_at_end()
-        return {"gpu_digests": gpu_digests, "listing": listing,
-                "double": double_allocations(listing), "config_plan": plan,
+        return {"gpu_digests": gpu_digests, "listing": listing, "config_plan": plan,
                 "kv_state": kv_state, "final_call_us": final_call, "final_ret_us": final_ret,
                 "sessions": sessions}
+
+    async def _store_at_end(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The store's allocations (linearizable) and its dry run of the last configuration
+        applied; ``RuntimeError`` if it does not answer within ``SETTLE_S``."""
+        from cluster_state.client import AllocationStore
+        from cluster_state.errors import ClusterStateError
+        from consensus.errors import SDPaxosError
+
+        addresses = self.gpu.client_addresses
+        deadline = time.monotonic() + SETTLE_S
+        async with AllocationStore.connect(addresses, attempts=len(addresses)) as store:
+            while True:
+                try:
+                    listing = await store.allocations()
+                    return listing, await store.plan_reconfiguration(self.config_text)
+                except (SDPaxosError, ClusterStateError) as exc:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"the store did not answer at the end: {exc}\n"
+                                           f"{self.gpu.logs()}") from None
+                    await asyncio.sleep(0.5)
 
     async def _gpu_converged(self) -> dict[int, str] | None:
         """Every store member's digest, once they agree (None if they did not in time)."""
         from cluster_state.client import AllocationStore
+        from cluster_state.errors import ClusterStateError
+        from consensus.errors import SDPaxosError
 
         deadline = time.monotonic() + SETTLE_S
         while True:
@@ -510,7 +541,7 @@ class Soak:
             for replica in self.gpu.members:
                 async with AllocationStore.connect([self.gpu.spec(replica).client_address],
                                                    attempts=1) as store:
-                    with contextlib.suppress(Exception):
+                    with contextlib.suppress(SDPaxosError, ClusterStateError, OSError):
                         info = await store.digest(stale=True)
                         digests[replica] = f"{info['revision']}:{info['sha256']}"
             if len(digests) == len(self.gpu.members) and len(set(digests.values())) == 1:

@@ -16,7 +16,11 @@ every member serves again:
 Where the member-change tooling of today differs from what the ``lifecycle`` branch brings
 (``member replace`` assigning every address and printing the start command, a removed replica
 exiting by itself, clients following the member list), the difference is confined to three
-small functions: ``new_member_entry``, ``replace_command`` and ``retire``.
+small functions: ``new_member_entry``, ``replace_command`` and ``retire``; and the load's
+clients are handed the members of the moment when they (re)connect (``client_addresses``),
+which clients that follow the member list would find by themselves. ``sessions_in_backup``
+counts the session table where a build's replicas do not report it (``sdpaxos_sessions``,
+from the ``lr-state`` branch on).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 
 from consensus.errors import SDPaxosError
 from consensus.runtime.cli import cluster_toml
-from consensus.runtime.client import Client
+from consensus.runtime.client import Client, new_client_id
 from consensus.runtime.cluster_config import ReplicaSpec, load_cluster_config
 from consensus.runtime.local_cluster import LocalCluster
 from consensus.storage.backup import decode_backup
@@ -75,8 +79,6 @@ TOOL_TIMEOUT_S = 60.0
 #: probe requests: one replica, one attempt, this long
 PROBE_TIMEOUT_S = 2.0
 PROBE_INTERVAL_S = 0.25
-#: client ids of the harness's own probes (the load's are random)
-_PROBE_IDS = 1 << 44
 
 
 class ActionFailed(Exception):
@@ -109,6 +111,10 @@ async def run_tool(args: Sequence[str], timeout_s: float = TOOL_TIMEOUT_S) -> To
         child.kill()
         out, err = await child.communicate()
         code = None
+    except BaseException:  # the run is interrupted: the tool goes with it
+        child.kill()
+        await child.wait()
+        raise
     return ToolResult(tuple(args), code, out.decode(errors="replace"),
                       err.decode(errors="replace"), time.monotonic() - began)
 
@@ -211,6 +217,8 @@ class SoakCluster:
         self.local.config = load_cluster_config(self.local.config_path)
         #: the voters running now, in the order they joined
         self.members: list[int] = list(range(replicas))
+        #: members being replaced: their process may end by itself (a removed replica does)
+        self._leaving: set[int] = set()
         self._turn = 0  # whose turn it is to be killed or replaced
 
     @property
@@ -254,6 +262,8 @@ class SoakCluster:
         """Members whose process ended by itself (a crash), said once each."""
         gone = []
         for replica in self.members:
+            if replica in self._leaving:
+                continue
             process = self.local.processes.get(replica)
             if process is not None and process.poll() is not None:
                 gone.append(f"{self.name} replica {replica} exited by itself (status "
@@ -265,7 +275,7 @@ class SoakCluster:
 
     async def serves(self, replica: int) -> bool:
         """Whether ``replica`` answers a linearizable read, asked alone, once."""
-        client = Client(_PROBE_IDS + replica, [self.spec(replica).client_address],
+        client = Client(new_client_id(), [self.spec(replica).client_address],
                         timeout_s=PROBE_TIMEOUT_S, attempts=1)
         try:
             await client.read(self.probe_op)
@@ -296,7 +306,7 @@ class SoakCluster:
     async def membership(self) -> dict[str, Any] | None:
         """The member set as the first member that answers has it (None: none answered)."""
         for replica in self.members:
-            client = Client(_PROBE_IDS + replica, [self.spec(replica).client_address],
+            client = Client(new_client_id(), [self.spec(replica).client_address],
                             timeout_s=PROBE_TIMEOUT_S, attempts=1)
             try:
                 return await client.members()
@@ -321,6 +331,7 @@ class SoakCluster:
         """``old`` replaced by a new replica (see the module)."""
         began = time.monotonic()
         new = new_member_entry(self.local, self.spec(old).site)
+        self._leaving.add(old)
         result = await run_tool(replace_command(self.config_path, old, new))
         if result.code != 0:
             raise ActionFailed(f"member replace {old} exited {result.code}: "
@@ -340,6 +351,7 @@ class SoakCluster:
         promoted = time.monotonic() - began
         self.members = [new.id if r == old else r for r in self.members]
         code = await retire(self.local, old)
+        self._leaving.discard(old)
         serving = await self.wait_serving()
         return {"old": old, "new": new.id, "voter_after_s": round(promoted, 3),
                 "old_exit_status": code, "serving_after_s": round(serving, 3)}

@@ -43,7 +43,7 @@ import msgpack
 from bench.nemesis import Record
 from bench.soak_cluster import run_tool
 from cluster_state.client import AllocationStore
-from cluster_state.errors import ClusterStateError, EventsCompacted
+from cluster_state.errors import ClusterStateError, EventsCompacted, InvalidRequest
 from cluster_state.events import ChangeEvent
 from cluster_state.ledger import GpuLedger
 from cluster_state.ops import GroupSpec, Member, Placed, Waiting
@@ -231,7 +231,7 @@ class Schedulers:
         spec = self._spec(name)
         try:
             result = await self._timed("submit", sessions.current().submit(spec))
-        except DefiniteFailure:
+        except (DefiniteFailure, InvalidRequest):
             self.counts["refused"] += 1
             return
         except (SDPaxosError, ClusterStateError):
@@ -261,6 +261,8 @@ class Schedulers:
                 return
             except DefiniteFailure:
                 await asyncio.sleep(BACKOFF_S)
+            except InvalidRequest:  # refused (not found: an uncertain submit that did not
+                break               # place it); nothing changed
             except (SDPaxosError, ClusterStateError):
                 self.acked.uncertain.add(name)  # released or not: not checked
                 sessions.renew()
@@ -325,7 +327,9 @@ class Watchers:
                 break
             except (SDPaxosError, ClusterStateError):
                 await asyncio.sleep(WATCH_RETRY_S)
-        ledger = self.ledgers[k] = GpuLedger()
+        ledger = GpuLedger()
+        ledger.violations = self.ledgers[k].violations  # what it saw before still counts
+        self.ledgers[k] = ledger
         for group in listing:
             if group.get("state") == "placed":
                 pods = [[p[0], p[1], list(p[2])] for p in group["pods"]]
@@ -345,9 +349,6 @@ class Watchers:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         return reached
-
-    def owners(self, k: int) -> dict[tuple[str, int], str]:
-        return dict(self.ledgers[k].owner)
 
 
 class KVClients:
