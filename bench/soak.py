@@ -129,7 +129,6 @@ class Options:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.alloc_e2e import NODES_PER_RACK
 
-    parser.description = (__doc__ or "").split("\n\n")[0]
     parser.add_argument("--duration", type=positive, default=3600.0, metavar="SECONDS",
                         help="seconds of load (default 3600)")
     parser.add_argument("--every", type=positive, default=None, metavar="SECONDS",

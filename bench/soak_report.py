@@ -64,7 +64,8 @@ def _ends(target: dict[str, Any]) -> str:
     if not ends:
         return "-"
     if "bytes" in target["name"]:
-        return f"{ends[0] / MB:.1f} -> {ends[1] / MB:.1f} MiB"
+        digits = 1 if max(ends) >= 10 * MB else 2
+        return f"{ends[0] / MB:.{digits}f} -> {ends[1] / MB:.{digits}f} MiB"
     return f"{ends[0]:g} -> {ends[1]:g}"
 
 
