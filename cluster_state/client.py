@@ -40,7 +40,11 @@ channels, an embedded store's open watches (their apply hooks).
 
 A session is one ``client_id``: the replicated session table remembers its recent results by
 sequence number, so a client id must not be reused by another session (a restarted scheduler
-included). Leave it out to get a random one.
+included). Leave it out to get a random one. The table evicts sessions idle for long or over
+its caps (``consensus.sessions``): a store opens a new one by itself when an update it had
+sent nowhere before finds its session gone (it never ran). A caller that numbers its own
+updates (``seq=``) numbers them with ``consensus.sessions.session_seq`` to get a session the
+table may evict; small numbers (from 0) make a pinned session, kept for good.
 
     store = AllocationStore.connect([("10.0.0.1", 7100), ...], home=0)
     result = await store.submit(GroupSpec(name="job-1", vc="vc00", priority=100,
@@ -53,7 +57,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -69,11 +72,18 @@ from cluster_state.store import ClusterStore
 from cluster_state.watch_hub import ACK_WINDOW
 from consensus.attempts import Answer, Attempts, Step
 from consensus.attempts import Kind as AttemptKind
-from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, SDPaxosError
+from consensus.errors import (
+    ConfigError,
+    DefiniteFailure,
+    IndefiniteFailure,
+    SDPaxosError,
+    SessionExpired,
+)
 from consensus.messages import Command
 from consensus.runtime.client import new_client_id
 from consensus.runtime.cluster_config import parse_address
-from consensus.statemachine import CANCEL_OP
+from consensus.runtime.members import address_text
+from consensus.sessions import CANCEL_OP, SessionNumbers
 
 if TYPE_CHECKING:
     import ssl
@@ -101,6 +111,12 @@ _MAX_ID = (1 << 63) - 1
 #: a revision no event reaches: asked for the events after it, a read answers only the
 #: revision it read at
 _NO_EVENTS_AFTER = _MAX_ID
+#: an update refused because a new cluster's log holds no configuration yet is sent again
+#: after this long (doubled each time), for this long at most (seconds)
+NOT_CONFIGURED_RETRY_S = 0.05
+NOT_CONFIGURED_WAIT_S = 15.0
+#: how often a remote store asks for the current members (seconds; ``connect``)
+MEMBER_SYNC_S = 30.0
 
 _T = TypeVar("_T")
 
@@ -122,14 +138,34 @@ class _Remote:
     def __init__(self, addresses: Sequence[tuple[str, int]], client_id: int, home: int,
                  timeout_s: float, attempts: int, watch_targets: Sequence[str] = (),
                  tls: ssl.SSLContext | None = None,
-                 watch_credentials: grpc.ChannelCredentials | None = None) -> None:
+                 watch_credentials: grpc.ChannelCredentials | None = None,
+                 sync_every_s: float | None = None) -> None:
         from consensus.runtime.client import Client
 
         self.client = Client(client_id, list(addresses), home=home, timeout_s=timeout_s,
-                             attempts=attempts, tls=tls)
+                             attempts=attempts, tls=tls, sync_every_s=sync_every_s)
         self.home = home
+        self._watch_credentials = watch_credentials
         self.pushed = (PushedWatch.shared(watch_targets, credentials=watch_credentials)
                        if watch_targets else None)
+
+    async def _pushed(self) -> PushedWatch:
+        """The pushed watch: over the targets given, else over the current members' gRPC
+        addresses (the voters', the home replica's first), learnt from the replicas."""
+        if self.pushed is None:
+            members = self.client.synced_members if self.client.synced_members is not None else (
+                await self.client.sync())
+            home = self.client.addresses[0]
+            voters = [(m.info.client_address != home, address_text(m.info.grpc_address))
+                      for m in members or () if m.voter and m.info is not None
+                      and m.info.grpc_address is not None]
+            targets = [target for _, target in sorted(voters, key=lambda v: v[0])]
+            if not targets:
+                raise ConfigError("a remote watch is pushed by the replicas' gRPC service: "
+                                  "connect with watch_targets=[their grpc host:port, ...] "
+                                  "(the members name no gRPC address)")
+            self.pushed = PushedWatch.shared(targets, credentials=self._watch_credentials)
+        return self.pushed
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         reply = await self.client.execute(op, seq=seq)
@@ -141,11 +177,10 @@ class _Remote:
 
     async def watch(self, since: int, poll_s: float, from_now: bool
                     ) -> AsyncGenerator[Sequence[ChangeEvent], None]:
-        if self.pushed is None:
-            raise ConfigError("a remote watch is pushed by the replicas' gRPC service: connect "
-                              "with watch_targets=[their grpc host:port, ...]")
+        given = self.pushed is not None
+        pushed = await self._pushed()
         async with contextlib.aclosing(
-            self.pushed.watch(since, self.home, from_now=from_now)
+            pushed.watch(since, self.home if given else 0, from_now=from_now)
         ) as pages:
             async for page in pages:
                 yield page
@@ -169,22 +204,37 @@ class _Embedded:
         self.attempts = attempts
         #: on whose behalf (a TLS cluster's gRPC caller), checked as the commands apply
         self.principal = principal
-        self._seq = itertools.count()
+        self._numbers = SessionNumbers()
         #: the apply hooks of this store's open watches, each with the event that wakes it
         self._watches: dict[Callable[[int, Command, bytes], None], asyncio.Event] = {}
         self._closed = False
 
     def _command(self, op: bytes, seq: int | None = None) -> Command:
-        return Command(client_id=self.client_id, seq=next(self._seq) if seq is None else seq,
-                       op=op)
+        return Command(client_id=self.client_id,
+                       seq=self._numbers.next() if seq is None else seq, op=op)
 
     async def update(self, op: bytes, seq: int | None) -> bytes:
         # After a timeout (a failover, say) the command may or may not be in the log:
         # proposing the same (client id, seq) again is safe, the session table applies it
         # once. What an answer means for the request follows ``consensus.attempts``, as with
         # the remote client: a definite failure after an attempt whose fate is unknown, and
-        # running out of attempts, settle the request through the log.
-        command = request = self._command(op, seq)
+        # running out of attempts, settle the request through the log. SessionExpired for a
+        # command numbered here and proposed once: it never ran, so it is proposed again,
+        # once, in a new session (``consensus.runtime.client`` does the same).
+        renewed = False
+        while True:
+            command = self._command(op, seq)
+            try:
+                return await self._attempted(command)
+            except SessionExpired as exc:
+                if seq is not None or renewed:
+                    raise
+                self._numbers.renew(exc.log_time)
+                renewed = True
+
+    async def _attempted(self, command: Command) -> bytes:
+        """``command``'s result, attempt after attempt as ``Attempts`` rules."""
+        request = command
         attempts = Attempts(AttemptKind.COMMAND, self.attempts, self.attempts)
         error: SDPaxosError | None
         while True:
@@ -196,12 +246,18 @@ class _Embedded:
                 answer, error = Answer.UNKNOWN, None
             except IndefiniteFailure as exc:
                 answer, error = Answer.UNKNOWN, exc
+            except SessionExpired as exc:
+                answer, error = Answer.EXPIRED, exc
             except DefiniteFailure as exc:
                 answer, error = Answer.REFUSED, exc
             step = attempts.after(answer)
             if step is Step.DONE:
                 assert error is not None
                 raise error
+            if step is Step.GIVE_UP and answer is Answer.EXPIRED:
+                raise IndefiniteFailure(
+                    f"({command.client_id}, {command.seq}) may have been applied before its "
+                    f"session expired (it will not be from now on): {error}") from error
             if step is Step.GIVE_UP:
                 raise IndefiniteFailure(
                     f"no result for ({command.client_id}, {command.seq}) within "
@@ -288,19 +344,25 @@ class AllocationStore:
         watch_targets: Sequence[str] = (),
         tls: ssl.SSLContext | None = None,
         watch_credentials: grpc.ChannelCredentials | None = None,
+        sync_every_s: float | None = MEMBER_SYNC_S,
     ) -> AllocationStore:
         """Talk to the replicas at ``addresses`` (client ports: ``"host:port"`` strings or
         ``(host, port)`` pairs; anything else raises ``ConfigError``), ``addresses[home]`` first.
         A request unanswered for ``timeout_s`` goes to the next replica, ``attempts`` times.
-        With ``watch_targets`` (the replicas' gRPC host:port, in the same order), ``watch``
-        uses their pushed stream, ``watch_targets[home]`` first. A TLS cluster: ``tls``
+        The addresses are where the store starts: it follows the current members
+        (``consensus.runtime.client.Client.sync``: before its first request, every
+        ``sync_every_s`` and after a request nobody answered; None: only ``addresses``), the
+        home replica first while it votes.
+        ``watch`` uses the replicas' pushed gRPC stream: ``watch_targets`` (their gRPC
+        host:port, in the same order, ``watch_targets[home]`` first), else the current
+        voters' gRPC addresses. A TLS cluster: ``tls``
         (``config.tls.tool()`` or a scheduler's ``consensus.runtime.tls.client_context``) and,
         with ``watch_targets``, ``watch_credentials``; what the certificate names is what the
         session may do (``cluster_state.authz``; a refusal raises ``PermissionDenied``)."""
         client_id = _checked_id(client_id)
         pairs = [_client_address(address) for address in addresses]
         return cls(_Remote(pairs, client_id, home, timeout_s, attempts, watch_targets,
-                           tls, watch_credentials), client_id)
+                           tls, watch_credentials, sync_every_s), client_id)
 
     @classmethod
     def embedded(
@@ -403,12 +465,14 @@ class AllocationStore:
             return result
         raise _unexpected(result)
 
-    async def reconfigure(self, config_yaml: str, *, seq: int | None = None) -> ops.Reconfigured:
+    async def reconfigure(self, config_yaml: str, *, seq: int | None = None,
+                          from_file: bool = False) -> ops.Reconfigured:
         """Run a new cluster configuration (HiveD's YAML) from now on, keeping the running
         groups (see ``ClusterStore``). It is validated here first: an invalid one raises
-        ``ConfigError`` and nothing is proposed."""
+        ``ConfigError`` and nothing is proposed. ``from_file``: a replica's configuration
+        file, which changes nothing if the log ran that configuration before."""
         parse_config(config_yaml)
-        result = await self._update(ops.reconfigure(config_yaml), seq)
+        result = await self._update(ops.reconfigure(config_yaml, from_file=from_file), seq)
         if isinstance(result, ops.Reconfigured):
             return result
         raise _unexpected(result)
@@ -443,13 +507,23 @@ class AllocationStore:
         raise _unexpected(result)
 
     async def _update(self, op: bytes, seq: int | None, *, lookup: bool = False) -> ops.Result:
-        """``lookup``: the op names an existing group, so "no such group" is ``NotFound``."""
+        """``lookup``: the op names an existing group, so "no such group" is ``NotFound``. A
+        new cluster's log holds no configuration for a moment (``ops.NOT_CONFIGURED``): an
+        update numbered here is sent again, as a new request, for up to
+        ``NOT_CONFIGURED_WAIT_S``."""
         if seq is not None and not 0 <= seq <= _MAX_ID:
             raise ValueError(f"seq must be in 0..{_MAX_ID}, got {seq}")
-        result = ops.decode_result(await self._channel.update(op, seq))
-        if isinstance(result, ops.Error):
-            raise _refused(result.reason, lookup=lookup)
-        return result
+        deadline = asyncio.get_running_loop().time() + NOT_CONFIGURED_WAIT_S
+        delay = NOT_CONFIGURED_RETRY_S
+        while True:
+            result = ops.decode_result(await self._channel.update(op, seq))
+            if not isinstance(result, ops.Error):
+                return result
+            if (result.reason != ops.NOT_CONFIGURED or seq is not None
+                    or asyncio.get_running_loop().time() + delay > deadline):
+                raise _refused(result.reason, lookup=lookup)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 1.0)
 
     # ------------------------------------------------------------------ queries
     async def status(self, name: str, *, stale: bool = False) -> dict[str, Any] | None:

@@ -19,8 +19,12 @@ reports). Admin only where roles exist: over a TLS cluster's client port only an
 certificate may change the store (``consensus.auth``: the store has no ``Authorizer`` of its own
 yet, so the default applies); the gRPC port and plaintext clusters check no role.
 
-With ``--config`` every replica's ``grpc_address`` is a candidate, in the file's order: a call
-that finds a replica unavailable moves on to the next. Updates carry a session (a random client
+The replicas given (``--endpoints``, or every ``grpc_address`` of ``--config``) are where ctl
+starts: it asks them for the current members (``ListMembers``, the log's member list, as etcd
+clients sync from ``MemberList``; the newest answer, by epoch then applied position) and calls
+the voters' gRPC addresses from then on, in the epoch's order, so it never calls a removed
+replica and does call one added since the cluster file was written. A call that finds a
+replica unavailable moves on to the next. Updates carry a session (a random client
 id and sequence number 0), so an update re-sent to another replica takes effect once; a watch
 that loses its replica resumes at the next one from the last revision it printed.
 
@@ -206,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         return USAGE
     replicas = _Replicas(targets, args.timeout, credentials)
     try:
+        replicas.sync()
         return _verb(args, replicas)
     except (grpc.RpcError, _StreamError) as exc:
         print(f"sdpaxos ctl: {exc.code().name}: {exc.details()}", file=sys.stderr)
@@ -268,20 +273,51 @@ class _Replicas:
     """Stubs for the candidate replicas; ``call`` tries them in turn."""
 
     def __init__(self, targets: list[str], timeout: float, credentials: Any = None) -> None:
+        self.timeout = timeout
+        self._credentials = credentials
+        self.targets: list[str] = []
+        self.channels: list[Any] = []
+        self.stubs: list[Any] = []
+        self._use(targets)
+
+    def _use(self, targets: list[str]) -> None:
+        """Call ``targets`` from now on (channels to the ones already open are kept)."""
         import grpc
 
         from cluster_state.grpc_api import cluster_state_pb2_grpc as pb_grpc
         from cluster_state.grpc_api.tls import CHANNEL_OPTIONS
 
-        self.timeout = timeout
-        self.targets = targets
-        self.channels = [
-            grpc.insecure_channel(target) if credentials is None
-            else grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-            for target in targets
-        ]
+        kept = dict(zip(self.targets, self.channels, strict=True))
+        channels = [kept.pop(target, None) or (
+            grpc.insecure_channel(target) if self._credentials is None
+            else grpc.secure_channel(target, self._credentials, options=CHANNEL_OPTIONS))
+            for target in targets]
+        for channel in kept.values():
+            channel.close()
+        self.targets, self.channels = list(targets), channels
         self.stubs = [pb_grpc.AllocationServiceStub(c)  # type: ignore[no-untyped-call]
-                      for c in self.channels]
+                      for c in channels]
+
+    def sync(self) -> None:
+        """Follow the current members: the voters' gRPC addresses of the newest
+        ``ListMembers`` answer (epoch, then applied position) among the targets. Nothing
+        changes if none answers one (unreachable, or a replica that predates it)."""
+        import grpc
+
+        from cluster_state.grpc_api import cluster_state_pb2 as pb
+
+        answers = []
+        for stub in self.stubs:
+            try:
+                answers.append(stub.ListMembers(pb.ListMembersRequest(), timeout=self.timeout))
+            except grpc.RpcError:
+                continue
+        if not answers:
+            return
+        newest = max(answers, key=lambda a: (a.epoch, a.applied))
+        voters = [m.grpc_address for m in newest.members if m.voter and m.grpc_address]
+        if voters:
+            self._use(voters)
 
     def call(self, method: str, request: Any) -> Any:
         import grpc
@@ -357,10 +393,13 @@ class _StreamError(Exception):
 
 
 def _session() -> Any:
+    """A one-shot session for one update (``consensus.sessions``): retried elsewhere, it
+    applies once, and it leaves nothing in the session table once its open-by time passed."""
     from cluster_state.client import new_client_id
     from cluster_state.grpc_api import cluster_state_pb2 as pb
+    from consensus.sessions import one_shot_seq
 
-    return pb.Session(client_id=new_client_id(), seq=0)
+    return pb.Session(client_id=new_client_id(), seq=one_shot_seq())
 
 
 def _group(args: argparse.Namespace, pb: Any) -> Any:

@@ -262,9 +262,9 @@ async def _replace(cluster: Any, state: DemoState, victim: int) -> None:
         learning_noted = False
         while time.monotonic() - started < 60:
             status = await client.status()
-            members = {m[0]: m for m in (status.get("membership") or {}).get("members", [])}
+            members = {m["id"]: m for m in (status.get("membership") or {}).get("members", [])}
             entry = members.get(spec.id)
-            if entry is not None and entry[2] and victim not in members:
+            if entry is not None and entry["voter"] and victim not in members:
                 epoch = status["membership"]["epoch"]
                 state.note(f"replica {spec.id} promoted in {time.monotonic() - started:.2f}s: "
                            f"epoch {epoch}, voters {status['membership']['voters']}")

@@ -20,6 +20,8 @@ op                                                             result
                                                                changed, [cancelled], warning]``
 ``["reconfigure", yaml_text]``                                 ``["reconfigured", sha256_hex,
                                                                changed, report]`` | ``error``
+``["reconfigure", yaml_text, "file"]``                         the same (a configuration file's
+                                                               proposal: see below)
 =============================================================  ===================================
 
 where ``group`` is ``[name, vc, priority, [[pod_number, leaf_cell_number], ...], leaf_type,
@@ -66,6 +68,11 @@ as malformed, so every replica must run a build that reads it before a scheduler
   ``yaml_text`` (HiveD's format, validated again by every replica; an invalid one is an
   ``error`` and changes nothing); ``changed`` is false when it was already running it.
   ``report`` says what happened to every group (``Allocator.reconfigured`` has the rules).
+  A replica's configuration file is proposed with ``"file"``: it changes nothing
+  (``changed`` false) when the log ran that configuration before (``ClusterStore`` has the
+  rule). The first
+  ``"file"`` proposal a log holds is its configuration from the start; any other update before
+  it is an ``error`` (``NOT_CONFIGURED``): send it again as a new request.
 * A preemptor whose victims are all gone is *reserved* (its ``group`` query says so and a
   ``reserved`` event is emitted) until the scheduler confirms it with a second ``submit`` or a
   ``bind`` of exactly its reserved placement, which answer ``placed`` (HiveD's Preempting
@@ -98,17 +105,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import msgpack
 
 from cluster_state.errors import RequestError
 
 __all__ = [
+    "FROM_FILE",
     "MAX_NAME",
     "MAX_PODS",
     "MAX_PRIORITY",
     "MAX_SUGGESTED",
+    "NOT_CONFIGURED",
     "OPPORTUNISTIC",
     "Bind",
     "Claim",
@@ -259,9 +268,11 @@ class SetNodeHealth:
 
 @dataclass(frozen=True, slots=True)
 class Reconfigure:
-    """Run the configuration ``text`` (HiveD's YAML format) from now on, keeping the groups."""
+    """Run the configuration ``text`` (HiveD's YAML format) from now on, keeping the groups.
+    ``from_file``: a replica's configuration file, run only if the log never ran it."""
 
     text: str
+    from_file: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -584,10 +595,19 @@ def set_node_health(node: str, healthy: bool) -> bytes:
     return _pack(["node_health", node, healthy])
 
 
-def reconfigure(text: str) -> bytes:
+#: the third element of a ``reconfigure`` op proposed from a replica's configuration file
+FROM_FILE: Final = "file"
+#: the reason of the error an update gets before the log holds its first configuration
+NOT_CONFIGURED: Final = ("the log holds no GPU configuration yet (the cluster is starting: "
+                         "its first reconfigure sets it): send it again")
+
+
+def reconfigure(text: str, *, from_file: bool = False) -> bytes:
     """Run the configuration ``text`` (HiveD YAML) from now on; validate it first with
-    ``cluster_state.config.parse_config`` (the store refuses an invalid one, changing nothing)."""
-    return _pack(["reconfigure", text])
+    ``cluster_state.config.parse_config`` (the store refuses an invalid one, changing nothing).
+    ``from_file``: a replica's configuration file, which changes nothing if the log ran that
+    configuration before (``ClusterStore``)."""
+    return _pack(["reconfigure", text, FROM_FILE] if from_file else ["reconfigure", text])
 
 
 def plan_reconfigure(text: str) -> bytes:
@@ -769,6 +789,8 @@ def decode_op(data: bytes) -> Op:
         return SetNodeHealth(_text(op[1], "node"), op[2])
     if name == "reconfigure" and len(op) == 2 and isinstance(op[1], str):
         return Reconfigure(op[1])
+    if name == "reconfigure" and len(op) == 3 and isinstance(op[1], str) and op[2] == FROM_FILE:
+        return Reconfigure(op[1], from_file=True)
     raise RequestError(f"unknown or malformed op {name!r}")
 
 

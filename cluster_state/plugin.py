@@ -13,28 +13,29 @@
 * ``sdpaxos cluster init --gpu-store | --gpu-config FILE``: a generated or given GPU cluster
   and a ``grpc_address`` for every replica.
 
-**The configuration a replica starts from.** Every replica must apply its log under the
-configuration the log ran with, or one that executes its log again from the start after the
-operator edited ``gpu_config`` would place groups on other GPUs than its peers did. So the
-first start copies the configuration into the cluster's data directory, beside the replicas'
-own directories (``START_CONFIG_NAME``: temp file, fsync, exclusive link, fsync of the
-directory), and every start builds the store from that copy, never from the current file. The
-copy is what the log began with: the current file for a data directory that starts empty;
-for one seeded from a snapshot (a replica directory that already holds one when there is no
-copy yet: data from before the copy was kept, or a snapshot put there by hand) the snapshot is
-where its log begins, so the copy is the configuration that snapshot carries (format 2).
-Restoring a snapshot adopts its own configuration anyway, so once a replica has one the copy
-only matters to a replica that executes its log from slot 0. The copy is shared by the
-replicas of a local cluster (one ``data_dir``) and kept by each one's volume in compose.
+**The configuration the log began with is in the log** (``cluster_state.store``). A replica of
+a cluster created by this build builds its store from its ``gpu_config`` file, unconfigured:
+the log's first proposal of a replica's file (below) sets the configuration, on every replica
+alike, and updates before it are refused (an operator's ``ctl config apply`` included: its
+client sends it again once the log has a configuration). So a replica that executes the log
+from slot 0 — a new member, a wiped disk, one whose file was edited meanwhile — runs it under
+the configuration the log began with, whatever its file says. A cluster seeded from a snapshot
+(a backup) begins with the snapshot's configuration, which it carries. A data directory of an
+earlier build keeps the configuration its log began with beside the replicas
+(``START_CONFIG_NAME``): its store is built from that copy, configured, as before (the log of
+such a cluster holds no first configuration).
 
-**A changed file is proposed through the log.** Once the node serves, a replica whose store
-runs another configuration than the file's proposes ``ops.reconfigure(file text)`` through its
-embedded client, retried until it applies (the others, restarted with the same file, propose
-the same text: a configuration the store already runs answers ``changed: false`` and changes
-no allocation). A file that does not load or validate is logged as an error and the replica
-keeps serving the configuration its log runs: it never stops over it. The file is what a
-restart applies: after ``sdpaxos ctl config apply FILE``, put FILE in ``gpu_config`` too, or
-the next replica to restart proposes the older file again.
+**Who proposes a changed file: the log is the truth.** Once the node serves, a replica reads
+through the log (a linearizable read: its store then holds what the log held) and proposes its
+file's configuration (``ops.reconfigure(text, from_file=True)``) only if the log set none yet
+(a new cluster: its first configuration) or never ran this one (``ClusterStore.file_is_new``);
+the store applies a file's proposal only on the same condition, so concurrent proposals of
+one edit take effect once. An edited file is thus proposed by the first replica to restart
+with it and not again; a replica restarted with an older file does not bring it back; and
+``sdpaxos ctl config apply FILE`` stays in force across restarts (no file it ran before
+undoes it; to go back to one, apply it again). A file that does not load or validate is
+logged as an error and the replica keeps serving the configuration its log runs: it never
+stops over it (a replica with no snapshot and no valid file cannot start).
 
 The store, its configuration and gRPC are imported when used: ``sdpaxos cluster`` loads every
 installed kind to offer its ``init`` options.
@@ -47,13 +48,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
+
+import msgpack
 
 from consensus.errors import ConfigError
 from consensus.runtime.cli import cluster_toml
@@ -100,11 +101,12 @@ GENERATED_PINNED: Final = 2
 #: how long a stopping replica lets the gRPC calls in flight finish (seconds)
 GRPC_STOP_GRACE_S: Final = 1.0
 
-#: the copy of the GPU configuration the log began with, in the cluster's ``data_dir``
+#: the copy of the GPU configuration the log began with, in the ``data_dir`` of a cluster of
+#: an earlier build (read; this build keeps the first configuration in the log)
 START_CONFIG_NAME: Final = "gpu-config.start.yaml"
 
 #: a replica's snapshots, in its own directory (as ``consensus.runtime.node`` keeps them):
-#: read at a first start to find the configuration of a data directory seeded from one
+#: read when the GPU file does not load, for a configuration to start from
 SNAPSHOTS_DIR_NAME: Final = "snapshots"
 
 #: after a proposal of the file's configuration failed (no quorum yet while the other
@@ -141,7 +143,7 @@ class ClusterStateKind(StateMachineKind):
                 from cluster_state.authz import AuthorizedStore
 
                 # a TLS cluster's store judges the principals its commands carry
-                store = AuthorizedStore(store.topology)
+                store = AuthorizedStore(store.topology, configured=store.configured)
             # A 100k-GPU store is millions of long-lived objects: out of the collector's
             # way for good, as the replica does with its logs once it serves (``gc.freeze``
             # also forgets the allocations counted meanwhile, so no pass over them follows)
@@ -246,8 +248,9 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 
 
 async def _propose_file_config(node: ReplicaNode, path: Path, me: int) -> None:
-    """Propose the configuration in ``path`` through the log until the store runs it; an
-    invalid file is logged and changes nothing."""
+    """Propose the configuration in ``path`` through the log if the log set none yet or
+    never ran it (the module's rule), until it applied; an invalid file is logged and changes
+    nothing."""
     from cluster_state.client import AllocationStore
     from cluster_state.errors import ClusterStateError
     from cluster_state.store import ClusterStore
@@ -258,27 +261,26 @@ async def _propose_file_config(node: ReplicaNode, path: Path, me: int) -> None:
         return
     try:
         text, wanted = _read_gpu_config(path)
-        needed = store.needs_reconfiguration(wanted)  # validates the whole configuration
+        store.file_is_new(wanted)  # validates the whole configuration
     except (ClusterStateError, OSError) as exc:
         _log.error("replica %d: the GPU configuration file %s is not applied, still serving "
                    "configuration %s: %s", me, path, store.topology.digest.hex()[:12], exc)
         return
-    if not needed:
-        return
     client = AllocationStore.embedded(node)
     delay = RECONFIGURE_RETRY_S
-    # Checked again before each attempt, after a linearizable read: the store has then
-    # applied everything the log held when the read was ordered, so a restarted replica
-    # still executing its own records, or one whose peer's proposal of the same file was
-    # chosen meanwhile, does not propose it again (a repeat changes no GPU, but its session
-    # entry changes the replicated state).
-    while store.needs_reconfiguration(wanted):
+    # Decided after a linearizable read: the store has then applied everything the log held
+    # when the read was ordered, so a restarted replica still executing its own records, or
+    # one whose peer's proposal of the same file was chosen meanwhile, does not propose it
+    # again (the store would change nothing, but the repeat's session entry would change the
+    # replicated state).
+    while True:
         try:
             await client.summary()
-            if not store.needs_reconfiguration(wanted):
+            if not store.file_is_new(wanted):
                 return
-            _log.info("replica %d: proposing the changed GPU configuration file %s", me, path)
-            result = await client.reconfigure(text)
+            _log.info("replica %d: proposing the GPU configuration file %s (%s)", me, path,
+                      "changed" if store.configured else "the log's first configuration")
+            result = await client.reconfigure(text, from_file=True)
         except ClusterStateError as exc:  # refused by the store: a retry is refused too
             _log.error("replica %d: the GPU configuration file %s was refused, still "
                        "serving configuration %s: %s", me, path,
@@ -331,15 +333,17 @@ def load_store(config: ClusterConfig) -> ClusterStore:
 
 
 def start_config_path(config: ClusterConfig) -> Path:
-    """Where the configuration the cluster's log began with is kept (``START_CONFIG_NAME``
-    in its data directory)."""
+    """Where a data directory of an earlier build kept the configuration its log began with
+    (``START_CONFIG_NAME`` in its data directory; this build writes none)."""
     return config.data_dir / START_CONFIG_NAME
 
 
 def start_store(config: ClusterConfig) -> ClusterStore:
-    """A fresh store on the configuration the log began with (``start_config_path``; written
-    from the GPU file, or a snapshot's configuration, at the first start). ``ConfigError``
-    when the copy is bad or, at a first start, the GPU file is."""
+    """The store a replica serves: built on the kept copy of an earlier build's data
+    directory (configured: its log holds no first configuration), else on the GPU file,
+    unconfigured (the log's first file proposal sets it), or, when the file does not load,
+    on the configuration of a snapshot the replicas hold (restored anyway). ``ConfigError``
+    when the copy is bad, or the file is and no snapshot is there."""
     from cluster_state.config import parse_config
     from cluster_state.errors import ClusterStateError
     from cluster_state.store import ClusterStore
@@ -348,98 +352,53 @@ def start_store(config: ClusterConfig) -> ClusterStore:
     try:
         text = copy.read_text()
     except FileNotFoundError:
-        text, built = _first_start(config, copy)
-        if built is not None:
-            return built
+        pass
     except OSError as exc:
         raise ConfigError(f"{copy}: {exc}") from None
+    else:
+        try:
+            return ClusterStore(parse_config(text))
+        except ClusterStateError as exc:
+            raise ConfigError(f"{copy} (the configuration the log began with): {exc}") from None
+    path = gpu_config_path(config)
     try:
-        return ClusterStore(parse_config(text))
-    except ClusterStateError as exc:
-        raise ConfigError(f"{copy} (the configuration the log began with): {exc}") from None
+        return ClusterStore(parse_config(path.read_text()), configured=False)
+    except (ClusterStateError, OSError) as exc:
+        seeded = _snapshot_store(config)
+        if seeded is None:
+            raise ConfigError(f"{path}: {exc}") from None
+        _log.error("the GPU configuration file %s does not load (%s): starting from the "
+                   "replicas' snapshot", path, exc)
+        return seeded
 
 
-def _first_start(config: ClusterConfig, copy: Path) -> tuple[str, ClusterStore | None]:
-    """Keep the configuration the log begins with at ``copy`` and return its text (that of
-    the copy another replica sharing the data directory kept first, if one did) and, when
-    that is the file's and no snapshot was found, the fresh store built on it (a 100k-GPU
-    store takes a second to build: the first start builds it once)."""
+def _snapshot_store(config: ClusterConfig) -> ClusterStore | None:
+    """An unconfigured store on the configuration of the latest snapshot the replicas' own
+    directories hold (None without one that loads): what a replica whose file does not load
+    starts from before it restores its snapshot."""
+    from cluster_state.cells import Topology
     from cluster_state.config import parse_config
     from cluster_state.errors import ClusterStateError
     from cluster_state.store import ClusterStore
-
-    path = gpu_config_path(config)
-    try:
-        text = path.read_text()
-        store = ClusterStore(parse_config(text))
-    except (ClusterStateError, OSError) as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    found, seeded = _seeded_config(config, store)
-    if seeded is not None:
-        _log.info("the data directory %s was seeded from a snapshot: its log begins with "
-                  "the snapshot's GPU configuration", config.data_dir)
-        text = seeded
-    kept = _keep_once(copy, text)
-    # a store that restored a snapshot holds its state: a fresh one is built for the log
-    return kept, (store if kept == text and not found else None)
-
-
-def _seeded_config(config: ClusterConfig, store: ClusterStore) -> tuple[bool, str | None]:
-    """Whether the replicas' directories hold a snapshot (then ``store`` restored the oldest
-    one, where the log they hold begins), and that snapshot's configuration when it is not
-    ``store``'s: None without one (or when it does not load: the replica refuses it when it
-    restores it, naming the file)."""
-    from cluster_state.errors import ClusterStateError
     from consensus.errors import DecodeError
     from consensus.storage.snapshot import latest_snapshot
 
-    oldest: tuple[int, bytes] | None = None
+    latest: tuple[int, bytes] | None = None
     for spec in config.replicas:
         try:
             found = latest_snapshot(config.replica_dir(spec.id) / SNAPSHOTS_DIR_NAME)
         except (DecodeError, OSError):
             continue
-        if found is not None and (oldest is None or found[1].slot < oldest[0]):
-            oldest = (found[1].slot, found[2])
-    if oldest is None:
-        return False, None
-    digest = store.topology.digest
+        if found is not None and (latest is None or found[1].slot > latest[0]):
+            latest = (found[1].slot, found[2])
+    if latest is None:
+        return None
     try:
-        store.restore(oldest[1])  # adopts the snapshot's configuration
-    except ClusterStateError:
-        return True, None
-    if store.topology.digest == digest:
-        return True, None  # the file's own text, as the operator wrote it
-    return True, store.topology.config.to_yaml()
-
-
-def _keep_once(copy: Path, text: str) -> str:
-    """Durably create ``copy`` holding ``text`` unless it exists, and return what it holds.
-
-    Temp file, fsync, then a hard link rather than a rename: the link fails if the file
-    exists, so of replicas sharing the data directory that start together the first one's
-    copy is the one they all read. Then the directory is fsynced (the new name is durable).
-    """
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    temp = copy.with_name(f"{copy.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        with contextlib.suppress(FileExistsError):
-            os.link(temp, copy)
-        fd = os.open(copy.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return copy.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{copy}: {exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            temp.unlink()
+        fields = msgpack.unpackb(latest[1])
+        return ClusterStore(Topology(parse_config(msgpack.unpackb(fields[2]))),
+                            configured=False)
+    except (ClusterStateError, ValueError, TypeError, IndexError):
+        return None
 
 
 def store_table(gpu_config: str) -> dict[str, str]:

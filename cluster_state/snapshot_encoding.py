@@ -22,7 +22,7 @@ import msgpack
 
 __all__ = ["PackedEvents", "Pieces", "packed_array_header", "unpack_snapshot"]
 
-#: the fields of a snapshot (format 3), of its allocation state and of its event log
+#: the fields of a snapshot up to its sessions, of its allocation state and of its event log
 _FIELDS: Final = 7
 _STATE_FIELDS: Final = 4
 _EVENT_LOG_FIELDS: Final = 2
@@ -96,14 +96,14 @@ class Pieces:
     events: list[bytes]
 
 
-def unpack_snapshot(data: bytes, fmt: int) -> tuple[list[Any], Pieces | None]:
+def unpack_snapshot(data: bytes, fmt: int, fields: int) -> tuple[list[Any], Pieces | None]:
     """``msgpack.unpackb(data)`` and, for a snapshot of format ``fmt`` (the current one,
-    ``[fmt, digest, config, revision, [groups, ...], [floor, events], sessions]``), the
-    bytes each group record and each event took in it; other formats: no pieces. Raises
-    what msgpack raises for bytes that are not such a snapshot."""
+    ``[fmt, digest, config, revision, [groups, ...], [floor, events], sessions, ...]`` of
+    ``fields`` fields), the bytes each group record and each event took in it; other formats:
+    no pieces. Raises what msgpack raises for bytes that are not such a snapshot."""
     unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
-    if unpacker.read_array_header() != _FIELDS or unpacker.unpack() != fmt:
+    if unpacker.read_array_header() != fields or unpacker.unpack() != fmt:
         return msgpack.unpackb(data), None
     head = [fmt, unpacker.unpack(), unpacker.unpack(), unpacker.unpack()]
     if unpacker.read_array_header() != _STATE_FIELDS:
@@ -114,10 +114,10 @@ def unpack_snapshot(data: bytes, fmt: int) -> tuple[list[Any], Pieces | None]:
         return msgpack.unpackb(data), None
     floor = unpacker.unpack()
     events, event_pieces = _items(unpacker, data)
-    sessions = unpacker.unpack()
+    rest = [unpacker.unpack() for _ in range(fields - _FIELDS + 1)]  # sessions, ...
     if unpacker.tell() != len(data):
         raise ValueError(f"{len(data) - unpacker.tell()} bytes after the snapshot")
-    return [*head, state, [floor, events], sessions], Pieces(group_pieces, event_pieces)
+    return [*head, state, [floor, events], *rest], Pieces(group_pieces, event_pieces)
 
 
 def _items(unpacker: msgpack.Unpacker, data: bytes) -> tuple[list[Any], list[bytes]]:

@@ -15,8 +15,9 @@ its end; one the store has no trace of is an error, ``no group 'name'`` (``NotFo
 client, gRPC ``NOT_FOUND``).
 
 **Revisions.** ``revision`` is the global log position of the last command that changed the
-store (allocations, health or a remembered session result). A placement's *fencing token* is
-the position it took effect at; every change event carries the position that made it, and
+store (allocations, health, a remembered session result or the log time: a log-time command
+of ``consensus.sessions``). A placement's *fencing token* is the position it took effect at;
+every change event carries the position that made it, and
 ``events_since(revision)`` feeds watchers. Leaves remember the revision of their last change,
 which is what a conditional ``bind`` checks.
 
@@ -27,14 +28,32 @@ replicas that applied the same log produce identical bytes, and ``restore(s).sna
 **Reconfiguration** is a logged command (``ops.reconfigure(yaml_text)``): every replica parses
 and validates the text itself and rebuilds its allocator for the new configuration keeping the
 groups (``Allocator.reconfigured``: work-preserving, deterministic), so replicas stay identical.
-A snapshot carries the configuration it was taken under, and ``restore`` adopts it whatever
-this store was built with, so a replica restarted with an edited configuration file first
-catches up under the configuration the log ran with. **What a serving replica must do at
-start** (the serve path owns it): build the store from the configuration the log *began* with
-(keep that file beside the log), restore the snapshot and replay the log as usual, then — once
-the node serves — if ``store.needs_reconfiguration(file_config)``, propose
-``ops.reconfigure(file_text)`` through the log like any update. Several replicas proposing the
-same text is harmless: a configuration the store already runs answers ``changed: false``.
+
+**The log holds the configuration it began with.** A store built ``configured=False`` (a
+serving replica of a cluster created by this build: ``cluster_state.plugin``) runs nothing
+until the log's first configuration file proposal (``reconfigure`` with ``from_file``), which
+sets its configuration from scratch whatever the store was built with; any other update
+before it, an operator's ``reconfigure`` included, is refused (``ops.NOT_CONFIGURED``; the
+client sends the operation again as a new request), on every replica alike. So a replica
+that executes its log from slot 0 — a new member, a wiped disk, one whose file was edited
+since — runs it under the configuration the log ran with. A store built with its
+configuration (``configured=True``, the default: embedded and test stores, and replicas of
+clusters from before this rule, which kept the configuration their log began with beside it)
+runs it from the start.
+
+**The rule for a changed configuration file** (the serve path proposes a replica's file with
+``from_file``): the log is the truth. The store remembers the digests of the configurations
+its log ran (``CONFIGS_KEPT``, in the snapshot); a file's proposal changes nothing when its
+configuration is among them. So a file edit takes effect once, proposed by whichever replica
+restarts with it first (the others find it ran); a replica restarted with an older file does
+not bring the older configuration back; and ``sdpaxos ctl config apply`` (no ``from_file``) is
+not undone by a restart of a replica whose file was not edited. To go back to a configuration
+the log ran before, apply it with ``ctl config apply``.
+
+A snapshot carries the configuration it was taken under, whether the log had set one, and the
+digests of those it ran; ``restore`` adopts them whatever this store was built with (a
+snapshot of an earlier format counts as configured, with its own configuration as the only one
+it ran).
 """
 
 from __future__ import annotations
@@ -54,6 +73,7 @@ from cluster_state.events import ChangeEvent, EventLog
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 from cluster_state.hived_view import HivedView
 from cluster_state.ops import (
+    NOT_CONFIGURED,
     Bind,
     Claim,
     Error,
@@ -84,26 +104,38 @@ from cluster_state.ops import (
 )
 from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
-from consensus.statemachine import SessionTable
+from consensus.sessions import LOG_TIME_CLIENT, SessionTable, is_log_time_op
 
-__all__ = ["SNAPSHOT_FORMAT", "ClusterStore"]
+__all__ = ["CONFIGS_KEPT", "SNAPSHOT_FORMAT", "ClusterStore"]
 
 #: Bumped whenever the snapshot layout changes (2: the configuration is in the snapshot;
 #: 3: it is kept packed, compact, as one bytes field, so a restore under the same
 #: configuration never decodes it: a 100k-GPU configuration is 4 MB of nested maps written out
-#: in full, 0.4 MB compact, and decoding it dominated the restore).
-SNAPSHOT_FORMAT = 3
+#: in full, 0.4 MB compact, and decoding it dominated the restore; 4: the session table's own
+#: versioned state (``consensus.sessions``) and an eighth field, ``[configured, [digest, ...]]``:
+#: whether the log set the configuration, and the digests of those it ran).
+SNAPSHOT_FORMAT = 4
+#: The format before the session table's version 2 and the log's configurations (still read).
+_SNAPSHOT_FORMAT_PACKED_CONFIG = 3
 #: The format with the configuration as nested maps (still read).
 _SNAPSHOT_FORMAT_CONFIG_MAP = 2
 #: The format before the configuration was kept (still read when the digests match).
 _SNAPSHOT_FORMAT_NO_CONFIG = 1
 
-#: a snapshot's fields (format 3) and those of its event log (``EventLog.to_state``)
-_SNAPSHOT_FIELDS = 7
+#: the formats ``restore`` reads
+_FORMATS_READ = frozenset({SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_PACKED_CONFIG,
+                           _SNAPSHOT_FORMAT_CONFIG_MAP, _SNAPSHOT_FORMAT_NO_CONFIG})
+
+#: a snapshot's fields (format 4) and those of its event log (``EventLog.to_state``)
+_SNAPSHOT_FIELDS = 8
 _EVENT_LOG_FIELDS = 2
 
 #: the digest query (``ops.get_digest``), answered off the loop (``defer_query``)
 _DIGEST_OP = get_digest()
+#: the digests of the configurations a log ran that a store keeps (the oldest are forgotten: a
+#: file that old is proposed as a new one)
+CONFIGS_KEPT = 64
+
 #: about this many events per page of the watch stream (whole revisions only)
 EVENTS_PAGE = 512
 #: the event kinds whose subject is a group, and those that mean it is gone
@@ -146,10 +178,13 @@ def _packed_config(topology: Topology) -> bytes:
 class ClusterStore:
     """A replicated GPU allocation store (HiveD's model); implements ``StateMachine``."""
 
-    __slots__ = ("_packed_events", "allocator", "applied_position", "events", "revision",
-                 "sessions", "topology")
+    __slots__ = ("_packed_events", "allocator", "applied_position", "configs", "configured",
+                 "events", "revision", "sessions", "topology")
 
-    def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096) -> None:
+    def __init__(self, config: ClusterConfig | Topology, *, event_limit: int = 4096,
+                 configured: bool = True) -> None:
+        """``configured=False``: the configuration is the log's to set (its first file
+        proposal); ``config`` only answers queries until then (see the module)."""
         self.topology = config if isinstance(config, Topology) else topology_of(config)
         # Packed now, at start, rather than by the first snapshot (on the replica's event
         # loop: a 100k-GPU configuration takes a few hundred milliseconds).
@@ -162,12 +197,18 @@ class ClusterStore:
         self._packed_events = PackedEvents()  # the events' wire form, kept for snapshots
         self.revision = -1
         self.applied_position = -1  # not part of the snapshot: the driver's meta has it
+        #: whether the store runs the configuration the log set (or was built with it)
+        self.configured = configured
+        #: the digests of the configurations the log ran, oldest first (``CONFIGS_KEPT``)
+        self.configs: dict[bytes, None] = {self.topology.digest: None} if configured else {}
 
     # ------------------------------------------------------------------ writes
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.settled(command)  # a retry's first result, or a cancel's
+        previous = self.sessions.admit(command)  # a retry's first result, a cancel's...
         if previous is not None:
+            if command.client_id == LOG_TIME_CLIENT and is_log_time_op(command.op):
+                self.revision = position  # the session table changed (the log time moved)
             return previous
         remember = True
         try:
@@ -184,6 +225,10 @@ class ClusterStore:
         return encoded
 
     def _execute(self, op: Op, position: int) -> Result:
+        if not self.configured and not (isinstance(op, Reconfigure) and op.from_file):
+            # remembered, as any verdict that depends on the state: a late copy of it is
+            # refused too, and the client sends the operation again as a new request
+            raise RequestError(NOT_CONFIGURED, static=False)
         allocator = self.allocator
         match op:
             case Submit(spec, suggested):
@@ -196,8 +241,8 @@ class ClusterStore:
                 return allocator.release(name, position)
             case SetNodeHealth(node, healthy):
                 return allocator.set_node_health(node, healthy, position)
-            case Reconfigure(text):
-                return self._reconfigure(text, position)
+            case Reconfigure(text, from_file):
+                return self._reconfigure(text, position, from_file=from_file)
             case ReleaseIf(name, incarnation):
                 return allocator.release_if(name, incarnation, position)
             case Claim(name, incarnation, slot, uid, pod, previous):
@@ -221,20 +266,46 @@ class ClusterStore:
         except GpuConfigError as exc:
             raise RequestError(f"invalid configuration: {exc}") from None
 
-    def _reconfigure(self, text: str, position: int) -> Result:
+    def _reconfigure(self, text: str, position: int, *, from_file: bool = False) -> Result:
         topo = self._parse(text)
-        if topo.digest == self.topology.digest:
+        if not self.configured:  # the log's first: its configuration from the start
+            self._begin(topo)
+            return Reconfigured(topo.digest.hex(), True, {})
+        if topo.digest == self.topology.digest or (from_file and topo.digest in self.configs):
             return Reconfigured(topo.digest.hex(), False, {})
         old = self.allocator
         self.allocator, report = old.reconfigured(topo, position)
         self.topology = topo
+        self._ran(topo.digest)
         self.allocator.events.append(("reconfigured", "", [topo.digest.hex()]))
         return Reconfigured(topo.digest.hex(), True, report)
 
+    def _begin(self, topo: Topology) -> None:
+        """The log's first configuration: a fresh allocator on it (nothing ran before it)."""
+        _packed_config(topo)
+        self.topology = topo
+        self.allocator = Allocator(topo)
+        if topo.config.options.initial_node_health == NODES_START_BAD:
+            self.allocator.start_all_bad()
+        self.configured = True
+        self._ran(topo.digest)
+
+    def _ran(self, digest: bytes) -> None:
+        """The log runs the configuration of ``digest`` from now on: the latest it ran."""
+        self.configs.pop(digest, None)
+        self.configs[digest] = None
+        while len(self.configs) > CONFIGS_KEPT:
+            del self.configs[next(iter(self.configs))]
+
     def needs_reconfiguration(self, config: ClusterConfig) -> bool:
-        """Whether the store runs another configuration than ``config`` (then propose
-        ``ops.reconfigure`` with its text)."""
+        """Whether the store runs another configuration than ``config``."""
         return topology_of(config).digest != self.topology.digest
+
+    def file_is_new(self, config: ClusterConfig) -> bool:
+        """Whether a replica should propose ``config``, its configuration file's, through the
+        log (``ops.reconfigure(text, from_file=True)``): the log set no configuration yet, or
+        never ran this one (the module's rule)."""
+        return not self.configured or topology_of(config).digest not in self.configs
 
     def plan_reconfiguration(self, text: str) -> dict[str, Any]:
         """What applying ``reconfigure(text)`` now would do (on a copy; nothing changes)."""
@@ -335,7 +406,8 @@ class ClusterStore:
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> bytes:
         """``_pack([SNAPSHOT_FORMAT, digest, packed configuration, revision,
-        allocator.export_state(), events.to_state(), sessions.to_state()])``, byte for byte,
+        allocator.export_state(), events.to_state(), sessions.to_state(), [configured,
+        [digest, ...]]])``, byte for byte,
         made of pieces packed once and kept while they do not change (the configuration, each
         group's record, each event; see ``cluster_state.snapshot_encoding``)."""
         return self.capture_snapshot()()
@@ -363,12 +435,13 @@ class ClusterStore:
             log_head = packed_array_header(_EVENT_LOG_FIELDS) + _pack(events.floor)
             logged = list(events.events)  # the events are immutable: packed later
             sessions = self.sessions.to_state()  # new lists of the (immutable) results
+            configs = _pack([self.configured, list(self.configs)])
         packed_events = self._packed_events
 
         def finish() -> bytes:
             with gc_paused():  # what it packs is garbage at once (as above)
                 return b"".join((head, state(), log_head, packed_events.pack(logged),
-                                 _pack(sessions)))
+                                 _pack(sessions), configs))
 
         return finish
 
@@ -398,7 +471,8 @@ class ClusterStore:
             freeze_if_frozen()  # before the collector runs again: no pass over it at all
 
         def adopt() -> object:
-            topology, allocator, events, sessions, revision, packed_events = loaded
+            (topology, allocator, events, sessions, revision, packed_events, configured,
+             configs) = loaded
             replaced = [self.allocator, self.events.events, self._packed_events]
             replaced.append(self.sessions.take(sessions))
             self.topology = topology
@@ -406,24 +480,31 @@ class ClusterStore:
             self.events.floor, self.events.events = events.floor, events.events
             self.revision = revision
             self._packed_events = packed_events
+            self.configured, self.configs = configured, configs
             return replaced
 
         return adopt
 
     def _load(self, data: bytes) -> tuple[Topology, Allocator, EventLog, SessionTable, int,
-                                          PackedEvents]:
+                                          PackedEvents, bool, dict[bytes, None]]:
         """A snapshot's state, built beside the store's (see ``prepare_restore``)."""
         try:
-            fields, pieces = unpack_snapshot(data, SNAPSHOT_FORMAT)
+            fields, pieces = unpack_snapshot(data, SNAPSHOT_FORMAT, _SNAPSHOT_FIELDS)
             fmt = fields[0]
         except Exception as exc:
             raise SnapshotError(f"not a cluster_state snapshot: {exc}") from None
-        if fmt not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_CONFIG_MAP, _SNAPSHOT_FORMAT_NO_CONFIG):
-            raise SnapshotError(f"snapshot format {fmt!r}, this build reads {SNAPSHOT_FORMAT}")
+        if fmt not in _FORMATS_READ:
+            raise SnapshotError(f"snapshot format {fmt!r}, this build reads formats "
+                                f"{sorted(_FORMATS_READ)}")
         try:
+            configured, configs = True, None  # an earlier format: configured, as kept beside
             if fmt == _SNAPSHOT_FORMAT_NO_CONFIG:
                 _, digest, revision, state, events, sessions = fields
                 config = None
+            elif fmt == SNAPSHOT_FORMAT:
+                _, digest, config, revision, state, events, sessions, (configured, configs) = (
+                    fields)
+                configs = [bytes(d) for d in configs]
             else:
                 _, digest, config, revision, state, events, sessions = fields
         except Exception as exc:
@@ -435,7 +516,7 @@ class ClusterStore:
                     "the snapshot was taken with a different cluster configuration"
                 )
             try:
-                if fmt == SNAPSHOT_FORMAT:
+                if fmt in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_PACKED_CONFIG):
                     config = msgpack.unpackb(config)
                 topology = topology_of(parse_config(config))
             except GpuConfigError as exc:
@@ -447,13 +528,15 @@ class ClusterStore:
             allocator.import_state(state)
             event_log = EventLog(self.events.limit)
             event_log.load_state(events)
-            table = SessionTable()
+            table = SessionTable(self.sessions.limits)
             table.load_state(sessions)
             revision = int(revision)
         except Exception as exc:
             raise SnapshotError(f"the snapshot's state does not load: {exc!r}") from None
         packed_events = PackedEvents()
+        kept = dict.fromkeys(configs if configs is not None else [topology.digest])
         if pieces is not None:  # the snapshot's own bytes of what was just loaded from it
             allocator.keep_packed(state[0], pieces.groups)
             packed_events.keep(event_log.events, pieces.events)
-        return topology, allocator, event_log, table, revision, packed_events
+        return (topology, allocator, event_log, table, revision, packed_events,
+                bool(configured), kept)

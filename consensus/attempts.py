@@ -23,6 +23,9 @@ answer              no earlier attempt uncertain  some earlier attempt uncertain
                     attempts, settle
 ``UNSENT``          retry at the next replica; after ``limit`` attempts, give up (nothing
                     was sent: it did not and cannot take effect) or settle if uncertain
+``EXPIRED``         done: it failed for good      give up: an earlier copy may have run
+                    (its session is gone: the     before the session went, and a cancel
+                    client opens another)         gets the same answer
 ==================  ============================  ==========================================
 
 *Settling* sends ``CANCEL_OP`` under the request's own ``(client id, seq)``: whichever copy
@@ -64,6 +67,10 @@ class Answer(enum.Enum):
     #: an indefinite failure, no answer in time, or the connection lost after the request
     #: left: a copy may exist
     UNKNOWN = "unknown"
+    #: the request's session is gone (evicted or closed: ``consensus.sessions``): this copy
+    #: never runs, nor any later one; an earlier copy may have run before it went, and a
+    #: cancel cannot tell (it gets the same answer)
+    EXPIRED = "expired"
     #: the request never left (no connection could be opened)
     UNSENT = "unsent"
 
@@ -114,6 +121,9 @@ class Attempts:
             if self.settling or not self.uncertain or self.kind is Kind.READ:
                 return Step.DONE
             return Step.DONE if self.trust_definite else self._unsure()
+        if answer is Answer.EXPIRED:  # settling cannot help: the cancel's session is gone too
+            uncertain = self.uncertain or self.settling
+            return Step.GIVE_UP if uncertain and self.kind is not Kind.READ else Step.DONE
         if answer is Answer.UNKNOWN:
             self.uncertain = True
             if self.kind is Kind.CHANGE:

@@ -28,7 +28,9 @@ Sessions are the principal's own: the serving replica replaces a client's id by
 ``session_id(principal, client_id)``, a hash of both, so one principal can neither read another's
 remembered results nor take its (client id, sequence number) first. A retry by the same
 principal maps to the same id at any replica; a command its session already executed answers
-its first result without being judged again (the state may have changed since).
+its first result without being judged again (the state may have changed since). The session a
+sealed command opens counts toward its principal's cap (``consensus.sessions``); an admin's
+(bare) ones toward the total only.
 
 Nothing here does I/O (the simulator and the state machines import it).
 """
@@ -45,13 +47,8 @@ import msgpack
 
 from consensus.errors import DecodeError, DefiniteFailure
 from consensus.messages import Command
-from consensus.statemachine import (
-    CANCEL_OP,
-    DefersQueries,
-    SessionTable,
-    StateMachine,
-    denied_result,
-)
+from consensus.sessions import CANCEL_OP, SessionTable, denied_result
+from consensus.statemachine import DefersQueries, StateMachine
 
 __all__ = [
     "ADMIN",
@@ -258,46 +255,59 @@ class AuthorizingMachine:
         self._authorizer = inner if isinstance(inner, Authorizer) else None
         self._filter = inner if isinstance(inner, AnswerFilter) else None
 
-    def _check(self, op: bytes, *, read: bool) -> tuple[bytes, Denied | None]:
+    def _check(
+        self, op: bytes, *, read: bool
+    ) -> tuple[Principal | None, bytes, Denied | None]:
         try:
             principal, inner_op = open_envelope(op)
         except DecodeError as exc:
-            return op, Denied(str(exc))
+            return None, op, Denied(str(exc))
         if principal is None or principal.role == ADMIN:  # an admin may do everything
-            return inner_op, None
+            return principal, inner_op, None
         if self._authorizer is not None:
             reason = self._authorizer.authorize(principal, inner_op, read=read)
         else:
             reason = default_authorize(principal, read=read)
-        return inner_op, None if reason is None else Denied(f"permission denied: {reason}")
+        denied = None if reason is None else Denied(f"permission denied: {reason}")
+        return principal, inner_op, denied
 
     def run(self, position: int, command: Command) -> bytes | Denied:
         # the hot path of every command a TLS cluster applies: kept flat
         if not command.op.startswith(ENVELOPE_MAGIC):
             return self.inner.apply(position, command)
         sessions = self._sessions
+        principal = None
         if sessions is not None and sessions.lookup(command.client_id, command.seq) is not None:
             # executed before (it was allowed then): its first result, not judged again; or
             # refused before: the remembered refusal, which the node answers as one
             # (``consensus.statemachine.SESSION_MARK``)
             inner_op = command.op[len(ENVELOPE_MAGIC):]  # not read by a session hit
         else:
-            inner_op, denied = self._check(command.op, read=False)
+            principal, inner_op, denied = self._check(command.op, read=False)
             if denied is not None and inner_op != CANCEL_OP:  # anyone may settle a request
                 if sessions is not None:
                     # Remembered as the request's outcome: a later copy of it (a client retry
                     # proposed elsewhere) is refused too, never applied under a rule that
                     # changed meanwhile: the caller was told it failed for good.
-                    sessions.record(command.client_id, command.seq,
-                                    denied_result(denied.reason))
+                    sessions.principal = principal.name if principal is not None else ""
+                    try:
+                        sessions.record(command.client_id, command.seq,
+                                        denied_result(denied.reason))
+                    finally:
+                        sessions.principal = ""
                 return denied
-        return self.inner.apply(position, Command(
-            client_id=command.client_id, seq=command.seq, op=inner_op, keys=command.keys,
-            blind=command.blind,
-        ))
+        inner = Command(client_id=command.client_id, seq=command.seq, op=inner_op,
+                        keys=command.keys, blind=command.blind)
+        if sessions is None or principal is None:
+            return self.inner.apply(position, inner)
+        sessions.principal = principal.name  # the session it opens counts as the principal's
+        try:
+            return self.inner.apply(position, inner)
+        finally:
+            sessions.principal = ""
 
     def ask(self, op: bytes) -> bytes | Denied:
-        inner_op, denied = self._check(op, read=True)
+        _, inner_op, denied = self._check(op, read=True)
         if denied is not None:
             return denied
         return self.filtered(op, self.inner.query(inner_op))
@@ -308,7 +318,7 @@ class AuthorizingMachine:
         pass what it makes through ``filtered``, on the loop). None: ``ask`` now."""
         if not isinstance(self.inner, DefersQueries):
             return None
-        inner_op, denied = self._check(op, read=True)
+        _, inner_op, denied = self._check(op, read=True)
         return denied if denied is not None else self.inner.defer_query(inner_op)
 
     def filtered(self, op: bytes, answer: bytes) -> bytes:

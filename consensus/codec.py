@@ -16,13 +16,13 @@ known statically::
     OVote    := [slot, owner, ballot]
     CVote    := [index, ballot, batch]
 
-Field types: ids, indices, slots, views, ballots, counters and clock readings are
-non-negative ints that fit in int64. ``-1`` is accepted only where ``consensus.messages``
-gives it a meaning: ``NO_CL`` as the owner of an order instance (``OEntry.owner``,
-``OVote.owner``, ``NewView.owners``, ``NewViewRecord.owners``, ``ExecutedRecord.owners``;
-there ``SEAL``, -2, too) and "none" in ``Heartbeat.lease_request``, ``Vote.accepted_view``,
-``Vote.c_high``, ``CPromise.high`` and ``RReply.slot`` (see ``_LAYOUT``). ``op`` is bin, keys
-are str, ``blind`` is bool, ``CCommit.batch`` is nil or an array, and every tuple is an array.
+Field types: every field has a rule in ``_LAYOUT``, and the rules are written next to it
+(``_RULES``, ``_Array``): ids, indices, slots, views, ballots, counters and clock readings
+are non-negative ints that fit in int64; ``-1`` is accepted only where
+``consensus.messages`` gives it a meaning (``NO_CL`` as the owner of an order instance, and
+there ``SEAL``, -2, too; "none" in a few fields); ``op`` is bin, keys are str, ``blind`` is
+bool, a batch is an array of commands (``CCommit.batch`` may be nil) and every tuple is an
+array.
 
 Every future format keeps the ``[version, ...]`` envelope, so an old reader reports
 ``UnsupportedVersion`` rather than garbage. Adding, removing or reordering a field of any class
@@ -47,14 +47,17 @@ capped by the input's length, so a hostile length header cannot make it allocate
 pre-allocates each array it opens; hostile nesting to msgpack's depth limit can still cost a
 transient ~5x the input's size, e.g. ~80 MB for a 16 MiB frame.)
 ``MAX_OP_BYTES`` and ``MAX_KEY_BYTES`` are enforced by the unpacker itself (bin values occur
-only as ``op`` and ``SnapshotChunk.data``, str values only as keys), the other limits by the
-decoders.
+only as ``op`` and ``SnapshotChunk.data``, str values only as keys and in configuration
+records), the other limits by the decoders.
 
-With ``lazy_batches=True`` (what a replica's node and the simulator use) the batches an
-acceptor takes in stay packed (``consensus.packed_batch.PackedBatch``): their msgpack structure
-and command count are checked at decode time, the commands' fields when first read, and a
-batch whose commands fail those checks reads as empty — on every replica alike, since each
-logs and passes on the bytes it received — instead of failing the frame.
+Both decoders, the eager one and ``lazy_batches=True`` (what a replica's node and the
+simulator use), run one set of checks: the code generated from ``_LAYOUT``. The lazy one
+keeps the batches an acceptor takes in packed (``consensus.packed_batch.PackedBatch``):
+their msgpack structure and command count are checked at decode time, the commands' fields
+by the same code when first read, and a batch whose commands fail those checks reads as
+empty — on every replica alike, since each logs and passes on the bytes it received —
+instead of failing the frame. Otherwise the two accept and refuse the same bytes, with the
+same error (``tests/test_codec.py``'s differential tests).
 
 Encoding trusts its input's types and values, which come from the local protocol core, but
 never builds what a decoder would refuse for its size: it checks the class of each message
@@ -126,6 +129,7 @@ from consensus.messages import (
     ETryPreAcceptReply,
     ExecutedRecord,
     Heartbeat,
+    LearnedRecord,
     LearnedSlot,
     LearnReply,
     LearnRequest,
@@ -280,6 +284,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         CPromiseRecord: 68,
         ExecutedRecord: 69,
         ConfigRecord: 70,
+        LearnedRecord: 71,
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
@@ -301,31 +306,76 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
 _PEER_CLASSES: Final[tuple[type, ...]] = get_args(PeerMessage)
 _RECORD_CLASSES: Final[tuple[type, ...]] = get_args(Record)
 
-# --------------------------------------------------------------------------- field layout
-# A field's wire type: a scalar kind, an array of a scalar kind or of a nested class, or an
-# array that may also be nil.
+# --------------------------------------------------------------------------- field rules
+# Every field has a rule in ``_LAYOUT`` (below), and the rules are these two tables: a
+# scalar kind's in ``_RULES``, an array's in ``_Array``. The decoders generated from them
+# (see "code generation") are the only checks of untrusted values, and both decoders run
+# them: the eager one on what msgpack unpacked, the lazy one on the same values with some
+# batches still packed (see "lazy batches"), whose commands the same code checks when they
+# are first read.
 
-_UINT: Final = "uint"  # int in 0..INT64_MAX
-_NO_CL: Final = "no_cl"  # int in -2..INT64_MAX: NO_CL (-1) or SEAL (-2), an order instance's owner
-_NONE: Final = "none"  # int in -1..INT64_MAX, -1 = none
-_BIN: Final = "bin"  # bytes
-_BOOL: Final = "bool"  # bool
-_STR: Final = "str"  # str
+_UINT: Final = "uint"
+_NO_CL: Final = "no_cl"
+_NONE: Final = "none"
+_BIN: Final = "bin"
+_BOOL: Final = "bool"
+_STR: Final = "str"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What a decoder accepts for a scalar field."""
+
+    refuses: str  # a condition on the local ``{x}``, true for every value the rule refuses
+    expected: str  # what the error says was expected
+
+
+#: A scalar kind -> its rule. ``-1`` is accepted only where ``consensus.messages`` gives it a
+#: meaning: the fields of kind ``_NO_CL`` or ``_NONE`` in ``_LAYOUT``.
+_RULES: Final[Mapping[str, _Rule]] = MappingProxyType({
+    # ids, indices, slots, views, ballots, counters and clock readings: every int on the
+    # wire fits in a signed 64-bit integer (a bool is no int)
+    _UINT: _Rule("type({x}) is not int or not 0 <= {x} <= _I64", "non-negative int64"),
+    # the owner of an order instance: a replica, NO_CL (-1: none yet) or SEAL (-2: the
+    # instance ends its epoch)
+    _NO_CL: _Rule("type({x}) is not int or not -2 <= {x} <= _I64",
+                  "non-negative int64, NO_CL (-1) or SEAL (-2)"),
+    # a position, view or replica that may be none (-1)
+    _NONE: _Rule("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or -1"),
+    # a command's op, a snapshot chunk's data: at most MAX_OP_BYTES (msgpack's max_bin_len)
+    _BIN: _Rule("type({x}) is not bytes", "bin"),
+    _BOOL: _Rule("type({x}) is not bool", "bool"),
+    # keys, and the strs of a configuration record: at most MAX_KEY_BYTES of UTF-8 (msgpack's
+    # max_str_len)
+    _STR: _Rule("type({x}) is not str", "str"),
+})
 
 
 @dataclass(frozen=True, slots=True)
 class _Array:
-    """A tuple of ``item`` (a scalar kind or a nested class) of at most ``limit`` values."""
+    """The rule of a tuple: an array of at most ``limit`` values, each following ``item``'s
+    rule (a scalar kind, or a nested class: an untagged array of its fields).
+
+    ``nullable``: nil, for None, too. ``lazy``: a batch of commands that an acceptor takes
+    in, which ``lazy_batches`` keeps packed (``PackedBatch``): exactly the fields of
+    messages and records typed ``messages.Batch``, whose cores take a ``PackedBatch``
+    (checked at import)."""
 
     item: str | type
     limit: int
-    nullable: bool = False  # nil stands for None
+    nullable: bool = False
+    lazy: bool = False
 
 
 _FieldType = str | _Array
 _KEYS: Final = _Array(_STR, MAX_KEYS_PER_COMMAND)
 _REQUEST_KEYS: Final = _Array(_STR, MAX_REQUEST_KEYS)
+#: a batch decoded with its message (inside a nested value, or where no core takes it packed)
 _BATCH: Final = _Array(Command, MAX_BATCH)
+#: a batch an acceptor takes in (kept packed by a lazy decoder), and one that may be None:
+#: the only lazy rules (``PackedBatch.decoder`` decodes with their limit)
+_LAZY_BATCH: Final = _Array(Command, MAX_BATCH, lazy=True)
+_LAZY_BATCH_OR_NIL: Final = _Array(Command, MAX_BATCH, nullable=True, lazy=True)
 #: EPaxos dependencies: one index (or -1, none) per replica
 _DEPS: Final = _Array(_NONE, MAX_SLOTS)
 
@@ -349,7 +399,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("owner", _UINT),
         ("index", _UINT),
         ("ballot", _UINT),
-        ("batch", _BATCH),
+        ("batch", _LAZY_BATCH),
     ),
     CAck: (
         ("src", _UINT),
@@ -364,7 +414,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("owner", _UINT),
         ("index", _UINT),
         ("ballot", _UINT),
-        ("batch", _Array(Command, MAX_BATCH, nullable=True)),
+        ("batch", _LAZY_BATCH_OR_NIL),
     ),
     CRequest: (
         ("src", _UINT),
@@ -446,7 +496,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("view", _UINT),
         ("slot", _UINT),
         ("ballot", _UINT),
-        ("batch", _BATCH),
+        ("batch", _LAZY_BATCH),
     ),
     PaxosAck: (
         ("src", _UINT),
@@ -459,14 +509,14 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("view", _UINT),
         ("slot", _UINT),
         ("ballot", _UINT),
-        ("batch", _Array(Command, MAX_BATCH, nullable=True)),
+        ("batch", _LAZY_BATCH_OR_NIL),
     ),
     MenciusAccept: (
         ("src", _UINT),
         ("view", _UINT),
         ("slot", _UINT),
         ("ballot", _UINT),
-        ("batch", _BATCH),
+        ("batch", _LAZY_BATCH),
         ("skip_start", _UINT),
         ("skip_stop", _UINT),
     ),
@@ -627,12 +677,13 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("closing", _STR),
         ("closing_member", _NONE),
     ),
+    LearnedRecord: (("start", _UINT), ("slots", _Array(LearnedSlot, MAX_ENTRIES))),
     # durable records
     CAcceptedRecord: (
         ("owner", _UINT),
         ("index", _UINT),
         ("ballot", _UINT),
-        ("batch", _BATCH),
+        ("batch", _LAZY_BATCH),
     ),
     OAcceptedRecord: (("view", _UINT), ("entries", _Array(OEntry, MAX_ENTRIES))),
     ViewRecord: (("view", _UINT),),
@@ -643,7 +694,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
         ("owners", _Array(_NO_CL, MAX_SLOTS)),
         ("ballots", _Array(_UINT, MAX_SLOTS)),
     ),
-    SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _BATCH)),
+    SlotAcceptedRecord: (("slot", _UINT), ("ballot", _UINT), ("batch", _LAZY_BATCH)),
     SkipRecord: (("start", _UINT), ("stop", _UINT)),
     PaxosPromiseRecord: (("ballot", _UINT),),
     MenciusPromiseRecord: (
@@ -706,6 +757,16 @@ def _check_tables() -> None:
         # field names become locals of the generated code, next to `v`, `m`, `where`, `_*`
         if any(name.startswith("_") or name in ("v", "m", "where") for name in declared):
             raise RuntimeError(f"codec: {cls.__name__} has a field name the codec cannot use")
+        tagged = cls in _PEER_CLASSES or cls in _RECORD_CLASSES
+        hints = get_type_hints(cls)
+        for name, ftype in layout:
+            lazy = isinstance(ftype, _Array) and ftype.lazy
+            takes_packed = tagged and PackedBatch in get_args(hints[name])  # messages.Batch
+            if lazy != takes_packed or (lazy and ftype not in (_LAZY_BATCH, _LAZY_BATCH_OR_NIL)):
+                raise RuntimeError(
+                    f"codec: {cls.__name__}.{name}: the batches a lazy decoder keeps packed "
+                    "are the fields of messages and records typed messages.Batch"
+                )
 
 
 _check_tables()
@@ -751,26 +812,75 @@ def _field_count(name: str, expected: int, value: tuple[Any, ...]) -> DecodeErro
     return DecodeError(f"{name}: expected {expected} fields, got {len(value) - 1}")
 
 
+# --------------------------------------------------------------------------- msgpack layer
+
+
+def _commands_of(value: object) -> object:
+    """msgpack's ``default``: a packed batch inside a value packed whole (a promise's votes,
+    say) goes as its commands, which pack to its bytes when they came from this codec."""
+    if type(value) is PackedBatch:
+        return value.commands
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
+#: msgpack with our ``default``: one packer kept, as ``msgpack.packb`` builds one per call
+#: (1.9 µs against 0.5 µs for a small message: every message and record pays it)
+_packb: Final = msgpack.Packer(use_bin_type=True, default=_commands_of).pack
+
+#: msgpack's limits on untrusted ``data``, the keywords of both unpackers (``_unpack`` and
+#: the lazy decoder's streaming one), generated with them: a ``**`` of a dict of them would
+#: cost more than unpacking a small frame.
+_UNPACK_LIMITS: Final = (
+    "use_list=False, raw=False, strict_map_key=True, max_ext_len=0, "
+    f"max_bin_len={MAX_OP_BYTES}, max_str_len={MAX_KEY_BYTES}, "
+    # an array of n values takes at least n bytes: no need to allocate for more
+    f"max_array_len=min(len(data), {_MAX_ARRAY}), "
+    # no format has maps, but reading them lets a future one fail as UnsupportedVersion
+    f"max_map_len=min(len(data) // 2, {_MAX_ARRAY})"
+)
+_UNPACK_ERRORS: Final = (
+    ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
+    TypeError,
+    OverflowError,
+    RecursionError,
+    msgpack.UnpackException,
+)
+
+
+def _unpack_error(error: BaseException) -> DecodeError:
+    """The ``DecodeError`` for what msgpack raised unpacking untrusted bytes."""
+    if isinstance(error, msgpack.ExtraData):
+        return DecodeError("trailing bytes after the msgpack value")
+    if isinstance(error, msgpack.StackError):
+        return DecodeError("malformed msgpack: values nested too deeply")
+    return DecodeError(f"malformed msgpack: {error or type(error).__name__}")
+
+
+def _unpack_lines() -> list[str]:
+    """``_unpack(data)``: ``data`` unpacked within ``_UNPACK_LIMITS`` (``DecodeError``
+    otherwise); ``_unpacker(data)``: a streaming unpacker over ``data`` with those limits."""
+    return [
+        "def _unpack(data):",
+        "    try:",
+        f"        return _unpackb(data, {_UNPACK_LIMITS})",
+        "    except _UNPACK_ERRORS as _e:",
+        "        raise _unpack_error(_e) from None",
+        "",
+        "def _unpacker(data):",
+        f"    _u = _Unpacker({_UNPACK_LIMITS}, max_buffer_size=max(len(data), 1))",
+        "    _u.feed(data)",
+        "    return _u",
+    ]
+
+
 # --------------------------------------------------------------------------- code generation
 # The generated functions are plain straight-line Python; `_GENERATED_SOURCE` holds them.
 
-#: scalar kind -> (condition that rejects local ``{x}``, what the error says was expected)
-_SCALAR_CHECKS: Final = {
-    _UINT: ("type({x}) is not int or not 0 <= {x} <= _I64", "non-negative int64"),
-    _NO_CL: ("type({x}) is not int or not -2 <= {x} <= _I64",
-             "non-negative int64, NO_CL (-1) or SEAL (-2)"),
-    _NONE: ("type({x}) is not int or not -1 <= {x} <= _I64", "non-negative int64 or -1"),
-    _BIN: ("type({x}) is not bytes", "bin"),
-    _BOOL: ("type({x}) is not bool", "bool"),
-    _STR: ("type({x}) is not str", "str"),
-}
-
-
 def _scalar_check(kind: str, var: str, where: str) -> list[str]:
-    condition, expected = _SCALAR_CHECKS[kind]
+    rule = _RULES[kind]
     return [
-        f"if {condition.format(x=var)}:",
-        f"    raise _bad({where}, {expected!r}, {var})",
+        f"if {rule.refuses.format(x=var)}:",
+        f"    raise _bad({where}, {rule.expected!r}, {var})",
     ]
 
 
@@ -783,8 +893,9 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
         return _scalar_check(ftype, var, where)
     if isinstance(ftype.item, type):
         decode = f"{var} = _dec_seq_{ftype.item.__name__}({var}, {where}, {ftype.limit})"
-        # a batch ``decode_frame(lazy_batches=True)`` kept packed was checked as far as it goes
-        packed = f"type({var}) is not _PackedBatch" if ftype.item is Command else ""
+        # a batch the lazy decoder kept packed: an array within the limit, its commands
+        # checked by the same _dec_seq_Command when first read (_decode_packed_batch)
+        packed = f"type({var}) is not _PackedBatch" if ftype.lazy else ""
         condition = " and ".join(c for c in (
             f"{var} is not None" if ftype.nullable else "", packed) if c)
         if condition:
@@ -792,7 +903,7 @@ def _check_lines(ftype: _FieldType, var: str, where: str) -> list[str]:
         return [decode]
     if ftype.nullable:
         raise AssertionError("nullable arrays of scalars are not needed yet")
-    expected = f"array of at most {ftype.limit} {_SCALAR_CHECKS[ftype.item][1]}"
+    expected = f"array of at most {ftype.limit} {_RULES[ftype.item].expected}"
     return [
         f"if type({var}) is not tuple or len({var}) > {ftype.limit}:",
         f"    raise _bad({where}, {expected!r}, {var})",
@@ -971,6 +1082,10 @@ def _generate() -> tuple[str, dict[str, Any]]:
         "_new": object.__new__,
         "_tuple_new": tuple.__new__,
         "_PackedBatch": PackedBatch,
+        "_unpackb": msgpack.unpackb,
+        "_Unpacker": msgpack.Unpacker,
+        "_UNPACK_ERRORS": _UNPACK_ERRORS,
+        "_unpack_error": _unpack_error,
     }
     for cls, layout in _LAYOUT.items():
         namespace[cls.__name__] = cls
@@ -978,7 +1093,7 @@ def _generate() -> tuple[str, dict[str, Any]]:
             descriptor = cls.__dict__.get(field)
             if isinstance(descriptor, types.MemberDescriptorType):
                 namespace[f"_set_{cls.__name__}_{field}"] = descriptor.__set__
-    lines: list[str] = []
+    lines = [*_unpack_lines(), ""]
     for cls in _NESTED_CLASSES:
         lines += [*_seq_decoder(cls), "", *_seq_encoder(cls), ""]
     for cls in (*_PEER_CLASSES, *_RECORD_CLASSES):
@@ -1018,58 +1133,21 @@ _RECORD_DECODERS: Final[dict[int, Callable[[tuple[Any, ...]], Record]]] = {
     TAGS[cls]: _generated[f"_dec_{cls.__name__}"] for cls in _RECORD_CLASSES
 }
 _TAG_NAMES: Final = {tag: cls.__name__ for cls, tag in TAGS.items()}
+_unpack: Final[Callable[[bytes], object]] = _generated["_unpack"]
+_unpacker: Final[Callable[[bytes], msgpack.Unpacker]] = _generated["_unpacker"]
 
-# --------------------------------------------------------------------------- msgpack layer
-
-
-def _commands_of(value: object) -> object:
-    """msgpack's ``default``: a packed batch inside a value packed whole (a promise's votes,
-    say) goes as its commands, which pack to its bytes when they came from this codec."""
-    if type(value) is PackedBatch:
-        return value.commands
-    raise TypeError(f"can not serialize {type(value).__name__!r} object")
-
-
-#: msgpack with our ``default``: one packer kept, as ``msgpack.packb`` builds one per call
-#: (1.9 µs against 0.5 µs for a small message: every message and record pays it)
-_packb: Final = msgpack.Packer(use_bin_type=True, default=_commands_of).pack
-_unpackb: Final = msgpack.unpackb
-_UNPACK_ERRORS: Final = (
-    ValueError,  # incl. msgpack's FormatError, StackError, ExtraData, bad UTF-8, size limits
-    TypeError,
-    OverflowError,
-    RecursionError,
-    msgpack.UnpackException,
-)
+# --------------------------------------------------------------------------- envelopes
+# The rules of what holds the messages and records, checked on the unpacked value by the
+# eager and the lazy decoder alike:
+#     frame   := [FORMAT_VERSION, [message, ...]]   at most MAX_FRAME_MESSAGES messages
+#     single  := [FORMAT_VERSION, message]
+#     logged  := [version, record]                  a version in RECORD_VERSIONS_READ
+# and a message or record is a [tag, field, ...] array whose tag is one of its kind's.
 
 
-def _unpack(data: bytes) -> object:
-    try:
-        return _unpackb(
-            data,
-            use_list=False,
-            raw=False,
-            strict_map_key=True,
-            max_str_len=MAX_KEY_BYTES,
-            max_bin_len=MAX_OP_BYTES,
-            # an array of n values takes at least n bytes: no need to allocate for more
-            max_array_len=min(len(data), _MAX_ARRAY),
-            # no format has maps, but reading them lets a future one fail as UnsupportedVersion
-            max_map_len=min(len(data) // 2, _MAX_ARRAY),
-            max_ext_len=0,
-        )
-    except msgpack.ExtraData:
-        raise DecodeError("trailing bytes after the msgpack value") from None
-    except msgpack.StackError:
-        raise DecodeError("malformed msgpack: values nested too deeply") from None
-    except _UNPACK_ERRORS as e:
-        raise DecodeError(f"malformed msgpack: {e or type(e).__name__}") from None
-
-
-def _open(data: bytes, what: str, readable: frozenset[int] = _SAME_VERSION) -> object:
-    """Unpack ``data`` and check the ``[version, body]`` envelope (a version in
-    ``readable``); returns ``body``."""
-    top = _unpack(data)
+def _open(top: object, what: str, readable: frozenset[int] = _SAME_VERSION) -> object:
+    """Check the unpacked ``[version, body]`` envelope (a version in ``readable``); returns
+    ``body``."""
     if type(top) is not tuple or not top:
         raise _bad(what, "[version, ...] array", top)
     version = top[0]
@@ -1095,11 +1173,28 @@ def _decode_tagged(
     return decoder(value)
 
 
+def _messages(body: object) -> list[PeerMessage]:
+    """The peer messages of a frame's unpacked body, in order."""
+    if type(body) is not tuple or len(body) > MAX_FRAME_MESSAGES:
+        raise _bad("frame", f"array of at most {MAX_FRAME_MESSAGES} messages", body)
+    decoders = _PEER_DECODERS
+    out: list[PeerMessage] = []
+    append = out.append
+    try:
+        for item in body:
+            if type(item) is not tuple or not item or type(item[0]) is not int:
+                raise _bad("message", "[tag, field, ...] array", item)
+            decoder = decoders.get(item[0])
+            if decoder is None:
+                _decode_tagged(item, decoders, "peer message")  # raises, naming the tag
+            append(decoder(item))  # type: ignore[misc]
+    except DecodeError as e:
+        raise DecodeError(f"frame message {len(out)}: {e}") from None
+    return out
+
+
 def _wrong_class(value: object, expected: str) -> TypeError:
     return TypeError(f"cannot encode {type(value).__name__} as a {expected}")
-
-
-# --------------------------------------------------------------------------- public API
 
 
 # --------------------------------------------------------------------------- batches packed once
@@ -1172,6 +1267,9 @@ def _packer(cls: type, encoder: _Encoder) -> tuple[_Packer, bool]:
     return spliced, True
 
 
+# --------------------------------------------------------------------------- public API
+
+
 def encode_message(msg: PeerMessage) -> bytes:
     """Encode one peer message as ``[FORMAT_VERSION, message]``."""
     packer = _PEER_PACKERS.get(type(msg))
@@ -1183,7 +1281,8 @@ def encode_message(msg: PeerMessage) -> bytes:
 
 def decode_message(data: bytes) -> PeerMessage:
     """Decode what ``encode_message`` made. Raises ``DecodeError`` for anything else."""
-    result: PeerMessage = _decode_tagged(_open(data, "message"), _PEER_DECODERS, "peer message")
+    body = _open(_unpack(data), "message")
+    result: PeerMessage = _decode_tagged(body, _PEER_DECODERS, "peer message")
     return result
 
 
@@ -1279,36 +1378,20 @@ _SPLICED: Final = frozenset(
 def decode_frame(data: bytes, *, lazy_batches: bool = False) -> list[PeerMessage]:
     """Decode what ``encode_frame`` made, in order. Raises ``DecodeError`` for anything else.
 
-    ``lazy_batches``: the batches of the messages an acceptor takes in (``_LAZY_AT``) stay
-    packed, as ``PackedBatch``: their bytes are checked for msgpack structure and their
-    command count here, the commands' fields when something first reads them (a batch that
-    fails those reads as empty, alike on every replica). A frame shorter than
-    ``LAZY_FROM_BYTES`` is decoded whole (its batches are short: decoding them costs less
-    than keeping them), and so is one that is not plainly well formed, so that its error
-    is worded as ever.
+    ``lazy_batches``: the batches of the messages an acceptor takes in (the fields whose
+    rule is ``lazy``) stay packed, as ``PackedBatch``: the frame passes the same checks as
+    without, except that such a batch's commands are checked when something first reads
+    them (a batch that fails those reads as empty, alike on every replica). A frame shorter
+    than ``LAZY_FROM_BYTES`` is decoded whole (its batches are short: decoding them costs
+    less than keeping them). A frame refused is refused as without ``lazy_batches``, in the
+    same words.
     """
     if lazy_batches and len(data) >= LAZY_FROM_BYTES:
         try:
-            return _decode_frame_lazily(data)
-        except _NotPlain:
-            pass
-    body = _open(data, "frame")
-    if type(body) is not tuple or len(body) > MAX_FRAME_MESSAGES:
-        raise _bad("frame", f"array of at most {MAX_FRAME_MESSAGES} messages", body)
-    decoders = _PEER_DECODERS
-    out: list[PeerMessage] = []
-    append = out.append
-    try:
-        for item in body:
-            if type(item) is not tuple or not item or type(item[0]) is not int:
-                raise _bad("message", "[tag, field, ...] array", item)
-            decoder = decoders.get(item[0])
-            if decoder is None:
-                _decode_tagged(item, decoders, "peer message")  # raises, naming the tag
-            append(decoder(item))  # type: ignore[misc]
-    except DecodeError as e:
-        raise DecodeError(f"frame message {len(out)}: {e}") from None
-    return out
+            return _messages(_open(_unpack_keeping_batches(data, framed=True), "frame"))
+        except DecodeError:
+            pass  # refused: worded below, where the checks may stop earlier (in a batch)
+    return _messages(_open(_unpack(data), "frame"))
 
 
 def encode_record(rec: Record) -> bytes:
@@ -1327,70 +1410,54 @@ def decode_record(data: bytes, *, lazy_batches: bool = False) -> Record:
     so it reads them back the way it took them in)."""
     if lazy_batches and len(data) >= LAZY_FROM_BYTES:
         try:
-            return _decode_record_lazily(data)
-        except _NotPlain:
-            pass
-    body = _open(data, "record", RECORD_VERSIONS_READ)
+            return _record(_open(_unpack_keeping_batches(data, framed=False), "record",
+                                 RECORD_VERSIONS_READ))
+        except DecodeError:
+            pass  # refused: worded below, as for a frame
+    return _record(_open(_unpack(data), "record", RECORD_VERSIONS_READ))
+
+
+def _record(body: object) -> Record:
     result: Record = _decode_tagged(body, _RECORD_DECODERS, "record")
     return result
 
 
 # --------------------------------------------------------------------------- lazy batches
-# An acceptor persists a batch and acknowledges it without reading its commands: the frame
-# is walked value by value (msgpack's streaming unpacker), each batch an acceptor takes in
-# skipped over and kept as its bytes. Anything irregular gives up (``_NotPlain``) and the
-# whole decoder runs, to reject it in its own words.
+# An acceptor persists a batch and acknowledges it without reading its commands. The lazy
+# decoder differs from the eager one in how it unpacks, never in what it checks:
+# ``_unpack_keeping_batches`` gives the value ``_unpack`` gives, except that each batch of a
+# ``lazy`` rule is a ``PackedBatch`` of its bytes (msgpack's streaming unpacker skips over
+# it), and the checks above run on that value. The walk keeps a batch packed only if its
+# field's check would pass it, an array within the rule's limit, and the same generated code
+# checks its commands when they are first read (``_decode_packed_batch``). Anything else it
+# reads as a value, for the checks to refuse; what it does not expect (a msgpack error,
+# trailing bytes, an envelope that is not [version, body]) it refuses, and the decoder
+# then unpacks the bytes whole, to refuse them in ``_unpack``'s words.
 
 #: a frame or record shorter than this is decoded whole (a batch of a few commands decodes
 #: for less than walking its frame value by value costs)
 LAZY_FROM_BYTES: Final = 1024
 
 
-class _NotPlain(Exception):
-    """The lazy walk met something irregular: decode whole (and word the error there)."""
-
-
-def _lazy_positions(classes: tuple[type, ...]) -> dict[int, tuple[int, frozenset[int]]]:
-    """tag -> (the length of its tagged array, the positions in it of the batches that may
-    stay packed): the fields typed ``Batch`` (``tuple[Command, ...] | PackedBatch``), whose
-    cores take a ``PackedBatch``."""
-    found: dict[int, tuple[int, frozenset[int]]] = {}
-    for cls in classes:
-        hints = get_type_hints(cls)
-        at = frozenset(
-            position + 1  # after the tag
-            for position, (name, _) in enumerate(_LAYOUT[cls])
-            if PackedBatch in get_args(hints[name])
-        )
-        if at:
-            found[TAGS[cls]] = (len(_LAYOUT[cls]) + 1, at)
+def _lazy_rules() -> dict[int, tuple[_Array | None, ...]]:
+    """tag -> for each value of its tagged array (the tag first), its rule if the value is a
+    batch a lazy decoder keeps packed, else None (only the tags of classes with one)."""
+    found: dict[int, tuple[_Array | None, ...]] = {}
+    for cls in (*_PEER_CLASSES, *_RECORD_CLASSES):
+        rules = (None, *(
+            ftype if isinstance(ftype, _Array) and ftype.lazy else None
+            for _, ftype in _LAYOUT[cls]
+        ))
+        if any(rules):
+            found[TAGS[cls]] = rules
     return found
 
 
-_Decoder = Callable[[tuple[Any, ...]], Any]
-_LAZY_AT: Final = _lazy_positions((*_PEER_CLASSES, *_RECORD_CLASSES))
-_OUT_OF_DATA: Final = (*_UNPACK_ERRORS, msgpack.OutOfData, IndexError)
-_NIL: Final = 0xC0
+_LAZY_AT: Final = _lazy_rules()
+_WALK_ERRORS: Final = (*_UNPACK_ERRORS, msgpack.OutOfData, IndexError)
 _FIXARRAY: Final = 0x90
 _ARRAY16: Final = 0xDC
 _ARRAY32: Final = 0xDD
-
-
-def _unpacker(data: bytes) -> msgpack.Unpacker:
-    """A streaming unpacker over ``data`` with ``_unpack``'s limits."""
-    unpacker = msgpack.Unpacker(
-        use_list=False,
-        raw=False,
-        strict_map_key=True,
-        max_str_len=MAX_KEY_BYTES,
-        max_bin_len=MAX_OP_BYTES,
-        max_array_len=min(len(data), _MAX_ARRAY),
-        max_map_len=min(len(data) // 2, _MAX_ARRAY),
-        max_ext_len=0,
-        max_buffer_size=max(len(data), 1),
-    )
-    unpacker.feed(data)
-    return unpacker
 
 
 def _array_count(data: bytes, at: int) -> int:
@@ -1405,83 +1472,59 @@ def _array_count(data: bytes, at: int) -> int:
     return -1
 
 
-def _take_tagged(
-    unpacker: msgpack.Unpacker, data: bytes, decoders: Mapping[int, _Decoder]
-) -> Any:
-    """The tagged value at the unpacker's position, its batches kept packed where allowed."""
+class _NotPlain(DecodeError):
+    """The walk met what it does not expect: ``_unpack`` words the error."""
+
+
+def _unpack_keeping_batches(data: bytes, *, framed: bool) -> tuple[object, object]:
+    """``_unpack(data)`` for a frame (``framed``) or a record, its lazy batches kept packed.
+    Raises ``_NotPlain`` for what it does not expect (see above)."""
+    try:
+        unpacker = _unpacker(data)
+        if unpacker.read_array_header() != 2:
+            raise _NotPlain
+        version = unpacker.unpack()
+        if framed:
+            count = unpacker.read_array_header()
+            if count > MAX_FRAME_MESSAGES:  # _messages refuses it: no need to walk it
+                raise _NotPlain
+            body: object = tuple([_take_tagged(unpacker, data) for _ in range(count)])
+        else:
+            body = _take_tagged(unpacker, data)
+        if unpacker.tell() != len(data):
+            raise _NotPlain
+    except _WALK_ERRORS:
+        raise _NotPlain from None
+    return version, body
+
+
+def _take_tagged(unpacker: msgpack.Unpacker, data: bytes) -> object:
+    """The tagged array at the unpacker's position, its lazy batches kept packed."""
     start = unpacker.tell()
-    lazy = _LAZY_AT.get(data[start + 1]) if data[start] & 0xF0 == _FIXARRAY else None
-    if lazy is None or data[start] & 0x0F != lazy[0]:
-        item = unpacker.unpack()
-        if type(item) is not tuple or not item or type(item[0]) is not int:
-            raise _NotPlain
-        decoder = decoders.get(item[0])
-        if decoder is None:
-            raise _NotPlain
-        return decoder(item)
-    width, batches = lazy
+    rules = _LAZY_AT.get(data[start + 1]) if data[start] & 0xF0 == _FIXARRAY else None
+    if rules is None or data[start] & 0x0F != len(rules):
+        return unpacker.unpack()  # no batch to keep: what _unpack gives
     unpacker.read_array_header()
     values: list[object] = []
     append = values.append
-    for position in range(width):
-        if position not in batches:
-            append(unpacker.unpack())
-            continue
-        at = unpacker.tell()
-        if data[at] == _NIL:
-            append(unpacker.unpack())
-            continue
-        if not 0 <= _array_count(data, at) <= MAX_BATCH:
-            raise _NotPlain  # not an array, or too long: the whole decoder says which
-        unpacker.skip()
-        append(PackedBatch(data[at : unpacker.tell()]))
-    decoder = decoders.get(data[start + 1])
-    if decoder is None:
-        raise _NotPlain
-    return decoder(tuple(values))
+    for rule in rules:
+        if rule is not None:
+            at = unpacker.tell()
+            if 0 <= _array_count(data, at) <= rule.limit:
+                unpacker.skip()
+                append(PackedBatch(data[at : unpacker.tell()]))
+                continue
+        append(unpacker.unpack())
+    return tuple(values)
 
 
-def _decode_frame_lazily(data: bytes) -> list[PeerMessage]:
-    try:
-        unpacker = _unpacker(data)
-        if unpacker.read_array_header() != 2:
-            raise _NotPlain
-        version = unpacker.unpack()
-        if type(version) is not int or version != FORMAT_VERSION:
-            raise _NotPlain
-        count = unpacker.read_array_header()
-        if count > MAX_FRAME_MESSAGES:
-            raise _NotPlain
-        decoders = _PEER_DECODERS
-        out: list[PeerMessage] = [_take_tagged(unpacker, data, decoders) for _ in range(count)]
-        if unpacker.tell() != len(data):
-            raise _NotPlain
-    except (DecodeError, *_OUT_OF_DATA):
-        raise _NotPlain from None
-    return out
-
-
-def _decode_record_lazily(data: bytes) -> Record:
-    try:
-        unpacker = _unpacker(data)
-        if unpacker.read_array_header() != 2:
-            raise _NotPlain
-        version = unpacker.unpack()
-        if type(version) is not int or version not in RECORD_VERSIONS_READ:
-            raise _NotPlain
-        record: Record = _take_tagged(unpacker, data, _RECORD_DECODERS)
-        if unpacker.tell() != len(data):
-            raise _NotPlain
-    except (DecodeError, *_OUT_OF_DATA):
-        raise _NotPlain from None
-    return record
+_decode_batch: Final = _generated["_dec_seq_Command"]
 
 
 def _decode_packed_batch(packed: bytes) -> tuple[Command, ...]:
-    """``PackedBatch.decoder``: its bytes -> its commands, checked as a decoder checks them."""
-    commands: tuple[Command, ...] = _generated["_dec_seq_Command"](
-        _unpack(packed), "batch", MAX_BATCH
-    )
+    """``PackedBatch.decoder``: its bytes -> its commands, checked by the code that checks a
+    batch decoded with its message (every lazy batch has ``_LAZY_BATCH``'s limit)."""
+    commands: tuple[Command, ...] = _decode_batch(_unpack(packed), "batch", _LAZY_BATCH.limit)
     return commands
 
 

@@ -67,6 +67,12 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: a message of a later epoch moves a member on, on one peer's word (it
         # retires its core and learns as a learner until the next epoch)
         "trust_epoch_claims",
+        # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
+        # open-by rule), so a late copy of a request it ran runs again
+        "sessions_forget_evicted",
+        # membership: a member sets its own published info (addresses) in its own
+        # configuration instead of proposing it through the log (the members disagree)
+        "publish_local",
     }
 )
 

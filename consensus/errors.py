@@ -10,6 +10,7 @@
     ├── MemberRefused          peers refuse this replica's identity (retired or wiped)
     ├── WALCorruption          durable log data is damaged: the replica stops rather than
     │                          lose what it acknowledged (``consensus.storage.wal``)
+    ├── MemberRemoved          a membership change removed this replica (it never serves again)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
@@ -18,6 +19,7 @@
         ├── DefiniteFailure    it did not and never will take effect
         │   ├── PermissionDenied  the request's principal may not do this; nothing changed
         │   │                     (``consensus.auth``)
+        │   ├── SessionExpired its session was evicted or closed: not applied (open another)
         │   └── Unreachable    no replica could be reached: the request never left
         │                      (retry later; exit code 3, like an indefinite failure)
         └── IndefiniteFailure  it may or may not take effect (e.g. timeout, failover)
@@ -37,10 +39,12 @@ __all__ = [
     "IndefiniteFailure",
     "LocalProtocolError",
     "MemberRefused",
+    "MemberRemoved",
     "MissingIdentity",
     "RemoteProtocolError",
     "RequestFailed",
     "SDPaxosError",
+    "SessionExpired",
     "Unreachable",
     "UnsupportedVersion",
 ]
@@ -118,6 +122,26 @@ class MemberRefused(SDPaxosError):
         return (type(self), (self.peer, self.reason))
 
 
+class MemberRemoved(SDPaxosError):
+    """A membership change removed this replica from its cluster: it stops, and its data
+    directory never serves again (ids are never reused; a replica there again is a new member
+    with a new id and an empty directory: ``sdpaxos member add``)."""
+
+    def __init__(self, replica: int, cluster_id: str, epoch: int) -> None:
+        super().__init__(
+            f"replica {replica} of cluster {cluster_id!r} was removed from the cluster (its "
+            f"configuration of epoch {epoch} no longer names it): it does not serve again; "
+            "its data directory may be deleted. To run a replica here again, add a new member "
+            "(sdpaxos member add prints its cluster-file entry) with an empty data directory"
+        )
+        self.replica = replica
+        self.cluster_id = cluster_id
+        self.epoch = epoch
+
+    def __reduce__(self) -> tuple[type[MemberRemoved], tuple[int, str, int]]:
+        return (type(self), (self.replica, self.cluster_id, self.epoch))
+
+
 class LocalProtocolError(SDPaxosError):
     """The local caller broke the core's contract (e.g. advanced a Ready twice)."""
 
@@ -159,3 +183,19 @@ class Unreachable(DefiniteFailure):
 class IndefiniteFailure(RequestFailed):
     """The request may or may not have taken effect; retrying with the same (client id,
     sequence number) is safe."""
+
+
+class SessionExpired(DefiniteFailure):
+    """The replicated session table no longer holds the request's session (evicted, closed,
+    or its open-by time passed: ``consensus.sessions``), so the request was not applied and
+    never will be. ``log_time``: the cluster's log time then (Unix seconds; 0 if unknown), from
+    which a client opens its next session. A client that had sent the same request before
+    without an answer learns only that it will not run from now on (the native client
+    reports an ``IndefiniteFailure`` then)."""
+
+    def __init__(self, message: str, log_time: int = 0) -> None:
+        super().__init__(message)
+        self.log_time = log_time
+
+    def __reduce__(self) -> tuple[type[SessionExpired], tuple[str, int]]:
+        return (type(self), (str(self), self.log_time))

@@ -79,6 +79,7 @@ __all__ = [
     "Heartbeat",
     "LearnReply",
     "LearnRequest",
+    "LearnedRecord",
     "LearnedSlot",
     "LeaseGrant",
     "MemberEntry",
@@ -1022,6 +1023,17 @@ class ExecutedRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LearnedRecord:
+    """A learner (membership: a member that does not vote yet) applied global slots
+    ``start``, ``start + 1``, ... as a voter's ``LearnReply`` carried them (chosen values): a
+    restart applies them again from its records and goes on learning after them, instead of
+    learning everything since its last snapshot again."""
+
+    start: int
+    slots: tuple[LearnedSlot, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlotAcceptedRecord:
     """Baselines: this replica accepted global slot ``slot`` at ``ballot`` with ``batch``."""
 
@@ -1046,6 +1058,7 @@ Record = (
     | CPromiseRecord
     | ExecutedRecord
     | ConfigRecord
+    | LearnedRecord
     | SlotAcceptedRecord
     | SkipRecord
     | EInstanceRecord

@@ -1,10 +1,13 @@
-"""The replicated state machine interface, client sessions, and the reference key-value store.
+"""The replicated state machine interface and the reference key-value store.
 
 A state machine is deterministic: the same commands in the same order give the same results and
-the same snapshot bytes on every replica. ``SessionTable`` gives any state machine
-exactly-once effects for retried requests: a command identified by ``(client_id, seq)`` is
-applied the first time it appears in the global log; a later copy (a client retry that was
-proposed again, possibly at another replica) returns the first result without applying.
+the same snapshot bytes on every replica. ``SessionTable`` (``consensus.sessions``) gives any
+state machine exactly-once effects for retried requests: a command identified by
+``(client_id, seq)`` is applied the first time it appears in the global log; a later copy (a
+client retry that was proposed again, possibly at another replica) returns the first result
+without applying; a request of a session the table evicted is not applied
+(``SESSION_EXPIRED``). A state machine with a session table keeps it as ``sessions``, and
+applies the log-time commands the replicas propose (``SessionTable.admit`` answers them).
 
 Settling a request: a client that lost track of one of its requests (timeouts, a lost
 connection, a replica that restarted) may have copies of it in several replicas' instances,
@@ -20,18 +23,31 @@ copy is refused too rather than applied under a rule that changed meanwhile.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import msgpack
 
 from consensus.messages import Command
+from consensus.sessions import (
+    CANCEL_OP,
+    CANCELLED,
+    EXPIRED,
+    SESSION_EXPIRED,
+    SESSION_MARK,
+    SESSION_WINDOW,
+    SessionTable,
+    denied_reason,
+    denied_result,
+)
 
 __all__ = [
     "CANCELLED",
     "CANCEL_OP",
+    "EXPIRED",
+    "SESSION_EXPIRED",
     "SESSION_MARK",
+    "SESSION_WINDOW",
     "BatchApplier",
     "DefersQueries",
     "KVStore",
@@ -104,145 +120,6 @@ def batch_applier(machine: StateMachine) -> BatchApplier:
     return one_by_one
 
 
-#: How many recent results a session keeps per client. A pipelining client must not have more
-#: outstanding requests than this.
-SESSION_WINDOW = 256
-
-#: The result of a request older than everything its session still remembers: it was applied
-#: (the client has moved past it), but its result is gone.
-EXPIRED: bytes = msgpack.packb(["expired"])
-
-#: The op of a cancel (see the module documentation); ``0xc1`` is never the first byte of
-#: msgpack, so no state machine's op looks like it.
-CANCEL_OP: Final = b"\xc1sdpaxos-cancel"
-#: The first bytes of every result the session table itself gives a request that never
-#: executed (never a state machine's: ``0xc1`` is never the first byte of msgpack).
-SESSION_MARK: Final = b"\xc1sdpaxos-session:"
-#: The result of a request cancelled before it executed: it never took effect, and never will.
-CANCELLED: Final = SESSION_MARK + b"cancelled"
-_DENIED: Final = SESSION_MARK + b"denied:"
-
-
-def denied_result(reason: str) -> bytes:
-    """What a session remembers of a request the authorization check refused as it applied."""
-    return _DENIED + reason.encode()
-
-
-def denied_reason(result: bytes) -> str | None:
-    """The reason of a remembered refusal (``denied_result``), or None."""
-    if result.startswith(_DENIED):
-        return result[len(_DENIED):].decode(errors="replace")
-    return None
-
-
-class _Session:
-    __slots__ = ("floor", "order", "results")
-
-    def __init__(self, floor: int = -1, results: dict[int, bytes] | None = None) -> None:
-        self.floor = floor  # every seq <= floor has executed and its result is forgotten
-        self.results: dict[int, bytes] = results or {}  # insertion order = execution order
-        #: the keys of ``results`` in insertion order: the oldest found without walking the
-        #: dict (whose evicted front ``next(iter(...))`` steps over, every time)
-        self.order = deque(self.results)
-
-
-def _remember(session: _Session, seq: int, result: bytes) -> None:
-    results = session.results
-    if seq not in results:
-        session.order.append(seq)
-    results[seq] = result
-    if len(results) > SESSION_WINDOW:
-        oldest = session.order.popleft()
-        del results[oldest]
-        # Forget conservatively: a seq at or below the evicted one that is not remembered
-        # counts as executed (clients number requests increasingly and keep fewer than
-        # SESSION_WINDOW in flight, so it did).
-        if oldest > session.floor:
-            session.floor = oldest
-
-
-class SessionTable:
-    """Per-client memory of recent results, so a retried request takes effect once."""
-
-    __slots__ = ("_sessions",)
-
-    def __init__(self) -> None:
-        self._sessions: dict[int, _Session] = {}
-
-    def lookup(self, client_id: int, seq: int) -> bytes | None:
-        """The first result of ``(client_id, seq)`` if it already executed, else None."""
-        session = self._sessions.get(client_id)
-        if session is None:
-            return None
-        hit: bytes | None = session.results.get(seq)
-        if hit is None and seq <= session.floor:
-            return EXPIRED
-        return hit
-
-    def settled(self, command: Command) -> bytes | None:
-        """What ``command`` is answered without running: the first result of its request if
-        that executed (``lookup``); for a cancel (``CANCEL_OP``) of a request that did not,
-        ``CANCELLED``, now recorded as the request's result; None if it must run (then
-        ``record`` its result)."""
-        client_id, seq = command.client_id, command.seq
-        previous = self.lookup(client_id, seq)
-        if previous is None and command.op == CANCEL_OP:
-            self.record(client_id, seq, CANCELLED)
-            return CANCELLED
-        return previous
-
-    def record(self, client_id: int, seq: int, result: bytes) -> None:
-        session = self._sessions.get(client_id)
-        if session is None:
-            session = self._sessions[client_id] = _Session()
-        _remember(session, seq, result)
-
-    def run(
-        self, commands: Sequence[Command], execute: Callable[[bytes], bytes]
-    ) -> list[bytes]:
-        """For each command in turn, its first result if it already ran (``lookup``), else
-        ``execute(op)`` (``CANCELLED`` for a cancel), recorded: what ``settled``/``record``
-        around each command give, with the session looked up once per command."""
-        sessions = self._sessions
-        results: list[bytes] = []
-        append = results.append
-        for client_id, seq, op, _keys, _blind in commands:
-            session = sessions.get(client_id)
-            if session is None:
-                session = sessions[client_id] = _Session()
-            result = session.results.get(seq)
-            if result is None:
-                if seq <= session.floor:
-                    result = EXPIRED
-                else:
-                    result = CANCELLED if op == CANCEL_OP else execute(op)
-                    _remember(session, seq, result)
-            append(result)
-        return results
-
-    def to_state(self) -> list[list[Any]]:
-        return [
-            [client, s.floor, list(s.results.items())]
-            for client, s in sorted(self._sessions.items())
-        ]
-
-    def load_state(self, state: list[list[Any]]) -> None:
-        self._sessions = {}
-        for client, floor, items in state:
-            self._sessions[int(client)] = _Session(
-                int(floor), {int(seq): bytes(result) for seq, result in items}
-            )
-
-    def take(self, other: SessionTable) -> list[object]:
-        """Hold what ``other`` holds, in place of this table's contents (a state loaded
-        elsewhere, off the replica's loop, adopted by the table its machine's users hold);
-        returns the contents replaced."""
-        replaced = [getattr(self, name) for name in SessionTable.__slots__]
-        for name in SessionTable.__slots__:
-            setattr(self, name, getattr(other, name))
-        return replaced
-
-
 _packer = msgpack.Packer()
 
 
@@ -292,14 +169,14 @@ class KVStore:
 
     __slots__ = ("applied_position", "data", "sessions")
 
-    def __init__(self) -> None:
+    def __init__(self, sessions: SessionTable | None = None) -> None:
         self.data: dict[str, str] = {}
-        self.sessions = SessionTable()
+        self.sessions = sessions if sessions is not None else SessionTable()
         self.applied_position = -1
 
     def apply(self, position: int, command: Command) -> bytes:
         self.applied_position = position
-        previous = self.sessions.settled(command)
+        previous = self.sessions.admit(command)
         if previous is not None:
             return previous
         result = self._execute(command.op)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from consensus.attempts import Answer, Attempts, Kind, Step
 
 OK, REFUSED, UNKNOWN, UNSENT = Answer.OK, Answer.REFUSED, Answer.UNKNOWN, Answer.UNSENT
+EXPIRED = Answer.EXPIRED
 
 
 def steps(attempts: Attempts, answers: list[Answer]) -> list[Step]:
@@ -107,3 +108,16 @@ def test_a_settling_request_only_ever_asks_its_cancel_again(answer: Answer) -> N
     steps(attempts, [UNKNOWN, REFUSED])
     step = attempts.after(answer)
     assert step is (Step.DONE if answer is REFUSED else Step.SETTLE)
+
+
+def test_a_session_gone_ends_a_request_sent_once_and_leaves_one_sent_twice_unknown() -> None:
+    # the only copy was refused for its session: it never ran (the client opens another
+    # session and sends it again, as a new request)
+    assert steps(command(), [EXPIRED]) == [Step.DONE]
+    # an earlier copy may have run before the session went, and a cancel gets the same
+    # answer: the outcome stays unknown
+    assert steps(command(), [UNKNOWN, EXPIRED]) == [Step.RETRY, Step.GIVE_UP]
+    settling = command()
+    assert steps(settling, [UNKNOWN, REFUSED, EXPIRED]) == [Step.RETRY, Step.SETTLE,
+                                                            Step.GIVE_UP]
+    assert steps(Attempts(Kind.READ, 3, 3), [UNKNOWN, EXPIRED]) == [Step.RETRY, Step.DONE]

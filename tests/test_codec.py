@@ -9,10 +9,11 @@ import random
 import types
 from collections.abc import Callable
 from typing import Any, get_args, get_origin, get_type_hints
+from unittest import mock
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from consensus import codec, messages
@@ -280,6 +281,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "CPromiseRecord": 68,
         "ExecutedRecord": 69,
         "ConfigRecord": 70,
+        "LearnedRecord": 71,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
         "PaxosPromiseRecord": 82,
@@ -295,6 +297,28 @@ def test_every_message_class_has_a_pinned_tag() -> None:
     assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
     assert FORMAT_VERSION == 3
     assert {2, 3} == codec.RECORD_VERSIONS_READ  # the records have not changed since 2
+
+
+def test_the_batches_kept_packed_are_the_fields_typed_batch() -> None:
+    """The rules a lazy decoder keeps packed are exactly the fields of messages and records
+    typed ``messages.Batch`` (a core that takes a ``PackedBatch``); the codec checks it at
+    import."""
+    lazy = {
+        (cls, name)
+        for cls, layout in codec._LAYOUT.items()
+        for name, ftype in layout
+        if getattr(ftype, "lazy", False)
+    }
+    typed = {
+        (cls, name)
+        for cls in (*PEER_CLASSES, *RECORD_CLASSES)
+        for name, hint in get_type_hints(cls).items()
+        if PackedBatch in get_args(hint)
+    }
+    assert lazy == typed and (CAccept, "batch") in typed and (CAcceptedRecord, "batch") in typed
+    drifted = {**codec._LAYOUT, CAccept: (*codec._LAYOUT[CAccept][:-1], ("batch", codec._BATCH))}
+    with mock.patch.object(codec, "_LAYOUT", drifted), pytest.raises(RuntimeError, match="CAccept"):
+        codec._check_tables()
 
 
 def test_golden_encodings() -> None:
@@ -559,6 +583,17 @@ def leaf_paths(obj: object, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]
     return found
 
 
+def replaced_at(tree: Any, path: tuple[int, ...], replacement: object) -> Any:
+    """``tree`` (nested lists) with its value at ``path`` replaced (in place)."""
+    if not path:
+        return replacement
+    parent = tree
+    for i in path[:-1]:
+        parent = parent[i]
+    parent[path[-1]] = replacement
+    return tree
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(msgs=st.lists(peer_messages, min_size=1, max_size=3), data=st.data())
 def test_one_value_replaced_in_a_valid_frame(msgs: list[Any], data: st.DataObject) -> None:
@@ -566,17 +601,151 @@ def test_one_value_replaced_in_a_valid_frame(msgs: list[Any], data: st.DataObjec
     tree = msgpack.unpackb(encode_frame(msgs), use_list=True, raw=False)
     paths = leaf_paths(tree)
     path = data.draw(st.sampled_from(paths))
-    replacement = data.draw(junk)
-    if not path:
-        tree = replacement
-    else:
-        parent = tree
-        for i in path[:-1]:
-            parent = parent[i]
-        parent[path[-1]] = replacement
-    result = decode_or_reject(decode_frame, pack(tree))
+    result = decode_or_reject(decode_frame, pack(replaced_at(tree, path, data.draw(junk))))
     if result is not None:
         check_reencodes(decode_frame, result)
+
+
+# --------------------------------------------------------------------------- eager and lazy
+# ``lazy_batches`` keeps the batches an acceptor takes in packed; it must change nothing
+# else: for any bytes, the eager and the lazy decoder accept and refuse alike (a kept batch
+# whose commands are malformed reads as empty: that is the lazy decoder's refusal of it, so
+# it is counted as one here), refuse with the same error, and decode to equal messages.
+
+
+def takes_packed(cls: type) -> bool:
+    """A message or record with a field typed ``messages.Batch`` (its cores take one packed)."""
+    return any(PackedBatch in get_args(hint) for hint in get_type_hints(cls).values())
+
+
+LAZY_PEER_CLASSES = tuple(cls for cls in PEER_CLASSES if takes_packed(cls))
+LAZY_RECORD_CLASSES = tuple(cls for cls in RECORD_CLASSES if takes_packed(cls))
+#: frames mostly of messages carrying batches: where the two decoders differ most
+batch_frames = st.lists(
+    st.one_of(*(strategy_for(cls) for cls in LAZY_PEER_CLASSES), peer_messages),
+    min_size=1, max_size=4,
+)
+batch_records = st.one_of(*(strategy_for(cls) for cls in LAZY_RECORD_CLASSES), records)
+
+
+def listed(decoded: Any) -> list[Any]:
+    """A decoded frame's messages, or a decoded record alone."""
+    return decoded if isinstance(decoded, list) else [decoded]
+
+
+def kept_batch_paths(tree: Any) -> list[tuple[int, ...]]:
+    """The positions of every value inside a batch a lazy decoder keeps packed, in a frame
+    unpacked as lists (``leaf_paths``)."""
+    classes = {TAGS[cls]: cls for cls in LAZY_PEER_CLASSES}
+    paths: list[tuple[int, ...]] = []
+    for i, raw in enumerate(tree[1]):
+        cls = classes.get(raw[0])
+        if cls is None:
+            continue
+        hints = get_type_hints(cls)
+        for position, name in enumerate(field_names(cls), start=1):
+            if PackedBatch in get_args(hints[name]) and isinstance(raw[position], list):
+                paths += [(1, i, position, *path) for path in leaf_paths(raw[position])]
+    return paths
+
+
+class MalformedBatch(DecodeError):
+    """A batch the lazy decoder kept packed reads as empty: its commands are malformed."""
+
+
+def decode_lazily(decode: Callable[..., Any], data: bytes) -> Any:
+    """``decode(data, lazy_batches=True)``, walking any frame (not only those of at least
+    ``LAZY_FROM_BYTES``), then every kept batch read: one that reads as empty because its
+    commands are malformed raises ``MalformedBatch``."""
+    with mock.patch.object(codec, "LAZY_FROM_BYTES", 0):
+        decoded = decode(data, lazy_batches=True)
+    for value in listed(decoded):
+        for field in dataclasses.fields(value):
+            batch = getattr(value, field.name)
+            if type(batch) is PackedBatch:
+                assert isinstance(batch.commands, tuple)  # read: never raises
+                if batch.malformed is not None:
+                    raise MalformedBatch(batch.malformed)
+    return decoded
+
+
+def outcome(decode: Callable[[], Any]) -> tuple[Any, DecodeError | None]:
+    """What ``decode()`` returned, or the ``DecodeError`` it raised (anything else fails)."""
+    try:
+        return decode(), None
+    except DecodeError as error:
+        return None, error
+
+
+def assert_eager_and_lazy_agree(decode: Callable[..., Any], data: bytes) -> None:
+    eager, eager_error = outcome(lambda: decode(data))
+    lazy, lazy_error = outcome(lambda: decode_lazily(decode, data))
+    if eager_error is None:
+        assert lazy_error is None, f"lazy refused what eager took: {lazy_error}"
+        assert lazy == eager
+        assert [type(m) for m in listed(lazy)] == [type(m) for m in listed(eager)]
+        reencode = encode_frame if decode is decode_frame else encode_record
+        assert decode(reencode(lazy)) == eager  # what it logs and passes on reads the same
+        event("accepted")
+    elif isinstance(lazy_error, MalformedBatch):
+        assert type(eager_error) is DecodeError  # the eager decoder refuses the frame at once
+        event("refused at once by eager, a kept batch read as empty by lazy")
+    else:
+        assert lazy_error is not None, f"lazy took what eager refused: {eager_error}"
+        assert type(lazy_error) is type(eager_error)
+        assert str(lazy_error) == str(eager_error)  # in the same words
+        event("refused by both")
+
+
+@settings(max_examples=400, deadline=None)
+@given(msgs=batch_frames, ops=mutations)
+def test_eager_and_lazy_decoders_agree_on_mutated_frames(
+    msgs: list[Any], ops: list[Mutation]
+) -> None:
+    frame = encode_frame(msgs)
+    assert_eager_and_lazy_agree(decode_frame, frame)
+    assert_eager_and_lazy_agree(decode_frame, mutate(frame, ops))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(msgs=batch_frames, data=st.data())
+def test_eager_and_lazy_decoders_agree_on_one_value_replaced(
+    msgs: list[Any], data: st.DataObject
+) -> None:
+    """A value at any depth (a command's field, a batch, a tag, the envelope) replaced by
+    junk (msgpack values of any type and shape)."""
+    tree = msgpack.unpackb(encode_frame(msgs), use_list=True, raw=False)
+    in_batches = kept_batch_paths(tree)
+    if in_batches and data.draw(st.booleans()):  # half the time: inside a batch
+        path = data.draw(st.sampled_from(in_batches))
+    else:
+        path = data.draw(st.sampled_from(leaf_paths(tree)))
+    assert_eager_and_lazy_agree(decode_frame, pack(replaced_at(tree, path, data.draw(junk))))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rec=batch_records, ops=mutations)
+def test_eager_and_lazy_decoders_agree_on_mutated_records(rec: Any, ops: list[Mutation]) -> None:
+    data = encode_record(rec)
+    assert_eager_and_lazy_agree(decode_record, data)
+    assert_eager_and_lazy_agree(decode_record, mutate(data, ops))
+    assert_eager_and_lazy_agree(decode_frame, data)  # a record is never a frame
+
+
+def test_the_differential_tests_walk_lazily() -> None:
+    """The tests above compare two decoders, not one with itself: under ``decode_lazily``
+    a frame of a few bytes keeps its batch packed, and its malformed commands are counted."""
+    accept = CAccept(src=0, view=0, owner=0, index=1, ballot=0, batch=(CMD,))
+    with mock.patch.object(codec, "LAZY_FROM_BYTES", 0):
+        [kept] = decode_frame(encode_frame([accept]), lazy_batches=True)
+    assert isinstance(kept, CAccept) and type(kept.batch) is PackedBatch
+    assert decode_lazily(decode_frame, encode_frame([accept])) == [accept]
+    forged = raw_frame(raw_caccept(batch=[[7, -1, b"op", ["k"], True]]))
+    with pytest.raises(MalformedBatch, match=r"batch\[0\].seq"):
+        decode_lazily(decode_frame, forged)
+    with pytest.raises(DecodeError, match=r"CAccept.batch\[0\].seq"):
+        decode_frame(forged)
+
 
 
 # --------------------------------------------------------------------------- targeted rejects

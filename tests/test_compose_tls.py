@@ -65,16 +65,16 @@ def test_the_init_step_makes_what_the_demo_cluster_files_name(
     # what the replicas read lies in the read-only mount, the CA key in its own
     deployed = load_cluster_config(ROOT / "deploy" / path.name).tls
     assert deployed is not None and deployed.ca_key is not None
-    inside = [deployed.ca, *(f for r in deployed.replicas for f in (r.cert, r.key))]
+    inside = [deployed.ca, *(f for r in deployed.replicas.values() for f in (r.cert, r.key))]
     for file in inside:
         assert file.parent.name == Path(CERTS_MOUNT).name, file
     assert deployed.ca_key.parent.name == Path(CA_MOUNT).name
     assert _cert_init(path, exist_ok=True) == 0
     made = [tls.ca, tls.ca_key, tls.client.cert, tls.client.key,
-            *(f for r in tls.replicas for f in (r.cert, r.key))]
+            *(f for r in tls.replicas.values() for f in (r.cert, r.key))]
     for file in made:
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
-    for i, files in enumerate(tls.replicas):
+    for i, files in tls.replicas.items():
         assert identity_of_pem(files.cert.read_bytes(), config.cluster_id).replica == i
     before = tls.ca.read_bytes()
     assert _cert_init(path, exist_ok=True) == 0  # a restart of the demo keeps its CA

@@ -776,3 +776,41 @@ class WatchControl(_message.Message):
     start: WatchRequest
     ack: int
     def __init__(self, start: _Optional[_Union[WatchRequest, _Mapping]] = ..., ack: _Optional[int] = ...) -> None: ...
+
+class ListMembersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClusterMember(_message.Message):
+    __slots__ = ("id", "incarnation", "voter", "site", "peer_address", "client_address", "grpc_address", "metrics_address", "published")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    SITE_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRPC_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    incarnation: int
+    voter: bool
+    site: str
+    peer_address: str
+    client_address: str
+    grpc_address: str
+    metrics_address: str
+    published: bool
+    def __init__(self, id: _Optional[int] = ..., incarnation: _Optional[int] = ..., voter: _Optional[bool] = ..., site: _Optional[str] = ..., peer_address: _Optional[str] = ..., client_address: _Optional[str] = ..., grpc_address: _Optional[str] = ..., metrics_address: _Optional[str] = ..., published: _Optional[bool] = ...) -> None: ...
+
+class ListMembersReply(_message.Message):
+    __slots__ = ("members", "epoch", "replica", "applied")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[ClusterMember]
+    epoch: int
+    replica: int
+    applied: int
+    def __init__(self, members: _Optional[_Iterable[_Union[ClusterMember, _Mapping]]] = ..., epoch: _Optional[int] = ..., replica: _Optional[int] = ..., applied: _Optional[int] = ...) -> None: ...

@@ -104,6 +104,11 @@ class AllocationServiceStub:
                 request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
                 response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.FromString,
                 _registered_method=True)
+        self.ListMembers = channel.unary_unary(
+                '/sdpaxos.cluster_state.v1.AllocationService/ListMembers',
+                request_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersRequest.SerializeToString,
+                response_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersReply.FromString,
+                _registered_method=True)
 
 
 class AllocationServiceServicer:
@@ -207,6 +212,12 @@ class AllocationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListMembers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AllocationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -279,6 +290,11 @@ def add_AllocationServiceServicer_to_server(servicer, server):
                     servicer.Inspect,
                     request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.FromString,
                     response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.SerializeToString,
+            ),
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersRequest.FromString,
+                    response_serializer=cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -659,6 +675,33 @@ class AllocationService:
             '/sdpaxos.cluster_state.v1.AllocationService/Inspect',
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectRequest.SerializeToString,
             cluster__state_dot_grpc__api_dot_cluster__state__pb2.InspectReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sdpaxos.cluster_state.v1.AllocationService/ListMembers',
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersRequest.SerializeToString,
+            cluster__state_dot_grpc__api_dot_cluster__state__pb2.ListMembersReply.FromString,
             options,
             channel_credentials,
             insecure,

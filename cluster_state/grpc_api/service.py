@@ -349,13 +349,42 @@ class AllocationServicer(pb_grpc.AllocationServiceServicer):
             return await self._call(context, store.revision())
 
     # ------------------------------------------------------------------ errors
+    # ------------------------------------------------------------------ members
+    async def ListMembers(self, request: pb.ListMembersRequest,
+                          context: Any) -> pb.ListMembersReply:
+        """The current members and every address of each, as this replica's log has them
+        (``consensus.runtime.members``): what clients sync their targets from."""
+        from consensus.runtime.members import address_text
+        from consensus.runtime.status import current_members
+
+        node = self._node
+        epoch, members = current_members(node)
+
+        def text(address: tuple[str, int] | None) -> str:
+            return "" if address is None else address_text(address)
+
+        return pb.ListMembersReply(
+            epoch=epoch, replica=node.me, applied=node.executed_slot,
+            members=[pb.ClusterMember(
+                id=m.id, incarnation=m.incarnation, voter=m.voter, published=m.published,
+                site=m.info.site if m.info else "",
+                peer_address=text(m.info.address if m.info else None),
+                client_address=text(m.info.client_address if m.info else None),
+                grpc_address=text(m.info.grpc_address if m.info else None),
+                metrics_address=text(m.info.metrics_address if m.info else None),
+            ) for m in members])
+
     async def _call(self, context: Any, call: Awaitable[_T]) -> _T:
         try:
             return await call
         except NotFound as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, exc.reason)
         except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.reason)
+            # a new cluster's log holds no configuration for a moment: again later, as a new
+            # request (another session), it runs
+            code = (grpc.StatusCode.UNAVAILABLE if exc.reason == ops.NOT_CONFIGURED
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, exc.reason)
         except PermissionDenied as exc:  # a TLS cluster's principal may not: nothing changed
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except DefiniteFailure as exc:

@@ -74,7 +74,7 @@ def run_snapshot(args: argparse.Namespace) -> int:
 
 def _save(path: Path, args: argparse.Namespace, me: int | None, timeout_s: float) -> int:
     from consensus.runtime.client import Client
-    from consensus.runtime.client_options import native_target
+    from consensus.runtime.client_options import native_target, tool_client
 
     try:
         target = native_target(args)
@@ -90,8 +90,10 @@ def _save(path: Path, args: argparse.Namespace, me: int | None, timeout_s: float
     async def take() -> tuple[bytes, str, str, int]:
         """The snapshot, and the cluster's id, state machine and size (from the cluster file,
         else from the status of the first replica that answers)."""
-        client = Client(BACKUP_CLIENT_ID, addresses, timeout_s=timeout_s,
-                        attempts=len(addresses), tls=target.tls)
+        # one replica asked by --id; else the current members (``Client.sync``)
+        client = (Client(BACKUP_CLIENT_ID, addresses, timeout_s=timeout_s, attempts=1,
+                         tls=target.tls) if me is not None
+                  else tool_client(target, BACKUP_CLIENT_ID, timeout_s))
         try:
             if target.config is not None:
                 config = target.config

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
-from consensus.errors import ConfigError, DataDirInUse, SDPaxosError
+from consensus.errors import ConfigError, DataDirInUse, MemberRemoved, SDPaxosError
 from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.exit_codes import REMOVED
 from consensus.runtime.logs import DEFAULT_LEVEL, add_log_level_argument, configure_logging
 from consensus.runtime.state_machines import InitChoice, kinds, state_machine_kind
 from consensus.runtime.tls import TlsConfig
@@ -124,6 +125,9 @@ def run_serve(args: argparse.Namespace) -> int:
         try:  # refused here, before anything else touches the directory
             open_identity(config.replica_dir(args.id), config.cluster_id, args.id,
                           bootstrap=args.initial_cluster_state == NEW_CLUSTER)
+        except MemberRemoved as exc:
+            print(f"sdpaxos serve: {exc}", file=sys.stderr)
+            return REMOVED
         except ConfigError as exc:
             print(f"sdpaxos serve: {exc}", file=sys.stderr)
             return 2
@@ -147,6 +151,9 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
                    snapshot_every=args.snapshot_every, snapshot_bytes=args.snapshot_bytes,
                    snapshot_interval_s=args.snapshot_interval)
         )
+    except MemberRemoved as exc:  # the node logged it as it happened
+        logging.getLogger("sdpaxos").warning("replica %d stopped: %s", args.id, exc)
+        return REMOVED
     except SDPaxosError as exc:
         logging.getLogger("sdpaxos").error("replica %d stopped: %s", args.id, exc)
         return 1
@@ -315,7 +322,10 @@ def cluster_toml(
     (clients), + 200 + i (metrics) and, with ``grpc``, + 300 + i (gRPC). ``state_machine``:
     the ``[state_machine]`` table (``kind`` and that kind's string-valued keys). ``tls``: a
     ``[tls]`` table and certificate files under ``tls/`` (``sdpaxos cert init`` makes them)."""
-    lines = [f"cluster_id = {json.dumps(cluster_id)}", 'data_dir = "data"', ""]
+    lines = [f"cluster_id = {json.dumps(cluster_id)}", 'data_dir = "data"',
+             "# the voters the cluster is initialized with (ids 0..N-1); members added later",
+             "# get entries with joined = true, and a removed member's entry may be deleted",
+             f"initial_replicas = {replicas}", ""]
     for i in range(replicas):
         lines += [
             "[[replica]]",
@@ -400,7 +410,9 @@ def init_identities(path: Path) -> None:
 
     config = load_cluster_config(path)
     for spec in config.replicas:
-        open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id, bootstrap=True)
+        with contextlib.suppress(MemberRemoved):  # removed: it keeps its (removed) identity
+            open_identity(config.replica_dir(spec.id), config.cluster_id, spec.id,
+                          bootstrap=True)
 
 
 def _up(
@@ -613,7 +625,7 @@ def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> in
     config, tls = _tls_of(path)
     if tls.ca_key is None:
         raise ConfigError(f"{path}: [tls].ca_key is needed to make the CA")
-    files = [tls.ca, tls.ca_key, *(f for r in tls.replicas for f in (r.cert, r.key))]
+    files = [tls.ca, tls.ca_key, *(f for r in tls.replicas.values() for f in (r.cert, r.key))]
     if tls.client is not None:
         files += [tls.client.cert, tls.client.key]
     existing = [str(f) for f in files if f.exists()]
@@ -624,7 +636,8 @@ def _cert_init(path: Path, *, force: bool = False, exist_ok: bool = False) -> in
         raise ConfigError(f"{', '.join(existing)} exist; --force replaces them (with a new CA)")
     ca = tlsmod.make_ca(config.cluster_id)
     ca.write(tlsmod.TlsFiles(tls.ca, tls.ca_key))
-    for spec, files_of in zip(config.replicas, tls.replicas, strict=True):
+    for spec in config.replicas:
+        files_of = tls.replicas[spec.id]
         hosts = {spec.address[0], spec.client_address[0]}
         hosts |= {a[0] for a in (spec.metrics_address, spec.grpc_address) if a is not None}
         tlsmod.issue_replica(ca, config.cluster_id, spec.id, hosts).write(files_of)

@@ -12,9 +12,23 @@ ever will). Only if that too goes unanswered does the request fail with ``Indefi
 Membership changes cannot be settled (no session table keeps them): they end indefinite
 instead.
 
+A client is a session of the replicated session table (``consensus.sessions``): its sequence
+numbers carry the session's open-by time. If the table evicted the session (idle too long, or
+over a cap), a request fails with ``SessionExpired``: not applied. One this client numbered
+itself and had sent nowhere before is then sent again, once, in a new session (it never ran);
+one it had sent before without an answer fails with ``IndefiniteFailure`` (it may have run
+before the session was evicted; it will not run from now on). ``execute(..., last=True)``
+closes the session with that request: what a one-shot client (a CLI verb) sends.
+
 A replica closes client connections idle for long (``conn_limits``): a request lost because
 its pooled connection turned out closed is sent again at once on a new connection to the same
 replica, without using up an attempt (once per attempt; a fresh connection's loss counts).
+
+The replicas a client was given are where it starts: ``sync`` (etcd's ``Sync``) asks them for
+the current members (``consensus.runtime.members``: the log's member list, every address of
+every member) and talks to the voters' client ports from then on, so a client never keeps
+asking a member that was removed. A client made with ``sync_every_s`` syncs before its first
+request, again once that long has passed, and after a request found no replica answering.
 
 A TLS cluster (``tls``: an ``ssl.SSLContext`` from ``consensus.runtime.tls``, e.g.
 ``config.tls.tool()``) is reached over mutual TLS 1.3; what the client's certificate names is
@@ -28,8 +42,10 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
+import math
 import secrets
 import ssl
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,14 +60,19 @@ from consensus.errors import (
     DefiniteFailure,
     IndefiniteFailure,
     SDPaxosError,
+    SessionExpired,
     Unreachable,
 )
 from consensus.messages import Command
 from consensus.protocol.membership import MEMBER_OP, Change, encode_change
 from consensus.runtime.client_protocol import ClientRequest, ClientResponse, Kind, decode_response
-from consensus.statemachine import CANCEL_OP
+from consensus.runtime.members import KnownMember, members_of_status
+from consensus.sessions import CANCEL_OP, SessionNumbers
 
-__all__ = ["Client", "Reply", "cut_off", "new_client_id"]
+__all__ = ["Client", "Reply", "cut_off", "new_client_id", "newest_status", "statuses"]
+
+#: the client id of status requests (a status opens no session)
+STATUS_CLIENT_ID = 1 << 44
 
 Reply = ClientResponse
 
@@ -126,32 +147,96 @@ class Client:
         timeout_s: float = 2.0,
         attempts: int = 3,
         tls: ssl.SSLContext | None = None,
+        sync_every_s: float | None = None,
     ) -> None:
+        """``addresses``: replicas' client ports, ``addresses[home]`` asked first.
+        ``sync_every_s``: follow the member list (``sync``) before the first request and
+        then this often (``math.inf``: once); None: talk to ``addresses`` only."""
         if not addresses:
             raise ValueError("a client needs at least one replica address")
         self.client_id = client_id
+        self._tls = tls
         self._connections = [_Connection(address, tls) for address in addresses]
         self._home = home % len(addresses)
         self.timeout_s = timeout_s
         self.attempts = attempts
-        self._seq = itertools.count()
+        self.sync_every_s = sync_every_s
+        self._synced_at = -math.inf
+        #: the members the last ``sync`` learnt (None: none yet)
+        self.synced_members: list[KnownMember] | None = None
+        self._numbers = SessionNumbers()
         self._req_ids = itertools.count(1)
 
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """The replicas this client talks to, in order (the home one first)."""
+        count = len(self._connections)
+        return [self._connections[(self._home + k) % count].address for k in range(count)]
+
+    async def sync(self) -> list[KnownMember] | None:
+        """etcd's ``Sync``: ask the replicas this client knows for the current members (the
+        newest answer: the highest epoch, then the furthest applied) and talk to the voters'
+        client ports from now on, in the epoch's order, home kept while it votes. Returns
+        the members, or None, changing nothing, if no replica answered with a member list
+        (none reachable, or a core without membership: its members are its cluster
+        file's)."""
+        self._synced_at = time.monotonic()
+        answers = await statuses([c.address for c in self._connections], tls=self._tls,
+                                 timeout_s=self.timeout_s)
+        status = newest_status(answers.values())
+        try:
+            members = members_of_status(status) if status is not None else None
+        except DecodeError:
+            return None
+        voters = [m.info.client_address for m in members or () if m.voter and m.info]
+        if members is None or not voters:
+            return None
+        self.synced_members = members
+        home = self._connections[self._home].address
+        kept: dict[tuple[str, int], _Connection | None] = {
+            c.address: c for c in self._connections}
+        self._connections = [kept.pop(address, None) or _Connection(address, self._tls)
+                             for address in voters]
+        self._home = voters.index(home) if home in voters else 0
+        for gone in kept.values():  # removed members' (and learners') connections
+            if gone is not None:
+                await gone.close()
+        return members
+
+    async def _maybe_sync(self) -> None:
+        if self.sync_every_s is not None and (
+            time.monotonic() - self._synced_at >= self.sync_every_s
+        ):
+            await self.sync()
+
     def next_seq(self) -> int:
-        return next(self._seq)
+        return self._numbers.next()
 
     async def execute(
-        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None
+        self, op: bytes, keys: Sequence[str] = (), *, blind: bool = False, seq: int | None = None,
+        last: bool = False,
     ) -> Reply:
-        """Run a command through the log; returns the replica's ``ok`` reply."""
-        command = Command(
-            client_id=self.client_id,
-            seq=self.next_seq() if seq is None else seq,
-            op=op,
-            keys=tuple(keys),
-            blind=blind,
-        )
-        return await self._call("cmd", command)
+        """Run a command through the log; returns the replica's ``ok`` reply. ``seq``: the
+        caller numbers its requests itself (``consensus.sessions.session_seq``); ``last``:
+        the session's last request (closed once it ran)."""
+        renewed = False
+        while True:
+            command = Command(
+                client_id=self.client_id,
+                seq=self._numbers.next(last=last) if seq is None else seq,
+                op=op,
+                keys=tuple(keys),
+                blind=blind,
+            )
+            try:
+                return await self._call("cmd", command)
+            except SessionExpired as exc:
+                if seq is not None or renewed:
+                    raise
+                # it never ran (sent once, refused): again, once, in a session opened from
+                # the cluster's log time
+                self._numbers.renew(exc.log_time)
+                renewed = True
 
     async def read(self, op: bytes, keys: Sequence[str] = (), *, stale: bool = False) -> Reply:
         command = Command(client_id=self.client_id, seq=self.next_seq(), op=op, keys=tuple(keys))
@@ -163,6 +248,7 @@ class Client:
         from that replica (``consensus.runtime.backup``). Raises ``DefiniteFailure`` if the
         replica drops it meanwhile or its checksum does not match, ``PermissionDenied`` for a
         non-admin of a TLS cluster."""
+        await self._maybe_sync()
         last_error: BaseException | None = None
         for attempt in range(self.attempts):
             connection = self._connections[(self._home + attempt) % len(self._connections)]
@@ -200,7 +286,9 @@ class Client:
         that replica alone, once (a status is about one replica, so no other may answer it).
         Raises ``OSError``/``TimeoutError``/``ConnectionError`` if it is unreachable,
         ``DecodeError`` if its answer is not a status."""
-        connection = self._connections[self._home]
+        return await self._status_of(self._connections[self._home])
+
+    async def _status_of(self, connection: _Connection) -> dict[str, Any]:
         await connection.ensure()
         command = Command(client_id=self.client_id, seq=self.next_seq(), op=b"", keys=())
         reply = await self._request(connection, "status", command)
@@ -233,6 +321,7 @@ class Client:
         unknown."""
         attempts = Attempts(_kind_of(kind, command), self.attempts, self.attempts)
         request, request_kind = command, kind
+        await self._maybe_sync()
         last_error: BaseException | None = None
         k = 0
         while True:
@@ -246,9 +335,16 @@ class Client:
                 assert error is not None
                 raise error
             last_error = error
+            if step is Step.GIVE_UP:
+                self._synced_at = -math.inf  # nobody answered: the members may have changed
             if step is Step.GIVE_UP and not attempts.uncertain:
                 raise Unreachable(f"no replica reachable for ({command.client_id}, "
                                   f"{command.seq}); it was never sent: {last_error}")
+            if step is Step.GIVE_UP and answer is Answer.EXPIRED:
+                raise IndefiniteFailure(
+                    f"({command.client_id}, {command.seq}) may have been applied before its "
+                    f"session expired (it will not be from now on): {last_error}"
+                ) from last_error
             if step is Step.GIVE_UP:
                 what = "nor a settled outcome " if attempts.settling else ""
                 hint = ("; a membership change is not sent twice: `sdpaxos member list` tells "
@@ -285,8 +381,9 @@ class Client:
             return Answer.UNKNOWN, None, exc  # it left: a copy may exist
         if reply.status == "ok":
             return Answer.OK, reply, None
-        error = _failure(reply)
-        return (Answer.UNKNOWN if reply.status == "indefinite" else Answer.REFUSED), reply, error
+        answer = {"indefinite": Answer.UNKNOWN, "expired": Answer.EXPIRED}.get(reply.status,
+                                                                              Answer.REFUSED)
+        return answer, reply, _failure(reply)
 
     async def _request(self, connection: _Connection, kind: Kind, command: Command) -> Reply:
         """Send one request on ``connection`` (connected) and wait for its answer."""
@@ -316,10 +413,48 @@ def _kind_of(kind: Kind, command: Command) -> AttemptKind:
     return AttemptKind.CHANGE if command.op.startswith(MEMBER_OP) else AttemptKind.COMMAND
 
 
+async def statuses(
+    addresses: Sequence[tuple[str, int]], *, tls: ssl.SSLContext | None = None,
+    timeout_s: float = 2.0,
+) -> dict[tuple[str, int], dict[str, Any] | BaseException]:
+    """Every replica's status (``Client.status``), asked at once, or what asking raised
+    (unreachable, timed out, refused, a malformed answer), by address."""
+
+    async def ask(address: tuple[str, int]) -> dict[str, Any] | BaseException:
+        try:
+            async with Client(STATUS_CLIENT_ID, [address], timeout_s=timeout_s, attempts=1,
+                              tls=tls) as client:
+                async with asyncio.timeout(timeout_s):  # connecting included
+                    return await client.status()
+        except (OSError, TimeoutError, ConnectionError, SDPaxosError, DecodeError) as exc:
+            return exc
+
+    unique = list(dict.fromkeys(addresses))
+    return dict(zip(unique, await asyncio.gather(*(ask(a) for a in unique)), strict=True))
+
+
+def newest_status(answers: Any) -> dict[str, Any] | None:
+    """Of status answers (and errors, skipped), the one furthest along: the highest epoch,
+    then the furthest applied position (a replica cut off answers an older member list)."""
+    found = [a for a in answers if isinstance(a, dict)]
+    if not found:
+        return None
+
+    def position(status: dict[str, Any]) -> tuple[int, int]:
+        membership = status.get("membership")
+        epoch = membership.get("epoch", 0) if isinstance(membership, dict) else 0
+        applied = status.get("applied", 0)
+        return (epoch if type(epoch) is int else 0, applied if type(applied) is int else 0)
+
+    return max(found, key=position)
+
+
 def _failure(reply: Reply) -> SDPaxosError:
     """The error a non-``ok`` reply stands for."""
     if reply.status == "denied":
         return PermissionDenied(str(reply.payload))
+    if reply.status == "expired":
+        return SessionExpired(str(reply.payload), reply.position)
     if reply.status in ("definite", "error"):
         return DefiniteFailure(str(reply.payload))
     return IndefiniteFailure(str(reply.payload))

@@ -14,12 +14,19 @@ given after the action does not overwrite one given before it).
 
 An address is ``host:port`` (``[v6]:port``); a missing or bad port is a usage error, never a
 default port.
+
+Either way the replicas named are where a verb starts: it asks them for the current members
+and talks to those (``Client.sync``, as etcd clients sync their endpoints from
+``MemberList``), so a cluster file that still lists a removed member, or lacks one added
+later, leads the tools to the members the log has. ``sdpaxos endpoint status|health`` without
+``--cluster`` asks exactly the ``--endpoints`` given.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import ssl
 import sys
@@ -32,6 +39,7 @@ from consensus.errors import ConfigError, DefiniteFailure, IndefiniteFailure, Un
 from consensus.runtime.exit_codes import INTERRUPTED, REFUSED, UNAVAILABLE
 
 if TYPE_CHECKING:
+    from consensus.runtime.client import Client
     from consensus.runtime.cluster_config import ClusterConfig
 
 __all__ = [
@@ -45,12 +53,16 @@ __all__ = [
     "parse_endpoint",
     "parse_endpoints",
     "run_session",
+    "tool_client",
 ]
 
 ENDPOINTS_ENV = "SDPAXOS_ENDPOINTS"
 CONFIG_ENV = "SDPAXOS_CONFIG"
 #: default seconds a client verb waits for one answer
 DEFAULT_TIMEOUT_S = 5.0
+#: a client verb tries at least this many replicas (the members it learns may outnumber the
+#: endpoints it was given)
+MIN_ATTEMPTS = 3
 _PORT_RANGE = range(1, 1 << 16)
 
 
@@ -137,6 +149,9 @@ class NativeTarget:
     addresses: list[tuple[str, int]]
     tls: ssl.SSLContext | None
     config: ClusterConfig | None
+    #: the addresses were given (``--endpoints`` or ``$SDPAXOS_ENDPOINTS``), not taken from
+    #: the cluster file's replicas
+    explicit: bool = False
 
 
 def native_target(args: argparse.Namespace, environ: Mapping[str, str] | None = None
@@ -153,7 +168,17 @@ def native_target(args: argparse.Namespace, environ: Mapping[str, str] | None = 
     else:
         assert config is not None  # client_target gives one or the other
         addresses = [spec.client_address for spec in config.replicas]
-    return NativeTarget(addresses, tls, config)
+    return NativeTarget(addresses, tls, config, explicit=target.endpoints is not None)
+
+
+def tool_client(target: NativeTarget, client_id: int, timeout_s: float) -> Client:
+    """A client verb's client: it starts at the target's replicas and follows the current
+    members from its first request on (``Client.sync``)."""
+    from consensus.runtime.client import Client
+
+    return Client(client_id, target.addresses, timeout_s=timeout_s,
+                  attempts=max(MIN_ATTEMPTS, len(target.addresses)), tls=target.tls,
+                  sync_every_s=math.inf)
 
 
 def run_session(verb: str, session: Coroutine[Any, Any, int]) -> int:

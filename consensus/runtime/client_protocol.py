@@ -29,7 +29,11 @@ Response ``[req_id, status, payload, position]``:
 * ``"indefinite"``: it may or may not take effect; retry with the same ``(client_id, seq)``;
 * ``"error"``: the request itself was invalid (str reason); nothing was done;
 * ``"denied"``: a TLS cluster refused it to the principal of the client's certificate (str
-  reason); nothing was done (a definite failure: ``consensus.auth.PermissionDenied``).
+  reason); nothing was done (a definite failure: ``consensus.auth.PermissionDenied``);
+* ``"expired"``: the request's session is gone from the replicated session table (evicted,
+  closed, or never opened in time: ``consensus.sessions``), so it was not applied and never
+  will be (str reason; ``position`` is the cluster's log time, Unix seconds, from which the
+  client opens its next session: ``consensus.errors.SessionExpired``).
 """
 
 from __future__ import annotations
@@ -62,9 +66,9 @@ __all__ = [
 ]
 
 Kind = Literal["cmd", "read", "stale", "partition", "backup", "backup-chunk", "status"]
-Status = Literal["ok", "definite", "indefinite", "error", "denied"]
+Status = Literal["ok", "definite", "indefinite", "error", "denied", "expired"]
 KINDS = ("cmd", "read", "stale", "partition", "backup", "backup-chunk", "status")
-STATUSES = ("ok", "definite", "indefinite", "error", "denied")
+STATUSES = ("ok", "definite", "indefinite", "error", "denied", "expired")
 
 
 @dataclass(frozen=True, slots=True)

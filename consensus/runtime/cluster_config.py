@@ -4,6 +4,7 @@ Example (``sdpaxos cluster init`` writes one like it)::
 
     cluster_id = "demo"
     data_dir = "data"              # relative to the file; one sub-directory per replica
+    initial_replicas = 3           # the voters the cluster was initialized with (ids 0..2)
 
     [[replica]]
     id = 0
@@ -26,7 +27,8 @@ Example (``sdpaxos cluster init`` writes one like it)::
     emulate = true                 # delay every frame by the one-way delay of its link
     # either per-site round trips (ms; the paper's table is built in) ...
     rtt_ms = { "CA-OR" = 20 }      # optional overrides, "A-B" = ms
-    # ... or an explicit one-way delay matrix in ms, by replica id (symmetric, >= 0):
+    # ... or an explicit one-way delay matrix in ms, rows and columns in replica-id order
+    # (symmetric, >= 0):
     # one_way_ms = [[0, 10], [10, 0]]
 
     [limits]                       # optional: connection hygiene (consensus.runtime.conn_limits)
@@ -47,6 +49,15 @@ Example (``sdpaxos cluster init`` writes one like it)::
     revoked = ["5f3a..."]          # revoked serial numbers (hex); reloaded on SIGHUP
     metrics = false                # true: the metrics endpoint speaks TLS too
     # and in every [[replica]]: tls_cert = "tls/replica-0.pem", tls_key = "tls/replica-0.key"
+
+The file seeds a new cluster and says how to reach replicas; once the cluster runs, who its
+members are, and where each runs, is the log's (``consensus.protocol.membership``,
+``consensus.runtime.members``): a member added later gets an entry (``sdpaxos member add``
+prints it; ``joined = true``, an id of at least ``initial_replicas``), and a removed member's
+entry may be deleted. So ids may have gaps; ``initial_replicas`` (written by ``cluster init``)
+keeps saying how many voters the cluster started with (ids ``0..initial_replicas-1``: what a
+replica's log starts from). A file without it is read the way older builds wrote it: the
+entries without ``joined = true`` are the initial replicas, and their ids must be 0..N-1.
 """
 
 from __future__ import annotations
@@ -60,6 +71,7 @@ from typing import Any
 
 from consensus.config import ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError
+from consensus.protocol.membership.config import MAX_MEMBER_ID
 from consensus.protocol.registry import PROTOCOLS
 from consensus.runtime.conn_limits import LimitsConfig
 from consensus.runtime.state_machines import (
@@ -88,17 +100,22 @@ class ReplicaSpec:
     site: str
     grpc_address: tuple[str, int] | None = None
     #: it joined the running cluster (``sdpaxos member add``): not one of the voters the
-    #: cluster was initialized with; the live member set is the log's (membership)
+    #: cluster was initialized with (its id is ``initial_replicas`` or more); the live member
+    #: set is the log's (membership)
     joined: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterConfig:
     cluster_id: str
+    #: the file's replicas, by id (ids may have gaps: removed members' entries may go)
     replicas: tuple[ReplicaSpec, ...]
+    #: ``protocol.replicas`` is the number of voters the cluster was initialized with
+    #: (``initial_replicas``: ids 0..N-1)
     protocol: ProtocolConfig
     data_dir: Path
-    #: one-way delay per directed link in µs (0 when WAN emulation is off)
+    #: one-way delay per directed link in µs (0 when WAN emulation is off), rows and
+    #: columns in the order of ``replicas`` (``delays_from`` by id)
     one_way_us: tuple[tuple[int, ...], ...]
     #: which core the replicas run (``[protocol] name``): a ``consensus.protocol.registry`` key
     protocol_name: str = "sdpaxos"
@@ -115,9 +132,19 @@ class ClusterConfig:
     tls: TlsConfig | None = None
 
     def replica(self, replica_id: int) -> ReplicaSpec:
-        if not 0 <= replica_id < len(self.replicas):
-            raise ConfigError(f"no replica with id {replica_id} (0..{len(self.replicas) - 1})")
-        return self.replicas[replica_id]
+        for spec in self.replicas:
+            if spec.id == replica_id:
+                return spec
+        raise ConfigError(f"no replica with id {replica_id} in the cluster file (its ids: "
+                          f"{[spec.id for spec in self.replicas]})")
+
+    def delays_from(self, replica_id: int) -> dict[int, int]:
+        """The one-way delay (µs) of each link from ``replica_id``, by peer id."""
+        ids = [spec.id for spec in self.replicas]
+        if replica_id not in ids:
+            return {}
+        row = self.one_way_us[ids.index(replica_id)]
+        return dict(zip(ids, row, strict=True))
 
     def replica_dir(self, replica_id: int) -> Path:
         return self.data_dir / f"replica-{replica_id}"
@@ -138,8 +165,8 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    known = {"cluster_id", "data_dir", "replica", "protocol", "wan", "state_machine", "limits",
-             "tls"}
+    known = {"cluster_id", "data_dir", "initial_replicas", "replica", "protocol", "wan",
+             "state_machine", "limits", "tls"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise fail(f"unknown top-level keys {unknown}")
@@ -149,24 +176,32 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     entries = raw.get("replica")
     if not isinstance(entries, list) or not entries:
         raise fail("at least one [[replica]] table is required")
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise fail(f"[[replica]] #{position} must be a table")
+        replica_id = entry.get("id")
+        if type(replica_id) is not int or not 0 <= replica_id <= MAX_MEMBER_ID:
+            raise fail(f"[[replica]] #{position}: id must be an integer in 0..{MAX_MEMBER_ID}, "
+                       f"got {replica_id!r}")
+    entries = sorted(entries, key=lambda e: e["id"])
+    initial = _initial_replicas(raw.get("initial_replicas"), entries, fail)
     specs: list[ReplicaSpec] = []
     seen_addresses: set[tuple[str, int]] = set()
-    for position, entry in enumerate(sorted(entries, key=lambda e: e.get("id", -1))):
-        where = f"replica #{position}"
-        if entry.get("id") != position:
-            raise fail(
-                f"replica ids must be 0..N-1 without gaps; {where} has id {entry.get('id')!r}"
-            )
+    for entry in entries:
+        where = f"replica {entry['id']}"
+        if specs and specs[-1].id == entry["id"]:
+            raise fail(f"replica id {entry['id']} is used twice")
         extra = sorted(
             set(entry) - {"id", "address", "client_address", "metrics_address", "grpc_address",
                           "site", "tls_cert", "tls_key", "joined"}
         )
-        joined = entry.get("joined", False)
+        joined = entry.get("joined", entry["id"] >= initial)
         if not isinstance(joined, bool):
             raise fail(f"{where}: joined must be true or false")
-        if specs and specs[-1].joined and not joined:
-            raise fail(f"{where}: the replicas the cluster was initialized with come first "
-                       "(joined = true ones after them)")
+        if joined != (entry["id"] >= initial):
+            raise fail(f"{where}: the cluster was initialized with replicas 0..{initial - 1} "
+                       f"(initial_replicas = {initial}); a member added later (joined = true) "
+                       f"has an id of {initial} or more")
         if extra:
             raise fail(f"{where}: unknown keys {extra}")
         for key in ("address", "client_address", "site"):
@@ -186,7 +221,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
             seen_addresses.add(addr)
         specs.append(
             ReplicaSpec(
-                id=position,
+                id=entry["id"],
                 address=address,
                 client_address=client,
                 metrics_address=metrics,
@@ -195,11 +230,6 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
                 joined=joined,
             )
         )
-    bootstrap = sum(1 for spec in specs if not spec.joined)
-    if bootstrap % 2 == 0:
-        raise fail(f"a cluster is initialized with an odd number of replicas (2F+1), got "
-                   f"{bootstrap} without joined = true (membership changes may then reach "
-                   "any size)")
     protocol_raw = raw.get("protocol", {})
     if not isinstance(protocol_raw, dict):
         raise fail("[protocol] must be a table")
@@ -215,7 +245,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         if key != "thrifty" and (not isinstance(value, int) or isinstance(value, bool)):
             raise fail(f"[protocol].{key} must be an integer")
     try:
-        protocol = ProtocolConfig(replicas=bootstrap, **protocol_raw)
+        protocol = ProtocolConfig(replicas=initial, **protocol_raw)
     except ConfigError as exc:
         raise fail(f"[protocol]: {exc}") from None
     one_way = _parse_wan(raw.get("wan", {}), specs, fail)
@@ -226,8 +256,7 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
     if not state_machine_kind(kind).grpc_service and any(spec.grpc_address for spec in specs):
         raise fail(grpc_requirement())
     limits = _parse_limits(raw.get("limits", {}), len(specs), fail)
-    tls = _parse_tls(raw.get("tls"), sorted(entries, key=lambda e: e.get("id", -1)), base,
-                     source, fail)
+    tls = _parse_tls(raw.get("tls"), entries, base, source, fail)
     data_dir = Path(raw.get("data_dir", "data"))
     if not data_dir.is_absolute():
         data_dir = base / data_dir
@@ -243,6 +272,27 @@ def parse_cluster_config(raw: dict[str, Any], *, base: Path, source: str) -> Clu
         limits=limits,
         tls=tls,
     )
+
+
+def _initial_replicas(value: Any, entries: list[dict[str, Any]], fail: Any) -> int:
+    """How many voters the cluster was initialized with: ``initial_replicas``, or (a file
+    without it) the entries without ``joined = true``, whose ids must then be 0..N-1."""
+    if value is None:
+        initial = sum(1 for entry in entries if not entry.get("joined", False))
+        ids = [entry["id"] for entry in entries if not entry.get("joined", False)]
+        if ids != list(range(initial)):
+            raise fail(f"the replicas without joined = true must have ids 0..N-1, got {ids}; "
+                       "give initial_replicas = N (the replicas the cluster was initialized "
+                       "with, ids 0..N-1; cluster init writes it) and a removed replica's entry "
+                       "may be deleted")
+    elif type(value) is not int or value < 1:
+        raise fail(f"initial_replicas must be a positive integer, got {value!r}")
+    else:
+        initial = value
+    if initial % 2 == 0:
+        raise fail(f"a cluster is initialized with an odd number of replicas (2F+1), got "
+                   f"{initial} (membership changes may then reach any size)")
+    return initial
 
 
 #: the keys of ``[tls]``
@@ -269,13 +319,13 @@ def _parse_tls(
         raise fail(f"[tls]: unknown keys {extra} (allowed: {sorted(_TLS_KEYS)})")
     if "ca" not in table:
         raise fail("[tls].ca (the cluster's CA certificate) is required")
-    replicas = []
+    replicas = {}
     for entry in entries:
         where = f"replica {entry.get('id')}"
         if "tls_cert" not in entry or "tls_key" not in entry:
             raise fail(f"{where}: tls_cert and tls_key are required in a TLS cluster")
-        replicas.append(TlsFiles(path(entry["tls_cert"], f"{where}.tls_cert"),
-                                 path(entry["tls_key"], f"{where}.tls_key")))
+        replicas[entry["id"]] = TlsFiles(path(entry["tls_cert"], f"{where}.tls_cert"),
+                                         path(entry["tls_key"], f"{where}.tls_key"))
     if ("client_cert" in table) != ("client_key" in table):
         raise fail("[tls]: client_cert and client_key go together")
     client = None
@@ -289,7 +339,7 @@ def _parse_tls(
     return TlsConfig(
         ca=path(table["ca"], "[tls].ca"),
         ca_key=path(table["ca_key"], "[tls].ca_key") if "ca_key" in table else None,
-        replicas=tuple(replicas),
+        replicas=MappingProxyType(replicas),
         client=client,
         revoked=parse_revoked(table.get("revoked", []), f"{source}: [tls]"),
         metrics=metrics,

@@ -11,10 +11,13 @@ certificates for it, and one answer carries both the status and the readiness ve
 peer reported, bytes of write-ahead log and snapshots on disk, version. ``health`` shows
 whether each is healthy (reachable and ready) and, if not, why.
 
-Without ``--cluster`` the endpoints given (``--endpoints``, else every replica of
-``--config``; ``consensus.runtime.client_options``) are asked. With ``--cluster`` the member
-list comes from the first of them that answers (else from the cluster file) and every member
-is asked. An unreachable replica is a row saying so.
+With ``--endpoints`` (or ``$SDPAXOS_ENDPOINTS``) and without ``--cluster`` exactly those
+endpoints are asked. Otherwise (``--cluster``, or the replicas of ``--config``) they are where
+the tool starts: every current member is asked, one row each, as the log has the member list
+(``consensus.runtime.members``: the newest answer among them, the highest epoch, then the
+furthest applied), so a member removed is not asked and one added is, whatever the cluster
+file still says. An unreachable replica is a row saying so, and so is a member nobody knows
+the address of.
 
 Exit codes (``consensus.runtime.exit_codes``): 0 every replica answered (``health``: and is
 ready); 2 usage; 3 a replica unreachable (``health``: or not ready).
@@ -29,14 +32,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from consensus.errors import ConfigError, DecodeError, SDPaxosError
+from consensus.errors import ConfigError, DecodeError
 from consensus.runtime.client_options import NativeTarget, add_client_options, native_target
 from consensus.runtime.exit_codes import OK, UNAVAILABLE, USAGE
+from consensus.runtime.members import address_text, members_of_status
 
 __all__ = ["add_endpoint_arguments", "run_endpoint"]
 
-#: the client id of the status tool (a status request opens no session)
-STATUS_CLIENT_ID = 1 << 44
 #: binary prefixes of the sizes in the table
 _UNITS = ("B", "K", "M", "G", "T")
 _UNIT_STEP = 1024
@@ -59,8 +61,8 @@ def _shared(parser: argparse.ArgumentParser, *, after_verb: bool) -> None:
     add_client_options(parser, after_verb=after_verb)
     parser.add_argument("--cluster", action="store_true",
                         default=argparse.SUPPRESS if after_verb else False,
-                        help="report every member of the cluster, learnt from the first "
-                        "endpoint that answers (else from the cluster file)")
+                        help="report every current member of the cluster, as the log has "
+                        "them (what --config does without it), not only the --endpoints")
 
 
 @dataclass(slots=True)
@@ -90,61 +92,52 @@ def run_endpoint(args: argparse.Namespace) -> int:
     return OK if all(row.healthy for row in rows) else UNAVAILABLE
 
 
-def _text(address: tuple[str, int]) -> str:
-    host, port = address
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def _status_of(address: tuple[str, int], target: NativeTarget, timeout_s: float) -> Row:
-    from consensus.runtime.client import Client
-
-    row = Row(_text(address))
-    try:
-        async with Client(STATUS_CLIENT_ID, [address], timeout_s=timeout_s, attempts=1,
-                          tls=target.tls) as client:
-            async with asyncio.timeout(timeout_s):  # connecting included
-                row.status = await client.status()
-    except (OSError, TimeoutError, ConnectionError) as exc:
-        row.error = f"unreachable: {str(exc) or type(exc).__name__}"
-    except (SDPaxosError, DecodeError) as exc:
-        row.error = f"refused: {exc}"
+def _row(address: tuple[str, int], answer: dict[str, Any] | BaseException) -> Row:
+    row = Row(address_text(address))
+    if isinstance(answer, dict):
+        row.status = answer
+    elif isinstance(answer, OSError | TimeoutError | ConnectionError):
+        row.error = f"unreachable: {str(answer) or type(answer).__name__}"
+    else:
+        row.error = f"refused: {answer}"
     return row
 
 
 async def _ask(target: NativeTarget, cluster: bool, timeout_s: float) -> list[Row]:
-    if not cluster:
-        return list(await asyncio.gather(
-            *(_status_of(address, target, timeout_s) for address in target.addresses)))
-    known: dict[str, Row] = {}
-    members: list[tuple[str, int]] | None = None
-    for address in target.addresses:  # the member list from the first that answers
-        row = await _status_of(address, target, timeout_s)
-        known[row.endpoint] = row
-        if not row.error:
-            try:
-                members = [_member_address(m) for m in row.status.get("members", [])]
-            except DecodeError as exc:  # a peer never crashes the tool
-                row.error = f"refused: {exc}"
-                continue
-            break
-    if members is None and target.config is not None:
-        members = [spec.client_address for spec in target.config.replicas]
-    if members is None:  # nobody answered and no file lists the members
-        return list(known.values())
-    missing = [a for a in members if _text(a) not in known]
-    asked = await asyncio.gather(*(_status_of(a, target, timeout_s) for a in missing))
-    known.update((row.endpoint, row) for row in asked)
-    return [known[_text(a)] for a in members]
+    from consensus.runtime.client import newest_status, statuses
+
+    answers = await statuses(target.addresses, tls=target.tls, timeout_s=timeout_s)
+    seeds = [_row(address, answer) for address, answer in answers.items()]
+    if target.explicit and not cluster:
+        return seeds
+    status = newest_status(answers.values())
+    if status is None:  # nobody answered: the seeds, each saying why
+        return seeds
+    try:
+        members = _members(status)
+    except DecodeError as exc:  # a peer never crashes the tool
+        return [Row(address_text(target.addresses[0]), error=f"refused: {exc}")]
+    missing = [address for _, address in members
+               if address is not None and address not in answers]
+    answers.update(await statuses(missing, tls=target.tls, timeout_s=timeout_s))
+    return [_row(address, answers[address]) if address is not None
+            else Row("?", error=f"member {member_id}: no address known (it published none "
+                     "and the answering replica's cluster file has no entry for it)")
+            for member_id, address in members]
 
 
-def _member_address(member: Any) -> tuple[str, int]:
-    """A status answer's ``[id, site, "host:port"]`` member as an address."""
+def _members(status: dict[str, Any]) -> list[tuple[int, tuple[str, int] | None]]:
+    """(id, client address) of every current member a status answer lists: the log's, or
+    the cluster file's replicas of a core without membership."""
     from consensus.runtime.client_options import parse_endpoint
 
+    known = members_of_status(status)
+    if known is not None:
+        return [(m.id, m.info.client_address if m.info else None) for m in known]
     try:
-        return parse_endpoint(str(member[2]))
-    except (argparse.ArgumentTypeError, IndexError, TypeError) as exc:
-        raise DecodeError(f"a replica listed a malformed member {member!r}: {exc}") from None
+        return [(int(m[0]), parse_endpoint(str(m[2]))) for m in status.get("members", [])]
+    except (argparse.ArgumentTypeError, IndexError, TypeError, ValueError) as exc:
+        raise DecodeError(f"a replica listed malformed members: {exc}") from None
 
 
 def _size(count: object) -> str:

@@ -10,6 +10,8 @@
 Where the cluster is: ``--endpoints`` / ``--config`` or ``$SDPAXOS_ENDPOINTS`` /
 ``$SDPAXOS_CONFIG`` (``consensus.runtime.client_options``). Each invocation is a client
 session of its own (a random client id): a write re-sent to another replica takes effect once.
+Its one write closes the session (``consensus.sessions``: a one-shot session), so scripted
+writes leave nothing in the replicated session table once their open-by time passed.
 
 ``watch`` needs no support from the store, which keeps no revisions or change history: it
 polls the key with linearizable reads every ``--interval`` and prints the value each time it
@@ -40,6 +42,7 @@ from consensus.runtime.client_options import (
     add_client_options,
     native_target,
     run_session,
+    tool_client,
 )
 from consensus.runtime.exit_codes import OK, REFUSED, USAGE
 from consensus.runtime.state_machines import DEFAULT_KIND
@@ -117,8 +120,6 @@ Verb = Callable[["Client", argparse.Namespace], Awaitable[int]]
 
 
 def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
-    from consensus.runtime.client import Client
-
     try:
         target = native_target(args)
     except ConfigError as exc:
@@ -130,8 +131,7 @@ def _run(verb_name: str, verb: Verb, args: argparse.Namespace) -> int:
         return USAGE
 
     async def session() -> int:
-        async with Client(new_client_id(), target.addresses, timeout_s=args.timeout,
-                          attempts=len(target.addresses), tls=target.tls) as client:
+        async with tool_client(target, new_client_id(), args.timeout) as client:
             return await verb(client, args)
 
     return run_session(verb_name, session())
@@ -168,14 +168,14 @@ async def _get(client: Client, args: argparse.Namespace) -> int:
 
 
 async def _put(client: Client, args: argparse.Namespace) -> int:
-    reply = await client.execute(kv_put(args.key, args.value), (args.key,))
+    reply = await client.execute(kv_put(args.key, args.value), (args.key,), last=True)
     _result(reply.payload, "ok")
     _emit(args, {"key": args.key, "value": args.value, "position": reply.position}, "OK")
     return OK
 
 
 async def _del(client: Client, args: argparse.Namespace) -> int:
-    reply = await client.execute(kv_delete(args.key), (args.key,))
+    reply = await client.execute(kv_delete(args.key), (args.key,), last=True)
     existed = bool(_result(reply.payload, "deleted")[1])
     _emit(args, {"key": args.key, "deleted": existed, "position": reply.position},
           f"deleted {args.key}" if existed else "")
@@ -187,7 +187,7 @@ async def _del(client: Client, args: argparse.Namespace) -> int:
 
 async def _cas(client: Client, args: argparse.Namespace) -> int:
     expected = None if args.absent else args.expect
-    reply = await client.execute(kv_cas(args.key, expected, args.new), (args.key,))
+    reply = await client.execute(kv_cas(args.key, expected, args.new), (args.key,), last=True)
     _, swapped, before = _result(reply.payload, "cas")
     _emit(args, {"key": args.key, "swapped": bool(swapped), "before": before,
                  "position": reply.position},

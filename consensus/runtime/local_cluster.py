@@ -145,10 +145,12 @@ class LocalCluster:
                 process.wait()
         self.processes.clear()
 
-    def add_member_entry(self, site: str) -> ReplicaSpec:
-        """A new member's entry in the cluster file (``joined = true``, the next id on the
-        next ports of the file's scheme) and its identity; start it with ``start``."""
-        new_id = len(self.config.replicas)
+    def add_member_entry(self, site: str, new_id: int | None = None) -> ReplicaSpec:
+        """A new member's entry in the cluster file (``joined = true``, ``new_id`` or the id
+        after the file's highest, on the ports of the file's scheme) and its identity; start
+        it with ``start``."""
+        if new_id is None:
+            new_id = max(spec.id for spec in self.config.replicas) + 1
         base = self.config.replicas[0].address[1]
         first = self.config.replicas[0]
         lines = ["", "[[replica]]", f"id = {new_id}",

@@ -94,6 +94,7 @@ class _Collector:
         yield from _traffic_families(node)
         yield from _histogram_families(node)
         yield from _connection_families(node)
+        yield from _session_families(node)
         state = self._metrics.state
         if state is not None:
             yield from (_family(metric) for metric in state.collect())
@@ -201,6 +202,29 @@ def _core_families(node: ReplicaNode) -> Iterator[Metric]:
     yield _gauge("sdpaxos_snapshot_log_rewrite_longest_seconds",
                  "The longest rewrite of the write-ahead log after a snapshot (on the loop).",
                  stats.longest_log_rewrite_s)
+
+
+def _session_families(node: ReplicaNode) -> Iterator[Metric]:
+    """The replicated session table's size and log time (``consensus.sessions``), if the
+    state machine keeps one."""
+    table, stats = node.sessions, node.stats
+    if table is None:
+        return
+    family = GaugeMetricFamily(
+        "sdpaxos_sessions", "Client sessions the replicated session table holds: open, closed "
+        "(until their open-by time), pinned (no open-by time: never evicted), and tombstones "
+        "of sessions evicted before their open-by time.", labels=["state"])
+    for state, count in table.counts().items():
+        family.add_metric([state], count)
+    yield family
+    yield _gauge("sdpaxos_log_time_seconds",
+                 "The log time the session table runs on (Unix seconds; 0 before the first "
+                 "log-time command).", table.now)
+    yield _counter("sdpaxos_sessions_expired_total",
+                   "Commands led here that were not applied because their session was gone "
+                   "(SessionExpired).", stats.sessions_expired)
+    yield _counter("sdpaxos_log_times_proposed_total",
+                   "Log-time commands this replica proposed.", stats.log_times_proposed)
 
 
 def _traffic_families(node: ReplicaNode) -> Iterator[Metric]:

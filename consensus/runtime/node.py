@@ -67,7 +67,9 @@ from consensus.errors import (
     IndefiniteFailure,
     LocalProtocolError,
     MemberRefused,
+    MemberRemoved,
     SDPaxosError,
+    SessionExpired,
 )
 from consensus.messages import Command, Record, SnapshotChunk
 from consensus.protocol.admission import check_frame
@@ -90,7 +92,7 @@ from consensus.runtime.conn_limits import ClientPortLimits, Tracked
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.histogram import Histogram
 from consensus.runtime.logs import RateLimited
-from consensus.runtime.members import parse_member_info
+from consensus.runtime.members import address_text, info_of_spec, known_members
 from consensus.runtime.snapshot_writer import (
     InFlight,
     SnapshotWriter,
@@ -101,14 +103,19 @@ from consensus.runtime.snapshot_writer import (
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations, TlsServer, accept_tls, start_server
 from consensus.runtime.transport import PeerTransport
-from consensus.statemachine import (
+from consensus.sessions import (
+    LOG_TIME_STAGGERS,
+    OPEN_BY_SHIFT,
+    OPEN_WINDOW_S,
+    SESSION_EXPIRED,
     SESSION_MARK,
-    DefersQueries,
-    StateMachine,
-    batch_applier,
+    SessionTable,
     denied_reason,
+    is_log_time_op,
+    log_time_command,
 )
-from consensus.storage.identity import KnownMembers, open_identity
+from consensus.statemachine import DefersQueries, StateMachine, batch_applier
+from consensus.storage.identity import KnownMembers, mark_removed, open_identity
 from consensus.storage.snapshot import (
     decode_snapshot,
     encode_snapshot,
@@ -152,6 +159,12 @@ BACKUPS_KEPT = 2
 
 #: a stopping replica waits this long for its client connections to close before it cuts them
 CLIENT_CLOSE_S = 1.0
+
+#: a client's session may not open later than this after the replica's clock (or the log
+#: time, if later): tombstones of evicted sessions are kept until their open-by time
+MAX_OPEN_AHEAD_S = 10 * OPEN_WINDOW_S
+#: a replica proposes a log-time command at most this often (seconds)
+LOG_TIME_RETRY_S = 1
 
 #: TLS: the longest op a client may send (its principal's envelope must fit the codec's limit)
 _MAX_SEALED_OP = MAX_OP_BYTES - ENVELOPE_OVERHEAD
@@ -220,6 +233,10 @@ class NodeStats:
     messages_received: dict[type, int] = field(default_factory=dict)
     #: times the core's view moved on while this node ran
     view_changes: int = 0
+    #: commands led here answered ``SessionExpired`` (their session was evicted or closed),
+    #: and log-time commands this replica proposed
+    sessions_expired: int = 0
+    log_times_proposed: int = 0
 
 
 class _Prepared:
@@ -288,6 +305,11 @@ class ReplicaNode:
         self.me = me
         self.state_machine = state_machine
         self._apply_batch = batch_applier(state_machine)  # runs of a slot at once (_apply)
+        table = getattr(state_machine, "sessions", None)
+        #: the state machine's session table (``consensus.sessions``), if it keeps one: this
+        #: replica proposes the log-time commands it needs
+        self.sessions = table if isinstance(table, SessionTable) else None
+        self._log_time_proposed = 0  # the clock reading of our last log-time command
         self.fsync = fsync
         self.stats = NodeStats()
         #: a snapshot is taken once any of these is reached since the last one: commands
@@ -330,11 +352,14 @@ class ReplicaNode:
             state_machine.restore(state)
         rng = random.Random(seed if seed is not None else time.time_ns() ^ me)
         factory = load_core(config.protocol_name)  # SDPaxos unless [protocol] name says
-        # a member that joined later asks the cluster file's other replicas to learn the log
-        contacts = {"contacts": tuple(r.id for r in config.replicas if r.id != me)} if (
-            factory is MemberReplica) else {}
+        # a member that joined later asks the cluster file's other replicas to learn the log;
+        # every member publishes where it runs (its entry's addresses) through the log
+        membership: dict[str, Any] = {
+            "contacts": tuple(r.id for r in config.replicas if r.id != me),
+            "info": info_of_spec(config.replica(me)).encode(),
+        } if factory is MemberReplica else {}
         self.core: DrivenCore = factory(
-            config.protocol, me, recovered=records, rng=rng, snapshot=meta, **contacts
+            config.protocol, me, recovered=records, rng=rng, snapshot=meta, **membership
         )
         protocol = config.protocol
         self.tick_us = tick_us or max(1_000, min(protocol.heartbeat_us // 5, 10_000))
@@ -355,7 +380,7 @@ class ReplicaNode:
             cluster_id=config.cluster_id,
             me=me,
             addresses={r.id: r.address for r in config.replicas},
-            one_way_us=dict(enumerate(config.one_way_us[me])),
+            one_way_us=config.delays_from(me),
             stamped=any(any(row) for row in config.one_way_us),
             on_frame=self._on_frame,
             max_connections=config.limits.peer_cap(len(config.replicas)),
@@ -399,6 +424,8 @@ class ReplicaNode:
         self.on_apply: list[Callable[[int, Command, bytes], None]] = []
         #: peer -> time.monotonic() of its last frame (readiness: ``consensus.runtime.health``)
         self.peer_heard_at: dict[int, float] = {}
+        if isinstance(self.core, MemberReplica):  # the log's members, not only the file's
+            self._members_changed(self.core)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -494,7 +521,7 @@ class ReplicaNode:
             command = _sealed(command, principal)
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._commands[(command.client_id, command.seq)].append(future)
-        self._post("cmd", command)
+        self._post("cmd", _unblind(command))
         return await future
 
     async def change_members(self, change: Change, *, client_id: int, seq: int) -> str:
@@ -597,16 +624,36 @@ class ReplicaNode:
         return core if isinstance(core, SDPaxosReplica) else None
 
     def _members_changed(self, core: MemberReplica) -> None:
-        """Connect to members that joined (their addresses are in the log, ``member_info``)."""
-        self._known_config = core.config
-        for member in core.config.members:
-            if member.id in self.transport.addresses or not member.info:
+        """Follow the log's member set (``consensus.runtime.members``): connect to members
+        that joined or published another peer address, forget the ones that left (ids below
+        ``next_id`` that are no member: a removed one never comes back)."""
+        config = self._known_config = core.config
+        transport, files = self.transport, {r.id: r for r in self.config.replicas}
+        delays = self.config.delays_from(self.me)
+        for member in known_members(config, files):
+            info = member.info
+            if member.id == self.me or info is None:
                 continue
-            info = parse_member_info(member.info)
-            if info is not None:
-                log.info("replica %d: member %d joined at %s:%d", self.me, member.id,
-                         *info.address)
-                self.transport.add_peer(member.id, info.address)
+            if transport.addresses.get(member.id) != info.address:
+                log.info("replica %d: member %d runs at %s", self.me, member.id,
+                         address_text(info.address))
+                transport.add_peer(member.id, info.address, delays.get(member.id, 0))
+        for peer in sorted(transport.addresses):
+            if peer != self.me and peer < config.next_id and config.member(peer) is None:
+                log.info("replica %d: member %d left the cluster (epoch %d); no longer "
+                         "connecting to it", self.me, peer, config.epoch)
+                transport.remove_peer(peer)
+
+    def _removed(self, core: MemberReplica) -> MemberRemoved:
+        """A change removed this replica: say so, and mark its directory so that it never
+        serves again (``consensus.storage.identity``); the loop stops with the error."""
+        error = MemberRemoved(self.me, self.config.cluster_id, core.config.epoch)
+        log.warning("replica %d: removed from the cluster at epoch %d (the members are now %s): "
+                    "it stops serving and will not start again with this data directory",
+                    self.me, core.config.epoch, [m.id for m in core.config.members])
+        self.identity = mark_removed(self.config.replica_dir(self.me), self.identity,
+                                     core.config.epoch)
+        return error
 
     def _on_refused(self, peer: int, reason: str) -> None:
         """A peer refuses our identity: stop, rather than serve with no vote (and no hope)."""
@@ -617,7 +664,7 @@ class ReplicaNode:
     async def _run(self) -> None:
         try:
             await self._loop()
-        except MemberRefused:
+        except (MemberRefused, MemberRemoved):
             raise  # not a bug: ``serve`` says why and exits
         except Exception:
             log.exception("replica %d: event loop failed", self.me)
@@ -648,6 +695,7 @@ class ReplicaNode:
             self._feed(events, now)
             if now >= next_tick:
                 self.core.tick(now)
+                self._propose_log_time(now)
                 next_tick = now + self.tick_us
             await self._carry_out(self.core.ready(), now)
             self._busy_until_now()
@@ -667,8 +715,11 @@ class ReplicaNode:
                     self.me, core.view, inner.role.value, getattr(core, "sequencer", 0),
                     core.executed_through(),
                 )
-            if isinstance(core, MemberReplica) and core.config is not self._known_config:
-                self._members_changed(core)
+            if isinstance(core, MemberReplica):
+                if core.config is not self._known_config:
+                    self._members_changed(core)
+                if core.removed:  # (a restart finds it so if it stopped before it said so)
+                    raise self._removed(core)
 
     def _take_client_requests(self) -> list[tuple[str, Command]]:
         """This turn's client requests, in arrival order, up to ``MAX_READS_PER_TURN`` reads."""
@@ -794,6 +845,9 @@ class ReplicaNode:
         for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
             command = execution[2]
             if execution[3] and not command.blind:  # led here, answered after it ran
+                if result is SESSION_EXPIRED:
+                    self._session_expired(command)
+                    continue
                 complete((command.client_id, command.seq),
                          Result(result, position + offset), now, executed_latency)
 
@@ -819,6 +873,9 @@ class ReplicaNode:
             for hook in hooks:
                 hook(position, command, result)
             if led_here and not command.blind:
+                if result is SESSION_EXPIRED:
+                    self._session_expired(command)
+                    continue
                 key = (command.client_id, command.seq)
                 self._complete(key, Result(result, position), now, executed_latency)
 
@@ -863,6 +920,32 @@ class ReplicaNode:
             self._resolve(waiter, outcome)
         if not now:
             self._answer_clients()
+
+    def _session_expired(self, command: Command) -> None:
+        """``command``, led here, was not applied: its session is gone (``SessionExpired``,
+        with the log time, from which its client opens the next one)."""
+        self.stats.sessions_expired += 1
+        log_time = self.sessions.now if self.sessions is not None else 0
+        self._fail((command.client_id, command.seq), SessionExpired(
+            f"session expired: request ({command.client_id}, {command.seq}) was not applied "
+            f"(its session was evicted, closed, or opened too late; log time {log_time})",
+            log_time), reads=False)
+
+    def _propose_log_time(self, now: int) -> None:
+        """Propose a log-time command if the session table needs the log time to move
+        (``SessionTable.time_due``; replicas take turns: ``LOG_TIME_STAGGERS``)."""
+        table = self.sessions
+        if table is None:
+            return
+        clock = int(time.time())
+        if clock < self._log_time_proposed + LOG_TIME_RETRY_S:
+            return  # ours is on its way (or was refused: a learner)
+        if not table.time_due(clock - self.me % LOG_TIME_STAGGERS):
+            return
+        self._log_time_proposed = clock
+        self.stats.log_times_proposed += 1
+        with contextlib.suppress(LocalProtocolError):
+            self.core.propose(log_time_command(clock), now)
 
     def _answer_clients(self) -> None:
         """Write each client connection's answers of this turn in one go."""
@@ -1207,6 +1290,9 @@ class ReplicaNode:
             self.client_limits.request_done(connection.tracked)
             if isinstance(outcome, Result):
                 wire = ok_response_wire(req_id, outcome.value, outcome.position)
+            elif isinstance(outcome, SessionExpired):  # its position field: the log time
+                wire = frame_to_wire(ClientResponse(req_id, "expired", str(outcome),
+                                                    outcome.log_time).encode())
             else:
                 status: Status = (
                     "denied" if isinstance(outcome, PermissionDenied)
@@ -1234,7 +1320,7 @@ class ReplicaNode:
             return ClientResponse(request.req_id, "denied", "permission denied: only an admin "
                                   "may inject faults")
         try:
-            cut = decode_partition(request.command.op, len(self.config.replicas))
+            cut = decode_partition(request.command.op, max(self.transport.addresses) + 1)
         except DecodeError as exc:
             return ClientResponse(request.req_id, "error", str(exc))
         log.warning("fault injection: dropping frames from replicas %s and to replicas %s",
@@ -1301,6 +1387,11 @@ class ReplicaNode:
                         barrier = Command(client_id=key[0], seq=key[1], op=b"", keys=())
                         self._client_requests.append(("read", barrier))
                         continue
+                    refusal = self._refusal(request)
+                    if refusal is not None:
+                        writer.write(frame_to_wire(ClientResponse(
+                            request.req_id, "error", refusal).encode()))
+                        continue
                     if principal is not None:
                         if len(request.command.op) > _MAX_SEALED_OP:
                             writer.write(frame_to_wire(ClientResponse(
@@ -1313,7 +1404,7 @@ class ReplicaNode:
                     table = self._commands if request.kind == "cmd" else self._reads
                     table[key].append((connection, request.req_id))
                     limits.request_started(tracked)
-                    self._client_requests.append((request.kind, request.command))
+                    self._client_requests.append((request.kind, _unblind(request.command)))
                 self._wakeup.set()
         except DecodeError as exc:
             self._log.warning("bad client bytes", "closing client connection from %s: %s",
@@ -1325,6 +1416,24 @@ class ReplicaNode:
             self._client_connections.discard(connection)
             self._client_tasks.discard(task)
             limits.closed(tracked)
+
+    def _refusal(self, request: ClientRequest) -> str | None:
+        """Why a client's command is refused before it is proposed (None: it is not): an op
+        reserved for the replicas' log-time commands, or a session that would open too far
+        ahead (its tombstone would be kept that long)."""
+        if request.kind != "cmd":
+            return None
+        command = request.command
+        if is_log_time_op(command.op):
+            return "ops starting with the log-time magic are the replicas' own"
+        open_by = command.seq >> OPEN_BY_SHIFT
+        if open_by:
+            now = max(int(time.time()), self.sessions.now if self.sessions is not None else 0)
+            if open_by > now + MAX_OPEN_AHEAD_S:
+                return (f"the session's open-by time {open_by} is more than "
+                        f"{MAX_OPEN_AHEAD_S} s ahead of this replica's clock and log time "
+                        f"({now}): is the client's clock ahead?")
+        return None
 
     async def _authenticate(self, connection: _ClientConnection) -> bool:
         """TLS: the handshake and the principal of the client's certificate (False: refused,
@@ -1369,6 +1478,15 @@ def _sealed(command: Command, principal: Principal, prefix: bytes = b"") -> Comm
         op = prefix + op
     return Command(client_id=session_id(prefix, command.client_id), seq=command.seq, op=op,
                    keys=command.keys, blind=command.blind and principal.role == ADMIN)
+
+
+def _unblind(command: Command) -> Command:
+    """``command`` answered once it executed if its session may be evicted: acknowledged
+    when ready, it would be told "done" before the session table could refuse it
+    (``consensus.sessions``; pinned sessions keep blind writes)."""
+    if command.blind and command.seq >> OPEN_BY_SHIFT:
+        return command._replace(blind=False)
+    return command
 
 
 #: what a blind write acknowledged when ready is answered with (the same for every one)

@@ -7,8 +7,10 @@ it stands (from its core's ``status()``: role, view, the sequencer or leader it 
 when it follows nobody —, applied position, the best position a peer reported and its lag
 behind it), what it holds on disk (bytes of write-ahead log and of snapshots), its readiness
 verdict with the failed conditions (``consensus.runtime.health``: the same judgement as
-``/readyz``) and the cluster's members as its cluster file lists them
-(so a tool that knows one endpoint learns every replica).
+``/readyz``) and the cluster's current members with every address of each (``membership``:
+the log's, ``consensus.runtime.members``; ``members``: their client addresses, or the cluster
+file's replicas for a core without membership), so a tool that knows one endpoint learns
+every member.
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from typing import TYPE_CHECKING, Any
 
 from consensus.protocol.membership import MemberReplica
 from consensus.runtime.health import liveness, readiness
-from consensus.runtime.members import parse_member_info
+from consensus.runtime.members import KnownMember, address_text, info_of_spec, known_members
 
 if TYPE_CHECKING:
     from consensus.runtime.node import ReplicaNode
 
-__all__ = ["DISTRIBUTION", "STATUS_FIELDS", "package_version", "replica_status"]
+__all__ = ["DISTRIBUTION", "STATUS_FIELDS", "current_members", "package_version",
+           "replica_status"]
 
 #: the distribution whose version a replica reports
 DISTRIBUTION = "sdpaxos"
-#: the keys of a status answer (members: ``[id, site, "host:port"]`` client addresses)
+#: the keys of a status answer (members: ``[id, site, "host:port"]`` client addresses of the
+#: current members)
 STATUS_FIELDS = (
     "id", "site", "address", "cluster_id", "state_machine", "protocol", "version", "role",
     "view", "leader", "applied", "best_peer_applied", "lag", "wal_bytes", "snapshot_bytes",
@@ -89,34 +93,41 @@ def replica_status(node: ReplicaNode) -> dict[str, Any]:
         "live": liveness(node).ready,
         "ready": verdict.ready,
         "reasons": list(verdict.reasons),
-        "members": [[r.id, r.site, f"{r.client_address[0]}:{r.client_address[1]}"]
-                    for r in config.replicas],
+        "members": _client_addresses(node),
         "membership": membership_status(node),
     }
+
+
+def current_members(node: ReplicaNode) -> tuple[int, list[KnownMember]]:
+    """The epoch and the members as this replica knows them (``known_members``: the log's;
+    for a core without membership, the cluster file's replicas, epoch 0)."""
+    core = node.core
+    if not isinstance(core, MemberReplica):
+        return 0, [KnownMember(r.id, 1, True, info_of_spec(r), False)
+                   for r in node.config.replicas]
+    return core.config.epoch, known_members(core.config, {r.id: r for r in node.config.replicas})
+
+
+def _client_addresses(node: ReplicaNode) -> list[list[Any]]:
+    """``[id, site, "host:port"]`` per current member whose client address is known."""
+    return [[m.id, m.info.site, address_text(m.info.client_address)]
+            for m in current_members(node)[1] if m.info is not None]
 
 
 def membership_status(node: ReplicaNode) -> dict[str, Any] | None:
     """The live member set as this replica's log has it (None for a core without
     membership): epoch, voters (core order: the first is the epoch's first sequencer),
-    learners, the change closing the epoch, and per member [id, incarnation, voter, site,
-    peer address, client address] (from the change that added it, or the cluster file)."""
+    learners, the change closing the epoch, the next id ``add`` hands out, and per member
+    (``KnownMember.to_status``, voters first) its id, incarnation, role and every address,
+    from the log (``published``) or, until it published them, this replica's cluster file."""
     core = node.core
     if not isinstance(core, MemberReplica):
         return None
     config, files = core.config, {r.id: r for r in node.config.replicas}
-    members = []
-    for member in config.members:
-        info = parse_member_info(member.info)
-        spec = files.get(member.id)
-        site = info.site if info else spec.site if spec else ""
-        address = info.address if info else spec.address if spec else None
-        client = info.client_address if info else spec.client_address if spec else None
-        members.append([member.id, member.incarnation, member.voter, site,
-                        f"{address[0]}:{address[1]}" if address else "",
-                        f"{client[0]}:{client[1]}" if client else ""])
     return {
         "epoch": config.epoch, "voters": list(config.voters), "learners": list(config.learners),
         "sequencer": core.sequencer, "closing": config.closing,
-        "closing_member": config.closing_member, "members": members,
-        "voting": core.voting, "learn_lag": core.learn_lag,
+        "closing_member": config.closing_member, "next_id": config.next_id,
+        "members": [m.to_status() for m in known_members(config, files)],
+        "voting": core.voting, "learn_lag": core.learn_lag, "removed": core.removed,
     }

@@ -32,7 +32,7 @@ import os
 import socket
 import ssl
 import tomllib
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -107,7 +107,7 @@ class TlsConfig:
     #: the CA's private key (only ``sdpaxos cert issue`` reads it; may be absent elsewhere)
     ca_key: Path | None
     #: each replica's certificate, by id
-    replicas: tuple[TlsFiles, ...]
+    replicas: Mapping[int, TlsFiles]
     #: what this cluster's own tools (cluster up/health, ctl, bench) present: the admin's
     client: TlsFiles | None
     #: revoked serial numbers

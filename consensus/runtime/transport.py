@@ -346,6 +346,10 @@ class PeerTransport:
         )
         self._server: asyncio.Server | TlsServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        #: the task dialing each peer, and the peers that left the membership: their link
+        #: goes once its connection is down (``remove_peer``)
+        self._dialers: dict[int, asyncio.Task[None]] = {}
+        self._departed: set[int] = set()
         self._readers: set[asyncio.Task[None]] = set()
         self._closing = False
         self._timer: PreciseTimer | None = None
@@ -364,7 +368,12 @@ class PeerTransport:
                                           name="peer", on_refused=self._refused,
                                           handshake_timeout_s=self.handshake_timeout_s)
         for peer in self._links:
-            self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
+            self._start_dialing(peer)
+
+    def _start_dialing(self, peer: int) -> None:
+        task = asyncio.create_task(self._dial(peer), name=f"dial-{peer}")
+        self._tasks.append(task)
+        self._dialers[peer] = task
 
     async def close(self) -> None:
         self._closing = True
@@ -379,13 +388,34 @@ class PeerTransport:
             self._timer.close()
 
     def add_peer(self, peer: int, address: tuple[str, int], delay_us: int = 0) -> None:
-        """A member joined (membership): connect to it, and take its connections."""
-        if peer == self.me or peer in self._links:
+        """A member joined, or runs at another address now (membership): connect to it
+        there (a connection up to the old address stays until it drops), and take its
+        connections."""
+        if peer == self.me or peer in self._departed:
             return
         self.addresses[peer] = address
+        if peer in self._links:
+            return
         self._links[peer] = _Link(delay_us)
         if self._server is not None and not self._closing:
-            self._tasks.append(asyncio.create_task(self._dial(peer), name=f"dial-{peer}"))
+            self._start_dialing(peer)
+
+    def remove_peer(self, peer: int) -> None:
+        """A member left (membership): forget it once its connection is down (until then
+        it may still learn from us that it was removed); its connections are refused then."""
+        link = self._links.get(peer)
+        if peer == self.me or link is None:
+            return
+        self._departed.add(peer)
+        if not link.connected:
+            self._forget(peer)
+
+    def _forget(self, peer: int) -> None:
+        self._links.pop(peer, None)
+        self.addresses.pop(peer, None)
+        dialer = self._dialers.pop(peer, None)
+        if dialer is not None and dialer is not asyncio.current_task():
+            dialer.cancel()
 
     # ------------------------------------------------------------------ sending
     def send(self, peer: int, payload: bytes) -> None:
@@ -416,12 +446,15 @@ class PeerTransport:
 
     async def _dial(self, peer: int) -> None:
         backoff = RECONNECT_MIN_S
-        host, port = self.addresses[peer]
         link = self._links[peer]
         incarnation, token = self.identity or (NO_INCARNATION, "")
         hello = Handshake(self.cluster_id, self.me, FORMAT_VERSION, self._stamped, incarnation,
                           token).encode()
         while not self._closing:
+            if peer in self._departed:
+                self._forget(peer)
+                return
+            host, port = self.addresses[peer]  # (it may have moved: ``add_peer``)
             try:
                 if self._tls_dialer is None:
                     reader, writer = await asyncio.open_connection(host, port)

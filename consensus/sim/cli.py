@@ -124,6 +124,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="deliver messages as they are (default: every send step goes "
                         "through the node's framing and is decoded as its receiver would; a "
                         "message that cannot be encoded or decoded is a violation)")
+    parser.add_argument("--sessions", action="store_true",
+                        help="clients open sessions with open-by times (many one-shot), the "
+                        "replicas propose log-time commands and the session table has tight "
+                        "bounds: evictions in every run, and no request may run twice")
     parser.add_argument("--unsafe", default="", help="test only: comma list of broken variants "
                         f"({', '.join(sorted(UNSAFE_VARIANTS))})")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -152,6 +156,7 @@ def options_from(args: argparse.Namespace) -> SimOptions:
         long_log=long_log,
         restarts=args.restarts,
         recovery_bound_us=args.recovery_bound_ms * 1000,
+        sessions=args.sessions,
     )
 
 
@@ -172,6 +177,8 @@ def replay_command(options: SimOptions, seed: int) -> str:
                   f"--recovery-bound-ms {options.recovery_bound_us // 1000}"]
     if not options.use_codec:
         parts.append("--no-codec")
+    if options.sessions:
+        parts.append("--sessions")
     if options.unsafe:
         parts.append(f"--unsafe {','.join(sorted(options.unsafe))}")
     return " ".join(parts)
@@ -188,8 +195,11 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
     unchecked = 0
     snapshots = {"taken": 0, "installed": 0, "restarts_from": 0}
     long_log: list[dict[str, Any]] = []
+    sessions = {"expired": 0, "outcomes_unknown": 0}
     for seed in seeds:
         result: RunResult = Simulation(options, seed).run()
+        sessions["expired"] += result.sessions_expired
+        sessions["outcomes_unknown"] += result.outcomes_unknown
         completed += result.ops_completed
         failed += result.ops_failed
         unchecked += 0 if result.checked else 1
@@ -216,6 +226,8 @@ def sweep(options: SimOptions, seeds: range) -> dict[str, Any]:
                              "message": result.liveness})
     order = [site for site in SITES if site in ready] + sorted(set(ready) - set(SITES))
     extra: dict[str, Any] = {"long_log": long_log} if options.long_log else {}
+    if options.sessions:
+        extra["sessions"] = sessions
     return {
         "protocol": options.protocol,
         "replicas": options.replicas,

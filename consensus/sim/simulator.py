@@ -79,6 +79,16 @@ from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.registry import PROTOCOLS
 from consensus.protocol.types import SnapshotMeta
 from consensus.runtime.framing import frames_by_peer
+from consensus.sessions import (
+    COUNTER_LIMIT,
+    LAST,
+    LOG_TIME_STAGGERS,
+    SESSION_EXPIRED,
+    SessionLimits,
+    SessionTable,
+    log_time_command,
+    session_seq,
+)
 from consensus.sim.events import (
     Chaos,
     Check,
@@ -167,6 +177,17 @@ CLIENTS_PER_KEY = 4
 #: the native client's default)
 CLIENT_ATTEMPTS = 3
 
+#: sessions mode: a unit of log time is this much simulated time (µs), and log time starts
+#: here; the session table's bounds, tight enough that evictions happen in every run
+LOG_TIME_UNIT_US = 10_000
+LOG_TIME_START = 1_000_000
+SIM_SESSION_LIMITS = SessionLimits(max_sessions=3, max_per_principal=3, idle_ttl_s=150,
+                                   time_step_s=10, max_step_s=100)
+#: sessions mode: a client's sessions open within this much log time, and this share of its
+#: operations are one-shot sessions (the last request of a session: a CLI verb)
+SIM_OPEN_WINDOW = 100
+ONE_SHOT_SHARE = 0.3
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimOptions:
@@ -198,6 +219,10 @@ class SimOptions:
     restarts: tuple[str, ...] = ("one", "all")
     #: how long after a restart the cluster may take to serve again (simulated time)
     recovery_bound_us: int = RECOVERY_BOUND_US
+    #: sessions mode: clients open sessions with open-by times (many of them one-shot), the
+    #: replicas propose log-time commands, the session table has tight bounds
+    #: (``SIM_SESSION_LIMITS``), and no request may run twice
+    sessions: bool = False
 
 
 @dataclass
@@ -224,6 +249,10 @@ class RunResult:
     restarts_from_snapshot: int = 0
     #: long-log mode: each restart, the log's length at it, and how long serving took again
     long_log: list[dict[str, Any]] = field(default_factory=list)
+    #: sessions mode: ``SessionExpired`` answers clients got, and the operations whose outcome
+    #: that left unknown (a copy sent before may have run)
+    sessions_expired: int = 0
+    outcomes_unknown: int = 0
 
     @property
     def ok(self) -> bool:
@@ -265,6 +294,11 @@ class _Replica:
     wiped: bool = False
     #: a member added during the run: the members it asks first
     contacts: tuple[int, ...] = ()
+    #: sessions mode: its clock reading (log-time units) when it last proposed a log time
+    log_time_proposed: int = 0
+    #: membership faults: where it runs, as its core publishes it through the log (a
+    #: ``member_move`` gives it another, as a replica restarted on new addresses)
+    info: str = ""
 
 
 @dataclass
@@ -273,6 +307,36 @@ class _Client:
     home: int
     seq: int = 0
     op: dict[str, Any] | None = None  # the open operation
+    #: sessions mode: its session's open-by time (0: none yet) and next request number
+    #: (``COUNTER_LIMIT``: the session is closed)
+    open_by: int = 0
+    counter: int = 0
+
+
+class _CheckedStore(KVStore):
+    """Sessions mode: the key-value store, failing the run if a request runs at two places of
+    the global log (a retry that ran again). ``ran`` is the run's, shared by every replica:
+    request -> the log position it ran at; ``position``: where the command applied now is."""
+
+    __slots__ = ("_running", "position", "ran")
+
+    def __init__(self, sessions: SessionTable, ran: dict[tuple[int, int], int]) -> None:
+        super().__init__(sessions)
+        self.ran = ran
+        self.position = 0
+        self._running = (0, 0)
+
+    def apply(self, position: int, command: Command) -> bytes:
+        self._running = (command.client_id, command.seq)
+        self.position = position
+        return super().apply(position, command)
+
+    def _execute(self, op_bytes: bytes) -> bytes:
+        first = self.ran.setdefault(self._running, self.position)
+        if first != self.position:
+            raise Violation(f"request {self._running} ran at log position {self.position}, "
+                            f"after it ran at {first}")
+        return super()._execute(op_bytes)
 
 
 #: ``Simulation.on_ready(replica, command, called_at_us)``: a client's command became ready
@@ -358,10 +422,19 @@ class Simulation:
         self.factory: Callable[..., DrivenCore] = getattr(
             importlib.import_module(module_name), name
         )
-        self.replicas = [self._new_replica(i) for i in range(n)]
-        #: membership faults (``member``): members join, leave and are replaced during the
-        #: chaos phase (a protocol whose core is ``MemberReplica``)
-        self.membership = "member" in faults and isinstance(self.replicas[0].core, MemberReplica)
+        #: sessions mode: request -> the log position it ran at (``_CheckedStore``)
+        self._ran: dict[tuple[int, int], int] = {}
+        if options.sessions and getattr(self.factory, "partial_order", False):
+            raise ConfigError("sessions mode checks requests by their global log position: "
+                              "a protocol with a total order only")
+        #: membership faults (``member``): members join, leave, are replaced and move (publish
+        #: new info) during the chaos phase (a protocol whose core is ``MemberReplica``)
+        self.membership = "member" in faults and isinstance(self.factory, type) and issubclass(
+            self.factory, MemberReplica)
+        self._moves = 0
+        self.replicas: list[_Replica] = []
+        for i in range(n):
+            self.replicas.append(self._new_replica(i))
         self._member_seq = 0
         #: the membership change under way (proposed again until it took effect)
         self._wanted: Change | None = None
@@ -421,12 +494,18 @@ class Simulation:
     ) -> _Replica:
         """``contacts``: the members a member added during the run asks first."""
         meta = snapshot[0] if snapshot is not None else None
-        extra = {"contacts": contacts} if contacts else {}
+        extra: dict[str, Any] = {"contacts": contacts} if contacts else {}
+        info = ""
+        if self.membership:  # what it publishes (a restart keeps where it moved to)
+            old = self.replicas[rid] if rid < len(self.replicas) else None
+            info = old.info if old is not None else f"sim:{rid}"
+            extra["info"] = info
         core = self.factory(
             self.config, rid, recovered=list(durable or ()), rng=self.rng_core[rid], snapshot=meta,
             **extra,
         )
-        rep = _Replica(rid=rid, core=core, store=KVStore(), snapshot=snapshot, contacts=contacts)
+        rep = _Replica(rid=rid, core=core, store=self._new_store(), snapshot=snapshot,
+                       contacts=contacts, info=info)
         if durable:
             rep.durable = list(durable)
         if snapshot is not None:
@@ -434,6 +513,12 @@ class Simulation:
             rep.canon_position = self._canon_index(snapshot[0].slot)
             rep.key_positions = dict(self._key_positions_at.get(snapshot[0], {}))
         return rep
+
+    def _new_store(self) -> KVStore:
+        if not self.options.sessions:
+            return KVStore()
+        table = SessionTable(SIM_SESSION_LIMITS, unsafe=self.options.unsafe)
+        return _CheckedStore(table, self._ran)
 
     def _canon_index(self, slot: int) -> int:
         """Where the canonical execution order reaches global slot ``slot``: a replica
@@ -627,6 +712,8 @@ class Simulation:
             match item:  # the most frequent first: a match tries its cases in turn
                 case Tick():
                     core.tick(local)
+                    if self.options.sessions:
+                        self._propose_log_time(rep, local)
                 case Frame(messages=messages):
                     for message in messages:
                         core.step(message, local)
@@ -650,6 +737,18 @@ class Simulation:
         else:
             self._synced(rep, ready)
         self._after_persist(rep, ready)
+
+    def _propose_log_time(self, rep: _Replica, local: int) -> None:
+        """Sessions mode: what the node does (``ReplicaNode._propose_log_time``), on the
+        replica's clock in log-time units."""
+        clock = LOG_TIME_START + local // LOG_TIME_UNIT_US
+        table = rep.store.sessions
+        if clock < rep.log_time_proposed + table.limits.time_step_s:
+            return
+        if not table.time_due(clock - rep.rid % LOG_TIME_STAGGERS):
+            return
+        rep.log_time_proposed = clock
+        rep.core.propose(log_time_command(clock), local)
 
     @staticmethod
     def _synced(rep: _Replica, ready: Ready) -> None:
@@ -891,6 +990,11 @@ class Simulation:
         keyless = op["kind"] != "read" and share > 0 and rng.random() < share
         command = Command(client_id=client.cid, seq=client.seq, op=op["bytes"],
                           keys=() if keyless else (key,), blind=op["blind"])
+        if self.options.sessions:
+            # a request of a session that may be evicted is answered once it ran (the node
+            # drops ``blind``), and some are a one-shot session's only one
+            last = rng.random() < ONE_SHOT_SHARE
+            command = command._replace(seq=self._session_seq(client, last=last), blind=False)
         op.update(key=key, command=command, call=self.now, attempt=0, site=client.home,
                   attempts=self._attempts(Kind.READ if op["kind"] == "read" else Kind.COMMAND))
         client.op = op
@@ -904,6 +1008,22 @@ class Simulation:
         limit = CLIENT_ATTEMPTS if kind is Kind.COMMAND else None
         return Attempts(kind, limit, None,
                         trust_definite="trust_definite" in self.options.unsafe)
+
+    def _session_seq(self, client: _Client, *, last: bool = False) -> int:
+        """Sessions mode: the client's next sequence number (``consensus.sessions``), in a new
+        session if it has none open."""
+        if not client.open_by or client.counter >= COUNTER_LIMIT:
+            self._renew(client, 0)
+        number = session_seq(client.open_by, client.counter, last=last)
+        client.counter = COUNTER_LIMIT if last else client.counter + 1  # closed: a new one
+        return number
+
+    def _renew(self, client: _Client, log_time: int) -> None:
+        """Sessions mode: open a new session, from the true time or ``log_time`` (what a
+        ``SessionExpired`` said), whichever is later."""
+        start = max(LOG_TIME_START + self.now // LOG_TIME_UNIT_US, log_time)
+        client.open_by = max(start + SIM_OPEN_WINDOW, client.open_by + 1)
+        client.counter = 0
 
     def _submit(self, client: _Client) -> None:
         op = client.op
@@ -954,7 +1074,7 @@ class Simulation:
             return None
         client = self._client(command.client_id)
         op = client.op
-        if op is None or client.seq != command.seq or ("cancel" in op) != (
+        if op is None or op["command"].seq != command.seq or ("cancel" in op) != (
             command.op == CANCEL_OP
         ):
             return None
@@ -982,6 +1102,9 @@ class Simulation:
         if result.startswith(SESSION_MARK):  # cancelled: the request never ran, nor will
             self._next_attempt(client, op, Answer.REFUSED)
             return
+        if result is SESSION_EXPIRED:
+            self._session_expired(client, op, rep.store.sessions.now)
+            return
         if command.blind:
             return  # answered when it was ready
         decoded = msgpack.unpackb(result)
@@ -992,6 +1115,27 @@ class Simulation:
         site = SITES[rep.rid] if rep.rid < len(SITES) else str(rep.rid)
         self.result.executed_latency_us.setdefault(site, []).append(self.now - op["call"])
         self._complete(client, op, output)
+
+    def _session_expired(self, client: _Client, op: dict[str, Any], log_time: int) -> None:
+        """Sessions mode: the request's session is gone, it was not applied. If no other copy
+        may have run (``Attempts``: nothing uncertain), it never ran: again in a new session,
+        as the native client does. Otherwise a copy may have run before the session went: its
+        outcome is unknown (a history operation without a return), and the client moves on."""
+        self.result.sessions_expired += 1
+        self._renew(client, log_time)
+        if op["attempts"].after(Answer.EXPIRED) is Step.DONE:  # no other copy may have run
+            command = op["command"]
+            op["command"] = command._replace(
+                seq=self._session_seq(client, last=bool(command.seq & LAST)))
+            op["attempts"] = self._attempts(op["attempts"].kind)  # a new request
+            self._submit(client)
+            return
+        self.result.history.append(Operation(
+            client=client.cid, key=op["key"], op=op["kind"], input=op["input"], output=None,
+            call=op["call"], ret=None))
+        self.result.outcomes_unknown += 1
+        client.op = None
+        self._push(self.now + self.rng_work.randrange(self.think_us + 1), Issue(client.cid))
 
     def _read_done(self, rep: _Replica, command: Command, result: bytes) -> None:
         opened = self._open(command)
@@ -1258,8 +1402,9 @@ class Simulation:
     def _member_actions(self, unavailable: int, f: int) -> list[str]:
         config = self._latest_config()
         if config.closing or config.learners or self._wanted is not None:
-            return ["member_refused"]  # one change at a time: a second one is refused
-        actions = []
+            # one change at a time: a second one is refused (a move publishes at any time)
+            return ["member_refused", "member_move"]
+        actions = ["member_move"]
         if len(config.members) < MAX_MEMBERS:
             actions += ["member_add", "member_replace"]
             # a disk is lost only while every live member is in the latest epoch: an epoch
@@ -1278,6 +1423,9 @@ class Simulation:
         rng = self.rng_fault
         config = self._latest_config()
         new = len(self.replicas)
+        if action == "member_move":
+            self._move(rng.choice([m.id for m in config.members]))
+            return
         if action == "member_refused":
             change = Change(ADD, member=0)  # refused whatever else is under way: ids are
             # never reused (and one change at a time)
@@ -1304,6 +1452,16 @@ class Simulation:
                 self._push(self.now + MEMBER_RETRY_US, MemberRetry())
             self._wanted = change
         self._propose_change(change)
+
+    def _move(self, rid: int) -> None:
+        """Member ``rid`` runs somewhere else from now on (its core publishes where; a
+        restart keeps it): as a replica restarted with new addresses in its cluster file."""
+        rep = self.replicas[rid]
+        self._moves += 1
+        rep.info = f"sim:{rid}.{self._moves}"
+        if isinstance(rep.core, MemberReplica):
+            rep.core.info = rep.info
+        self._log(f"member: {rid} moves to {rep.info}")
 
     def _propose_change(self, change: Change) -> None:
         config = self._latest_config()
@@ -1421,8 +1579,21 @@ class Simulation:
         executed = {r.core.executed_through() for r in active}
         if len(executed) != 1:
             return False
+        if self.membership and not self._published(active):
+            return False
         snapshots = {self._state_of(r) for r in active}
         return len(snapshots) == 1
+
+    def _published(self, active: list[_Replica]) -> bool:
+        """Every voter's entry holds the info it runs with (``publish``), as each member's
+        configuration has it."""
+        for rep in active:
+            config: Configuration = rep.core.config  # type: ignore[attr-defined]
+            for voter in config.voters:
+                entry = config.member(voter)
+                if entry is None or entry.info != self.replicas[voter].info:
+                    return False
+        return True
 
     def _state_of(self, rep: _Replica) -> bytes:
         """The replica's state, to compare with the others'. A partial-order core may run one
@@ -1431,8 +1602,11 @@ class Simulation:
         state = rep.store.snapshot()
         if not self.partial_order:
             return state
-        position, items, sessions = msgpack.unpackb(state)
-        canonical = [[client, floor, sorted(results)] for client, floor, results in sessions]
+        position, items, (fmt, now, pinned, sessions, gone) = msgpack.unpackb(state)
+        canonical = [fmt, now, [[client, floor, sorted(results)]
+                                for client, floor, results in pinned],
+                     [[*session[:3], sorted(session[3]), *session[4:]] for session in sessions],
+                     gone]
         packed: bytes = msgpack.packb([position, items, canonical])
         return packed
 
@@ -1442,6 +1616,8 @@ class Simulation:
             values = {tuple((c.client_id, c.seq) for c in log[slot]) for log in logs if slot in log}
             if len(values) > 1:
                 raise Violation(f"slot {slot} holds different commands on different replicas")
+        if self.membership:
+            self._check_configurations()
         pending = [c for c in self.clients if c.op is not None]
         history = list(self.result.history)
         for client in pending:
@@ -1468,6 +1644,20 @@ class Simulation:
         elif not self._finished():
             states = [(r.rid, r.core.executed_through(), r.alive) for r in self._active()]
             self.result.liveness = f"replicas did not converge after the heal phase: {states}"
+
+
+    def _check_configurations(self) -> None:
+        """Members that executed the same log hold the same configuration (its changes are
+        applied in log order, ``publish`` included)."""
+        held: dict[int, tuple[int, Configuration]] = {}
+        for rep in self._active():
+            config: Configuration = rep.core.config  # type: ignore[attr-defined]
+            position = rep.core.executed_through()
+            other = held.setdefault(position, (rep.rid, config))
+            if other[1] != config:
+                raise Violation(
+                    f"replicas {other[0]} and {rep.rid} executed through slot {position} with "
+                    f"different configurations: {other[1]} and {config}")
 
 
 def _summary(outgoing: list[Outgoing]) -> str:

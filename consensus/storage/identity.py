@@ -18,10 +18,12 @@ is taken, so a peer that voted for us or accepted our values is on disk before i
 Rules, and where each is carried out:
 
 * A replica starts only on its own directory (``open_identity``): same cluster id, same replica
-  id, an intact file. A directory with data but no ``IDENTITY`` (an older build's) is adopted
-  once, as incarnation 1. An empty directory is an identity only when a new cluster is being
-  bootstrapped (``bootstrap=True``: ``sdpaxos serve --initial-cluster-state new``, the library's
-  default); otherwise it is refused (``MissingIdentity``), naming the ways out.
+  id, an intact file, not marked removed (``mark_removed``: a membership change removed the
+  member; ``MemberRemoved``, for good). A directory with data but no ``IDENTITY`` (an older
+  build's) is adopted once, as incarnation 1. An empty directory is an identity only when a
+  new cluster is being bootstrapped (``bootstrap=True``: ``sdpaxos serve
+  --initial-cluster-state new``, the library's default); otherwise it is refused
+  (``MissingIdentity``), naming the ways out.
 * A peer is admitted only as the incarnation and token met first (``KnownMembers.admit``): an
   older incarnation is retired, the same incarnation with another token is a wiped or re-created
   directory, and either is refused with a reason the transport sends back to the peer (which
@@ -44,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from consensus.errors import ConfigError, ForeignDataDir, MissingIdentity
+from consensus.errors import ConfigError, ForeignDataDir, MemberRemoved, MissingIdentity
 
 __all__ = [
     "FIRST_INCARNATION",
@@ -53,6 +55,7 @@ __all__ = [
     "NO_INCARNATION",
     "KnownMembers",
     "MemberIdentity",
+    "mark_removed",
     "new_identity",
     "open_identity",
     "read_identity",
@@ -81,6 +84,8 @@ class MemberIdentity:
     incarnation: int
     #: random, drawn when the directory got its identity: a wiped directory gets another
     token: str
+    #: the epoch whose configuration no longer names the member (``mark_removed``), if any
+    removed_in_epoch: int | None = None
 
     def describe(self) -> str:
         return (f"replica {self.replica_id} (incarnation {self.incarnation}) of cluster "
@@ -98,32 +103,49 @@ def read_identity(directory: Path) -> MemberIdentity | None:
     body = _read_checked(directory / IDENTITY_NAME)
     if body is None:
         return None
+    removed = body.get("removed_in_epoch")
     match body:
         case {"cluster_id": str(cluster), "replica_id": int(replica),
               "incarnation": int(incarnation), "token": str(token)} if (
             replica >= 0 and incarnation >= FIRST_INCARNATION and token
+            and (removed is None or (type(removed) is int and removed >= 0))
         ):
-            return MemberIdentity(cluster, replica, incarnation, token)
+            return MemberIdentity(cluster, replica, incarnation, token, removed)
     raise ConfigError(f"{directory / IDENTITY_NAME} is not a valid identity file: {body!r}")
 
 
 def write_identity(directory: Path, identity: MemberIdentity) -> None:
-    _write_checked(directory, IDENTITY_NAME, {
+    body: dict[str, object] = {
         "cluster_id": identity.cluster_id, "replica_id": identity.replica_id,
         "incarnation": identity.incarnation, "token": identity.token,
-    })
+    }
+    if identity.removed_in_epoch is not None:  # (absent otherwise: an older build's body)
+        body["removed_in_epoch"] = identity.removed_in_epoch
+    _write_checked(directory, IDENTITY_NAME, body)
+
+
+def mark_removed(directory: Path, identity: MemberIdentity, epoch: int) -> MemberIdentity:
+    """Record durably that a membership change removed the member (in the configuration of
+    ``epoch``): ``open_identity`` refuses the directory from now on."""
+    removed = MemberIdentity(identity.cluster_id, identity.replica_id, identity.incarnation,
+                             identity.token, epoch)
+    write_identity(directory, removed)
+    return removed
 
 
 def open_identity(directory: Path, cluster_id: str, replica_id: int, *,
                   bootstrap: bool) -> MemberIdentity:
     """The identity replica ``replica_id`` of ``cluster_id`` runs with from ``directory``
     (created if missing); see the module's rules. Raises ``ForeignDataDir`` or
-    ``MissingIdentity`` (both ``ConfigError``) and changes nothing then."""
+    ``MissingIdentity`` (both ``ConfigError``), or ``MemberRemoved``, and changes nothing
+    then."""
     found = read_identity(directory)
     if found is not None:
         if found.cluster_id != cluster_id or found.replica_id != replica_id:
             raise ForeignDataDir(directory, found.describe(),
                                  f"replica {replica_id} of cluster {cluster_id!r}")
+        if found.removed_in_epoch is not None:
+            raise MemberRemoved(replica_id, cluster_id, found.removed_in_epoch)
         return found
     if _has_data(directory) or bootstrap:
         # an older build's directory (its data is this replica's), or a new cluster's first start

@@ -72,7 +72,7 @@ def digest_of(text: str) -> bytes:
     return Topology(parse_config(text)).digest
 
 
-# ---------------------------------------------------------------- the copy, without processes
+# ---------------------------------------------------------------- the store, without processes
 
 
 def cluster(tmp_path: Path, gpu: str = OLD) -> ClusterConfig:
@@ -82,68 +82,104 @@ def cluster(tmp_path: Path, gpu: str = OLD) -> ClusterConfig:
     return load_cluster_config(path)
 
 
-def test_the_store_is_built_from_the_configuration_the_log_began_with(tmp_path: Path) -> None:
+def groups_log(config: str) -> list[bytes]:
+    """A log's ops: GROUPS submitted, the first before any configuration (refused)."""
+    submits = [ops.submit(name, vc, priority, (Member(pods, 8),))
+               for name, vc, priority, pods in GROUPS]
+    return [submits[0], ops.reconfigure(config, from_file=True), *submits]
+
+
+def run_log(store: ClusterStore, log: list[bytes]) -> list[ops.Result]:
+    return [ops.decode_result(store.apply(position, Command(client_id=1, seq=position, op=op)))
+            for position, op in enumerate(log)]
+
+
+def test_a_new_cluster_s_store_is_built_from_its_file_and_waits_for_the_log(
+    tmp_path: Path,
+) -> None:
     config = cluster(tmp_path)
-    assert CLUSTER_STATE.build(config).topology.digest == digest_of(OLD)
+    store = CLUSTER_STATE.build(config)
+    assert store.topology.digest == digest_of(OLD) and not store.configured
+    assert not start_config_path(config).exists()  # no copy: the log holds it
+    results = run_log(store, groups_log(OLD))
+    assert results[0] == ops.Error(ops.NOT_CONFIGURED)  # before the log's configuration
+    assert results[1] == ops.Reconfigured(digest_of(OLD).hex(), True, {})
+    assert all(isinstance(r, Placed) for r in results[2:]) and store.configured
+
+
+def test_a_replica_replaying_from_slot_0_runs_the_configuration_the_log_began_with() -> None:
+    # One replica built from the file as it was, one from the file edited since (a new
+    # member, a wiped disk): the same log gives the same state, byte for byte.
+    log = [*groups_log(OLD), ops.reconfigure(NEW, from_file=True)]
+    stores = [ClusterStore(parse_config(text), configured=False) for text in (OLD, NEW)]
+    answers = [run_log(store, log) for store in stores]
+    assert answers[0] == answers[1]
+    assert stores[0].snapshot() == stores[1].snapshot()
+    assert stores[0].topology.digest == digest_of(NEW)
+
+
+def test_a_file_takes_effect_once_and_never_undoes_what_the_log_ran_since() -> None:
+    store = ClusterStore(parse_config(OLD), configured=False)
+    run_log(store, groups_log(OLD))
+    assert not store.file_is_new(parse_config(OLD))
+    assert store.file_is_new(parse_config(NEW))
+    first = ops.decode_result(store.apply(10, Command(client_id=2, seq=0, op=ops.reconfigure(
+        NEW, from_file=True))))
+    assert isinstance(first, ops.Reconfigured) and first.changed
+    again = ops.decode_result(store.apply(11, Command(client_id=3, seq=0, op=ops.reconfigure(
+        NEW, from_file=True))))  # another replica's proposal of the same edit
+    assert again == ops.Reconfigured(digest_of(NEW).hex(), False, {})
+    stale = ops.decode_result(store.apply(12, Command(client_id=4, seq=0, op=ops.reconfigure(
+        OLD, from_file=True))))  # a replica restarted with the older file
+    assert stale == ops.Reconfigured(digest_of(OLD).hex(), False, {})
+    assert store.topology.digest == digest_of(NEW)
+    # ``ctl config apply`` of the older one: applied, and no file the log ran undoes it
+    applied = ops.decode_result(store.apply(13, Command(client_id=5, seq=0, op=ops.reconfigure(
+        OLD))))
+    assert isinstance(applied, ops.Reconfigured) and applied.changed
+    assert not store.file_is_new(parse_config(NEW)) and not store.file_is_new(parse_config(OLD))
+    assert store.topology.digest == digest_of(OLD)
+
+
+def test_the_snapshot_carries_the_log_s_configurations_and_an_earlier_one_reads_as_configured(
+) -> None:
+    store = ClusterStore(parse_config(NEW), configured=False)
+    restored = ClusterStore(parse_config(NEW))
+    restored.restore(store.snapshot())
+    assert not restored.configured and restored.snapshot() == store.snapshot()
+    run_log(store, [*groups_log(OLD), ops.reconfigure(NEW)])
+    restored.restore(store.snapshot())
+    assert restored.configured and list(restored.configs) == [digest_of(OLD), digest_of(NEW)]
+    earlier = msgpack.unpackb(store.snapshot())  # format 3: seven fields, old sessions
+    earlier = [3, *earlier[1:6], earlier[6][2] + [[c, f, r] for c, _, f, r, *_ in earlier[6][3]]]
+    fresh = ClusterStore(parse_config(OLD), configured=False)
+    fresh.restore(msgpack.packb(earlier))
+    assert fresh.configured and list(fresh.configs) == [digest_of(NEW)]
+    assert fresh.allocator.list_groups("") == store.allocator.list_groups("")
+
+
+def test_a_data_directory_of_an_earlier_build_runs_its_kept_copy(tmp_path: Path) -> None:
+    config = cluster(tmp_path, NEW)
     copy = start_config_path(config)
-    assert copy == config.data_dir / START_CONFIG_NAME and copy.read_text() == OLD
-    assert not list(copy.parent.glob("*.tmp"))
-    (tmp_path / GPU_FILE).write_text(NEW)  # edited: the log still began with OLD
-    assert CLUSTER_STATE.build(config).topology.digest == digest_of(OLD)
-    (tmp_path / GPU_FILE).write_text(INVALID)  # not even read once the copy exists
-    assert CLUSTER_STATE.build(config).topology.digest == digest_of(OLD)
-    assert copy.read_text() == OLD
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text(OLD)  # what an earlier build kept: its log holds no first configuration
+    store = CLUSTER_STATE.build(config)
+    assert store.configured and store.topology.digest == digest_of(OLD)
+    assert isinstance(run_log(store, groups_log(OLD)[2:])[0], Placed)
     copy.write_text(INVALID)  # a damaged copy is refused, naming it
     with pytest.raises(ConfigError, match=START_CONFIG_NAME):
         CLUSTER_STATE.build(config)
 
 
-def test_a_first_start_with_a_bad_file_keeps_no_copy(tmp_path: Path) -> None:
+def test_a_bad_file_starts_from_the_replicas_snapshot_or_not_at_all(tmp_path: Path) -> None:
     config = cluster(tmp_path, INVALID)
     with pytest.raises(ConfigError, match=GPU_FILE):
-        CLUSTER_STATE.build(config)
-    assert not start_config_path(config).exists()
-    assert not list(config.data_dir.glob("*.tmp"))
-
-
-def test_a_data_directory_seeded_from_a_snapshot_began_with_its_configuration(
-    tmp_path: Path,
-) -> None:
-    # A replica directory holding a snapshot but no copy (data from before the copy was kept,
-    # or a snapshot put there by hand): its log begins at the snapshot, under the snapshot's
-    # configuration, not the file's.
-    config = cluster(tmp_path, OLD)
+        CLUSTER_STATE.build(config)  # nothing to start from
     seeded = ClusterStore(parse_config(NEW))
     write_snapshot(config.replica_dir(1) / "snapshots",
                    encode_snapshot(SnapshotMeta(40, (0, 0, 0)), seeded.snapshot()), 40)
-    older = ClusterStore(parse_config(OLD))  # an older snapshot elsewhere: where logs begin
-    write_snapshot(config.replica_dir(2) / "snapshots",
-                   encode_snapshot(SnapshotMeta(50, (0, 0, 0)), older.snapshot()), 50)
-    assert CLUSTER_STATE.build(config).topology.digest == digest_of(NEW)
-    assert digest_of(start_config_path(config).read_text()) == digest_of(NEW)
-
-
-def test_a_first_start_builds_the_store_once(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # A 100k-GPU store takes a second to build: the first start keeps the copy and serves
-    # the store it built on the file, rather than building another on the copy.
-    import cluster_state.store as store_module
-
-    built: list[Topology] = []
-
-    class CountingAllocator(store_module.Allocator):
-        def __init__(self, topo: Topology) -> None:
-            built.append(topo)
-            super().__init__(topo)
-
-    monkeypatch.setattr(store_module, "Allocator", CountingAllocator)
-    config = cluster(tmp_path)
-    first = CLUSTER_STATE.build(config)
-    assert start_config_path(config).read_text() == OLD
-    assert len(built) == 1 and first.topology.digest == digest_of(OLD)
-    built.clear()
-    CLUSTER_STATE.build(config)  # a restart: from the copy, once
-    assert len(built) == 1
+    store = CLUSTER_STATE.build(config)  # the snapshot's configuration (restored anyway)
+    assert store.topology.digest == digest_of(NEW) and not store.configured
 
 
 def test_proposing_the_configuration_the_store_runs_changes_no_allocation() -> None:
@@ -172,8 +208,8 @@ class _LaggingNode:
     holds the edit (``logged``), which the store applies once a linearizable read is ordered
     after it, as a real replica executing its records does; proposals are recorded."""
 
-    def __init__(self, logged: list[bytes]) -> None:
-        self.state_machine = ClusterStore(parse_config(OLD))
+    def __init__(self, logged: list[bytes], store: ClusterStore | None = None) -> None:
+        self.state_machine = store if store is not None else ClusterStore(parse_config(OLD))
         self.logged = logged
         self.proposed: list[Command] = []
         self.position = 0
@@ -202,12 +238,29 @@ async def test_a_restarted_replica_proposes_the_file_only_if_its_log_lacks_it(
     # yet (still executing its records): it reads through the log first, finds the edit
     # applied and proposes nothing (a repeat changes no GPU but its session entry changes
     # the replicated state). Without the edit in its log it proposes the file once.
-    node = _LaggingNode([ops.reconfigure(NEW)] if logged else [])
+    node = _LaggingNode([ops.reconfigure(NEW, from_file=True)] if logged else [])
     (tmp_path / GPU_FILE).write_text(NEW)
     await _propose_file_config(node, tmp_path / GPU_FILE, 0)  # type: ignore[arg-type]
     assert node.state_machine.topology.digest == digest_of(NEW)
-    assert [type(ops.decode_op(c.op)) for c in node.proposed] == (
-        [] if logged else [ops.Reconfigure])
+    assert [ops.decode_op(c.op) for c in node.proposed] == (
+        [] if logged else [ops.Reconfigure(NEW, from_file=True)])
+
+
+@pytest.mark.parametrize("file", ["older", "applied", "first"])
+async def test_who_proposes_the_file_after_a_restart(tmp_path: Path, file: str) -> None:
+    # The log ran OLD, then NEW was applied with ``ctl config apply``: a replica restarted
+    # with OLD (an older file) or NEW (the one applied) proposes nothing; a new cluster's
+    # replica proposes its file as the log's first configuration.
+    store = ClusterStore(parse_config(OLD), configured=False)
+    if file != "first":
+        run_log(store, [*groups_log(OLD), ops.reconfigure(NEW)])
+    node = _LaggingNode([], store)
+    (tmp_path / GPU_FILE).write_text(NEW if file == "applied" else OLD)
+    await _propose_file_config(node, tmp_path / GPU_FILE, 0)  # type: ignore[arg-type]
+    assert [ops.decode_op(c.op) for c in node.proposed] == (
+        [ops.Reconfigure(OLD, from_file=True)] if file == "first" else [])
+    assert store.configured and store.topology.digest == digest_of(
+        OLD if file == "first" else NEW)
 
 
 # ---------------------------------------------------------------- real processes
@@ -312,6 +365,12 @@ async def all_events(cluster: LocalCluster) -> list[ChangeEvent]:
     return [ChangeEvent.from_wire(wire) for wire in answer[2]]
 
 
+def proposals(logs: list[Path]) -> int:
+    """How many times the replicas proposed their GPU configuration file, as they logged it."""
+    return sum(log.read_text().count("proposing the GPU configuration file") for log in logs
+               if log.exists())
+
+
 def no_snapshots(cluster: LocalCluster, replica: int) -> bool:
     return not list((cluster.config.replica_dir(replica) / "snapshots").glob("snapshot-*"))
 
@@ -329,12 +388,19 @@ async def test_an_edited_file_is_applied_at_restart_and_an_invalid_one_is_not(
         (tmp_path / GPU_FILE).write_text(NEW)
         cluster.start_all()
         agreed = await check_the_edit_applied(cluster, before, plan)
-        assert start_config_path(cluster.config).read_text() == OLD  # what the log began with
+        assert not start_config_path(cluster.config).exists()  # the log holds what it began with
+        logs = [tmp_path / f"replica-{i}.log" for i in range(3)]
+        proposed = proposals(logs)
+        assert 2 <= proposed <= 4  # the first configuration once or more, the edit once or more
+
+        cluster.stop_all()  # restarted with the same file: the log ran it, nobody proposes it
+        cluster.start_all()
+        assert await converged(cluster, NEW_NODES) == agreed
+        assert proposals(logs) == proposed
 
         cluster.stop_all()
         (tmp_path / GPU_FILE).write_text(INVALID)
         cluster.start_all()
-        logs = [tmp_path / f"replica-{i}.log" for i in range(3)]
 
         async def refused() -> bool:
             return all("is not applied, still serving configuration "
@@ -370,3 +436,26 @@ async def test_a_replica_executing_its_log_from_the_start_ends_identical(
         assert await converged(cluster, NEW_NODES) == agreed
         log = (tmp_path / "replica-2.log").read_text()
         assert log.count("commands again from its records") == 2, cluster.logs()
+
+
+@pytest.mark.timeout(120)
+async def test_a_configuration_applied_with_ctl_survives_restarts(tmp_path: Path) -> None:
+    # ``ctl config apply NEW`` while every file still says OLD: the replicas restarted (kill
+    # -9 and a clean stop) run NEW, and propose nothing (the log ran OLD).
+    with LocalCluster(tmp_path, state_machine=STATE_MACHINE) as cluster:
+        (tmp_path / GPU_FILE).write_text(OLD)
+        cluster.start_all()
+        await converged(cluster, OLD_NODES)
+        logs = [tmp_path / f"replica-{i}.log" for i in range(3)]
+        async with AllocationStore.connect(cluster.client_addresses, timeout_s=2.0,
+                                           attempts=6) as store:
+            result = await store.reconfigure(NEW)  # what ctl config apply sends
+        assert result.changed
+        agreed = await converged(cluster, NEW_NODES)
+        proposed = proposals(logs)
+        cluster.kill(0)
+        cluster.start(0)
+        cluster.stop_all()
+        cluster.start_all()
+        assert await converged(cluster, NEW_NODES) == agreed
+        assert proposals(logs) == proposed

@@ -129,9 +129,11 @@ def test_a_restore_rebuilds_the_same_indexes_and_makes_the_same_choices() -> Non
 
 
 def _as_format_2(snapshot: bytes) -> bytes:
-    """The layout before format 3: the configuration as maps, leaf revisions as pairs."""
-    fields = msgpack.unpackb(snapshot)
+    """The layout before format 3: the configuration as maps, leaf revisions as pairs (and,
+    as before format 4, seven fields, the sessions an earlier build's list: pinned ones)."""
+    fields = msgpack.unpackb(snapshot)[:7]
     fields[0] = 2
+    fields[6] = fields[6][2]
     config = parse_config(msgpack.unpackb(fields[2]))
     fields[2] = config.to_dict()
     topo = Topology(config)
@@ -155,7 +157,7 @@ def test_format_2_snapshots_still_restore() -> None:
 def test_the_snapshot_keeps_the_configuration_compact_and_packed() -> None:
     config = synthetic_config(nodes=64, vcs=4)
     fields = msgpack.unpackb(ClusterStore(config).snapshot())
-    assert fields[0] == 3
+    assert fields[0] == 4
     assert isinstance(fields[2], bytes)
     assert parse_config(msgpack.unpackb(fields[2])) == config
 
@@ -265,6 +267,7 @@ def _snapshot_at_once(store: ClusterStore) -> bytes:
         store.allocator.export_state(),
         store.events.to_state(),
         store.sessions.to_state(),
+        [store.configured, list(store.configs)],
     ])
     return packed
 

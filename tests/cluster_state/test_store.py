@@ -158,7 +158,7 @@ def test_same_log_gives_byte_identical_snapshots_and_restore_continues_identical
 def test_restore_rejects_foreign_or_broken_snapshots() -> None:
     s = store()
     other = ClusterStore(synthetic_config(nodes=8, nodes_per_rack=4, vcs=2))
-    format_1 = msgpack.unpackb(other.snapshot())
+    format_1 = msgpack.unpackb(other.snapshot())[:7]  # (nor the log's configurations)
     del format_1[2]  # format 1 carried no configuration
     format_1[0] = 1
     with pytest.raises(SnapshotError, match="different cluster configuration"):

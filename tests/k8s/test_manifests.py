@@ -162,7 +162,10 @@ def test_the_store_cross_references(tmp_path: Path, overlay: str) -> None:
     assert {p["name"]: p["port"] for p in peers["spec"]["ports"]} == ports
     # the TLS files replica 1 reads are in its volume (the others: test_each_replica_...)
     assert config.tls is not None and not config.tls.metrics  # the kubelet probes plaintext
-    assert config.tls.ca.exists() and config.tls.replicas[1].key.exists()
+    named = [config.tls.ca, config.tls.client.cert, config.tls.client.key]  # type: ignore[union-attr]
+    named += [f for r in config.tls.replicas.values() for f in (r.cert, r.key)]
+    assert all(path.exists() for path in named)
+    assert config.tls.ca_key is not None and not config.tls.ca_key.exists()
     gpu = load_config(mount / config.state_machine_options["gpu_config"].name)
     assert gpu.options.initial_node_health == "bad"  # nodes count once Kubernetes says Ready
     # probes on the metrics port: /livez keeps the pod, /readyz routes clients

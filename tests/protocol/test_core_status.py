@@ -89,11 +89,24 @@ def test_a_status_is_a_frozen_snapshot() -> None:
     assert status.peer_executed == before  # the core moved on, the snapshot did not
 
 
+def membership_run_without_identities() -> Simulation:
+    """A finished membership run whose last epoch starts past slot 0 with member ids that are
+    not core indexes, a member removed on the way (the first such seed: which one depends on
+    how membership runs go, so it is looked for, not pinned)."""
+    for seed in range(1, 30):
+        sim = Simulation(SimOptions(replicas=3, faults=parse_faults("member"), network="lan",
+                                    ops=100), seed)
+        assert sim.run().ok
+        config = sim._latest_config()
+        removed = any(isinstance(rep.core, MemberReplica) and rep.core.removed
+                      for rep in sim.replicas)
+        if config.base > 0 and config.voters[0] != 0 and removed:
+            return sim
+    raise AssertionError("no membership run of the first 29 seeds moves its ids and removes")
+
+
 def test_the_membership_layer_speaks_member_ids_and_global_slots() -> None:
-    # seed 1 ends in epoch 4 with voters (1, 3, 5) from global slot 89: nothing is an identity
-    sim = Simulation(SimOptions(replicas=3, faults=parse_faults("member"), network="lan",
-                                ops=100), 1)
-    assert sim.run().ok
+    sim = membership_run_without_identities()
     seen: set[Role] = set()
     for rep in sim.replicas:
         member = rep.core
@@ -116,7 +129,6 @@ def test_the_membership_layer_speaks_member_ids_and_global_slots() -> None:
         assert all(status.peer_executed[voters[index]] == base + at
                    for index, at in bare.peer_executed.items())
     assert {Role.SEQUENCER, Role.FOLLOWER, Role.REMOVED} <= seen
-    assert sim._latest_config().base > 0 and sim._latest_config().voters == (1, 3, 5)
 
 
 def test_a_member_not_yet_voting_is_a_learner() -> None:

@@ -26,6 +26,7 @@ def test_c_instance_recoveries_are_counted(tmp_path: Path) -> None:
     # slot 0 names index 0 of ours, which we never proposed (lost in a crash, say): execution
     # waits for it, so we recover it ourselves
     core = node.core
+    core.info = ""  # (it publishes no addresses: its own first C-instance would be that)
     core.step(OAccept(src=0, view=0, entries=(OEntry(slot=0, owner=1),)), 1)
     now = 0
     while _metric(render(node), "sdpaxos_c_recoveries_total") == 0:

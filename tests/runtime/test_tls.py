@@ -72,11 +72,11 @@ def test_cluster_init_files_are_private_and_named(tmp_path: Path) -> None:
     config = load_cluster_config(path)
     assert config.tls is not None and config.tls.client is not None
     named = [config.tls.ca, config.tls.ca_key, config.tls.client.cert, config.tls.client.key,
-             *(f for r in config.tls.replicas for f in (r.cert, r.key))]
+             *(f for r in config.tls.replicas.values() for f in (r.cert, r.key))]
     for file in named:
         assert file is not None and file.exists(), file
         assert stat.S_IMODE(file.stat().st_mode) == 0o600, file
-    for i, files in enumerate(config.tls.replicas):
+    for i, files in config.tls.replicas.items():
         assert identity_of_pem(files.cert.read_bytes(), CLUSTER).replica == i
     admin = identity_of_pem(config.tls.client.cert.read_bytes(), CLUSTER).principal
     assert admin is not None and admin.role == "admin"

@@ -113,7 +113,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
 # replica executed from its records, no_hole_filling's again (2 of 600) once clients settled
 # the requests whose fate they lost; replay_accepted is caught by 27 of 200 seeds.
 # definite_recovered: a core that fails a command its instance was recovered without
-# definitely, while a client retry carried it elsewhere (issue 39).)
+# definitely, while a client retry or a re-proposal carried it elsewhere (issue 39).)
 @pytest.mark.parametrize(
     ("replicas", "unsafe", "faults", "network", "concurrency", "seed"),
     [
@@ -129,8 +129,13 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         # the old quorum still orders after it; members diverge (6 of the first 10 seeds; with
         # three replicas it mostly stalls instead)
         (5, "epoch_at_change", "member", "wan", 6, 1),
-        (5, "definite_recovered", "crash,drift,dup,loss,member,partition,pause,reorder", "wan",
-         2, 160),
+        # (membership faults left out: their moves change with every member feature; 3 of
+        # the first 300 seeds catch it at three replicas)
+        (3, "definite_recovered", "crash,drift,dup,loss,partition,pause,reorder", "wan", 2, 25),
+        # a member's published addresses set in its own configuration, outside the log:
+        # members that executed the same log disagree on who runs where (every one of the
+        # first 10 seeds)
+        (3, "publish_local", "member", "lan", 2, 1),
     ],
 )
 def test_broken_variants_are_caught(
@@ -184,7 +189,8 @@ def test_ci_sweep_with_snapshots(protocol: str) -> None:
 
 
 # Runs that failed before the core learnt to live with compaction (each fix also has a
-# handler test in tests/protocol/sdpaxos/).
+# handler test in tests/protocol/sdpaxos/). Found before the membership fault class existed:
+# they run every other fault class, so what membership adds to a run does not move them.
 @pytest.mark.parametrize(
     ("replicas", "network", "seed"),
     [
@@ -196,8 +202,8 @@ def test_ci_sweep_with_snapshots(protocol: str) -> None:
 )
 def test_runs_that_once_broke_with_snapshots_stay_safe(replicas: int, network: str,
                                                         seed: int) -> None:
-    options = SimOptions(replicas=replicas, faults=parse_faults("all"), network=network,
-                         snapshot_every=10)
+    faults = parse_faults("all") - {"member"}
+    options = SimOptions(replicas=replicas, faults=faults, network=network, snapshot_every=10)
     result = Simulation(options, seed).run()
     assert result.ok, result.violation or result.liveness
     assert result.snapshots_installed > 0

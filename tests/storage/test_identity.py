@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from consensus.errors import ConfigError, ForeignDataDir, MissingIdentity
+from consensus.errors import ConfigError, ForeignDataDir, MemberRemoved, MissingIdentity
 from consensus.storage.identity import (
     FIRST_INCARNATION,
     IDENTITY_NAME,
     MEMBERS_NAME,
     NO_INCARNATION,
     KnownMembers,
+    mark_removed,
     new_identity,
     open_identity,
     read_identity,
@@ -102,3 +103,29 @@ def test_a_damaged_members_file_is_refused(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("aaaa", "zzzz"))
     with pytest.raises(ConfigError, match="checksum mismatch"):
         KnownMembers(tmp_path)
+
+
+def test_a_removed_members_directory_never_serves_again(tmp_path: Path) -> None:
+    identity = open_identity(tmp_path / "r0", "c1", 0, bootstrap=True)
+    removed = mark_removed(tmp_path / "r0", identity, epoch=4)
+    assert removed.removed_in_epoch == 4 and removed.token == identity.token
+    assert read_identity(tmp_path / "r0") == removed  # durable, checksummed as before
+    for bootstrap in (True, False):  # whatever the start mode
+        with pytest.raises(MemberRemoved) as info:
+            open_identity(tmp_path / "r0", "c1", 0, bootstrap=bootstrap)
+        assert "replica 0 of cluster 'c1' was removed from the cluster" in str(info.value)
+        assert "epoch 4" in str(info.value) and "sdpaxos member add" in str(info.value)
+    # a file without the mark (what every build wrote before) is a member's, as ever
+    open_identity(tmp_path / "r1", "c1", 1, bootstrap=True)
+    assert "removed_in_epoch" not in (tmp_path / "r1" / IDENTITY_NAME).read_text()
+
+
+def test_a_bad_removal_mark_is_refused_not_trusted(tmp_path: Path) -> None:
+    identity = open_identity(tmp_path / "r0", "c1", 0, bootstrap=True)
+    body = {"cluster_id": "c1", "replica_id": 0, "incarnation": identity.incarnation,
+            "token": identity.token, "removed_in_epoch": "soon"}
+    from consensus.storage.identity import _write_checked
+
+    _write_checked(tmp_path / "r0", IDENTITY_NAME, body)
+    with pytest.raises(ConfigError, match="is not a valid identity file"):
+        open_identity(tmp_path / "r0", "c1", 0, bootstrap=False)

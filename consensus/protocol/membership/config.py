@@ -23,6 +23,11 @@ order, so every replica holds the same configuration at the same slot. Rules
   be removed.
 * Sizes: any number of voters >= 1 (quorum = majority); the next epoch's sequencer is the
   first voter of the old order that stays, so removing the sequencer moves it to the next one.
+* ``publish`` sets a member's ``info`` (where it runs: its addresses), at once and at any time
+  (one change at a time does not apply: no voter changes). A member publishes its own when
+  the configuration says otherwise (``MemberReplica``), as an etcd member publishes its client
+  URLs through the log on start: so the addresses of every member, the ones a cluster started
+  with included, are a fact of the log that every replica and tool reads the same.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ ADD: Final = "add"
 REPLACE: Final = "replace"
 PROMOTE: Final = "promote"
 REMOVE: Final = "remove"
-KINDS: Final = (ADD, REPLACE, PROMOTE, REMOVE)
+PUBLISH: Final = "publish"
+KINDS: Final = (ADD, REPLACE, PROMOTE, REMOVE, PUBLISH)
 #: the largest member id (ids are non-negative int64 on the wire; far below that in practice)
 MAX_MEMBER_ID: Final = (1 << 31) - 1
 #: the longest ``info`` (a string on the wire: the codec's limit for one)
@@ -173,6 +179,8 @@ def apply_change(config: Configuration, change: Change) -> tuple[Configuration, 
     epoch closes, and ``next_epoch`` makes the next one."""
     if change.kind not in KINDS:
         return config, "refused: not a membership change (malformed)"
+    if change.kind == PUBLISH:
+        return _publish(config, change)
     if config.closing:
         return config, "refused: a membership change is under way; one change at a time"
     if change.kind in (ADD, REPLACE):
@@ -196,6 +204,17 @@ def apply_change(config: Configuration, change: Change) -> tuple[Configuration, 
         return config, "refused: the last voter cannot be removed"
     return (replace(config, closing=REMOVE, closing_member=target.id),
             f"ok: removing voter {target.id} (the epoch closes)")
+
+
+def _publish(config: Configuration, change: Change) -> tuple[Configuration, str]:
+    target = config.member(change.member)
+    if target is None:
+        return config, f"refused: {change.member} is not a member"
+    if target.info == change.info:
+        return config, f"ok: member {target.id}'s info is unchanged"
+    members = tuple(replace(m, info=change.info) if m.id == target.id else m
+                    for m in config.members)
+    return replace(config, members=members), f"ok: member {target.id} published its info"
 
 
 def _add(config: Configuration, change: Change) -> tuple[Configuration, str]:

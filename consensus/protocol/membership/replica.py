@@ -25,6 +25,9 @@ advance``, snapshots, records); what this layer adds, and where:
 * **Learners** ask a voter for executed slots (``LearnRequest``/``LearnReply``,
   ``_ask_to_learn``, ``_on_learn_request``, ``_on_learn_reply``) or get its snapshot; the
   voter a learner learns from proposes its promotion once it is within ``PROMOTE_LAG`` slots.
+  What a learner applies it logs (``LearnedRecord``, before the configuration of an epoch it
+  starts): a restarted learner applies it again from its records (``_replay_learned``) and
+  asks for what follows, instead of learning again everything since its last snapshot.
 * **An epoch is left only on proof** (``_probe``, ``_on_probe_reply``): a message of a later
   epoch says only that its sender claims one; a member leaves its epoch when its core
   executes the SEAL (``_maybe_switch``) or when it holds the SEAL itself in the log a peer
@@ -35,6 +38,11 @@ advance``, snapshots, records); what this layer adds, and where:
   far-future epoch therefore costs a round of requests, no longer a voter (it made one drop
   its core and learn, as a learner, until the next epoch: one authenticated peer could take
   the quorum away). A snapshot of a later epoch is the other proof (the log up to it).
+* **Where a member runs** (``info``: opaque here, the runtime's addresses) is published
+  through the log: a voter whose configuration entry says otherwise than its own ``info``
+  proposes a ``publish`` change (``_maybe_publish``, at most once a catch-up period), so the
+  members a cluster started with (whose entries carry nothing) and a member started elsewhere
+  than its ``add`` said are known to every replica, in log order.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ from consensus.messages import (
     CatchupMarkers,
     Command,
     ConfigRecord,
+    LearnedRecord,
     LearnedSlot,
     LearnReply,
     LearnRequest,
@@ -67,6 +76,7 @@ from consensus.protocol.membership.config import (
     EPOCH_SHIFT,
     MEMBER_OP,
     PROMOTE,
+    PUBLISH,
     Change,
     Configuration,
     Member,
@@ -135,11 +145,15 @@ class MemberReplica:
         rng: random.Random,
         snapshot: SnapshotMeta | None = None,
         contacts: Sequence[int] = (),
+        info: str = "",
     ) -> None:
         """``config``: the protocol settings, ``config.replicas`` the bootstrap voters (ids
         0..N-1); a member with a higher id joins as a learner. ``contacts``: members a
-        learner asks first (the bootstrap voters may be long gone)."""
+        learner asks first (the bootstrap voters may be long gone). ``info``: where this
+        member runs, published through the log while a voter (``_maybe_publish``; "" never
+        publishes)."""
         self.contacts = tuple(contacts)
+        self.info = info
         self.protocol = config
         self.me = me
         self.rng = rng
@@ -156,6 +170,10 @@ class MemberReplica:
         self.learn_lag = 0
         #: (sequencer) when we last proposed a learner's promotion
         self._promoted_at = NEVER
+        #: when we last proposed our own ``info`` (``_maybe_publish``)
+        self._published_at = NEVER
+        #: the sequence number of the last change this member proposed itself
+        self._own_seq = -1
         self.out = Ready()
         self._handed: tuple[SDPaxosReplica | None, Ready] | None = None
         #: a learner that became a voter waits for its snapshot (``Ready.snapshot_now``) to
@@ -289,6 +307,7 @@ class MemberReplica:
     def tick(self, now: int) -> None:
         self.now = now
         if self.core is not None:
+            self._maybe_publish()
             self.core.tick(now)
         elif not self.removed and not self._awaiting_snapshot:
             self._ask_to_learn(again=False)
@@ -581,8 +600,30 @@ class MemberReplica:
                 or self.now - self._promoted_at < self.protocol.catchup_us):
             return
         self._promoted_at = self.now
-        op = encode_change(Change(PROMOTE, learner))
-        core.propose(Command(client_id=SELF_CLIENT, seq=self.now, op=op, keys=()), self.now)
+        self._propose_own(core, Change(PROMOTE, learner))
+
+    def _maybe_publish(self) -> None:
+        """A voter whose configuration entry holds another ``info`` than its own proposes
+        its own (once a catch-up period: a proposal lost with an epoch is made again)."""
+        me = self.config.member(self.me)
+        core = self.core
+        if (not self.info or me is None or me.info == self.info or core is None
+                or self.now - self._published_at < self.protocol.catchup_us):
+            return
+        self._published_at = self.now
+        change = Change(PUBLISH, self.me, info=self.info)
+        if "publish_local" in self.protocol.unsafe:
+            # broken on purpose: the member sets its own entry, outside the log's order
+            self.config, _ = apply_change(self.config, change)
+            return
+        self._propose_own(core, change)
+
+    def _propose_own(self, core: SDPaxosReplica, change: Change) -> None:
+        """Propose a change this member makes itself (its own client: ``SELF_CLIENT``,
+        sequence numbers from its clock, never repeated)."""
+        self._own_seq = max(self.now, self._own_seq + 1)
+        core.propose(Command(client_id=SELF_CLIENT, seq=self._own_seq,
+                             op=encode_change(change), keys=()), self.now)
 
     def _on_learn_reply(self, msg: LearnReply) -> None:
         if self.core is not None:
@@ -591,7 +632,21 @@ class MemberReplica:
         if self._awaiting_snapshot or msg.start != self.learned:
             return  # a stale answer
         self.learn_lag = max(0, msg.executed - self.learned)
-        for learned in msg.slots:
+        # what it applies is logged (before the configurations of the epochs it starts): a
+        # restart applies it again from there, it does not learn it again
+        mark = len(self.out.persist)
+        learned, stopped = self._learn(msg.slots, self.out.persist)
+        if learned:
+            self.out.persist.insert(mark, LearnedRecord(start=msg.start,
+                                                        slots=msg.slots[:learned]))
+        if not stopped and msg.slots and msg.executed > self.learned:
+            self._ask_to_learn(again=True)
+
+    def _learn(self, slots: Sequence[LearnedSlot], persist: list[Record]) -> tuple[int, bool]:
+        """Apply learned ``slots`` from ``self.learned`` on, starting the epochs their SEALs
+        begin (their configurations go to ``persist``); how many it took, and whether it
+        stopped at a SEAL after which this member votes (its core takes it from there)."""
+        for taken, learned in enumerate(slots, 1):
             slot = self.learned
             self.learned += 1
             if learned.seal:
@@ -603,16 +658,29 @@ class MemberReplica:
                     # records (``_resume_pending``)
                     self._resume_epoch(*self._pending_epochs.pop(0))
                     self._resume_pending()
-                    return
-                self._start_epoch(seal_config, self.out.persist)
+                    return taken, True
+                self._start_epoch(seal_config, persist)
                 if self.core is not None or self._awaiting_snapshot:
-                    return  # a voter now: its core takes it from here
+                    return taken, True  # a voter now: its core takes it from here
                 continue
             executions = [Execution(slot, offset, command, False)
                           for offset, command in enumerate(learned.batch)]
             self.out.apply += self._applied(executions, self.out)
-        if msg.slots and msg.executed > self.learned:
-            self._ask_to_learn(again=True)
+        return len(slots), False
+
+    def _replay_learned(self, records: Sequence[Record]) -> None:
+        """A restarted learner: apply again what its records say it learned (after its
+        snapshot), so it goes on learning after it. Their epochs' configurations are
+        among the records already (nothing is logged again)."""
+        for record in records:
+            if not isinstance(record, LearnedRecord):
+                continue
+            end = record.start + len(record.slots)
+            if self.core is not None or self._awaiting_snapshot or end <= self.learned:
+                continue
+            if record.start > self.learned:
+                return  # a gap (not written by this build): learn the rest from peers
+            self._learn(record.slots[self.learned - record.start:], [])
 
     # ------------------------------------------------------------------ epoch proofs
     def _probe(self) -> None:
@@ -667,6 +735,7 @@ class MemberReplica:
         config = config_of(meta.config) if meta.config is not None else (
             bootstrap(self.protocol.replicas))
         inner = SnapshotMeta(meta.slot - config.base, meta.exec_counts)
+        self._covered(meta.slot)
         if self.core is not None and config.epoch == self.config.epoch:
             self.config = config
             installed = self.core.install_snapshot(inner)
@@ -682,6 +751,19 @@ class MemberReplica:
             records += self.core.durable_records()
         self._closing_known()
         return records
+
+    def _covered(self, slot: int) -> None:
+        """A snapshot at global ``slot`` replaces the state machine: what this turn was to
+        apply below it (an epoch's last slots taken from its core as we left it, ``_behind``,
+        or slots a learner learned) is in it, and applied on top of it would run twice. Our
+        own clients' commands among it fail (not known here: a retry gets the first result
+        from the session table), like the core's own (``Snapshots._drop_below``)."""
+        why = "decided while this replica caught up from a snapshot: retry it"
+        covered = [e for e in self.out.apply if e.slot < slot]
+        if covered:
+            self.out.apply = [e for e in self.out.apply if e.slot >= slot]
+            self.out.failed += [Failure(e.command, False, why) for e in covered
+                                if e.led_here and not e.command.blind]
 
     def _closing_known(self) -> None:
         """A configuration taken from a snapshot may hold a voter change we never executed
@@ -744,9 +826,12 @@ class MemberReplica:
             inner = None
             if snapshot is not None:
                 inner = SnapshotMeta(snapshot.slot - self.config.base, snapshot.exec_counts)
-            self.core = self._core_for(self.config, recovered=records, snapshot=inner)
+            voted = [r for r in records if not isinstance(r, LearnedRecord)]
+            self.core = self._core_for(self.config, recovered=voted, snapshot=inner)
             if self.core is not None:
                 self._replay_core()
+            else:  # a learner of this epoch: what it learned is in its records
+                self._replay_learned(records)
         self._closing_known()
 
     def _resume_pending(self) -> None:
@@ -766,11 +851,15 @@ class MemberReplica:
             self._resume_epoch(*self._pending_epochs.pop(0))
 
     def _resume_epoch(self, config: Configuration, records: list[Record]) -> None:
-        """Start ``config``'s core from our records of it (a restart), replaying them."""
+        """Start ``config``'s core from our records of it (a restart), replaying them (what
+        we learned of it, if we do not vote in it)."""
         self.config, self.learned = config, config.base
-        self.core = self._core_for(config, recovered=records, snapshot=None)
+        voted = [r for r in records if not isinstance(r, LearnedRecord)]
+        self.core = self._core_for(config, recovered=voted, snapshot=None)
         if self.core is not None:
             self._replay_core()
+        else:
+            self._replay_learned(records)
 
     def _replay_core(self) -> None:
         """Drain a restarted core's replay into our own output, applying its changes."""

@@ -13,6 +13,7 @@ from consensus.protocol.membership.config import (
     MAX_INFO_BYTES,
     NO_MEMBER,
     PROMOTE,
+    PUBLISH,
     REMOVE,
     REPLACE,
     Change,
@@ -101,7 +102,29 @@ def test_the_last_voter_stays() -> None:
     assert "last voter" in apply_change(config, Change(REMOVE, 0))[1]
 
 
-@given(kind=st.sampled_from([ADD, REPLACE, PROMOTE, REMOVE]),
+def test_publish_sets_a_members_info_at_any_time_and_survives_epochs() -> None:
+    # a cluster's first members carry no info: each publishes its own
+    config, result = apply_change(bootstrap(3), Change(PUBLISH, 1, info="where-1"))
+    assert result == "ok: member 1 published its info"
+    assert config.member(1).info == "where-1"  # type: ignore[union-attr]
+    assert config.voters == (0, 1, 2) and config.next_id == 3 and config.epoch == 0
+    again, result = apply_change(config, Change(PUBLISH, 1, info="where-1"))
+    assert again == config and result == "ok: member 1's info is unchanged"
+    # one change at a time does not hold it up: no voter changes
+    busy = applied(config, Change(ADD, info="new"), Change(PROMOTE, 3))
+    busy = applied(busy, Change(PUBLISH, 3, info="moved"), Change(PUBLISH, 0, info="where-0"))
+    after = next_epoch(busy, seal_slot=9)
+    assert [m.info for m in after.members] == ["where-0", "where-1", "", "moved"]
+
+
+def test_publishing_for_no_member_is_refused_and_changes_nothing() -> None:
+    removed = next_epoch(applied(bootstrap(3), Change(REMOVE, 2)), 4)
+    for member in (2, 7):
+        after, result = apply_change(removed, Change(PUBLISH, member, info="x"))
+        assert after == removed and result == f"refused: {member} is not a member"
+
+
+@given(kind=st.sampled_from([ADD, REPLACE, PROMOTE, REMOVE, PUBLISH]),
        member=st.integers(-1, 1 << 20), replaces=st.integers(-1, 1 << 20),
        incarnation=st.integers(1, 1 << 20), info=st.text(max_size=40))
 def test_changes_round_trip(kind: str, member: int, replaces: int, incarnation: int,
