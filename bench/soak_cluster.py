@@ -44,6 +44,7 @@ from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client, new_client_id
 from consensus.runtime.cluster_config import ReplicaSpec, load_cluster_config
 from consensus.runtime.local_cluster import LocalCluster
+from consensus.runtime.members import members_of_status
 from consensus.storage.backup import decode_backup
 
 __all__ = [
@@ -303,17 +304,20 @@ class SoakCluster:
             await asyncio.sleep(PROBE_INTERVAL_S)
         return time.monotonic() - began
 
-    async def membership(self) -> dict[str, Any] | None:
-        """The member set as the first member that answers has it (None: none answered)."""
+    async def voters(self) -> dict[int, bool] | None:
+        """Member id -> voter, as the first member that answers has the log's member set
+        (None: none answered)."""
         for replica in self.members:
             client = Client(new_client_id(), [self.spec(replica).client_address],
                             timeout_s=PROBE_TIMEOUT_S, attempts=1)
             try:
-                return await client.members()
+                members = members_of_status(await client.status())
             except (OSError, TimeoutError, SDPaxosError):
                 continue
             finally:
                 await client.close()
+            if members is not None:
+                return {member.id: member.voter for member in members}
         return None
 
     # ------------------------------------------------------------- actions
@@ -339,14 +343,12 @@ class SoakCluster:
         self.local.start(new.id)
         deadline = time.monotonic() + REPLACE_TIMEOUT_S
         while True:
-            membership = await self.membership()
-            if membership is not None:
-                members = {row[0]: bool(row[2]) for row in membership["members"]}
-                if members.get(new.id) and old not in members:
-                    break
+            voters = await self.voters()
+            if voters is not None and voters.get(new.id) and old not in voters:
+                break
             if time.monotonic() > deadline:
                 raise ActionFailed(f"{new.id} did not replace {old} within "
-                                   f"{REPLACE_TIMEOUT_S:g} s (members: {membership})")
+                                   f"{REPLACE_TIMEOUT_S:g} s (members: {voters})")
             await asyncio.sleep(0.5)
         promoted = time.monotonic() - began
         self.members = [new.id if r == old else r for r in self.members]
