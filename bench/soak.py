@@ -38,8 +38,7 @@ applied; every operator action completed; no replica exited by itself; the load 
 **Targets** (reported, and enforced with ``--enforce-targets``): issue 38's, for an hour,
 scaled to the run (``bench.soak_samples``): resident memory and open files grow at most 10 %
 from the end of the warm-up to the end; the scheduler operations' p99 in the last window is at
-most 1.5x the first window's. The session table's size at the end is reported (where the
-build does not expose it, counted in a backup taken at the end).
+most 1.5x the first window's. The session table's size at the end is reported.
 
     sdpaxos bench soak --duration 3600 --workdir /tmp/soak --json soak.json --plot soak.png
 """
@@ -503,7 +502,7 @@ class Soak:
         gpu_digests = await self._gpu_converged()
         listing, plan = await self._store_at_end()
         kv_state, final_call, final_ret = await self._kv_converged()
-        sessions = await self._sessions_at_end()
+        sessions = self._sessions_at_end()
         return {"gpu_digests": gpu_digests, "listing": listing, "config_plan": plan,
                 "kv_state": kv_state, "final_call_us": final_call, "final_ret_us": final_ret,
                 "sessions": sessions}
@@ -581,30 +580,18 @@ class Soak:
                 return states, call, now_us()
             await asyncio.sleep(0.5)
 
-    async def _sessions_at_end(self) -> dict[str, Any]:
-        """Per cluster: the session table's size at the end (the largest member's), from its
-        metrics, or, where the build does not expose it, counted in a backup taken now."""
-        from bench.soak_cluster import sessions_in_backup
-
+    def _sessions_at_end(self) -> dict[str, Any]:
+        """Per cluster: the session table's size at the end (its largest member's, from the
+        last sample's ``sdpaxos_sessions``), by state."""
         out: dict[str, Any] = {}
         last = self.samples[-1]["replicas"] if self.samples else []
         for cluster in (self.gpu, self.kv):
-            counts = [s["sessions"] for s in last
-                      if s["cluster"] == cluster.name and s["sessions"] is not None]
-            if counts:
-                by_state = next(s["sessions_by_state"] for s in last
-                                if s["cluster"] == cluster.name and s["sessions"] == max(counts))
-                out[cluster.name] = {"sessions": max(counts), "by_state": by_state,
-                                     "source": "metrics (sdpaxos_sessions)"}
-                continue
-            path = self.root / "backups" / f"{cluster.name}-final.backup"
-            path.parent.mkdir(exist_ok=True)
-            try:
-                await cluster.backup(path)
-                out[cluster.name] = {"sessions": sessions_in_backup(path, cluster.config_path),
-                                     "source": "a backup taken at the end"}
-            except (ActionFailed, OSError, ValueError) as exc:
-                out[cluster.name] = {"sessions": None, "source": f"unknown: {exc}"}
+            reported = [s for s in last if s["cluster"] == cluster.name
+                        and s["sessions"] is not None]
+            largest = max(reported, key=lambda s: s["sessions"], default=None)
+            out[cluster.name] = {
+                "sessions": None if largest is None else largest["sessions"],
+                "by_state": None if largest is None else largest["sessions_by_state"]}
         return out
 
     # ------------------------------------------------------------------ the report

@@ -13,14 +13,12 @@ every member serves again:
 * ``backup``: ``sdpaxos snapshot save``, the file checked (``decode_backup``);
 * ``apply_config`` (the GPU store): ``sdpaxos ctl config apply FILE --dry-run``, then without.
 
-Where the member-change tooling of today differs from what the ``lifecycle`` branch brings
-(``member replace`` assigning every address and printing the start command, a removed replica
-exiting by itself, clients following the member list), the difference is confined to three
-small functions: ``new_member_entry``, ``replace_command`` and ``retire``; and the load's
-clients are handed the members of the moment when they (re)connect (``client_addresses``),
-which clients that follow the member list would find by themselves. ``sessions_in_backup``
-counts the session table where a build's replicas do not report it (``sdpaxos_sessions``,
-from the ``lr-state`` branch on).
+The replacement's id and addresses follow the file's scheme (base + id, as ``member
+replace`` assigns them) and are given to the tool explicitly, with the entry written to the
+cluster file (the new replica's copy needs it: ``new_member_entry``, ``replace_command``); a
+removed replica exits by itself (status 4) and is stopped only if it does not (``retire``).
+The load's clients are handed the members of the moment when they (re)connect
+(``client_addresses``); the library's clients also follow the member list by themselves.
 """
 
 from __future__ import annotations
@@ -56,7 +54,6 @@ __all__ = [
     "replace_command",
     "retire",
     "run_tool",
-    "sessions_in_backup",
 ]
 
 #: the checkout this file is in: what the replicas and the tools run
@@ -161,14 +158,13 @@ def base_ports(count: int, seed: int) -> list[int]:
 
 def new_member_entry(cluster: LocalCluster, site: str) -> ReplicaSpec:
     """The replacement's cluster-file entry: the next id, on the file's port scheme (every
-    address: peer, client, metrics, gRPC), ``joined = true``, and its identity. (With the
-    lifecycle branch ``member replace`` assigns the addresses itself and prints the entry.)"""
+    address: peer, client, metrics, gRPC), ``joined = true``, and its identity."""
     return cluster.add_member_entry(site)
 
 
 def replace_command(config_path: Path, old: int, new: ReplicaSpec) -> list[str]:
-    """``sdpaxos member replace`` for ``new`` taking ``old``'s place. (With the lifecycle
-    branch the addresses may be left out: it assigns them on the same scheme.)"""
+    """``sdpaxos member replace`` for ``new`` taking ``old``'s place (the addresses it would
+    assign itself, given so that they are the entry's)."""
     return ["member", "replace", str(old), "--id", str(new.id),
             "--address", f"{new.address[0]}:{new.address[1]}",
             "--client-address", f"{new.client_address[0]}:{new.client_address[1]}",
@@ -177,8 +173,8 @@ def replace_command(config_path: Path, old: int, new: ReplicaSpec) -> list[str]:
 
 async def retire(cluster: LocalCluster, old: int) -> int | None:
     """Stop a replica the log no longer has and wipe its data directory; its exit status.
-    It is given ``RETIRE_WAIT_S`` to exit by itself (a removed replica does, with the
-    lifecycle branch: status 4), then SIGTERM (and SIGKILL after 10 s)."""
+    It is given ``RETIRE_WAIT_S`` to exit by itself (a removed replica does: status 4), then
+    SIGTERM (and SIGKILL after 10 s)."""
     process = cluster.processes.pop(old, None)
     code: int | None = None
     if process is not None:
@@ -218,7 +214,7 @@ class SoakCluster:
         self.local.config = load_cluster_config(self.local.config_path)
         #: the voters running now, in the order they joined
         self.members: list[int] = list(range(replicas))
-        #: members being replaced: their process may end by itself (a removed replica does)
+        #: members being replaced: their process ends by itself (a removed replica does)
         self._leaving: set[int] = set()
         self._turn = 0  # whose turn it is to be killed or replaced
 
@@ -389,19 +385,6 @@ class SoakCluster:
 
     def logs(self) -> str:
         return self.local.logs()
-
-
-def sessions_in_backup(path: Path, config_path: Path) -> int:
-    """The entries of the session table in a backup: its snapshot restored into a fresh state
-    machine of the cluster's kind. (For builds whose replicas do not report
-    ``sdpaxos_sessions``; the table's ``to_state`` is one entry per session.)"""
-    from consensus.runtime.state_machines import state_machine_kind
-
-    config = load_cluster_config(config_path)
-    _, _, snapshot = decode_backup(path.read_bytes())
-    machine = state_machine_kind(config.state_machine).build(config)
-    machine.restore(snapshot)
-    return len(machine.sessions.to_state())  # type: ignore[attr-defined]
 
 
 def _outcomes(report: dict[str, Any]) -> dict[str, int]:

@@ -48,8 +48,7 @@ def print_report(report: dict[str, Any]) -> None:
          *[[f"kv {f}: ok / fail / info", f"{row['ok']} / {row['fail']} / {row['info']}"]
            for f, row in sorted(kv.items())],
          *[[f"session table at the end: {name}",
-            f"{s['sessions']} ({s['source']}"
-            + (f"; {s['by_state']}" if s.get("by_state") else "") + ")"]
+            "-" if s["sessions"] is None else f"{s['sessions']} ({s['by_state']})"]
            for name, s in sessions.items()]])
     print_table(
         "operator actions",
