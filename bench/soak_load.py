@@ -18,8 +18,8 @@ were told.
 * ``OneShotWriter``: the command line's one-shot writes — ``sdpaxos put`` (recorded for
   lincheck too) and, every few, ``sdpaxos ctl submit`` / ``release`` of a small gang —
   run as subprocesses (``mode="subprocess"``, the real thing: a process start each) or
-  in-process (``mode="in-process"``: the verb's client session, a fresh client id per write,
-  without the process start).
+  in-process (``mode="in-process"``: the verb's one-shot session — a fresh client id, one
+  request that closes the session — without the process start).
 
 Outcomes follow the client's contract: ok; ``fail`` (a definite failure: it never happened);
 ``info`` (indefinite: it may have). A command-line verb's exit status says which: 0 ok, 1
@@ -474,11 +474,11 @@ class OneShotWriter:
             if outcome != "ok":
                 record.error = result.stderr.strip()[-300:] or f"exit {result.code}"
             record.ret_us = now_us()
-        else:  # what ``sdpaxos put`` does, without the process: a session of its own
+        else:  # what ``sdpaxos put`` does, without the process: a one-shot session
             addresses = self._kv_addresses()
             async with Client(new_client_id(), addresses, timeout_s=ONE_SHOT_TIMEOUT_S,
                               attempts=len(addresses)) as client:
-                await _recorded(record, client.execute(kv_put(key, value), (key,)))
+                await _recorded(record, client.execute(kv_put(key, value), (key,), last=True))
             outcome = record.outcome or "info"
         self.counts["put"] += 1
         self._count(outcome)
@@ -498,8 +498,10 @@ class OneShotWriter:
         return outcome, doc
 
     async def _ctl_in_process(self, *words: str) -> tuple[Outcome, dict[str, Any]]:
-        """The ctl verb's effect over the native port: a session of its own per call."""
+        """The ctl verb's effect over the native port: a one-shot session of its own per call
+        (``one_shot_seq``, as ``ctl`` sends over gRPC)."""
         from consensus.runtime.cluster_config import load_cluster_config
+        from consensus.sessions import one_shot_seq
 
         addresses = [s.client_address for s in load_cluster_config(self._gpu_config).replicas]
         verb, name = words[0], words[1]
@@ -509,11 +511,12 @@ class OneShotWriter:
                 if verb == "submit":
                     result = await store.submit(GroupSpec(name=name, vc=self._vc,
                                                            priority=PRIORITY,
-                                                           members=(Member(1, 1),)))
+                                                           members=(Member(1, 1),)),
+                                                seq=one_shot_seq())
                     doc = {"token": result.token} if isinstance(result, Placed) else {}
                     outcome: Outcome = "ok" if doc else "fail"
                 else:
-                    await store.release(name)
+                    await store.release(name, seq=one_shot_seq())
                     outcome, doc = "ok", {}
             except DefiniteFailure:
                 outcome, doc = "fail", {}
