@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "decode": ("bench.decode", "decoding time of votes, promises and new views by size"),
     "extender-filter": ("bench.extender_filter",
                         "the extender's filter latency: pod cache against listing every pod"),
+    "soak": ("bench.soak", "real processes for hours under a GPU cluster's mixed life: "
+             "memory, files, disk, stalls and latency over time, then every check"),
 }
 
 

@@ -106,8 +106,10 @@ __all__ = [
     "judge",
     "main",
     "plan_faults",
+    "positive",
     "run",
     "send_cut",
+    "tally",
     "unrecovered_after_kill_all",
 ]
 
@@ -1070,7 +1072,8 @@ def unrecovered_after_kill_all(
     return late
 
 
-def _tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
+def tally(records: Sequence[Record]) -> dict[str, dict[str, int]]:
+    """Per operation (write, read, cas): how many ended ok, fail and info."""
     counts: dict[str, dict[str, int]] = {}
     for record in records:
         row = counts.setdefault(record.f, {"ok": 0, "fail": 0, "info": 0})
@@ -1157,7 +1160,7 @@ async def _run_seed(seed: int, options: Options, directory: Path) -> SeedReport:
     stall = longest_gap_s(history, phase_start, phase_end) if load.records else 0.0
     return SeedReport(
         seed=seed, replicas=options.replicas, seconds=options.seconds, faults=faults,
-        verdict=judgement.verdict, reasons=judgement.reasons, operations=_tally(load.records),
+        verdict=judgement.verdict, reasons=judgement.reasons, operations=tally(load.records),
         failure_reasons=failure_reasons(load.records),
         unavailable_after_heal_s=waits, longest_stall_s=stall, lincheck=judgement.lincheck,
         lincheck_s=judgement.lincheck_s, finals=finals, directory=str(directory),
@@ -1179,7 +1182,8 @@ def _kinds(text: str) -> tuple[FaultKind, ...]:
     return tuple(k for k in FAULT_KINDS if k in chosen)
 
 
-def _positive(text: str) -> float:
+def positive(text: str) -> float:
+    """An option's positive number (argparse ``type``)."""
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text}")
@@ -1190,7 +1194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (__doc__ or "").split("\n\n")[0]
     parser.add_argument("--replicas", type=int, choices=(3, 5), default=3,
                         help="how many replicas (sites CA, OR, OH, VA, JP in that order)")
-    parser.add_argument("--seconds", type=_positive, default=30.0,
+    parser.add_argument("--seconds", type=positive, default=30.0,
                         help="length of the fault phase per seed")
     parser.add_argument("--seed", type=int, action="append", dest="seed_list", metavar="SEED",
                         help="run this seed (repeatable)")
@@ -1200,12 +1204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated kinds (default {','.join(FAULT_KINDS)})")
     parser.add_argument("--max-faulty", type=int,
                         help="replicas faulty at once (default: a minority; more is allowed)")
-    parser.add_argument("--heal-bound", type=_positive, default=HEAL_BOUND_S,
+    parser.add_argument("--heal-bound", type=positive, default=HEAL_BOUND_S,
                         help="seconds each replica has to serve again, and to converge, "
                         "after the heal (and to serve again after a kill-all)")
     parser.add_argument("--clients", type=int, default=6,
                         help="closed-loop clients writing during the faults")
-    parser.add_argument("--check-timeout", type=_positive, default=CHECK_TIMEOUT_S,
+    parser.add_argument("--check-timeout", type=positive, default=CHECK_TIMEOUT_S,
                         help="time budget of the linearizability check per seed, seconds")
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed "
                         "if every seed is ok)")

@@ -22,12 +22,12 @@ from bench.nemesis import (
     ReplicaState,
     SeedReport,
     _describe,
-    _tally,
     checkable_history,
     failure_reasons,
     judge,
     main,
     plan_faults,
+    tally,
     unrecovered_after_kill_all,
 )
 from consensus.sim.history import Operation
@@ -252,7 +252,7 @@ def test_a_value_only_a_definite_failure_wrote_is_reported_with_key_and_operatio
     # the seed's report prints it and carries it in its JSON
     report = SeedReport(
         seed=39, replicas=3, seconds=1.0, faults=[], verdict=judgement.verdict,
-        reasons=judgement.reasons, operations=_tally(records),
+        reasons=judgement.reasons, operations=tally(records),
         unavailable_after_heal_s=[0.0] * 3, longest_stall_s=0.0, lincheck=judgement.lincheck,
         lincheck_s=judgement.lincheck_s, finals=SAME, directory="-", windows=judgement.windows,
         lincheck_keys=judgement.keys,
