@@ -38,7 +38,7 @@ import msgpack
 import yaml
 from cs_helpers import Driver, check_invariants
 
-from cluster_state import ClusterStore, ConfigError, ops, parse_config
+from cluster_state import ClusterStore, GpuConfigError, ops, parse_config
 from cluster_state.k8s.hived import SPEC_ANNOTATION, SpecError, pod_request
 
 __all__ = ["CHECKS", "Check", "Replay", "run_all", "tally"]
@@ -796,7 +796,7 @@ def invalid_initial_assignment() -> list[Check]:
     cells[1]["cellType"], cells[1]["cellNumber"] = "CT1-NODE.CT1", 2
     try:
         parse_config(text_of(raw))
-    except ConfigError as exc:
+    except GpuConfigError as exc:
         return [Check("I1", "an infeasible VC assignment is refused", MATCH, str(exc))]
     return [Check("I1", "an infeasible VC assignment is refused", DIFFER, "accepted")]
 
