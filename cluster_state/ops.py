@@ -65,7 +65,7 @@ as malformed, so every replica must run a build that reads it before a scheduler
 * ``["reconfigured", sha256_hex, changed, report]`` — the store now runs the configuration in
   ``yaml_text`` (HiveD's format, validated again by every replica; an invalid one is an
   ``error`` and changes nothing); ``changed`` is false when it was already running it.
-  ``report`` says what happened to every group (``Allocator.reconfigured`` has the rules).
+  ``report`` says what happened to every group (``reconfiguration.reconfigured`` has the rules).
 * A preemptor whose victims are all gone is *reserved* (its ``group`` query says so and a
   ``reserved`` event is emitted) until the scheduler confirms it with a second ``submit`` or a
   ``bind`` of exactly its reserved placement, which answer ``placed`` (HiveD's Preempting

@@ -26,7 +26,8 @@ replicas that applied the same log produce identical bytes, and ``restore(s).sna
 
 **Reconfiguration** is a logged command (``ops.reconfigure(yaml_text)``): every replica parses
 and validates the text itself and rebuilds its allocator for the new configuration keeping the
-groups (``Allocator.reconfigured``: work-preserving, deterministic), so replicas stay identical.
+groups (``cluster_state.reconfiguration``: work-preserving, deterministic), so replicas stay
+identical.
 A snapshot carries the configuration it was taken under, and ``restore`` adopts it whatever
 this store was built with, so a replica restarted with an edited configuration file first
 catches up under the configuration the log ran with. **What a serving replica must do at
@@ -79,6 +80,7 @@ from cluster_state.ops import (
     decode_query,
     encode_result,
 )
+from cluster_state.reconfiguration import reconfigured
 from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
 from consensus.statemachine import SessionTable
@@ -221,7 +223,7 @@ class ClusterStore:
         if topo.digest == self.topology.digest:
             return Reconfigured(topo.digest.hex(), False, {})
         old = self.allocator
-        self.allocator, report = old.reconfigured(topo, position)
+        self.allocator, report = reconfigured(old, topo, position)
         self.topology = topo
         self.allocator.events.append(("reconfigured", "", [topo.digest.hex()]))
         return Reconfigured(topo.digest.hex(), True, report)
@@ -238,7 +240,7 @@ class ClusterStore:
             return {"changed": False}
         copy = Allocator(self.topology)
         copy.import_state(self.allocator.export_state())
-        _, report = copy.reconfigured(topo, self.revision + 1)
+        _, report = reconfigured(copy, topo, self.revision + 1)
         return {"changed": True, **report}
 
     def plan_submit(self, spec: GroupSpec, suggested: AbstractSet[str] | None = None) -> list[Any]:
