@@ -8,6 +8,8 @@ Modules, one job each:
 * ``buddy``     — free lists, binding VC cells to physical cells, safety, doomed bad cells;
 * ``placement`` — packing a gang's pods and picking leaves (lowest common ancestor);
 * ``allocator`` — groups, priorities, preemption, node health, conditional bind;
+* ``reconfiguration`` — a new topology's allocator holding the running groups;
+* ``reads``, ``inspection`` — status documents and HiveD's inspect trees (read models);
 * ``ops``       — operation/result encoding and builders;
 * ``events``    — the bounded watch stream;
 * ``store``     — ``ClusterStore``, the ``consensus`` ``StateMachine``;

@@ -52,8 +52,16 @@ preempting groups touching the node are cancelled, and doomed bindings are recom
 HiveD trusts only what Kubernetes reports); a report about a node the configuration does not
 know is ignored with a warning.
 
-**Reconfiguration** (``reconfigured``) builds the allocator of a new topology holding the same
-groups, keeping their GPUs (see that method for what happens to each group).
+**Reconfiguration** builds the allocator of a new topology holding the same groups, keeping
+their GPUs (``cluster_state.reconfiguration``, through ``mark_bad``, ``bind_tentatively``,
+``bind_at`` and ``adopt`` here).
+
+**What this module owns** is the write path: every change of the groups, the cells' holders
+and priorities, the bindings and node health goes through an ``Allocator`` method, which keeps
+the derived structures (``index``, ``buddy``) in step, and snapshots (``export_state``,
+``import_state``). The read models computed from that state are ``cluster_state.reads`` (status
+documents) and ``cluster_state.inspection`` (HiveD's inspect trees); the ``group_info`` &c.
+methods here only call them.
 
 **Smaller decisions.** A gang asking a pinned cell for more leaves than it holds is refused
 (HiveD lets it wait for ever). A gang of mixed member sizes is packed best-fit decreasing and
@@ -87,9 +95,10 @@ from typing import Any
 
 import msgpack
 
+from cluster_state import inspection, reads
 from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
-from cluster_state.config import NODES_START_BAD, RESERVE_PLACE_AT_ONCE
+from cluster_state.config import RESERVE_PLACE_AT_ONCE
 from cluster_state.errors import RequestError
 from cluster_state.index import C_LOOP_ITEMS, FREE, CellState
 from cluster_state.ops import (
@@ -110,7 +119,7 @@ from cluster_state.ops import (
 from cluster_state.placement import NodeFilter, Picker
 from cluster_state.snapshot_encoding import packed_array_header
 
-__all__ = ["Allocator", "Group"]
+__all__ = ["Allocator", "Group", "placed_data"]
 
 #: a claim's holder: (pod UID, "namespace/name")
 ClaimHolder = tuple[str, str]
@@ -146,6 +155,11 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
     revs = array(_REV_TYPECODE, itemgetter(*leaf_ids)(rev) if len(leaf_ids) > 1
                  else [rev[c] for c in leaf_ids]).tobytes()
     return [bindings, sorted(bad_nodes), revs]
+
+
+def placed_data(placed: Placed) -> list[Any]:
+    """The data of a ``placed`` (or ``trimmed``) event: chain, pods, token."""
+    return [placed.chain, [[n, node, list(d)] for n, node, d in placed.pods], placed.token]
 
 
 class Group:
@@ -437,9 +451,10 @@ class Allocator:
     def _status(self, group: Group) -> Result:
         if group.preempting:
             return Preempting(group.spec.name, tuple(sorted(group.victims)))
-        return self._placed(group)
+        return self.placed(group)
 
-    def _placed(self, group: Group) -> Placed:
+    def placed(self, group: Group) -> Placed:
+        """``group``'s placement as a ``Placed`` answer (nodes and devices per pod)."""
         topo = self.topo
         # A pod whose node left the configuration has no leaves ("" node) until released.
         pods = tuple(
@@ -672,18 +687,20 @@ class Allocator:
         group = Group(spec, plan.chain, tuple(plan.pods))
         group.token = position
         group.created = position
-        self.groups[spec.name] = group
-        leaves = group.leaves()
-        for leaf in leaves:
-            self.cells.owner[leaf] = spec.name
-        self._hold(group, leaves, position)
-        placed = self._placed(group)
-        self.events.append(("placed", spec.name, self._placed_data(placed)))
+        self.adopt(group, position)
+        placed = self.placed(group)
+        self.events.append(("placed", spec.name, placed_data(placed)))
         return placed
 
-    @staticmethod
-    def _placed_data(placed: Placed) -> list[Any]:
-        return [placed.chain, [[n, node, list(d)] for n, node, d in placed.pods], placed.token]
+    def adopt(self, group: Group, position: int) -> None:
+        """Hold ``group`` as placed: its leaves become its own (a new placement, or a group
+        a reconfiguration carries over)."""
+        name = group.spec.name
+        self.groups[name] = group
+        leaves = group.leaves()
+        for leaf in leaves:
+            self.cells.owner[leaf] = name
+        self._hold(group, leaves, position)
 
     def _hold(self, group: Group, leaves: list[int], position: int) -> None:
         """Count ``leaves`` as held by ``group`` (used or reserved) and update priorities."""
@@ -736,7 +753,7 @@ class Allocator:
         victims = sorted({o for leaf in leaves if (o := cells.owner[leaf]) is not None})
         if not victims:
             self._promote(group, position)
-            return self._placed(group)
+            return self.placed(group)
         group.victims = frozenset(victims)
         for name in victims:
             self.groups[name].preemptors.add(spec.name)
@@ -864,16 +881,16 @@ class Allocator:
         if tuple(pods) != group.pods:
             return Conflict(name, "the placement is not the one reserved for the group")
         self._promote(group, position)
-        return self._placed(group)
+        return self.placed(group)
 
     def _bind_around(self, vc: str, chain: int, leaf: int, fresh: list[int]) -> bool:
         """Bind one of ``vc``'s unbound items (lowest level first) to the free cell of that
         level around ``leaf``, if safety allows."""
         topo = self.topo
-        return any(self._bind_at(vc, chain, leaf, topo.slots[slot][2], fresh)
+        return any(self.bind_at(vc, chain, leaf, topo.slots[slot][2], fresh)
                    for slot in topo.vc_slots.get((vc, chain), ()))
 
-    def _bind_at(self, vc: str, chain: int, leaf: int, level: int, fresh: list[int]) -> bool:
+    def bind_at(self, vc: str, chain: int, leaf: int, level: int, fresh: list[int]) -> bool:
         """Bind an unbound item of ``vc``'s at ``level`` to the free cell of that level
         around ``leaf`` (appended to ``fresh``), if there is one and safety allows."""
         topo, buddy = self.topo, self.buddy
@@ -971,7 +988,7 @@ class Allocator:
         cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
         group.preempting = False
         group.token = position
-        self.events.append(("placed", group.spec.name, self._placed_data(self._placed(group))))
+        self.events.append(("placed", group.spec.name, placed_data(self.placed(group))))
 
     # ================================================================== node health
     def set_node_health(self, node: str, healthy: bool, position: int) -> Result:
@@ -1003,6 +1020,17 @@ class Allocator:
         return NodeHealthSet(node, healthy, changed, tuple(cancelled))
 
     # ================================================================== end of an op
+    def bind_tentatively(self, item: int, cell: int) -> None:
+        """Bind ``item`` to ``cell`` for groups this operation places; ``finish`` unbinds it
+        again if none of them uses it."""
+        self.buddy.bind(item, cell)
+        self._maybe_free.add(item)
+
+    def settle_every_chain(self) -> None:
+        """Have ``finish`` recompute the doomed bindings of every chain (after a change of
+        everything: a restore, a reconfiguration, every node marked bad at start)."""
+        self._dirty.update(range(len(self.topo.chains)))
+
     def finish(self) -> list[tuple[str, str, list[Any]]]:
         """Settle the operation: unbind items nobody uses, recompute doomed bindings of the
         chains it touched; return (and forget) its events."""
@@ -1031,156 +1059,29 @@ class Allocator:
         return events
 
     # ================================================================== reads
+    # The read models are computed in ``cluster_state.reads`` (status documents) and
+    # ``cluster_state.inspection`` (HiveD's inspect trees) from this state.
     def group_info(self, name: str) -> dict[str, Any] | None:
-        group = self.groups.get(name)
-        if group is None:
-            return None
-        spec = group.spec
-        placed = self._placed(group)
-        return {
-            "name": spec.name,
-            "vc": spec.vc,
-            "priority": spec.priority,
-            "members": [[m.pods, m.leaves] for m in spec.members],
-            "leaf_type": spec.leaf_type,
-            "pinned": spec.pinned,
-            "lazy": spec.lazy,
-            "state": group.state,
-            "downgraded": group.downgraded,
-            "lazy_preemption": self._lazy_status(group),
-            "chain": placed.chain,
-            "pods": [[n, node, list(d)] for n, node, d in placed.pods],
-            "token": group.token,
-            "victims": sorted(group.victims),
-            "preempted_by": sorted(group.preemptors),
-            "incarnation": group.created,
-            "claims": [[slot, uid, pod] for slot, (uid, pod) in sorted(group.claims.items())],
-            "preassigned": self._preassigned_types(group),
-        }
+        return reads.group_info(self, name)
 
-    def _preassigned_types(self, group: Group) -> list[list[str]]:
-        """Per pod, per leaf: the cell type of the VC's preassigned cell the leaf is in (""
-        for opportunistic or lazily preempted use): HiveD's ``preassignedCellTypes``, by
-        which its recovery finds the leaf's virtual cell."""
-        topo, item_of = self.topo, self.cells.item_of
-        out = []
-        for pod in group.pods:
-            types = []
-            for leaf in pod:
-                item = item_of[leaf] if group.guaranteed else -1
-                it = topo.items[item] if item >= 0 else None
-                types.append(topo.chains[it.chain].info(it.level).cell_type if it else "")
-            out.append(types)
-        return out
 
     def list_groups(self, vc: str = "") -> list[dict[str, Any]]:
-        return [
-            {
-                "name": name,
-                "vc": g.spec.vc,
-                "priority": g.priority,
-                "state": g.state,
-                "leaves": sum(len(p) for p in g.pods),
-                "chain": self.topo.chains[g.chain].name,
-                "token": g.token,
-                "pods": [[n, node, list(d)] for n, node, d in self._placed(g).pods],
-                "incarnation": g.created,
-            }
-            for name, g in sorted(self.groups.items())
-            if not vc or g.spec.vc == vc
-        ]
+        return reads.list_groups(self, vc)
 
     def vc_info(self, vc: str) -> dict[str, Any]:
-        topo, buddy, bad_n = self.topo, self.buddy, self.cells.bad_n
-        if vc not in topo.vc_pinned:
-            raise RequestError(f"unknown virtual cluster {vc!r}")
-        levels = []
-        total = 0
-        for slot, (slot_vc, chain, level) in enumerate(topo.slots):
-            if slot_vc != vc:
-                continue
-            items = topo.slot_items[slot]
-            cells = [buddy.item_cell[i] for i in items if buddy.item_cell[i] >= 0]
-            used = sum(1 for i in items if buddy.item_used[i])
-            info = topo.chains[chain].info(level)
-            total += len(items) * info.leaf_number
-            levels.append(
-                {
-                    "chain": topo.chains[chain].name,
-                    "level": level,
-                    "cell_type": info.cell_type,
-                    "cells": len(items),
-                    "bound": len(cells),
-                    "used": used,
-                    "free": len(items) - used,
-                    "doomed": sum(1 for i in items if buddy.doomed[i]),
-                    "bad": sum(1 for c in cells if bad_n[c]),
-                }
-            )
-        pinned = []
-        for pin, item in sorted(topo.vc_pinned[vc].items()):
-            c = topo.items[item].pinned_cell
-            total += topo.leaf_number(c)
-            pinned.append(
-                {
-                    "id": pin,
-                    "chain": topo.chains[topo.chain_of[c]].name,
-                    "level": topo.level[c],
-                    "address": topo.address[c],
-                    "used": buddy.item_used[item] > 0,
-                    "bad": bad_n[c] > 0,
-                }
-            )
-        mine = [g for g in self.groups.values() if g.spec.vc == vc]
-        return {
-            "name": vc,
-            "cells": levels,
-            "pinned": pinned,
-            "leaves": {
-                "total": total,
-                # a preempting group's leaves are its victims' until they go: count them apart
-                "used": sum(len(g.leaves()) for g in mine if g.guaranteed and not g.preempting),
-                "reserved": sum(len(g.leaves()) for g in mine if g.guaranteed and g.preempting),
-                "bad_held": sum(
-                    bad_n[buddy.item_cell[i]]
-                    for i in range(len(topo.items))
-                    if topo.items[i].vc == vc and buddy.item_cell[i] >= 0
-                ),
-            },
-            "groups": len(mine),
-        }
+        return reads.vc_info(self, vc)
 
     def summary(self) -> dict[str, Any]:
-        topo, cells, buddy = self.topo, self.cells, self.buddy
-        chains = []
-        for info in topo.chains:
-            tops = info.tops
-            used: dict[int, int] = {}
-            for t in tops:
-                for prio, n in cells.hist[t].items():
-                    used[prio] = used.get(prio, 0) + n
-            chains.append(
-                {
-                    "name": info.name,
-                    "leaf_type": info.leaf_type,
-                    "leaves": sum(topo.leaf_number(t) for t in tops),
-                    "free": sum(cells.free_n[t] for t in tops),
-                    "opportunistic": used.get(OPPORTUNISTIC, 0),
-                    "guaranteed": sum(n for p, n in used.items() if p >= 0),
-                    "bad": sum(cells.bad_n[t] for t in tops),
-                    "free_cells": [len(fl) for fl in buddy.free[info.index]],
-                    "demand": list(buddy.demand[info.index]),
-                    "surplus": buddy.surplus(info.index),
-                }
-            )
-        return {
-            "chains": chains,
-            "nodes": len(topo.nodes),
-            "bad_nodes": sorted(self.bad_nodes),
-            "groups": len(self.groups),
-            "preempting": sum(1 for g in self.groups.values() if g.preempting),
-            "vcs": list(topo.vcs),
-        }
+        return reads.summary(self)
+
+    def inspect_physical(self, chain: str = "") -> list[dict[str, Any]]:
+        return inspection.inspect_physical(self, chain)
+
+    def inspect_vc(self, vc: str) -> dict[str, Any]:
+        return inspection.inspect_vc(self, vc)
+
+    def inspect_group(self, name: str) -> dict[str, Any] | None:
+        return inspection.inspect_group(self, name)
 
     # ================================================================== state transfer
     def export_state(self) -> list[Any]:
@@ -1293,7 +1194,7 @@ class Allocator:
         else:
             for leaf, rev in revs:
                 cells.rev[leaf] = rev
-        self._dirty.update(range(len(topo.chains)))
+        self.settle_every_chain()
         self.finish()
 
     def debug_state(self, *, revisions: bool = False) -> list[Any]:
@@ -1325,411 +1226,13 @@ class Allocator:
         """``initialNodeHealth: bad``: every node is bad until a report says it is healthy
         (HiveD marks every configured node bad until Kubernetes reports it)."""
         for node in sorted(self.topo.nodes):
-            self._mark_bad(node, -1)
-        self._dirty.update(range(len(self.topo.chains)))
+            self.mark_bad(node, -1)
+        self.settle_every_chain()
         self.finish()
 
-    def _mark_bad(self, node: str, position: int) -> None:
+    def mark_bad(self, node: str, position: int) -> None:
+        """Mark ``node`` bad from the start (nothing it holds is cancelled: a restore or a
+        reconfiguration, before any group)."""
         leaves = [leaf for n in self.topo.nodes[node] for leaf in self.topo.leaves[n]]
         self.cells.set_bad(leaves, True, position)
         self.bad_nodes.add(node)
-
-    # ================================================================== reconfiguration
-    def reconfigured(self, topo: Topology, position: int) -> tuple[Allocator, dict[str, Any]]:
-        """A new allocator for ``topo`` holding this one's groups, as HiveD rebuilds its state
-        after a configuration change (``createAllocatedAffinityGroup``), and the report of
-        what happened to every group. Nothing here changes; the caller swaps allocators.
-
-        * A leaf is the same leaf when its node name, device index and leaf type are the same
-          (wherever its cells sit now: a node that moved chain is found in its new chain), or
-          when the leaf type was renamed and that node's device is the only one left there.
-        * Leaves missing from ``topo`` are dropped from their group (``trimmed``); a group
-          left with no leaf at all is released (``dropped``). A group's pods must share one
-          chain: leaves that landed in another chain than most of the group are dropped too.
-        * Guaranteed groups are given their VC's cells again, highest priority first (then
-          oldest), binding VC cells around their leaves as buddy allocation would and only
-          where safety allows. As HiveD recovers a group from its pods' bind info (each
-          leaf's ``preassignedCellTypes``), a leaf is covered only by a VC cell of the type
-          that covered it before, looked up by name in the chain the leaf is in now. A group
-          that no longer fits its VC that way (the VC or pinned cell is gone, the cell type
-          is not in the leaf's chain any more, or the VC has no such cell left there) is
-          downgraded to opportunistic (HiveD's lazy preemption), keeping its GPUs. A group
-          downgraded before stays downgraded (HiveD, which keeps no record of a lazy
-          preemption, would make it guaranteed again where its cells allow).
-        * Preempting and reserved groups are cancelled (HiveD keeps no reservation over a
-          restart either): their schedulers submit them again.
-        * Node health carries over by node name; a new node starts healthy, or bad with
-          ``initialNodeHealth: bad``.
-        """
-        new = Allocator(topo)
-        old_topo, old_cells = self.topo, self.cells
-        start_bad = topo.config.options.initial_node_health == NODES_START_BAD
-        for node in sorted(topo.nodes):
-            if node in self.bad_nodes or (start_bad and node not in old_topo.nodes):
-                new._mark_bad(node, position)
-        where: dict[tuple[str, int, str], int] = {}
-        by_device: dict[tuple[str, int], list[int]] = {}  # for a renamed leaf type
-        for c in range(topo.size):
-            if topo.level[c] == 1 and topo.node_cell[c] >= 0:
-                leaf_type = topo.chains[topo.chain_of[c]].leaf_type
-                where[(topo.node_name[c], topo.device[c], leaf_type)] = c
-                by_device.setdefault((topo.node_name[c], topo.device[c]), []).append(c)
-        old_types = {info.leaf_type for info in old_topo.chains}
-
-        def moved(leaf: int) -> int:
-            node, device = old_topo.node_name[leaf], old_topo.device[leaf]
-            leaf_type = old_topo.chains[old_topo.chain_of[leaf]].leaf_type
-            found = where.get((node, device, leaf_type), -1)
-            if found < 0:
-                # The leaf type was renamed: the same device of the same node is the same
-                # leaf when that is unambiguous (one new leaf there, of a new type name).
-                same = by_device.get((node, device), [])
-                if len(same) == 1:
-                    new_type = topo.chains[topo.chain_of[same[0]]].leaf_type
-                    if new_type not in old_types:
-                        found = same[0]
-            return found
-
-        new._rebind(self, moved)
-        outcomes: dict[str, dict[str, Any]] = {}
-        touched: set[str] = set()
-        for name, g in sorted(self.groups.items()):
-            if g.preempting:
-                outcomes[name] = {"outcome": "cancelled", "reason": "reservations end"}
-                new.events.append(("cancelled", name, ["reconfiguration"]))
-                touched.add(name)
-        order = sorted(
-            (g for g in self.groups.values() if not g.preempting),
-            key=lambda g: (not g.guaranteed, -g.priority, g.token, g.spec.name),
-        )
-        for g in order:
-            name = g.spec.name
-            mapped = [[moved(leaf) for leaf in pod] for pod in g.pods]
-            count: dict[int, int] = {}
-            for pod in mapped:
-                for leaf in pod:
-                    if leaf >= 0:
-                        count[topo.chain_of[leaf]] = count.get(topo.chain_of[leaf], 0) + 1
-            dropped = [
-                old_topo.address[old]
-                for pod, new_pod in zip(g.pods, mapped, strict=True)
-                for old, leaf in zip(pod, new_pod, strict=True)
-                if leaf < 0
-            ]
-            if not count:
-                outcomes[name] = {"outcome": "dropped", "dropped": dropped,
-                                  "reason": "none of its leaf cells is left"}
-                new.events.append(("released", name, []))
-                touched.add(name)
-                continue
-            chain = min(count, key=lambda c: (-count[c], topo.chains[c].name))
-            elsewhere = [
-                old_topo.address[old]
-                for pod, new_pod in zip(g.pods, mapped, strict=True)
-                for old, leaf in zip(pod, new_pod, strict=True)
-                if leaf >= 0 and topo.chain_of[leaf] != chain
-            ]
-            pods = tuple(
-                tuple(sorted(x for x in pod if x >= 0 and topo.chain_of[x] == chain))
-                for pod in mapped
-            )
-            group = Group(g.spec, chain, pods)
-            group.token = g.token
-            group.created, group.claims = g.created, g.claims
-            group.downgraded, group.downgraded_at = g.downgraded, g.downgraded_at
-            group.downgraded_by = g.downgraded_by
-            entry: dict[str, Any] = {"outcome": "kept"}
-            if old_topo.chains[g.chain].name != topo.chains[chain].name:
-                entry["moved"] = [old_topo.chains[g.chain].name, topo.chains[chain].name]
-            if dropped or elsewhere:
-                entry = {**entry, "outcome": "trimmed", "dropped": dropped + elsewhere}
-                touched.add(name)
-            if group.guaranteed:
-                # what covered each leaf (HiveD's preassignedCellTypes of its bind info)
-                types = {leaf: self._preassigned_type(old)
-                         for pod, new_pod in zip(g.pods, mapped, strict=True)
-                         for old, leaf in zip(pod, new_pod, strict=True) if leaf >= 0}
-                reason = new._cover(group, types)
-                if reason:
-                    group.downgraded, group.downgraded_at = True, position
-                    group.downgraded_by = ""
-                    entry = {**entry, "outcome": "downgraded", "reason": reason}
-                    new.events.append(("downgraded", name, [""]))
-                    touched.add(name)
-            outcomes[name] = entry
-            new.groups[name] = group
-            leaves = group.leaves()
-            for leaf in leaves:
-                new.cells.owner[leaf] = name
-            new._hold(group, leaves, position)
-            if dropped or elsewhere:  # watchers (the GPU ledger) learn the smaller placement
-                new.events.append(("trimmed", name, self._placed_data(new._placed(group))))
-        # Leaves whose holder did not change keep their revision (a conditional bind that
-        # read them before still holds); every other leaf changed now.
-        back = {leaf: old for old in range(old_topo.size) if (leaf := moved(old)) >= 0}
-        for leaf, old in back.items():
-            holder = old_cells.owner[old] or old_cells.reserver[old]
-            if (holder is None or holder not in touched) and new.cells.owner[leaf] == holder:
-                new.cells.rev[leaf] = old_cells.rev[old]
-        new._dirty.update(range(len(topo.chains)))
-        nodes_before, nodes_now = set(old_topo.nodes), set(topo.nodes)
-        report = {
-            "groups": {name: outcomes[name] for name in sorted(outcomes)},
-            "nodes_added": sorted(nodes_now - nodes_before),
-            "nodes_removed": sorted(nodes_before - nodes_now),
-            "vcs_added": sorted(set(topo.vcs) - set(old_topo.vcs)),
-            "vcs_removed": sorted(set(old_topo.vcs) - set(topo.vcs)),
-        }
-        return new, report
-
-    def _rebind(self, old: Allocator, moved: Callable[[int], int]) -> None:
-        """Bind the VC cells ``old`` had bound for running guaranteed groups to the same
-        cells again where they still exist whole (same type, leaves mapped into one cell,
-        safety permitting): HiveD's recovery finds each leaf's preassigned cell type in its
-        bind info, so a reconfiguration that did not touch a cell keeps its binding. Cells
-        used by higher priorities are bound first (a shrunk quota spares them)."""
-        old_topo, topo, buddy = old.topo, self.topo, self.buddy
-        users: dict[int, int] = {}  # old item -> highest priority of a group using it
-        for g in old.groups.values():
-            if g.guaranteed and not g.preempting:
-                for leaf in g.leaves():
-                    item = old.cells.item_of[leaf]
-                    users[item] = max(users.get(item, OPPORTUNISTIC), g.priority)
-        for item in sorted(users, key=lambda i: (-users[i], i)):
-            it, c = old_topo.items[item], old.buddy.item_cell[item]
-            if it.pinned_id or c < 0:
-                continue  # pinned cells are bound by the configuration itself
-            targets = {
-                topo.ancestors[n][it.level - 1]
-                for leaf in old_topo.leaves[c]
-                if (n := moved(leaf)) >= 0 and len(topo.ancestors[n]) >= it.level
-            }
-            if len(targets) != 1:
-                continue
-            (a,) = targets
-            if topo.cell_type[a] != old_topo.cell_type[c] or not topo.complete[a]:
-                continue
-            chain = topo.chain_of[a]
-            slot = topo.slot_of.get((it.vc, chain, it.level))
-            root = buddy.region_root(a)
-            if slot is None or not buddy.unbound[slot] or root < 0:
-                continue
-            if buddy.safe_take(chain, it.level, topo.level[root]):
-                rebound = buddy.unbound[slot][0]
-                buddy.bind(rebound, a)
-                self._maybe_free.add(rebound)  # unbound again if no group ends up in it
-
-    def _preassigned_type(self, leaf: int) -> str:
-        """The cell type of the VC cell ``leaf`` is covered by ("" if none)."""
-        item = self.cells.item_of[leaf]
-        if item < 0:
-            return ""
-        it = self.topo.items[item]
-        return self.topo.chains[it.chain].info(it.level).cell_type
-
-    def _cover(self, group: Group, types: Mapping[int, str]) -> str:
-        """Bind ``group``'s VC cells around its leaves, each of the cell type ``types``
-        names for it (the cells already bound for groups placed before it count); "" if
-        every leaf is covered, else why not (nothing bound)."""
-        topo, cells, buddy = self.topo, self.cells, self.buddy
-        spec = group.spec
-        if spec.vc not in topo.vc_pinned:
-            return f"virtual cluster {spec.vc} is gone"
-        if spec.pinned:
-            item = topo.vc_pinned[spec.vc].get(spec.pinned)
-            if item is None:
-                return f"pinned cell {spec.pinned} is no longer {spec.vc}'s"
-            key = topo.items[item].key
-        else:
-            key = topo.key_of.get((spec.vc, group.chain), -1)
-            if key < 0:
-                return f"{spec.vc} has no cells in chain {topo.chains[group.chain].name}"
-        fresh: list[int] = []
-        levels = {i.cell_type: i.level for i in topo.chains[group.chain].levels}
-        for leaf in group.leaves():
-            item = cells.item_of[leaf]
-            if item >= 0 and cells.key_of_item[item] == key:
-                continue
-            cell_type = types.get(leaf, "")
-            level = levels.get(cell_type, 0)
-            if (item < 0 and not spec.pinned and level
-                    and self._bind_at(spec.vc, group.chain, leaf, level, fresh)):
-                continue
-            for item in reversed(fresh):
-                buddy.unbind(item)
-            if not cell_type:
-                return f"{topo.address[leaf]} was in no cell of {spec.vc}"
-            if not level:
-                return (f"{topo.address[leaf]} was in a {cell_type} cell, which chain "
-                        f"{topo.chains[group.chain].name} has no more")
-            return f"{topo.address[leaf]} is outside what {spec.vc} can hold now"
-        return ""
-
-    # ================================================================== inspect
-    def _lazy_status(self, group: Group) -> dict[str, Any] | None:
-        if not group.downgraded:
-            return None
-        return {"preemptor": group.downgraded_by, "position": group.downgraded_at}
-
-    def _leaf_state(self, leaf: int) -> str:
-        owner, reserver = self.cells.owner[leaf], self.cells.reserver[leaf]
-        if owner is not None:
-            return "reserving" if reserver is not None else "used"
-        return "reserved" if reserver is not None else "free"
-
-    def _cell_doc(self, c: int, virtual: str) -> dict[str, Any]:
-        """One physical cell and its subtree, HiveD's ``PhysicalCellStatus`` fields."""
-        topo, cells, buddy = self.topo, self.cells, self.buddy
-        doc: dict[str, Any] = {
-            "address": topo.address[c],
-            "type": topo.cell_type[c],
-            "level": topo.level[c],
-            "healthy": not cells.bad_n[c],
-        }
-        if topo.level[c] == 1:
-            doc["state"] = self._leaf_state(c)
-            doc["priority"] = cells.eff[c]
-            doc["group"] = cells.owner[c] or cells.reserver[c]
-        else:
-            states = {self._leaf_state(leaf) for leaf in topo.leaves[c]}
-            order = ("reserving", "reserved", "used")
-            doc["state"] = next((s for s in order if s in states), "free")
-            doc["priority"] = max((p for p in cells.hist[c]), default=FREE)
-            if not topo.complete[c]:
-                doc["partial"] = True
-        if topo.node_cell[c] == c:
-            doc["node"] = topo.node_name[c]
-        item = buddy.bound[c]
-        if item >= 0:
-            virtual = self._item_address(item)
-            doc["vc"] = topo.items[item].vc
-            doc["doomed"] = buddy.doomed[item]
-        if virtual:
-            doc["virtual"] = virtual
-        kids = topo.children[c]
-        if kids:
-            doc["children"] = [
-                self._cell_doc(k, f"{virtual}/{i}" if virtual else "") for i, k in enumerate(kids)
-            ]
-        return doc
-
-    def _virtual_of(self, c: int) -> str:
-        """The virtual address ``c`` is bound under ("" if none)."""
-        topo, bound = self.topo, self.buddy.bound
-        path = topo.ancestors[c]
-        for k, a in enumerate(path):
-            if bound[a] >= 0:
-                steps = [
-                    str(topo.children[path[j + 1]].index(path[j])) for j in range(k - 1, -1, -1)
-                ]
-                return "/".join([self._item_address(bound[a]), *steps])
-        return ""
-
-    def _item_address(self, item: int) -> str:
-        """A preassigned virtual cell's address, ``VC/<index among the VC's cells>`` (or
-        ``VC/<pinned id>``), as HiveD numbers them."""
-        it = self.topo.items[item]
-        if it.pinned_id:
-            return f"{it.vc}/{it.pinned_id}"
-        mine = [i.id for i in self.topo.items if i.vc == it.vc and not i.pinned_id]
-        return f"{it.vc}/{mine.index(item)}"
-
-    def inspect_physical(self, chain: str = "") -> list[dict[str, Any]]:
-        """Every physical cell tree (of ``chain``), top cells in configured order. ``chain``
-        may also be a cell's full address (``rack-a/dgx-a0``): that cell's subtree only (a
-        whole large cluster's tree is megabytes)."""
-        topo = self.topo
-        if chain and chain not in topo.chain_index:
-            cell = next((c for c in range(topo.size) if topo.address[c] == chain), -1)
-            if cell < 0:
-                raise RequestError(f"no chain or cell address {chain!r}")
-            info = topo.chains[topo.chain_of[cell]]
-            return [{"chain": info.name, "cells": [self._cell_doc(cell, self._virtual_of(cell))]}]
-        return [
-            {"chain": info.name, "cells": [self._cell_doc(t, "") for t in info.tops]}
-            for info in topo.chains
-            if not chain or info.name == chain
-        ]
-
-    def inspect_vc(self, vc: str) -> dict[str, Any]:
-        """A VC's preassigned virtual cells with their virtual subtrees and, where bound, the
-        physical counterpart of each virtual cell; opportunistic use is not the VC's."""
-        topo, buddy = self.topo, self.buddy
-        if vc not in topo.vc_pinned:
-            raise RequestError(f"unknown virtual cluster {vc!r}")
-        cells = []
-        for it in topo.items:
-            if it.vc != vc:
-                continue
-            c = buddy.item_cell[it.id]
-            info = topo.chains[it.chain].info(it.level)
-            doc: dict[str, Any] = {
-                "address": self._item_address(it.id),
-                "chain": topo.chains[it.chain].name,
-                "type": info.cell_type,
-                "level": it.level,
-                "pinned": it.pinned_id,
-                "bound": c >= 0,
-                "doomed": buddy.doomed[it.id],
-                "used_leaves": buddy.item_used[it.id],
-            }
-            if c >= 0:
-                doc["physical"] = self._virtual_doc(c, doc["address"])
-            cells.append(doc)
-        return {"vc": vc, "cells": cells}
-
-    def _virtual_doc(self, c: int, virtual: str) -> dict[str, Any]:
-        topo, cells = self.topo, self.cells
-        doc: dict[str, Any] = {
-            "virtual": virtual,
-            "address": topo.address[c],
-            "healthy": not cells.bad_n[c],
-        }
-        if topo.level[c] == 1:
-            owner = cells.owner[c]
-            guaranteed = owner is not None and self.groups[owner].guaranteed
-            doc["state"] = self._leaf_state(c)
-            doc["priority"] = cells.eff[c]
-            doc["group"] = owner if guaranteed else None  # opportunistic users are no VC's
-        else:
-            doc["priority"] = max((p for p in cells.hist[c] if p >= 0), default=FREE)
-            doc["children"] = [
-                self._virtual_doc(k, f"{virtual}/{i}") for i, k in enumerate(topo.children[c])
-            ]
-        return doc
-
-    def inspect_group(self, name: str) -> dict[str, Any] | None:
-        """HiveD's affinity-group status: physical placement per node, virtual placement per
-        preassigned cell (none once lazily preempted) and the lazy-preemption status."""
-        group = self.groups.get(name)
-        if group is None:
-            return None
-        topo, cells = self.topo, self.cells
-        physical: dict[str, list[int]] = {}
-        virtual: dict[str, list[str]] = {}
-        for leaf in group.leaves():
-            physical.setdefault(topo.node_name[leaf], []).append(topo.device[leaf])
-            item = cells.item_of[leaf]
-            if group.guaranteed and item >= 0:
-                root = self.buddy.item_cell[item]
-                path = topo.ancestors[leaf]
-                steps = [
-                    str(topo.children[path[k + 1]].index(path[k]))
-                    for k in range(path.index(root) - 1, -1, -1)
-                ]
-                address = self._item_address(item)
-                virtual.setdefault(address, []).append("/".join([address, *steps]))
-        return {
-            "name": name,
-            "vc": group.spec.vc,
-            "priority": group.spec.priority,
-            "state": group.state,
-            "chain": topo.chains[group.chain].name,
-            "physical_placement": {node: sorted(d) for node, d in sorted(physical.items())},
-            "virtual_placement": {a: sorted(v) for a, v in sorted(virtual.items())},
-            "victims": sorted(group.victims),
-            "preempted_by": sorted(group.preemptors),
-            "lazy_preemption": self._lazy_status(group),
-            # HiveD's allocatedPods: the pods holding its member pods (their claims)
-            "allocated_pods": [uid for _, (uid, _) in sorted(group.claims.items())],
-        }

@@ -67,7 +67,7 @@ as malformed, so every replica must run a build that reads it before a scheduler
 * ``["reconfigured", sha256_hex, changed, report]`` — the store now runs the configuration in
   ``yaml_text`` (HiveD's format, validated again by every replica; an invalid one is an
   ``error`` and changes nothing); ``changed`` is false when it was already running it.
-  ``report`` says what happened to every group (``Allocator.reconfigured`` has the rules).
+  ``report`` says what happened to every group (``reconfiguration.reconfigured`` has the rules).
   A replica's configuration file is proposed with ``"file"``: it changes nothing
   (``changed`` false) when the log ran that configuration before (``ClusterStore`` has the
   rule). The first

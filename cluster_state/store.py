@@ -27,7 +27,8 @@ replicas that applied the same log produce identical bytes, and ``restore(s).sna
 
 **Reconfiguration** is a logged command (``ops.reconfigure(yaml_text)``): every replica parses
 and validates the text itself and rebuilds its allocator for the new configuration keeping the
-groups (``Allocator.reconfigured``: work-preserving, deterministic), so replicas stay identical.
+groups (``cluster_state.reconfiguration``: work-preserving, deterministic), so replicas stay
+identical.
 
 **The log holds the configuration it began with.** A store built ``configured=False`` (a
 serving replica of a cluster created by this build: ``cluster_state.plugin``) runs nothing
@@ -102,6 +103,7 @@ from cluster_state.ops import (
     encode_result,
     get_digest,
 )
+from cluster_state.reconfiguration import reconfigured
 from cluster_state.snapshot_encoding import PackedEvents, packed_array_header, unpack_snapshot
 from consensus.messages import Command
 from consensus.sessions import LOG_TIME_CLIENT, SessionTable, is_log_time_op
@@ -274,7 +276,7 @@ class ClusterStore:
         if topo.digest == self.topology.digest or (from_file and topo.digest in self.configs):
             return Reconfigured(topo.digest.hex(), False, {})
         old = self.allocator
-        self.allocator, report = old.reconfigured(topo, position)
+        self.allocator, report = reconfigured(old, topo, position)
         self.topology = topo
         self._ran(topo.digest)
         self.allocator.events.append(("reconfigured", "", [topo.digest.hex()]))
@@ -314,7 +316,7 @@ class ClusterStore:
             return {"changed": False}
         copy = Allocator(self.topology)
         copy.import_state(self.allocator.export_state())
-        _, report = copy.reconfigured(topo, self.revision + 1)
+        _, report = reconfigured(copy, topo, self.revision + 1)
         return {"changed": True, **report}
 
     def plan_submit(self, spec: GroupSpec, suggested: AbstractSet[str] | None = None) -> list[Any]:
