@@ -11,6 +11,9 @@
     ├── WALCorruption          durable log data is damaged: the replica stops rather than
     │                          lose what it acknowledged (``consensus.storage.wal``)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
+    ├── InvariantViolation     a core's state broke a rule its owner states (a bug in the
+    │                          core; checked in the simulator and tests,
+    │                          ``consensus.protocol.checks``)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
@@ -33,6 +36,7 @@ __all__ = [
     "DefiniteFailure",
     "ForeignDataDir",
     "IndefiniteFailure",
+    "InvariantViolation",
     "LocalProtocolError",
     "MemberRefused",
     "MissingIdentity",
@@ -117,6 +121,11 @@ class MemberRefused(SDPaxosError):
 
 class LocalProtocolError(SDPaxosError):
     """The local caller broke the core's contract (e.g. advanced a Ready twice)."""
+
+
+class InvariantViolation(SDPaxosError, AssertionError):
+    """A core's state broke an invariant its owner states (a bug in the core). Checked only
+    where checks are on (the simulator, the tests: ``consensus.protocol.checks``)."""
 
 
 class RemoteProtocolError(SDPaxosError):

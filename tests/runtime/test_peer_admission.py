@@ -184,7 +184,7 @@ async def scenario(tmp_path: Path) -> None:
         target = nodes[TARGET]
         before = target.state_machine.snapshot()
         assert target.sdpaxos is not None
-        c_before = set(target.sdpaxos.c)
+        c_before = set(target.sdpaxos.c_store)
         # a valid CAccept for a fresh instance first: the bad message after it drops it too
         fresh = CAccept(src=FORGER, view=0, owner=FORGER, index=1000, ballot=FORGER, batch=())
         frames: list[list[PeerMessage]] = [[msg] for msg in forged() + out_of_range_values()]
@@ -208,7 +208,7 @@ async def scenario(tmp_path: Path) -> None:
         assert counts["view"] > 0 and counts["protocol"] > 0 and counts["length"] > 0
         assert all(node._loop_task is not None and not node._loop_task.done() for node in nodes)
         assert target.state_machine.snapshot() == before
-        assert set(target.sdpaxos.c) == c_before
+        assert set(target.sdpaxos.c_store) == c_before
         writer.close()
         # still serving: replica 0's genuine connection was never touched
         reply = await client.execute(kv_put("after", "forgery"), ["after"])

@@ -93,18 +93,16 @@ class CPhase:
         if not self.batch:
             return
         batch = self.batch.take()
-        index = r.next_index
-        r.next_index += 1
-        ballot = r.own_ballot
-        if self._promised(r.me, index) > ballot:
+        store = r.c_store
+        index = store.take_index()
+        ballot = store.own_ballot
+        if store.promised_ballot(r.me, index) > ballot:
             self._hold_for_recovery(index, batch)
             return
-        inst = CInstance(ballot, batch)
+        inst = store.accept(r.me, index, ballot, batch)
         inst.leading = True
         inst.acks.add(r.me)
         inst.sent_at = r.now
-        r.c[(r.me, index)] = inst
-        r.c_high[r.me] = max(r.c_high[r.me], index)
         r.unready[index] = batch
         r.straggler.window.needed += 1
         r.out.persist.append(
@@ -131,8 +129,7 @@ class CPhase:
         accepted or sent; our own recovery (Prepare above the promise) proposes ``batch`` at
         ``index`` once it finds nothing chosen there."""
         r = self.r
-        inst = r.c[(r.me, index)] = CInstance(HELD, None)
-        inst.overtaken_at = r.now
+        r.c_store.hold(index, r.now)
         r.unready[index] = batch
         r.straggler.window.needed += 1
         if r.me not in r.recovery.recoveries:
@@ -146,12 +143,12 @@ class CPhase:
         return [
             index
             for index in r.unready
-            if not (inst := r.c[(r.me, index)]).leading and not inst.committed
+            if not (inst := r.c_store[(r.me, index)]).leading and not inst.committed
         ]
 
     def _is_held(self, index: int) -> bool:
         r = self.r
-        inst = r.c.get((r.me, index))
+        inst = r.c_store.get((r.me, index))
         return inst is not None and inst.ballot == HELD and index in r.unready
 
     def last_named_index(self) -> int:
@@ -160,14 +157,14 @@ class CPhase:
         forgets it, may use it again: had the sequencer ordered it meanwhile, commands
         proposed after the restart would run in a slot given out before them."""
         r = self.r
-        index = r.next_index - 1
+        index = r.c_store.next_index - 1
         while index >= 0 and self._is_held(index):
             index -= 1
         return index
 
     def send_crequest(self, index: int) -> None:
         r = self.r
-        inst = r.c.get((r.me, index))
+        inst = r.c_store.get((r.me, index))
         request = CRequest(
             src=r.me,
             view=r.view,
@@ -184,7 +181,7 @@ class CPhase:
     def on_cack(self, msg: CAck) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c.get(key)
+        inst = r.c_store.get(key)
         if inst is not None and inst.leading and msg.ballot % BALLOT_STRIDE == r.me:
             # (a ballot of ours: we may still lead at one a higher proposal overtook)
             if inst.ballot == msg.ballot and not inst.committed:
@@ -229,7 +226,7 @@ class CPhase:
 
     def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
         r = self.r
-        inst.committed = True
+        r.c_store.choose(owner, index, inst)
         inst.leading = False
         sent_at = self.rtt_probes.pop(index, None) if owner == r.me else None
         if sent_at is not None:
@@ -276,13 +273,6 @@ class CPhase:
                 r.out.failed.append(Failure(command, "definite_recovered" in r.unsafe,
                                             RECOVERED_WITHOUT))
 
-    def _promised(self, owner: int, index: int) -> int:
-        r = self.r
-        promise = r.c_promised.get(owner)
-        if promise is not None and index >= promise[1]:
-            return promise[0]
-        return NO_BALLOT
-
     def on_caccept(self, msg: CAccept) -> None:
         r = self.r
         if r.readiness.commits_on_sequencer_accept and msg.view < r.view:
@@ -295,9 +285,11 @@ class CPhase:
             # from the old view are forgotten and it re-sends.
             return
         key = (msg.owner, msg.index)
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
-        inst = r.c.get(key)
-        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else NO_BALLOT)
+        store = r.c_store
+        store.see_ballot(msg.ballot)
+        inst = store.get(key)
+        floor = max(store.promised_ballot(msg.owner, msg.index),
+                    inst.ballot if inst else NO_BALLOT)
         if msg.ballot < floor:
             r.send(
                 msg.src,
@@ -308,19 +300,17 @@ class CPhase:
             # Chosen already: acknowledging is harmless (it is the chosen value by Paxos).
             pass
         elif inst is None or msg.ballot > inst.ballot or inst.batch != msg.batch:
+            # (an own index a recoverer used is never reused: ``CStore.accept``)
             if inst is None:
-                inst = r.c[key] = CInstance(msg.ballot, msg.batch)
+                inst = store.accept(msg.owner, msg.index, msg.ballot, msg.batch)
             else:
-                inst.ballot, inst.batch = msg.ballot, msg.batch
+                store.accept(msg.owner, msg.index, msg.ballot, msg.batch)
                 inst.sent_to = frozenset()  # whatever we sent was for another ballot
-            r.c_high[msg.owner] = max(r.c_high[msg.owner], msg.index)
             r.out.persist.append(
                 CAcceptedRecord(
                     owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
                 )
             )
-            if msg.owner == r.me and msg.index >= r.next_index:
-                r.next_index = msg.index + 1  # a recoverer used it: never reuse it
         ack = CAck(src=r.me, view=r.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
         if self.acks_to_all:
             for peer in r.peers:
@@ -335,38 +325,32 @@ class CPhase:
     def on_ccommit(self, msg: CCommit) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c.get(key)
+        inst = r.c_store.get(key)
         if inst is not None and inst.committed:
             return
         if msg.batch is None:
             if inst is None or inst.ballot != msg.ballot or inst.batch is None:
                 r.catchup.catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
                 return
-        elif inst is None:
-            inst = r.c[key] = CInstance(msg.ballot, msg.batch)
-            r.values_to_log.add(key)
-        elif inst.ballot != msg.ballot or inst.batch != msg.batch:
-            inst.ballot, inst.batch = msg.ballot, msg.batch
-            r.values_to_log.add(key)
+        elif inst is None or inst.ballot != msg.ballot or inst.batch != msg.batch:
+            inst = r.c_store.learn(msg.owner, msg.index, msg.ballot, msg.batch)
         self._learn_c_chosen(msg.owner, msg.index, inst)
 
     def _learn_c_chosen(self, owner: int, index: int, inst: CInstance) -> None:
         """``C[owner][index]`` was chosen with the value ``inst`` holds (we did not lead it)."""
         r = self.r
         self.c_acks_seen.pop((owner, index), None)
-        inst.committed = True
+        r.c_store.choose(owner, index, inst)  # (an own index decided is never reused)
         inst.leading = False
         r.reproposing.discard((owner, index))
         if owner == r.me:
-            if index >= r.next_index:
-                r.next_index = index + 1  # never reuse an index someone decided
             self._own_decided(index, inst)
             r.readiness.check_ready()
 
     def on_cnack(self, msg: CNack) -> None:
         r = self.r
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
-        inst = r.c.get((msg.owner, msg.index))
+        r.c_store.see_ballot(msg.ballot)
+        inst = r.c_store.get((msg.owner, msg.index))
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
             inst.overtaken_at = r.now
@@ -396,7 +380,7 @@ class CPhase:
         deadline = r.now - self.rto.timeout_us
         late: list[int] = []
         for index in sorted(r.unready):
-            inst = r.c[(r.me, index)]
+            inst = r.c_store[(r.me, index)]
             if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
                 continue
             inst.sent_at = r.now
@@ -405,7 +389,7 @@ class CPhase:
             if not inst.committed and inst.leading:
                 self.resend_accept(r.me, index, inst)
         for owner, index in sorted(r.reproposing):
-            inst = r.c[(owner, index)]
+            inst = r.c_store[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = r.now
                 self.resend_accept(owner, index, inst)

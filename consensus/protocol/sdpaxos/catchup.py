@@ -124,7 +124,7 @@ class CatchUp:
         for owner in range(r.n):
             index = r.exec_count[owner]
             while len(wanted) < 2 * CATCHUP_BATCH:
-                inst = r.c.get((owner, index))
+                inst = r.c_store.get((owner, index))
                 if inst is None or not inst.committed:
                     break
                 wanted.append((owner, index))
@@ -136,7 +136,7 @@ class CatchUp:
                 continue
             if budget <= 0:
                 break
-            inst = r.c[(owner, index)]
+            inst = r.c_store[(owner, index)]
             if values:
                 budget -= batch_size(inst.batch or ())
             commit_c = CCommit(

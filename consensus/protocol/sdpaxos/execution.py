@@ -61,7 +61,7 @@ class Executor:
                 r.log[slot] = (owner, NO_INDEX)
             else:
                 index = r.exec_count[owner]
-                inst = r.c.get((owner, index))
+                inst = r.c_store.get((owner, index))
                 if inst is None or not inst.committed or inst.batch is None:
                     return
                 led_here = owner == r.me
@@ -105,10 +105,9 @@ class Executor:
             if owner < 0:  # NO_CL or SEAL
                 ballots.append(0)
                 continue
-            inst = r.c[(owner, index)]
+            inst = r.c_store[(owner, index)]
             ballots.append(inst.ballot)
-            if (owner, index) in r.values_to_log:
-                r.values_to_log.discard((owner, index))
+            if r.c_store.take_value_to_log((owner, index)):
                 assert inst.batch is not None
                 r.out.log.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
@@ -145,14 +144,14 @@ class Executor:
                     r.sealed_at = slot
             else:
                 index = r.exec_count[owner]
-                inst = r.c.get((owner, index))
+                inst = r.c_store.get((owner, index))
                 if inst is None or inst.batch is None or inst.ballot < ballot:
                     break
-                inst.committed = True
+                r.c_store.choose(owner, index, inst)
                 led_here = owner == r.me
                 r.out.apply.extend(executions(slot, inst.batch, led_here))
                 r.exec_count[owner] = index + 1
                 r.log[slot] = (owner, index)
             r.exec_slot = slot + 1
         r.logged_exec = r.exec_slot
-        r.next_index = max(r.next_index, r.exec_count[r.me])
+        r.c_store.used(r.exec_count[r.me])

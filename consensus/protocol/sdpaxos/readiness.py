@@ -99,7 +99,7 @@ class ReadinessRule:
         for index in sorted(r.unready):
             if index >= ordered:
                 break
-            inst = r.c[(r.me, index)]
+            inst = r.c_store[(r.me, index)]
             if inst.committed:
                 batch = r.unready.pop(index)
                 if inst.batch == batch:
@@ -149,7 +149,7 @@ class CountRule(ReadinessRule):
             slot = mine[index]
             if index in r.unready or slot < r.exec_slot or slot in r.o_committed:
                 continue  # late ones were handled already
-            own = r.c.get((r.me, index))
+            own = r.c_store.get((r.me, index))
             if own is None or own.sent_at > deadline:
                 continue
             for peer in r.peers:

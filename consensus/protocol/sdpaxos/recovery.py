@@ -41,9 +41,8 @@ from consensus.messages import (
     CPromiseRecord,
     CVote,
 )
-from consensus.protocol.ballot import next_ballot
 from consensus.protocol.batch import batch_size
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, Recovery
+from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, Recovery
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -69,8 +68,7 @@ class CRecovery:
 
     def start_recovery(self, owner: int, from_index: int) -> None:
         r = self.r
-        ballot = next_ballot(max(r.ballot_seen, r.me), r.me)
-        r.ballot_seen = ballot
+        ballot = r.c_store.new_ballot()
         recovery = Recovery(owner, from_index, ballot, r.now)
         self.recoveries[owner] = recovery
         self.recoveries_started += 1
@@ -106,7 +104,8 @@ class CRecovery:
 
     def on_cprepare(self, msg: CPrepare) -> None:
         r = self.r
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
+        store = r.c_store
+        store.see_ballot(msg.ballot)
         if msg.from_index < r.base_counts[msg.owner]:
             # We accepted (and executed) instances there whose values only our snapshot holds
             # now: a promise reporting nothing would let the recoverer choose a no-op over a
@@ -114,7 +113,7 @@ class CRecovery:
             if msg.src != r.me:
                 r.out.snapshot_requests.append(msg.src)
             return
-        promised = r.c_promised.get(msg.owner)
+        promised = store.promised.get(msg.owner)
         if promised is not None and promised[0] > msg.ballot:
             if msg.src != r.me:
                 nack = CNack(
@@ -127,7 +126,7 @@ class CRecovery:
                 r.send(msg.src, nack)
             return
         from_index = msg.from_index if promised is None else min(msg.from_index, promised[1])
-        r.c_promised[msg.owner] = (msg.ballot, from_index)
+        store.promise(msg.owner, msg.ballot, from_index)
         r.out.persist.append(
             CPromiseRecord(owner=msg.owner, from_index=from_index, ballot=msg.ballot)
         )
@@ -139,7 +138,7 @@ class CRecovery:
             from_index=msg.from_index,
             ballot=msg.ballot,
             accepted=accepted,
-            high=r.c_high[msg.owner],
+            high=r.c_store.high[msg.owner],
             through=through,
         )
         if msg.src == r.me:
@@ -154,8 +153,8 @@ class CRecovery:
         r = self.r
         votes: list[CVote] = []
         budget = PROMISE_PAGE_BYTES
-        for index in range(from_index, r.c_high[owner] + 1):
-            inst = r.c.get((owner, index))
+        for index in range(from_index, r.c_store.high[owner] + 1):
+            inst = r.c_store.get((owner, index))
             if inst is None or inst.batch is None:
                 continue
             size = batch_size(inst.batch)
@@ -176,7 +175,7 @@ class CRecovery:
         if len(recovery.promises) < r.q:
             return
         del self.recoveries[msg.owner]
-        promised = r.c_promised.get(msg.owner)
+        promised = r.c_store.promised.get(msg.owner)
         if promised is not None and promised[0] > recovery.ballot:
             # We promised a higher recoverer meanwhile: accepting our own proposal at this
             # ballot would break that promise, and it could then be chosen beside the value
@@ -184,7 +183,7 @@ class CRecovery:
             # batch were both chosen for one instance).
             return
         if msg.owner == r.me:
-            r.own_ballot = max(r.own_ballot, recovery.ballot)
+            r.c_store.raise_own_ballot(recovery.ballot)
         # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
         best: dict[int, CVote] = {}
         high = max(p.high for p in recovery.promises.values())
@@ -203,7 +202,7 @@ class CRecovery:
         # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
         last = min(high, min(p.through for p in recovery.promises.values()))
         for index in range(first, last + 1):
-            inst = r.c.get((msg.owner, index))
+            inst = r.c_store.get((msg.owner, index))
             if inst is not None and inst.committed:
                 continue
             found = best.get(index)
@@ -220,21 +219,14 @@ class CRecovery:
 
     def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
         r = self.r
-        inst = r.c.get((owner, index))
-        if inst is None:
-            inst = r.c[(owner, index)] = CInstance(ballot, batch)
-        else:
-            inst.ballot, inst.batch = ballot, batch
+        # (an index of ours that was referenced but never proposed is used now, by this
+        # no-op, and never again: same ballot, two values would break Paxos; CStore.accept)
+        inst = r.c_store.accept(owner, index, ballot, batch)
         inst.leading = True
         inst.acks = {r.me}
         inst.sent_at = r.now
         inst.sent_to = frozenset(r.peers)  # broadcast below
         r.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
-        if owner == r.me and index >= r.next_index:
-            # an index of ours that was referenced but never proposed: it is used now, by
-            # this no-op, and never again (same ballot, two values would break Paxos)
-            r.next_index = index + 1
-        r.c_high[owner] = max(r.c_high[owner], index)
         r.out.persist.append(
             CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
         )
@@ -262,14 +254,14 @@ class CRecovery:
                 # others' commands) only its age shows it. A replica slow enough to be
                 # suspected kept its clients waiting for good this way.
                 overdue = any(
-                    0 <= r.c[(r.me, i)].overtaken_at < r.now - r.election.election_timeout
+                    0 <= r.c_store[(r.me, i)].overtaken_at < r.now - r.election.election_timeout
                     for i in stalled
                 )
                 # Execution may also wait on an instance of ours nobody drives any more: a
                 # no-op a recovery of ours proposed before we restarted, say.
                 blocking = self._blocking_instance()
                 if blocking is not None and blocking[0] == r.me:
-                    inst = r.c.get(blocking)
+                    inst = r.c_store.get(blocking)
                     if inst is None or not inst.leading:
                         stalled.append(blocking[1])
                 halted = r.now - r.exec_progress_at > r.election.election_timeout
@@ -280,7 +272,7 @@ class CRecovery:
                 continue
             from_index = r.exec_count[owner]
             unfinished = (
-                r.c_high[owner] >= from_index
+                r.c_store.high[owner] >= from_index
                 or r.o_acceptor.known_o_count(owner) > from_index
             )
             if unfinished and not self._all_committed(owner, from_index):
@@ -296,7 +288,7 @@ class CRecovery:
         if owner < 0:  # NO_CL or SEAL: no C-instance
             return None
         key = (owner, r.exec_count[owner])
-        inst = r.c.get(key)
+        inst = r.c_store.get(key)
         if inst is not None and inst.committed:
             return None
         return key
@@ -311,9 +303,9 @@ class CRecovery:
 
     def _all_committed(self, owner: int, from_index: int) -> bool:
         r = self.r
-        high = max(r.c_high[owner], r.o_acceptor.known_o_count(owner) - 1)
+        high = max(r.c_store.high[owner], r.o_acceptor.known_o_count(owner) - 1)
         for index in range(from_index, high + 1):
-            inst = r.c.get((owner, index))
+            inst = r.c_store.get((owner, index))
             if inst is None or not inst.committed:
                 return False
         return True

@@ -71,12 +71,14 @@ from consensus.messages import (
     VRequest,
     check_command,
 )
+from consensus.protocol import checks
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos.c_phase import CPhase
+from consensus.protocol.sdpaxos.c_store import CStore
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import NO_INDEX, NO_SLOT, Batch, CInstance
+from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch
 from consensus.protocol.sdpaxos.leases import NO_HOLDER
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.readiness import rule_for
@@ -130,16 +132,8 @@ class SDPaxosReplica:
         self.started = False
         self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
         self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        # C-instances, by (owner, index)
-        self.c: dict[tuple[int, int], CInstance] = {}
-        self.c_high: list[int] = [NO_INDEX] * self.n  # highest index accepted, per owner
-        self.c_promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
-        self.ballot_seen = 0
-        self.next_index = 0
-        # Our instances start pre-prepared at (0, me); once a Prepare (ours or a recoverer's)
-        # promised a higher ballot over our instance space, we propose at the ballot of our
-        # own last successful Prepare instead — one phase 1 for all later instances.
-        self.own_ballot = me
+        # C-instances, by (owner, index), their promises and our own indexes
+        self.c_store = CStore(self.n, me, checking=checks.enabled())
         self.unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self.restart_pending: list[int] = []  # own indexes found in records at restart
         # ... with the batches the records hold: executed as they are, they are ready, even
@@ -163,9 +157,6 @@ class SDPaxosReplica:
         self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
         # slots below this are in an ExecutedRecord (or the snapshot)
         self.logged_exec = 0
-        # chosen values we hold but never accepted (learned from a commit): written to our
-        # records when executed, so that a restart can execute them again from the records
-        self.values_to_log: set[tuple[int, int]] = set()
         self.compacted = 0  # slots below this were compacted into a snapshot
         # membership: this replica executed a change that ends the epoch (close_epoch), and
         # the slot of the SEAL that ended it, once executed
@@ -348,7 +339,7 @@ class SDPaxosReplica:
         if placed is None:
             return None
         owner, index = placed
-        batch = self.c[(owner, index)].batch if owner >= 0 else ()
+        batch = self.c_store[(owner, index)].batch if owner >= 0 else ()
         return owner, batch or ()
 
     def close_epoch(self) -> None:
@@ -382,7 +373,7 @@ class SDPaxosReplica:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, Batch] = {}
         for slot, (owner, index) in self.log.items():
-            batch = self.c[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
+            batch = self.c_store[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
             result[slot] = batch or ()
         return result
 

@@ -25,8 +25,7 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.ballot import BALLOT_STRIDE
-from consensus.protocol.sdpaxos.instances import NEVER, NO_BALLOT, CInstance
+from consensus.protocol.sdpaxos.instances import NEVER, NO_BALLOT
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ class Restart:
         if max(r.peer_executed.values()) > r.exec_slot:
             return  # still catching up: most of them are probably decided
         for index in r.restart_pending:
-            inst = r.c[(r.me, index)]
+            inst = r.c_store[(r.me, index)]
             if index >= r.exec_count[r.me] and not inst.committed and inst.batch:
                 inst.leading = inst.ballot == r.me
                 inst.acks = {r.me}
@@ -69,17 +68,9 @@ class Restart:
                 case CAcceptedRecord():
                     if record.index < r.exec_count[record.owner]:
                         continue  # executed: in the snapshot
-                    key = (record.owner, record.index)
-                    inst = r.c.get(key)
-                    if inst is None or record.ballot >= inst.ballot:
-                        r.c[key] = CInstance(record.ballot, record.batch)
-                    r.c_high[record.owner] = max(r.c_high[record.owner], record.index)
-                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                    r.c_store.restore(record)
                     if record.owner == r.me:
-                        r.next_index = max(r.next_index, record.index + 1)
                         own.add(record.index)
-                        if record.ballot % BALLOT_STRIDE == r.me:
-                            r.own_ballot = max(r.own_ballot, record.ballot)
                 case OAcceptedRecord():
                     for entry in record.entries:
                         if entry.slot < r.exec_slot:
@@ -93,8 +84,7 @@ class Restart:
                 case ViewRecord():
                     r.view = max(r.view, record.view)
                 case CPromiseRecord():
-                    r.c_promised[record.owner] = (record.ballot, record.from_index)
-                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                    r.c_store.restore_promise(record.owner, record.ballot, record.from_index)
                 case ExecutedRecord():
                     for k, owner in enumerate(record.owners):
                         executed[record.start + k] = (owner, record.ballots[k])
@@ -107,5 +97,5 @@ class Restart:
             index: batch
             for index in r.restart_pending
             if index >= r.exec_count[r.me]
-            and (batch := r.c[(r.me, index)].batch) is not None
+            and (batch := r.c_store[(r.me, index)].batch) is not None
         }

@@ -100,7 +100,7 @@ class Sequencer:
         if r.role is not Role.SEQUENCER:
             if r.is_sequencer:
                 if keys is None:
-                    inst = r.c.get((owner, index))
+                    inst = r.c_store.get((owner, index))
                     keys = keys_of(inst.batch if inst is not None else None)
                 self.deferred_orders.append((owner, index, keys))
             return
@@ -113,7 +113,7 @@ class Sequencer:
             entry = OEntry(slot=slot, owner=owner)
             self._oaccept_out.append(entry)
             r.o_acceptor.accept_o(entry, r.view)
-            inst = r.c.get((owner, k))
+            inst = r.c_store.get((owner, k))
             if inst is not None and inst.batch is not None:
                 self.history.note_update(slot, inst.batch)
             elif k == index and keys:

@@ -79,19 +79,14 @@ class Snapshots:
         for rid in range(r.n):
             r.exec_count[rid] = max(r.exec_count[rid], meta.exec_counts[rid])
         self._drop_below(meta)
-        r.next_index = max(r.next_index, r.exec_count[r.me])
+        r.c_store.used(r.exec_count[r.me])
         r.o_prefix = max(r.o_prefix, meta.slot)
         r.o_high = max(r.o_high, meta.slot)
 
     def _drop_below(self, meta: SnapshotMeta) -> None:
         r = self.r
-        for slot in [s for s in r.log if s < meta.slot]:
-            owner, index = r.log.pop(slot)
-            if owner >= 0:  # not NO_CL or SEAL
-                r.c.pop((owner, index), None)
-        for key in [k for k in r.c if k[1] < meta.exec_counts[k[0]]]:
-            del r.c[key]
-        r.values_to_log = {k for k in r.values_to_log if k[1] >= meta.exec_counts[k[0]]}
+        dropped = {s: r.log.pop(s) for s in [s for s in r.log if s < meta.slot]}
+        r.c_store.compact(dropped, meta.exec_counts)
         r.reproposing = {k for k in r.reproposing if k[1] >= meta.exec_counts[k[0]]}
         r.c_phase.c_acks_seen = {
             k: seen for k, seen in r.c_phase.c_acks_seen.items() if k[1] >= meta.exec_counts[k[0]]
@@ -137,11 +132,11 @@ class Snapshots:
         for ballot in sorted(by_ballot):
             records.append(OAcceptedRecord(view=ballot, entries=tuple(by_ballot[ballot])))
         executed = r.exec_count
-        for (owner, index), inst in sorted(r.c.items()):
+        for (owner, index), inst in sorted(r.c_store.items()):
             if inst.batch is not None and index >= executed[owner]:
                 records.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
                 )
-        for owner, (ballot, from_index) in sorted(r.c_promised.items()):
+        for owner, (ballot, from_index) in sorted(r.c_store.promised.items()):
             records.append(CPromiseRecord(owner=owner, from_index=from_index, ballot=ballot))
         return records

@@ -145,7 +145,7 @@ class StragglerDetector:
         for index in r.unready:
             if index >= ordered:
                 unordered += 1
-            inst = r.c.get((r.me, index))
+            inst = r.c_store.get((r.me, index))
             if inst is None or not inst.committed:
                 in_c_phase += 1
         self.window.sample(in_c_phase, unordered)

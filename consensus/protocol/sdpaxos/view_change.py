@@ -156,7 +156,7 @@ class ViewChange:
             accepted_from=r.accepted_from,
             executed=r.exec_slot,
             entries=entries,
-            c_high=tuple(r.c_high),
+            c_high=tuple(r.c_store.high),
         )
 
     def on_vrequest(self, msg: VRequest) -> None:
@@ -313,7 +313,7 @@ class ViewChange:
         """Re-send what the new view has not ordered or chosen yet."""
         r = self.r
         for index in sorted(r.unready):
-            inst = r.c[(r.me, index)]
+            inst = r.c_store[(r.me, index)]
             inst.sent_at = r.now
             if not inst.committed and inst.leading:
                 r.c_phase.resend_accept(r.me, index, inst)

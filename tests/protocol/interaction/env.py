@@ -643,7 +643,7 @@ class InteractionEnv:
         core = node.core
         if core is None:
             return [f"{rid}: crashed ({len(node.records)} durable records)"]
-        c_high = ",".join(map(str, core.c_high))
+        c_high = ",".join(map(str, core.c_store.high))
         log = core.committed_log()
         slots = " ".join(
             f"{slot}:{self._fmt_value('batch', log[slot])}" for slot in sorted(log)
@@ -655,7 +655,7 @@ class InteractionEnv:
             f"{rid}: view={core.view} role={core.role.value} "
             f"view_ready={self._fmt_value('', core.view_ready)} sequencer={core.sequencer} "
             f"accepted_view={core.accepted_view}",
-            f"   exec_slot={core.exec_slot} next_index={core.next_index} c_high=[{c_high}] "
+            f"   exec_slot={core.exec_slot} next_index={core.c_store.next_index} c_high=[{c_high}] "
             f"recoveries_started={core.recoveries_started}",
             f"   log: {slots or '(empty)'}",
             f"   snapshot_meta: slot={meta.slot} "
