@@ -30,7 +30,7 @@ The parts, each with its rules in its own header, and where each starts:
 ``sequencer``      Ordering, the sequencer's side: ``Sequencer.order``, ``on_crequest``,
                    ``flush_oaccepts``, ``start_serving``, ``read_slot``.
 ``o_acceptor``     Ordering, the acceptors' and learners' side: ``OAcceptor.on_oaccept``,
-                   ``on_oack``, ``on_ocommit``, ``commit_o``, ``install_new_view``.
+                   ``on_oack``, ``on_ocommit``, ``commit_o``.
 ``readiness``      When a command is ready, per replica count (``CountRule`` for every N
                    but 5, ``FiveRule`` for N = 5): ``rule_for``, ``check_ready``.
 ``execution``      Executing chosen slots in order and recording them: ``Executor.try_execute``,

@@ -134,7 +134,7 @@ class CPhase:
         r.straggler.window.needed += 1
         if r.me not in r.recovery.recoveries:
             stalled = self.undriven_own()
-            r.recovery.start_recovery(r.me, max(min(stalled), r.exec_count[r.me]))
+            r.recovery.start_recovery(r.me, max(min(stalled), r.o_log.exec_count[r.me]))
 
     def undriven_own(self) -> list[int]:
         """Our proposals not yet ready that we do not drive: overtaken by a recoverer, or held
@@ -171,7 +171,7 @@ class CPhase:
             owner=r.me,
             index=index,
             keys=keys_of(inst.batch if inst else None),
-            o_prefix=r.o_prefix,
+            o_prefix=r.o_log.prefix,
         )
         if r.is_sequencer:
             r.ordering.order(r.me, index, request.keys)
@@ -189,7 +189,7 @@ class CPhase:
                 if len(inst.acks) >= r.q:
                     self._commit_leading(msg.owner, msg.index, inst)
             return
-        if not self.acks_to_all or msg.index < r.exec_count[msg.owner]:
+        if not self.acks_to_all or msg.index < r.o_log.exec_count[msg.owner]:
             return
         if inst is not None and inst.committed:
             return

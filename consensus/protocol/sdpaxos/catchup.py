@@ -55,13 +55,13 @@ class CatchUp:
         if not r.view_ready:
             return
         ahead = max(r.peer_executed.values())
-        idle = r.now - r.exec_progress_at >= r.config.catchup_us
+        idle = r.now - r.executor.progress_at >= r.config.catchup_us
         # A peer a few slots ahead is the normal state of a loaded cluster: asking it then
         # fetched full batches we were about to receive anyway, again and again (at 1 KB
         # commands, more bytes than the replication itself). Ask when far behind (a restart,
         # a healed partition; pipelined below) or when execution stopped.
-        behind = ahead > r.exec_slot and (ahead - r.exec_slot > CATCHUP_BATCH or idle)
-        stuck = (bool(r.unready) or r.o_high > r.exec_slot) and idle
+        behind = ahead > r.o_log.exec_slot and (ahead - r.o_log.exec_slot > CATCHUP_BATCH or idle)
+        stuck = (bool(r.unready) or r.o_log.high > r.o_log.exec_slot) and idle
         if not (behind or stuck):
             self.catchup_lacks_values = False
             return
@@ -70,13 +70,13 @@ class CatchUp:
         # values re-sent it megabytes, which slowed everyone further (at 1 KB commands, 0.15
         # CPU and deep client queues: more catch-up bytes than replication, views changing).
         # A marker naming a value we lack switches to values at once.
-        answered = r.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2 or (
+        answered = r.o_log.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2 or (
             self.catchup_lacks_values and not self._catchup_asked_values
         )
         if not answered and r.now - self._last_catchup_at < r.config.catchup_us:
             return
         self._last_catchup_at = r.now
-        self._catchup_asked = r.exec_slot
+        self._catchup_asked = r.o_log.exec_slot
         self._catchup_asked_values = self.catchup_lacks_values
         if behind:
             # the most advanced peer we do not suspect: a dead one's last report stays the
@@ -89,22 +89,24 @@ class CatchUp:
             self._catchup_peer += 1
         if peer != r.me:
             ask = Catchup if self._catchup_asked_values else CatchupMarkers
-            r.request(peer, ask(src=r.me, view=r.view, slot=r.exec_slot))
+            r.request(peer, ask(src=r.me, view=r.view, slot=r.o_log.exec_slot))
 
     def on_catchup(self, msg: Catchup | CatchupMarkers) -> None:
         """Tell a lagging peer every commit we know from ``msg.slot`` on (bounded; values only
         if it asked ``Catchup``)."""
         r = self.r
-        if msg.slot < r.compacted:
+        if msg.slot < r.o_log.compacted:
             # what it misses is only in our snapshot now: the driver sends it
             r.out.snapshot_requests.append(msg.src)
             return
+        o_log = r.o_log
+        executed = o_log.executed
         start = msg.slot
         stop = start + CATCHUP_BATCH
         entries = tuple(
-            OEntry(slot=s, owner=r.log[s][0] if s in r.log else r.o_value[s])
+            OEntry(slot=s, owner=executed[s][0] if s in executed else o_log.value[s])
             for s in range(start, stop)
-            if s in r.log or s in r.o_committed
+            if s in executed or s in o_log.committed
         )
         if entries:
             r.send(msg.src, OCommit(src=r.me, view=r.view, entries=entries))
@@ -112,17 +114,17 @@ class CatchUp:
         # the asker can learn what a majority accepted even if every learner forgot it.
         accepted = tuple(
             s
-            for s in range(max(start, r.exec_slot), min(stop, r.o_high))
-            if s not in r.o_committed and r.o_ballot.get(s) == r.view
+            for s in range(max(start, o_log.exec_slot), min(stop, o_log.high))
+            if s not in o_log.committed and o_log.ballot.get(s) == r.view
         )
         if accepted and r.view_ready:
             r.send(msg.src, OAck(src=r.me, view=r.view, slots=accepted))
         # C-instances placed in slots we executed, then chosen ones we have not executed yet
         wanted: list[tuple[int, int]] = [
-            r.log[s] for s in range(start, min(stop, r.exec_slot)) if s in r.log
+            executed[s] for s in range(start, min(stop, o_log.exec_slot)) if s in executed
         ]
         for owner in range(r.n):
-            index = r.exec_count[owner]
+            index = o_log.exec_count[owner]
             while len(wanted) < 2 * CATCHUP_BATCH:
                 inst = r.c_store.get((owner, index))
                 if inst is None or not inst.committed:

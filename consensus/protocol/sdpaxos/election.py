@@ -91,7 +91,7 @@ class Election:
             heartbeat = Heartbeat(
                 src=r.me,
                 view=r.view,
-                executed=r.exec_slot,
+                executed=r.o_log.exec_slot,
                 lease_request=r.now if serving else NO_LEASE_REQUEST,
             )
             r.send(peer, heartbeat)

@@ -115,7 +115,7 @@ class CountRule(ReadinessRule):
         self._own_checked_at = 0
 
     def ordered_own(self) -> int:
-        return self.r.my_committed_o
+        return self.r.o_log.committed_mine
 
     def learn_own(self, slot: int) -> None:
         self.r.o_acceptor.learn_chosen(slot)
@@ -132,7 +132,7 @@ class CountRule(ReadinessRule):
 
     def resend_late_slot(self, peer: int, slot: int) -> None:
         r = self.r
-        if slot not in r.o_committed and peer not in r.o_acks.get(slot, ()):
+        if slot not in r.o_log.committed and peer not in r.o_log.acks.get(slot, ()):
             r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
     def resend_unchosen(self, deadline: int) -> None:
@@ -145,28 +145,28 @@ class CountRule(ReadinessRule):
             return
         self._own_checked_at = r.now
         mine = r.ordering.seq_slots[r.me]
-        for index in range(max(mine.base, r.exec_count[r.me]), len(mine)):
+        for index in range(max(mine.base, r.o_log.exec_count[r.me]), len(mine)):
             slot = mine[index]
-            if index in r.unready or slot < r.exec_slot or slot in r.o_committed:
+            if index in r.unready or slot < r.o_log.exec_slot or slot in r.o_log.committed:
                 continue  # late ones were handled already
             own = r.c_store.get((r.me, index))
             if own is None or own.sent_at > deadline:
                 continue
             for peer in r.peers:
-                if peer not in r.o_acks.get(slot, ()):
+                if peer not in r.o_log.acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
         # An O-instance the owner cannot get chosen (four replicas or more: it needs an
         # acceptor besides the owner and us; or the owner is dead for good, a replica
         # removed or lost with its disk) stays unchosen if an acceptor lost our OAccept:
         # nobody else can tell it the value. The unchosen ones of the window after our
         # execution go again to whoever did not acknowledge them.
-        stop = min(r.ordering.seq_next_slot, r.exec_slot + CATCHUP_BATCH)
-        for slot in range(r.exec_slot, stop):
-            owner = r.o_value.get(slot, r.me)
-            if slot in r.o_committed or owner == r.me:
+        stop = min(r.ordering.seq_next_slot, r.o_log.exec_slot + CATCHUP_BATCH)
+        for slot in range(r.o_log.exec_slot, stop):
+            owner = r.o_log.value.get(slot, r.me)
+            if slot in r.o_log.committed or owner == r.me:
                 continue
             for peer in r.peers:
-                if peer != owner and peer not in r.o_acks.get(slot, ()):
+                if peer != owner and peer not in r.o_log.acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
 
@@ -179,9 +179,9 @@ class FiveRule(ReadinessRule):
     def ordered_own(self) -> int:
         r = self.r
         if not r.is_sequencer:
-            return r.prefix_mine
+            return r.o_log.prefix_mine
         if r.role is not Role.SEQUENCER:
-            return r.exec_count[r.me]
+            return r.o_log.exec_count[r.me]
         mine = r.ordering.seq_slots[r.me]
         if "go_ready_rule" in r.unsafe:
             return len(mine)

@@ -109,7 +109,7 @@ class Reads:
             return
         still: list[tuple[int, int, Command]] = []
         for slot, read_id, command in self._waiting_reads:
-            if slot < r.exec_slot:
+            if slot < r.o_log.exec_slot:
                 r.out.reads.append(command)
             else:
                 still.append((slot, read_id, command))

@@ -96,7 +96,7 @@ class CRecovery:
         the promises already in cover every later index too."""
         r = self.r
         recovery.asked_at = r.now
-        recovery.from_index = max(recovery.from_index, r.exec_count[recovery.owner])
+        recovery.from_index = max(recovery.from_index, r.o_log.exec_count[recovery.owner])
         prepare = self._prepare_of(recovery)
         for peer in range(r.n):
             if peer != r.me and peer not in recovery.promises:
@@ -106,7 +106,7 @@ class CRecovery:
         r = self.r
         store = r.c_store
         store.see_ballot(msg.ballot)
-        if msg.from_index < r.base_counts[msg.owner]:
+        if msg.from_index < r.o_log.base_counts[msg.owner]:
             # We accepted (and executed) instances there whose values only our snapshot holds
             # now: a promise reporting nothing would let the recoverer choose a no-op over a
             # chosen value. It needs the snapshot instead (and then recovers from beyond it).
@@ -191,13 +191,13 @@ class CRecovery:
             for vote in promise.accepted:
                 if vote.index not in best or vote.ballot > best[vote.index].ballot:
                     best[vote.index] = vote
-        high = max(high, r.o_acceptor.known_o_count(msg.owner) - 1)
+        high = max(high, r.o_log.count_of(msg.owner) - 1)
         # Where no promise reports a value any value is safe: ours take our own proposals
         # (those held for this recovery too), a no-op fills the rest.
         ours = r.unready if msg.owner == r.me else {}
         high = max(high, max(ours, default=NO_INDEX))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
-        first = max(recovery.from_index, r.exec_count[msg.owner])
+        first = max(recovery.from_index, r.o_log.exec_count[msg.owner])
         # A paged promise reports on its page only: beyond the shortest page a value some
         # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
         last = min(high, min(p.through for p in recovery.promises.values()))
@@ -264,16 +264,16 @@ class CRecovery:
                     inst = r.c_store.get(blocking)
                     if inst is None or not inst.leading:
                         stalled.append(blocking[1])
-                halted = r.now - r.exec_progress_at > r.election.election_timeout
+                halted = r.now - r.executor.progress_at > r.election.election_timeout
                 if stalled and (halted or overdue):
                     self.start_recovery(r.me, min(stalled))
                 continue
             if not r.election.suspected(owner) or self._recoverer_of(owner) != r.me:
                 continue
-            from_index = r.exec_count[owner]
+            from_index = r.o_log.exec_count[owner]
             unfinished = (
                 r.c_store.high[owner] >= from_index
-                or r.o_acceptor.known_o_count(owner) > from_index
+                or r.o_log.count_of(owner) > from_index
             )
             if unfinished and not self._all_committed(owner, from_index):
                 self.start_recovery(owner, from_index)
@@ -281,13 +281,13 @@ class CRecovery:
     def _blocking_instance(self) -> tuple[int, int] | None:
         """The C-instance execution waits for, if its slot is decided but it is not."""
         r = self.r
-        slot = r.exec_slot
-        if slot not in r.o_committed:
+        slot = r.o_log.exec_slot
+        if slot not in r.o_log.committed:
             return None
-        owner = r.o_value[slot]
+        owner = r.o_log.value[slot]
         if owner < 0:  # NO_CL or SEAL: no C-instance
             return None
-        key = (owner, r.exec_count[owner])
+        key = (owner, r.o_log.exec_count[owner])
         inst = r.c_store.get(key)
         if inst is not None and inst.committed:
             return None
@@ -303,7 +303,7 @@ class CRecovery:
 
     def _all_committed(self, owner: int, from_index: int) -> bool:
         r = self.r
-        high = max(r.c_store.high[owner], r.o_acceptor.known_o_count(owner) - 1)
+        high = max(r.c_store.high[owner], r.o_log.count_of(owner) - 1)
         for index in range(from_index, high + 1):
             inst = r.c_store.get((owner, index))
             if inst is None or not inst.committed:

@@ -1,10 +1,10 @@
 """The SDPaxos replica: the facade that composes the parts (see the package overview).
 
-``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instances
-(``c``, ``c_high``, promises, our own unready proposals), the O-instances (``o_value``,
-``o_ballot``, ``o_committed``, the gap-free accepted prefix) and the execution frontier
-(``exec_slot``, ``exec_count``, ``log``) — and the turn's output (``out``). Each part owns the
-rest of its state and reaches the others through this object.
+``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instance
+store (``c_store``: values, promises, our indexes; c_store.py), our own unready proposals,
+the O-log (``o_log``: assignments, what is chosen, the execution frontier; o_log.py) — and
+the turn's output (``out``). Each part owns the rest of its state and reaches the others
+through this object.
 
 Inputs and what they run:
 
@@ -78,9 +78,10 @@ from consensus.protocol.sdpaxos.c_store import CStore
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch
+from consensus.protocol.sdpaxos.instances import Batch
 from consensus.protocol.sdpaxos.leases import NO_HOLDER
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
+from consensus.protocol.sdpaxos.o_log import OLog
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
 from consensus.protocol.sdpaxos.recovery import CRecovery
@@ -123,17 +124,18 @@ class SDPaxosReplica:
         self.peers = tuple(rid for rid in range(self.n) if rid != me)
         # views
         self.view = start_view
-        # the start view's (empty) assignment log is accepted by everyone
-        self.accepted_view = start_view
-        self.accepted_from = 0  # the first slot of accepted_view's NewView (see Vote)
         self.view_ready = True  # accepted the NewView of self.view
         self.role = Role.SEQUENCER if start_view % self.n == me else Role.FOLLOWER
         # liveness and leases
         self.started = False
         self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
         self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
+        checking = checks.enabled()
         # C-instances, by (owner, index), their promises and our own indexes
-        self.c_store = CStore(self.n, me, checking=checks.enabled())
+        self.c_store = CStore(self.n, me, checking=checking)
+        # the global slots' assignments, what is chosen, and the execution frontier (the
+        # start view's empty assignment log is accepted by everyone)
+        self.o_log = OLog(self.n, me, start_view=start_view, checking=checking)
         self.unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
         self.restart_pending: list[int] = []  # own indexes found in records at restart
         # ... with the batches the records hold: executed as they are, they are ready, even
@@ -142,28 +144,8 @@ class SDPaxosReplica:
         self.restart_batches: dict[int, Batch] = {}
         # instances we re-propose (a recovery's), retransmitted like our own client batches
         self.reproposing: set[tuple[int, int]] = set()
-        # O-instances: value known (accepted or learned from a commit), accepted ballot
-        self.o_value: dict[int, int] = {}
-        self.o_ballot: dict[int, int] = {}
-        self.o_committed: set[int] = set()
-        self.o_acks: dict[int, set[int]] = {}  # learner side: slot -> acceptors
-        self.o_prefix = 0  # slots [0, o_prefix) all accepted here
-        self.o_high = 0  # one past the highest slot we know a value for
-        self.prefix_mine = 0  # O-instances for me within [0, o_prefix)
-        self.my_committed_o = 0  # O-instances for me known chosen
-        # execution
-        self.exec_slot = 0
-        self.exec_count: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
-        # slots below this are in an ExecutedRecord (or the snapshot)
-        self.logged_exec = 0
-        self.compacted = 0  # slots below this were compacted into a snapshot
-        # membership: this replica executed a change that ends the epoch (close_epoch), and
-        # the slot of the SEAL that ended it, once executed
+        # membership: this replica executed a change that ends the epoch (close_epoch)
         self.closing = False
-        self.sealed_at = NO_SLOT
-        self.base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        self.exec_progress_at = 0
         # the turn's output
         self.out = Ready()
         self.handed_out: Ready | None = None
@@ -223,6 +205,27 @@ class SDPaxosReplica:
     @property
     def is_sequencer(self) -> bool:
         return self.view % self.n == self.me
+
+    # ------------------------------------------------------------------ where the log stands
+    @property
+    def exec_slot(self) -> int:
+        """Every global slot below this executed here (``OLog.exec_slot``)."""
+        return self.o_log.exec_slot
+
+    @property
+    def sealed_at(self) -> int:
+        """The slot of the executed SEAL that ended this log (membership), or ``NO_SLOT``."""
+        return self.o_log.sealed_at
+
+    @sealed_at.setter
+    def sealed_at(self, slot: int) -> None:
+        # the membership layer's broken variant ``epoch_at_change`` ends the log early
+        self.o_log.end_at(slot)
+
+    @property
+    def compacted(self) -> int:
+        """Slots below this were compacted into a snapshot."""
+        return self.o_log.compacted
 
     # ------------------------------------------------------------------ inputs
     def propose(self, command: Command, now: int) -> None:
@@ -335,7 +338,7 @@ class SDPaxosReplica:
     def executed_slot(self, slot: int) -> tuple[int, Batch] | None:
         """The owner (or ``NO_CL``/``SEAL``) and commands of executed ``slot``, or None if
         it is compacted away or not executed (what a learner is sent)."""
-        placed = self.log.get(slot)
+        placed = self.o_log.executed.get(slot)
         if placed is None:
             return None
         owner, index = placed
@@ -372,20 +375,20 @@ class SDPaxosReplica:
     def committed_log(self) -> Mapping[int, Batch]:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, Batch] = {}
-        for slot, (owner, index) in self.log.items():
+        for slot, (owner, index) in self.o_log.executed.items():
             batch = self.c_store[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
             result[slot] = batch or ()
         return result
 
     def executed_through(self) -> int:
-        return self.exec_slot - 1
+        return self.o_log.exec_slot - 1
 
     def status(self) -> CoreStatus:
         """Role, view, execution frontier, the peers' reported frontiers and the leases
         (replicas are this core's indexes, slots its own: see ``MemberReplica.status``)."""
         granted = self.lease_granted()
         return CoreStatus(
-            role=self.role, view=self.view, executed=self.exec_slot,
+            role=self.role, view=self.view, executed=self.o_log.exec_slot,
             voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
             peer_executed={peer: self.peer_executed[peer] for peer in self.peers},
             lease_held=self.lease_valid(),
@@ -422,6 +425,6 @@ class SDPaxosReplica:
         if not self.started:
             # the clocks of this incarnation start at its first input
             self.started = True
-            self.exec_progress_at = now
+            self.executor.start(now)
             self.straggler.window_start = now
             self.election.start(now)

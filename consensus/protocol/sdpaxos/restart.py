@@ -25,7 +25,7 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.sdpaxos.instances import NEVER, NO_BALLOT
+from consensus.protocol.sdpaxos.instances import NEVER
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -45,11 +45,11 @@ class Restart:
         r = self.r
         if not r.restart_pending or not r.view_ready:
             return
-        if max(r.peer_executed.values()) > r.exec_slot:
+        if max(r.peer_executed.values()) > r.o_log.exec_slot:
             return  # still catching up: most of them are probably decided
         for index in r.restart_pending:
             inst = r.c_store[(r.me, index)]
-            if index >= r.exec_count[r.me] and not inst.committed and inst.batch:
+            if index >= r.o_log.exec_count[r.me] and not inst.committed and inst.batch:
                 inst.leading = inst.ballot == r.me
                 inst.acks = {r.me}
                 inst.sent_at = NEVER  # retransmit at once
@@ -66,21 +66,15 @@ class Restart:
         for record in records:
             match record:
                 case CAcceptedRecord():
-                    if record.index < r.exec_count[record.owner]:
+                    if record.index < r.o_log.exec_count[record.owner]:
                         continue  # executed: in the snapshot
                     r.c_store.restore(record)
                     if record.owner == r.me:
                         own.add(record.index)
                 case OAcceptedRecord():
-                    for entry in record.entries:
-                        if entry.slot < r.exec_slot:
-                            continue
-                        if r.o_ballot.get(entry.slot, NO_BALLOT) <= record.view:
-                            r.o_value[entry.slot] = entry.owner
-                            r.o_ballot[entry.slot] = record.view
-                    r.accepted_view = max(r.accepted_view, record.view)
+                    r.o_log.restore_accepted(record)
                 case NewViewRecord():
-                    r.o_acceptor.install_new_view(record.view, record.start, record.owners)
+                    r.o_log.install_new_view(record.view, record.start, record.owners, r.view)
                 case ViewRecord():
                     r.view = max(r.view, record.view)
                 case CPromiseRecord():
@@ -90,12 +84,12 @@ class Restart:
                         executed[record.start + k] = (owner, record.ballots[k])
         r.executor.replay_executed(executed)
         r.role = Role.FOLLOWER
-        r.view_ready = r.accepted_view >= r.view
-        r.o_acceptor.recount_o_state()
+        r.view_ready = r.o_log.accepted_view >= r.view
+        r.o_log.recount(r.view)
         r.restart_pending = sorted(own)
         r.restart_batches = {
             index: batch
             for index in r.restart_pending
-            if index >= r.exec_count[r.me]
+            if index >= r.o_log.exec_count[r.me]
             and (batch := r.c_store[(r.me, index)].batch) is not None
         }

@@ -140,7 +140,7 @@ class Sequencer:
         r = self.r
         stop = min(stop, self.seq_next_slot, start + CATCHUP_BATCH)
         entries = tuple(
-            OEntry(slot=s, owner=r.o_value[s]) for s in range(start, stop) if s in r.o_value
+            OEntry(slot=s, owner=r.o_log.value[s]) for s in range(start, stop) if s in r.o_log.value
         )
         if entries:
             r.send(to, OAccept(src=r.me, view=r.view, entries=entries))
@@ -179,10 +179,10 @@ class Sequencer:
                     r.readiness.resend_late_slot(peer, mine[index])
         r.readiness.resend_unchosen(deadline)
         seal = self.sealed_at
-        if seal != NO_SLOT and seal >= r.exec_slot and seal not in r.o_committed:
+        if seal != NO_SLOT and seal >= r.o_log.exec_slot and seal not in r.o_log.committed:
             # nobody else re-sends a SEAL (it has no owner to ask for it again)
             for peer in r.peers:
-                if peer not in r.o_acks.get(seal, ()):
+                if peer not in r.o_log.acks.get(seal, ()):
                     self.resend_oaccepts(peer, seal, seal + 1)
         named = r.c_phase.last_named_index()
         if len(mine) <= named:
@@ -193,21 +193,21 @@ class Sequencer:
         assignment log — the compacted prefix (counts only), the executed slots we still
         hold, then the new view's range — and serve."""
         r = self.r
-        self.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
+        self.seq_slots = {rid: OwnerSlots(r.o_log.base_counts[rid]) for rid in range(r.n)}
         self.sealed_at = NO_SLOT
-        for slot in sorted(r.log):
-            owner = r.log[slot][0]
+        for slot in sorted(r.o_log.executed):
+            owner = r.o_log.executed[slot][0]
             if owner >= 0:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
-        for slot in range(r.exec_slot, end):
-            owner = r.o_value.get(slot, NO_CL)
+        for slot in range(r.o_log.exec_slot, end):
+            owner = r.o_log.value.get(slot, NO_CL)
             if owner >= 0:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
-        self.seq_next_slot = max(end, r.exec_slot)
+        self.seq_next_slot = max(end, r.o_log.exec_slot)
         self.acks = AckPrefixes({rid: (end if rid in acked else start) for rid in range(r.n)})
         self.seq_own_chosen = self.seq_slots[r.me].count_below(end)
         self.history.reset(floor=self.seq_next_slot - 1)

@@ -48,7 +48,7 @@ class Snapshots:
         """Where a snapshot of the state machine, taken now (after applying the last
         ``Ready``), stands in the log."""
         r = self.r
-        return SnapshotMeta(r.exec_slot, tuple(r.exec_count[rid] for rid in range(r.n)))
+        return SnapshotMeta(r.o_log.exec_slot, tuple(r.o_log.exec_count[rid] for rid in range(r.n)))
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
@@ -57,7 +57,7 @@ class Snapshots:
         that peers a little behind still catch up from memory), they rebuild this replica
         exactly as its full log would."""
         r = self.r
-        if meta.slot > r.exec_slot:
+        if meta.slot > r.o_log.exec_slot:
             raise LocalProtocolError("compact() beyond the execution frontier")
         self._drop_below(meta)
         return self.durable_records()
@@ -66,26 +66,22 @@ class Snapshots:
         """A peer's snapshot was applied to our state machine: continue from ``meta``.
         Returns the records for a rewritten write-ahead log, like ``compact``."""
         r = self.r
-        if meta.slot <= r.exec_slot:
+        if meta.slot <= r.o_log.exec_slot:
             return self.durable_records()
         self.set_base(meta)
-        r.o_acceptor.recount_o_state()
-        r.exec_progress_at = r.now
+        r.o_log.recount(r.view)
+        r.executor.progress_at = r.now
         return self.durable_records()
 
     def set_base(self, meta: SnapshotMeta) -> None:
         r = self.r
-        r.exec_slot = max(r.exec_slot, meta.slot)
-        for rid in range(r.n):
-            r.exec_count[rid] = max(r.exec_count[rid], meta.exec_counts[rid])
+        r.o_log.install_base(meta)
         self._drop_below(meta)
-        r.c_store.used(r.exec_count[r.me])
-        r.o_prefix = max(r.o_prefix, meta.slot)
-        r.o_high = max(r.o_high, meta.slot)
+        r.c_store.used(r.o_log.exec_count[r.me])
 
     def _drop_below(self, meta: SnapshotMeta) -> None:
         r = self.r
-        dropped = {s: r.log.pop(s) for s in [s for s in r.log if s < meta.slot]}
+        dropped = r.o_log.compact(meta)
         r.c_store.compact(dropped, meta.exec_counts)
         r.reproposing = {k for k in r.reproposing if k[1] >= meta.exec_counts[k[0]]}
         r.c_phase.c_acks_seen = {
@@ -104,15 +100,9 @@ class Snapshots:
                     Failure(command, False, "decided while this replica caught up from a "
                             "snapshot: retry it")
                 )
-        for table in (r.o_value, r.o_ballot, r.o_acks):
-            for slot in [s for s in table if s < meta.slot]:
-                del table[slot]
-        r.o_committed = {s for s in r.o_committed if s >= meta.slot}
         for rid, slots in r.ordering.seq_slots.items():
             slots.trim_below(meta.slot)
             slots.base = max(slots.base, meta.exec_counts[rid])
-        r.compacted = max(r.compacted, meta.slot)
-        r.base_counts = dict(enumerate(meta.exec_counts))
 
     def durable_records(self) -> list[Record]:
         """Everything this replica promised and accepted beyond its execution frontier: a
@@ -122,16 +112,16 @@ class Snapshots:
         records: list[Record] = [
             ViewRecord(view=r.view),
             # "accepted this view's log, nothing of it beyond here": restores accepted_view
-            NewViewRecord(view=r.accepted_view, start=r.exec_slot, owners=()),
+            NewViewRecord(view=r.o_log.accepted_view, start=r.o_log.exec_slot, owners=()),
         ]
         by_ballot: dict[int, list[OEntry]] = {}
-        for slot in sorted(r.o_ballot):
-            if slot >= r.exec_slot and r.o_ballot[slot] > NO_BALLOT:
-                entry = OEntry(slot=slot, owner=r.o_value[slot])
-                by_ballot.setdefault(r.o_ballot[slot], []).append(entry)
+        for slot in sorted(r.o_log.ballot):
+            if slot >= r.o_log.exec_slot and r.o_log.ballot[slot] > NO_BALLOT:
+                entry = OEntry(slot=slot, owner=r.o_log.value[slot])
+                by_ballot.setdefault(r.o_log.ballot[slot], []).append(entry)
         for ballot in sorted(by_ballot):
             records.append(OAcceptedRecord(view=ballot, entries=tuple(by_ballot[ballot])))
-        executed = r.exec_count
+        executed = r.o_log.exec_count
         for (owner, index), inst in sorted(r.c_store.items()):
             if inst.batch is not None and index >= executed[owner]:
                 records.append(

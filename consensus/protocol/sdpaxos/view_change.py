@@ -98,16 +98,7 @@ class ViewChange:
         r.view = view
         r.out.persist.append(ViewRecord(view=view))
         r.view_ready = False
-        # A commit learned in an older view may be one the new view replaces (with N=5 a
-        # command leader commits on the sequencer's OAccept alone). Forget them all: in the
-        # new view they come back from its NewView or, as executed facts, from Catchup.
-        r.o_committed.clear()
-        r.o_acks.clear()
-        r.my_committed_o = r.exec_count[r.me]
-        # Likewise the N=5 ready rule's prefix counts only acceptances in the current view:
-        # ours from an older view (as a deposed sequencer's own proposals, say) prove nothing.
-        r.o_prefix = r.exec_slot
-        r.prefix_mine = r.exec_count[r.me]
+        r.o_log.forget_view()
         r.role = Role.FOLLOWER
         self._votes.clear()
         self.new_view = None
@@ -128,9 +119,9 @@ class ViewChange:
         self.join_view(view)
         r.role = Role.CANDIDATE
         self.candidate_since = r.now
-        self._candidate_from = r.exec_slot
-        self._votes[r.me] = self._make_vote(r.exec_slot)
-        r.broadcast(VRequest(src=r.me, view=view, from_slot=r.exec_slot))
+        self._candidate_from = r.o_log.exec_slot
+        self._votes[r.me] = self._make_vote(r.o_log.exec_slot)
+        r.broadcast(VRequest(src=r.me, view=view, from_slot=r.o_log.exec_slot))
         if len(self._votes) >= r.q:
             self._rebuild()
 
@@ -140,21 +131,21 @@ class ViewChange:
         # chosen value with another one). Then what we accepted, at its ballot; values we
         # only learned from a commit are not ours to report.
         executed = tuple(
-            OVote(slot=s, owner=r.log[s][0], ballot=r.view)
-            for s in range(from_slot, r.exec_slot)
+            OVote(slot=s, owner=r.o_log.executed[s][0], ballot=r.view)
+            for s in range(from_slot, r.o_log.exec_slot)
         )
         accepted = tuple(
-            OVote(slot=s, owner=r.o_value[s], ballot=r.o_ballot[s])
-            for s in range(max(from_slot, r.exec_slot), r.o_high)
-            if r.o_ballot.get(s, NO_BALLOT) > NO_BALLOT
+            OVote(slot=s, owner=r.o_log.value[s], ballot=r.o_log.ballot[s])
+            for s in range(max(from_slot, r.o_log.exec_slot), r.o_log.high)
+            if r.o_log.ballot.get(s, NO_BALLOT) > NO_BALLOT
         )
         entries = executed + accepted
         return Vote(
             src=r.me,
             view=r.view,
-            accepted_view=r.accepted_view,
-            accepted_from=r.accepted_from,
-            executed=r.exec_slot,
+            accepted_view=r.o_log.accepted_view,
+            accepted_from=r.o_log.accepted_from,
+            executed=r.o_log.exec_slot,
             entries=entries,
             c_high=tuple(r.c_store.high),
         )
@@ -165,13 +156,13 @@ class ViewChange:
             return
         if not r.election.may_vote_for(msg.src):
             return
-        if msg.from_slot < r.compacted:
+        if msg.from_slot < r.o_log.compacted:
             # The slots it asks about are chosen, but we hold them only in our snapshot: a vote
             # without them could let the candidate fill them with holes. It installs the
             # snapshot and asks again from its new execution frontier.
             r.out.snapshot_requests.append(msg.src)
             return
-        if msg.from_slot + VIEW_SPAN < r.exec_slot:
+        if msg.from_slot + VIEW_SPAN < r.o_log.exec_slot:
             # A candidate that far behind would get a vote (and send a NewView) sized by the
             # log it missed. A nearer replica leads the view; this one catches up under it.
             return
@@ -248,7 +239,7 @@ class ViewChange:
             if old_sequencer not in self._votes and len(untraced) == 1:
                 m = untraced[0]
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
-                before = r.exec_count[m] - executed.count(m)  # m's slots below start
+                before = r.o_log.exec_count[m] - executed.count(m)  # m's slots below start
                 # after a SEAL nothing is placed: m's instances that would need slots past it
                 # were never ordered (a sequencer assigns nothing after its SEAL), so never ready
                 fill_for(m, needed, before, owners, extend=sealed == NO_SLOT)
@@ -294,18 +285,18 @@ class ViewChange:
         lowest = min(vote.executed for vote in self._votes.values())
         if lowest >= self._candidate_from:
             return []
-        if lowest < r.compacted:
-            for src in [s for s, v in self._votes.items() if v.executed < r.compacted]:
+        if lowest < r.o_log.compacted:
+            for src in [s for s, v in self._votes.items() if v.executed < r.o_log.compacted]:
                 del self._votes[src]
                 r.out.snapshot_requests.append(src)
             return None
-        return [r.log[slot][0] for slot in range(lowest, self._candidate_from)]
+        return [r.o_log.executed[slot][0] for slot in range(lowest, self._candidate_from)]
 
     def _accept_new_view(self, msg: NewView) -> None:
         r = self.r
         start, owners = msg.start, msg.owners
         r.out.persist.append(NewViewRecord(view=msg.view, start=start, owners=owners))
-        r.o_acceptor.install_new_view(msg.view, start, owners)
+        r.o_log.install_new_view(msg.view, start, owners, r.view)
         r.view_ready = True
         self._resend_own_after_view_change()
 
@@ -318,7 +309,7 @@ class ViewChange:
             if not inst.committed and inst.leading:
                 r.c_phase.resend_accept(r.me, index, inst)
         named = r.c_phase.last_named_index()
-        if r.o_acceptor.known_o_count(r.me) <= named:
+        if r.o_log.count_of(r.me) <= named:
             r.c_phase.send_crequest(named)
         for read_id, (reads, _) in sorted(r.reads.pending_reads.items()):
             r.reads.pending_reads[read_id] = (reads, r.now)
@@ -350,15 +341,13 @@ class ViewChange:
         r.role = Role.SEQUENCER
         self.last_view_change_at = r.now
         r.ordering.start_serving(start, end, self.new_view_acks)
-        for slot in range(max(start, r.exec_slot), end):
-            r.o_committed.add(slot)
-        r.o_acceptor.recount_o_state()
+        r.o_log.commit_new_view(start, end, r.view)
         for peer in sorted(self.new_view_acks - {r.me}):
             self._send_new_view_commit(peer)
         r.readiness.check_ready()
         r.ordering.order_deferred()
         named = r.c_phase.last_named_index()
-        if r.o_acceptor.known_o_count(r.me) <= named:
+        if r.o_log.count_of(r.me) <= named:
             r.ordering.order(r.me, named, ())
         if r.closing:  # we executed a membership change: end the epoch (sequencer.py)
             r.ordering.seal()

@@ -654,7 +654,7 @@ class InteractionEnv:
         return [
             f"{rid}: view={core.view} role={core.role.value} "
             f"view_ready={self._fmt_value('', core.view_ready)} sequencer={core.sequencer} "
-            f"accepted_view={core.accepted_view}",
+            f"accepted_view={core.o_log.accepted_view}",
             f"   exec_slot={core.exec_slot} next_index={core.c_store.next_index} c_high=[{c_high}] "
             f"recoveries_started={core.recoveries_started}",
             f"   log: {slots or '(empty)'}",
