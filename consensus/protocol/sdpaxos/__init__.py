@@ -51,8 +51,10 @@ The parts, each with its rules in its own header, and where each starts:
                    ``CatchUp.maybe_catch_up``, ``on_catchup``.
 ``snapshots``      Compaction and snapshot installation: ``Snapshots.compact``, ``install``,
                    ``durable_records``.
-``restart``        Rebuilding a replica from its records: ``Restart.recover``,
-                   ``resume_after_restart``.
+``restart``        Rebuilding a replica from its records: ``Restart.recover``.
+``proposals``      Our own proposals from proposed to told (ready, failed, carried over):
+                   ``OwnProposals.ready_below``, ``executed``, ``decided``,
+                   ``covered_by_snapshot``, ``resume_after_restart``.
 =================  ==========================================================================
 
 Small pure objects that own their state and are tested alone: ``liveness.SilenceTracker``

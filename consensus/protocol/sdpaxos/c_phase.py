@@ -28,7 +28,7 @@ Rules:
   the new view gave to someone else.
 * Our instance decided with another value (a recoverer's no-op): the commands we proposed in
   it will never execute from it, but their requests may still execute from another copy, so
-  they fail *indefinitely* (``_own_decided``; the rule is ``ready.Failure``'s).
+  they fail *indefinitely* (``OwnProposals.decided``; the rule is ``ready.Failure``'s).
 * Retransmission (``retransmit``): what is not chosen after the adaptive timeout
   (``RtoEstimator``; Karn: only instances sent once are sampled) is sent again to the peers
   that did not acknowledge it, with one ``CRequest`` for the latest late index; a serving
@@ -52,19 +52,14 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.ready import Failure
 from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, Batch, CInstance, keys_of
 from consensus.protocol.sdpaxos.liveness import RtoEstimator
-from consensus.protocol.types import Role
+from consensus.protocol.types import NEVER, Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["RECOVERED_WITHOUT", "CPhase"]
-
-#: why a command we proposed failed when our instance was decided without it
-RECOVERED_WITHOUT = ("its instance was recovered without it; another copy of the request "
-                     "may still run: retry it, or settle it")
+__all__ = ["CPhase"]
 
 
 class CPhase:
@@ -103,7 +98,7 @@ class CPhase:
         inst.leading = True
         inst.acks.add(r.me)
         inst.sent_at = r.now
-        r.unready[index] = batch
+        r.proposals.propose(index, batch)
         r.straggler.window.needed += 1
         r.out.persist.append(
             CAcceptedRecord(owner=r.me, index=index, ballot=ballot, batch=batch)
@@ -130,7 +125,7 @@ class CPhase:
         ``index`` once it finds nothing chosen there."""
         r = self.r
         r.c_store.hold(index, r.now)
-        r.unready[index] = batch
+        r.proposals.propose(index, batch)
         r.straggler.window.needed += 1
         if r.me not in r.recovery.recoveries:
             stalled = self.undriven_own()
@@ -142,14 +137,14 @@ class CPhase:
         r = self.r
         return [
             index
-            for index in r.unready
+            for index in r.proposals.pending
             if not (inst := r.c_store[(r.me, index)]).leading and not inst.committed
         ]
 
     def _is_held(self, index: int) -> bool:
         r = self.r
         inst = r.c_store.get((r.me, index))
-        return inst is not None and inst.ballot == HELD and index in r.unready
+        return inst is not None and inst.ballot == HELD and index in r.proposals.pending
 
     def last_named_index(self) -> int:
         """Our highest index a peer may have heard of. An index held for a recovery is named
@@ -251,27 +246,18 @@ class CPhase:
         r.readiness.check_ready()
 
     def _own_decided(self, index: int, inst: CInstance) -> None:
-        """Our instance was chosen: if not with what we proposed, its commands failed.
-
-        Not definitely (``ready.Failure``): the copy we proposed here never executes, but
-        the client may have sent the same request elsewhere — after a timeout, or because we
-        crashed — and the instance of the replica it asked then may carry it and be chosen,
-        ordered and executed whatever became of ours. Nothing here can tell: which instances
-        hold a request is known to its client only. So the outcome is left open; the client
-        retries (the session table applies the request once) or settles it through the log."""
-        r = self.r
+        """Our instance was chosen: if not with what we proposed, its commands failed (not
+        definitely: ``OwnProposals.decided``)."""
         self.rtt_probes.pop(index, None)
-        # ours from this incarnation, or found in our records at a restart
-        table = r.unready if index in r.unready else r.restart_batches
-        proposed = table.get(index)
-        if proposed is None or inst.batch == proposed:
-            return
-        del table[index]
-        chosen = set(inst.batch or ())
-        for command in proposed:
-            if command not in chosen:
-                r.out.failed.append(Failure(command, "definite_recovered" in r.unsafe,
-                                            RECOVERED_WITHOUT))
+        self.r.proposals.decided(index, inst)
+
+    def drive_again(self, inst: CInstance) -> None:
+        """Propose our instance ``inst`` again (found in our records at a restart, undecided):
+        at our own ballot we lead it, and its Accept goes out at the next retransmission."""
+        r = self.r
+        inst.leading = inst.ballot == r.me
+        inst.acks = {r.me}
+        inst.sent_at = NEVER  # retransmit at once
 
     def on_caccept(self, msg: CAccept) -> None:
         r = self.r
@@ -379,7 +365,7 @@ class CPhase:
         r = self.r
         deadline = r.now - self.rto.timeout_us
         late: list[int] = []
-        for index in sorted(r.unready):
+        for index in sorted(r.proposals.pending):
             inst = r.c_store[(r.me, index)]
             if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
                 continue

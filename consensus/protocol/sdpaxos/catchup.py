@@ -61,7 +61,7 @@ class CatchUp:
         # commands, more bytes than the replication itself). Ask when far behind (a restart,
         # a healed partition; pipelined below) or when execution stopped.
         behind = ahead > r.o_log.exec_slot and (ahead - r.o_log.exec_slot > CATCHUP_BATCH or idle)
-        stuck = (bool(r.unready) or r.o_log.high > r.o_log.exec_slot) and idle
+        stuck = (bool(r.proposals) or r.o_log.high > r.o_log.exec_slot) and idle
         if not (behind or stuck):
             self.catchup_lacks_values = False
             return

@@ -75,12 +75,8 @@ class Executor:
                 led_here = owner == r.me
                 # executed implies chosen and ordered for good: whatever the ready rule still
                 # waits for (a lost OAck, say), the command is ready now
-                proposed = r.unready.pop(index, None) if led_here else None
-                if led_here and r.restart_batches:
-                    found = r.restart_batches.pop(index, None)
-                    proposed = proposed if proposed is not None else found
-                if proposed is not None and proposed == inst.batch:
-                    r.out.ready.extend(inst.batch)
+                if led_here:
+                    r.proposals.executed(index, inst.batch)
                 if r.ordering.history.unknown:
                     r.ordering.learn_keys(owner, index, inst.batch)
                 r.out.apply.extend(executions(slot, inst.batch, led_here))

@@ -92,18 +92,9 @@ class ReadinessRule:
 
     def check_ready(self) -> None:
         """Report our commands whose instances are chosen and durably ordered, in order."""
-        r = self.r
-        if not r.unready:
-            return
-        ordered = self.ordered_own()
-        for index in sorted(r.unready):
-            if index >= ordered:
-                break
-            inst = r.c_store[(r.me, index)]
-            if inst.committed:
-                batch = r.unready.pop(index)
-                if inst.batch == batch:
-                    r.out.ready.extend(batch)
+        proposals = self.r.proposals
+        if proposals:
+            proposals.ready_below(self.ordered_own())
 
 
 class CountRule(ReadinessRule):
@@ -145,9 +136,10 @@ class CountRule(ReadinessRule):
             return
         self._own_checked_at = r.now
         mine = r.ordering.seq_slots[r.me]
-        for index in range(max(mine.base, r.o_log.exec_count[r.me]), len(mine)):
+        o_log, pending = r.o_log, r.proposals.pending
+        for index in range(max(mine.base, o_log.exec_count[r.me]), len(mine)):
             slot = mine[index]
-            if index in r.unready or slot < r.o_log.exec_slot or slot in r.o_log.committed:
+            if index in pending or slot < o_log.exec_slot or slot in o_log.committed:
                 continue  # late ones were handled already
             own = r.c_store.get((r.me, index))
             if own is None or own.sent_at > deadline:

@@ -194,7 +194,7 @@ class CRecovery:
         high = max(high, r.o_log.count_of(msg.owner) - 1)
         # Where no promise reports a value any value is safe: ours take our own proposals
         # (those held for this recovery too), a no-op fills the rest.
-        ours = r.unready if msg.owner == r.me else {}
+        ours = r.proposals.pending if msg.owner == r.me else {}
         high = max(high, max(ours, default=NO_INDEX))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, r.o_log.exec_count[msg.owner])

@@ -1,7 +1,8 @@
 """The SDPaxos replica: the facade that composes the parts (see the package overview).
 
 ``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instance
-store (``c_store``: values, promises, our indexes; c_store.py), our own unready proposals,
+store (``c_store``: values, promises, our indexes; c_store.py), our own proposals
+(``proposals``: everything told to their clients is told there; proposals.py),
 the O-log (``o_log``: assignments, what is chosen, the execution frontier; o_log.py) — and
 the turn's output (``out``). Each part owns the rest of its state and reaches the others
 through this object.
@@ -82,6 +83,7 @@ from consensus.protocol.sdpaxos.instances import Batch
 from consensus.protocol.sdpaxos.leases import NO_HOLDER
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.o_log import OLog
+from consensus.protocol.sdpaxos.proposals import OwnProposals
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
 from consensus.protocol.sdpaxos.recovery import CRecovery
@@ -136,12 +138,6 @@ class SDPaxosReplica:
         # the global slots' assignments, what is chosen, and the execution frontier (the
         # start view's empty assignment log is accepted by everyone)
         self.o_log = OLog(self.n, me, start_view=start_view, checking=checking)
-        self.unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
-        self.restart_pending: list[int] = []  # own indexes found in records at restart
-        # ... with the batches the records hold: executed as they are, they are ready, even
-        # if something decided them before this incarnation drove them (then unready lacks
-        # them): the new incarnation reports them like the old one would have
-        self.restart_batches: dict[int, Batch] = {}
         # instances we re-propose (a recovery's), retransmitted like our own client batches
         self.reproposing: set[tuple[int, int]] = set()
         # membership: this replica executed a change that ends the epoch (close_epoch)
@@ -150,6 +146,7 @@ class SDPaxosReplica:
         self.out = Ready()
         self.handed_out: Ready | None = None
         # the parts (see the package overview)
+        self.proposals = OwnProposals(self)
         self.c_phase = CPhase(self)
         self.recovery = CRecovery(self)
         self.ordering = Sequencer(self)
@@ -278,7 +275,7 @@ class SDPaxosReplica:
         self.election.tick(now)
         self.election.detect_failures()
         self.c_phase.retransmit()
-        self.restart.resume_after_restart()
+        self.proposals.resume_after_restart()
         self.catchup.maybe_catch_up()
         self.straggler.watch_ordering()
         self.reads.retry_reads()
@@ -329,7 +326,7 @@ class SDPaxosReplica:
     def carry_over(self) -> tuple[list[Command], list[Command]]:
         """The epoch ended (``sealed_at``): the commands led here that it never ordered, and
         the reads not answered yet, for the next epoch to take (they are not acknowledged)."""
-        commands = [command for index in sorted(self.unready) for command in self.unready[index]]
+        commands = self.proposals.carry_over()
         reads = list(self.reads.unasked_reads)
         for _, (pending, _) in sorted(self.reads.pending_reads.items()):
             reads.extend(pending)

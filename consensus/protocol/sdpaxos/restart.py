@@ -4,11 +4,12 @@
 O-instances, NewViews, the view, promises, and which slots ran — then executes again what
 they say ran (``Executor.replay_executed``) and starts as a follower. A restarted replica
 votes for nobody for one lease period (``Leases.start``) and never reuses an index it named.
-Its own proposals found in the records are driven again once it caught up with its peers
-(``resume_after_restart``): most of them are decided by then; those decided without their
-commands are reported failed, those executed as proposed are reported ready.
+Its own proposals found in the records are handed to ``OwnProposals.found_at_restart``,
+which drives them again once caught up with the peers (most of them are decided by then;
+those decided without their commands are reported failed, those executed as proposed are
+reported ready).
 
-Entry points: ``recover``, ``resume_after_restart``.
+Entry points: ``recover``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.sdpaxos.instances import NEVER
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
@@ -39,23 +39,6 @@ class Restart:
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
-
-    def resume_after_restart(self) -> None:
-        """After a restart, drive our own instances found in the records once caught up."""
-        r = self.r
-        if not r.restart_pending or not r.view_ready:
-            return
-        if max(r.peer_executed.values()) > r.o_log.exec_slot:
-            return  # still catching up: most of them are probably decided
-        for index in r.restart_pending:
-            inst = r.c_store[(r.me, index)]
-            if index >= r.o_log.exec_count[r.me] and not inst.committed and inst.batch:
-                inst.leading = inst.ballot == r.me
-                inst.acks = {r.me}
-                inst.sent_at = NEVER  # retransmit at once
-                r.unready[index] = inst.batch
-                r.restart_batches.pop(index, None)  # reported from unready now
-        r.restart_pending = []
 
     def recover(self, records: Sequence[Record]) -> None:
         """Rebuild what this replica promised and accepted from its durable records, then
@@ -86,10 +69,4 @@ class Restart:
         r.role = Role.FOLLOWER
         r.view_ready = r.o_log.accepted_view >= r.view
         r.o_log.recount(r.view)
-        r.restart_pending = sorted(own)
-        r.restart_batches = {
-            index: batch
-            for index in r.restart_pending
-            if index >= r.o_log.exec_count[r.me]
-            and (batch := r.c_store[(r.me, index)].batch) is not None
-        }
+        r.proposals.found_at_restart(own)

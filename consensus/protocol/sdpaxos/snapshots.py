@@ -28,7 +28,6 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.ready import Failure
 from consensus.protocol.sdpaxos.instances import NO_BALLOT
 from consensus.protocol.types import SnapshotMeta
 
@@ -88,18 +87,8 @@ class Snapshots:
             k: seen for k, seen in r.c_phase.c_acks_seen.items() if k[1] >= meta.exec_counts[k[0]]
         }
         covered = meta.exec_counts[r.me]
-        r.restart_pending = [i for i in r.restart_pending if i >= covered]
-        r.restart_batches = {i: b for i, b in r.restart_batches.items() if i >= covered}
         r.c_phase.rtt_probes = {i: t for i, t in r.c_phase.rtt_probes.items() if i >= covered}
-        # Our proposals a peer's snapshot already executed (we fell behind before we saw them
-        # decided): their outcome is in the snapshot, not here. The client learns it by
-        # retrying: the session table answers a retry with the first result.
-        for index in sorted(i for i in r.unready if i < covered):
-            for command in r.unready.pop(index):
-                r.out.failed.append(
-                    Failure(command, False, "decided while this replica caught up from a "
-                            "snapshot: retry it")
-                )
+        r.proposals.covered_by_snapshot(covered)
         for rid, slots in r.ordering.seq_slots.items():
             slots.trim_below(meta.slot)
             slots.base = max(slots.base, meta.exec_counts[rid])

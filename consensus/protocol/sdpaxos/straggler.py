@@ -138,11 +138,11 @@ class StragglerDetector:
 
     def _sample_waits(self) -> None:
         r = self.r
-        if not r.unready or r.is_sequencer:
+        if not r.proposals or r.is_sequencer:
             return
         ordered = r.readiness.ordered_own()
         unordered = in_c_phase = 0
-        for index in r.unready:
+        for index in r.proposals.pending:
             if index >= ordered:
                 unordered += 1
             inst = r.c_store.get((r.me, index))

@@ -303,7 +303,7 @@ class ViewChange:
     def _resend_own_after_view_change(self) -> None:
         """Re-send what the new view has not ordered or chosen yet."""
         r = self.r
-        for index in sorted(r.unready):
+        for index in sorted(r.proposals.pending):
             inst = r.c_store[(r.me, index)]
             inst.sent_at = r.now
             if not inst.committed and inst.leading:
