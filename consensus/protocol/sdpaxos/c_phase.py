@@ -15,13 +15,14 @@ Rules:
   recovery proposes them; ``last_named_index`` is the highest index a peer may know.
 * An acceptor accepts a ballot at least as high as its promise and what it accepted
   (``on_caccept``; otherwise ``CNack`` with the higher ballot); an owner never reuses an
-  index someone else used or decided (``next_index`` moves past it).
+  index someone else used or decided (``CStore.used`` moves ``next_index`` past it).
 * Learning without the leader: the proposer accepted its value before sending it, so with
   three replicas an acceptor's own acceptance completes a majority and it learns the choice
-  from the Accept itself; with five or more, acceptors send their ``CAck`` to every replica
-  and a replica learns once the proposer, itself and the acknowledgements make a majority
-  of one ballot (``learn_from_acks``; ``acks_any_ballot`` is the broken variant a teeth test
-  catches). Replicas then execute others' commands without waiting for a far CCommit.
+  from the Accept itself; with five or more (``ReadinessRule.acks_to_all``), acceptors send
+  their ``CAck`` to every replica and a replica learns once the proposer, itself and the
+  acknowledgements make a majority of one ballot (``_learn_from_acks``; ``acks_any_ballot``
+  is the broken variant a teeth test catches). Replicas then execute others' commands
+  without waiting for a far CCommit.
 * With five replicas a ``CAccept`` from an older view is dropped
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
@@ -32,10 +33,17 @@ Rules:
 * Retransmission (``retransmit``): what is not chosen after the adaptive timeout
   (``RtoEstimator``; Karn: only instances sent once are sampled) is sent again to the peers
   that did not acknowledge it, with one ``CRequest`` for the latest late index; a serving
-  sequencer re-sends its own O-instances (``Sequencer.retransmit_own_slots``).
+  sequencer re-sends its own O-instances (``Sequencer.retransmit_own_slots``). A recovery's
+  proposals (``propose_recovered``) are retransmitted the same way until chosen.
 
-Entry points: ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``, ``on_cnack``,
-``send_crequest``, ``resend_accept``, ``retransmit``.
+The values live in the C-instance store (``CStore``); this part owns the proposer's
+bookkeeping on each instance (``leading``, ``acks``, ``sent_at``, ``sent_to``,
+``overtaken_at``), the open batch, the acknowledgements seen ahead of their Accept, and the
+retransmission timer.
+
+Entry points: ``propose``, ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``,
+``on_cnack``, ``propose_recovered``, ``send_crequest``, ``resend_accept``, ``retransmit``;
+the hooks ``on_view_accepted``, ``on_compacted``.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from consensus.messages import (
     CAck,
     CCommit,
     CNack,
+    Command,
     CRequest,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
@@ -71,17 +80,23 @@ class CPhase:
         me = r.me
         pref = config.peers_by_preference(me)
         self._thrifty_targets = pref[: r.q - 1] if config.thrifty else r.peers
-        # With five replicas or more acceptors acknowledge to every replica, and a replica
-        # learns a choice it did not lead from the acknowledgements (not when thrifty: the
-        # replicas a proposer left out lack the value to use them): (owner, index) ->
-        # (the highest ballot acknowledged, the acceptors that acknowledged it)
-        self.acks_to_all = r.q >= 3 and not config.thrifty
+        # When acknowledgements go to every replica (``ReadinessRule.acks_to_all``) a
+        # replica learns a choice it did not lead from them: (owner, index) -> (the highest
+        # ballot acknowledged, the acceptors that acknowledged it)
         self.c_acks_seen: dict[tuple[int, int], tuple[int, set[int]]] = {}
         self.batch = CommandBatch(config)
         # Retransmission timeout, adapted to how long our C-instances take to be chosen
         # (RFC 6298's estimator; Karn: only instances sent once are sampled).
         self.rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
         self.rto = RtoEstimator(config.retransmit_us)
+        #: instances we re-propose (a recovery's), retransmitted like our own client batches
+        self.reproposing: set[tuple[int, int]] = set()
+
+    def propose(self, command: Command) -> None:
+        """A client command: into the open batch, proposed once the batch is full (or at the
+        latest in ``ready``)."""
+        if self.batch.add(command):
+            self.flush_batch()
 
     def flush_batch(self) -> None:
         r = self.r
@@ -99,7 +114,7 @@ class CPhase:
         inst.acks.add(r.me)
         inst.sent_at = r.now
         r.proposals.propose(index, batch)
-        r.straggler.window.needed += 1
+        r.straggler.note_proposed()
         r.out.persist.append(
             CAcceptedRecord(owner=r.me, index=index, ballot=ballot, batch=batch)
         )
@@ -114,7 +129,7 @@ class CPhase:
             r.ordering.order(r.me, index)
         elif r.sequencer not in self._thrifty_targets:
             self.send_crequest(index)
-        if r.n == 1:
+        if r.readiness.chosen_alone:
             self._commit_leading(r.me, index, inst)
 
     def _hold_for_recovery(self, index: int, batch: Batch) -> None:
@@ -126,7 +141,7 @@ class CPhase:
         r = self.r
         r.c_store.hold(index, r.now)
         r.proposals.propose(index, batch)
-        r.straggler.window.needed += 1
+        r.straggler.note_proposed()
         if r.me not in r.recovery.recoveries:
             stalled = self.undriven_own()
             r.recovery.start_recovery(r.me, max(min(stalled), r.o_log.exec_count[r.me]))
@@ -184,7 +199,7 @@ class CPhase:
                 if len(inst.acks) >= r.q:
                     self._commit_leading(msg.owner, msg.index, inst)
             return
-        if not self.acks_to_all or msg.index < r.o_log.exec_count[msg.owner]:
+        if not r.readiness.acks_to_all or msg.index < r.o_log.exec_count[msg.owner]:
             return
         if inst is not None and inst.committed:
             return
@@ -226,7 +241,7 @@ class CPhase:
         sent_at = self.rtt_probes.pop(index, None) if owner == r.me else None
         if sent_at is not None:
             self.rto.sample(r.now - sent_at)
-        r.reproposing.discard((owner, index))
+        self.reproposing.discard((owner, index))
         for peer in r.peers:
             # A peer we sent the CAccept to has it before this commit (connections are FIFO);
             # repeating the batch doubled the bytes of a loaded cluster. If that CAccept was
@@ -298,7 +313,7 @@ class CPhase:
                 )
             )
         ack = CAck(src=r.me, view=r.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
-        if self.acks_to_all:
+        if r.readiness.acks_to_all:
             for peer in r.peers:
                 r.send(peer, ack)
         else:
@@ -316,7 +331,7 @@ class CPhase:
             return
         if msg.batch is None:
             if inst is None or inst.ballot != msg.ballot or inst.batch is None:
-                r.catchup.catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
+                r.catchup.lacks_value()  # we lack the chosen value: Catchup brings it
                 return
         elif inst is None or inst.ballot != msg.ballot or inst.batch != msg.batch:
             inst = r.c_store.learn(msg.owner, msg.index, msg.ballot, msg.batch)
@@ -328,7 +343,7 @@ class CPhase:
         self.c_acks_seen.pop((owner, index), None)
         r.c_store.choose(owner, index, inst)  # (an own index decided is never reused)
         inst.leading = False
-        r.reproposing.discard((owner, index))
+        self.reproposing.discard((owner, index))
         if owner == r.me:
             self._own_decided(index, inst)
             r.readiness.check_ready()
@@ -340,10 +355,8 @@ class CPhase:
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
             inst.overtaken_at = r.now
-            r.reproposing.discard((msg.owner, msg.index))
-        recovery = r.recovery.recoveries.get(msg.owner)
-        if recovery is not None and recovery.ballot < msg.ballot:
-            del r.recovery.recoveries[msg.owner]  # a higher Prepare is under way elsewhere
+            self.reproposing.discard((msg.owner, msg.index))
+        r.recovery.on_higher_ballot(msg.owner, msg.ballot)
 
     def resend_accept(self, owner: int, index: int, inst: CInstance) -> None:
         """Send ``C[owner][index]``'s Accept again to the peers that did not acknowledge it."""
@@ -374,7 +387,7 @@ class CPhase:
             late.append(index)
             if not inst.committed and inst.leading:
                 self.resend_accept(r.me, index, inst)
-        for owner, index in sorted(r.reproposing):
+        for owner, index in sorted(self.reproposing):
             inst = r.c_store[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = r.now
@@ -387,3 +400,46 @@ class CPhase:
             return
         if r.role is Role.SEQUENCER:
             r.ordering.retransmit_own_slots(late, deadline)
+
+    def propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
+        """A recovery (ours) proposes ``batch`` for ``C[owner][index]`` at ``ballot``: we lead
+        it, and retransmit it like our own client batches until it is chosen."""
+        r = self.r
+        # (an index of ours that was referenced but never proposed is used now, by this
+        # no-op, and never again: same ballot, two values would break Paxos; CStore.accept)
+        inst = r.c_store.accept(owner, index, ballot, batch)
+        inst.leading = True
+        inst.acks = {r.me}
+        inst.sent_at = r.now
+        inst.sent_to = frozenset(r.peers)  # broadcast below
+        self.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
+        r.out.persist.append(
+            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
+        )
+        accept = CAccept(
+            src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
+        )
+        r.broadcast(accept)
+        if r.is_sequencer:
+            r.ordering.order(owner, index)
+
+    # ------------------------------------------------------------------ lifecycle hooks
+    def on_view_accepted(self) -> None:
+        """Our view's NewView is accepted: send again what it has not ordered or chosen."""
+        r = self.r
+        for index in sorted(r.proposals.pending):
+            inst = r.c_store[(r.me, index)]
+            inst.sent_at = r.now
+            if not inst.committed and inst.leading:
+                self.resend_accept(r.me, index, inst)
+        named = self.last_named_index()
+        if r.o_log.count_of(r.me) <= named:
+            self.send_crequest(named)
+
+    def on_compacted(self, counts: tuple[int, ...]) -> None:
+        """A snapshot covers the instances below ``counts`` (per owner): forget them."""
+        covered = counts[self.r.me]
+        self.reproposing = {k for k in self.reproposing if k[1] >= counts[k[0]]}
+        self.c_acks_seen = {k: seen for k, seen in self.c_acks_seen.items()
+                            if k[1] >= counts[k[0]]}
+        self.rtt_probes = {i: t for i, t in self.rtt_probes.items() if i >= covered}

@@ -47,14 +47,25 @@ class CatchUp:
         self._last_catchup_at = NEVER
         self._catchup_asked = NEVER
         # a commit marker named an instance whose value we lack: ask for values, not markers
-        self.catchup_lacks_values = False
+        self._lacks_values = False
         self._catchup_asked_values = False
+        #: per replica, the highest execution frontier it told us of (heartbeats, asks)
+        self.peer_executed: dict[int, int] = dict.fromkeys(range(r.n), 0)
+
+    def heard_progress(self, peer: int, executed: int) -> None:
+        """``peer`` executed every slot below ``executed``."""
+        if self.peer_executed[peer] < executed:
+            self.peer_executed[peer] = executed
+
+    def lacks_value(self) -> None:
+        """A commit named an instance whose value we lack: ask for values, not markers."""
+        self._lacks_values = True
 
     def maybe_catch_up(self) -> None:
         r = self.r
         if not r.view_ready:
             return
-        ahead = max(r.peer_executed.values())
+        ahead = max(self.peer_executed.values())
         idle = r.now - r.executor.progress_at >= r.config.catchup_us
         # A peer a few slots ahead is the normal state of a loaded cluster: asking it then
         # fetched full batches we were about to receive anyway, again and again (at 1 KB
@@ -63,7 +74,7 @@ class CatchUp:
         behind = ahead > r.o_log.exec_slot and (ahead - r.o_log.exec_slot > CATCHUP_BATCH or idle)
         stuck = (bool(r.proposals) or r.o_log.high > r.o_log.exec_slot) and idle
         if not (behind or stuck):
-            self.catchup_lacks_values = False
+            self._lacks_values = False
             return
         # Markers first: stalled behind slow peers (an overloaded cluster: turns longer than
         # catchup_us), a replica holds the values and misses only commits, and answers with
@@ -71,19 +82,19 @@ class CatchUp:
         # CPU and deep client queues: more catch-up bytes than replication, views changing).
         # A marker naming a value we lack switches to values at once.
         answered = r.o_log.exec_slot >= self._catchup_asked + CATCHUP_BATCH // 2 or (
-            self.catchup_lacks_values and not self._catchup_asked_values
+            self._lacks_values and not self._catchup_asked_values
         )
         if not answered and r.now - self._last_catchup_at < r.config.catchup_us:
             return
         self._last_catchup_at = r.now
         self._catchup_asked = r.o_log.exec_slot
-        self._catchup_asked_values = self.catchup_lacks_values
+        self._catchup_asked_values = self._lacks_values
         if behind:
             # the most advanced peer we do not suspect: a dead one's last report stays the
             # highest for good (a replica removed or lost with its disk never comes back)
             silence = r.election.silence
             live = [rid for rid in r.peers if not silence.suspected(rid, r.now)] or r.peers
-            peer = max(live, key=lambda rid: (r.peer_executed[rid], -rid))
+            peer = max(live, key=lambda rid: (self.peer_executed[rid], -rid))
         else:
             peer = r.peers[self._catchup_peer % len(r.peers)] if r.peers else r.me
             self._catchup_peer += 1
@@ -150,5 +161,4 @@ class CatchUp:
                 batch=inst.batch if values else None,
             )
             r.send(msg.src, commit_c)
-        if r.peer_executed[msg.src] < msg.slot:
-            r.peer_executed[msg.src] = msg.slot
+        self.heard_progress(msg.src, msg.slot)

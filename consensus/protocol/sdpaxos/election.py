@@ -61,14 +61,36 @@ class Election:
         self.leases = Leases(config.lease_us, config.max_drift_ppm)
         self.next_heartbeat = 0
         self.election_timeout = config.election_timeout_us
+        self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
 
     def start(self, now: int) -> None:
         """The first input of this incarnation (see ``Leases.start``)."""
         self.leases.start(now)
         self.next_heartbeat = now
         self.silence.start(now)
-        self.r.seq_alive_at = now
+        self.seq_alive_at = now
         self.roll_election_timeout()
+
+    def on_view_joined(self) -> None:
+        """We joined a higher view (``SDPaxosReplica.join_view``): we hold no lease there, its
+        sequencer gets a full election timeout to show it serves, and any pre-vote round is
+        over."""
+        self.leases.drop_held()
+        self.seq_alive_at = self.r.now
+        self.higher_view_seen = 0
+        self.prevote_view = NO_VIEW
+        self.roll_election_timeout()
+
+    def sequencer_alive(self, now: int) -> None:
+        """A sign that the sequencer of our view serves (a message only a serving one sends)."""
+        self.seq_alive_at = now
+
+    def candidacy_view(self) -> int:
+        """The view to run for: one we would lead above every view seen, or the one our
+        pre-vote round asked about (the round is over)."""
+        view = max(self.target_view(), self.prevote_view)
+        self.prevote_view = NO_VIEW
+        return view
 
     def tick(self, now: int) -> None:
         if now >= self.next_heartbeat:
@@ -98,7 +120,7 @@ class Election:
 
     def on_heartbeat(self, msg: Heartbeat) -> None:
         r = self.r
-        r.peer_executed[msg.src] = max(r.peer_executed[msg.src], msg.executed)
+        r.catchup.heard_progress(msg.src, msg.executed)
         if (
             r.views.new_view is not None
             and r.role is Role.SEQUENCER
@@ -114,9 +136,9 @@ class Election:
                 if r.role is Role.SEQUENCER:
                     self.higher_view_seen = max(self.higher_view_seen, msg.view)
                 return
-            r.views.join_view(msg.view)
+            r.join_view(msg.view)
         if msg.src == r.sequencer and msg.lease_request >= 0:
-            r.seq_alive_at = r.now
+            self.seq_alive_at = r.now
         if (
             msg.lease_request >= 0
             and msg.src == r.sequencer
@@ -158,7 +180,7 @@ class Election:
         # sequencer counts itself as silent too), the straggler detector asks for a change,
         # or we serve but some peer is stuck in a higher view nobody won.
         silent = (
-            r.role is not Role.SEQUENCER and now - r.seq_alive_at > self.election_timeout
+            r.role is not Role.SEQUENCER and now - self.seq_alive_at > self.election_timeout
         )
         forced = 0 <= r.straggler.force_election_at <= now
         lifted = r.role is Role.SEQUENCER and self.higher_view_seen > r.view
@@ -192,7 +214,7 @@ class Election:
         r = self.r
         serving_here = r.role is Role.SEQUENCER and msg.src != r.me
         sequencer_gone = (
-            r.now - r.seq_alive_at > r.config.election_timeout_us
+            r.now - self.seq_alive_at > r.config.election_timeout_us
             or msg.src == r.sequencer  # the sequencer itself asks to move up
             or r.straggler.suspecting
         )

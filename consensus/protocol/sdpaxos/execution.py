@@ -56,6 +56,10 @@ class Executor:
         """The first input of this incarnation: execution counts as moving."""
         self.progress_at = now
 
+    def on_snapshot_installed(self) -> None:
+        """A snapshot moved the frontier: execution counts as moving."""
+        self.progress_at = self.r.now
+
     def try_execute(self) -> None:
         r = self.r
         if not r.view_ready:

@@ -95,7 +95,7 @@ class OAcceptor:
         slot, owner = entry.slot, entry.owner
         r.o_log.accept(slot, owner, ballot)
         if owner == r.me:
-            r.straggler.window.got += 1
+            r.straggler.note_ordered()
             r.readiness.learn_own(slot)
         else:
             # the sequencer and we accepted it: with three replicas it is chosen, and its

@@ -165,7 +165,7 @@ class OwnProposals:
         r = self.r
         if not self._found or not r.view_ready:
             return
-        if max(r.peer_executed.values()) > r.o_log.exec_slot:
+        if max(r.catchup.peer_executed.values()) > r.o_log.exec_slot:
             return  # still catching up: most of them are probably decided
         store, executed = r.c_store, r.o_log.exec_count[r.me]
         for index in self._found:

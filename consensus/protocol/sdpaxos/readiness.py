@@ -25,13 +25,24 @@ sequencer re-sends         unacknowledged own slots, and every      from each pe
 accept``
 =========================  ======================================  ===========================
 
+Two questions depend on the majority's size rather than on the rule, and every rule answers
+them the same way:
+
+* ``acks_to_all``: with five replicas or more (a majority of three or more) acceptors send
+  their ``CAck`` to every replica, and a replica learns a choice it did not lead from the
+  acknowledgements (``CPhase._learn_from_acks``; not when thrifty: the replicas a proposer
+  left out lack the value to use them). With three, the proposer and the acceptor already
+  make a majority, and the acknowledgement goes to the proposer only.
+* ``chosen_alone``: with one replica, a proposer's own acceptance is a majority: its
+  proposal is chosen as it is made.
+
 Why the N = 3 shortcut is safe: the sequencer's OAccept plus the owner's own acceptance are a
 majority of three, so "accepted here" is "chosen" and the order costs half a round trip. With
 five replicas the paper's rule lets a non-sequencer count its own O-instance as committed on
 the sequencer's OAccept alone, and be ready once it accepted *every* O-instance up to the one
 placing its command (no gap). Because such a commit may be known to two replicas only
 (``commits_on_sequencer_accept``), two other rules hold only with five replicas:
-``CPhase.on_caccept`` drops a CAccept from an older view, and ``ViewChange.rebuild``
+``CPhase.on_caccept`` drops a CAccept from an older view, and ``ViewChange._rebuild``
 re-proposes the slots the candidate executed and fills holes for the one untraced replica
 (Figure 7, lines 32-36).
 
@@ -60,6 +71,10 @@ class ReadinessRule:
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
+        #: acceptors acknowledge a C-instance to every replica (see above)
+        self.acks_to_all = r.q >= 3 and not r.config.thrifty
+        #: our own acceptance is a majority (see above)
+        self.chosen_alone = r.q == 1
 
     def ordered_own(self) -> int:
         """How many of my C-instances the ready rule considers durably ordered."""
@@ -193,15 +208,14 @@ class FiveRule(ReadinessRule):
         # The sequencer needs every acknowledgement (its ready rule looks at the
         # majority-accepted prefix); the others learn others' slots from a majority of them,
         # a round trip sooner than through the owner's OCommit.
-        to_all = r.c_phase.acks_to_all and owner != r.me
+        to_all = self.acks_to_all and owner != r.me
         return r.peers if to_all else (r.sequencer,)
 
     def on_sequencer_acks(self, src: int, slots: tuple[int, ...]) -> None:
         r = self.r
         if r.role is not Role.SEQUENCER:
             return
-        for slot in slots:
-            r.ordering.acks.record(src, slot)
+        r.ordering.record_acks(src, slots)
         self.after_oaccepts()
 
     def after_oaccepts(self) -> None:

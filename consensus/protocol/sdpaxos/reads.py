@@ -49,6 +49,17 @@ class Reads:
         self.unasked_reads: list[Command] = []  # this turn's, asked in ready()
         self._waiting_reads: list[tuple[int, int, Command]] = []  # (slot, id, read)
 
+    def ask(self, command: Command) -> None:
+        """A linearizable read: asked of the sequencer with the turn's others."""
+        self.unasked_reads.append(command)
+
+    def on_view_accepted(self) -> None:
+        """Our view's NewView is accepted: ask its sequencer the reads not answered yet."""
+        r = self.r
+        for read_id, (reads, _) in sorted(self.pending_reads.items()):
+            self.pending_reads[read_id] = (reads, r.now)
+            self.send_rrequest(read_id, reads)
+
     def flush_read_requests(self) -> None:
         """Ask the sequencer once for all of this turn's reads: its answer for the union of
         their keys (the latest slot any of them needs) serves every one of them, so a read

@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING
 
 from consensus.messages import (
     EVERY_INDEX,
-    CAccept,
-    CAcceptedRecord,
     CNack,
     CPrepare,
     CPromise,
@@ -207,7 +205,7 @@ class CRecovery:
                 continue
             found = best.get(index)
             batch: Batch = found.batch if found is not None else ours.get(index, ())
-            self._propose_recovered(msg.owner, index, recovery.ballot, batch)
+            r.c_phase.propose_recovered(msg.owner, index, recovery.ballot, batch)
         if last < high:
             # the next page, at the same ballot: the promises already cover every index from
             # the first page's start, so this only fetches what the acceptors accepted there
@@ -217,25 +215,12 @@ class CRecovery:
             self._ask_again(recovery)
             self.on_cprepare(self._prepare_of(recovery))  # our own report on the page
 
-    def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
-        r = self.r
-        # (an index of ours that was referenced but never proposed is used now, by this
-        # no-op, and never again: same ballot, two values would break Paxos; CStore.accept)
-        inst = r.c_store.accept(owner, index, ballot, batch)
-        inst.leading = True
-        inst.acks = {r.me}
-        inst.sent_at = r.now
-        inst.sent_to = frozenset(r.peers)  # broadcast below
-        r.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
-        r.out.persist.append(
-            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
-        )
-        accept = CAccept(
-            src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
-        )
-        r.broadcast(accept)
-        if r.is_sequencer:
-            r.ordering.order(owner, index)
+    def on_higher_ballot(self, owner: int, ballot: int) -> None:
+        """A peer promised or accepted ``ballot`` for ``owner``'s instances (a ``CNack``): a
+        higher Prepare is under way elsewhere, and ours (if lower) is over."""
+        recovery = self.recoveries.get(owner)
+        if recovery is not None and recovery.ballot < ballot:
+            del self.recoveries[owner]
 
     def recover_suspects(self) -> None:
         """Take over the unfinished C-instances of suspected replicas (the next live replica

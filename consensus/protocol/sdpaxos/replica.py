@@ -33,6 +33,47 @@ Routing rules (``step``), in order:
    the message comes from that view's sequencer (a replica stuck in a view nobody won must
    not drag a healthy cluster into it).
 4. An OAccept, OCommit or NewView from our sequencer is a sign that it serves (election.py).
+
+Lifecycle events, each announced once, here, to the parts that keep state about it (each
+part resets its own; none writes another's):
+
+=====================  =========================================  =========================
+event                  announced by                               who resets what
+=====================  =========================================  =========================
+a higher view          ``join_view`` (a message of the view's     the O-log forgets its
+                       sequencer, a vote request, a candidacy)    commits and prefix; the
+                                                                  view change, sequencer,
+                                                                  straggler detector and
+                                                                  election their per-view
+                                                                  state
+its NewView accepted   ``accept_view``                            the C-phase and reads send
+                                                                  again what it has not
+                                                                  ordered or answered
+compaction below a     ``drop_below`` (``compact``, and every     the O-log, C-instance
+point                  snapshot installed)                        store, C-phase, own
+                                                                  proposals and sequencer
+                                                                  forget what lies below
+a snapshot installed   ``snapshot_installed`` (a peer's, or the   the O-log's frontier jumps;
+                       one a restart begins at)                   then as compaction; the
+                                                                  executor's progress clock
+a restart              ``restarted`` (after ``Restart.recover``   a follower; the O-log
+                       replayed the records)                      recounts; own proposals
+                                                                  found in the records
+=====================  =========================================  =========================
+
+Roles change only through ``become``, by this table (any other change is a bug:
+``LocalProtocolError``):
+
+=============  ================  ===========================================================
+to             from              when
+=============  ================  ===========================================================
+FOLLOWER       any role          it joins a higher view (``join_view``), or restarts
+CANDIDATE      FOLLOWER          a majority granted its pre-vote and it joined the view it
+                                 would lead (``ViewChange.start_candidacy``)
+ESTABLISHING   CANDIDATE         a majority voted: it sent its NewView (``ViewChange``)
+SEQUENCER      ESTABLISHING      a majority accepted its NewView (``ViewChange``); a replica
+                                 also starts as the sequencer of its start view
+=============  ================  ===========================================================
 """
 
 from __future__ import annotations
@@ -68,6 +109,7 @@ from consensus.messages import (
     RReply,
     RRequest,
     Suspect,
+    ViewRecord,
     Vote,
     VRequest,
     check_command,
@@ -96,6 +138,14 @@ from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["SDPaxosReplica"]
+
+#: ``become``: the roles a replica may take each role from (the table above)
+_BECOMES_FROM: dict[Role, frozenset[Role]] = {
+    Role.FOLLOWER: frozenset({Role.FOLLOWER, Role.CANDIDATE, Role.ESTABLISHING, Role.SEQUENCER}),
+    Role.CANDIDATE: frozenset({Role.FOLLOWER}),
+    Role.ESTABLISHING: frozenset({Role.CANDIDATE}),
+    Role.SEQUENCER: frozenset({Role.ESTABLISHING}),
+}
 
 
 class SDPaxosReplica:
@@ -128,18 +178,13 @@ class SDPaxosReplica:
         self.view = start_view
         self.view_ready = True  # accepted the NewView of self.view
         self.role = Role.SEQUENCER if start_view % self.n == me else Role.FOLLOWER
-        # liveness and leases
-        self.started = False
-        self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
-        self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        checking = checks.enabled()
+        self.started = False  # this incarnation had an input (its clocks started)
+        self._checking = checks.enabled()
         # C-instances, by (owner, index), their promises and our own indexes
-        self.c_store = CStore(self.n, me, checking=checking)
+        self.c_store = CStore(self.n, me, checking=self._checking)
         # the global slots' assignments, what is chosen, and the execution frontier (the
         # start view's empty assignment log is accepted by everyone)
-        self.o_log = OLog(self.n, me, start_view=start_view, checking=checking)
-        # instances we re-propose (a recovery's), retransmitted like our own client batches
-        self.reproposing: set[tuple[int, int]] = set()
+        self.o_log = OLog(self.n, me, start_view=start_view, checking=self._checking)
         # membership: this replica executed a change that ends the epoch (close_epoch)
         self.closing = False
         # the turn's output
@@ -190,7 +235,7 @@ class SDPaxosReplica:
         }
 
         if snapshot is not None:
-            self.snapshots.set_base(snapshot)
+            self.snapshot_installed(snapshot)
         if recovered or snapshot is not None:
             self.restart.recover(recovered)
 
@@ -230,14 +275,13 @@ class SDPaxosReplica:
         command no peer could decode: check client input before handing it over."""
         check_command(command)
         self._enter(now)
-        if self.c_phase.batch.add(command):
-            self.c_phase.flush_batch()
+        self.c_phase.propose(command)
 
     def read(self, command: Command, now: int) -> None:
         """A linearizable read (``command.op`` is a query): served through ``Ready.reads``."""
         check_command(command)
         self._enter(now)
-        self.reads.unasked_reads.append(command)
+        self.reads.ask(command)
 
     def read_stale(self, command: Command, now: int) -> None:
         """A read served from local state at once: fast, possibly stale, never linearizable."""
@@ -262,9 +306,9 @@ class SDPaxosReplica:
         if message.view > self.view:
             if src != message.view % self.n:
                 return
-            self.views.join_view(message.view)
+            self.join_view(message.view)
         if src == self.sequencer and isinstance(message, OAccept | OCommit | NewView):
-            self.seq_alive_at = now
+            self.election.sequencer_alive(now)
         handler = self._in_view.get(type(message))
         if handler is not None:
             handler(message)
@@ -321,6 +365,82 @@ class SDPaxosReplica:
         """Send the O-phase messages queued so far (before a view change restamps them)."""
         self.ordering.flush_oaccepts()
         self.o_acceptor.flush_acks()
+
+    # ------------------------------------------------------------------ lifecycle (see above)
+    def join_view(self, view: int) -> None:
+        """Enter a higher view: promise to reject lower O-proposals (``ViewRecord``), stop
+        executing until its NewView is accepted, and have every part reset its per-view
+        state."""
+        # O-phase messages queued this turn belong to the view they were made in: stamped
+        # with the new one, a deposed sequencer's proposals would become the new view's
+        # (in its records too, so a restart would bring back a second value for a slot).
+        self.flush_order_messages()
+        self.view = view
+        self.out.persist.append(ViewRecord(view=view))
+        self.view_ready = False
+        self.become(Role.FOLLOWER)
+        self.o_log.forget_view()
+        self.views.on_view_joined()
+        self.ordering.on_view_joined()
+        self.straggler.on_view_joined()
+        self.election.on_view_joined()
+        self._verify()
+
+    def accept_view(self) -> None:
+        """We accepted the NewView of our view (``OLog.install_new_view``): execute again,
+        and send again what the new view has not ordered or answered yet."""
+        self.view_ready = True
+        self.c_phase.on_view_accepted()
+        self.reads.on_view_accepted()
+
+    def drop_below(self, meta: SnapshotMeta) -> None:
+        """A durable snapshot holds every slot below ``meta`` (at or below our frontier):
+        every part forgets them."""
+        self._drop_below(meta)
+        self._verify()
+
+    def snapshot_installed(self, meta: SnapshotMeta) -> None:
+        """Our state machine continues from the snapshot at ``meta`` (ahead of us): a peer's,
+        or the one a restart begins at (its records follow)."""
+        self.o_log.install_base(meta)
+        self._drop_below(meta)
+        self.c_store.used(self.o_log.exec_count[self.me])  # executed: never reused
+        self.o_log.recount(self.view)
+        self.executor.on_snapshot_installed()
+        self._verify()
+
+    def _drop_below(self, meta: SnapshotMeta) -> None:
+        dropped = self.o_log.compact(meta)
+        self.c_store.compact(dropped, meta.exec_counts)
+        self.c_phase.on_compacted(meta.exec_counts)
+        self.proposals.covered_by_snapshot(meta.exec_counts[self.me])
+        self.ordering.on_compacted(meta)
+
+    def restarted(self, own: set[int]) -> None:
+        """``Restart.recover`` replayed our records (``own``: our indexes they hold) and
+        executed again what they say ran: start as a follower."""
+        self.become(Role.FOLLOWER)
+        self.view_ready = self.o_log.accepted_view >= self.view
+        self.o_log.recount(self.view)
+        self.proposals.found_at_restart(own)
+        self._verify()
+
+    def restore_view(self, view: int) -> None:
+        """A restart replays a ``ViewRecord``: we promised ``view``."""
+        self.view = max(self.view, view)
+
+    def become(self, role: Role) -> None:
+        """Take ``role`` (see the table above)."""
+        if self.role not in _BECOMES_FROM[role]:
+            raise LocalProtocolError(f"invalid role transition [{self.role.value} -> "
+                                     f"{role.value}]")
+        self.role = role
+
+    def _verify(self) -> None:
+        """With checks on, verify the log owners' invariants in full (after a bulk change)."""
+        if self._checking:
+            self.c_store.check()
+            self.o_log.check_all(self.view)
 
     # ------------------------------------------------------------------ membership
     def carry_over(self) -> tuple[list[Command], list[Command]]:
@@ -384,10 +504,11 @@ class SDPaxosReplica:
         """Role, view, execution frontier, the peers' reported frontiers and the leases
         (replicas are this core's indexes, slots its own: see ``MemberReplica.status``)."""
         granted = self.lease_granted()
+        peer_executed = self.catchup.peer_executed
         return CoreStatus(
             role=self.role, view=self.view, executed=self.o_log.exec_slot,
             voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
-            peer_executed={peer: self.peer_executed[peer] for peer in self.peers},
+            peer_executed={peer: peer_executed[peer] for peer in self.peers},
             lease_held=self.lease_valid(),
             lease_granted_to=None if granted == NO_HOLDER else granted,
         )
@@ -423,5 +544,5 @@ class SDPaxosReplica:
             # the clocks of this incarnation start at its first input
             self.started = True
             self.executor.start(now)
-            self.straggler.window_start = now
+            self.straggler.start(now)
             self.election.start(now)

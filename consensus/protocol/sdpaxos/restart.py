@@ -2,12 +2,12 @@
 
 ``recover`` replays the records — accepted C-instances (highest ballot wins), accepted
 O-instances, NewViews, the view, promises, and which slots ran — then executes again what
-they say ran (``Executor.replay_executed``) and starts as a follower. A restarted replica
-votes for nobody for one lease period (``Leases.start``) and never reuses an index it named.
-Its own proposals found in the records are handed to ``OwnProposals.found_at_restart``,
-which drives them again once caught up with the peers (most of them are decided by then;
-those decided without their commands are reported failed, those executed as proposed are
-reported ready).
+they say ran (``Executor.replay_executed``) and starts as a follower
+(``SDPaxosReplica.restarted``). A restarted replica votes for nobody for one lease period
+(``Leases.start``) and never reuses an index it named. Its own proposals found in the
+records are handed to ``OwnProposals.found_at_restart``, which drives them again once caught
+up with the peers (most of them are decided by then; those decided without their commands
+are reported failed, those executed as proposed are reported ready).
 
 Entry points: ``recover``.
 """
@@ -26,7 +26,6 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -59,14 +58,11 @@ class Restart:
                 case NewViewRecord():
                     r.o_log.install_new_view(record.view, record.start, record.owners, r.view)
                 case ViewRecord():
-                    r.view = max(r.view, record.view)
+                    r.restore_view(record.view)
                 case CPromiseRecord():
                     r.c_store.restore_promise(record.owner, record.ballot, record.from_index)
                 case ExecutedRecord():
                     for k, owner in enumerate(record.owners):
                         executed[record.start + k] = (owner, record.ballots[k])
         r.executor.replay_executed(executed)
-        r.role = Role.FOLLOWER
-        r.view_ready = r.o_log.accepted_view >= r.view
-        r.o_log.recount(r.view)
-        r.proposals.found_at_restart(own)
+        r.restarted(own)

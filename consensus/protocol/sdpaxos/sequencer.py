@@ -49,7 +49,7 @@ from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.sdpaxos.history import HistoryTable
 from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch, OwnerSlots, keys_of, pages
 from consensus.protocol.sdpaxos.tracker import AckPrefixes
-from consensus.protocol.types import Role
+from consensus.protocol.types import Role, SnapshotMeta
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -74,6 +74,17 @@ class Sequencer:
         self._oaccept_out: list[OEntry] = []
         #: the slot of the SEAL in the log we serve (nothing is assigned after it)
         self.sealed_at = NO_SLOT
+
+    def on_view_joined(self) -> None:
+        """We joined a higher view: what we deferred as an elected sequencer of an older one
+        is not ours to order (its owners ask the new sequencer again)."""
+        self.deferred_orders.clear()
+
+    def on_compacted(self, meta: SnapshotMeta) -> None:
+        """A snapshot holds every slot below ``meta``: keep only counts below it."""
+        for rid, slots in self.seq_slots.items():
+            slots.trim_below(meta.slot)
+            slots.base = max(slots.base, meta.exec_counts[rid])
 
     def on_crequest(self, msg: CRequest) -> None:
         r = self.r
@@ -154,6 +165,11 @@ class Sequencer:
                 r.broadcast(OAccept(src=r.me, view=r.view, entries=entries))
             self._oaccept_out.clear()
             r.readiness.after_oaccepts()
+
+    def record_acks(self, src: int, slots: tuple[int, ...]) -> None:
+        """N=5, serving: ``src`` acknowledged our OAccepts of ``slots``."""
+        for slot in slots:
+            self.acks.record(src, slot)
 
     def majority_prefix(self) -> int:
         """The slots a majority accepted without a gap (we accepted all we proposed)."""

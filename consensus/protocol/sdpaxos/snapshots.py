@@ -1,17 +1,18 @@
 """Compaction and snapshot installation.
 
-The driver snapshots the state machine and tells the core (``compact``): slots below the
-snapshot are forgotten (``_drop_below``), and the records a rewritten write-ahead log must
-hold are everything promised and accepted beyond the execution frontier
-(``durable_records``). A replica behind a peer's compaction point installs the peer's
-snapshot (``install``) and continues from it.
+The driver snapshots the state machine and tells the core (``compact``): every part forgets
+the slots below the snapshot (``SDPaxosReplica.drop_below`` announces it), and the records a
+rewritten write-ahead log must hold are everything promised and accepted beyond the
+execution frontier (``durable_records``). A replica behind a peer's compaction point
+installs the peer's snapshot (``install``; ``SDPaxosReplica.snapshot_installed``) and
+continues from it.
 
 Rules: compaction never turns into "nothing accepted" — a vote, promise or catch-up request
 reaching below the compaction point is answered with the snapshot (see view_change.py,
 recovery.py, catchup.py). Our own proposals a peer's snapshot already executed are
 reported as failed with "retry": the session table answers a retry with the first result.
 
-Entry points: ``meta``, ``compact``, ``install``, ``set_base``, ``durable_records``.
+Entry points: ``meta``, ``compact``, ``install``, ``durable_records``.
 """
 
 from __future__ import annotations
@@ -58,40 +59,16 @@ class Snapshots:
         r = self.r
         if meta.slot > r.o_log.exec_slot:
             raise LocalProtocolError("compact() beyond the execution frontier")
-        self._drop_below(meta)
+        r.drop_below(meta)
         return self.durable_records()
 
     def install(self, meta: SnapshotMeta) -> list[Record]:
         """A peer's snapshot was applied to our state machine: continue from ``meta``.
         Returns the records for a rewritten write-ahead log, like ``compact``."""
         r = self.r
-        if meta.slot <= r.o_log.exec_slot:
-            return self.durable_records()
-        self.set_base(meta)
-        r.o_log.recount(r.view)
-        r.executor.progress_at = r.now
+        if meta.slot > r.o_log.exec_slot:
+            r.snapshot_installed(meta)
         return self.durable_records()
-
-    def set_base(self, meta: SnapshotMeta) -> None:
-        r = self.r
-        r.o_log.install_base(meta)
-        self._drop_below(meta)
-        r.c_store.used(r.o_log.exec_count[r.me])
-
-    def _drop_below(self, meta: SnapshotMeta) -> None:
-        r = self.r
-        dropped = r.o_log.compact(meta)
-        r.c_store.compact(dropped, meta.exec_counts)
-        r.reproposing = {k for k in r.reproposing if k[1] >= meta.exec_counts[k[0]]}
-        r.c_phase.c_acks_seen = {
-            k: seen for k, seen in r.c_phase.c_acks_seen.items() if k[1] >= meta.exec_counts[k[0]]
-        }
-        covered = meta.exec_counts[r.me]
-        r.c_phase.rtt_probes = {i: t for i, t in r.c_phase.rtt_probes.items() if i >= covered}
-        r.proposals.covered_by_snapshot(covered)
-        for rid, slots in r.ordering.seq_slots.items():
-            slots.trim_below(meta.slot)
-            slots.base = max(slots.base, meta.exec_counts[rid])
 
     def durable_records(self) -> list[Record]:
         """Everything this replica promised and accepted beyond its execution frontier: a

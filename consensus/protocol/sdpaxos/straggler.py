@@ -19,10 +19,10 @@ for ``SUSPECT_WINDOWS`` windows after it was last heard), it runs for the next v
 as the lease it granted lapses, after a random delay (``force_election_at``, read by
 ``Election.detect_failures``). Without a majority, ``straggler_windows`` healthy windows end
 the suspicion (kept up, it stopped every lease renewal and so every read, with no election
-to follow). A view change ends every suspicion (``reset``).
+to follow). A view change ends every suspicion (``on_view_joined``).
 
-Entry points: ``watch_ordering`` (every tick), ``on_suspect``, ``reset``; ``OrderingWindow``
-is pure and tested alone (tests/protocol/sdpaxos/test_straggler.py).
+Entry points: ``watch_ordering`` (every tick), ``on_suspect``, ``on_view_joined``;
+``OrderingWindow`` is pure and tested alone (tests/protocol/sdpaxos/test_straggler.py).
 """
 
 from __future__ import annotations
@@ -98,7 +98,19 @@ class StragglerDetector:
         self.suspects: dict[int, int] = {}
         self.force_election_at = NO_ELECTION
 
-    def reset(self) -> None:
+    def start(self, now: int) -> None:
+        """The first input of this incarnation: the first window starts."""
+        self.window_start = now
+
+    def note_proposed(self) -> None:
+        """We proposed an own instance (the sequencer is to order it)."""
+        self.window.needed += 1
+
+    def note_ordered(self) -> None:
+        """We accepted an O-instance placing one of our own instances."""
+        self.window.got += 1
+
+    def on_view_joined(self) -> None:
         """A new view: every suspicion of the old sequencer ends."""
         self.suspects.clear()
         self.suspecting = False

@@ -2,13 +2,17 @@
 
 A candidate (elected by pre-votes, election.py) joins the next view it would lead and asks
 for votes from its execution frontier (``start_candidacy``: ``VRequest``). A voter joins the
-view (``join_view``: it promises to reject lower O-proposals and stops executing until the
-NewView) and reports its accepted O-instances with their ballots (views), its executed slots
-at the current view, and per replica the highest C-instance index it accepted
-(``_make_vote``). With a majority of votes the candidate rebuilds the assignment log
-(``rebuild``) — highest ballot per slot — and sends it as ``NewView``; once a majority
-accepted it, the candidate serves (``Sequencer.start_serving``) and every replica re-sends
-what the new view has not ordered (``_resend_own_after_view_change``).
+view (``SDPaxosReplica.join_view``: it promises to reject lower O-proposals and stops
+executing until the NewView) and reports its accepted O-instances with their ballots
+(views), its executed slots at the current view, and per replica the highest C-instance
+index it accepted (``_make_vote``). With a majority of votes the candidate rebuilds the
+assignment log (``_rebuild``) — highest ballot per slot — and sends it as ``NewView``; once
+a majority accepted it, the candidate serves (``Sequencer.start_serving``). A replica that
+accepts the NewView (``SDPaxosReplica.accept_view``) re-sends what the new view has not
+ordered (``CPhase.on_view_accepted``) or answered (``Reads.on_view_accepted``).
+
+The roles this moves a replica through (candidate, establishing, sequencer) are
+``SDPaxosReplica.become``'s table.
 
 Rules:
 
@@ -27,10 +31,10 @@ Rules:
   message is not sent (``too_wide_views``). A vote or request reaching below our compaction
   point is answered with our snapshot.
 * O-phase messages queued in a turn belong to the view they were made in: they leave before
-  the view changes (``join_view`` flushes them).
+  the view changes (``SDPaxosReplica.join_view`` flushes them).
 
-Entry points: ``join_view``, ``start_candidacy``, ``on_vrequest``, ``on_vote``, ``rebuild``,
-``on_new_view``, ``on_new_view_ack``, ``retransmit_new_view``, ``fill_for``.
+Entry points: ``start_candidacy``, ``on_vrequest``, ``on_vote``, ``on_new_view``,
+``on_new_view_ack``, ``retransmit_new_view``, ``fill_for``; the hook ``on_view_joined``.
 """
 
 from __future__ import annotations
@@ -48,11 +52,9 @@ from consensus.messages import (
     OCommit,
     OEntry,
     OVote,
-    ViewRecord,
     Vote,
     VRequest,
 )
-from consensus.protocol.sdpaxos.election import NO_VIEW
 from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT
 from consensus.protocol.types import Role
 
@@ -87,37 +89,18 @@ class ViewChange:
         #: candidacies given up because their NewView would not fit a message (a metric)
         self.too_wide_views = 0
 
-    def join_view(self, view: int) -> None:
-        """Enter a higher view: promise to reject lower O-proposals; stop executing until
-        its NewView arrives."""
-        r = self.r
-        # O-phase messages queued this turn belong to the view they were made in: stamped
-        # with the new one, a deposed sequencer's proposals would become the new view's
-        # (in its records too, so a restart would bring back a second value for a slot).
-        r.flush_order_messages()
-        r.view = view
-        r.out.persist.append(ViewRecord(view=view))
-        r.view_ready = False
-        r.o_log.forget_view()
-        r.role = Role.FOLLOWER
+    def on_view_joined(self) -> None:
+        """We joined a higher view (``SDPaxosReplica.join_view``): no votes, no NewView yet."""
         self._votes.clear()
         self.new_view = None
         self.new_view_acks.clear()
-        r.ordering.deferred_orders.clear()
-        r.election.leases.drop_held()
-        r.straggler.reset()
-        self.last_view_change_at = r.now
-        r.seq_alive_at = r.now
-        r.election.higher_view_seen = 0
-        r.election.prevote_view = NO_VIEW
-        r.election.roll_election_timeout()
+        self.last_view_change_at = self.r.now
 
     def start_candidacy(self) -> None:
         r = self.r
-        view = max(r.election.target_view(), r.election.prevote_view)
-        r.election.prevote_view = NO_VIEW
-        self.join_view(view)
-        r.role = Role.CANDIDATE
+        view = r.election.candidacy_view()
+        r.join_view(view)
+        r.become(Role.CANDIDATE)
         self.candidate_since = r.now
         self._candidate_from = r.o_log.exec_slot
         self._votes[r.me] = self._make_vote(r.o_log.exec_slot)
@@ -167,7 +150,7 @@ class ViewChange:
             # log it missed. A nearer replica leads the view; this one catches up under it.
             return
         if msg.view > r.view:
-            self.join_view(msg.view)
+            r.join_view(msg.view)
         elif r.role is not Role.FOLLOWER or r.view_ready:
             return  # this view is already under way past its election
         vote = self._make_vote(msg.from_slot)
@@ -252,7 +235,7 @@ class ViewChange:
             return
         filled = tuple(NO_CL if owner is None else owner for owner in owners)
         new_view = NewView(src=r.me, view=r.view, start=start, owners=filled)
-        r.role = Role.ESTABLISHING
+        r.become(Role.ESTABLISHING)
         self._votes.clear()
         self.new_view = new_view
         self.new_view_acks = {r.me}
@@ -297,23 +280,7 @@ class ViewChange:
         start, owners = msg.start, msg.owners
         r.out.persist.append(NewViewRecord(view=msg.view, start=start, owners=owners))
         r.o_log.install_new_view(msg.view, start, owners, r.view)
-        r.view_ready = True
-        self._resend_own_after_view_change()
-
-    def _resend_own_after_view_change(self) -> None:
-        """Re-send what the new view has not ordered or chosen yet."""
-        r = self.r
-        for index in sorted(r.proposals.pending):
-            inst = r.c_store[(r.me, index)]
-            inst.sent_at = r.now
-            if not inst.committed and inst.leading:
-                r.c_phase.resend_accept(r.me, index, inst)
-        named = r.c_phase.last_named_index()
-        if r.o_log.count_of(r.me) <= named:
-            r.c_phase.send_crequest(named)
-        for read_id, (reads, _) in sorted(r.reads.pending_reads.items()):
-            r.reads.pending_reads[read_id] = (reads, r.now)
-            r.reads.send_rrequest(read_id, reads)
+        r.accept_view()
 
     def on_new_view(self, msg: NewView) -> None:
         r = self.r
@@ -338,7 +305,7 @@ class ViewChange:
         assert self.new_view is not None
         new_view = self.new_view
         start, end = new_view.start, new_view.start + len(new_view.owners)
-        r.role = Role.SEQUENCER
+        r.become(Role.SEQUENCER)
         self.last_view_change_at = r.now
         r.ordering.start_serving(start, end, self.new_view_acks)
         r.o_log.commit_new_view(start, end, r.view)
