@@ -54,16 +54,14 @@ class CStore:
     """Every C-instance this replica knows, with its promises and its own indexes."""
 
     __slots__ = (
-        "_checking", "_instances", "_me", "ballot_seen", "get", "high", "next_index",
-        "own_ballot", "promised", "values_to_log",
+        "_checking", "_instances", "_me", "ballot_seen", "high", "next_index", "own_ballot",
+        "promised", "values_to_log",
     )
 
     def __init__(self, replicas: int, me: int, *, checking: bool = False) -> None:
         self._me = me
         self._checking = checking
         self._instances: dict[Key, CInstance] = {}
-        #: the instance at a key, or None (the dict's own ``get``: the hottest read)
-        self.get = self._instances.get
         self.high: list[int] = [NO_INDEX] * replicas
         self.promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
         self.ballot_seen = 0
@@ -72,6 +70,10 @@ class CStore:
         self.values_to_log: set[Key] = set()
 
     # ------------------------------------------------------------------ reading
+    def get(self, key: Key) -> CInstance | None:
+        """The instance at ``key``, or None."""
+        return self._instances.get(key)
+
     def __getitem__(self, key: Key) -> CInstance:
         return self._instances[key]
 
