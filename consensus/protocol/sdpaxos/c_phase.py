@@ -61,7 +61,7 @@ from consensus.messages import (
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, Batch, CInstance, keys_of
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_INDEX, Batch, CInstance, keys_of
 from consensus.protocol.sdpaxos.liveness import RtoEstimator
 from consensus.protocol.types import NEVER, Role
 
@@ -159,7 +159,7 @@ class CPhase:
     def _is_held(self, index: int) -> bool:
         r = self.r
         inst = r.c_store.get((r.me, index))
-        return inst is not None and inst.ballot == HELD and index in r.proposals.pending
+        return inst is not None and inst.held and index in r.proposals.pending
 
     def last_named_index(self) -> int:
         """Our highest index a peer may have heard of. An index held for a recovery is named
@@ -168,7 +168,7 @@ class CPhase:
         proposed after the restart would run in a slot given out before them."""
         r = self.r
         index = r.c_store.next_index - 1
-        while index >= 0 and self._is_held(index):
+        while index > NO_INDEX and self._is_held(index):
             index -= 1
         return index
 
@@ -380,7 +380,7 @@ class CPhase:
         late: list[int] = []
         for index in sorted(r.proposals.pending):
             inst = r.c_store[(r.me, index)]
-            if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
+            if inst.sent_at > deadline or inst.held:  # held: named nowhere yet
                 continue
             inst.sent_at = r.now
             self.rtt_probes.pop(index, None)  # Karn: an answer could be to either copy

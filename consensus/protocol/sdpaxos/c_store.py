@@ -41,7 +41,13 @@ from typing import Final
 from consensus.messages import CAcceptedRecord
 from consensus.protocol.ballot import BALLOT_STRIDE, next_ballot
 from consensus.protocol.checks import violated
-from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, NO_INDEX, Batch, CInstance
+from consensus.protocol.sdpaxos.instances import (
+    NO_BALLOT,
+    NO_INDEX,
+    Batch,
+    CInstance,
+    is_replica,
+)
 
 __all__ = ["CStore", "Key"]
 
@@ -161,7 +167,7 @@ class CStore:
         key = (self._me, index)
         if self._checking and key in self._instances:
             raise violated(_OWNER, f"{key} held while it holds a value")
-        inst = self._instances[key] = CInstance(HELD, None)
+        inst = self._instances[key] = CInstance(NO_BALLOT, None)
         inst.overtaken_at = now
         return inst
 
@@ -225,7 +231,7 @@ class CStore:
         every instance below the compaction point's counts."""
         instances = self._instances
         for owner, index in executed.values():
-            if owner >= 0:  # not NO_CL or SEAL
+            if is_replica(owner):
                 instances.pop((owner, index), None)
         for key in [k for k in instances if k[1] < counts[k[0]]]:
             del instances[key]

@@ -27,7 +27,7 @@ from consensus.messages import (
     OEntry,
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
-from consensus.protocol.sdpaxos.instances import NEVER
+from consensus.protocol.sdpaxos.instances import NEVER, is_replica
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -145,7 +145,7 @@ class CatchUp:
         values = isinstance(msg, Catchup)
         budget = CATCHUP_BYTES
         for owner, index in wanted:
-            if owner < 0:  # NO_CL or SEAL: no C-instance
+            if not is_replica(owner):  # NO_CL or SEAL: no C-instance
                 continue
             if budget <= 0:
                 break

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consensus.messages import Heartbeat, LeaseGrant, PreVote, PreVoteReply
+from consensus.messages import NO_LEASE_REQUEST, Heartbeat, LeaseGrant, PreVote, PreVoteReply
 from consensus.protocol.sdpaxos.instances import NO_SLOT
 from consensus.protocol.sdpaxos.leases import Leases
 from consensus.protocol.sdpaxos.liveness import SilenceTracker
@@ -39,12 +39,7 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_LEASE_REQUEST", "NO_VIEW", "Election"]
-
-#: no pre-vote round under way
-NO_VIEW = -1
-#: a heartbeat that asks for no lease (the sender does not serve)
-NO_LEASE_REQUEST = -1
+__all__ = ["Election"]
 
 
 class Election:
@@ -53,7 +48,8 @@ class Election:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         config = r.config
-        self.prevote_view = NO_VIEW  # the view a pre-vote round is asking about
+        #: the view a pre-vote round is asking about (None: no round under way)
+        self.prevote_view: int | None = None
         self._prevotes: set[int] = set()
         self._prevote_at = 0
         self.higher_view_seen = 0  # a higher view some peer is stuck in (see on_heartbeat)
@@ -78,7 +74,7 @@ class Election:
         self.leases.drop_held()
         self.seq_alive_at = self.r.now
         self.higher_view_seen = 0
-        self.prevote_view = NO_VIEW
+        self.prevote_view = None
         self.roll_election_timeout()
 
     def sequencer_alive(self, now: int) -> None:
@@ -88,8 +84,10 @@ class Election:
     def candidacy_view(self) -> int:
         """The view to run for: one we would lead above every view seen, or the one our
         pre-vote round asked about (the round is over)."""
-        view = max(self.target_view(), self.prevote_view)
-        self.prevote_view = NO_VIEW
+        view = self.target_view()
+        if self.prevote_view is not None:
+            view = max(view, self.prevote_view)
+            self.prevote_view = None
         return view
 
     def tick(self, now: int) -> None:
@@ -137,10 +135,11 @@ class Election:
                     self.higher_view_seen = max(self.higher_view_seen, msg.view)
                 return
             r.join_view(msg.view)
-        if msg.src == r.sequencer and msg.lease_request >= 0:
+        asks_lease = msg.lease_request != NO_LEASE_REQUEST
+        if msg.src == r.sequencer and asks_lease:
             self.seq_alive_at = r.now
         if (
-            msg.lease_request >= 0
+            asks_lease
             and msg.src == r.sequencer
             and r.role is Role.FOLLOWER
             and not r.straggler.suspecting
@@ -182,7 +181,8 @@ class Election:
         silent = (
             r.role is not Role.SEQUENCER and now - self.seq_alive_at > self.election_timeout
         )
-        forced = 0 <= r.straggler.force_election_at <= now
+        forced_at = r.straggler.force_election_at
+        forced = forced_at is not None and forced_at <= now
         lifted = r.role is Role.SEQUENCER and self.higher_view_seen > r.view
         if (silent or forced or lifted) and self.may_vote_for(r.me):
             self._pre_vote()
@@ -199,14 +199,14 @@ class Election:
         """Ask whether a majority would vote for us before bumping any view (Raft's pre-vote),
         so a replica that cannot win never disturbs a working sequencer."""
         r = self.r
-        if self.prevote_view != NO_VIEW and r.now - self._prevote_at < self.election_timeout:
+        if self.prevote_view is not None and r.now - self._prevote_at < self.election_timeout:
             return
-        self.prevote_view = self.target_view()
+        view = self.prevote_view = self.target_view()
         self._prevote_at = r.now
         self._prevotes = {r.me}
         self.roll_election_timeout()
         for peer in r.peers:
-            r.request(peer, PreVote(src=r.me, view=self.prevote_view))
+            r.request(peer, PreVote(src=r.me, view=view))
         if len(self._prevotes) >= r.q:
             r.views.start_candidacy()
 

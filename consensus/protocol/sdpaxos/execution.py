@@ -34,7 +34,7 @@ from consensus.messages import (
     ExecutedRecord,
 )
 from consensus.protocol.ready import executions
-from consensus.protocol.sdpaxos.instances import NO_INDEX
+from consensus.protocol.sdpaxos.instances import NO_INDEX, is_replica
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -71,7 +71,7 @@ class Executor:
                 return
             owner = o_log.value[slot]
             index = NO_INDEX  # NO_CL or SEAL: nothing to run
-            if owner >= 0:
+            if is_replica(owner):
                 index = o_log.exec_count[owner]
                 inst = r.c_store.get((owner, index))
                 if inst is None or not inst.committed or inst.batch is None:
@@ -102,7 +102,7 @@ class Executor:
         for slot in range(start, r.o_log.exec_slot):
             owner, index = r.o_log.executed[slot]
             owners.append(owner)
-            if owner < 0:  # NO_CL or SEAL
+            if not is_replica(owner):  # NO_CL or SEAL
                 ballots.append(0)
                 continue
             inst = r.c_store[(owner, index)]
@@ -140,7 +140,7 @@ class Executor:
             slot = o_log.exec_slot
             owner, ballot = executed[slot]
             index = NO_INDEX  # NO_CL or SEAL
-            if owner >= 0:
+            if is_replica(owner):
                 index = o_log.exec_count[owner]
                 inst = r.c_store.get((owner, index))
                 if inst is None or inst.batch is None or inst.ballot < ballot:

@@ -40,7 +40,7 @@ from consensus.messages import (
     CVote,
 )
 from consensus.protocol.batch import batch_size
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, Recovery
+from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, Recovery, is_replica
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -238,8 +238,9 @@ class CRecovery:
                 # after it was refused and nobody drives it; while execution goes on (the
                 # others' commands) only its age shows it. A replica slow enough to be
                 # suspected kept its clients waiting for good this way.
+                long_ago = r.now - r.election.election_timeout
                 overdue = any(
-                    0 <= r.c_store[(r.me, i)].overtaken_at < r.now - r.election.election_timeout
+                    (at := r.c_store[(r.me, i)].overtaken_at) is not None and at < long_ago
                     for i in stalled
                 )
                 # Execution may also wait on an instance of ours nobody drives any more: a
@@ -270,7 +271,7 @@ class CRecovery:
         if slot not in r.o_log.committed:
             return None
         owner = r.o_log.value[slot]
-        if owner < 0:  # NO_CL or SEAL: no C-instance
+        if not is_replica(owner):  # NO_CL or SEAL: no C-instance
             return None
         key = (owner, r.o_log.exec_count[owner])
         inst = r.c_store.get(key)

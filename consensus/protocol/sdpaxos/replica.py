@@ -121,8 +121,7 @@ from consensus.protocol.sdpaxos.c_store import CStore
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import Batch
-from consensus.protocol.sdpaxos.leases import NO_HOLDER
+from consensus.protocol.sdpaxos.instances import Batch, is_replica
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.o_log import OLog
 from consensus.protocol.sdpaxos.proposals import OwnProposals
@@ -459,7 +458,7 @@ class SDPaxosReplica:
         if placed is None:
             return None
         owner, index = placed
-        batch = self.c_store[(owner, index)].batch if owner >= 0 else ()
+        batch = self.c_store[(owner, index)].batch if is_replica(owner) else ()
         return owner, batch or ()
 
     def close_epoch(self) -> None:
@@ -493,7 +492,7 @@ class SDPaxosReplica:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, Batch] = {}
         for slot, (owner, index) in self.o_log.executed.items():
-            batch = self.c_store[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
+            batch = self.c_store[(owner, index)].batch if is_replica(owner) else ()
             result[slot] = batch or ()
         return result
 
@@ -510,7 +509,7 @@ class SDPaxosReplica:
             voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
             peer_executed={peer: peer_executed[peer] for peer in self.peers},
             lease_held=self.lease_valid(),
-            lease_granted_to=None if granted == NO_HOLDER else granted,
+            lease_granted_to=granted,
         )
 
     @property
@@ -528,11 +527,11 @@ class SDPaxosReplica:
         """The adaptive retransmission timeout (see ``RtoEstimator``)."""
         return self.c_phase.rto.timeout_us
 
-    def lease_granted(self) -> int:
+    def lease_granted(self) -> int | None:
         """The replica this one granted its read lease to, while that lease runs (it votes
-        for no other sequencer meanwhile); ``NO_HOLDER`` otherwise."""
+        for no other sequencer meanwhile); None otherwise."""
         leases = self.election.leases
-        return leases.granted_to if leases.granted_until > self.now else NO_HOLDER
+        return leases.granted_to if leases.granted_until > self.now else None
 
     def lease_valid(self) -> bool:
         """Serving with read leases from a majority (linearizable reads answered here)."""

@@ -47,7 +47,14 @@ from consensus.messages import (
 )
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.sdpaxos.history import HistoryTable
-from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch, OwnerSlots, keys_of, pages
+from consensus.protocol.sdpaxos.instances import (
+    NO_SLOT,
+    Batch,
+    OwnerSlots,
+    is_replica,
+    keys_of,
+    pages,
+)
 from consensus.protocol.sdpaxos.tracker import AckPrefixes
 from consensus.protocol.types import Role, SnapshotMeta
 
@@ -213,13 +220,13 @@ class Sequencer:
         self.sealed_at = NO_SLOT
         for slot in sorted(r.o_log.executed):
             owner = r.o_log.executed[slot][0]
-            if owner >= 0:
+            if is_replica(owner):
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
         for slot in range(r.o_log.exec_slot, end):
             owner = r.o_log.value.get(slot, NO_CL)
-            if owner >= 0:
+            if is_replica(owner):
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot

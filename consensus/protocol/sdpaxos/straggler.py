@@ -35,7 +35,7 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_ELECTION", "ORDER_LAG_FACTOR", "SUSPECT_WINDOWS", "WAIT_SAMPLES",
+__all__ = ["ORDER_LAG_FACTOR", "SUSPECT_WINDOWS", "WAIT_SAMPLES",
            "OrderingWindow", "StragglerDetector"]
 
 #: Straggler detection samples its own commands' waits this many times per window ...
@@ -45,8 +45,6 @@ WAIT_SAMPLES = 20
 ORDER_LAG_FACTOR = 4
 #: a peer's suspicion counts for this many straggler windows after its last Suspect
 SUSPECT_WINDOWS = 3
-#: no election forced
-NO_ELECTION = -1
 
 
 class OrderingWindow:
@@ -96,7 +94,7 @@ class StragglerDetector:
         self.suspecting = False
         #: replicas suspecting the sequencer (us included) -> when we last heard so
         self.suspects: dict[int, int] = {}
-        self.force_election_at = NO_ELECTION
+        self.force_election_at: int | None = None  # when to run (a majority agreed)
 
     def start(self, now: int) -> None:
         """The first input of this incarnation: the first window starts."""
@@ -115,7 +113,7 @@ class StragglerDetector:
         self.suspects.clear()
         self.suspecting = False
         self.window.slow_in_row = 0
-        self.force_election_at = NO_ELECTION
+        self.force_election_at = None
 
     def watch_ordering(self) -> None:
         r = self.r
@@ -134,7 +132,7 @@ class StragglerDetector:
             return
         cooled = r.now - r.views.last_view_change_at >= r.config.straggler_cooldown_us
         if self.suspecting:
-            if self.force_election_at != NO_ELECTION:
+            if self.force_election_at is not None:
                 return  # a majority agreed: the election is under way
             if self.window.healthy_in_row >= windows:
                 self.suspecting = False  # no majority joined, and ordering is fine again
@@ -174,7 +172,7 @@ class StragglerDetector:
         # been withdrawn.
         since = r.now - SUSPECT_WINDOWS * r.config.straggler_window_us
         agreeing = sum(1 for heard in self.suspects.values() if heard >= since)
-        if self.suspecting and agreeing >= r.q and self.force_election_at == NO_ELECTION:
+        if self.suspecting and agreeing >= r.q and self.force_election_at is None:
             # Stop renewing the lease (done: we are suspecting); once it lapses, run.
             delay = int(r.rng.random() * r.config.election_timeout_us / 2)
             self.force_election_at = max(r.election.leases.granted_until, r.now) + delay

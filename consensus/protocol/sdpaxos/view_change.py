@@ -61,7 +61,7 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_POSITION", "VIEW_SPAN", "ViewChange", "fill_for"]
+__all__ = ["VIEW_SPAN", "ViewChange", "fill_for"]
 
 #: A view change reports and re-proposes at most about this many executed slots: a voter
 #: does not vote for a candidate that executed this many slots less than itself, and with
@@ -69,9 +69,6 @@ __all__ = ["NO_POSITION", "VIEW_SPAN", "ViewChange", "fill_for"]
 #: replica catches up under a view that a nearer replica leads. (A quarter of the codec's
 #: MAX_ENTRIES, so a vote's executed and accepted slots together fit one message.)
 VIEW_SPAN = MAX_ENTRIES // 4
-
-#: ``fill_for``: m needs no slot of the new view's (it owns enough below it)
-NO_POSITION = -1
 
 
 class ViewChange:
@@ -359,7 +356,7 @@ def fill_for(
     # spent seconds on a vote naming thousands of m's instances): until m owns
     # ``needed``, every hole gets m; the needed-th then has no hole before it.
     count = before
-    last_needed = NO_POSITION
+    surplus_from = 0  # the position after m's needed-th (0: m owns enough below the start)
     for position, owner in enumerate(owners):
         if count >= needed:
             break
@@ -368,13 +365,13 @@ def fill_for(
         if owner == m:
             count += 1
             if count == needed:
-                last_needed = position
+                surplus_from = position + 1
     if count < needed and not extend:
         return  # every hole is m's: there is no surplus to take back
     while count < needed:
         owners.append(m)
         count += 1
-        last_needed = len(owners) - 1
-    for position in range(last_needed + 1, len(owners)):
+        surplus_from = len(owners)
+    for position in range(surplus_from, len(owners)):
         if owners[position] == m:
             owners[position] = None

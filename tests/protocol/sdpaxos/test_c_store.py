@@ -11,7 +11,7 @@ from consensus.errors import InvariantViolation
 from consensus.messages import CAcceptedRecord
 from consensus.protocol.ballot import BALLOT_STRIDE, ballot_of
 from consensus.protocol.sdpaxos.c_store import CStore
-from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, NO_INDEX
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_INDEX
 
 from .builders import A, B
 
@@ -102,12 +102,13 @@ def test_a_held_index_accepts_its_recovery_proposal() -> None:
     s = store()
     index = s.take_index()
     held = s.hold(index, now=5)
-    assert (held.ballot, held.batch, held.overtaken_at) == (HELD, None, 5)
+    assert held.held and (held.ballot, held.batch, held.overtaken_at) == (NO_BALLOT, None, 5)
     assert s.high[ME] == NO_INDEX  # nothing accepted yet
     with pytest.raises(InvariantViolation, match="held while it holds a value"):
         s.hold(index, now=6)
     s.accept(ME, index, ballot_of(1, ME), (A,))
     assert s[(ME, index)] is held and held.batch == (A,) and s.high[ME] == index
+    assert not held.held
 
 
 # =========================================================================== ballots, promises

@@ -8,9 +8,8 @@ import pytest
 from util import core, drain
 
 from consensus.errors import LocalProtocolError
-from consensus.messages import Heartbeat, OAccept, OEntry, ViewRecord
+from consensus.messages import NO_LEASE_REQUEST, Heartbeat, OAccept, OEntry, ViewRecord
 from consensus.protocol.ready import Ready
-from consensus.protocol.sdpaxos.election import NO_LEASE_REQUEST
 from consensus.protocol.types import Role
 
 from .builders import A
