@@ -28,11 +28,15 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
 ``process-ready <rs>``
     for each replica: ``ready()``, print it (see below), carry it out (records made durable,
     messages queued, commands applied to the state machine, reads served), ``advance()``.
-``deliver-msgs <rs> [type=T] [from=S]``
+``deliver-msgs <rs> [type=T] [from=S] [only=first|last]``
     deliver (``step``) every queued message for those replicas, of type ``T`` and from
-    ``S`` only if given; a message on a link the partition cuts is dropped instead.
-``drop-msgs <rs> [type=T] [from=S]``
+    ``S`` only if given (with ``only``, just the oldest or the newest of them); a message on
+    a link the partition cuts is dropped instead.
+``drop-msgs <rs> [type=T] [from=S] [only=first|last]``
     lose those messages.
+``dup-msgs <rs> [type=T] [from=S] [only=first|last]``
+    the network duplicates those messages: a copy of each is queued behind everything its
+    link holds.
 ``tick <rs> <us>``
     advance the clock by ``us`` and call ``tick(now)`` on those replicas (nothing is printed:
     the timers' effects show in the next ``process-ready``).
@@ -439,38 +443,53 @@ class InteractionEnv:
         self.links.setdefault((src, dst), []).append(_InFlight(self._sent, src, dst, item))
 
     # ------------------------------------------------------------------ delivery
-    def _take(self, dst: int, kind: str | None, src: int | None) -> list[_InFlight]:
-        """Remove and return the matching messages queued for ``dst``, in sending order."""
-        taken: list[_InFlight] = []
-        for (a, b), queue in self.links.items():
-            if b != dst or (src is not None and a != src):
-                continue
-            keep = []
-            for flight in queue:
-                if kind is None or _kind(flight.item) == kind:
-                    taken.append(flight)
-                else:
-                    keep.append(flight)
-            queue[:] = keep
-        return sorted(taken, key=lambda f: f.seq)
+    def _matching(self, dst: int, kind: str | None, src: int | None,
+                  only: str | None = None) -> list[_InFlight]:
+        """The messages queued for ``dst`` (of type ``kind``, from ``src``), in sending order;
+        with ``only``, the ``first`` or the ``last`` of them."""
+        matching = sorted(
+            (flight for (a, b), queue in self.links.items()
+             if b == dst and (src is None or a == src)
+             for flight in queue if kind is None or _kind(flight.item) == kind),
+            key=lambda f: f.seq,
+        )
+        if only == "first":
+            return matching[:1]
+        if only == "last":
+            return matching[-1:]
+        return matching
 
-    def _filters(self, block: Block) -> tuple[list[int], str | None, int | None]:
+    def _take(self, dst: int, kind: str | None, src: int | None,
+              only: str | None = None) -> list[_InFlight]:
+        """Remove and return the matching messages (``_matching``)."""
+        taken = self._matching(dst, kind, src, only)
+        chosen = {id(flight) for flight in taken}
+        for (_, b), queue in self.links.items():
+            if b == dst:
+                queue[:] = [flight for flight in queue if id(flight) not in chosen]
+        return taken
+
+    def _filters(self, block: Block) -> tuple[list[int], str | None, int | None, str | None]:
         kwargs = block.kwargs()
-        unknown = set(kwargs) - {"type", "from"}
+        unknown = set(kwargs) - {"type", "from", "only"}
         if unknown:
             raise ValueError(f"unknown options {sorted(unknown)}")
+        only = kwargs.get("only")
+        if only not in (None, "first", "last"):
+            raise ValueError(f"only=first or only=last, not only={only}")
         src = self._replica(kwargs["from"]) if "from" in kwargs else None
-        return self._replicas(block.positional()), kwargs.get("type"), src
+        return self._replicas(block.positional()), kwargs.get("type"), src, only
 
     def cmd_deliver_msgs(self, block: Block) -> list[str]:
-        replicas, kind, src = self._filters(block)
+        replicas, kind, src, only = self._filters(block)
         out: list[str] = []
         for rid in replicas:
-            out.extend(self._deliver(rid, kind, src))
+            out.extend(self._deliver(rid, kind, src, only))
         return out
 
-    def _deliver(self, rid: int, kind: str | None, src: int | None) -> list[str]:
-        flights = self._take(rid, kind, src)
+    def _deliver(self, rid: int, kind: str | None, src: int | None,
+                 only: str | None = None) -> list[str]:
+        flights = self._take(rid, kind, src, only)
         lines: list[str] = []
         for flight in flights:
             text = f"{flight.src}->{flight.dst} {self.fmt_item(flight.item)}"
@@ -504,13 +523,22 @@ class InteractionEnv:
         return [f"installed snapshot at slot {meta.slot}; {len(node.records)} durable records"]
 
     def cmd_drop_msgs(self, block: Block) -> list[str]:
-        replicas, kind, src = self._filters(block)
+        replicas, kind, src, only = self._filters(block)
         out: list[str] = []
         for rid in replicas:
             out.extend(
                 f"dropped {f.src}->{f.dst} {self.fmt_item(f.item)}"
-                for f in self._take(rid, kind, src)
+                for f in self._take(rid, kind, src, only)
             )
+        return out
+
+    def cmd_dup_msgs(self, block: Block) -> list[str]:
+        replicas, kind, src, only = self._filters(block)
+        out: list[str] = []
+        for rid in replicas:
+            for f in self._matching(rid, kind, src, only):
+                self._queue(f.src, f.dst, f.item)  # behind what the link holds already
+                out.append(f"duplicated {f.src}->{f.dst} {self.fmt_item(f.item)}")
         return out
 
     def cmd_stabilize(self, block: Block) -> list[str]:
