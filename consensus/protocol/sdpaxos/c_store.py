@@ -71,8 +71,13 @@ class CStore:
         self.high: list[int] = [NO_INDEX] * replicas
         self.promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
         self.ballot_seen = 0
+        # Our instances start pre-prepared at (0, me); once a Prepare (ours or a recoverer's)
+        # promised a higher ballot over our instance space, we propose at the ballot of our
+        # own last successful Prepare instead: one phase 1 for all later instances.
         self.own_ballot = me
         self.next_index = 0
+        # chosen values we hold but never accepted (learned from a commit): written to our
+        # records when executed, so that a restart can execute them again from the records
         self.values_to_log: set[Key] = set()
 
     # ------------------------------------------------------------------ reading
@@ -122,16 +127,12 @@ class CStore:
         """We accepted ``batch`` for ``C[owner][index]`` at ``ballot`` (ours, a peer's or a
         recovery's proposal): the caller persists it (``CAcceptedRecord``)."""
         key = (owner, index)
-        inst = self._instances.get(key)
-        if inst is None:
-            inst = self._instances[key] = CInstance(ballot, batch)
-        else:
-            if self._checking:
-                self._check_open(key, inst)
-                if ballot < inst.ballot:
-                    raise violated(_OWNER, f"{key} accepted at ballot {ballot} after "
-                                           f"{inst.ballot}")
-            inst.ballot, inst.batch = ballot, batch
+        if self._checking:
+            before = self._instances.get(key)
+            if before is not None and ballot < before.ballot:
+                raise violated(_OWNER, f"{key} accepted at ballot {ballot} after "
+                                       f"{before.ballot}")
+        inst = self._write(key, ballot, batch)
         if index > self.high[owner]:
             self.high[owner] = index
         if owner == self._me:
@@ -142,14 +143,18 @@ class CStore:
         """``C[owner][index]`` was chosen with ``batch`` at ``ballot`` (a commit told us; we
         did not accept it): the execution record carries it (``values_to_log``)."""
         key = (owner, index)
+        inst = self._write(key, ballot, batch)
+        self.values_to_log.add(key)
+        return inst
+
+    def _write(self, key: Key, ballot: int, batch: Batch) -> CInstance:
         inst = self._instances.get(key)
         if inst is None:
             inst = self._instances[key] = CInstance(ballot, batch)
         else:
-            if self._checking:
-                self._check_open(key, inst)
+            if self._checking and inst.committed:
+                raise violated(_OWNER, f"{key} is chosen: its value cannot change")
             inst.ballot, inst.batch = ballot, batch
-        self.values_to_log.add(key)
         return inst
 
     def choose(self, owner: int, index: int, inst: CInstance) -> None:
@@ -238,10 +243,6 @@ class CStore:
         self.values_to_log = {k for k in self.values_to_log if k[1] >= counts[k[0]]}
 
     # ------------------------------------------------------------------ checks
-    def _check_open(self, key: Key, inst: CInstance) -> None:
-        if inst.committed:
-            raise violated(_OWNER, f"{key} is chosen: its value cannot change")
-
     def check(self) -> None:
         """Verify every invariant over the whole store (tests; O(instances))."""
         me = self._me

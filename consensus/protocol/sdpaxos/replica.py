@@ -502,14 +502,13 @@ class SDPaxosReplica:
     def status(self) -> CoreStatus:
         """Role, view, execution frontier, the peers' reported frontiers and the leases
         (replicas are this core's indexes, slots its own: see ``MemberReplica.status``)."""
-        granted = self.lease_granted()
         peer_executed = self.catchup.peer_executed
         return CoreStatus(
             role=self.role, view=self.view, executed=self.o_log.exec_slot,
             voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
             peer_executed={peer: peer_executed[peer] for peer in self.peers},
             lease_held=self.lease_valid(),
-            lease_granted_to=granted,
+            lease_granted_to=self.lease_granted(),
         )
 
     @property
