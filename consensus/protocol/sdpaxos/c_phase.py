@@ -153,12 +153,12 @@ class CPhase:
         return [
             index
             for index in r.proposals.pending
-            if not (inst := r.c_store[(r.me, index)]).leading and not inst.committed
+            if not (inst := r.c_store.instances[(r.me, index)]).leading and not inst.committed
         ]
 
     def _is_held(self, index: int) -> bool:
         r = self.r
-        inst = r.c_store.get((r.me, index))
+        inst = r.c_store.instances.get((r.me, index))
         return inst is not None and inst.held and index in r.proposals.pending
 
     def last_named_index(self) -> int:
@@ -174,7 +174,7 @@ class CPhase:
 
     def send_crequest(self, index: int) -> None:
         r = self.r
-        inst = r.c_store.get((r.me, index))
+        inst = r.c_store.instances.get((r.me, index))
         request = CRequest(
             src=r.me,
             view=r.view,
@@ -191,7 +191,7 @@ class CPhase:
     def on_cack(self, msg: CAck) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c_store.get(key)
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.leading and msg.ballot % BALLOT_STRIDE == r.me:
             # (a ballot of ours: we may still lead at one a higher proposal overtook)
             if inst.ballot == msg.ballot and not inst.committed:
@@ -288,7 +288,7 @@ class CPhase:
         key = (msg.owner, msg.index)
         store = r.c_store
         store.see_ballot(msg.ballot)
-        inst = store.get(key)
+        inst = store.instances.get(key)
         floor = max(store.promised_ballot(msg.owner, msg.index),
                     inst.ballot if inst else NO_BALLOT)
         if msg.ballot < floor:
@@ -326,7 +326,7 @@ class CPhase:
     def on_ccommit(self, msg: CCommit) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c_store.get(key)
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.committed:
             return
         if msg.batch is None:
@@ -351,7 +351,7 @@ class CPhase:
     def on_cnack(self, msg: CNack) -> None:
         r = self.r
         r.c_store.see_ballot(msg.ballot)
-        inst = r.c_store.get((msg.owner, msg.index))
+        inst = r.c_store.instances.get((msg.owner, msg.index))
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
             inst.overtaken_at = r.now
@@ -379,7 +379,7 @@ class CPhase:
         deadline = r.now - self.rto.timeout_us
         late: list[int] = []
         for index in sorted(r.proposals.pending):
-            inst = r.c_store[(r.me, index)]
+            inst = r.c_store.instances[(r.me, index)]
             if inst.sent_at > deadline or inst.held:  # held: named nowhere yet
                 continue
             inst.sent_at = r.now
@@ -388,7 +388,7 @@ class CPhase:
             if not inst.committed and inst.leading:
                 self.resend_accept(r.me, index, inst)
         for owner, index in sorted(self.reproposing):
-            inst = r.c_store[(owner, index)]
+            inst = r.c_store.instances[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = r.now
                 self.resend_accept(owner, index, inst)
@@ -428,7 +428,7 @@ class CPhase:
         """Our view's NewView is accepted: send again what it has not ordered or chosen."""
         r = self.r
         for index in sorted(r.proposals.pending):
-            inst = r.c_store[(r.me, index)]
+            inst = r.c_store.instances[(r.me, index)]
             inst.sent_at = r.now
             if not inst.committed and inst.leading:
                 self.resend_accept(r.me, index, inst)

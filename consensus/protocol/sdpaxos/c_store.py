@@ -3,8 +3,9 @@ C-instances, and the indexes of its own.
 
 ``CStore`` is the only writer of
 
-* the values: per ``(owner, index)`` a ``CInstance`` whose ``ballot``, ``batch`` and
-  ``committed`` change only here (``accept``, ``learn``, ``choose``, ``hold``, ``restore``);
+* the values: per ``(owner, index)`` a ``CInstance`` (``instances``: the parts read the map
+  itself, typed read-only) whose ``ballot``, ``batch`` and ``committed`` change only here
+  (``accept``, ``learn``, ``choose``, ``hold``, ``restore``);
   the proposer's bookkeeping on it (``leading``, ``acks``, ``sent_at``, ``sent_to``,
   ``overtaken_at``) is the C-phase's (c_phase.py);
 * ``high``: per owner, the highest index accepted here (``NO_INDEX``: none), what a vote
@@ -44,9 +45,9 @@ from consensus.protocol.checks import violated
 from consensus.protocol.sdpaxos.instances import (
     NO_BALLOT,
     NO_INDEX,
+    PLACES_NOTHING,
     Batch,
     CInstance,
-    is_replica,
 )
 
 __all__ = ["CStore", "Key"]
@@ -60,14 +61,17 @@ class CStore:
     """Every C-instance this replica knows, with its promises and its own indexes."""
 
     __slots__ = (
-        "_checking", "_instances", "_me", "ballot_seen", "high", "next_index", "own_ballot",
-        "promised", "values_to_log",
+        "_checking", "_instances", "_me", "ballot_seen", "high", "instances", "next_index",
+        "own_ballot", "promised", "values_to_log",
     )
 
     def __init__(self, replicas: int, me: int, *, checking: bool = False) -> None:
         self._me = me
         self._checking = checking
         self._instances: dict[Key, CInstance] = {}
+        #: every instance known, by key: read it here (the one map, not a copy); change it
+        #: only through the methods below
+        self.instances: Mapping[Key, CInstance] = self._instances
         self.high: list[int] = [NO_INDEX] * replicas
         self.promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
         self.ballot_seen = 0
@@ -127,12 +131,14 @@ class CStore:
         """We accepted ``batch`` for ``C[owner][index]`` at ``ballot`` (ours, a peer's or a
         recovery's proposal): the caller persists it (``CAcceptedRecord``)."""
         key = (owner, index)
-        if self._checking:
-            before = self._instances.get(key)
-            if before is not None and ballot < before.ballot:
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = self._instances[key] = CInstance(ballot, batch)
+        else:
+            if self._checking and ballot < inst.ballot:
                 raise violated(_OWNER, f"{key} accepted at ballot {ballot} after "
-                                       f"{before.ballot}")
-        inst = self._write(key, ballot, batch)
+                                       f"{inst.ballot}")
+            self._overwrite(key, inst, ballot, batch)
         if index > self.high[owner]:
             self.high[owner] = index
         if owner == self._me:
@@ -143,19 +149,18 @@ class CStore:
         """``C[owner][index]`` was chosen with ``batch`` at ``ballot`` (a commit told us; we
         did not accept it): the execution record carries it (``values_to_log``)."""
         key = (owner, index)
-        inst = self._write(key, ballot, batch)
-        self.values_to_log.add(key)
-        return inst
-
-    def _write(self, key: Key, ballot: int, batch: Batch) -> CInstance:
         inst = self._instances.get(key)
         if inst is None:
             inst = self._instances[key] = CInstance(ballot, batch)
         else:
-            if self._checking and inst.committed:
-                raise violated(_OWNER, f"{key} is chosen: its value cannot change")
-            inst.ballot, inst.batch = ballot, batch
+            self._overwrite(key, inst, ballot, batch)
+        self.values_to_log.add(key)
         return inst
+
+    def _overwrite(self, key: Key, inst: CInstance, ballot: int, batch: Batch) -> None:
+        if self._checking and inst.committed:
+            raise violated(_OWNER, f"{key} is chosen: its value cannot change")
+        inst.ballot, inst.batch = ballot, batch
 
     def choose(self, owner: int, index: int, inst: CInstance) -> None:
         """``C[owner][index]`` (``inst``) is chosen with the value it holds."""
@@ -236,7 +241,7 @@ class CStore:
         every instance below the compaction point's counts."""
         instances = self._instances
         for owner, index in executed.values():
-            if is_replica(owner):
+            if owner not in PLACES_NOTHING:
                 instances.pop((owner, index), None)
         for key in [k for k in instances if k[1] < counts[k[0]]]:
             del instances[key]

@@ -27,7 +27,7 @@ from consensus.messages import (
     OEntry,
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
-from consensus.protocol.sdpaxos.instances import NEVER, is_replica
+from consensus.protocol.sdpaxos.instances import NEVER, PLACES_NOTHING
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -72,7 +72,7 @@ class CatchUp:
         # commands, more bytes than the replication itself). Ask when far behind (a restart,
         # a healed partition; pipelined below) or when execution stopped.
         behind = ahead > r.o_log.exec_slot and (ahead - r.o_log.exec_slot > CATCHUP_BATCH or idle)
-        stuck = (bool(r.proposals) or r.o_log.high > r.o_log.exec_slot) and idle
+        stuck = (bool(r.proposals.pending) or r.o_log.high > r.o_log.exec_slot) and idle
         if not (behind or stuck):
             self._lacks_values = False
             return
@@ -137,7 +137,7 @@ class CatchUp:
         for owner in range(r.n):
             index = o_log.exec_count[owner]
             while len(wanted) < 2 * CATCHUP_BATCH:
-                inst = r.c_store.get((owner, index))
+                inst = r.c_store.instances.get((owner, index))
                 if inst is None or not inst.committed:
                     break
                 wanted.append((owner, index))
@@ -145,11 +145,11 @@ class CatchUp:
         values = isinstance(msg, Catchup)
         budget = CATCHUP_BYTES
         for owner, index in wanted:
-            if not is_replica(owner):  # NO_CL or SEAL: no C-instance
+            if owner in PLACES_NOTHING:  # no C-instance
                 continue
             if budget <= 0:
                 break
-            inst = r.c_store[(owner, index)]
+            inst = r.c_store.instances[(owner, index)]
             if values:
                 budget -= batch_size(inst.batch or ())
             commit_c = CCommit(

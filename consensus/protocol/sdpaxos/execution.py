@@ -34,7 +34,7 @@ from consensus.messages import (
     ExecutedRecord,
 )
 from consensus.protocol.ready import executions
-from consensus.protocol.sdpaxos.instances import NO_INDEX, is_replica
+from consensus.protocol.sdpaxos.instances import NO_INDEX, PLACES_NOTHING
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -71,9 +71,9 @@ class Executor:
                 return
             owner = o_log.value[slot]
             index = NO_INDEX  # NO_CL or SEAL: nothing to run
-            if is_replica(owner):
+            if owner not in PLACES_NOTHING:
                 index = o_log.exec_count[owner]
-                inst = r.c_store.get((owner, index))
+                inst = r.c_store.instances.get((owner, index))
                 if inst is None or not inst.committed or inst.batch is None:
                     return
                 led_here = owner == r.me
@@ -94,20 +94,21 @@ class Executor:
         chosen values among them that our records lack: a restart executes them again from
         its own records (``replay_executed``) instead of re-learning the log from peers."""
         r = self.r
-        start = max(self.logged, r.o_log.compacted)
-        if start >= r.o_log.exec_slot:
+        o_log, store = r.o_log, r.c_store
+        start = max(self.logged, o_log.compacted)
+        if start >= o_log.exec_slot:
             return
         owners: list[int] = []
         ballots: list[int] = []
-        for slot in range(start, r.o_log.exec_slot):
-            owner, index = r.o_log.executed[slot]
+        for slot in range(start, o_log.exec_slot):
+            owner, index = o_log.executed[slot]
             owners.append(owner)
-            if not is_replica(owner):  # NO_CL or SEAL
+            if owner in PLACES_NOTHING:
                 ballots.append(0)
                 continue
-            inst = r.c_store[(owner, index)]
+            inst = store.instances[(owner, index)]
             ballots.append(inst.ballot)
-            if r.c_store.take_value_to_log((owner, index)):
+            if store.values_to_log and store.take_value_to_log((owner, index)):
                 assert inst.batch is not None
                 r.out.log.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
@@ -120,7 +121,7 @@ class Executor:
                     ballots=tuple(ballots[offset : offset + MAX_SLOTS]),
                 )
             )
-        self.logged = r.o_log.exec_slot
+        self.logged = o_log.exec_slot
 
     def replay_executed(self, executed: Mapping[int, tuple[int, int]]) -> None:
         """After a restart: execute again, from our own records, the slots an
@@ -140,9 +141,9 @@ class Executor:
             slot = o_log.exec_slot
             owner, ballot = executed[slot]
             index = NO_INDEX  # NO_CL or SEAL
-            if is_replica(owner):
+            if owner not in PLACES_NOTHING:
                 index = o_log.exec_count[owner]
-                inst = r.c_store.get((owner, index))
+                inst = r.c_store.instances.get((owner, index))
                 if inst is None or inst.batch is None or inst.ballot < ballot:
                     break
                 r.c_store.choose(owner, index, inst)

@@ -5,7 +5,7 @@ the leader's bookkeeping). ``OwnerSlots``: the slots of one owner's O-instances 
 compacted prefix. ``Recovery``: one Prepare round. The markers for "no value" live here, each
 below every value of its kind (so comparisons need no special case; the codec carries them):
 ``NO_BALLOT``, ``NO_INDEX``, ``NO_SLOT``, and ``NEVER`` for times; what is merely absent is
-None. ``is_replica`` tells a slot's replica from ``NO_CL`` and ``SEAL``. With the pure
+None. ``PLACES_NOTHING`` tells ``NO_CL`` and ``SEAL`` from a slot's replica. With the pure
 helpers ``pages``, ``keys_of`` and ``union_keys``.
 """
 
@@ -30,17 +30,20 @@ NO_INDEX = -1
 NO_BALLOT = -1
 #: below every slot
 NO_SLOT = -1
+#: the O-instance values that place no C-instance (every other value names a replica, whose
+#: next C-instance it places)
+PLACES_NOTHING = frozenset({messages.NO_CL, messages.SEAL})
 
 __all__ = [
     "NEVER",
     "NO_BALLOT",
     "NO_INDEX",
     "NO_SLOT",
+    "PLACES_NOTHING",
     "Batch",
     "CInstance",
     "OwnerSlots",
     "Recovery",
-    "is_replica",
     "keys_of",
     "pages",
     "union_keys",
@@ -48,12 +51,6 @@ __all__ = [
 
 Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
 _T = TypeVar("_T")
-
-
-def is_replica(owner: int) -> bool:
-    """An O-instance's value names a replica (whose next C-instance it places), not ``NO_CL``
-    or ``SEAL`` (which place none)."""
-    return owner >= 0
 
 
 class CInstance:

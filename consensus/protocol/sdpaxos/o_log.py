@@ -39,7 +39,7 @@ from typing import Final
 
 from consensus.messages import SEAL, OAcceptedRecord
 from consensus.protocol.checks import violated
-from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT, is_replica
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT, PLACES_NOTHING
 from consensus.protocol.types import SnapshotMeta
 
 __all__ = ["OLog"]
@@ -222,7 +222,7 @@ class OLog:
         ``NO_CL`` and ``SEAL``, which place nothing; a SEAL ends the log)."""
         if self._checking and slot != self.exec_slot:
             raise violated(_OWNER, f"slot {slot} executed at frontier {self.exec_slot}")
-        if is_replica(owner):
+        if owner not in PLACES_NOTHING:
             self.exec_count[owner] = index + 1
         self.executed[slot] = (owner, index)
         # the slot is done: forget what only the unexecuted part of the log needs

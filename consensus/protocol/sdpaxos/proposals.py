@@ -61,20 +61,15 @@ class OwnProposals:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         self._pending: dict[int, Batch] = {}
+        #: own index -> the batch we proposed there, for every proposal not reported yet
+        #: (read it here; it changes only through the methods below)
+        self.pending: Mapping[int, Batch] = self._pending
         #: own indexes found in our records at a restart, driven again once caught up
         self._found: list[int] = []
         # ... with the batches the records hold: executed as they are, they are ready, even
         # if something decided them before this incarnation drove them (then they are not
         # pending): the new incarnation reports them like the old one would have
         self._found_batches: dict[int, Batch] = {}
-
-    @property
-    def pending(self) -> Mapping[int, Batch]:
-        """Own index -> the batch we proposed there, for every proposal not reported yet."""
-        return self._pending
-
-    def __bool__(self) -> bool:
-        return bool(self._pending)
 
     def propose(self, index: int, batch: Batch) -> None:
         """We proposed ``batch`` at our ``index`` (or hold it there for our recovery)."""
@@ -88,7 +83,7 @@ class OwnProposals:
         for index in sorted(pending):
             if index >= ordered:
                 break
-            inst = store[(me, index)]
+            inst = store.instances[(me, index)]
             if inst.committed:
                 batch = pending.pop(index)
                 if inst.batch == batch:
@@ -156,7 +151,7 @@ class OwnProposals:
         self._found_batches = {
             index: batch
             for index in self._found
-            if index >= executed and (batch := store[(r.me, index)].batch) is not None
+            if index >= executed and (batch := store.instances[(r.me, index)].batch) is not None
         }
 
     def resume_after_restart(self) -> None:
@@ -169,7 +164,7 @@ class OwnProposals:
             return  # still catching up: most of them are probably decided
         store, executed = r.c_store, r.o_log.exec_count[r.me]
         for index in self._found:
-            inst = store[(r.me, index)]
+            inst = store.instances[(r.me, index)]
             if index >= executed and not inst.committed and inst.batch:
                 r.c_phase.drive_again(inst)
                 self._pending[index] = inst.batch

@@ -108,7 +108,7 @@ class ReadinessRule:
     def check_ready(self) -> None:
         """Report our commands whose instances are chosen and durably ordered, in order."""
         proposals = self.r.proposals
-        if proposals:
+        if proposals.pending:
             proposals.ready_below(self.ordered_own())
 
 
@@ -156,7 +156,7 @@ class CountRule(ReadinessRule):
             slot = mine[index]
             if index in pending or slot < o_log.exec_slot or slot in o_log.committed:
                 continue  # late ones were handled already
-            own = r.c_store.get((r.me, index))
+            own = r.c_store.instances.get((r.me, index))
             if own is None or own.sent_at > deadline:
                 continue
             for peer in r.peers:

@@ -40,7 +40,7 @@ from consensus.messages import (
     CVote,
 )
 from consensus.protocol.batch import batch_size
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, Recovery, is_replica
+from consensus.protocol.sdpaxos.instances import NO_INDEX, PLACES_NOTHING, Batch, Recovery
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -152,7 +152,7 @@ class CRecovery:
         votes: list[CVote] = []
         budget = PROMISE_PAGE_BYTES
         for index in range(from_index, r.c_store.high[owner] + 1):
-            inst = r.c_store.get((owner, index))
+            inst = r.c_store.instances.get((owner, index))
             if inst is None or inst.batch is None:
                 continue
             size = batch_size(inst.batch)
@@ -200,7 +200,7 @@ class CRecovery:
         # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
         last = min(high, min(p.through for p in recovery.promises.values()))
         for index in range(first, last + 1):
-            inst = r.c_store.get((msg.owner, index))
+            inst = r.c_store.instances.get((msg.owner, index))
             if inst is not None and inst.committed:
                 continue
             found = best.get(index)
@@ -239,15 +239,16 @@ class CRecovery:
                 # others' commands) only its age shows it. A replica slow enough to be
                 # suspected kept its clients waiting for good this way.
                 long_ago = r.now - r.election.election_timeout
+                instances = r.c_store.instances
                 overdue = any(
-                    (at := r.c_store[(r.me, i)].overtaken_at) is not None and at < long_ago
+                    (at := instances[(r.me, i)].overtaken_at) is not None and at < long_ago
                     for i in stalled
                 )
                 # Execution may also wait on an instance of ours nobody drives any more: a
                 # no-op a recovery of ours proposed before we restarted, say.
                 blocking = self._blocking_instance()
                 if blocking is not None and blocking[0] == r.me:
-                    inst = r.c_store.get(blocking)
+                    inst = r.c_store.instances.get(blocking)
                     if inst is None or not inst.leading:
                         stalled.append(blocking[1])
                 halted = r.now - r.executor.progress_at > r.election.election_timeout
@@ -271,10 +272,10 @@ class CRecovery:
         if slot not in r.o_log.committed:
             return None
         owner = r.o_log.value[slot]
-        if not is_replica(owner):  # NO_CL or SEAL: no C-instance
+        if owner in PLACES_NOTHING:  # no C-instance
             return None
         key = (owner, r.o_log.exec_count[owner])
-        inst = r.c_store.get(key)
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.committed:
             return None
         return key
@@ -291,7 +292,7 @@ class CRecovery:
         r = self.r
         high = max(r.c_store.high[owner], r.o_log.count_of(owner) - 1)
         for index in range(from_index, high + 1):
-            inst = r.c_store.get((owner, index))
+            inst = r.c_store.instances.get((owner, index))
             if inst is None or not inst.committed:
                 return False
         return True

@@ -121,7 +121,7 @@ from consensus.protocol.sdpaxos.c_store import CStore
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import Batch, is_replica
+from consensus.protocol.sdpaxos.instances import PLACES_NOTHING, Batch
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
 from consensus.protocol.sdpaxos.o_log import OLog
 from consensus.protocol.sdpaxos.proposals import OwnProposals
@@ -458,7 +458,7 @@ class SDPaxosReplica:
         if placed is None:
             return None
         owner, index = placed
-        batch = self.c_store[(owner, index)].batch if is_replica(owner) else ()
+        batch = self.c_store.instances[(owner, index)].batch if owner not in PLACES_NOTHING else ()
         return owner, batch or ()
 
     def close_epoch(self) -> None:
@@ -491,8 +491,9 @@ class SDPaxosReplica:
     def committed_log(self) -> Mapping[int, Batch]:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, Batch] = {}
+        instances = self.c_store.instances
         for slot, (owner, index) in self.o_log.executed.items():
-            batch = self.c_store[(owner, index)].batch if is_replica(owner) else ()
+            batch = instances[(owner, index)].batch if owner not in PLACES_NOTHING else ()
             result[slot] = batch or ()
         return result
 

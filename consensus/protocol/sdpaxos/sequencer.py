@@ -49,9 +49,9 @@ from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.sdpaxos.history import HistoryTable
 from consensus.protocol.sdpaxos.instances import (
     NO_SLOT,
+    PLACES_NOTHING,
     Batch,
     OwnerSlots,
-    is_replica,
     keys_of,
     pages,
 )
@@ -118,7 +118,7 @@ class Sequencer:
         if r.role is not Role.SEQUENCER:
             if r.is_sequencer:
                 if keys is None:
-                    inst = r.c_store.get((owner, index))
+                    inst = r.c_store.instances.get((owner, index))
                     keys = keys_of(inst.batch if inst is not None else None)
                 self.deferred_orders.append((owner, index, keys))
             return
@@ -131,7 +131,7 @@ class Sequencer:
             entry = OEntry(slot=slot, owner=owner)
             self._oaccept_out.append(entry)
             r.o_acceptor.accept_o(entry, r.view)
-            inst = r.c_store.get((owner, k))
+            inst = r.c_store.instances.get((owner, k))
             if inst is not None and inst.batch is not None:
                 self.history.note_update(slot, inst.batch)
             elif k == index and keys:
@@ -220,13 +220,13 @@ class Sequencer:
         self.sealed_at = NO_SLOT
         for slot in sorted(r.o_log.executed):
             owner = r.o_log.executed[slot][0]
-            if is_replica(owner):
+            if owner not in PLACES_NOTHING:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
         for slot in range(r.o_log.exec_slot, end):
             owner = r.o_log.value.get(slot, NO_CL)
-            if is_replica(owner):
+            if owner not in PLACES_NOTHING:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot

@@ -148,14 +148,14 @@ class StragglerDetector:
 
     def _sample_waits(self) -> None:
         r = self.r
-        if not r.proposals or r.is_sequencer:
+        if not r.proposals.pending or r.is_sequencer:
             return
         ordered = r.readiness.ordered_own()
         unordered = in_c_phase = 0
         for index in r.proposals.pending:
             if index >= ordered:
                 unordered += 1
-            inst = r.c_store.get((r.me, index))
+            inst = r.c_store.instances.get((r.me, index))
             if inst is None or not inst.committed:
                 in_c_phase += 1
         self.window.sample(in_c_phase, unordered)

@@ -160,7 +160,7 @@ class _Analyzer:
             return
         owner, field = root
         if leaf in CINSTANCE_FIELDS and (owner, field) in (
-            (FACADE, "c"), ("CStore", ""), ("CStore", "_instances")
+            (FACADE, "c"), ("CStore", ""), ("CStore", "_instances"), ("CStore", "instances")
         ):
             owner, field = CINSTANCE_FIELDS[leaf], f"CInstance.{leaf}"
         if not field or owner == writer or (owner == FACADE and field == OUTPUT):

@@ -53,7 +53,7 @@ def test_nothing_beyond_the_ordered_prefix_is_ready() -> None:
 def test_an_executed_proposal_is_ready_whatever_the_ready_rule_waits_for() -> None:
     r = proposed((A, B))
     r.proposals.executed(0, (A, B))
-    assert r.out.ready == [A, B] and not r.proposals
+    assert r.out.ready == [A, B] and not r.proposals.pending
 
 
 def test_a_proposal_decided_with_another_value_fails_indefinitely() -> None:
@@ -63,7 +63,7 @@ def test_a_proposal_decided_with_another_value_fails_indefinitely() -> None:
     assert [(f.command, f.definite, f.reason) for f in r.out.failed] == [
         (A, False, RECOVERED_WITHOUT)
     ]
-    assert not r.proposals  # B is not told anything here: it executes and is answered
+    assert not r.proposals.pending  # B is not told anything here: it executes and is answered
 
 
 def test_decided_as_proposed_tells_nothing_yet() -> None:
@@ -91,7 +91,7 @@ def test_proposals_a_snapshot_covers_fail_for_a_retry() -> None:
 def test_a_restart_reports_what_its_records_held_like_the_old_incarnation() -> None:
     r = proposed((A,), (B,))
     again = SDPaxosReplica(r.config, 1, recovered=r.durable_records(), rng=r.rng)
-    assert not again.proposals  # found, not driven yet: the peers may have decided them
+    assert not again.proposals.pending  # found, not driven yet: the peers may have decided them
     again.proposals.executed(0, (A,))  # executed as proposed: ready
     again.proposals.decided(1, CInstance(ballot_of(1, 0), ()))  # a no-op: failed
     assert again.out.ready == [A]
