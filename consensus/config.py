@@ -71,6 +71,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # candidacy's start from the candidate's counts when the votes are in (a snapshot
         # installed meanwhile moved them on: chosen slots of that replica were given away)
         "candidacy_counts_now",
+        # a serving sequencer that installed a snapshot past the slots it assigned (it was
+        # succeeded while cut off) keeps serving: it assigns slots the log already executed
+        "stale_sequencer_orders",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

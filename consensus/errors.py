@@ -12,6 +12,9 @@
     │                          lose what it acknowledged (``consensus.storage.wal``)
     ├── MemberRemoved          a membership change removed this replica (it never serves again)
     ├── LocalProtocolError     the caller used a core wrongly (a bug in the driver)
+    ├── InvariantViolation     a core's state broke a rule its owner states (a bug in the
+    │                          core; checked in the simulator and tests,
+    │                          ``consensus.protocol.checks``)
     ├── RemoteProtocolError    a peer or client sent something invalid (drop it, never crash)
     │   └── DecodeError        bytes that are not a valid frame or message
     │       └── UnsupportedVersion  a well-formed frame of a wire format this build cannot read
@@ -38,6 +41,7 @@ __all__ = [
     "DefiniteFailure",
     "ForeignDataDir",
     "IndefiniteFailure",
+    "InvariantViolation",
     "LocalProtocolError",
     "MemberRefused",
     "MemberRemoved",
@@ -146,6 +150,11 @@ class MemberRemoved(SDPaxosError):
 
 class LocalProtocolError(SDPaxosError):
     """The local caller broke the core's contract (e.g. advanced a Ready twice)."""
+
+
+class InvariantViolation(SDPaxosError, AssertionError):
+    """A core's state broke an invariant its owner states (a bug in the core). Checked only
+    where checks are on (the simulator, the tests: ``consensus.protocol.checks``)."""
 
 
 class RemoteProtocolError(SDPaxosError):

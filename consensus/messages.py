@@ -20,7 +20,7 @@ The baselines (``consensus.protocol.multipaxos`` and ``.mencius``) run one Paxos
 global slot, whose value is a batch of commands: ``PaxosAccept``/``PaxosAck``/``PaxosCommit``
 (Multi-Paxos; ``PaxosCommit`` also serves Mencius), ``PaxosForward`` (a command for the
 leader), ``MenciusAccept``/``MenciusAck``/``MenciusSkip`` (Mencius, with skips piggybacked).
-They reuse ``Heartbeat`` (``view`` 0, ``lease_request`` -1), ``Catchup`` and
+They reuse ``Heartbeat`` (``view`` 0, ``lease_request`` ``NO_LEASE_REQUEST``), ``Catchup`` and
 ``CatchupMarkers``.
 
 Identifiers are plain non-negative ``int``s: replica ids are ``0..N-1``, indices and slots count
@@ -47,6 +47,7 @@ __all__ = [
     "MAX_REQUEST_KEYS",
     "MAX_SLOTS",
     "NO_CL",
+    "NO_LEASE_REQUEST",
     "SEAL",
     "TRY_CONFLICT",
     "TRY_CONFLICT_COMMITTED",
@@ -128,6 +129,9 @@ NO_CL: Final = -1
 SEAL: Final = -2
 #: ``CPromise.through`` of a promise that reports on every index from its ``from_index``
 EVERY_INDEX: Final = (1 << 63) - 1
+#: ``Heartbeat.lease_request`` of a heartbeat that asks for no lease (its sender does not
+#: serve, or its protocol has no leases)
+NO_LEASE_REQUEST: Final = -1
 
 
 # --------------------------------------------------------------------------- limits
@@ -329,7 +333,8 @@ class Heartbeat:
 
     ``executed`` is the sender's execution frontier (slots below it ran), so a peer that lost
     the last commits learns it is behind. A sequencer sets ``lease_request`` to its own clock
-    reading (else -1); a peer that grants the lease echoes it in ``LeaseGrant``.
+    reading (else ``NO_LEASE_REQUEST``); a peer that grants the lease echoes it in
+    ``LeaseGrant``.
     """
 
     src: int

@@ -352,16 +352,16 @@ class MenciusReplica(SlotLogCore):
             for owner, start, stop, ballot in self._promises
             if stop > self._compacted
         ]
-        start = -1
+        start: int | None = None  # of the run of skips under way
         slot = self._own_at_or_above(self._compacted)
         while slot <= self.next_own:
             inst = self.slots.get(slot)
             skipped = slot < self.next_own and inst is not None and not inst.batch
-            if skipped and start < 0:
+            if skipped and start is None:
                 start = slot
-            elif not skipped and start >= 0:
+            elif not skipped and start is not None:
                 records.append(SkipRecord(start=start, stop=slot))
-                start = -1
+                start = None
             slot += self.n
         return records
 
@@ -485,9 +485,9 @@ class MenciusReplica(SlotLogCore):
             if owner == self.me or self.now - self._heard[owner] < timeout:
                 continue
             revoked_to = max(
-                (stop for who, _, stop, _ in self._promises if who == owner), default=-1
+                (stop for who, _, stop, _ in self._promises if who == owner), default=None
             )
-            if revoked_to < 0 or revoked_to >= frontier + REVOKE_AHEAD * self.n:
+            if revoked_to is None or revoked_to >= frontier + REVOKE_AHEAD * self.n:
                 continue  # never revoked (the stuck path decides that), or far enough ahead
             order = [(owner + k) % self.n for k in range(1, self.n)]
             first = next(r for r in order if r == self.me or self.now - self._heard[r] < timeout)

@@ -56,6 +56,7 @@ from typing import Final
 from consensus.config import ProtocolConfig
 from consensus.messages import (
     MAX_SLOTS,
+    NO_LEASE_REQUEST,
     Command,
     CVote,
     Heartbeat,
@@ -227,14 +228,14 @@ class MultiPaxosReplica(SlotLogCore):
 
     # ------------------------------------------------------------------ ballots
     def _heartbeat_message(self) -> Heartbeat:
-        request = self.now if self.is_leader else -1
+        request = self.now if self.is_leader else NO_LEASE_REQUEST
         return Heartbeat(src=self.me, view=self.ballot, executed=self.exec_slot,
                          lease_request=request)
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
         """Only a leading replica's heartbeat (it asks for a lease) names a leader to follow:
         a candidate's ballot is no leader yet."""
-        if message.lease_request < 0 or message.view % BALLOT_STRIDE != message.src:
+        if message.lease_request == NO_LEASE_REQUEST or message.view % BALLOT_STRIDE != message.src:
             return
         if message.view > self.ballot:
             self._note_ballot(message.view)

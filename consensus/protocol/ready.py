@@ -85,7 +85,7 @@ class Failure:
     core reports a failure as definite only for a refusal that follows from the request
     itself and the rules every replica shares, never from a fate of one of its instances:
     an instance decided without the command (a recoverer's no-op) is reported indefinite,
-    since another replica's instance may still carry it (``CPhase._own_decided``). What
+    since another replica's instance may still carry it (SDPaxos's ``OwnProposals.decided``). What
     settles such a request for good is the log itself: a cancel under the same
     (client id, seq) (``consensus.statemachine.CANCEL_OP``) that the session table orders
     against every copy (``consensus.attempts``: the client's side).

@@ -48,6 +48,7 @@ from consensus import messages
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
+    NO_LEASE_REQUEST,
     Catchup,
     CatchupMarkers,
     Command,
@@ -258,7 +259,8 @@ class SlotLogCore(ABC):
 
     def _heartbeat_message(self) -> Heartbeat:
         """What this replica heartbeats to every peer (its execution frontier)."""
-        return Heartbeat(src=self.me, view=0, executed=self.exec_slot, lease_request=-1)
+        return Heartbeat(src=self.me, view=0, executed=self.exec_slot,
+                         lease_request=NO_LEASE_REQUEST)
 
     def _on_heartbeat(self, message: Heartbeat) -> None:
         """A peer's heartbeat arrived (after its frontier was noted)."""

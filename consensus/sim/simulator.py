@@ -64,6 +64,7 @@ from consensus.codec import DEFAULT_MAX_FRAME, decode_frame
 from consensus.config import SITES, ProtocolConfig, site_rtt_ms
 from consensus.errors import ConfigError, DecodeError, LocalProtocolError
 from consensus.messages import Command, PeerMessage, Record
+from consensus.protocol import checks
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import MemberReplica
 from consensus.protocol.membership.config import (
@@ -350,6 +351,7 @@ class Simulation:
     them with ``run_until``, watching commands become ready through ``on_ready``."""
 
     def __init__(self, options: SimOptions, seed: int) -> None:
+        checks.enable()  # the cores verify their state owners' invariants as they change
         self.options = options
         self.seed = seed
         root = random.Random(seed)

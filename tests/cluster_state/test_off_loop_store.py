@@ -25,6 +25,7 @@ from cluster_state.errors import SnapshotError
 from cluster_state.store import ClusterStore
 from consensus.auth import ADMIN, READER, SCHEDULER, AuthorizingMachine, Denied, Principal, seal
 from consensus.messages import Command
+from consensus.runtime.node import ReplicaNode
 from tests.runtime.polling import wait_until
 
 GPU: dict[str, Any] = dict(nodes=32, vcs=2, pinned=1)
@@ -116,6 +117,8 @@ async def test_a_replica_answers_the_digest_of_its_read_off_the_loop(
         return later
 
     monkeypatch.setattr(ClusterStore, "defer_query", counted)
+    # (no log-time commands: one between the two digests would move the revision on)
+    monkeypatch.setattr(ReplicaNode, "_propose_log_time", lambda node, now: None)
     nodes = await start(tmp_path)
     released = threading.Event()
     try:

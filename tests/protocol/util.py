@@ -11,15 +11,6 @@ One loop turn by hand:
 * ``core(replicas, me, ...)`` builds an SDPaxos core, ``config(n, ...)`` the short timers the
   baseline tests assume.
 
-Canonical text forms (what the golden scripts, ``golden/*.txt``, compare against), kept short
-and stable:
-
-* a command prints as ``client:seq`` (``7:0``), a batch as ``[7:0,7:1]`` (``None`` if absent);
-* O-instance entries print as ``slot=>owner`` (``0=>1``; ``NO_CL`` is ``noop``);
-* a message prints as ``Type(field=value ...)`` in declaration order, without ``src`` (the
-  trace line names the sender);
-* a record prints as ``Type field=value ...``.
-
 ``Net`` drives real cores of any protocol through an explicit in-flight bag: nothing is
 delivered unless a test says so (``deliver``, ``deliver_all``, or ``run`` for turn-by-turn
 delivery with each replica's inputs batched), which makes reordering, duplication and loss
@@ -28,14 +19,13 @@ explicit.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from consensus.config import ProtocolConfig
-from consensus.messages import NO_CL, Command, OEntry, PeerMessage, Record
+from consensus.messages import Command, PeerMessage, Record
 from consensus.protocol.ready import Execution, Outgoing, Ready
 from consensus.protocol.sdpaxos import SDPaxosReplica
 
@@ -46,10 +36,6 @@ __all__ = [
     "config",
     "core",
     "drain",
-    "fmt_batch",
-    "fmt_cmd",
-    "fmt_msg",
-    "fmt_record",
     "msgs",
     "records_of",
     "tick",
@@ -134,57 +120,6 @@ def records_of(ready: Ready, kind: type[M]) -> list[M]:
     return [record for record in ready.persist if isinstance(record, kind)]
 
 
-# --------------------------------------------------------------------------- canonical text
-
-
-def fmt_cmd(command: Command) -> str:
-    return f"{command.client_id}:{command.seq}"
-
-
-def fmt_batch(batch: tuple[Command, ...] | None) -> str:
-    if batch is None:
-        return "None"
-    return "[" + ",".join(fmt_cmd(c) for c in batch) + "]"
-
-
-def _fmt_entry(entry: OEntry) -> str:
-    owner = "noop" if entry.owner == NO_CL else str(entry.owner)
-    return f"{entry.slot}=>{owner}"
-
-
-def _fmt_value(value: object) -> str:
-    if isinstance(value, tuple):
-        if value and all(isinstance(v, Command) for v in value):
-            return fmt_batch(value)  # type: ignore[arg-type]
-        if value and all(isinstance(v, OEntry) for v in value):
-            return "[" + ",".join(_fmt_entry(v) for v in value) + "]"  # type: ignore[arg-type]
-        return "[" + ",".join(_fmt_value(v) for v in value) + "]"
-    if isinstance(value, Command):
-        return fmt_cmd(value)
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return fmt_msg(value)
-    return str(value)
-
-
-def _fields(obj: object) -> str:
-    assert dataclasses.is_dataclass(obj)
-    return " ".join(
-        f"{f.name}={_fmt_value(getattr(obj, f.name))}"
-        for f in dataclasses.fields(obj)
-        if f.name != "src"
-    )
-
-
-def fmt_msg(message: object) -> str:
-    return f"{type(message).__name__}({_fields(message)})"
-
-
-def fmt_record(record: Record) -> str:
-    return f"{type(record).__name__} {_fields(record)}"
-
-
 # --------------------------------------------------------------------------- message bag
 
 
@@ -201,7 +136,7 @@ def _never_lost(src: int, dst: int, message: PeerMessage) -> bool:
 
 @dataclass
 class Net:
-    """Real cores plus an in-flight bag; every output is logged in canonical form.
+    """Real cores plus an in-flight bag; every output is kept (per replica, and ``sent``).
 
     ``factory`` builds the cores (``SDPaxosReplica`` unless a baseline's class is given),
     replica ``r`` with ``random.Random(r)``.
@@ -212,21 +147,19 @@ class Net:
     now: int = 0
     cores: list[Any] = field(default_factory=list)
     bag: list[Flight] = field(default_factory=list)
-    #: the canonical trace (what golden scripts compare)
-    log: list[str] = field(default_factory=list)
     #: ``"src->dst Type"`` for every message sent and not lost, in send order
     sent: list[str] = field(default_factory=list)
     executed: list[list[Execution]] = field(default_factory=list)
     ready_cmds: list[list[Command]] = field(default_factory=list)
     reads: list[list[Command]] = field(default_factory=list)
     durable: list[list[Record]] = field(default_factory=list)
-    #: message types discarded at send time (never delivered, never logged)
+    #: message types discarded at send time (never delivered, never in ``sent``)
     discard: tuple[type, ...] = ()
-    #: messages this says are lost at send time (never delivered, never logged)
+    #: messages this says are lost at send time (never delivered, never in ``sent``)
     lose: Callable[[int, int, PeerMessage], bool] = _never_lost
-    #: called with each Ready (after logging), e.g. for invariant checks
+    #: called with each Ready, e.g. for invariant checks
     on_ready: Callable[[int, Ready], None] | None = None
-    #: keep the canonical text log and ``sent`` (off for speed in property tests)
+    #: keep ``sent`` (off for speed in property tests)
     trace: bool = True
 
     def __post_init__(self) -> None:
@@ -238,9 +171,6 @@ class Net:
         self.reads = [[] for _ in range(n)]
         self.durable = [[] for _ in range(n)]
 
-    def _log(self, line: str) -> None:
-        self.log.append(line)
-
     def restart(self, replica: int, seed: int = 99) -> None:
         """Crash ``replica`` between two turns and rebuild it from its durable records (it
         executes again, at once, what its records say it executed)."""
@@ -249,8 +179,6 @@ class Net:
             rng=random.Random(seed),
         )
         self.executed[replica] = []
-        if self.trace:
-            self._log(f"restart {replica}")
 
     # inputs --------------------------------------------------------------
     def propose(self, replica: int, *commands: Command) -> None:
@@ -280,8 +208,6 @@ class Net:
 
     def deliver(self, flight: Flight) -> None:
         self._take(flight)
-        if self.trace:
-            self._log(f"{flight.dst} <- {flight.src} {fmt_msg(flight.message)}")
         self.cores[flight.dst].step(flight.message, self.now)
         self.flush(flight.dst)
 
@@ -290,8 +216,6 @@ class Net:
         touched: list[int] = []
         for flight in flights:
             self._take(flight)
-            if self.trace:
-                self._log(f"{flight.dst} <- {flight.src} {fmt_msg(flight.message)}")
             self.cores[flight.dst].step(flight.message, self.now)
             if flight.dst not in touched:
                 touched.append(flight.dst)
@@ -336,14 +260,10 @@ class Net:
 
     def drop(self, flight: Flight) -> None:
         self._take(flight)
-        if self.trace:
-            self._log(f"drop {flight.src}->{flight.dst} {fmt_msg(flight.message)}")
 
     def duplicate(self, flight: Flight) -> None:
         copy = Flight(flight.src, flight.dst, flight.message)
         self.bag.append(copy)
-        if self.trace:
-            self._log(f"dup {flight.src}->{flight.dst} {fmt_msg(flight.message)}")
 
     # outputs -------------------------------------------------------------
     def _lost(self, src: int, out: Outgoing) -> bool:
@@ -355,8 +275,6 @@ class Net:
         # ``lose`` is asked once per message (a test's filter may count what it drops)
         after_persist = [o for o in ready.send_after_persist if not self._lost(r, o)]
         at_once = [o for o in ready.send if not self._lost(r, o)]
-        if self.trace:
-            self._trace_ready(r, ready, after_persist, at_once)
         self.durable[r].extend(ready.persist)
         self.durable[r].extend(ready.log)  # a crash here is between turns: written by then
         for out in after_persist + at_once:
@@ -374,27 +292,3 @@ class Net:
     def executed_ids(self, replica: int) -> list[tuple[int, int, int]]:
         """(slot, client id, seq) of what ``replica`` executed, in order."""
         return [(e.slot, e.command.client_id, e.command.seq) for e in self.executed[replica]]
-
-    def _trace_ready(
-        self, r: int, ready: Ready, after_persist: list[Outgoing], at_once: list[Outgoing]
-    ) -> None:
-        log = self.log.append
-        for record in ready.persist:
-            log(f"{r} persist {fmt_record(record)}")
-        for record in ready.log:
-            log(f"{r} log {fmt_record(record)}")
-        for arrow, outs in (("->", after_persist), ("~>", at_once)):
-            for out in outs:
-                log(f"{r} {arrow} {out.to} {fmt_msg(out.message)}")
-        for command in ready.ready:
-            log(f"{r} ready {fmt_cmd(command)}")
-        for ex in ready.apply:
-            log(
-                f"{r} exec slot={ex.slot} off={ex.offset} {fmt_cmd(ex.command)} "
-                f"led_here={ex.led_here}"
-            )
-        for failure in ready.failed:
-            log(f"{r} failed {fmt_cmd(failure.command)} definite={failure.definite} "
-                f"{failure.reason}")
-        for peer in ready.snapshot_requests:
-            log(f"{r} snapshot-request {peer}")

@@ -190,7 +190,7 @@ async def scenario(tmp_path: Path) -> None:
         # replicas' log-time commands move on whatever the forger does)
         before = dict(store.data)
         assert target.sdpaxos is not None
-        c_before = set(target.sdpaxos.c)
+        c_before = set(target.sdpaxos.c_store)
         # a valid CAccept for a fresh instance first: the bad message after it drops it too
         fresh = CAccept(src=FORGER, view=0, owner=FORGER, index=1000, ballot=FORGER, batch=())
         frames: list[list[PeerMessage]] = [[msg] for msg in forged() + out_of_range_values()]
@@ -216,7 +216,7 @@ async def scenario(tmp_path: Path) -> None:
         assert store.data == before
         # (the genuine replicas' periodic log-time commands add small instances of their own)
         assert all(key in c_before or (0 <= key[0] < N and key[1] < fresh.index)
-                   for key in target.sdpaxos.c)
+                   for key in target.sdpaxos.c_store)
         writer.close()
         # still serving: replica 0's genuine connection was never touched
         reply = await client.execute(kv_put("after", "forgery"), ["after"])

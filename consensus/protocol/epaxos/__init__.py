@@ -8,9 +8,9 @@ Theory of operation
 -------------------
 Every replica leads its own instances ``(owner, index)``; an instance's value is a batch of
 client commands with two attributes: ``seq`` (a sequence number) and ``deps`` (for every
-replica r, the highest index of r's instances it depends on, -1 for none; a dependency on
-``(r, d)`` stands for all of r's instances up to d). Two commands *conflict* when they name a
-common key; a command naming no keys conflicts with everything.
+replica r, the highest index of r's instances it depends on, ``NO_DEP`` (-1) for none; a
+dependency on ``(r, d)`` stands for all of r's instances up to d). Two commands *conflict*
+when they name a common key; a command naming no keys conflicts with everything.
 
 * **Pre-accept (phase 1).** Everything proposed here in one loop turn becomes one instance
   (``CommandBatch`` bounds it). The owner computes ``seq`` (1 + the highest ``seq`` of a

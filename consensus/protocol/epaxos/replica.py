@@ -10,6 +10,7 @@ from typing import ClassVar
 from consensus.config import ProtocolConfig
 from consensus.errors import ConfigError, LocalProtocolError
 from consensus.messages import (
+    NO_LEASE_REQUEST,
     Command,
     EAccept,
     EAcceptReply,
@@ -35,6 +36,7 @@ from consensus.protocol.epaxos.state import (
     ACCEPTED,
     COMMITTED,
     EPAXOS_UNSAFE_VARIANTS,
+    NO_DEP,
     NONE,
     PREACCEPT_PHASE,
     PREACCEPTED,
@@ -52,6 +54,9 @@ from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["EPaxosReplica"]
+
+#: ``_inflight`` of a command in the open batch (no instance yet)
+IN_BATCH = -1
 
 
 class EPaxosReplica(RecoveryMixin, ExecutionMixin):
@@ -97,7 +102,7 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
         self.view = 0  # no views: drivers that report one see 0
         self.now = 0
         self._peers = tuple(r for r in range(n) if r != me)
-        self._none_deps = (-1,) * n
+        self._none_deps = (NO_DEP,) * n
 
         self.instances: dict[InstanceId, Instance] = {}
         self.exec_counts = [0] * n  # per owner: its instances below this executed here
@@ -112,16 +117,17 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
         # conflict indexes: per key, the highest index per owner and the highest seq
         self._key_high: dict[str, list[int]] = {}
         self._key_seq: dict[str, int] = {}
-        self._keyless_high = [-1] * n  # instances holding a command that names no keys
+        self._keyless_high = [NO_DEP] * n  # instances holding a command that names no keys
         self._keyless_seq = 0
-        self._any_high = [-1] * n
+        self._any_high = [NO_DEP] * n
         self._max_seq = 0
 
         self._batch = CommandBatch(config)
         self._mine: dict[Key, Command] = {}  # commands led here, until they execute here
         self._unready: set[Key] = set()
         self._reads: set[Key] = set()
-        self._inflight: dict[Key, int] = {}  # own index a command was proposed in
+        #: own index a command was proposed in (``IN_BATCH`` while in the open batch)
+        self._inflight: dict[Key, int] = {}
         self._drives: dict[InstanceId, Drive] = {}
         #: instances known but not committed here -> when recovery may start
         self._waiting: dict[InstanceId, int] = {}
@@ -190,7 +196,8 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
         if now >= self._next_heartbeat:
             self._next_heartbeat = now + self.config.heartbeat_us
             for peer in self._peers:
-                beat = Heartbeat(src=self.me, view=0, executed=self.next_index, lease_request=-1)
+                beat = Heartbeat(src=self.me, view=0, executed=self.next_index,
+                                 lease_request=NO_LEASE_REQUEST)
                 self._out.send.append(Outgoing(peer, beat))
         self._retransmit()
         self._wait_for_frontiers()
@@ -306,7 +313,7 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
             for key in command.keys:
                 highs = self._key_high.get(key)
                 if highs is None:
-                    highs = self._key_high[key] = [-1] * self.n
+                    highs = self._key_high[key] = [NO_DEP] * self.n
                     self._key_seq[key] = 0
                 if index > highs[owner]:
                     highs[owner] = index
@@ -326,7 +333,7 @@ class EPaxosReplica(RecoveryMixin, ExecutionMixin):
         index = self._inflight.get(key_of(command))
         if index is not None:
             return  # a retry of a command under way here: its instance answers it
-        self._inflight[key_of(command)] = -1
+        self._inflight[key_of(command)] = IN_BATCH
         if self._batch.add(command):
             self._start_instance(self._batch.take())
 

@@ -14,6 +14,7 @@ __all__ = [
     "EPAXOS_UNSAFE_VARIANTS",
     "HEARTBEAT_WINDOW",
     "NONE",
+    "NO_DEP",
     "PREACCEPTED",
     "PREACCEPTED_EQ",
     "PREACCEPT_PHASE",
@@ -43,6 +44,9 @@ EPAXOS_UNSAFE_VARIANTS: Final = frozenset({
     "ack_before_persist", "epaxos_exec_uncommitted", "epaxos_try_ignores_conflicts",
     "epaxos_recovery_ignores_preaccepted",
 })
+
+#: a dependency on none of a replica's instances (an entry of ``deps``, on the wire too)
+NO_DEP: Final = -1
 
 #: most recoveries started in one tick (the rest wait for the next)
 RECOVERIES_PER_TICK: Final = 64

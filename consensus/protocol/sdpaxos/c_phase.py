@@ -15,27 +15,35 @@ Rules:
   recovery proposes them; ``last_named_index`` is the highest index a peer may know.
 * An acceptor accepts a ballot at least as high as its promise and what it accepted
   (``on_caccept``; otherwise ``CNack`` with the higher ballot); an owner never reuses an
-  index someone else used or decided (``next_index`` moves past it).
+  index someone else used or decided (``CStore.used`` moves ``next_index`` past it).
 * Learning without the leader: the proposer accepted its value before sending it, so with
   three replicas an acceptor's own acceptance completes a majority and it learns the choice
-  from the Accept itself; with five or more, acceptors send their ``CAck`` to every replica
-  and a replica learns once the proposer, itself and the acknowledgements make a majority
-  of one ballot (``learn_from_acks``; ``acks_any_ballot`` is the broken variant a teeth test
-  catches). Replicas then execute others' commands without waiting for a far CCommit.
+  from the Accept itself; with five or more (``ReadinessRule.acks_to_all``), acceptors send
+  their ``CAck`` to every replica and a replica learns once the proposer, itself and the
+  acknowledgements make a majority of one ballot (``_learn_from_acks``; ``acks_any_ballot``
+  is the broken variant a teeth test catches). Replicas then execute others' commands
+  without waiting for a far CCommit.
 * With five replicas a ``CAccept`` from an older view is dropped
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
   the new view gave to someone else.
 * Our instance decided with another value (a recoverer's no-op): the commands we proposed in
   it will never execute from it, but their requests may still execute from another copy, so
-  they fail *indefinitely* (``_own_decided``; the rule is ``ready.Failure``'s).
+  they fail *indefinitely* (``OwnProposals.decided``; the rule is ``ready.Failure``'s).
 * Retransmission (``retransmit``): what is not chosen after the adaptive timeout
   (``RtoEstimator``; Karn: only instances sent once are sampled) is sent again to the peers
   that did not acknowledge it, with one ``CRequest`` for the latest late index; a serving
-  sequencer re-sends its own O-instances (``Sequencer.retransmit_own_slots``).
+  sequencer re-sends its own O-instances (``Sequencer.retransmit_own_slots``). A recovery's
+  proposals (``propose_recovered``) are retransmitted the same way until chosen.
 
-Entry points: ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``, ``on_cnack``,
-``send_crequest``, ``resend_accept``, ``retransmit``.
+The values live in the C-instance store (``CStore``); this part owns the proposer's
+bookkeeping on each instance (``leading``, ``acks``, ``sent_at``, ``sent_to``,
+``overtaken_at``), the open batch, the acknowledgements seen ahead of their Accept, and the
+retransmission timer.
+
+Entry points: ``propose``, ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``,
+``on_cnack``, ``propose_recovered``, ``send_crequest``, ``resend_accept``, ``retransmit``;
+the hooks ``on_view_accepted``, ``on_compacted``.
 """
 
 from __future__ import annotations
@@ -48,23 +56,19 @@ from consensus.messages import (
     CAck,
     CCommit,
     CNack,
+    Command,
     CRequest,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
-from consensus.protocol.ready import Failure
-from consensus.protocol.sdpaxos.instances import HELD, NO_BALLOT, Batch, CInstance, keys_of
+from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_INDEX, Batch, CInstance, keys_of
 from consensus.protocol.sdpaxos.liveness import RtoEstimator
-from consensus.protocol.types import Role
+from consensus.protocol.types import NEVER, Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["RECOVERED_WITHOUT", "CPhase"]
-
-#: why a command we proposed failed when our instance was decided without it
-RECOVERED_WITHOUT = ("its instance was recovered without it; another copy of the request "
-                     "may still run: retry it, or settle it")
+__all__ = ["CPhase"]
 
 
 class CPhase:
@@ -76,37 +80,41 @@ class CPhase:
         me = r.me
         pref = config.peers_by_preference(me)
         self._thrifty_targets = pref[: r.q - 1] if config.thrifty else r.peers
-        # With five replicas or more acceptors acknowledge to every replica, and a replica
-        # learns a choice it did not lead from the acknowledgements (not when thrifty: the
-        # replicas a proposer left out lack the value to use them): (owner, index) ->
-        # (the highest ballot acknowledged, the acceptors that acknowledged it)
-        self.acks_to_all = r.q >= 3 and not config.thrifty
+        # When acknowledgements go to every replica (``ReadinessRule.acks_to_all``) a
+        # replica learns a choice it did not lead from them: (owner, index) -> (the highest
+        # ballot acknowledged, the acceptors that acknowledged it)
         self.c_acks_seen: dict[tuple[int, int], tuple[int, set[int]]] = {}
         self.batch = CommandBatch(config)
         # Retransmission timeout, adapted to how long our C-instances take to be chosen
         # (RFC 6298's estimator; Karn: only instances sent once are sampled).
         self.rtt_probes: dict[int, int] = {}  # own index -> when its CAccept first left
         self.rto = RtoEstimator(config.retransmit_us)
+        #: instances we re-propose (a recovery's), retransmitted like our own client batches
+        self.reproposing: set[tuple[int, int]] = set()
+
+    def propose(self, command: Command) -> None:
+        """A client command: into the open batch, proposed once the batch is full (or at the
+        latest in ``ready``)."""
+        if self.batch.add(command):
+            self.flush_batch()
 
     def flush_batch(self) -> None:
         r = self.r
         if not self.batch:
             return
         batch = self.batch.take()
-        index = r.next_index
-        r.next_index += 1
-        ballot = r.own_ballot
-        if self._promised(r.me, index) > ballot:
+        store = r.c_store
+        index = store.take_index()
+        ballot = store.own_ballot
+        if store.promised_ballot(r.me, index) > ballot:
             self._hold_for_recovery(index, batch)
             return
-        inst = CInstance(ballot, batch)
+        inst = store.accept(r.me, index, ballot, batch)
         inst.leading = True
         inst.acks.add(r.me)
         inst.sent_at = r.now
-        r.c[(r.me, index)] = inst
-        r.c_high[r.me] = max(r.c_high[r.me], index)
-        r.unready[index] = batch
-        r.straggler.window.needed += 1
+        r.proposals.propose(index, batch)
+        r.straggler.note_proposed()
         r.out.persist.append(
             CAcceptedRecord(owner=r.me, index=index, ballot=ballot, batch=batch)
         )
@@ -121,7 +129,7 @@ class CPhase:
             r.ordering.order(r.me, index)
         elif r.sequencer not in self._thrifty_targets:
             self.send_crequest(index)
-        if r.n == 1:
+        if r.readiness.chosen_alone:
             self._commit_leading(r.me, index, inst)
 
     def _hold_for_recovery(self, index: int, batch: Batch) -> None:
@@ -131,13 +139,12 @@ class CPhase:
         accepted or sent; our own recovery (Prepare above the promise) proposes ``batch`` at
         ``index`` once it finds nothing chosen there."""
         r = self.r
-        inst = r.c[(r.me, index)] = CInstance(HELD, None)
-        inst.overtaken_at = r.now
-        r.unready[index] = batch
-        r.straggler.window.needed += 1
+        r.c_store.hold(index, r.now)
+        r.proposals.propose(index, batch)
+        r.straggler.note_proposed()
         if r.me not in r.recovery.recoveries:
             stalled = self.undriven_own()
-            r.recovery.start_recovery(r.me, max(min(stalled), r.exec_count[r.me]))
+            r.recovery.start_recovery(r.me, max(min(stalled), r.o_log.exec_count[r.me]))
 
     def undriven_own(self) -> list[int]:
         """Our proposals not yet ready that we do not drive: overtaken by a recoverer, or held
@@ -145,14 +152,14 @@ class CPhase:
         r = self.r
         return [
             index
-            for index in r.unready
-            if not (inst := r.c[(r.me, index)]).leading and not inst.committed
+            for index in r.proposals.pending
+            if not (inst := r.c_store.instances[(r.me, index)]).leading and not inst.committed
         ]
 
     def _is_held(self, index: int) -> bool:
         r = self.r
-        inst = r.c.get((r.me, index))
-        return inst is not None and inst.ballot == HELD and index in r.unready
+        inst = r.c_store.instances.get((r.me, index))
+        return inst is not None and inst.held and index in r.proposals.pending
 
     def last_named_index(self) -> int:
         """Our highest index a peer may have heard of. An index held for a recovery is named
@@ -160,21 +167,21 @@ class CPhase:
         forgets it, may use it again: had the sequencer ordered it meanwhile, commands
         proposed after the restart would run in a slot given out before them."""
         r = self.r
-        index = r.next_index - 1
-        while index >= 0 and self._is_held(index):
+        index = r.c_store.next_index - 1
+        while index > NO_INDEX and self._is_held(index):
             index -= 1
         return index
 
     def send_crequest(self, index: int) -> None:
         r = self.r
-        inst = r.c.get((r.me, index))
+        inst = r.c_store.instances.get((r.me, index))
         request = CRequest(
             src=r.me,
             view=r.view,
             owner=r.me,
             index=index,
             keys=keys_of(inst.batch if inst else None),
-            o_prefix=r.o_prefix,
+            o_prefix=r.o_log.prefix,
         )
         if r.is_sequencer:
             r.ordering.order(r.me, index, request.keys)
@@ -184,7 +191,7 @@ class CPhase:
     def on_cack(self, msg: CAck) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c.get(key)
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.leading and msg.ballot % BALLOT_STRIDE == r.me:
             # (a ballot of ours: we may still lead at one a higher proposal overtook)
             if inst.ballot == msg.ballot and not inst.committed:
@@ -192,7 +199,7 @@ class CPhase:
                 if len(inst.acks) >= r.q:
                     self._commit_leading(msg.owner, msg.index, inst)
             return
-        if not self.acks_to_all or msg.index < r.exec_count[msg.owner]:
+        if not r.readiness.acks_to_all or msg.index < r.o_log.exec_count[msg.owner]:
             return
         if inst is not None and inst.committed:
             return
@@ -229,12 +236,12 @@ class CPhase:
 
     def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
         r = self.r
-        inst.committed = True
+        r.c_store.choose(owner, index, inst)
         inst.leading = False
         sent_at = self.rtt_probes.pop(index, None) if owner == r.me else None
         if sent_at is not None:
             self.rto.sample(r.now - sent_at)
-        r.reproposing.discard((owner, index))
+        self.reproposing.discard((owner, index))
         for peer in r.peers:
             # A peer we sent the CAccept to has it before this commit (connections are FIFO);
             # repeating the batch doubled the bytes of a loaded cluster. If that CAccept was
@@ -254,34 +261,18 @@ class CPhase:
         r.readiness.check_ready()
 
     def _own_decided(self, index: int, inst: CInstance) -> None:
-        """Our instance was chosen: if not with what we proposed, its commands failed.
-
-        Not definitely (``ready.Failure``): the copy we proposed here never executes, but
-        the client may have sent the same request elsewhere — after a timeout, or because we
-        crashed — and the instance of the replica it asked then may carry it and be chosen,
-        ordered and executed whatever became of ours. Nothing here can tell: which instances
-        hold a request is known to its client only. So the outcome is left open; the client
-        retries (the session table applies the request once) or settles it through the log."""
-        r = self.r
+        """Our instance was chosen: if not with what we proposed, its commands failed (not
+        definitely: ``OwnProposals.decided``)."""
         self.rtt_probes.pop(index, None)
-        # ours from this incarnation, or found in our records at a restart
-        table = r.unready if index in r.unready else r.restart_batches
-        proposed = table.get(index)
-        if proposed is None or inst.batch == proposed:
-            return
-        del table[index]
-        chosen = set(inst.batch or ())
-        for command in proposed:
-            if command not in chosen:
-                r.out.failed.append(Failure(command, "definite_recovered" in r.unsafe,
-                                            RECOVERED_WITHOUT))
+        self.r.proposals.decided(index, inst)
 
-    def _promised(self, owner: int, index: int) -> int:
+    def drive_again(self, inst: CInstance) -> None:
+        """Propose our instance ``inst`` again (found in our records at a restart, undecided):
+        at our own ballot we lead it, and its Accept goes out at the next retransmission."""
         r = self.r
-        promise = r.c_promised.get(owner)
-        if promise is not None and index >= promise[1]:
-            return promise[0]
-        return NO_BALLOT
+        inst.leading = inst.ballot == r.me
+        inst.acks = {r.me}
+        inst.sent_at = NEVER  # retransmit at once
 
     def on_caccept(self, msg: CAccept) -> None:
         r = self.r
@@ -295,9 +286,11 @@ class CPhase:
             # from the old view are forgotten and it re-sends.
             return
         key = (msg.owner, msg.index)
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
-        inst = r.c.get(key)
-        floor = max(self._promised(msg.owner, msg.index), inst.ballot if inst else NO_BALLOT)
+        store = r.c_store
+        store.see_ballot(msg.ballot)
+        inst = store.instances.get(key)
+        floor = max(store.promised_ballot(msg.owner, msg.index),
+                    inst.ballot if inst else NO_BALLOT)
         if msg.ballot < floor:
             r.send(
                 msg.src,
@@ -308,21 +301,19 @@ class CPhase:
             # Chosen already: acknowledging is harmless (it is the chosen value by Paxos).
             pass
         elif inst is None or msg.ballot > inst.ballot or inst.batch != msg.batch:
+            # (an own index a recoverer used is never reused: ``CStore.accept``)
             if inst is None:
-                inst = r.c[key] = CInstance(msg.ballot, msg.batch)
+                inst = store.accept(msg.owner, msg.index, msg.ballot, msg.batch)
             else:
-                inst.ballot, inst.batch = msg.ballot, msg.batch
+                store.accept(msg.owner, msg.index, msg.ballot, msg.batch)
                 inst.sent_to = frozenset()  # whatever we sent was for another ballot
-            r.c_high[msg.owner] = max(r.c_high[msg.owner], msg.index)
             r.out.persist.append(
                 CAcceptedRecord(
                     owner=msg.owner, index=msg.index, ballot=msg.ballot, batch=msg.batch
                 )
             )
-            if msg.owner == r.me and msg.index >= r.next_index:
-                r.next_index = msg.index + 1  # a recoverer used it: never reuse it
         ack = CAck(src=r.me, view=r.view, owner=msg.owner, index=msg.index, ballot=msg.ballot)
-        if self.acks_to_all:
+        if r.readiness.acks_to_all:
             for peer in r.peers:
                 r.send(peer, ack)
         else:
@@ -335,45 +326,37 @@ class CPhase:
     def on_ccommit(self, msg: CCommit) -> None:
         r = self.r
         key = (msg.owner, msg.index)
-        inst = r.c.get(key)
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.committed:
             return
         if msg.batch is None:
             if inst is None or inst.ballot != msg.ballot or inst.batch is None:
-                r.catchup.catchup_lacks_values = True  # we lack the chosen value: Catchup brings it
+                r.catchup.lacks_value()  # we lack the chosen value: Catchup brings it
                 return
-        elif inst is None:
-            inst = r.c[key] = CInstance(msg.ballot, msg.batch)
-            r.values_to_log.add(key)
-        elif inst.ballot != msg.ballot or inst.batch != msg.batch:
-            inst.ballot, inst.batch = msg.ballot, msg.batch
-            r.values_to_log.add(key)
+        elif inst is None or inst.ballot != msg.ballot or inst.batch != msg.batch:
+            inst = r.c_store.learn(msg.owner, msg.index, msg.ballot, msg.batch)
         self._learn_c_chosen(msg.owner, msg.index, inst)
 
     def _learn_c_chosen(self, owner: int, index: int, inst: CInstance) -> None:
         """``C[owner][index]`` was chosen with the value ``inst`` holds (we did not lead it)."""
         r = self.r
         self.c_acks_seen.pop((owner, index), None)
-        inst.committed = True
+        r.c_store.choose(owner, index, inst)  # (an own index decided is never reused)
         inst.leading = False
-        r.reproposing.discard((owner, index))
+        self.reproposing.discard((owner, index))
         if owner == r.me:
-            if index >= r.next_index:
-                r.next_index = index + 1  # never reuse an index someone decided
             self._own_decided(index, inst)
             r.readiness.check_ready()
 
     def on_cnack(self, msg: CNack) -> None:
         r = self.r
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
-        inst = r.c.get((msg.owner, msg.index))
+        r.c_store.see_ballot(msg.ballot)
+        inst = r.c_store.instances.get((msg.owner, msg.index))
         if inst is not None and inst.leading and inst.ballot < msg.ballot:
             inst.leading = False  # overtaken: a recoverer owns the instance now
             inst.overtaken_at = r.now
-            r.reproposing.discard((msg.owner, msg.index))
-        recovery = r.recovery.recoveries.get(msg.owner)
-        if recovery is not None and recovery.ballot < msg.ballot:
-            del r.recovery.recoveries[msg.owner]  # a higher Prepare is under way elsewhere
+            self.reproposing.discard((msg.owner, msg.index))
+        r.recovery.on_higher_ballot(msg.owner, msg.ballot)
 
     def resend_accept(self, owner: int, index: int, inst: CInstance) -> None:
         """Send ``C[owner][index]``'s Accept again to the peers that did not acknowledge it."""
@@ -395,17 +378,17 @@ class CPhase:
         r = self.r
         deadline = r.now - self.rto.timeout_us
         late: list[int] = []
-        for index in sorted(r.unready):
-            inst = r.c[(r.me, index)]
-            if inst.sent_at > deadline or inst.ballot == HELD:  # held: named nowhere yet
+        for index in sorted(r.proposals.pending):
+            inst = r.c_store.instances[(r.me, index)]
+            if inst.sent_at > deadline or inst.held:  # held: named nowhere yet
                 continue
             inst.sent_at = r.now
             self.rtt_probes.pop(index, None)  # Karn: an answer could be to either copy
             late.append(index)
             if not inst.committed and inst.leading:
                 self.resend_accept(r.me, index, inst)
-        for owner, index in sorted(r.reproposing):
-            inst = r.c[(owner, index)]
+        for owner, index in sorted(self.reproposing):
+            inst = r.c_store.instances[(owner, index)]
             if inst.sent_at <= deadline:
                 inst.sent_at = r.now
                 self.resend_accept(owner, index, inst)
@@ -417,3 +400,46 @@ class CPhase:
             return
         if r.role is Role.SEQUENCER:
             r.ordering.retransmit_own_slots(late, deadline)
+
+    def propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
+        """A recovery (ours) proposes ``batch`` for ``C[owner][index]`` at ``ballot``: we lead
+        it, and retransmit it like our own client batches until it is chosen."""
+        r = self.r
+        # (an index of ours that was referenced but never proposed is used now, by this
+        # no-op, and never again: same ballot, two values would break Paxos; CStore.accept)
+        inst = r.c_store.accept(owner, index, ballot, batch)
+        inst.leading = True
+        inst.acks = {r.me}
+        inst.sent_at = r.now
+        inst.sent_to = frozenset(r.peers)  # broadcast below
+        self.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
+        r.out.persist.append(
+            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
+        )
+        accept = CAccept(
+            src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
+        )
+        r.broadcast(accept)
+        if r.is_sequencer:
+            r.ordering.order(owner, index)
+
+    # ------------------------------------------------------------------ lifecycle hooks
+    def on_view_accepted(self) -> None:
+        """Our view's NewView is accepted: send again what it has not ordered or chosen."""
+        r = self.r
+        for index in sorted(r.proposals.pending):
+            inst = r.c_store.instances[(r.me, index)]
+            inst.sent_at = r.now
+            if not inst.committed and inst.leading:
+                self.resend_accept(r.me, index, inst)
+        named = self.last_named_index()
+        if r.o_log.count_of(r.me) <= named:
+            self.send_crequest(named)
+
+    def on_compacted(self, counts: tuple[int, ...]) -> None:
+        """A snapshot covers the instances below ``counts`` (per owner): forget them."""
+        covered = counts[self.r.me]
+        self.reproposing = {k for k in self.reproposing if k[1] >= counts[k[0]]}
+        self.c_acks_seen = {k: seen for k, seen in self.c_acks_seen.items()
+                            if k[1] >= counts[k[0]]}
+        self.rtt_probes = {i: t for i, t in self.rtt_probes.items() if i >= covered}

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from consensus.messages import Heartbeat, LeaseGrant, PreVote, PreVoteReply
+from consensus.messages import NO_LEASE_REQUEST, Heartbeat, LeaseGrant, PreVote, PreVoteReply
 from consensus.protocol.sdpaxos.instances import NO_SLOT
 from consensus.protocol.sdpaxos.leases import Leases
 from consensus.protocol.sdpaxos.liveness import SilenceTracker
@@ -39,12 +39,7 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_LEASE_REQUEST", "NO_VIEW", "Election"]
-
-#: no pre-vote round under way
-NO_VIEW = -1
-#: a heartbeat that asks for no lease (the sender does not serve)
-NO_LEASE_REQUEST = -1
+__all__ = ["Election"]
 
 
 class Election:
@@ -53,7 +48,8 @@ class Election:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         config = r.config
-        self.prevote_view = NO_VIEW  # the view a pre-vote round is asking about
+        #: the view a pre-vote round is asking about (None: no round under way)
+        self.prevote_view: int | None = None
         self._prevotes: set[int] = set()
         self._prevote_at = 0
         self.higher_view_seen = 0  # a higher view some peer is stuck in (see on_heartbeat)
@@ -61,14 +57,38 @@ class Election:
         self.leases = Leases(config.lease_us, config.max_drift_ppm)
         self.next_heartbeat = 0
         self.election_timeout = config.election_timeout_us
+        self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
 
     def start(self, now: int) -> None:
         """The first input of this incarnation (see ``Leases.start``)."""
         self.leases.start(now)
         self.next_heartbeat = now
         self.silence.start(now)
-        self.r.seq_alive_at = now
+        self.seq_alive_at = now
         self.roll_election_timeout()
+
+    def on_view_joined(self) -> None:
+        """We joined a higher view (``SDPaxosReplica.join_view``): we hold no lease there, its
+        sequencer gets a full election timeout to show it serves, and any pre-vote round is
+        over."""
+        self.leases.drop_held()
+        self.seq_alive_at = self.r.now
+        self.higher_view_seen = 0
+        self.prevote_view = None
+        self.roll_election_timeout()
+
+    def sequencer_alive(self, now: int) -> None:
+        """A sign that the sequencer of our view serves (a message only a serving one sends)."""
+        self.seq_alive_at = now
+
+    def candidacy_view(self) -> int:
+        """The view to run for: one we would lead above every view seen, or the one our
+        pre-vote round asked about (the round is over)."""
+        view = self.target_view()
+        if self.prevote_view is not None:
+            view = max(view, self.prevote_view)
+            self.prevote_view = None
+        return view
 
     def tick(self, now: int) -> None:
         if now >= self.next_heartbeat:
@@ -91,14 +111,14 @@ class Election:
             heartbeat = Heartbeat(
                 src=r.me,
                 view=r.view,
-                executed=r.exec_slot,
+                executed=r.o_log.exec_slot,
                 lease_request=r.now if serving else NO_LEASE_REQUEST,
             )
             r.send(peer, heartbeat)
 
     def on_heartbeat(self, msg: Heartbeat) -> None:
         r = self.r
-        r.peer_executed[msg.src] = max(r.peer_executed[msg.src], msg.executed)
+        r.catchup.heard_progress(msg.src, msg.executed)
         if (
             r.views.new_view is not None
             and r.role is Role.SEQUENCER
@@ -114,11 +134,12 @@ class Election:
                 if r.role is Role.SEQUENCER:
                     self.higher_view_seen = max(self.higher_view_seen, msg.view)
                 return
-            r.views.join_view(msg.view)
-        if msg.src == r.sequencer and msg.lease_request >= 0:
-            r.seq_alive_at = r.now
+            r.join_view(msg.view)
+        asks_lease = msg.lease_request != NO_LEASE_REQUEST
+        if msg.src == r.sequencer and asks_lease:
+            self.seq_alive_at = r.now
         if (
-            msg.lease_request >= 0
+            asks_lease
             and msg.src == r.sequencer
             and r.role is Role.FOLLOWER
             and not r.straggler.suspecting
@@ -158,9 +179,10 @@ class Election:
         # sequencer counts itself as silent too), the straggler detector asks for a change,
         # or we serve but some peer is stuck in a higher view nobody won.
         silent = (
-            r.role is not Role.SEQUENCER and now - r.seq_alive_at > self.election_timeout
+            r.role is not Role.SEQUENCER and now - self.seq_alive_at > self.election_timeout
         )
-        forced = 0 <= r.straggler.force_election_at <= now
+        forced_at = r.straggler.force_election_at
+        forced = forced_at is not None and forced_at <= now
         lifted = r.role is Role.SEQUENCER and self.higher_view_seen > r.view
         if (silent or forced or lifted) and self.may_vote_for(r.me):
             self._pre_vote()
@@ -177,14 +199,14 @@ class Election:
         """Ask whether a majority would vote for us before bumping any view (Raft's pre-vote),
         so a replica that cannot win never disturbs a working sequencer."""
         r = self.r
-        if self.prevote_view != NO_VIEW and r.now - self._prevote_at < self.election_timeout:
+        if self.prevote_view is not None and r.now - self._prevote_at < self.election_timeout:
             return
-        self.prevote_view = self.target_view()
+        view = self.prevote_view = self.target_view()
         self._prevote_at = r.now
         self._prevotes = {r.me}
         self.roll_election_timeout()
         for peer in r.peers:
-            r.request(peer, PreVote(src=r.me, view=self.prevote_view))
+            r.request(peer, PreVote(src=r.me, view=view))
         if len(self._prevotes) >= r.q:
             r.views.start_candidacy()
 
@@ -192,7 +214,7 @@ class Election:
         r = self.r
         serving_here = r.role is Role.SEQUENCER and msg.src != r.me
         sequencer_gone = (
-            r.now - r.seq_alive_at > r.config.election_timeout_us
+            r.now - self.seq_alive_at > r.config.election_timeout_us
             or msg.src == r.sequencer  # the sequencer itself asks to move up
             or r.straggler.suspecting
         )

@@ -34,7 +34,7 @@ from consensus.messages import (
     ExecutedRecord,
 )
 from consensus.protocol.ready import executions
-from consensus.protocol.sdpaxos.instances import NO_INDEX
+from consensus.protocol.sdpaxos.instances import NO_INDEX, PLACES_NOTHING
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -47,46 +47,46 @@ class Executor:
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
+        #: slots below this are in an ExecutedRecord (or the snapshot)
+        self.logged = 0
+        #: when execution last moved (or this incarnation started, or a snapshot came)
+        self.progress_at = 0
+
+    def start(self, now: int) -> None:
+        """The first input of this incarnation: execution counts as moving."""
+        self.progress_at = now
+
+    def on_snapshot_installed(self) -> None:
+        """A snapshot moved the frontier: execution counts as moving."""
+        self.progress_at = self.r.now
 
     def try_execute(self) -> None:
         r = self.r
         if not r.view_ready:
             return
+        o_log = r.o_log
         while True:
-            slot = r.exec_slot
-            if slot not in r.o_committed:
+            slot = o_log.exec_slot
+            if slot not in o_log.committed:
                 return
-            owner = r.o_value[slot]
-            if owner < 0:  # NO_CL or SEAL: nothing to run
-                r.log[slot] = (owner, NO_INDEX)
-            else:
-                index = r.exec_count[owner]
-                inst = r.c.get((owner, index))
+            owner = o_log.value[slot]
+            index = NO_INDEX  # NO_CL or SEAL: nothing to run
+            if owner not in PLACES_NOTHING:
+                index = o_log.exec_count[owner]
+                inst = r.c_store.instances.get((owner, index))
                 if inst is None or not inst.committed or inst.batch is None:
                     return
                 led_here = owner == r.me
                 # executed implies chosen and ordered for good: whatever the ready rule still
                 # waits for (a lost OAck, say), the command is ready now
-                proposed = r.unready.pop(index, None) if led_here else None
-                if led_here and r.restart_batches:
-                    found = r.restart_batches.pop(index, None)
-                    proposed = proposed if proposed is not None else found
-                if proposed is not None and proposed == inst.batch:
-                    r.out.ready.extend(inst.batch)
+                if led_here:
+                    r.proposals.executed(index, inst.batch)
                 if r.ordering.history.unknown:
                     r.ordering.learn_keys(owner, index, inst.batch)
                 r.out.apply.extend(executions(slot, inst.batch, led_here))
-                r.exec_count[owner] = index + 1
-                r.log[slot] = (owner, index)
-            # the slot is done: forget what only the unexecuted part of the log needs
-            r.o_committed.discard(slot)
-            r.o_acks.pop(slot, None)
-            r.exec_slot = slot + 1
-            r.exec_progress_at = r.now
-            if r.o_prefix < r.exec_slot:
-                r.o_acceptor.advance_prefix()
+            o_log.execute(slot, owner, index, r.view)
+            self.progress_at = r.now
             if owner == SEAL:
-                r.sealed_at = slot
                 return
 
     def log_executed(self) -> None:
@@ -94,21 +94,21 @@ class Executor:
         chosen values among them that our records lack: a restart executes them again from
         its own records (``replay_executed``) instead of re-learning the log from peers."""
         r = self.r
-        start = max(r.logged_exec, r.compacted)
-        if start >= r.exec_slot:
+        o_log, store = r.o_log, r.c_store
+        start = max(self.logged, o_log.compacted)
+        if start >= o_log.exec_slot:
             return
         owners: list[int] = []
         ballots: list[int] = []
-        for slot in range(start, r.exec_slot):
-            owner, index = r.log[slot]
+        for slot in range(start, o_log.exec_slot):
+            owner, index = o_log.executed[slot]
             owners.append(owner)
-            if owner < 0:  # NO_CL or SEAL
+            if owner in PLACES_NOTHING:
                 ballots.append(0)
                 continue
-            inst = r.c[(owner, index)]
+            inst = store.instances[(owner, index)]
             ballots.append(inst.ballot)
-            if (owner, index) in r.values_to_log:
-                r.values_to_log.discard((owner, index))
+            if store.values_to_log and store.take_value_to_log((owner, index)):
                 assert inst.batch is not None
                 r.out.log.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
@@ -121,7 +121,7 @@ class Executor:
                     ballots=tuple(ballots[offset : offset + MAX_SLOTS]),
                 )
             )
-        r.logged_exec = r.exec_slot
+        self.logged = o_log.exec_slot
 
     def replay_executed(self, executed: Mapping[int, tuple[int, int]]) -> None:
         """After a restart: execute again, from our own records, the slots an
@@ -133,26 +133,22 @@ class Executor:
         if "replay_accepted" in r.unsafe:
             # broken on purpose: every accepted O-instance taken as chosen, at any ballot
             executed = {
-                **{s: (o, 0) for s, o in r.o_value.items() if s >= r.exec_slot},
+                **{s: (o, 0) for s, o in r.o_log.value.items() if s >= r.o_log.exec_slot},
                 **executed,
             }
-        while r.exec_slot in executed:
-            slot = r.exec_slot
+        o_log = r.o_log
+        while o_log.exec_slot in executed:
+            slot = o_log.exec_slot
             owner, ballot = executed[slot]
-            if owner < 0:  # NO_CL or SEAL
-                r.log[slot] = (owner, NO_INDEX)
-                if owner == SEAL:
-                    r.sealed_at = slot
-            else:
-                index = r.exec_count[owner]
-                inst = r.c.get((owner, index))
+            index = NO_INDEX  # NO_CL or SEAL
+            if owner not in PLACES_NOTHING:
+                index = o_log.exec_count[owner]
+                inst = r.c_store.instances.get((owner, index))
                 if inst is None or inst.batch is None or inst.ballot < ballot:
                     break
-                inst.committed = True
+                r.c_store.choose(owner, index, inst)
                 led_here = owner == r.me
                 r.out.apply.extend(executions(slot, inst.batch, led_here))
-                r.exec_count[owner] = index + 1
-                r.log[slot] = (owner, index)
-            r.exec_slot = slot + 1
-        r.logged_exec = r.exec_slot
-        r.next_index = max(r.next_index, r.exec_count[r.me])
+            o_log.execute(slot, owner, index, r.view)
+        self.logged = o_log.exec_slot
+        r.c_store.used(o_log.exec_count[r.me])

@@ -2,9 +2,11 @@
 
 ``CInstance``: one C-instance as this replica knows it (ballot, value, whether chosen, and
 the leader's bookkeeping). ``OwnerSlots``: the slots of one owner's O-instances minus a
-compacted prefix. ``Recovery``: one Prepare round. The markers for "no value" live here
-(``NO_BALLOT``, ``NO_INDEX``, ``NO_SLOT``, ``NEVER``, ``HELD``, ``NOT_OVERTAKEN``), with the
-pure helpers ``pages``, ``keys_of`` and ``union_keys``.
+compacted prefix. ``Recovery``: one Prepare round. The markers for "no value" live here, each
+below every value of its kind (so comparisons need no special case; the codec carries them):
+``NO_BALLOT``, ``NO_INDEX``, ``NO_SLOT``, and ``NEVER`` for times; what is merely absent is
+None. ``PLACES_NOTHING`` tells ``NO_CL`` and ``SEAL`` from a slot's replica. With the pure
+helpers ``pages``, ``keys_of`` and ``union_keys``.
 """
 
 from __future__ import annotations
@@ -21,26 +23,23 @@ from consensus.messages import (
 )
 from consensus.protocol.types import NEVER
 
-#: the ballot of an own C-instance held for our recovery (nothing accepted, see
-#: ``CPhase._hold_for_recovery``)
-HELD = -1
-#: no C-instance index: of a slot that places none (``NO_CL``) in ``log``, and an owner's
-#: highest accepted index (``c_high``) while it has none
+#: no C-instance index: of a slot that places none (``NO_CL``, ``SEAL``) in
+#: ``OLog.executed``, and an owner's highest accepted index (``CStore.high``) while it has none
 NO_INDEX = -1
 #: below every ballot: nothing promised or accepted
 NO_BALLOT = -1
 #: below every slot
 NO_SLOT = -1
-#: ``CInstance.overtaken_at`` of an instance no recoverer took over
-NOT_OVERTAKEN = -1
+#: the O-instance values that place no C-instance (every other value names a replica, whose
+#: next C-instance it places)
+PLACES_NOTHING = frozenset({messages.NO_CL, messages.SEAL})
 
 __all__ = [
-    "HELD",
     "NEVER",
-    "NOT_OVERTAKEN",
     "NO_BALLOT",
     "NO_INDEX",
     "NO_SLOT",
+    "PLACES_NOTHING",
     "Batch",
     "CInstance",
     "OwnerSlots",
@@ -55,7 +54,8 @@ _T = TypeVar("_T")
 
 
 class CInstance:
-    """What one replica knows of one C-instance."""
+    """What one replica knows of one C-instance: its value (``ballot``, ``batch``,
+    ``committed``: the C-instance store's) and the proposer's bookkeeping (the C-phase's)."""
 
     __slots__ = (
         "acks", "ballot", "batch", "committed", "leading", "overtaken_at", "sent_at", "sent_to"
@@ -71,8 +71,14 @@ class CInstance:
         self.sent_at = 0
         #: peers sent its CAccept at ``ballot``: their commit need not carry the batch again
         self.sent_to: frozenset[int] = frozenset()
-        #: when the owner learned that a recoverer took it over (-1: it did not)
-        self.overtaken_at = NOT_OVERTAKEN
+        #: when the owner learned that a recoverer took it over (None: none did)
+        self.overtaken_at: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Nothing accepted here (``NO_BALLOT``): an own index held for our own recovery
+        (``CPhase._hold_for_recovery``), the only instance kept without a value."""
+        return self.ballot == NO_BALLOT
 
 
 class OwnerSlots:

@@ -15,10 +15,7 @@ use it.
 
 from __future__ import annotations
 
-__all__ = ["NO_HOLDER", "Leases"]
-
-#: no lease granted
-NO_HOLDER = -1
+__all__ = ["Leases"]
 
 
 class Leases:
@@ -32,7 +29,7 @@ class Leases:
         drift = max_drift_ppm / 1_000_000
         self._hold_us = int(lease_us * (1 - 2 * drift))
         self._votes_blocked_until = 0
-        self.granted_to = NO_HOLDER
+        self.granted_to: int | None = None  # (None: no lease granted yet)
         self.granted_until = 0
         #: grantor -> until when its grant counts (as the sequencer measures time)
         self._held: dict[int, int] = {}
@@ -49,7 +46,7 @@ class Leases:
     def may_vote_for(self, candidate: int, now: int) -> bool:
         if now < self._votes_blocked_until:
             return False
-        bound = self.granted_to not in (NO_HOLDER, candidate)
+        bound = self.granted_to not in (None, candidate)
         return not (bound and now < self.granted_until)
 
     def record_grant(self, grantor: int, asked_at: int) -> None:

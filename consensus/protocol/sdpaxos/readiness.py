@@ -25,13 +25,24 @@ sequencer re-sends         unacknowledged own slots, and every      from each pe
 accept``
 =========================  ======================================  ===========================
 
+Two questions depend on the majority's size rather than on the rule, and every rule answers
+them the same way:
+
+* ``acks_to_all``: with five replicas or more (a majority of three or more) acceptors send
+  their ``CAck`` to every replica, and a replica learns a choice it did not lead from the
+  acknowledgements (``CPhase._learn_from_acks``; not when thrifty: the replicas a proposer
+  left out lack the value to use them). With three, the proposer and the acceptor already
+  make a majority, and the acknowledgement goes to the proposer only.
+* ``chosen_alone``: with one replica, a proposer's own acceptance is a majority: its
+  proposal is chosen as it is made.
+
 Why the N = 3 shortcut is safe: the sequencer's OAccept plus the owner's own acceptance are a
 majority of three, so "accepted here" is "chosen" and the order costs half a round trip. With
 five replicas the paper's rule lets a non-sequencer count its own O-instance as committed on
 the sequencer's OAccept alone, and be ready once it accepted *every* O-instance up to the one
 placing its command (no gap). Because such a commit may be known to two replicas only
 (``commits_on_sequencer_accept``), two other rules hold only with five replicas:
-``CPhase.on_caccept`` drops a CAccept from an older view, and ``ViewChange.rebuild``
+``CPhase.on_caccept`` drops a CAccept from an older view, and ``ViewChange._rebuild``
 re-proposes the slots the candidate executed and fills holes for the one untraced replica
 (Figure 7, lines 32-36).
 
@@ -60,6 +71,10 @@ class ReadinessRule:
 
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
+        #: acceptors acknowledge a C-instance to every replica (see above)
+        self.acks_to_all = r.q >= 3 and not r.config.thrifty
+        #: our own acceptance is a majority (see above)
+        self.chosen_alone = r.q == 1
 
     def ordered_own(self) -> int:
         """How many of my C-instances the ready rule considers durably ordered."""
@@ -92,18 +107,9 @@ class ReadinessRule:
 
     def check_ready(self) -> None:
         """Report our commands whose instances are chosen and durably ordered, in order."""
-        r = self.r
-        if not r.unready:
-            return
-        ordered = self.ordered_own()
-        for index in sorted(r.unready):
-            if index >= ordered:
-                break
-            inst = r.c[(r.me, index)]
-            if inst.committed:
-                batch = r.unready.pop(index)
-                if inst.batch == batch:
-                    r.out.ready.extend(batch)
+        proposals = self.r.proposals
+        if proposals.pending:
+            proposals.ready_below(self.ordered_own())
 
 
 class CountRule(ReadinessRule):
@@ -115,7 +121,7 @@ class CountRule(ReadinessRule):
         self._own_checked_at = 0
 
     def ordered_own(self) -> int:
-        return self.r.my_committed_o
+        return self.r.o_log.committed_mine
 
     def learn_own(self, slot: int) -> None:
         self.r.o_acceptor.learn_chosen(slot)
@@ -132,7 +138,7 @@ class CountRule(ReadinessRule):
 
     def resend_late_slot(self, peer: int, slot: int) -> None:
         r = self.r
-        if slot not in r.o_committed and peer not in r.o_acks.get(slot, ()):
+        if slot not in r.o_log.committed and peer not in r.o_log.acks.get(slot, ()):
             r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
     def resend_unchosen(self, deadline: int) -> None:
@@ -145,28 +151,29 @@ class CountRule(ReadinessRule):
             return
         self._own_checked_at = r.now
         mine = r.ordering.seq_slots[r.me]
-        for index in range(max(mine.base, r.exec_count[r.me]), len(mine)):
+        o_log, pending = r.o_log, r.proposals.pending
+        for index in range(max(mine.base, o_log.exec_count[r.me]), len(mine)):
             slot = mine[index]
-            if index in r.unready or slot < r.exec_slot or slot in r.o_committed:
+            if index in pending or slot < o_log.exec_slot or slot in o_log.committed:
                 continue  # late ones were handled already
-            own = r.c.get((r.me, index))
+            own = r.c_store.instances.get((r.me, index))
             if own is None or own.sent_at > deadline:
                 continue
             for peer in r.peers:
-                if peer not in r.o_acks.get(slot, ()):
+                if peer not in r.o_log.acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
         # An O-instance the owner cannot get chosen (four replicas or more: it needs an
         # acceptor besides the owner and us; or the owner is dead for good, a replica
         # removed or lost with its disk) stays unchosen if an acceptor lost our OAccept:
         # nobody else can tell it the value. The unchosen ones of the window after our
         # execution go again to whoever did not acknowledge them.
-        stop = min(r.ordering.seq_next_slot, r.exec_slot + CATCHUP_BATCH)
-        for slot in range(r.exec_slot, stop):
-            owner = r.o_value.get(slot, r.me)
-            if slot in r.o_committed or owner == r.me:
+        stop = min(r.ordering.seq_next_slot, r.o_log.exec_slot + CATCHUP_BATCH)
+        for slot in range(r.o_log.exec_slot, stop):
+            owner = r.o_log.value.get(slot, r.me)
+            if slot in r.o_log.committed or owner == r.me:
                 continue
             for peer in r.peers:
-                if peer != owner and peer not in r.o_acks.get(slot, ()):
+                if peer != owner and peer not in r.o_log.acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
 
 
@@ -179,9 +186,9 @@ class FiveRule(ReadinessRule):
     def ordered_own(self) -> int:
         r = self.r
         if not r.is_sequencer:
-            return r.prefix_mine
+            return r.o_log.prefix_mine
         if r.role is not Role.SEQUENCER:
-            return r.exec_count[r.me]
+            return r.o_log.exec_count[r.me]
         mine = r.ordering.seq_slots[r.me]
         if "go_ready_rule" in r.unsafe:
             return len(mine)
@@ -201,15 +208,14 @@ class FiveRule(ReadinessRule):
         # The sequencer needs every acknowledgement (its ready rule looks at the
         # majority-accepted prefix); the others learn others' slots from a majority of them,
         # a round trip sooner than through the owner's OCommit.
-        to_all = r.c_phase.acks_to_all and owner != r.me
+        to_all = self.acks_to_all and owner != r.me
         return r.peers if to_all else (r.sequencer,)
 
     def on_sequencer_acks(self, src: int, slots: tuple[int, ...]) -> None:
         r = self.r
         if r.role is not Role.SEQUENCER:
             return
-        for slot in slots:
-            r.ordering.acks.record(src, slot)
+        r.ordering.record_acks(src, slots)
         self.after_oaccepts()
 
     def after_oaccepts(self) -> None:

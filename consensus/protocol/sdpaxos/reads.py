@@ -28,13 +28,10 @@ from consensus.messages import (
 from consensus.protocol.sdpaxos.instances import union_keys
 from consensus.protocol.types import Role
 
-#: the read id of the sequencer's own reads (answered without an RRequest)
-OWN_READS = -1
-
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["OWN_READS", "Reads"]
+__all__ = ["Reads"]
 
 
 class Reads:
@@ -47,7 +44,20 @@ class Reads:
         # reads asked of the sequencer, one RRequest per turn: id -> (reads, sent at)
         self.pending_reads: dict[int, tuple[tuple[Command, ...], int]] = {}
         self.unasked_reads: list[Command] = []  # this turn's, asked in ready()
-        self._waiting_reads: list[tuple[int, int, Command]] = []  # (slot, id, read)
+        # (slot, id, read); the sequencer's own reads have no id (answered without an
+        # RRequest)
+        self._waiting_reads: list[tuple[int, int | None, Command]] = []
+
+    def ask(self, command: Command) -> None:
+        """A linearizable read: asked of the sequencer with the turn's others."""
+        self.unasked_reads.append(command)
+
+    def on_view_accepted(self) -> None:
+        """Our view's NewView is accepted: ask its sequencer the reads not answered yet."""
+        r = self.r
+        for read_id, (reads, _) in sorted(self.pending_reads.items()):
+            self.pending_reads[read_id] = (reads, r.now)
+            self.send_rrequest(read_id, reads)
 
     def flush_read_requests(self) -> None:
         """Ask the sequencer once for all of this turn's reads: its answer for the union of
@@ -62,7 +72,7 @@ class Reads:
             # the sequencer answers its own reads the same way, once per turn: one lease check
             # and one history lookup for the turn instead of one per read
             slot = r.ordering.read_slot(union_keys(reads))
-            self._waiting_reads.extend((slot, OWN_READS, read) for read in reads)
+            self._waiting_reads.extend((slot, None, read) for read in reads)
             return
         self._read_ids += 1
         self.pending_reads[self._read_ids] = (reads, r.now)
@@ -107,9 +117,9 @@ class Reads:
         r = self.r
         if not self._waiting_reads:
             return
-        still: list[tuple[int, int, Command]] = []
+        still: list[tuple[int, int | None, Command]] = []
         for slot, read_id, command in self._waiting_reads:
-            if slot < r.exec_slot:
+            if slot < r.o_log.exec_slot:
                 r.out.reads.append(command)
             else:
                 still.append((slot, read_id, command))

@@ -33,17 +33,14 @@ from typing import TYPE_CHECKING
 
 from consensus.messages import (
     EVERY_INDEX,
-    CAccept,
-    CAcceptedRecord,
     CNack,
     CPrepare,
     CPromise,
     CPromiseRecord,
     CVote,
 )
-from consensus.protocol.ballot import next_ballot
 from consensus.protocol.batch import batch_size
-from consensus.protocol.sdpaxos.instances import NO_INDEX, Batch, CInstance, Recovery
+from consensus.protocol.sdpaxos.instances import NO_INDEX, PLACES_NOTHING, Batch, Recovery
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -69,8 +66,7 @@ class CRecovery:
 
     def start_recovery(self, owner: int, from_index: int) -> None:
         r = self.r
-        ballot = next_ballot(max(r.ballot_seen, r.me), r.me)
-        r.ballot_seen = ballot
+        ballot = r.c_store.new_ballot()
         recovery = Recovery(owner, from_index, ballot, r.now)
         self.recoveries[owner] = recovery
         self.recoveries_started += 1
@@ -98,7 +94,7 @@ class CRecovery:
         the promises already in cover every later index too."""
         r = self.r
         recovery.asked_at = r.now
-        recovery.from_index = max(recovery.from_index, r.exec_count[recovery.owner])
+        recovery.from_index = max(recovery.from_index, r.o_log.exec_count[recovery.owner])
         prepare = self._prepare_of(recovery)
         for peer in range(r.n):
             if peer != r.me and peer not in recovery.promises:
@@ -106,15 +102,16 @@ class CRecovery:
 
     def on_cprepare(self, msg: CPrepare) -> None:
         r = self.r
-        r.ballot_seen = max(r.ballot_seen, msg.ballot)
-        if msg.from_index < r.base_counts[msg.owner]:
+        store = r.c_store
+        store.see_ballot(msg.ballot)
+        if msg.from_index < r.o_log.base_counts[msg.owner]:
             # We accepted (and executed) instances there whose values only our snapshot holds
             # now: a promise reporting nothing would let the recoverer choose a no-op over a
             # chosen value. It needs the snapshot instead (and then recovers from beyond it).
             if msg.src != r.me:
                 r.out.snapshot_requests.append(msg.src)
             return
-        promised = r.c_promised.get(msg.owner)
+        promised = store.promised.get(msg.owner)
         if promised is not None and promised[0] > msg.ballot:
             if msg.src != r.me:
                 nack = CNack(
@@ -127,7 +124,7 @@ class CRecovery:
                 r.send(msg.src, nack)
             return
         from_index = msg.from_index if promised is None else min(msg.from_index, promised[1])
-        r.c_promised[msg.owner] = (msg.ballot, from_index)
+        store.promise(msg.owner, msg.ballot, from_index)
         r.out.persist.append(
             CPromiseRecord(owner=msg.owner, from_index=from_index, ballot=msg.ballot)
         )
@@ -139,7 +136,7 @@ class CRecovery:
             from_index=msg.from_index,
             ballot=msg.ballot,
             accepted=accepted,
-            high=r.c_high[msg.owner],
+            high=r.c_store.high[msg.owner],
             through=through,
         )
         if msg.src == r.me:
@@ -154,8 +151,8 @@ class CRecovery:
         r = self.r
         votes: list[CVote] = []
         budget = PROMISE_PAGE_BYTES
-        for index in range(from_index, r.c_high[owner] + 1):
-            inst = r.c.get((owner, index))
+        for index in range(from_index, r.c_store.high[owner] + 1):
+            inst = r.c_store.instances.get((owner, index))
             if inst is None or inst.batch is None:
                 continue
             size = batch_size(inst.batch)
@@ -176,7 +173,7 @@ class CRecovery:
         if len(recovery.promises) < r.q:
             return
         del self.recoveries[msg.owner]
-        promised = r.c_promised.get(msg.owner)
+        promised = r.c_store.promised.get(msg.owner)
         if promised is not None and promised[0] > recovery.ballot:
             # We promised a higher recoverer meanwhile: accepting our own proposal at this
             # ballot would break that promise, and it could then be chosen beside the value
@@ -184,7 +181,7 @@ class CRecovery:
             # batch were both chosen for one instance).
             return
         if msg.owner == r.me:
-            r.own_ballot = max(r.own_ballot, recovery.ballot)
+            r.c_store.raise_own_ballot(recovery.ballot)
         # Re-propose the highest-ballot value per index; a no-op where nothing was accepted.
         best: dict[int, CVote] = {}
         high = max(p.high for p in recovery.promises.values())
@@ -192,23 +189,23 @@ class CRecovery:
             for vote in promise.accepted:
                 if vote.index not in best or vote.ballot > best[vote.index].ballot:
                     best[vote.index] = vote
-        high = max(high, r.o_acceptor.known_o_count(msg.owner) - 1)
+        high = max(high, r.o_log.count_of(msg.owner) - 1)
         # Where no promise reports a value any value is safe: ours take our own proposals
         # (those held for this recovery too), a no-op fills the rest.
-        ours = r.unready if msg.owner == r.me else {}
+        ours = r.proposals.pending if msg.owner == r.me else {}
         high = max(high, max(ours, default=NO_INDEX))
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
-        first = max(recovery.from_index, r.exec_count[msg.owner])
+        first = max(recovery.from_index, r.o_log.exec_count[msg.owner])
         # A paged promise reports on its page only: beyond the shortest page a value some
         # acceptor of the majority accepted may be unknown here, so no no-op goes there yet.
         last = min(high, min(p.through for p in recovery.promises.values()))
         for index in range(first, last + 1):
-            inst = r.c.get((msg.owner, index))
+            inst = r.c_store.instances.get((msg.owner, index))
             if inst is not None and inst.committed:
                 continue
             found = best.get(index)
             batch: Batch = found.batch if found is not None else ours.get(index, ())
-            self._propose_recovered(msg.owner, index, recovery.ballot, batch)
+            r.c_phase.propose_recovered(msg.owner, index, recovery.ballot, batch)
         if last < high:
             # the next page, at the same ballot: the promises already cover every index from
             # the first page's start, so this only fetches what the acceptors accepted there
@@ -218,32 +215,12 @@ class CRecovery:
             self._ask_again(recovery)
             self.on_cprepare(self._prepare_of(recovery))  # our own report on the page
 
-    def _propose_recovered(self, owner: int, index: int, ballot: int, batch: Batch) -> None:
-        r = self.r
-        inst = r.c.get((owner, index))
-        if inst is None:
-            inst = r.c[(owner, index)] = CInstance(ballot, batch)
-        else:
-            inst.ballot, inst.batch = ballot, batch
-        inst.leading = True
-        inst.acks = {r.me}
-        inst.sent_at = r.now
-        inst.sent_to = frozenset(r.peers)  # broadcast below
-        r.reproposing.add((owner, index))  # ours too: a no-op is in no client's batch
-        if owner == r.me and index >= r.next_index:
-            # an index of ours that was referenced but never proposed: it is used now, by
-            # this no-op, and never again (same ballot, two values would break Paxos)
-            r.next_index = index + 1
-        r.c_high[owner] = max(r.c_high[owner], index)
-        r.out.persist.append(
-            CAcceptedRecord(owner=owner, index=index, ballot=ballot, batch=batch)
-        )
-        accept = CAccept(
-            src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
-        )
-        r.broadcast(accept)
-        if r.is_sequencer:
-            r.ordering.order(owner, index)
+    def on_higher_ballot(self, owner: int, ballot: int) -> None:
+        """A peer promised or accepted ``ballot`` for ``owner``'s instances (a ``CNack``): a
+        higher Prepare is under way elsewhere, and ours (if lower) is over."""
+        recovery = self.recoveries.get(owner)
+        if recovery is not None and recovery.ballot < ballot:
+            del self.recoveries[owner]
 
     def recover_suspects(self) -> None:
         """Take over the unfinished C-instances of suspected replicas (the next live replica
@@ -261,27 +238,29 @@ class CRecovery:
                 # after it was refused and nobody drives it; while execution goes on (the
                 # others' commands) only its age shows it. A replica slow enough to be
                 # suspected kept its clients waiting for good this way.
+                long_ago = r.now - r.election.election_timeout
+                instances = r.c_store.instances
                 overdue = any(
-                    0 <= r.c[(r.me, i)].overtaken_at < r.now - r.election.election_timeout
+                    (at := instances[(r.me, i)].overtaken_at) is not None and at < long_ago
                     for i in stalled
                 )
                 # Execution may also wait on an instance of ours nobody drives any more: a
                 # no-op a recovery of ours proposed before we restarted, say.
                 blocking = self._blocking_instance()
                 if blocking is not None and blocking[0] == r.me:
-                    inst = r.c.get(blocking)
+                    inst = r.c_store.instances.get(blocking)
                     if inst is None or not inst.leading:
                         stalled.append(blocking[1])
-                halted = r.now - r.exec_progress_at > r.election.election_timeout
+                halted = r.now - r.executor.progress_at > r.election.election_timeout
                 if stalled and (halted or overdue):
                     self.start_recovery(r.me, min(stalled))
                 continue
             if not r.election.suspected(owner) or self._recoverer_of(owner) != r.me:
                 continue
-            from_index = r.exec_count[owner]
+            from_index = r.o_log.exec_count[owner]
             unfinished = (
-                r.c_high[owner] >= from_index
-                or r.o_acceptor.known_o_count(owner) > from_index
+                r.c_store.high[owner] >= from_index
+                or r.o_log.count_of(owner) > from_index
             )
             if unfinished and not self._all_committed(owner, from_index):
                 self.start_recovery(owner, from_index)
@@ -289,14 +268,14 @@ class CRecovery:
     def _blocking_instance(self) -> tuple[int, int] | None:
         """The C-instance execution waits for, if its slot is decided but it is not."""
         r = self.r
-        slot = r.exec_slot
-        if slot not in r.o_committed:
+        slot = r.o_log.exec_slot
+        if slot not in r.o_log.committed:
             return None
-        owner = r.o_value[slot]
-        if owner < 0:  # NO_CL or SEAL: no C-instance
+        owner = r.o_log.value[slot]
+        if owner in PLACES_NOTHING:  # no C-instance
             return None
-        key = (owner, r.exec_count[owner])
-        inst = r.c.get(key)
+        key = (owner, r.o_log.exec_count[owner])
+        inst = r.c_store.instances.get(key)
         if inst is not None and inst.committed:
             return None
         return key
@@ -311,9 +290,9 @@ class CRecovery:
 
     def _all_committed(self, owner: int, from_index: int) -> bool:
         r = self.r
-        high = max(r.c_high[owner], r.o_acceptor.known_o_count(owner) - 1)
+        high = max(r.c_store.high[owner], r.o_log.count_of(owner) - 1)
         for index in range(from_index, high + 1):
-            inst = r.c.get((owner, index))
+            inst = r.c_store.instances.get((owner, index))
             if inst is None or not inst.committed:
                 return False
         return True

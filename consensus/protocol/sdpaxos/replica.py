@@ -1,10 +1,11 @@
 """The SDPaxos replica: the facade that composes the parts (see the package overview).
 
-``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instances
-(``c``, ``c_high``, promises, our own unready proposals), the O-instances (``o_value``,
-``o_ballot``, ``o_committed``, the gap-free accepted prefix) and the execution frontier
-(``exec_slot``, ``exec_count``, ``log``) — and the turn's output (``out``). Each part owns the
-rest of its state and reaches the others through this object.
+``SDPaxosReplica`` holds the state every part shares — the view and role, the C-instance
+store (``c_store``: values, promises, our indexes; c_store.py), our own proposals
+(``proposals``: everything told to their clients is told there; proposals.py),
+the O-log (``o_log``: assignments, what is chosen, the execution frontier; o_log.py) — and
+the turn's output (``out``). Each part owns the rest of its state and reaches the others
+through this object.
 
 Inputs and what they run:
 
@@ -32,6 +33,47 @@ Routing rules (``step``), in order:
    the message comes from that view's sequencer (a replica stuck in a view nobody won must
    not drag a healthy cluster into it).
 4. An OAccept, OCommit or NewView from our sequencer is a sign that it serves (election.py).
+
+Lifecycle events, each announced once, here, to the parts that keep state about it (each
+part resets its own; none writes another's):
+
+=====================  =========================================  =========================
+event                  announced by                               who resets what
+=====================  =========================================  =========================
+a higher view          ``join_view`` (a message of the view's     the O-log forgets its
+                       sequencer, a vote request, a candidacy)    commits and prefix; the
+                                                                  view change, sequencer,
+                                                                  straggler detector and
+                                                                  election their per-view
+                                                                  state
+its NewView accepted   ``accept_view``                            the C-phase and reads send
+                                                                  again what it has not
+                                                                  ordered or answered
+compaction below a     ``drop_below`` (``compact``, and every     the O-log, C-instance
+point                  snapshot installed)                        store, C-phase, own
+                                                                  proposals and sequencer
+                                                                  forget what lies below
+a snapshot installed   ``snapshot_installed`` (a peer's, or the   the O-log's frontier jumps;
+                       one a restart begins at)                   then as compaction; the
+                                                                  executor's progress clock
+a restart              ``restarted`` (after ``Restart.recover``   a follower; the O-log
+                       replayed the records)                      recounts; own proposals
+                                                                  found in the records
+=====================  =========================================  =========================
+
+Roles change only through ``become``, by this table (any other change is a bug:
+``LocalProtocolError``):
+
+=============  ================  ===========================================================
+to             from              when
+=============  ================  ===========================================================
+FOLLOWER       any role          it joins a higher view (``join_view``), or restarts
+CANDIDATE      FOLLOWER          a majority granted its pre-vote and it joined the view it
+                                 would lead (``ViewChange.start_candidacy``)
+ESTABLISHING   CANDIDATE         a majority voted: it sent its NewView (``ViewChange``)
+SEQUENCER      ESTABLISHING      a majority accepted its NewView (``ViewChange``); a replica
+                                 also starts as the sequencer of its start view
+=============  ================  ===========================================================
 """
 
 from __future__ import annotations
@@ -67,18 +109,22 @@ from consensus.messages import (
     RReply,
     RRequest,
     Suspect,
+    ViewRecord,
     Vote,
     VRequest,
     check_command,
 )
+from consensus.protocol import checks
 from consensus.protocol.ready import Outgoing, Ready
 from consensus.protocol.sdpaxos.c_phase import CPhase
+from consensus.protocol.sdpaxos.c_store import CStore
 from consensus.protocol.sdpaxos.catchup import CatchUp
 from consensus.protocol.sdpaxos.election import Election
 from consensus.protocol.sdpaxos.execution import Executor
-from consensus.protocol.sdpaxos.instances import NO_INDEX, NO_SLOT, Batch, CInstance
-from consensus.protocol.sdpaxos.leases import NO_HOLDER
+from consensus.protocol.sdpaxos.instances import PLACES_NOTHING, Batch
 from consensus.protocol.sdpaxos.o_acceptor import OAcceptor
+from consensus.protocol.sdpaxos.o_log import OLog
+from consensus.protocol.sdpaxos.proposals import OwnProposals
 from consensus.protocol.sdpaxos.readiness import rule_for
 from consensus.protocol.sdpaxos.reads import Reads
 from consensus.protocol.sdpaxos.recovery import CRecovery
@@ -91,6 +137,14 @@ from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import Role, SnapshotMeta
 
 __all__ = ["SDPaxosReplica"]
+
+#: ``become``: the roles a replica may take each role from (the table above)
+_BECOMES_FROM: dict[Role, frozenset[Role]] = {
+    Role.FOLLOWER: frozenset({Role.FOLLOWER, Role.CANDIDATE, Role.ESTABLISHING, Role.SEQUENCER}),
+    Role.CANDIDATE: frozenset({Role.FOLLOWER}),
+    Role.ESTABLISHING: frozenset({Role.CANDIDATE}),
+    Role.SEQUENCER: frozenset({Role.ESTABLISHING}),
+}
 
 
 class SDPaxosReplica:
@@ -121,62 +175,22 @@ class SDPaxosReplica:
         self.peers = tuple(rid for rid in range(self.n) if rid != me)
         # views
         self.view = start_view
-        # the start view's (empty) assignment log is accepted by everyone
-        self.accepted_view = start_view
-        self.accepted_from = 0  # the first slot of accepted_view's NewView (see Vote)
         self.view_ready = True  # accepted the NewView of self.view
         self.role = Role.SEQUENCER if start_view % self.n == me else Role.FOLLOWER
-        # liveness and leases
-        self.started = False
-        self.seq_alive_at = 0  # last sign that the sequencer of our view is serving
-        self.peer_executed: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        # C-instances, by (owner, index)
-        self.c: dict[tuple[int, int], CInstance] = {}
-        self.c_high: list[int] = [NO_INDEX] * self.n  # highest index accepted, per owner
-        self.c_promised: dict[int, tuple[int, int]] = {}  # owner -> (ballot, from_index)
-        self.ballot_seen = 0
-        self.next_index = 0
-        # Our instances start pre-prepared at (0, me); once a Prepare (ours or a recoverer's)
-        # promised a higher ballot over our instance space, we propose at the ballot of our
-        # own last successful Prepare instead — one phase 1 for all later instances.
-        self.own_ballot = me
-        self.unready: dict[int, Batch] = {}  # own instances not yet ready -> batch proposed
-        self.restart_pending: list[int] = []  # own indexes found in records at restart
-        # ... with the batches the records hold: executed as they are, they are ready, even
-        # if something decided them before this incarnation drove them (then unready lacks
-        # them): the new incarnation reports them like the old one would have
-        self.restart_batches: dict[int, Batch] = {}
-        # instances we re-propose (a recovery's), retransmitted like our own client batches
-        self.reproposing: set[tuple[int, int]] = set()
-        # O-instances: value known (accepted or learned from a commit), accepted ballot
-        self.o_value: dict[int, int] = {}
-        self.o_ballot: dict[int, int] = {}
-        self.o_committed: set[int] = set()
-        self.o_acks: dict[int, set[int]] = {}  # learner side: slot -> acceptors
-        self.o_prefix = 0  # slots [0, o_prefix) all accepted here
-        self.o_high = 0  # one past the highest slot we know a value for
-        self.prefix_mine = 0  # O-instances for me within [0, o_prefix)
-        self.my_committed_o = 0  # O-instances for me known chosen
-        # execution
-        self.exec_slot = 0
-        self.exec_count: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        self.log: dict[int, tuple[int, int]] = {}  # executed slot -> (owner, index)
-        # slots below this are in an ExecutedRecord (or the snapshot)
-        self.logged_exec = 0
-        # chosen values we hold but never accepted (learned from a commit): written to our
-        # records when executed, so that a restart can execute them again from the records
-        self.values_to_log: set[tuple[int, int]] = set()
-        self.compacted = 0  # slots below this were compacted into a snapshot
-        # membership: this replica executed a change that ends the epoch (close_epoch), and
-        # the slot of the SEAL that ended it, once executed
+        self.started = False  # this incarnation had an input (its clocks started)
+        self._checking = checks.enabled()
+        # C-instances, by (owner, index), their promises and our own indexes
+        self.c_store = CStore(self.n, me, checking=self._checking)
+        # the global slots' assignments, what is chosen, and the execution frontier (the
+        # start view's empty assignment log is accepted by everyone)
+        self.o_log = OLog(self.n, me, start_view=start_view, checking=self._checking)
+        # membership: this replica executed a change that ends the epoch (close_epoch)
         self.closing = False
-        self.sealed_at = NO_SLOT
-        self.base_counts: dict[int, int] = dict.fromkeys(range(self.n), 0)
-        self.exec_progress_at = 0
         # the turn's output
         self.out = Ready()
         self.handed_out: Ready | None = None
         # the parts (see the package overview)
+        self.proposals = OwnProposals(self)
         self.c_phase = CPhase(self)
         self.recovery = CRecovery(self)
         self.ordering = Sequencer(self)
@@ -220,7 +234,7 @@ class SDPaxosReplica:
         }
 
         if snapshot is not None:
-            self.snapshots.set_base(snapshot)
+            self.snapshot_installed(snapshot)
         if recovered or snapshot is not None:
             self.restart.recover(recovered)
 
@@ -233,20 +247,40 @@ class SDPaxosReplica:
     def is_sequencer(self) -> bool:
         return self.view % self.n == self.me
 
+    # ------------------------------------------------------------------ where the log stands
+    @property
+    def exec_slot(self) -> int:
+        """Every global slot below this executed here (``OLog.exec_slot``)."""
+        return self.o_log.exec_slot
+
+    @property
+    def sealed_at(self) -> int:
+        """The slot of the executed SEAL that ended this log (membership), or ``NO_SLOT``."""
+        return self.o_log.sealed_at
+
+    @sealed_at.setter
+    def sealed_at(self, slot: int) -> None:
+        # the membership layer's broken variant ``epoch_at_change`` ends the log early
+        self.o_log.end_at(slot)
+
+    @property
+    def compacted(self) -> int:
+        """Slots below this were compacted into a snapshot."""
+        return self.o_log.compacted
+
     # ------------------------------------------------------------------ inputs
     def propose(self, command: Command, now: int) -> None:
         """A client command arrived. Raises ``LocalProtocolError`` (and changes nothing) for a
         command no peer could decode: check client input before handing it over."""
         check_command(command)
         self._enter(now)
-        if self.c_phase.batch.add(command):
-            self.c_phase.flush_batch()
+        self.c_phase.propose(command)
 
     def read(self, command: Command, now: int) -> None:
         """A linearizable read (``command.op`` is a query): served through ``Ready.reads``."""
         check_command(command)
         self._enter(now)
-        self.reads.unasked_reads.append(command)
+        self.reads.ask(command)
 
     def read_stale(self, command: Command, now: int) -> None:
         """A read served from local state at once: fast, possibly stale, never linearizable."""
@@ -271,9 +305,9 @@ class SDPaxosReplica:
         if message.view > self.view:
             if src != message.view % self.n:
                 return
-            self.views.join_view(message.view)
+            self.join_view(message.view)
         if src == self.sequencer and isinstance(message, OAccept | OCommit | NewView):
-            self.seq_alive_at = now
+            self.election.sequencer_alive(now)
         handler = self._in_view.get(type(message))
         if handler is not None:
             handler(message)
@@ -284,7 +318,7 @@ class SDPaxosReplica:
         self.election.tick(now)
         self.election.detect_failures()
         self.c_phase.retransmit()
-        self.restart.resume_after_restart()
+        self.proposals.resume_after_restart()
         self.catchup.maybe_catch_up()
         self.straggler.watch_ordering()
         self.reads.retry_reads()
@@ -331,11 +365,87 @@ class SDPaxosReplica:
         self.ordering.flush_oaccepts()
         self.o_acceptor.flush_acks()
 
+    # ------------------------------------------------------------------ lifecycle (see above)
+    def join_view(self, view: int) -> None:
+        """Enter a higher view: promise to reject lower O-proposals (``ViewRecord``), stop
+        executing until its NewView is accepted, and have every part reset its per-view
+        state."""
+        # O-phase messages queued this turn belong to the view they were made in: stamped
+        # with the new one, a deposed sequencer's proposals would become the new view's
+        # (in its records too, so a restart would bring back a second value for a slot).
+        self.flush_order_messages()
+        self.view = view
+        self.out.persist.append(ViewRecord(view=view))
+        self.view_ready = False
+        self.become(Role.FOLLOWER)
+        self.o_log.forget_view()
+        self.views.on_view_joined()
+        self.ordering.on_view_joined()
+        self.straggler.on_view_joined()
+        self.election.on_view_joined()
+        self._verify()
+
+    def accept_view(self) -> None:
+        """We accepted the NewView of our view (``OLog.install_new_view``): execute again,
+        and send again what the new view has not ordered or answered yet."""
+        self.view_ready = True
+        self.c_phase.on_view_accepted()
+        self.reads.on_view_accepted()
+
+    def drop_below(self, meta: SnapshotMeta) -> None:
+        """A durable snapshot holds every slot below ``meta`` (at or below our frontier):
+        every part forgets them."""
+        self._drop_below(meta)
+        self._verify()
+
+    def snapshot_installed(self, meta: SnapshotMeta) -> None:
+        """Our state machine continues from the snapshot at ``meta`` (ahead of us): a peer's,
+        or the one a restart begins at (its records follow)."""
+        self.o_log.install_base(meta)
+        self._drop_below(meta)
+        self.c_store.used(self.o_log.exec_count[self.me])  # executed: never reused
+        self.o_log.recount(self.view)
+        self.executor.on_snapshot_installed()
+        self._verify()
+
+    def _drop_below(self, meta: SnapshotMeta) -> None:
+        dropped = self.o_log.compact(meta)
+        self.c_store.compact(dropped, meta.exec_counts)
+        self.c_phase.on_compacted(meta.exec_counts)
+        self.proposals.covered_by_snapshot(meta.exec_counts[self.me])
+        self.ordering.on_compacted(meta)
+
+    def restarted(self, own: set[int]) -> None:
+        """``Restart.recover`` replayed our records (``own``: our indexes they hold) and
+        executed again what they say ran: start as a follower."""
+        self.become(Role.FOLLOWER)
+        self.view_ready = self.o_log.accepted_view >= self.view
+        self.o_log.recount(self.view)
+        self.proposals.found_at_restart(own)
+        self._verify()
+
+    def restore_view(self, view: int) -> None:
+        """A restart replays a ``ViewRecord``: we promised ``view``."""
+        self.view = max(self.view, view)
+
+    def become(self, role: Role) -> None:
+        """Take ``role`` (see the table above)."""
+        if self.role not in _BECOMES_FROM[role]:
+            raise LocalProtocolError(f"invalid role transition [{self.role.value} -> "
+                                     f"{role.value}]")
+        self.role = role
+
+    def _verify(self) -> None:
+        """With checks on, verify the log owners' invariants in full (after a bulk change)."""
+        if self._checking:
+            self.c_store.check()
+            self.o_log.check_all(self.view)
+
     # ------------------------------------------------------------------ membership
     def carry_over(self) -> tuple[list[Command], list[Command]]:
         """The epoch ended (``sealed_at``): the commands led here that it never ordered, and
         the reads not answered yet, for the next epoch to take (they are not acknowledged)."""
-        commands = [command for index in sorted(self.unready) for command in self.unready[index]]
+        commands = self.proposals.carry_over()
         reads = list(self.reads.unasked_reads)
         for _, (pending, _) in sorted(self.reads.pending_reads.items()):
             reads.extend(pending)
@@ -344,11 +454,11 @@ class SDPaxosReplica:
     def executed_slot(self, slot: int) -> tuple[int, Batch] | None:
         """The owner (or ``NO_CL``/``SEAL``) and commands of executed ``slot``, or None if
         it is compacted away or not executed (what a learner is sent)."""
-        placed = self.log.get(slot)
+        placed = self.o_log.executed.get(slot)
         if placed is None:
             return None
         owner, index = placed
-        batch = self.c[(owner, index)].batch if owner >= 0 else ()
+        batch = self.c_store.instances[(owner, index)].batch if owner not in PLACES_NOTHING else ()
         return owner, batch or ()
 
     def close_epoch(self) -> None:
@@ -381,24 +491,25 @@ class SDPaxosReplica:
     def committed_log(self) -> Mapping[int, Batch]:
         """Executed slots still in memory -> their commands (for the simulator's checker)."""
         result: dict[int, Batch] = {}
-        for slot, (owner, index) in self.log.items():
-            batch = self.c[(owner, index)].batch if owner >= 0 else ()  # NO_CL, SEAL: none
+        instances = self.c_store.instances
+        for slot, (owner, index) in self.o_log.executed.items():
+            batch = instances[(owner, index)].batch if owner not in PLACES_NOTHING else ()
             result[slot] = batch or ()
         return result
 
     def executed_through(self) -> int:
-        return self.exec_slot - 1
+        return self.o_log.exec_slot - 1
 
     def status(self) -> CoreStatus:
         """Role, view, execution frontier, the peers' reported frontiers and the leases
         (replicas are this core's indexes, slots its own: see ``MemberReplica.status``)."""
-        granted = self.lease_granted()
+        peer_executed = self.catchup.peer_executed
         return CoreStatus(
-            role=self.role, view=self.view, executed=self.exec_slot,
+            role=self.role, view=self.view, executed=self.o_log.exec_slot,
             voters=tuple(range(self.n)), view_accepted=self.view_ready, leader=self.sequencer,
-            peer_executed={peer: self.peer_executed[peer] for peer in self.peers},
+            peer_executed={peer: peer_executed[peer] for peer in self.peers},
             lease_held=self.lease_valid(),
-            lease_granted_to=None if granted == NO_HOLDER else granted,
+            lease_granted_to=self.lease_granted(),
         )
 
     @property
@@ -416,11 +527,11 @@ class SDPaxosReplica:
         """The adaptive retransmission timeout (see ``RtoEstimator``)."""
         return self.c_phase.rto.timeout_us
 
-    def lease_granted(self) -> int:
+    def lease_granted(self) -> int | None:
         """The replica this one granted its read lease to, while that lease runs (it votes
-        for no other sequencer meanwhile); ``NO_HOLDER`` otherwise."""
+        for no other sequencer meanwhile); None otherwise."""
         leases = self.election.leases
-        return leases.granted_to if leases.granted_until > self.now else NO_HOLDER
+        return leases.granted_to if leases.granted_until > self.now else None
 
     def lease_valid(self) -> bool:
         """Serving with read leases from a majority (linearizable reads answered here)."""
@@ -431,6 +542,6 @@ class SDPaxosReplica:
         if not self.started:
             # the clocks of this incarnation start at its first input
             self.started = True
-            self.exec_progress_at = now
-            self.straggler.window_start = now
+            self.executor.start(now)
+            self.straggler.start(now)
             self.election.start(now)

@@ -2,13 +2,14 @@
 
 ``recover`` replays the records — accepted C-instances (highest ballot wins), accepted
 O-instances, NewViews, the view, promises, and which slots ran — then executes again what
-they say ran (``Executor.replay_executed``) and starts as a follower. A restarted replica
-votes for nobody for one lease period (``Leases.start``) and never reuses an index it named.
-Its own proposals found in the records are driven again once it caught up with its peers
-(``resume_after_restart``): most of them are decided by then; those decided without their
-commands are reported failed, those executed as proposed are reported ready.
+they say ran (``Executor.replay_executed``) and starts as a follower
+(``SDPaxosReplica.restarted``). A restarted replica votes for nobody for one lease period
+(``Leases.start``) and never reuses an index it named. Its own proposals found in the
+records are handed to ``OwnProposals.found_at_restart``, which drives them again once caught
+up with the peers (most of them are decided by then; those decided without their commands
+are reported failed, those executed as proposed are reported ready).
 
-Entry points: ``recover``, ``resume_after_restart``.
+Entry points: ``recover``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,6 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.ballot import BALLOT_STRIDE
-from consensus.protocol.sdpaxos.instances import NEVER, NO_BALLOT, CInstance
-from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -41,23 +39,6 @@ class Restart:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
 
-    def resume_after_restart(self) -> None:
-        """After a restart, drive our own instances found in the records once caught up."""
-        r = self.r
-        if not r.restart_pending or not r.view_ready:
-            return
-        if max(r.peer_executed.values()) > r.exec_slot:
-            return  # still catching up: most of them are probably decided
-        for index in r.restart_pending:
-            inst = r.c[(r.me, index)]
-            if index >= r.exec_count[r.me] and not inst.committed and inst.batch:
-                inst.leading = inst.ballot == r.me
-                inst.acks = {r.me}
-                inst.sent_at = NEVER  # retransmit at once
-                r.unready[index] = inst.batch
-                r.restart_batches.pop(index, None)  # reported from unready now
-        r.restart_pending = []
-
     def recover(self, records: Sequence[Record]) -> None:
         """Rebuild what this replica promised and accepted from its durable records, then
         execute again what they say it executed."""
@@ -67,45 +48,21 @@ class Restart:
         for record in records:
             match record:
                 case CAcceptedRecord():
-                    if record.index < r.exec_count[record.owner]:
+                    if record.index < r.o_log.exec_count[record.owner]:
                         continue  # executed: in the snapshot
-                    key = (record.owner, record.index)
-                    inst = r.c.get(key)
-                    if inst is None or record.ballot >= inst.ballot:
-                        r.c[key] = CInstance(record.ballot, record.batch)
-                    r.c_high[record.owner] = max(r.c_high[record.owner], record.index)
-                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                    r.c_store.restore(record)
                     if record.owner == r.me:
-                        r.next_index = max(r.next_index, record.index + 1)
                         own.add(record.index)
-                        if record.ballot % BALLOT_STRIDE == r.me:
-                            r.own_ballot = max(r.own_ballot, record.ballot)
                 case OAcceptedRecord():
-                    for entry in record.entries:
-                        if entry.slot < r.exec_slot:
-                            continue
-                        if r.o_ballot.get(entry.slot, NO_BALLOT) <= record.view:
-                            r.o_value[entry.slot] = entry.owner
-                            r.o_ballot[entry.slot] = record.view
-                    r.accepted_view = max(r.accepted_view, record.view)
+                    r.o_log.restore_accepted(record)
                 case NewViewRecord():
-                    r.o_acceptor.install_new_view(record.view, record.start, record.owners)
+                    r.o_log.install_new_view(record.view, record.start, record.owners, r.view)
                 case ViewRecord():
-                    r.view = max(r.view, record.view)
+                    r.restore_view(record.view)
                 case CPromiseRecord():
-                    r.c_promised[record.owner] = (record.ballot, record.from_index)
-                    r.ballot_seen = max(r.ballot_seen, record.ballot)
+                    r.c_store.restore_promise(record.owner, record.ballot, record.from_index)
                 case ExecutedRecord():
                     for k, owner in enumerate(record.owners):
                         executed[record.start + k] = (owner, record.ballots[k])
         r.executor.replay_executed(executed)
-        r.role = Role.FOLLOWER
-        r.view_ready = r.accepted_view >= r.view
-        r.o_acceptor.recount_o_state()
-        r.restart_pending = sorted(own)
-        r.restart_batches = {
-            index: batch
-            for index in r.restart_pending
-            if index >= r.exec_count[r.me]
-            and (batch := r.c[(r.me, index)].batch) is not None
-        }
+        r.restarted(own)

@@ -17,6 +17,10 @@ Rules:
 * A ``CRequest`` for an instance already ordered is a retransmission: the requester lost
   OAccepts, so they are re-sent from its gap-free prefix (``on_crequest``), at most a catch-up
   batch at a time.
+* A serving sequencer that installs a snapshot past the slots it assigned (a peer's, taken
+  while it was cut off) was succeeded: a later view's sequencer chose those slots. It stops
+  serving (``on_compacted``: a follower of its view until it hears of the later one), since
+  its next assignment would name a slot the log already executed.
 * Reads: ``read_slot`` answers with the last slot assigned to an update of the keys
   (``HistoryTable``); reads.py checks the lease first.
 * Closing the epoch (membership, ``consensus.protocol.membership``): once the replica executed
@@ -47,9 +51,16 @@ from consensus.messages import (
 )
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
 from consensus.protocol.sdpaxos.history import HistoryTable
-from consensus.protocol.sdpaxos.instances import NO_SLOT, Batch, OwnerSlots, keys_of, pages
+from consensus.protocol.sdpaxos.instances import (
+    NO_SLOT,
+    PLACES_NOTHING,
+    Batch,
+    OwnerSlots,
+    keys_of,
+    pages,
+)
 from consensus.protocol.sdpaxos.tracker import AckPrefixes
-from consensus.protocol.types import Role
+from consensus.protocol.types import Role, SnapshotMeta
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -74,6 +85,22 @@ class Sequencer:
         self._oaccept_out: list[OEntry] = []
         #: the slot of the SEAL in the log we serve (nothing is assigned after it)
         self.sealed_at = NO_SLOT
+
+    def on_view_joined(self) -> None:
+        """We joined a higher view: what we deferred as an elected sequencer of an older one
+        is not ours to order (its owners ask the new sequencer again)."""
+        self.deferred_orders.clear()
+
+    def on_compacted(self, meta: SnapshotMeta) -> None:
+        """A snapshot holds every slot below ``meta``: keep only counts below it. A snapshot
+        past the slots we assigned stops us serving (see the rules above)."""
+        r = self.r
+        if (r.role is Role.SEQUENCER and meta.slot > self.seq_next_slot
+                and "stale_sequencer_orders" not in r.unsafe):
+            r.become(Role.FOLLOWER)
+        for rid, slots in self.seq_slots.items():
+            slots.trim_below(meta.slot)
+            slots.base = max(slots.base, meta.exec_counts[rid])
 
     def on_crequest(self, msg: CRequest) -> None:
         r = self.r
@@ -100,7 +127,7 @@ class Sequencer:
         if r.role is not Role.SEQUENCER:
             if r.is_sequencer:
                 if keys is None:
-                    inst = r.c.get((owner, index))
+                    inst = r.c_store.instances.get((owner, index))
                     keys = keys_of(inst.batch if inst is not None else None)
                 self.deferred_orders.append((owner, index, keys))
             return
@@ -113,7 +140,7 @@ class Sequencer:
             entry = OEntry(slot=slot, owner=owner)
             self._oaccept_out.append(entry)
             r.o_acceptor.accept_o(entry, r.view)
-            inst = r.c.get((owner, k))
+            inst = r.c_store.instances.get((owner, k))
             if inst is not None and inst.batch is not None:
                 self.history.note_update(slot, inst.batch)
             elif k == index and keys:
@@ -140,7 +167,7 @@ class Sequencer:
         r = self.r
         stop = min(stop, self.seq_next_slot, start + CATCHUP_BATCH)
         entries = tuple(
-            OEntry(slot=s, owner=r.o_value[s]) for s in range(start, stop) if s in r.o_value
+            OEntry(slot=s, owner=r.o_log.value[s]) for s in range(start, stop) if s in r.o_log.value
         )
         if entries:
             r.send(to, OAccept(src=r.me, view=r.view, entries=entries))
@@ -154,6 +181,11 @@ class Sequencer:
                 r.broadcast(OAccept(src=r.me, view=r.view, entries=entries))
             self._oaccept_out.clear()
             r.readiness.after_oaccepts()
+
+    def record_acks(self, src: int, slots: tuple[int, ...]) -> None:
+        """N=5, serving: ``src`` acknowledged our OAccepts of ``slots``."""
+        for slot in slots:
+            self.acks.record(src, slot)
 
     def majority_prefix(self) -> int:
         """The slots a majority accepted without a gap (we accepted all we proposed)."""
@@ -179,10 +211,10 @@ class Sequencer:
                     r.readiness.resend_late_slot(peer, mine[index])
         r.readiness.resend_unchosen(deadline)
         seal = self.sealed_at
-        if seal != NO_SLOT and seal >= r.exec_slot and seal not in r.o_committed:
+        if seal != NO_SLOT and seal >= r.o_log.exec_slot and seal not in r.o_log.committed:
             # nobody else re-sends a SEAL (it has no owner to ask for it again)
             for peer in r.peers:
-                if peer not in r.o_acks.get(seal, ()):
+                if peer not in r.o_log.acks.get(seal, ()):
                     self.resend_oaccepts(peer, seal, seal + 1)
         named = r.c_phase.last_named_index()
         if len(mine) <= named:
@@ -193,21 +225,21 @@ class Sequencer:
         assignment log — the compacted prefix (counts only), the executed slots we still
         hold, then the new view's range — and serve."""
         r = self.r
-        self.seq_slots = {rid: OwnerSlots(r.base_counts[rid]) for rid in range(r.n)}
+        self.seq_slots = {rid: OwnerSlots(r.o_log.base_counts[rid]) for rid in range(r.n)}
         self.sealed_at = NO_SLOT
-        for slot in sorted(r.log):
-            owner = r.log[slot][0]
-            if owner >= 0:
+        for slot in sorted(r.o_log.executed):
+            owner = r.o_log.executed[slot][0]
+            if owner not in PLACES_NOTHING:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
-        for slot in range(r.exec_slot, end):
-            owner = r.o_value.get(slot, NO_CL)
-            if owner >= 0:
+        for slot in range(r.o_log.exec_slot, end):
+            owner = r.o_log.value.get(slot, NO_CL)
+            if owner not in PLACES_NOTHING:
                 self.seq_slots[owner].append(slot)
             elif owner == SEAL:
                 self.sealed_at = slot
-        self.seq_next_slot = max(end, r.exec_slot)
+        self.seq_next_slot = max(end, r.o_log.exec_slot)
         self.acks = AckPrefixes({rid: (end if rid in acked else start) for rid in range(r.n)})
         self.seq_own_chosen = self.seq_slots[r.me].count_below(end)
         self.history.reset(floor=self.seq_next_slot - 1)

@@ -1,17 +1,18 @@
 """Compaction and snapshot installation.
 
-The driver snapshots the state machine and tells the core (``compact``): slots below the
-snapshot are forgotten (``_drop_below``), and the records a rewritten write-ahead log must
-hold are everything promised and accepted beyond the execution frontier
-(``durable_records``). A replica behind a peer's compaction point installs the peer's
-snapshot (``install``) and continues from it.
+The driver snapshots the state machine and tells the core (``compact``): every part forgets
+the slots below the snapshot (``SDPaxosReplica.drop_below`` announces it), and the records a
+rewritten write-ahead log must hold are everything promised and accepted beyond the
+execution frontier (``durable_records``). A replica behind a peer's compaction point
+installs the peer's snapshot (``install``; ``SDPaxosReplica.snapshot_installed``) and
+continues from it.
 
 Rules: compaction never turns into "nothing accepted" — a vote, promise or catch-up request
 reaching below the compaction point is answered with the snapshot (see view_change.py,
 recovery.py, catchup.py). Our own proposals a peer's snapshot already executed are
 reported as failed with "retry": the session table answers a retry with the first result.
 
-Entry points: ``meta``, ``compact``, ``install``, ``set_base``, ``durable_records``.
+Entry points: ``meta``, ``compact``, ``install``, ``durable_records``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from consensus.messages import (
     Record,
     ViewRecord,
 )
-from consensus.protocol.ready import Failure
 from consensus.protocol.sdpaxos.instances import NO_BALLOT
 from consensus.protocol.types import SnapshotMeta
 
@@ -48,7 +48,7 @@ class Snapshots:
         """Where a snapshot of the state machine, taken now (after applying the last
         ``Ready``), stands in the log."""
         r = self.r
-        return SnapshotMeta(r.exec_slot, tuple(r.exec_count[rid] for rid in range(r.n)))
+        return SnapshotMeta(r.o_log.exec_slot, tuple(r.o_log.exec_count[rid] for rid in range(r.n)))
 
     def compact(self, meta: SnapshotMeta) -> list[Record]:
         """The state machine's snapshot at ``meta`` is durable: forget every slot below it.
@@ -57,67 +57,18 @@ class Snapshots:
         that peers a little behind still catch up from memory), they rebuild this replica
         exactly as its full log would."""
         r = self.r
-        if meta.slot > r.exec_slot:
+        if meta.slot > r.o_log.exec_slot:
             raise LocalProtocolError("compact() beyond the execution frontier")
-        self._drop_below(meta)
+        r.drop_below(meta)
         return self.durable_records()
 
     def install(self, meta: SnapshotMeta) -> list[Record]:
         """A peer's snapshot was applied to our state machine: continue from ``meta``.
         Returns the records for a rewritten write-ahead log, like ``compact``."""
         r = self.r
-        if meta.slot <= r.exec_slot:
-            return self.durable_records()
-        self.set_base(meta)
-        r.o_acceptor.recount_o_state()
-        r.exec_progress_at = r.now
+        if meta.slot > r.o_log.exec_slot:
+            r.snapshot_installed(meta)
         return self.durable_records()
-
-    def set_base(self, meta: SnapshotMeta) -> None:
-        r = self.r
-        r.exec_slot = max(r.exec_slot, meta.slot)
-        for rid in range(r.n):
-            r.exec_count[rid] = max(r.exec_count[rid], meta.exec_counts[rid])
-        self._drop_below(meta)
-        r.next_index = max(r.next_index, r.exec_count[r.me])
-        r.o_prefix = max(r.o_prefix, meta.slot)
-        r.o_high = max(r.o_high, meta.slot)
-
-    def _drop_below(self, meta: SnapshotMeta) -> None:
-        r = self.r
-        for slot in [s for s in r.log if s < meta.slot]:
-            owner, index = r.log.pop(slot)
-            if owner >= 0:  # not NO_CL or SEAL
-                r.c.pop((owner, index), None)
-        for key in [k for k in r.c if k[1] < meta.exec_counts[k[0]]]:
-            del r.c[key]
-        r.values_to_log = {k for k in r.values_to_log if k[1] >= meta.exec_counts[k[0]]}
-        r.reproposing = {k for k in r.reproposing if k[1] >= meta.exec_counts[k[0]]}
-        r.c_phase.c_acks_seen = {
-            k: seen for k, seen in r.c_phase.c_acks_seen.items() if k[1] >= meta.exec_counts[k[0]]
-        }
-        covered = meta.exec_counts[r.me]
-        r.restart_pending = [i for i in r.restart_pending if i >= covered]
-        r.restart_batches = {i: b for i, b in r.restart_batches.items() if i >= covered}
-        r.c_phase.rtt_probes = {i: t for i, t in r.c_phase.rtt_probes.items() if i >= covered}
-        # Our proposals a peer's snapshot already executed (we fell behind before we saw them
-        # decided): their outcome is in the snapshot, not here. The client learns it by
-        # retrying: the session table answers a retry with the first result.
-        for index in sorted(i for i in r.unready if i < covered):
-            for command in r.unready.pop(index):
-                r.out.failed.append(
-                    Failure(command, False, "decided while this replica caught up from a "
-                            "snapshot: retry it")
-                )
-        for table in (r.o_value, r.o_ballot, r.o_acks):
-            for slot in [s for s in table if s < meta.slot]:
-                del table[slot]
-        r.o_committed = {s for s in r.o_committed if s >= meta.slot}
-        for rid, slots in r.ordering.seq_slots.items():
-            slots.trim_below(meta.slot)
-            slots.base = max(slots.base, meta.exec_counts[rid])
-        r.compacted = max(r.compacted, meta.slot)
-        r.base_counts = dict(enumerate(meta.exec_counts))
 
     def durable_records(self) -> list[Record]:
         """Everything this replica promised and accepted beyond its execution frontier: a
@@ -127,21 +78,21 @@ class Snapshots:
         records: list[Record] = [
             ViewRecord(view=r.view),
             # "accepted this view's log, nothing of it beyond here": restores accepted_view
-            NewViewRecord(view=r.accepted_view, start=r.exec_slot, owners=()),
+            NewViewRecord(view=r.o_log.accepted_view, start=r.o_log.exec_slot, owners=()),
         ]
         by_ballot: dict[int, list[OEntry]] = {}
-        for slot in sorted(r.o_ballot):
-            if slot >= r.exec_slot and r.o_ballot[slot] > NO_BALLOT:
-                entry = OEntry(slot=slot, owner=r.o_value[slot])
-                by_ballot.setdefault(r.o_ballot[slot], []).append(entry)
+        for slot in sorted(r.o_log.ballot):
+            if slot >= r.o_log.exec_slot and r.o_log.ballot[slot] > NO_BALLOT:
+                entry = OEntry(slot=slot, owner=r.o_log.value[slot])
+                by_ballot.setdefault(r.o_log.ballot[slot], []).append(entry)
         for ballot in sorted(by_ballot):
             records.append(OAcceptedRecord(view=ballot, entries=tuple(by_ballot[ballot])))
-        executed = r.exec_count
-        for (owner, index), inst in sorted(r.c.items()):
+        executed = r.o_log.exec_count
+        for (owner, index), inst in sorted(r.c_store.items()):
             if inst.batch is not None and index >= executed[owner]:
                 records.append(
                     CAcceptedRecord(owner=owner, index=index, ballot=inst.ballot, batch=inst.batch)
                 )
-        for owner, (ballot, from_index) in sorted(r.c_promised.items()):
+        for owner, (ballot, from_index) in sorted(r.c_store.promised.items()):
             records.append(CPromiseRecord(owner=owner, from_index=from_index, ballot=ballot))
         return records

@@ -19,10 +19,10 @@ for ``SUSPECT_WINDOWS`` windows after it was last heard), it runs for the next v
 as the lease it granted lapses, after a random delay (``force_election_at``, read by
 ``Election.detect_failures``). Without a majority, ``straggler_windows`` healthy windows end
 the suspicion (kept up, it stopped every lease renewal and so every read, with no election
-to follow). A view change ends every suspicion (``reset``).
+to follow). A view change ends every suspicion (``on_view_joined``).
 
-Entry points: ``watch_ordering`` (every tick), ``on_suspect``, ``reset``; ``OrderingWindow``
-is pure and tested alone (tests/protocol/sdpaxos/test_straggler.py).
+Entry points: ``watch_ordering`` (every tick), ``on_suspect``, ``on_view_joined``;
+``OrderingWindow`` is pure and tested alone (tests/protocol/sdpaxos/test_straggler.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from consensus.protocol.types import Role
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_ELECTION", "ORDER_LAG_FACTOR", "SUSPECT_WINDOWS", "WAIT_SAMPLES",
+__all__ = ["ORDER_LAG_FACTOR", "SUSPECT_WINDOWS", "WAIT_SAMPLES",
            "OrderingWindow", "StragglerDetector"]
 
 #: Straggler detection samples its own commands' waits this many times per window ...
@@ -45,8 +45,6 @@ WAIT_SAMPLES = 20
 ORDER_LAG_FACTOR = 4
 #: a peer's suspicion counts for this many straggler windows after its last Suspect
 SUSPECT_WINDOWS = 3
-#: no election forced
-NO_ELECTION = -1
 
 
 class OrderingWindow:
@@ -96,14 +94,26 @@ class StragglerDetector:
         self.suspecting = False
         #: replicas suspecting the sequencer (us included) -> when we last heard so
         self.suspects: dict[int, int] = {}
-        self.force_election_at = NO_ELECTION
+        self.force_election_at: int | None = None  # when to run (a majority agreed)
 
-    def reset(self) -> None:
+    def start(self, now: int) -> None:
+        """The first input of this incarnation: the first window starts."""
+        self.window_start = now
+
+    def note_proposed(self) -> None:
+        """We proposed an own instance (the sequencer is to order it)."""
+        self.window.needed += 1
+
+    def note_ordered(self) -> None:
+        """We accepted an O-instance placing one of our own instances."""
+        self.window.got += 1
+
+    def on_view_joined(self) -> None:
         """A new view: every suspicion of the old sequencer ends."""
         self.suspects.clear()
         self.suspecting = False
         self.window.slow_in_row = 0
-        self.force_election_at = NO_ELECTION
+        self.force_election_at = None
 
     def watch_ordering(self) -> None:
         r = self.r
@@ -122,7 +132,7 @@ class StragglerDetector:
             return
         cooled = r.now - r.views.last_view_change_at >= r.config.straggler_cooldown_us
         if self.suspecting:
-            if self.force_election_at != NO_ELECTION:
+            if self.force_election_at is not None:
                 return  # a majority agreed: the election is under way
             if self.window.healthy_in_row >= windows:
                 self.suspecting = False  # no majority joined, and ordering is fine again
@@ -138,14 +148,14 @@ class StragglerDetector:
 
     def _sample_waits(self) -> None:
         r = self.r
-        if not r.unready or r.is_sequencer:
+        if not r.proposals.pending or r.is_sequencer:
             return
         ordered = r.readiness.ordered_own()
         unordered = in_c_phase = 0
-        for index in r.unready:
+        for index in r.proposals.pending:
             if index >= ordered:
                 unordered += 1
-            inst = r.c.get((r.me, index))
+            inst = r.c_store.instances.get((r.me, index))
             if inst is None or not inst.committed:
                 in_c_phase += 1
         self.window.sample(in_c_phase, unordered)
@@ -162,7 +172,7 @@ class StragglerDetector:
         # been withdrawn.
         since = r.now - SUSPECT_WINDOWS * r.config.straggler_window_us
         agreeing = sum(1 for heard in self.suspects.values() if heard >= since)
-        if self.suspecting and agreeing >= r.q and self.force_election_at == NO_ELECTION:
+        if self.suspecting and agreeing >= r.q and self.force_election_at is None:
             # Stop renewing the lease (done: we are suspecting); once it lapses, run.
             delay = int(r.rng.random() * r.config.election_timeout_us / 2)
             self.force_election_at = max(r.election.leases.granted_until, r.now) + delay

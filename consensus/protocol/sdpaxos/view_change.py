@@ -2,13 +2,17 @@
 
 A candidate (elected by pre-votes, election.py) joins the next view it would lead and asks
 for votes from its execution frontier (``start_candidacy``: ``VRequest``). A voter joins the
-view (``join_view``: it promises to reject lower O-proposals and stops executing until the
-NewView) and reports its accepted O-instances with their ballots (views), its executed slots
-at the current view, and per replica the highest C-instance index it accepted
-(``_make_vote``). With a majority of votes the candidate rebuilds the assignment log
-(``rebuild``) — highest ballot per slot — and sends it as ``NewView``; once a majority
-accepted it, the candidate serves (``Sequencer.start_serving``) and every replica re-sends
-what the new view has not ordered (``_resend_own_after_view_change``).
+view (``SDPaxosReplica.join_view``: it promises to reject lower O-proposals and stops
+executing until the NewView) and reports its accepted O-instances with their ballots
+(views), its executed slots at the current view, and per replica the highest C-instance
+index it accepted (``_make_vote``). With a majority of votes the candidate rebuilds the
+assignment log (``_rebuild``) — highest ballot per slot — and sends it as ``NewView``; once
+a majority accepted it, the candidate serves (``Sequencer.start_serving``). A replica that
+accepts the NewView (``SDPaxosReplica.accept_view``) re-sends what the new view has not
+ordered (``CPhase.on_view_accepted``) or answered (``Reads.on_view_accepted``).
+
+The roles this moves a replica through (candidate, establishing, sequencer) are
+``SDPaxosReplica.become``'s table.
 
 Rules:
 
@@ -27,10 +31,10 @@ Rules:
   message is not sent (``too_wide_views``). A vote or request reaching below our compaction
   point is answered with our snapshot.
 * O-phase messages queued in a turn belong to the view they were made in: they leave before
-  the view changes (``join_view`` flushes them).
+  the view changes (``SDPaxosReplica.join_view`` flushes them).
 
-Entry points: ``join_view``, ``start_candidacy``, ``on_vrequest``, ``on_vote``, ``rebuild``,
-``on_new_view``, ``on_new_view_ack``, ``retransmit_new_view``, ``fill_for``.
+Entry points: ``start_candidacy``, ``on_vrequest``, ``on_vote``, ``on_new_view``,
+``on_new_view_ack``, ``retransmit_new_view``, ``fill_for``; the hook ``on_view_joined``.
 """
 
 from __future__ import annotations
@@ -48,18 +52,16 @@ from consensus.messages import (
     OCommit,
     OEntry,
     OVote,
-    ViewRecord,
     Vote,
     VRequest,
 )
-from consensus.protocol.sdpaxos.election import NO_VIEW
 from consensus.protocol.sdpaxos.instances import NO_BALLOT, NO_SLOT
 from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 
-__all__ = ["NO_POSITION", "VIEW_SPAN", "ViewChange", "fill_for"]
+__all__ = ["VIEW_SPAN", "ViewChange", "fill_for"]
 
 #: A view change reports and re-proposes at most about this many executed slots: a voter
 #: does not vote for a candidate that executed this many slots less than itself, and with
@@ -67,9 +69,6 @@ __all__ = ["NO_POSITION", "VIEW_SPAN", "ViewChange", "fill_for"]
 #: replica catches up under a view that a nearer replica leads. (A quarter of the codec's
 #: MAX_ENTRIES, so a vote's executed and accepted slots together fit one message.)
 VIEW_SPAN = MAX_ENTRIES // 4
-
-#: ``fill_for``: m needs no slot of the new view's (it owns enough below it)
-NO_POSITION = -1
 
 
 class ViewChange:
@@ -93,51 +92,23 @@ class ViewChange:
         #: candidacies given up because their NewView would not fit a message (a metric)
         self.too_wide_views = 0
 
-    def join_view(self, view: int) -> None:
-        """Enter a higher view: promise to reject lower O-proposals; stop executing until
-        its NewView arrives."""
-        r = self.r
-        # O-phase messages queued this turn belong to the view they were made in: stamped
-        # with the new one, a deposed sequencer's proposals would become the new view's
-        # (in its records too, so a restart would bring back a second value for a slot).
-        r.flush_order_messages()
-        r.view = view
-        r.out.persist.append(ViewRecord(view=view))
-        r.view_ready = False
-        # A commit learned in an older view may be one the new view replaces (with N=5 a
-        # command leader commits on the sequencer's OAccept alone). Forget them all: in the
-        # new view they come back from its NewView or, as executed facts, from Catchup.
-        r.o_committed.clear()
-        r.o_acks.clear()
-        r.my_committed_o = r.exec_count[r.me]
-        # Likewise the N=5 ready rule's prefix counts only acceptances in the current view:
-        # ours from an older view (as a deposed sequencer's own proposals, say) prove nothing.
-        r.o_prefix = r.exec_slot
-        r.prefix_mine = r.exec_count[r.me]
-        r.role = Role.FOLLOWER
+    def on_view_joined(self) -> None:
+        """We joined a higher view (``SDPaxosReplica.join_view``): no votes, no NewView yet."""
         self._votes.clear()
         self.new_view = None
         self.new_view_acks.clear()
-        r.ordering.deferred_orders.clear()
-        r.election.leases.drop_held()
-        r.straggler.reset()
-        self.last_view_change_at = r.now
-        r.seq_alive_at = r.now
-        r.election.higher_view_seen = 0
-        r.election.prevote_view = NO_VIEW
-        r.election.roll_election_timeout()
+        self.last_view_change_at = self.r.now
 
     def start_candidacy(self) -> None:
         r = self.r
-        view = max(r.election.target_view(), r.election.prevote_view)
-        r.election.prevote_view = NO_VIEW
-        self.join_view(view)
-        r.role = Role.CANDIDATE
+        view = r.election.candidacy_view()
+        r.join_view(view)
+        r.become(Role.CANDIDATE)
         self.candidate_since = r.now
-        self._candidate_from = r.exec_slot
-        self._candidate_counts = tuple(r.exec_count[rid] for rid in range(r.n))
-        self._votes[r.me] = self._make_vote(r.exec_slot)
-        r.broadcast(VRequest(src=r.me, view=view, from_slot=r.exec_slot))
+        self._candidate_from = r.o_log.exec_slot
+        self._candidate_counts = tuple(r.o_log.exec_count[rid] for rid in range(r.n))
+        self._votes[r.me] = self._make_vote(r.o_log.exec_slot)
+        r.broadcast(VRequest(src=r.me, view=view, from_slot=r.o_log.exec_slot))
         if len(self._votes) >= r.q:
             self._rebuild()
 
@@ -147,23 +118,23 @@ class ViewChange:
         # chosen value with another one). Then what we accepted, at its ballot; values we
         # only learned from a commit are not ours to report.
         executed = tuple(
-            OVote(slot=s, owner=r.log[s][0], ballot=r.view)
-            for s in range(from_slot, r.exec_slot)
+            OVote(slot=s, owner=r.o_log.executed[s][0], ballot=r.view)
+            for s in range(from_slot, r.o_log.exec_slot)
         )
         accepted = tuple(
-            OVote(slot=s, owner=r.o_value[s], ballot=r.o_ballot[s])
-            for s in range(max(from_slot, r.exec_slot), r.o_high)
-            if r.o_ballot.get(s, NO_BALLOT) > NO_BALLOT
+            OVote(slot=s, owner=r.o_log.value[s], ballot=r.o_log.ballot[s])
+            for s in range(max(from_slot, r.o_log.exec_slot), r.o_log.high)
+            if r.o_log.ballot.get(s, NO_BALLOT) > NO_BALLOT
         )
         entries = executed + accepted
         return Vote(
             src=r.me,
             view=r.view,
-            accepted_view=r.accepted_view,
-            accepted_from=r.accepted_from,
-            executed=r.exec_slot,
+            accepted_view=r.o_log.accepted_view,
+            accepted_from=r.o_log.accepted_from,
+            executed=r.o_log.exec_slot,
             entries=entries,
-            c_high=tuple(r.c_high),
+            c_high=tuple(r.c_store.high),
         )
 
     def on_vrequest(self, msg: VRequest) -> None:
@@ -172,18 +143,18 @@ class ViewChange:
             return
         if not r.election.may_vote_for(msg.src):
             return
-        if msg.from_slot < r.compacted:
+        if msg.from_slot < r.o_log.compacted:
             # The slots it asks about are chosen, but we hold them only in our snapshot: a vote
             # without them could let the candidate fill them with holes. It installs the
             # snapshot and asks again from its new execution frontier.
             r.out.snapshot_requests.append(msg.src)
             return
-        if msg.from_slot + VIEW_SPAN < r.exec_slot:
+        if msg.from_slot + VIEW_SPAN < r.o_log.exec_slot:
             # A candidate that far behind would get a vote (and send a NewView) sized by the
             # log it missed. A nearer replica leads the view; this one catches up under it.
             return
         if msg.view > r.view:
-            self.join_view(msg.view)
+            r.join_view(msg.view)
         elif r.role is not Role.FOLLOWER or r.view_ready:
             return  # this view is already under way past its election
         vote = self._make_vote(msg.from_slot)
@@ -257,7 +228,7 @@ class ViewChange:
                 needed = max(v.c_high[m] for v in self._votes.values()) + 1
                 # m's slots below start (as of the candidacy's start: see _candidate_counts)
                 counts = (self._candidate_counts if "candidacy_counts_now" not in r.unsafe
-                          else tuple(r.exec_count[rid] for rid in range(r.n)))
+                          else tuple(r.o_log.exec_count[rid] for rid in range(r.n)))
                 before = counts[m] - executed.count(m)
                 # after a SEAL nothing is placed: m's instances that would need slots past it
                 # were never ordered (a sequencer assigns nothing after its SEAL), so never ready
@@ -271,7 +242,7 @@ class ViewChange:
             return
         filled = tuple(NO_CL if owner is None else owner for owner in owners)
         new_view = NewView(src=r.me, view=r.view, start=start, owners=filled)
-        r.role = Role.ESTABLISHING
+        r.become(Role.ESTABLISHING)
         self._votes.clear()
         self.new_view = new_view
         self.new_view_acks = {r.me}
@@ -304,35 +275,19 @@ class ViewChange:
         lowest = min(vote.executed for vote in self._votes.values())
         if lowest >= self._candidate_from:
             return []
-        if lowest < r.compacted:
-            for src in [s for s, v in self._votes.items() if v.executed < r.compacted]:
+        if lowest < r.o_log.compacted:
+            for src in [s for s, v in self._votes.items() if v.executed < r.o_log.compacted]:
                 del self._votes[src]
                 r.out.snapshot_requests.append(src)
             return None
-        return [r.log[slot][0] for slot in range(lowest, self._candidate_from)]
+        return [r.o_log.executed[slot][0] for slot in range(lowest, self._candidate_from)]
 
     def _accept_new_view(self, msg: NewView) -> None:
         r = self.r
         start, owners = msg.start, msg.owners
         r.out.persist.append(NewViewRecord(view=msg.view, start=start, owners=owners))
-        r.o_acceptor.install_new_view(msg.view, start, owners)
-        r.view_ready = True
-        self._resend_own_after_view_change()
-
-    def _resend_own_after_view_change(self) -> None:
-        """Re-send what the new view has not ordered or chosen yet."""
-        r = self.r
-        for index in sorted(r.unready):
-            inst = r.c[(r.me, index)]
-            inst.sent_at = r.now
-            if not inst.committed and inst.leading:
-                r.c_phase.resend_accept(r.me, index, inst)
-        named = r.c_phase.last_named_index()
-        if r.o_acceptor.known_o_count(r.me) <= named:
-            r.c_phase.send_crequest(named)
-        for read_id, (reads, _) in sorted(r.reads.pending_reads.items()):
-            r.reads.pending_reads[read_id] = (reads, r.now)
-            r.reads.send_rrequest(read_id, reads)
+        r.o_log.install_new_view(msg.view, start, owners, r.view)
+        r.accept_view()
 
     def on_new_view(self, msg: NewView) -> None:
         r = self.r
@@ -357,18 +312,16 @@ class ViewChange:
         assert self.new_view is not None
         new_view = self.new_view
         start, end = new_view.start, new_view.start + len(new_view.owners)
-        r.role = Role.SEQUENCER
+        r.become(Role.SEQUENCER)
         self.last_view_change_at = r.now
         r.ordering.start_serving(start, end, self.new_view_acks)
-        for slot in range(max(start, r.exec_slot), end):
-            r.o_committed.add(slot)
-        r.o_acceptor.recount_o_state()
+        r.o_log.commit_new_view(start, end, r.view)
         for peer in sorted(self.new_view_acks - {r.me}):
             self._send_new_view_commit(peer)
         r.readiness.check_ready()
         r.ordering.order_deferred()
         named = r.c_phase.last_named_index()
-        if r.o_acceptor.known_o_count(r.me) <= named:
+        if r.o_log.count_of(r.me) <= named:
             r.ordering.order(r.me, named, ())
         if r.closing:  # we executed a membership change: end the epoch (sequencer.py)
             r.ordering.seal()
@@ -413,7 +366,7 @@ def fill_for(
     # spent seconds on a vote naming thousands of m's instances): until m owns
     # ``needed``, every hole gets m; the needed-th then has no hole before it.
     count = before
-    last_needed = NO_POSITION
+    surplus_from = 0  # the position after m's needed-th (0: m owns enough below the start)
     for position, owner in enumerate(owners):
         if count >= needed:
             break
@@ -422,13 +375,13 @@ def fill_for(
         if owner == m:
             count += 1
             if count == needed:
-                last_needed = position
+                surplus_from = position + 1
     if count < needed and not extend:
         return  # every hole is m's: there is no surplus to take back
     while count < needed:
         owners.append(m)
         count += 1
-        last_needed = len(owners) - 1
-    for position in range(last_needed + 1, len(owners)):
+        surplus_from = len(owners)
+    for position in range(surplus_from, len(owners)):
         if owners[position] == m:
             owners[position] = None

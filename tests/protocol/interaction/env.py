@@ -1,4 +1,5 @@
-"""An interaction environment for the SDPaxos core: real ``SDPaxosReplica`` cores, driven by
+"""An interaction environment for the SDPaxos core: real ``SDPaxosReplica`` cores (or, with
+``add-nodes ... members``, the membership layer's ``MemberReplica`` around them), driven by
 text commands (etcd-raft's ``rafttest.InteractionEnv``, for SDPaxos).
 
 The environment owns a deterministic clock (``now``, µs, moved only by ``tick``), one message
@@ -11,11 +12,20 @@ It relies on the core's public surface only: ``propose``, ``read``, ``step``, ``
 
 Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
 
-``add-nodes <n> [thrifty] [field=value ...]``
+``add-nodes <n> [thrifty] [members] [field=value ...]``
     create the cluster: ``n`` replicas with a ``ProtocolConfig`` (any of its int fields by
     name, e.g. ``lease_us=100000 straggler_windows=2``; ``thrifty`` sets ``thrifty=True``).
     Replica ``r`` gets ``random.Random(r)``. Prints the configuration that differs from the
-    defaults.
+    defaults. With ``members`` the replicas are members whose set may change
+    (``MemberReplica``, consensus.protocol.membership: one SDPaxos core per epoch), replica
+    ids are member ids, and the two commands below work.
+``start-member``
+    (members) a new member's process starts, empty, with the next id; it asks the voters of
+    the latest configuration known to let it learn once a change names it.
+``change <r> <kind> <member> [replaces=<id>]``
+    (members) a membership change (``add``, ``replace``, ``promote``, ``remove``) proposed at
+    replica ``r`` (a client of its own); it prints as ``kind(member)`` or
+    ``replace(member for id)``.
 ``propose <r> <key>=<value> [<key>=<value> ...]``
     blind writes (``kv_put``) proposed at replica ``r`` in one turn (so in one batch). Every
     command gets the next sequence number of client 1; it prints as ``key=value``.
@@ -28,11 +38,15 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
 ``process-ready <rs>``
     for each replica: ``ready()``, print it (see below), carry it out (records made durable,
     messages queued, commands applied to the state machine, reads served), ``advance()``.
-``deliver-msgs <rs> [type=T] [from=S]``
+``deliver-msgs <rs> [type=T] [from=S] [only=first|last]``
     deliver (``step``) every queued message for those replicas, of type ``T`` and from
-    ``S`` only if given; a message on a link the partition cuts is dropped instead.
-``drop-msgs <rs> [type=T] [from=S]``
+    ``S`` only if given (with ``only``, just the oldest or the newest of them); a message on
+    a link the partition cuts is dropped instead.
+``drop-msgs <rs> [type=T] [from=S] [only=first|last]``
     lose those messages.
+``dup-msgs <rs> [type=T] [from=S] [only=first|last]``
+    the network duplicates those messages: a copy of each is queued behind everything its
+    link holds.
 ``tick <rs> <us>``
     advance the clock by ``us`` and call ``tick(now)`` on those replicas (nothing is printed:
     the timers' effects show in the next ``process-ready``).
@@ -47,7 +61,8 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
 ``restart <r>``
     a new core built from the durable records and the latest snapshot
     (``SDPaxosReplica(config, r, recovered=records, snapshot=meta, rng=...)``), its state
-    machine restored from the snapshot (the core executes the rest again).
+    machine restored from the snapshot (the core executes the rest again). A member restarts
+    with the voters it was started with as its contacts.
 ``partition <r ...> | <r ...> [| ...]`` / ``heal``
     cut every link between replicas in different groups (a replica named in no group is
     alone); ``heal`` restores them (and ends every ``lossy`` rule). Cut links drop messages
@@ -64,7 +79,9 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
     there; its durable records become what ``compact`` returns. When a Ready names a peer in
     ``snapshot_requests``, the replica queues its latest snapshot for that peer (a
     ``Snapshot`` item on the link); delivering it installs it (``install_snapshot``) if it is
-    ahead of the receiver, as the simulator and the node do.
+    ahead of the receiver (for a member: if ``accepts_snapshot``), as the simulator and the
+    node do. A Ready that asks for a snapshot (``snapshot_now``: a learner became a voter)
+    gets one after it is carried out, as with ``snapshot``.
 ``run-for <us> [step=<us>]``
     let time pass: every ``step`` (default ``heartbeat_us``) advance the clock, tick every
     live replica and stabilize; prints what stabilize prints, under ``@<now>``.
@@ -84,16 +101,19 @@ Output of a Ready (``> r handling Ready``), in the order a driver carries it out
     apply slot=J[.K] <command> [led here]   an execution, applied to the state machine
     read get(key) -> value               a linearizable read served
     failed <command> definite=B: reason  a command led here failed
+    result <change>: text                a membership change led here executed
     snapshot-request d                   peer d needs our snapshot
 
 Checked after every step, whatever the script: a request reported failed *definitely*
 (``Failure.definite``: it never took effect, nor will) is never executed by any replica, before
 or after the report. A violation is an error naming both.
 
-Messages print without ``src`` (the arrow names it) and without ``view`` when it is 0.
+Messages print without ``src`` (the arrow names it) and without ``view`` when it is 0; a
+view of a later membership epoch prints as ``e<epoch>.<view>``.
 Commands print as ``key=value`` / ``get(key)``; batches as ``[a=1,b=2]`` (``[]``: a no-op);
-O-instance entries as ``slot=>owner`` (``noop`` for NO_CL); a ``Vote``'s entries as
-``slot=>owner@ballot``, a ``CPromise``'s as ``index:batch@ballot``.
+O-instance entries as ``slot=>owner`` (``noop`` for NO_CL, ``seal`` for SEAL); a ``Vote``'s
+entries as ``slot=>owner@ballot``, a ``CPromise``'s as ``index:batch@ballot``; a record or
+message inside another as ``{field=value ...}``.
 """
 
 from __future__ import annotations
@@ -108,12 +128,23 @@ from consensus.config import ProtocolConfig
 from consensus.messages import (
     EVERY_INDEX,
     NO_CL,
+    SEAL,
     Command,
     CVote,
     OEntry,
     OVote,
     PeerMessage,
     Record,
+)
+from consensus.protocol.membership import MemberReplica
+from consensus.protocol.membership.config import (
+    EPOCH_SHIFT,
+    KINDS,
+    NO_MEMBER,
+    REPLACE,
+    Change,
+    decode_change,
+    encode_change,
 )
 from consensus.protocol.ready import Ready
 from consensus.protocol.sdpaxos import SDPaxosReplica
@@ -129,6 +160,8 @@ STABILIZE_ROUNDS = 200
 #: client ids of the env's writes and reads (each has its own sequence numbers)
 WRITER = 1
 READER = 2
+#: the client id of the membership changes ``change`` proposes
+CHANGER = 3
 #: a restarted replica's core gets ``random.Random(r + RESTART_SEED_STRIDE * incarnation)``
 RESTART_SEED_STRIDE = 100
 #: message fields that hold replica ids, where NO_CL prints as ``noop``
@@ -154,14 +187,19 @@ class _InFlight:
     item: Item
 
 
+Core = SDPaxosReplica | MemberReplica
+
+
 @dataclass
 class _Node:
     rid: int
-    core: SDPaxosReplica | None
+    core: Core | None
     store: KVStore = field(default_factory=KVStore)
     records: list[Record] = field(default_factory=list)
     snapshot: SnapshotTransfer | None = None
     incarnation: int = 0
+    #: a member's contacts (the voters it asks to learn from first)
+    contacts: tuple[int, ...] = ()
 
 
 class InteractionEnv:
@@ -171,6 +209,8 @@ class InteractionEnv:
         #: broken-on-purpose variants every core of the cluster runs (teeth tests)
         self.unsafe = unsafe
         self.config: ProtocolConfig | None = None
+        #: the replicas are members (``MemberReplica``): ``add-nodes ... members``
+        self.members = False
         self.nodes: list[_Node] = []
         self.now = 0
         #: (src, dst) -> messages in flight on that link, oldest first
@@ -181,7 +221,7 @@ class InteractionEnv:
         self.drop_rules: set[tuple[int, str]] = set()
         self.hidden: frozenset[str] = frozenset()
         self.labels: dict[tuple[int, int], str] = {}
-        self._seqs = {WRITER: 0, READER: 0}
+        self._seqs = {WRITER: 0, READER: 0, CHANGER: 0}
         #: the command last proposed under each label (what ``retry`` proposes again)
         self._proposed: dict[str, Command] = {}
         #: requests reported failed definitely: (client id, seq) -> where
@@ -219,7 +259,7 @@ class InteractionEnv:
             return [n.rid for n in self.nodes if n.core is not None]
         return [self._replica(w) for w in words]
 
-    def _core(self, rid: int) -> SDPaxosReplica:
+    def _core(self, rid: int) -> Core:
         core = self.nodes[rid].core
         if core is None:
             raise ValueError(f"replica {rid} is crashed")
@@ -239,9 +279,13 @@ class InteractionEnv:
 
     # ------------------------------------------------------------------ formatting
     def fmt_command(self, command: Command) -> str:
-        return self.labels.get(
-            (command.client_id, command.seq), f"{command.client_id}:{command.seq}"
-        )
+        label = self.labels.get((command.client_id, command.seq))
+        if label is not None:
+            return label
+        change = decode_change(command.op)  # one a member proposed itself (a promotion)
+        if change is not None:
+            return f"{change.kind}({change.member})"
+        return f"{command.client_id}:{command.seq}"
 
     def _fmt_value(self, name: str, value: object) -> str:
         if value is None:
@@ -258,6 +302,10 @@ class InteractionEnv:
             return f"{value.slot}=>{_owner(value.owner)}@{value.ballot}"
         if isinstance(value, CVote):
             return f"{value.index}:{self._fmt_value('batch', value.batch)}@{value.ballot}"
+        if name == "view" and isinstance(value, int) and value >> EPOCH_SHIFT:
+            return f"e{value >> EPOCH_SHIFT}.{value & ((1 << EPOCH_SHIFT) - 1)}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return "{" + self._fields(value, skip_view=False) + "}"  # (LearnedSlot, members)
         if isinstance(value, tuple):
             if name in _OWNER_LISTS:
                 return "[" + ",".join(_owner(v) for v in value) + "]"
@@ -294,26 +342,65 @@ class InteractionEnv:
         n = int(positional[0])
         settings: dict[str, object] = {"replicas": n, "unsafe": self.unsafe}
         for word in positional[1:]:
-            if word != "thrifty":
+            if word == "members":
+                self.members = True
+            elif word == "thrifty":
+                settings["thrifty"] = True
+            else:
                 raise ValueError(f"unknown flag {word!r}")
-            settings["thrifty"] = True
         known = {f.name: f for f in dataclasses.fields(ProtocolConfig)}
         for key, value in block.kwargs().items():
             if key not in known or known[key].type not in ("int", int):
                 raise ValueError(f"no int setting {key!r} in ProtocolConfig")
             settings[key] = int(value)
         self.config = ProtocolConfig(**settings)  # type: ignore[arg-type]
-        self.nodes = [
-            _Node(rid=r, core=SDPaxosReplica(self.config, r, rng=random.Random(r)))
-            for r in range(n)
-        ]
+        self.nodes = [_Node(rid=r, core=self._new_core(r, random.Random(r))) for r in range(n)]
         defaults = ProtocolConfig(replicas=n, unsafe=self.unsafe)
         changed = [
             f"{name}={getattr(self.config, name)}"
             for name in known
             if name != "replicas" and getattr(self.config, name) != getattr(defaults, name)
         ]
-        return [f"{n} replicas (quorum {self.config.quorum}) " + " ".join(changed)]
+        kind = "members" if self.members else "replicas"
+        return [f"{n} {kind} (quorum {self.config.quorum}) " + " ".join(changed)]
+
+    def _new_core(self, rid: int, rng: random.Random, records: list[Record] | None = None,
+                  meta: SnapshotMeta | None = None, contacts: tuple[int, ...] = ()) -> Core:
+        if self.members:
+            return MemberReplica(self._config, rid, recovered=records or [], snapshot=meta,
+                                 rng=rng, contacts=contacts)
+        return SDPaxosReplica(self._config, rid, recovered=records or [], snapshot=meta,
+                              rng=rng)
+
+    def cmd_start_member(self, block: Block) -> list[str]:
+        if not self.members:
+            raise ValueError("start-member needs add-nodes ... members")
+        rid = len(self.nodes)
+        live = [n.core for n in self.nodes if isinstance(n.core, MemberReplica)]
+        latest = max(live, key=lambda core: core.config.epoch)  # what the newest knows
+        contacts = tuple(latest.config.voters)
+        self.nodes.append(_Node(rid=rid, core=self._new_core(rid, random.Random(rid),
+                                                             contacts=contacts),
+                                contacts=contacts))
+        return [f"member {rid} started (contacts {','.join(map(str, contacts))})"]
+
+    def cmd_change(self, block: Block) -> list[str]:
+        if not self.members:
+            raise ValueError("change needs add-nodes ... members")
+        positional = block.positional()
+        if len(positional) != 3 or positional[1] not in KINDS:
+            raise ValueError(f"change <r> <{'|'.join(KINDS)}> <member> [replaces=<id>]")
+        rid = self._replica(positional[0])
+        kind, member = positional[1], int(positional[2])
+        replaces = int(block.kwargs().get("replaces", NO_MEMBER))
+        label = (f"{kind}({member} for {replaces})" if kind == REPLACE
+                 else f"{kind}({member})")
+        seq = self._seqs[CHANGER]
+        self._seqs[CHANGER] = seq + 1
+        self.labels[(CHANGER, seq)] = label
+        op = encode_change(Change(kind, member=member, replaces=replaces))
+        self._core(rid).propose(Command(client_id=CHANGER, seq=seq, op=op, keys=()), self.now)
+        return []
 
     # ------------------------------------------------------------------ inputs
     def cmd_propose(self, block: Block) -> list[str]:
@@ -368,6 +455,8 @@ class InteractionEnv:
         ready = core.ready()
         lines = self._carry_out(node, ready)
         core.advance(ready)
+        if ready.snapshot_now:  # (a learner that became a voter: its core starts from it)
+            lines.append(f"snapshot-now: {self._snapshot(node)}")
         if not lines:
             return []
         return [f"> {rid} handling Ready", *(f"  {line}" for line in lines)]
@@ -403,6 +492,8 @@ class InteractionEnv:
                 f"failed {self.fmt_command(failure.command)} "
                 f"definite={self._fmt_value('', failure.definite)}: {failure.reason}"
             )
+        for command, result in ready.results:
+            lines.append(f"result {self.fmt_command(command)}: {result.decode()}")
         for peer in sorted(set(ready.snapshot_requests)):
             lines.append(f"snapshot-request {peer}")
             if node.snapshot is None:
@@ -437,38 +528,53 @@ class InteractionEnv:
         self.links.setdefault((src, dst), []).append(_InFlight(self._sent, src, dst, item))
 
     # ------------------------------------------------------------------ delivery
-    def _take(self, dst: int, kind: str | None, src: int | None) -> list[_InFlight]:
-        """Remove and return the matching messages queued for ``dst``, in sending order."""
-        taken: list[_InFlight] = []
-        for (a, b), queue in self.links.items():
-            if b != dst or (src is not None and a != src):
-                continue
-            keep = []
-            for flight in queue:
-                if kind is None or _kind(flight.item) == kind:
-                    taken.append(flight)
-                else:
-                    keep.append(flight)
-            queue[:] = keep
-        return sorted(taken, key=lambda f: f.seq)
+    def _matching(self, dst: int, kind: str | None, src: int | None,
+                  only: str | None = None) -> list[_InFlight]:
+        """The messages queued for ``dst`` (of type ``kind``, from ``src``), in sending order;
+        with ``only``, the ``first`` or the ``last`` of them."""
+        matching = sorted(
+            (flight for (a, b), queue in self.links.items()
+             if b == dst and (src is None or a == src)
+             for flight in queue if kind is None or _kind(flight.item) == kind),
+            key=lambda f: f.seq,
+        )
+        if only == "first":
+            return matching[:1]
+        if only == "last":
+            return matching[-1:]
+        return matching
 
-    def _filters(self, block: Block) -> tuple[list[int], str | None, int | None]:
+    def _take(self, dst: int, kind: str | None, src: int | None,
+              only: str | None = None) -> list[_InFlight]:
+        """Remove and return the matching messages (``_matching``)."""
+        taken = self._matching(dst, kind, src, only)
+        chosen = {id(flight) for flight in taken}
+        for (_, b), queue in self.links.items():
+            if b == dst:
+                queue[:] = [flight for flight in queue if id(flight) not in chosen]
+        return taken
+
+    def _filters(self, block: Block) -> tuple[list[int], str | None, int | None, str | None]:
         kwargs = block.kwargs()
-        unknown = set(kwargs) - {"type", "from"}
+        unknown = set(kwargs) - {"type", "from", "only"}
         if unknown:
             raise ValueError(f"unknown options {sorted(unknown)}")
+        only = kwargs.get("only")
+        if only not in (None, "first", "last"):
+            raise ValueError(f"only=first or only=last, not only={only}")
         src = self._replica(kwargs["from"]) if "from" in kwargs else None
-        return self._replicas(block.positional()), kwargs.get("type"), src
+        return self._replicas(block.positional()), kwargs.get("type"), src, only
 
     def cmd_deliver_msgs(self, block: Block) -> list[str]:
-        replicas, kind, src = self._filters(block)
+        replicas, kind, src, only = self._filters(block)
         out: list[str] = []
         for rid in replicas:
-            out.extend(self._deliver(rid, kind, src))
+            out.extend(self._deliver(rid, kind, src, only))
         return out
 
-    def _deliver(self, rid: int, kind: str | None, src: int | None) -> list[str]:
-        flights = self._take(rid, kind, src)
+    def _deliver(self, rid: int, kind: str | None, src: int | None,
+                 only: str | None = None) -> list[str]:
+        flights = self._take(rid, kind, src, only)
         lines: list[str] = []
         for flight in flights:
             text = f"{flight.src}->{flight.dst} {self.fmt_item(flight.item)}"
@@ -494,7 +600,9 @@ class InteractionEnv:
             return []
         # a peer's snapshot: what the driver does with it (ignored unless it is ahead)
         meta = item.meta
-        if meta.slot <= core.exec_slot:
+        ahead = (core.accepts_snapshot(meta) if isinstance(core, MemberReplica)
+                 else meta.slot > core.exec_slot)
+        if not ahead:
             return [f"snapshot at slot {meta.slot} ignored (executed through {core.exec_slot})"]
         node.store.restore(item.state)
         node.snapshot = item
@@ -502,13 +610,22 @@ class InteractionEnv:
         return [f"installed snapshot at slot {meta.slot}; {len(node.records)} durable records"]
 
     def cmd_drop_msgs(self, block: Block) -> list[str]:
-        replicas, kind, src = self._filters(block)
+        replicas, kind, src, only = self._filters(block)
         out: list[str] = []
         for rid in replicas:
             out.extend(
                 f"dropped {f.src}->{f.dst} {self.fmt_item(f.item)}"
-                for f in self._take(rid, kind, src)
+                for f in self._take(rid, kind, src, only)
             )
+        return out
+
+    def cmd_dup_msgs(self, block: Block) -> list[str]:
+        replicas, kind, src, only = self._filters(block)
+        out: list[str] = []
+        for rid in replicas:
+            for f in self._matching(rid, kind, src, only):
+                self._queue(f.src, f.dst, f.item)  # behind what the link holds already
+                out.append(f"duplicated {f.src}->{f.dst} {self.fmt_item(f.item)}")
         return out
 
     def cmd_stabilize(self, block: Block) -> list[str]:
@@ -594,9 +711,9 @@ class InteractionEnv:
         if node.snapshot is not None:
             meta = node.snapshot.meta
             node.store.restore(node.snapshot.state)
-        node.core = SDPaxosReplica(
-            self._config, rid, recovered=list(node.records), snapshot=meta,
-            rng=random.Random(rid + RESTART_SEED_STRIDE * node.incarnation),
+        node.core = self._new_core(
+            rid, random.Random(rid + RESTART_SEED_STRIDE * node.incarnation),
+            list(node.records), meta, node.contacts,
         )
         start = "" if meta is None else f" and its snapshot at slot {meta.slot}"
         return [f"{rid} restarted from {len(node.records)} durable records{start}"]
@@ -641,7 +758,6 @@ class InteractionEnv:
         core = node.core
         if core is None:
             return [f"{rid}: crashed ({len(node.records)} durable records)"]
-        c_high = ",".join(map(str, core.c_high))
         log = core.committed_log()
         slots = " ".join(
             f"{slot}:{self._fmt_value('batch', log[slot])}" for slot in sorted(log)
@@ -649,11 +765,22 @@ class InteractionEnv:
         meta = core.snapshot_meta()
         data = node.store.data
         kv = " ".join(f"{k}={data[k]}" for k in sorted(data))
+        if isinstance(core, MemberReplica):
+            config = core.config
+            return [
+                f"{rid}: epoch={config.epoch} voters=[{','.join(map(str, config.voters))}] "
+                f"role={core.status().role.value} view={self._fmt_value('view', core.view)} "
+                f"sequencer={core.sequencer}",
+                f"   exec_slot={core.exec_slot}",
+                f"   log: {slots or '(empty)'}",
+                f"   kv: {kv or '(empty)'}",
+            ]
+        c_high = ",".join(map(str, core.c_store.high))
         return [
             f"{rid}: view={core.view} role={core.role.value} "
             f"view_ready={self._fmt_value('', core.view_ready)} sequencer={core.sequencer} "
-            f"accepted_view={core.accepted_view}",
-            f"   exec_slot={core.exec_slot} next_index={core.next_index} c_high=[{c_high}] "
+            f"accepted_view={core.o_log.accepted_view}",
+            f"   exec_slot={core.exec_slot} next_index={core.c_store.next_index} c_high=[{c_high}] "
             f"recoveries_started={core.recoveries_started}",
             f"   log: {slots or '(empty)'}",
             f"   snapshot_meta: slot={meta.slot} "
@@ -664,17 +791,23 @@ class InteractionEnv:
     def cmd_snapshot(self, block: Block) -> list[str]:
         rid = self._replica(block.args[0])
         node = self.nodes[rid]
-        core = self._core(rid)
+        self._core(rid)
+        return [f"{rid} {self._snapshot(node)}"]
+
+    def _snapshot(self, node: _Node) -> str:
+        """Snapshot ``node``'s state machine and compact its core there."""
+        core = node.core
+        assert core is not None
         meta = core.snapshot_meta()
         node.snapshot = SnapshotTransfer(meta, node.store.snapshot())
         node.records = list(core.compact(meta))
         counts = ",".join(map(str, meta.exec_counts))
-        return [f"{rid} snapshot at slot={meta.slot} exec_counts=[{counts}]; "
-                f"{len(node.records)} durable records kept"]
+        return (f"snapshot at slot={meta.slot} exec_counts=[{counts}]; "
+                f"{len(node.records)} durable records kept")
 
 
 def _owner(owner: int) -> str:
-    return "noop" if owner == NO_CL else str(owner)
+    return "noop" if owner == NO_CL else "seal" if owner == SEAL else str(owner)
 
 
 def _kind(item: Item) -> str:

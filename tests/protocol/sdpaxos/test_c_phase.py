@@ -416,7 +416,7 @@ def test_an_owner_never_accepts_its_own_proposal_below_a_ballot_it_promised() ->
     chosen = {
         (inst.ballot, inst.batch)
         for replica in net.cores
-        if (inst := replica.c.get((1, 0))) is not None and inst.committed
+        if (inst := replica.c_store.get((1, 0))) is not None and inst.committed
     }
     assert len(chosen) == 1
     # the command is chosen there (replica 2's no-op was not), and runs everywhere

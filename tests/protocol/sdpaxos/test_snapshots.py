@@ -36,7 +36,7 @@ def test_compacting_to_an_older_snapshot_keeps_executed_instances_for_peers_not_
     again = SDPaxosReplica(r.config, 2, recovered=records, snapshot=r.snapshot_meta(),
                            rng=random.Random(0))
     assert again.executed_through() == r.executed_through()
-    assert (0, 0) in again.c and (1, 0) not in again.c
+    assert (0, 0) in again.c_store and (1, 0) not in again.c_store
 
 
 # ===================================================================== installing a peer's snapshot
