@@ -14,9 +14,10 @@ is written atomically (temp file, fsync, rename).
 ``restore FILE --dir D`` checks the file, writes a new cluster in ``D`` as ``sdpaxos cluster
 init`` does (same options; a new cluster id, ``restored-<random>`` unless ``--cluster-id``:
 peers and clients of the old cluster are refused by the new one), and seeds every replica with
-the snapshot as its state at slot 0 of the new log. ``sdpaxos cluster up --dir D`` then
-serves it. The new cluster runs the backup's state machine kind on the configuration the
-backup holds (a GPU store's is written out beside the cluster file: ``StateMachineKind.seed``).
+the snapshot as its state at the backup's position in the new log (so revisions and fencing
+tokens go on above the backup's). ``sdpaxos cluster up --dir D`` then serves it. The new
+cluster runs the backup's state machine kind on the configuration the backup holds (a GPU
+store's is written out beside the cluster file: ``StateMachineKind.seed``).
 The kind's ``init`` options (``--gpu-config FILE``) choose another configuration: the backup's
 state is moved to it before it is seeded, as ``sdpaxos ctl config apply`` would move it, and
 the same report is printed; a move that drops, trims or downgrades a group (or cancels a
@@ -232,10 +233,13 @@ def _restore(path: Path, args: argparse.Namespace) -> int:
               + "\n  ".join(seed.losses))
 
     def plant(config: ClusterConfig) -> None:
-        """Every replica's first snapshot: the seed, at slot 0 of the new log."""
-        snapshot = encode_snapshot(SnapshotMeta(0, (0,) * len(config.replicas)), seed.state)
+        """Every replica's first snapshot: the seed, at the backup's log position, so the
+        new log goes on from there (revisions and fencing tokens stay above the backup's:
+        seeded at slot 0, the restored store handed out tokens again that its groups held)."""
+        meta = SnapshotMeta(header.slot, (0,) * len(config.replicas))
+        snapshot = encode_snapshot(meta, seed.state)
         for spec in config.replicas:
-            write_snapshot(config.replica_dir(spec.id) / "snapshots", snapshot, 0)
+            write_snapshot(config.replica_dir(spec.id) / "snapshots", snapshot, header.slot)
 
     code = write_cluster(args, cluster_id, (kind.name, seed.choice), seed=plant,
                          verb="snapshot restore")

@@ -17,8 +17,9 @@ import yaml
 
 from bench.cli import main
 from cluster_state import ops
-from cluster_state.client import AllocationStore
+from cluster_state.client import Allocations, AllocationStore
 from cluster_state.config import load_config, synthetic_config
+from cluster_state.ops import GroupSpec, Member, Placed
 from cluster_state.store import ClusterStore
 from consensus.messages import Command
 from consensus.protocol.types import SnapshotMeta
@@ -227,6 +228,8 @@ def test_a_restored_gpu_cluster_serves_every_allocation_of_the_backup(
             assert main(["ctl", "--config", config, "submit", name, "--vc", vc,
                          "--pods", "2x8"]) == OK
         assert main(["snapshot", "save", str(backup), "--config", config]) == OK
+        before = asyncio.run(listing([s.client_address for s in
+                                      load_cluster_config(source / "cluster.toml").replicas]))
     finally:
         assert main(["cluster", "down", "--dir", str(source)]) == OK
     capsys.readouterr()
@@ -242,5 +245,25 @@ def test_a_restored_gpu_cluster_serves_every_allocation_of_the_backup(
                 return sorted(g["name"] for g in await store.allocations())
 
         assert asyncio.run(groups()) == ["job1", "job2"]
+        # the new log goes on from the backup's position: a new group's fencing token is
+        # above every token the backup's groups hold (seeded at slot 0, it was not)
+        async def submit_another() -> int:
+            async with AllocationStore.connect(addresses) as store:
+                placed = await store.submit(GroupSpec(name="job3", vc="vc00", priority=100,
+                                                      members=(Member(1, 8),)))
+                assert isinstance(placed, Placed)
+                return placed.token
+
+        assert submit_another_token_above(asyncio.run(submit_another()), before)
     finally:
         assert main(["cluster", "down", "--dir", str(restored)]) == OK
+
+
+async def listing(addresses: list[tuple[str, int]]) -> Allocations:
+    async with AllocationStore.connect(addresses) as store:
+        return await store.allocations()
+
+
+def submit_another_token_above(token: int, before: Allocations) -> bool:
+    held = [group["token"] for group in before]
+    return bool(held) and token > max(held) and token > before.revision
