@@ -74,6 +74,10 @@ UNSAFE_VARIANTS: Final = frozenset(
         # a serving sequencer that installed a snapshot past the slots it assigned (it was
         # succeeded while cut off) keeps serving: it assigns slots the log already executed
         "stale_sequencer_orders",
+        # membership: a probe's answer ends our epoch on any SEAL it holds, the one that
+        # began our epoch too (asked before a snapshot moved us into it: a voter retires
+        # the core of the epoch it serves, and the epoch may never have a quorum again)
+        "probe_any_seal",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

@@ -312,3 +312,17 @@ def test_a_sequencer_succeeded_while_cut_off_stops_at_a_later_snapshot() -> None
                         snapshot_every=10, unsafe=frozenset({"stale_sequencer_orders"}))
     violation = Simulation(broken, 26).run().violation
     assert violation is not None and "accepted after it executed" in violation
+
+
+def test_a_probe_answered_after_a_snapshot_moved_the_member_on_keeps_its_core() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, WAN) replica 1 probed for the end
+    # of epoch 2 from slot 85, then installed a peer's snapshot of epoch 3 (base 86); the
+    # answer held the SEAL at slot 85, the one that began epoch 3, and replica 1 retired the
+    # core of the epoch it was to lead: with replica 3 doing the same, epoch 3 never had a
+    # quorum again (six client operations open for good)
+    options = SimOptions(replicas=3, faults=parse_faults("all"))
+    assert Simulation(options, 82).run().ok
+    broken = SimOptions(replicas=3, faults=parse_faults("all"),
+                        unsafe=frozenset({"probe_any_seal"}))
+    result = Simulation(broken, 82).run()
+    assert result.violation is None and "still open" in (result.liveness or "")

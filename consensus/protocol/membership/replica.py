@@ -701,7 +701,11 @@ class MemberReplica:
         them, look on from there (asking its sender)."""
         if self._probe_slot == NO_SLOT or msg.start != self._probe_slot:
             return  # not what we asked for (or the core moved on by itself)
-        if any(learned.seal for learned in msg.slots):
+        # only a SEAL at or past our epoch's base ends it: one below is the SEAL that began
+        # it (we asked before a peer's snapshot moved us into this epoch)
+        first = (0 if "probe_any_seal" in self.protocol.unsafe
+                 else max(0, self.config.base - msg.start))
+        if any(learned.seal for learned in msg.slots[first:]):
             self._probe_slot = NO_SLOT
             self._behind()
             if self.core is None and msg.start == self.learned:
