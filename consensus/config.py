@@ -78,6 +78,9 @@ UNSAFE_VARIANTS: Final = frozenset(
         # began our epoch too (asked before a snapshot moved us into it: a voter retires
         # the core of the epoch it serves, and the epoch may never have a quorum again)
         "probe_any_seal",
+        # membership: a learner's snapshot past its epoch's base claims zero C-instances per
+        # owner, and a voter of that epoch installs it (executing older instances again)
+        "learner_counts_zero",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

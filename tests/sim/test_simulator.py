@@ -326,3 +326,17 @@ def test_a_probe_answered_after_a_snapshot_moved_the_member_on_keeps_its_core() 
                         unsafe=frozenset({"probe_any_seal"}))
     result = Simulation(broken, 82).run()
     assert result.violation is None and "still open" in (result.liveness or "")
+
+
+def test_a_voter_never_takes_a_learners_counts_past_the_epochs_base() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, LAN, snapshots every 10) replica 1,
+    # a voter of epoch 1 at slot 101, installed learner 4's snapshot at slot 107, whose
+    # per-owner counts were zeros (a learner does not know the owners of what it applied):
+    # its core kept its own counts, and executed an older instance of an owner at slot 107
+    options = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
+                         snapshot_every=10)
+    assert Simulation(options, 41).run().ok
+    broken = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
+                        snapshot_every=10, unsafe=frozenset({"learner_counts_zero"}))
+    violation = Simulation(broken, 41).run().violation
+    assert violation is not None and "executed" in violation

@@ -722,13 +722,21 @@ class MemberReplica:
         config = None if self.config == bootstrap(self.protocol.replicas) else (
             record_of(self.config))
         if self.core is None:
-            return SnapshotMeta(self.learned, (0,) * len(self.config.voters), config)
+            # a learner knows the slots it applied, not their owners: its counts are exact
+            # only at its epoch's base (none of the epoch applied); past it they are unknown
+            # (no counts), and no voter of the epoch may start its core from them
+            # (``accepts_snapshot``): zeros made one execute an owner's older instances again
+            counts = ((0,) * len(self.config.voters)
+                      if self.learned == self.config.base or "learner_counts_zero" in (
+                          self.protocol.unsafe) else ())
+            return SnapshotMeta(self.learned, counts, config)
         inner = self.core.snapshot_meta()
         return SnapshotMeta(self.config.base + inner.slot, inner.exec_counts, config)
 
     def accepts_snapshot(self, meta: SnapshotMeta) -> bool:
         """Whether a peer's snapshot at ``meta`` is of use here (ahead of us, and of our
-        epoch or a later one, with one count per voter of its epoch)."""
+        epoch or a later one, with one count per voter of its epoch: a learner's past its
+        epoch's base has none, and only learners take it)."""
         config = config_of(meta.config) if meta.config is not None else (
             bootstrap(self.protocol.replicas))
         if meta.slot <= self.exec_slot or config.epoch < self.config.epoch:
