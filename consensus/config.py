@@ -81,6 +81,10 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: a learner's snapshot past its epoch's base claims zero C-instances per
         # owner, and a voter of that epoch installs it (executing older instances again)
         "learner_counts_zero",
+        # membership: a voter promoted from learner whose core a peer's snapshot started
+        # still waits for its own snapshot, and then starts its core again from nothing (it
+        # forgets what it accepted and executed in the epoch)
+        "stale_awaiting_core",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

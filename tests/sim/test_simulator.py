@@ -340,3 +340,18 @@ def test_a_voter_never_takes_a_learners_counts_past_the_epochs_base() -> None:
                         snapshot_every=10, unsafe=frozenset({"learner_counts_zero"}))
     violation = Simulation(broken, 41).run().violation
     assert violation is not None and "executed" in violation
+
+
+def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> None:
+    # (the 1,000-seed sweeps, LAN, snapshots every 10: N=3 seed 809, N=5 seed 399) replica 0
+    # learned the end of epoch 0 and, a voter of epoch 1, waited for its own snapshot to
+    # start its core; a peer's snapshot of epoch 1 started it first. Still waiting, the next
+    # snapshot it took started its epoch-2 core again from nothing: it forgot what it had
+    # accepted and executed, and executed slot 98 a second time, with another command
+    options = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
+                         snapshot_every=10)
+    assert Simulation(options, 809).run().ok
+    broken = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
+                        snapshot_every=10, unsafe=frozenset({"stale_awaiting_core"}))
+    violation = Simulation(broken, 809).run().violation
+    assert violation is not None and "executed" in violation

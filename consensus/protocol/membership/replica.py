@@ -758,6 +758,10 @@ class MemberReplica:
         self.config = config
         self.learned = meta.slot
         self.core = self._core_for(config, recovered=(), snapshot=inner)
+        if "stale_awaiting_core" not in self.protocol.unsafe:
+            # the snapshot is what a promoted voter's core was waiting for: started now, it
+            # must not be started again (``durable_records``) from nothing, its votes lost
+            self._awaiting_snapshot = False
         records: list[Record] = [record_of(config)]
         if self.core is not None:
             records += self.core.durable_records()
@@ -796,7 +800,8 @@ class MemberReplica:
     def durable_records(self) -> list[Record]:
         """What a rewritten log holds: after a snapshot (the node rewrites its log then), a
         promoted learner's core starts from it."""
-        if self._awaiting_snapshot:
+        if self._awaiting_snapshot and (self.core is None
+                                        or "stale_awaiting_core" in self.protocol.unsafe):
             self._awaiting_snapshot = False
             inner = SnapshotMeta(self.learned - self.config.base, (0,) * len(self.config.voters))
             self.core = self._core_for(self.config, recovered=(), snapshot=inner)
