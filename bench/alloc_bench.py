@@ -9,9 +9,10 @@ submits a new one — gangs of 1 to 32 leaves (several pod sizes), guaranteed pr
 in a random VC, one in ten opportunistic. A submit that preempts is followed by releases of its
 victims (what their schedulers would do), which may place the preemptor.
 
-Reported: p50/p99/max apply time of submits and of releases (µs; ``submit_cpu`` and
+Reported: p50/p99/max/mean apply time of submits and of releases (µs; ``submit_cpu`` and
 ``release_cpu``: the same in this thread's CPU time, which a shared machine's other processes
-do not inflate by preempting it), outcome counts, and for the
+do not inflate by preempting it; ``apply_cpu_per_submit_us``: all of it per submit), outcome
+counts, and for the
 final state the snapshot size, ``snapshot()`` time (wall and this process's CPU), the same
 again with nothing changed (``snapshot_again_s``: every piece kept), ``restore()`` time into a
 fresh store (wall and CPU) and the restored store's first ``snapshot()``
@@ -73,6 +74,7 @@ def _summary(values: list[float]) -> dict[str, float]:
         "p50_us": round(_percentile(values, 0.50) * 1e6, 1),
         "p99_us": round(_percentile(values, 0.99) * 1e6, 1),
         "max_us": round(max(values, default=0.0) * 1e6, 1),
+        "mean_us": round(sum(values) / len(values) * 1e6, 1) if values else 0.0,
     }
 
 
@@ -209,6 +211,10 @@ def run(
         "release": _summary(release_times),
         "submit_cpu": _summary(submit_cpu),
         "release_cpu": _summary(release_cpu),
+        # every apply's CPU (submits and releases) per submit: what a submit costs with its
+        # share of the releases, as alloc-e2e's CPU per allocation counts it
+        "apply_cpu_per_submit_us": round(
+            (sum(submit_cpu) + sum(release_cpu)) / max(1, len(submit_cpu)) * 1e6, 1),
         "outcomes": outcomes,
         "final": {
             "groups": summary["groups"],
