@@ -7,11 +7,15 @@ decoding and encoding and the session table included. The stream first fills the
 ``fill`` of its leaves, then keeps it there: each step either releases a random live group or
 submits a new one — gangs of 1 to 32 leaves (several pod sizes), guaranteed priorities 0..1000
 in a random VC, one in ten opportunistic. A submit that preempts is followed by releases of its
-victims (what their schedulers would do), which may place the preemptor.
+victims (what their schedulers would do), which may place the preemptor. With
+``--in-flight N`` the stream is alloc-e2e's load on the store instead: N groups of the demo's
+job mix (``cluster_state.workload``) in flight, each submit followed, once N are held, by the
+release of a random one (the cluster mostly free).
 
-Reported: p50/p99/max apply time of submits and of releases (µs; ``submit_cpu`` and
+Reported: p50/p99/max/mean apply time of submits and of releases (µs; ``submit_cpu`` and
 ``release_cpu``: the same in this thread's CPU time, which a shared machine's other processes
-do not inflate by preempting it), outcome counts, and for the
+do not inflate by preempting it; ``apply_cpu_per_submit_us``: all of it per submit), outcome
+counts, and for the
 final state the snapshot size, ``snapshot()`` time (wall and this process's CPU), the same
 again with nothing changed (``snapshot_again_s``: every piece kept), ``restore()`` time into a
 fresh store (wall and CPU) and the restored store's first ``snapshot()``
@@ -41,6 +45,7 @@ from typing import Any, TypeVar
 import msgpack
 
 from cluster_state import ClusterStore, GpuConfigError, release, submit, synthetic_config
+from cluster_state.workload import next_job
 from consensus.messages import Command
 
 __all__ = ["run"]
@@ -73,6 +78,7 @@ def _summary(values: list[float]) -> dict[str, float]:
         "p50_us": round(_percentile(values, 0.50) * 1e6, 1),
         "p99_us": round(_percentile(values, 0.99) * 1e6, 1),
         "max_us": round(max(values, default=0.0) * 1e6, 1),
+        "mean_us": round(sum(values) / len(values) * 1e6, 1) if values else 0.0,
     }
 
 
@@ -96,8 +102,11 @@ def run(
     fill: float = 0.8,
     seed: int = 1,
     freeze_gc: bool = True,
+    in_flight: int = 0,
 ) -> dict[str, Any]:
-    """Run the workload; return the measurements as a JSON-able dict."""
+    """Run the workload; return the measurements as a JSON-able dict. ``in_flight``: keep
+    that many groups instead (alloc-e2e's load on the store: its job mix, each group
+    released again, the cluster mostly free), ``fill`` unused."""
     rng = random.Random(seed)
     config = synthetic_config(
         nodes=nodes,
@@ -149,15 +158,25 @@ def run(
     pending: dict[str, int] = {}  # preempting group -> leaves
     counter = 0
 
+    def wants_submit() -> bool:
+        if in_flight:
+            return len(live) + len(pending) < in_flight
+        return used < fill * capacity or rng.random() < 0.5
+
     def step() -> None:
         nonlocal counter, used
-        if used < fill * capacity or not live or rng.random() < 0.5:
+        if not live or wants_submit():
             counter += 1
             name = f"job{counter:07d}"
-            members = rng.choice(SHAPES)
+            if in_flight:  # alloc-e2e's scheduler: the demo's job mix
+                job = next_job(rng, name, names, mean_duration_s=1.0)
+                members, priority, vc = [list(m) for m in job.members], job.priority, job.vc
+            else:
+                members = rng.choice(SHAPES)
+                priority = -1 if rng.random() < 0.1 else rng.randint(0, 1000)
+                vc = rng.choice(names)
             leaves = sum(p * n for p, n in members)
-            priority = -1 if rng.random() < 0.1 else rng.randint(0, 1000)
-            op = submit(name, rng.choice(names), priority, members)
+            op = submit(name, vc, priority, members)
             result, elapsed, cpu = apply(op)
             submit_times.append(elapsed)
             submit_cpu.append(cpu)
@@ -204,11 +223,16 @@ def run(
             "build_s": round(build_s, 3),
         },
         "ops": ops,
+        "in_flight": in_flight,
         "gc_frozen": freeze_gc,
         "submit": _summary(submit_times),
         "release": _summary(release_times),
         "submit_cpu": _summary(submit_cpu),
         "release_cpu": _summary(release_cpu),
+        # every apply's CPU (submits and releases) per submit: what a submit costs with its
+        # share of the releases, as alloc-e2e's CPU per allocation counts it
+        "apply_cpu_per_submit_us": round(
+            (sum(submit_cpu) + sum(release_cpu)) / max(1, len(submit_cpu)) * 1e6, 1),
         "outcomes": outcomes,
         "final": {
             "groups": summary["groups"],
@@ -245,6 +269,8 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         return "--nodes, --gpus-per-node, --nodes-per-rack and --vcs must be positive"
     if args.ops < 1:
         return f"--ops must be positive, not {args.ops}"
+    if args.in_flight < 0:
+        return f"--in-flight must be 0 or more, not {args.in_flight}"
     if not 0 < args.fill <= 1:
         return f"--fill must be in (0, 1], not {args.fill}"
     try:
@@ -266,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fill", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-gc-freeze", dest="freeze_gc", action="store_false")
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="keep this many groups of alloc-e2e's job mix in flight "
+                        "(submit, then release a random one) instead of filling to --fill")
     args = parser.parse_args(argv)
     problem = check_arguments(args)
     if problem is not None:
@@ -282,6 +311,7 @@ def main(argv: list[str] | None = None) -> None:
                 fill=args.fill,
                 seed=args.seed,
                 freeze_gc=args.freeze_gc,
+                in_flight=args.in_flight,
             ),
             indent=2,
         )

@@ -19,7 +19,8 @@ VC), including a bound item's own cell even at level 1; index ``region(chain)`` 
 cells of the chain's *free region* (no item bound in, under or above them), where opportunistic
 groups go first. Buckets are sorted, not insertion ordered, so the order is a function of
 the state alone and a store rebuilt from a snapshot makes the same choices as one that never
-restarted.
+restarted. They are kept lazily: a change notes the cells it moves, and an index level is
+brought up to date when it is read (``CellState._refresh``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from itertools import chain as iterate_all
 from itertools import compress
+from operator import attrgetter
 
 from cluster_state.cells import Topology
 
@@ -130,11 +132,35 @@ class SortedIds:
         return f"SortedIds({list(self)!r})"
 
 
+_chunks_of = attrgetter("_chunks")
+
+
+def _count(hist: list[dict[int, int]], under: dict[int, int], prio: int) -> None:
+    """``under[c]`` more leaves of cell ``c`` are used at ``prio`` (``hist``)."""
+    for c, n in under.items():
+        h = hist[c]
+        h[prio] = h.get(prio, 0) + n
+
+
+def _uncount(hist: list[dict[int, int]], under: dict[int, int], prio: int) -> None:
+    """``under[c]`` fewer leaves of cell ``c`` are used at ``prio`` (``hist``)."""
+    for c, n in under.items():
+        h = hist[c]
+        left = h[prio] - n
+        if left:
+            h[prio] = left
+        else:
+            del h[prio]
+
+
 class CellState:
     __slots__ = (
+        "_buckets",
+        "_leaf_items",
+        "_stale",
+        "_top_leaves",
         "bad",
         "bad_n",
-        "buckets",
         "bulk",
         "chain_bad",
         "eff",
@@ -173,11 +199,18 @@ class CellState:
         self.in_region: list[bool] = [True] * n  # in the free region (see the docstring)
         self.n_chains = len(topo.chains)
         self.n_keys = len(topo.key_chain)
+        #: whether some leaf is a top-level cell (a chain of one level: it has no parent)
+        self._top_leaves = any(chain.top_level == 1 for chain in topo.chains)
+        #: whether some item is a single leaf (listed in its key's index: level 1)
+        self._leaf_items = any(item.level == 1 for item in topo.items)
         #: while set, the indexes are not kept (``_shift_free``, ``set_region``, ``mark_item``
         #: leave the buckets alone) until ``rebuild_indexes``: a restore changes most cells,
         #: and rebuilding once costs a pass where keeping up costs a sorted insert per change
         self.bulk = bulk
-        self.buckets: list[list[list[SortedIds]]] = []
+        self._buckets: list[list[list[SortedIds]]] = []
+        #: per index, the cells whose listing may be out of date -> the count they are listed
+        #: under (0: not listed); see ``_refresh``
+        self._stale: list[list[dict[int, int]]] = []
         if not bulk:
             self.rebuild_indexes()
 
@@ -190,19 +223,20 @@ class CellState:
         cluster's cells was most of a restore)."""
         topo = self.topo
         self.bulk = False
-        self.buckets = []
+        self._buckets = []
         index_chains = [*range(self.n_chains), *topo.key_chain, *range(self.n_chains)]
+        self._stale = [[{} for _ in topo.chains[chain].levels] for chain in index_chains]
         for chain in index_chains:
             levels = topo.chains[chain].levels
-            self.buckets.append([[SortedIds() for _ in range(i.leaf_number + 1)]
+            self._buckets.append([[SortedIds() for _ in range(i.leaf_number + 1)]
                                  for i in levels])
         in_region, fill = self.in_region, self._fill
         first_key, first_region = self.n_chains, self.n_chains + self.n_keys
         for info in topo.chains:
             for level in range(2, info.top_level + 1):
                 cells = topo.level_cells[info.index][level - 1]
-                fill(self.buckets[info.index][level - 1], cells)
-                fill(self.buckets[first_region + info.index][level - 1],
+                fill(self._buckets[info.index][level - 1], cells)
+                fill(self._buckets[first_region + info.index][level - 1],
                      list(compress(cells, map(in_region.__getitem__, cells))))
         # a key's index: the cells of its bound items at level >= 2, and an item's own cell
         roots: dict[int, list[int]] = {}
@@ -211,7 +245,7 @@ class CellState:
         levels, desc = topo.level, topo.desc
         for key, cells_of_key in roots.items():
             cells_of_key.sort()  # disjoint subtrees: their cells of a level then ascend
-            index = self.buckets[first_key + key]
+            index = self._buckets[first_key + key]
             fill(index[0], [root for root in cells_of_key if levels[root] == 1])
             for lv in range(2, len(index) + 1):
                 fill(index[lv - 1], list(_concat(
@@ -244,57 +278,102 @@ class CellState:
                     n += count
         return n
 
+    @property
+    def buckets(self) -> list[list[list[SortedIds]]]:
+        """Every index, up to date (for checks and ``debug_state``: the allocator reads one
+        index at a time, through ``candidates``)."""
+        for index, levels in enumerate(self._stale):
+            for level in range(1, len(levels) + 1):
+                self._refresh(index, level)
+        return self._buckets
+
     def candidates(self, index: int, level: int, need: int) -> Iterator[int]:
         """Cells of ``index`` at ``level`` with at least ``need`` free leaves: fewest free
         first (best fit), then lowest id. Do not change the state while iterating."""
-        buckets = self.buckets[index][level - 1]
-        for count in range(max(need, 1), len(buckets)):
-            yield from buckets[count]
+        if self._stale[index][level - 1]:
+            self._refresh(index, level)
+        # (a chain of C iterators over the buckets' chunks: most buckets are empty)
+        return _concat(_concat(map(_chunks_of, self._buckets[index][level - 1][max(need, 1):])))
+
+    def _refresh(self, index: int, level: int) -> None:
+        """List every stale cell of ``index`` at ``level`` where its state says now.
+
+        The indexes are kept lazily: a change of a cell's free count, region or item only
+        notes, per index and level that lists (or listed) it, the count it is listed under;
+        an index's level is brought up to date when it is read. Most changes undo
+        themselves before then (a gang placed and released again, the indexes of the VCs
+        and chains not asked about, the levels a search does not reach), and a cell that
+        moved is moved once, however often it changed: the sorted inserts and deletes of
+        keeping every index up to date on every change were most of an allocation's CPU at
+        100k GPUs. The buckets are a function of the state alone, so they read the same as
+        if kept eagerly."""
+        stale = self._stale[index][level - 1]
+        by_count = self._buckets[index][level - 1]
+        free_n = self.free_n
+        first_key, first_region = self.n_chains, self.n_chains + self.n_keys
+        if index < first_key:  # a chain's index: its every cell of level >= 2
+            moved = [(c, listed, now) for c, listed in stale.items()
+                     if (now := free_n[c]) != listed]
+        elif index < first_region:  # a key's: the cells of its bound items
+            item_of, key_of_item, item_root = self.item_of, self.key_of_item, self.item_root
+            key = index - first_key
+            moved = []
+            for c, listed in stale.items():
+                item = item_of[c]
+                now = (free_n[c] if item >= 0 and key_of_item[item] == key
+                       and (level >= 2 or item_root[item] == c) else 0)
+                if now != listed:
+                    moved.append((c, listed, now))
+        else:  # a chain's free region
+            in_region = self.in_region
+            moved = [(c, listed, now) for c, listed in stale.items()
+                     if (now := free_n[c] if in_region[c] else 0) != listed]
+        stale.clear()
+        for c, listed, now in moved:
+            if listed:
+                by_count[listed].remove(c)
+            if now:
+                by_count[now].add(c)
 
     # ------------------------------------------------------------------ updates
-    def _shift_free(self, free_delta: dict[int, int], sign: int = 1) -> None:
-        """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, moving each changed
-        cell to its new bucket wherever it is listed: in its chain's index and, inside the
-        free region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
-        and an item's own cell). One loop, no call per cell: a placement or a release moves a dozen
-        cells in up to three indexes each, and the calls were most of its cost."""
-        free_n = self.free_n
+    def _shift_free(self, free_delta: dict[int, int], sign: int = 1,
+                    used: int | None = None) -> None:
+        """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, noting each changed
+        cell as stale wherever it is listed: in its chain's index and, inside the free
+        region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
+        and an item's own cell). ``used``: the leaves taken are now used at that effective
+        priority (``hist`` counts them too, in the same loop). One loop, no call per cell:
+        a placement or a release changes a dozen cells in up to three indexes each."""
+        free_n, hist = self.free_n, self.hist
         if self.bulk:
             for c, d in free_delta.items():
                 free_n[c] += sign * d
+                if used is not None:
+                    h = hist[c]
+                    h[used] = h.get(used, 0) + d
             return
         topo = self.topo
         level_of, chain_of, parent = topo.level, topo.chain_of, topo.parent
-        buckets, in_region, item_of = self.buckets, self.in_region, self.item_of
+        stale, in_region, item_of = self._stale, self.in_region, self.item_of
         key_of_item, first_key = self.key_of_item, self.n_chains
         first_region = self.n_chains + self.n_keys
         for c, d in free_delta.items():
             if not d:
                 continue
+            if used is not None:
+                h = hist[c]
+                h[used] = h.get(used, 0) + d
             old = free_n[c]
-            new = old + sign * d
-            free_n[c] = new
+            free_n[c] = old + sign * d
             level = level_of[c]
             if level >= 2:
                 chain = chain_of[c]
-                by_count = buckets[chain][level - 1]
-                if old:
-                    by_count[old].remove(c)
-                if new:
-                    by_count[new].add(c)
+                stale[chain][level - 1].setdefault(c, old)
                 if in_region[c]:
-                    by_count = buckets[first_region + chain][level - 1]
-                    if old:
-                        by_count[old].remove(c)
-                    if new:
-                        by_count[new].add(c)
+                    stale[first_region + chain][level - 1].setdefault(c, old)
             item = item_of[c]
             if item >= 0 and (level >= 2 or parent[c] < 0 or item_of[parent[c]] != item):
-                by_count = buckets[first_key + key_of_item[item]][level - 1]
-                if old:
-                    by_count[old].remove(c)
-                if new:
-                    by_count[new].add(c)
+                stale[first_key + key_of_item[item]][level - 1].setdefault(c, old)
 
     def set_leaves(self, leaves: Sequence[int], effs: Sequence[int], rev: int) -> None:
         """Give ``leaves[i]`` effective priority ``effs[i]`` (``FREE`` for free) and stamp
@@ -314,31 +393,54 @@ class CellState:
         if self.bulk:
             self._count_moves(moves)
             return
-        hist = self.hist
+        hist, free_n = self.hist, self.free_n
+        parent_of, ancestors = self.topo.parent, self.topo.ancestors
         for (old, new), moved in moves.items():
-            # How many moved leaves each ancestor holds (counted in C, not leaf by leaf; one
-            # leaf, the commonest gang, needs no count).
-            under = (dict.fromkeys(ancestors[moved[0]], 1) if len(moved) == 1
-                     else Counter(_concat(map(ancestors.__getitem__, moved))))
-            if old != FREE:
-                for a, n in under.items():
-                    h = hist[a]
-                    left = h[old] - n
-                    if left:
-                        h[old] = left
-                    else:
-                        del h[old]
-            if new != FREE:
-                for a, n in under.items():
-                    h = hist[a]
-                    h[new] = h.get(new, 0) + n
-            # Free counts change by the whole group of moved leaves at once (old and new
-            # differ: at most one of them is FREE). With several kinds of change a cell may
-            # move twice; its buckets end where its final count says, all the same.
+            # The leaves themselves (healthy: each holds itself, free or used at ``old``) ...
             if old == FREE:
-                self._shift_free(under, -1)
-            elif new == FREE:
+                for leaf in moved:
+                    free_n[leaf] = 0
+                    hist[leaf][new] = 1
+            else:
+                for leaf in moved:
+                    h = hist[leaf]
+                    h.clear()
+                    if new == FREE:
+                        free_n[leaf] = 1
+                    else:
+                        h[new] = 1
+            if self._leaf_items and (old == FREE or new == FREE):
+                self._note_leaf_items(moved, int(old == FREE))
+            # ... then their ancestors: how many moved leaves each holds (counted in C, not
+            # leaf by leaf; leaves of one parent, the commonest gang, need no count).
+            parents = list(map(parent_of.__getitem__, moved))
+            if self._top_leaves:
+                parents = [p for p in parents if p >= 0]
+                if not parents:
+                    continue
+            under = (dict.fromkeys(ancestors[parents[0]], len(parents))
+                     if parents.count(parents[0]) == len(parents)
+                     else Counter(_concat(map(ancestors.__getitem__, parents))))
+            # Free counts change by the whole group of moved leaves at once (old and new
+            # differ: at most one of them is FREE); each histogram changes in the same loop.
+            if old == FREE:
+                self._shift_free(under, -1, new)
+                continue
+            _uncount(hist, under, old)
+            if new == FREE:
                 self._shift_free(under, 1)
+            else:
+                _count(hist, under, new)
+
+    def _note_leaf_items(self, leaves: list[int], listed: int) -> None:
+        """Note the leaves among ``leaves`` that are a bound item's own cell as stale in its
+        key's index, where they were listed under ``listed`` free leaves."""
+        item_of, parent_of, stale = self.item_of, self.topo.parent, self._stale
+        key_of_item, first_key = self.key_of_item, self.n_chains
+        for leaf in leaves:
+            item = item_of[leaf]
+            if item >= 0 and ((p := parent_of[leaf]) < 0 or item_of[p] != item):
+                stale[first_key + key_of_item[item]][0].setdefault(leaf, listed)
 
     def _count_moves(self, moves: dict[tuple[int, int], list[int]]) -> None:
         """``set_leaves``'s counting in bulk mode: no index to keep, so each ancestor's
@@ -360,20 +462,12 @@ class CellState:
                 for a, n in under.items():
                     free_n[a] -= n
             else:
-                for a, n in under.items():
-                    h = hist[a]
-                    left = h[old] - n
-                    if left:
-                        h[old] = left
-                    else:
-                        del h[old]
+                _uncount(hist, under, old)
             if new == FREE:
                 for a, n in under.items():
                     free_n[a] += n
             else:
-                for a, n in under.items():
-                    h = hist[a]
-                    h[new] = h.get(new, 0) + n
+                _count(hist, under, new)
 
     def set_bad(self, leaves: Sequence[int], is_bad: bool, rev: int) -> None:
         """Mark ``leaves`` bad (or healthy again); their priorities are kept."""
@@ -424,16 +518,14 @@ class CellState:
             for c in cells:
                 in_region[c] = inside
             return
+        stale, first_region = self._stale, self.n_chains + self.n_keys
         for c in cells:
             if in_region[c] == inside:
                 continue
+            if level[c] >= 2:
+                stale[first_region + chain_of[c]][level[c] - 1].setdefault(
+                    c, free_n[c] if in_region[c] else 0)
             in_region[c] = inside
-            if level[c] >= 2 and free_n[c]:
-                bucket = self.buckets[self.region(chain_of[c])][level[c] - 1][free_n[c]]
-                if inside:
-                    bucket.add(c)
-                else:
-                    bucket.remove(c)
 
     def mark_item(self, root: int, item: int) -> None:
         """The cells under ``root`` now belong to bound item ``item``: list them in its key's
@@ -442,13 +534,15 @@ class CellState:
         if self.bulk:  # no index to keep: the subtree is one range of ids (pre-order)
             self._mark_range(root, item)
             return
-        buckets = self.buckets[self.n_chains + self.key_of_item[item]]
-        free_n, item_of = self.free_n, self.item_of
-        for level, cells in enumerate(self.topo.desc[root], start=1):
+        # (the cells were in no item: listed in no key's index)
+        stale = self._stale[self.n_chains + self.key_of_item[item]]
+        self._mark_range(root, item)
+        if self.topo.level[root] == 1:
+            stale[0].setdefault(root, 0)
+        for level, cells in enumerate(self.topo.desc[root][1:], start=2):
+            setdefault = stale[level - 1].setdefault
             for c in cells:
-                item_of[c] = item
-                if (level >= 2 or c == root) and free_n[c] and not self.bulk:
-                    buckets[level - 1][free_n[c]].add(c)
+                setdefault(c, 0)
 
     def _mark_range(self, root: int, item: int) -> None:
         subtree = self.topo.subtree(root)
@@ -460,10 +554,12 @@ class CellState:
         if self.bulk:
             self._mark_range(root, -1)
             return
-        buckets = self.buckets[self.n_chains + self.key_of_item[item]]
-        free_n, item_of = self.free_n, self.item_of
-        for level, cells in enumerate(self.topo.desc[root], start=1):
+        stale = self._stale[self.n_chains + self.key_of_item[item]]
+        free_n = self.free_n
+        self._mark_range(root, -1)
+        if self.topo.level[root] == 1:
+            stale[0].setdefault(root, free_n[root])
+        for level, cells in enumerate(self.topo.desc[root][1:], start=2):
+            setdefault = stale[level - 1].setdefault
             for c in cells:
-                item_of[c] = -1
-                if (level >= 2 or c == root) and free_n[c] and not self.bulk:
-                    buckets[level - 1][free_n[c]].remove(c)
+                setdefault(c, free_n[c])

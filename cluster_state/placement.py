@@ -160,6 +160,9 @@ class Picker:
         if topo.level[c] == 1:
             out.append(c)
             return
+        if self.threshold is None:
+            self._descend_free(c, need, out)
+            return
         kids = []
         best, best_key = -1, (0, 0, 0)
         avail = self.avail
@@ -179,6 +182,36 @@ class Picker:
         for a, k in kids:
             n = a if a < need else need
             self._descend(k, n, out)
+            need -= n
+            if not need:
+                return
+        raise AssertionError("pick: fewer leaves available than counted")
+
+    def _descend_free(self, c: int, need: int, out: list[int]) -> None:
+        """``_descend`` of the first pass (free leaves only, so every cost is 0), without a
+        call or a key per child: the same choices, the commonest placement's hot loop."""
+        level, children, leaves = self.topo.level, self.topo.children, self.topo.leaves
+        free_n, taken = self.cells.free_n, self.taken
+        while True:
+            if level[c] == 1:
+                out.append(c)
+                return
+            if need == free_n[c] == len(leaves[c]) and c not in taken:
+                out.extend(leaves[c])  # every leaf, all free and none taken yet
+                return
+            best, best_a = -1, 0
+            for k in children[c]:
+                a = free_n[k] - taken.get(k, 0)
+                if a >= need and (best < 0 or a < best_a or (a == best_a and k < best)):
+                    best, best_a = k, a
+            if best < 0:
+                break
+            c = best
+        # no child holds the whole pod: c is its lowest common ancestor; fullest first
+        kids = sorted((-a, k) for k in children[c] if (a := free_n[k] - taken.get(k, 0)) > 0)
+        for minus_a, k in kids:
+            n = -minus_a if -minus_a < need else need
+            self._descend_free(k, n, out)
             need -= n
             if not need:
                 return

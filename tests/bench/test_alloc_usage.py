@@ -43,6 +43,7 @@ def test_impossible_parameters_are_one_line_usage_errors(
         (["--fill", "1.5"], "--fill"),
         (["--nodes", "8", "--vcs", "9"], "cannot be shared"),
         (["--ops", "0"], "--ops"),
+        (["--in-flight", "-1"], "--in-flight"),
     ],
 )
 def test_alloc_bench_refuses_impossible_clusters(

@@ -1,7 +1,8 @@
 """The apply path's fast paths give what the plain scans they replace give, on the states a
 random scheduler workload (the alloc-e2e job mix, node failures) leaves behind: the buddy
-system's choice of a clean cell to bind (``Buddy.find_cell`` in ``CLEAN`` mode) and the
-first pass's best node (``Picker.best_node`` without a threshold)."""
+system's choice of a clean cell to bind (``Buddy.find_cell`` in ``CLEAN`` mode), the first
+pass's best node and leaves (``Picker.best_node`` and ``Picker.pick`` without a threshold),
+and the lazily kept free-capacity indexes (``CellState.candidates``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cs_helpers import check_invariants
 
 from cluster_state import ClusterStore, ops, synthetic_config
 from cluster_state.buddy import CLEAN, Buddy
+from cluster_state.index import CellState
 from cluster_state.placement import Picker
 from cluster_state.workload import next_job
 from consensus.messages import Command
@@ -48,6 +50,57 @@ def _plain_best_node(picker: Picker, nodes: list[int], need: int) -> int:
     """The first pass's best node by its rule: fewest available leaves that fit, lowest id."""
     fitting = [(picker.avail(n), n) for n in nodes if picker.avail(n) >= need]
     return min(fitting)[1] if fitting else -1
+
+
+def _plain_pick(picker: Picker, c: int, need: int, out: list[int]) -> None:
+    """``need`` leaves under ``c`` by the picking rule: into the child with the fewest
+    available leaves that holds them all (lowest id on a tie); if none does, from the
+    fullest children first (lowest id on a tie)."""
+    topo = picker.topo
+    if topo.level[c] == 1:
+        out.append(c)
+        return
+    kids = [(picker.avail(k), k) for k in topo.children[c] if picker.avail(k) > 0]
+    fitting = [(a, k) for a, k in kids if a >= need]
+    if fitting:
+        _plain_pick(picker, min(fitting)[1], need, out)
+        return
+    for a, k in sorted(kids, key=lambda ak: (-ak[0], ak[1])):
+        n = min(a, need)
+        _plain_pick(picker, k, n, out)
+        need -= n
+        if not need:
+            return
+
+
+def _chain_of_index(cells: CellState, index: int) -> int:
+    """The chain whose cells index ``index`` lists (a chain's, a key's or a free region's)."""
+    first_key, first_region = cells.n_chains, cells.n_chains + cells.n_keys
+    if index < first_key:
+        return index
+    if index < first_region:
+        return cells.topo.key_chain[index - first_key]
+    return index - first_region
+
+
+def _plain_candidates(cells: CellState, index: int, level: int, need: int) -> list[int]:
+    """``candidates`` by their definition, from the state alone (see ``cluster_state.index``):
+    the index's cells of ``level`` with at least ``need`` free leaves, fewest first, then id."""
+    topo = cells.topo
+    first_key, first_region = cells.n_chains, cells.n_chains + cells.n_keys
+    listed = []
+    for c in topo.level_cells[_chain_of_index(cells, index)][level - 1]:
+        if index < first_key:
+            belongs = level >= 2
+        elif index < first_region:
+            item = cells.item_of[c]
+            belongs = (item >= 0 and cells.key_of_item[item] == index - first_key
+                       and (level >= 2 or cells.item_root[item] == c))
+        else:
+            belongs = level >= 2 and cells.in_region[c]
+        if belongs and cells.free_n[c] >= max(need, 1):
+            listed.append((cells.free_n[c], c))
+    return [c for _, c in sorted(listed)]
 
 
 def _workload(seed: int) -> Iterator[ClusterStore]:
@@ -129,3 +182,41 @@ def test_a_final_pack_places_the_pods_a_remembering_pack_places() -> None:
         assert final == Picker(topo, cells, None).pack(nodes, sizes, order)
         compared += final is not None
     assert compared
+
+
+def test_the_first_pass_picks_the_leaves_the_plain_rule_picks() -> None:
+    rng = random.Random(10)
+    compared = 0
+    for store in _workload(seed=11):
+        topo, cells = store.topology, store.allocator.cells
+        chain = topo.chains[0]
+        picker, plain = Picker(topo, cells, None), Picker(topo, cells, None)
+        for _ in range(3):  # later pods see the leaves taken before them
+            root = rng.choice(topo.level_cells[0][rng.randint(2, chain.top_level) - 1])
+            if not picker.avail(root):
+                continue
+            need = rng.randint(1, picker.avail(root))
+            expected: list[int] = []
+            _plain_pick(plain, root, need, expected)
+            assert picker.pick(root, need) == plain.pick(root, need) == tuple(sorted(expected))
+            compared += 1
+    assert compared > STEPS
+
+
+def test_the_lazy_indexes_read_as_the_state_says() -> None:
+    # Each step reads a few indexes and levels only, so the others stay stale for many steps
+    # (placements, releases, bindings, nodes failing) before they are read.
+    rng = random.Random(12)
+    compared = 0
+    for store in _workload(seed=13):
+        cells = store.allocator.cells
+        indexes = cells.n_chains * 2 + cells.n_keys
+        for _ in range(3):
+            index = rng.randrange(indexes)
+            level = rng.randint(1, cells.topo.chains[_chain_of_index(cells, index)].top_level)
+            need = rng.choice((0, 1, 2, 4, 8))
+            assert (list(cells.candidates(index, level, need))
+                    == _plain_candidates(cells, index, level, need))
+            compared += 1
+    check_invariants(store.allocator)  # and every index, read at last, is exact
+    assert compared == 3 * STEPS
