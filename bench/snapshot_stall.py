@@ -31,7 +31,7 @@ under the same load, the replicas' own snapshots falling due as in ``off_loop``:
 * ``install``: replica 2 cut off from its peers (the transport's test-only ``drop_from``
   and ``drop_to``) until their logs no longer hold what it missed (compacted past it), then
   let back: it is sent replica 0's (or 1's) snapshot and installs it
-  (``ReplicaNode._install_snapshot``: state built by the worker thread);
+  (``SnapshotPipeline.install``: state built by the worker thread);
 * ``backup``: ``--repeat`` backups of replica 0 through its client port (``Client.backup``,
   what ``sdpaxos snapshot save`` does);
 * ``digest``: ``--repeat`` digest queries (``AllocationStore.digest``) at replica 0.
@@ -73,7 +73,8 @@ from consensus.runtime.cli import SERVE_GC_THRESHOLDS, cluster_toml
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
-from consensus.runtime.node import LAG_PROBE_S, ReplicaNode
+from consensus.runtime.node import ReplicaNode
+from consensus.runtime.turns import LAG_PROBE_S
 from consensus.storage.snapshot import encode_snapshot
 
 __all__ = ["run"]

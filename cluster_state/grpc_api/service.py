@@ -628,7 +628,7 @@ class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # (unty
         """Refresh every ``HEALTH_REFRESH_S`` until the node stops."""
 
         async def loop() -> None:
-            while not self._node._stopping:
+            while not self._node.stopping:
                 await asyncio.sleep(HEALTH_REFRESH_S)
                 await self.refresh()
 

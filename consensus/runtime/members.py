@@ -13,7 +13,7 @@ replica's cluster file (``published`` says which). Every client learns the membe
 (``Client.sync``, ``sdpaxos endpoint --cluster``, ``sdpaxos member list``, ``sdpaxos ctl``
 through the gRPC ``ListMembers``), as etcd clients sync their endpoints from ``MemberList``.
 The protocol keeps ``info`` opaque; the node reads it to connect to members
-(``ReplicaNode._members_changed``).
+(``TurnLoop._members_changed``, ``consensus.runtime.turns``).
 """
 
 from __future__ import annotations

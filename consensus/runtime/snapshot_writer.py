@@ -27,7 +27,7 @@ still holds everything after it (the old one until the rewrite, the rewritten on
 **The worker's other jobs** (``SnapshotWriter.submit``; one thread, so they queue behind one
 another and never compete with each other for the machine's CPUs):
 
-* **a peer's snapshot** (``ReplicaNode._receive_snapshot``): decoded, and the state machine's
+* **a peer's snapshot** (``SnapshotPipeline.receive``): decoded, and the state machine's
   new state built beside its live one (``RestoresOffLoop.prepare_restore``: 0.35-0.45 s at 98k
   GPUs); the node keeps turning its core and applying meanwhile. Then, on the loop, the core
   installs it and the state machine adopts the built state (a swap); the snapshot file and

@@ -741,7 +741,7 @@ class Simulation:
         self._after_persist(rep, ready)
 
     def _propose_log_time(self, rep: _Replica, local: int) -> None:
-        """Sessions mode: what the node does (``ReplicaNode._propose_log_time``), on the
+        """Sessions mode: what the node does (``TurnLoop._propose_log_time``), on the
         replica's clock in log-time units."""
         clock = LOG_TIME_START + local // LOG_TIME_UNIT_US
         table = rep.store.sessions

@@ -25,7 +25,7 @@ from cluster_state.errors import SnapshotError
 from cluster_state.store import ClusterStore
 from consensus.auth import ADMIN, READER, SCHEDULER, AuthorizingMachine, Denied, Principal, seal
 from consensus.messages import Command
-from consensus.runtime.node import ReplicaNode
+from consensus.runtime.turns import TurnLoop
 from tests.runtime.polling import wait_until
 
 GPU: dict[str, Any] = dict(nodes=32, vcs=2, pinned=1)
@@ -118,14 +118,14 @@ async def test_a_replica_answers_the_digest_of_its_read_off_the_loop(
 
     monkeypatch.setattr(ClusterStore, "defer_query", counted)
     # (no log-time commands: one between the two digests would move the revision on)
-    monkeypatch.setattr(ReplicaNode, "_propose_log_time", lambda node, now: None)
+    monkeypatch.setattr(TurnLoop, "_propose_log_time", lambda turns, now: None)
     nodes = await start(tmp_path)
     released = threading.Event()
     try:
         client = AllocationStore.embedded(nodes[0])
         await client.submit(gang("a", "vc00"))
         expected = await client.digest()
-        nodes[0]._snapshot_writer.submit(lambda: released.wait(HOLD_S))  # the worker busy
+        nodes[0].snapshots.writer.submit(lambda: released.wait(HOLD_S))  # the worker busy
         asking = asyncio.ensure_future(client.digest())
         await wait_until(lambda: len(deferred) == 2, "the read was not ordered")
         await client.submit(gang("b", "vc01"))  # served meanwhile, after the read

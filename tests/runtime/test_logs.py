@@ -140,14 +140,14 @@ def test_the_replica_loop_failing_is_logged_with_its_traceback(
     path.write_text(cluster_toml(3, free_base_port(), wan=False))
     node = ReplicaNode(load_cluster_config(path), 0, KVStore(), fsync=False)
 
-    async def broken_loop() -> None:
+    def broken_tick(now: int) -> None:
         raise RuntimeError("disk on fire")
 
-    node._loop = broken_loop  # type: ignore[method-assign]
+    node.core.tick = broken_tick  # type: ignore[method-assign]
 
     async def run() -> None:
         with pytest.raises(RuntimeError):
-            await node._run()
+            await node.turns.run()  # its first turn ticks the core
 
     with caplog.at_level(logging.ERROR, logger="sdpaxos.node"):
         asyncio.run(run())
@@ -156,7 +156,7 @@ def test_the_replica_loop_failing_is_logged_with_its_traceback(
     assert "\n" not in line
     entry = json.loads(line)
     assert entry["msg"] == "replica 0: event loop failed"
-    assert "RuntimeError: disk on fire" in entry["exc"] and "broken_loop" in entry["exc"]
+    assert "RuntimeError: disk on fire" in entry["exc"] and "broken_tick" in entry["exc"]
 
 
 def test_lines_native_libraries_write_on_stderr_become_json_records() -> None:

@@ -12,7 +12,8 @@ from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
-from consensus.runtime.node import MAX_READS_PER_TURN, ReplicaNode
+from consensus.runtime.node import ReplicaNode
+from consensus.runtime.node_events import MAX_READS_PER_TURN, Inbox, Propose, Read, StaleRead
 from consensus.statemachine import KVStore, kv_get, kv_put
 
 
@@ -22,23 +23,34 @@ def _config(tmp_path: Path) -> ClusterConfig:
     return load_cluster_config(path)
 
 
-def test_a_turn_takes_every_write_but_a_bounded_number_of_reads(tmp_path: Path) -> None:
-    node = ReplicaNode(_config(tmp_path), 1, KVStore(), fsync=False)
-    try:
-        kinds = (["read"] * (MAX_READS_PER_TURN + 5) + ["cmd"] * 3) * 2 + ["cmd"] * 7
-        queued = [(kind, Command(client_id=1, seq=i, op=b"")) for i, kind in enumerate(kinds)]
-        node._client_requests = list(queued)
-        turns = []
-        while node._client_requests:
-            turns.append(node._take_client_requests())
-        assert [request for turn in turns for request in turn] == queued  # order kept
-        for turn in turns:
-            assert sum(kind != "cmd" for kind, _ in turn) <= MAX_READS_PER_TURN
-        # the writes behind a held-back read wait with it; the rest all go in one turn
-        assert len(turns) == 3
-        assert [kind for kind, _ in turns[-1]] == ["read"] * 10 + ["cmd"] * 10
-    finally:
-        node.wal.close()
+def test_a_turn_takes_every_write_but_a_bounded_number_of_reads() -> None:
+    inbox = Inbox()
+    kinds = ([Read] * (MAX_READS_PER_TURN + 5) + [Propose] * 3) * 2 + [Propose] * 7
+    queued = [kind(Command(client_id=1, seq=i, op=b"")) for i, kind in enumerate(kinds)]
+    for request in queued:
+        inbox.queue_request(request)
+    turns = []
+    while not inbox.idle:
+        turns.append(inbox.take())
+    assert [request for turn in turns for request in turn] == queued  # order kept
+    for turn in turns:
+        assert sum(type(request) is not Propose for request in turn) <= MAX_READS_PER_TURN
+    # the writes behind a held-back read wait with it; the rest all go in one turn
+    assert len(turns) == 3
+    assert [type(request) for request in turns[-1]] == [Read] * 10 + [Propose] * 10
+
+
+def test_posted_events_go_first_and_count_no_reads() -> None:
+    inbox = Inbox()
+    reads = [Read(Command(client_id=1, seq=i, op=b"")) for i in range(MAX_READS_PER_TURN + 1)]
+    for request in reads:
+        inbox.queue_request(request)
+    stale = StaleRead(Command(client_id=2, seq=0, op=b""))
+    inbox.post(stale)
+    assert inbox.wakeup.is_set()  # a post wakes the loop; a queued request waits for wake()
+    assert inbox.take() == [stale, *reads[:MAX_READS_PER_TURN]]
+    assert inbox.take() == reads[MAX_READS_PER_TURN:]
+    assert inbox.idle
 
 
 def test_reads_over_many_turns_see_the_writes_acknowledged_before_them(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 
 from consensus.messages import Command
-from consensus.runtime import node as node_module
+from consensus.runtime import snapshot_pipeline
 from consensus.runtime.client import Client
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.snapshot_writer import RELEASE_CHUNK, release_gradually
@@ -77,7 +77,8 @@ async def test_a_snapshot_is_built_off_the_loop_while_the_replica_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     hold = Held()
-    monkeypatch.setattr(node_module, "prepared_restore", hold.wrap(node_module.prepared_restore))
+    restore = hold.wrap(snapshot_pipeline.prepared_restore)
+    monkeypatch.setattr(snapshot_pipeline, "prepared_restore", restore)
     async with behind_the_compaction(tmp_path, hold) as nodes:
         await nodes[2].start()
         await wait_until(hold.holding.is_set, "no snapshot was being built")
@@ -98,7 +99,8 @@ async def test_an_install_pauses_the_turns_until_durable_and_a_crash_then_is_con
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     hold = Held(after=True)  # the install's snapshot file written, the log not yet
-    monkeypatch.setattr(node_module, "write_snapshot", hold.wrap(node_module.write_snapshot))
+    monkeypatch.setattr(snapshot_pipeline, "write_snapshot",
+                        hold.wrap(snapshot_pipeline.write_snapshot))
     async with behind_the_compaction(tmp_path, hold) as nodes:
         await nodes[2].start()
         await wait_until(hold.holding.is_set, "the install's file was not written")
@@ -128,13 +130,13 @@ async def test_a_backup_holds_the_state_of_its_barrier(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     captures: list[int] = []
-    capture = node_module.capture_state
+    capture = snapshot_pipeline.capture_state
 
     def counted(machine: StateMachine) -> Callable[[], bytes]:
         captures.append(1)
         return capture(machine)
 
-    monkeypatch.setattr(node_module, "capture_state", counted)
+    monkeypatch.setattr(snapshot_pipeline, "capture_state", counted)
     config = three_replicas(tmp_path)
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
     for n in nodes:
@@ -145,7 +147,7 @@ async def test_a_backup_holds_the_state_of_its_barrier(
         await wait_until(lambda: nodes[0].stats.commands_applied >= 100, "not applied")
         before = nodes[0].state_machine.snapshot()
         # the worker busy: the backup is captured at its barrier and encoded afterwards
-        nodes[0]._snapshot_writer.submit(lambda: released.wait(HOLD_S))
+        nodes[0].snapshots.writer.submit(lambda: released.wait(HOLD_S))
         async with Client(1 << 43, [config.replica(0).client_address]) as client:
             backup = asyncio.ensure_future(client.backup())
             await wait_until(lambda: bool(captures), "the backup's barrier did not run")

@@ -212,7 +212,7 @@ async def scenario(tmp_path: Path) -> None:
         assert sum(counts.values()) == len(frames)
         assert counts["replica"] > 0 and counts["sender"] > 0 and counts["index"] > 0
         assert counts["view"] > 0 and counts["protocol"] > 0 and counts["length"] > 0
-        assert all(node._loop_task is not None and not node._loop_task.done() for node in nodes)
+        assert all(node.serving for node in nodes)
         assert store.data == before
         # (the genuine replicas' periodic log-time commands add small instances of their own)
         assert all(key in c_before or (0 <= key[0] < N and key[1] < fresh.index)

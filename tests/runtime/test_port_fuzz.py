@@ -10,11 +10,11 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from consensus.codec import FORMAT_VERSION, encode_frame, frame_to_wire
+from consensus.codec import FORMAT_VERSION, FrameReader, encode_frame, frame_to_wire
 from consensus.errors import DefiniteFailure
 from consensus.messages import Command, Heartbeat
 from consensus.runtime.client import Client, cut_off
-from consensus.runtime.client_protocol import ClientRequest, encode_partition
+from consensus.runtime.client_protocol import ClientRequest, decode_response, encode_partition
 from consensus.runtime.cluster_config import parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -108,7 +108,7 @@ async def scenario(tmp_path: Path) -> None:
                 + [rng.randbytes(40)],
             )
         await asyncio.sleep(0.3)
-        assert all(node._loop_task is not None and not node._loop_task.done() for node in nodes)
+        assert all(node.serving for node in nodes)
         assert [node.state_machine.snapshot() for node in nodes] == before
         assert target.stats.bad_frames + target.transport.stats.bad_connections > 0
         # still serving
@@ -165,21 +165,34 @@ def test_a_partition_request_cuts_one_way_or_both_and_a_bad_one_changes_nothing(
     tmp_path: Path,
 ) -> None:
     async def run() -> None:
-        nodes, _ = cluster(tmp_path, fault_injection=True)
+        nodes, clients = cluster(tmp_path, fault_injection=True)
         node = nodes[1]
 
-        def ask(op: bytes) -> str:
-            command = Command(client_id=0, seq=0, op=op, keys=())
-            return node._partition(ClientRequest(4, "partition", command)).status
+        async def ask(op: bytes) -> str:
+            """A partition request through replica 1's client port: its answer's status."""
+            reader, writer = await asyncio.open_connection(*clients[1])
+            try:
+                command = Command(client_id=0, seq=0, op=op, keys=())
+                writer.write(frame_to_wire(ClientRequest(4, "partition", command).encode()))
+                frames = FrameReader()
+                while True:
+                    data = await reader.read(1 << 16)
+                    assert data, "the replica closed the connection"
+                    payloads = frames.feed(data)
+                    if payloads:
+                        return decode_response(payloads[0]).status
+            finally:
+                writer.close()
 
+        await node.start()
         try:
-            assert ask(encode_partition(drop_from=[0], drop_to=[])) == "ok"  # 1 hears not 0
+            assert await ask(encode_partition(drop_from=[0], drop_to=[])) == "ok"  # 1 hears not 0
             assert (node.transport.drop_from, node.transport.drop_to) == ({0}, set())
-            assert ask(msgpack.packb([0, 1, 2])) == "ok"  # both ways; never itself
+            assert await ask(msgpack.packb([0, 1, 2])) == "ok"  # both ways; never itself
             assert node.transport.drop_from == node.transport.drop_to == {0, 2}
-            assert ask(msgpack.packb({"from": [0], "to": [7]})) == "error"
+            assert await ask(msgpack.packb({"from": [0], "to": [7]})) == "error"
             assert node.transport.drop_from == node.transport.drop_to == {0, 2}
-            assert ask(msgpack.packb([])) == "ok"
+            assert await ask(msgpack.packb([])) == "ok"
             assert node.transport.drop_from == node.transport.drop_to == frozenset()
         finally:
             for each in nodes:

@@ -17,9 +17,10 @@ import pytest
 from consensus.errors import DefiniteFailure, SessionExpired
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client
+from consensus.runtime.client_port import MAX_OPEN_AHEAD_S
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
-from consensus.runtime.node import MAX_OPEN_AHEAD_S, ReplicaNode
+from consensus.runtime.node import ReplicaNode
 from consensus.sessions import LOG_TIME_MAGIC, SessionLimits, SessionTable, session_seq
 from consensus.statemachine import KVStore, kv_put
 

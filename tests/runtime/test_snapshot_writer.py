@@ -117,13 +117,13 @@ async def test_one_snapshot_is_in_flight_at_a_time_and_peers_get_the_previous(
     tmp_path: Path,
 ) -> None:
     nodes = cluster(tmp_path)
-    held = HeldWrites(nodes[0]._snapshot_writer, hold=2)
+    held = HeldWrites(nodes[0].snapshots.writer, hold=2)
     for n in nodes:
         await n.start()
     try:
         await load(nodes[0], 0, EVERY + 50)
-        await wait_until(lambda: nodes[0]._snapshot is not None, "the first snapshot")
-        first = nodes[0]._snapshot
+        await wait_until(lambda: nodes[0].snapshots.latest is not None, "the first snapshot")
+        first = nodes[0].snapshots.latest
         assert first is not None and first[1].slot == held.slots[0]
         await load(nodes[0], 1000, EVERY + 50)  # the second one falls due and is held
         await wait_until(held.holding.is_set, "the second snapshot's writing")
@@ -132,12 +132,12 @@ async def test_one_snapshot_is_in_flight_at_a_time_and_peers_get_the_previous(
         await wait_until(lambda: nodes[0].stats.commands_applied >= total,
                          "the load did not execute")
         assert len(held.slots) == 2
-        assert nodes[0]._snapshot is first  # what a peer behind is sent meanwhile
+        assert nodes[0].snapshots.latest is first  # what a peer behind is sent meanwhile
         held.released.set()
         # installed, and the next one (due meanwhile) taken after it (and maybe installed)
         await wait_until(lambda: len(held.slots) == 3, "no snapshot after the install")
-        await wait_until(lambda: nodes[0]._snapshot is not first, "the held one installed")
-        current = nodes[0]._snapshot
+        await wait_until(lambda: nodes[0].snapshots.latest is not first, "the held one installed")
+        current = nodes[0].snapshots.latest
         assert current is not None and current[1].slot in held.slots[1:]
         await wait_until(lambda: nodes[1].executed_slot == nodes[0].executed_slot,
                          "replica 1 did not execute everything")
@@ -154,12 +154,12 @@ async def test_one_snapshot_is_in_flight_at_a_time_and_peers_get_the_previous(
 
 async def crash_while_writing(tmp_path: Path, *, after_file: bool) -> None:
     nodes = cluster(tmp_path)
-    held = HeldWrites(nodes[0]._snapshot_writer, hold=2, after_file=after_file)
+    held = HeldWrites(nodes[0].snapshots.writer, hold=2, after_file=after_file)
     for n in nodes:
         await n.start()
     try:
         await load(nodes[0], 0, EVERY + 50)
-        await wait_until(lambda: nodes[0]._snapshot is not None, "the first snapshot")
+        await wait_until(lambda: nodes[0].snapshots.latest is not None, "the first snapshot")
         await load(nodes[0], 1000, EVERY + 50)
         await wait_until(held.holding.is_set, "the second snapshot's writing")
         await load(nodes[0], 2000, 100)  # logged while it is written
@@ -195,14 +195,14 @@ async def test_on_the_loop_when_asked(tmp_path: Path) -> None:
     config = three_replicas(tmp_path)
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=EVERY,
                          snapshot_off_loop=False) for i in range(3)]
-    writes = HeldWrites(nodes[0]._snapshot_writer, hold=0)
+    writes = HeldWrites(nodes[0].snapshots.writer, hold=0)
     for n in nodes:
         await n.start()
     try:
         for first in range(0, 3 * EVERY, EVERY):  # a snapshot per round at least
             await load(nodes[0], first, EVERY)
         await wait_until(lambda: nodes[0].stats.snapshots_taken >= 2, "no snapshots")
-        assert writes.slots == [] and nodes[0]._in_flight is None
+        assert writes.slots == [] and nodes[0].snapshots.in_flight is None
     finally:
         for n in nodes:
             await n.stop()
@@ -215,7 +215,7 @@ def test_the_worker_thread_ends_with_the_node(tmp_path: Path) -> None:
             await n.start()
         try:
             await load(nodes[0], 0, EVERY + 10)
-            await wait_until(lambda: nodes[0]._snapshot is not None, "no snapshot")
+            await wait_until(lambda: nodes[0].snapshots.latest is not None, "no snapshot")
         finally:
             for n in nodes:
                 await n.stop()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from consensus.messages import Command
-from consensus.runtime import node as node_module
+from consensus.runtime import snapshot_pipeline
 from consensus.runtime.cluster_config import ClusterConfig, parse_cluster_config
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
@@ -199,7 +199,7 @@ async def test_a_clean_stop_snapshots_so_a_restart_executes_nothing_again(tmp_pa
         await nodes[1].stop()
         again = ReplicaNode(config, 1, KVStore(), fsync=False)
         assert again.core.exec_slot == frontier  # from the snapshot the stop took
-        await again._replay()
+        await again.turns.replay()
         assert again.stats.replayed_slots == 0 and again.stats.commands_applied == 0
         assert again.state_machine.snapshot() == state
         again.wal.close()
@@ -214,7 +214,7 @@ async def test_snapshots_are_taken_every_so_many_slots_whatever_the_batches(
     """Lightly loaded, every command is a slot of its own: the command count alone let the
     log grow past what one vote can report (a restart that lost its executed records then
     could not finish a view change)."""
-    monkeypatch.setattr(node_module, "SNAPSHOT_MAX_SLOTS", 20)
+    monkeypatch.setattr(snapshot_pipeline, "SNAPSHOT_MAX_SLOTS", 20)
     config = three_replicas(tmp_path)
     nodes = [ReplicaNode(config, i, KVStore(), fsync=False, snapshot_every=10**9)
              for i in range(3)]

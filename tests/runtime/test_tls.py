@@ -317,7 +317,7 @@ async def test_mangled_frames_over_tls_leave_replicas_up_and_unchanged(tmp_path:
                     except (OSError, ConnectionError):
                         pass
             await asyncio.sleep(0.2)  # let the replicas read what was sent
-            assert all(n._loop_task is not None and not n._loop_task.done() for n in nodes)
+            assert all(n.serving for n in nodes)
             assert [node.state_machine.snapshot() for node in nodes] == before
             assert (await admin.execute(kv_put("after", "fuzz"), ["after"])).status == "ok"
 

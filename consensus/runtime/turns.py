@@ -1,0 +1,528 @@
+"""A replica node's turn loop: the thin driver around a sans-I/O core.
+
+Every loop turn: hand the core everything that arrived (the inbox's events: peer messages, a
+peer's whole snapshot, client requests with at most ``MAX_READS_PER_TURN`` reads among them),
+tick it when due, take its ``Ready``, then — in this order — send what needs no durability,
+append the records to the write-ahead log and fsync once (group commit, on the loop: the
+next turn batches whatever came in meanwhile), answer the blind writes that became ready,
+send the acknowledgements, apply committed commands to the state machine, answer the rest,
+``advance``.
+
+Owns: the core's driving (when it ticks next, whether the loop is stopping), the slot the
+state machine has applied up to (``executed_slot``), the ``on_apply`` hooks, the log-time
+commands this replica proposes (``consensus.sessions``), following the log's member set (the
+transport's peers) and this replica's removal, and the counts of views and the log lines of
+view changes. The waiters it answers are the client port's (``consensus.runtime.client_port``);
+snapshots are the snapshot pipeline's (``consensus.runtime.snapshot_pipeline``), which it tells
+of each turn's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import assert_never
+
+from consensus.auth import AuthorizingMachine, Denied, PermissionDenied
+from consensus.errors import (
+    DefiniteFailure,
+    IndefiniteFailure,
+    LocalProtocolError,
+    MemberRefused,
+    MemberRemoved,
+    SessionExpired,
+)
+from consensus.messages import Command
+from consensus.protocol.base import DrivenCore
+from consensus.protocol.membership import MemberReplica, view_text
+from consensus.protocol.ready import SLOT_STRIDE, Execution, Outgoing, Ready
+from consensus.protocol.sdpaxos import SDPaxosReplica
+from consensus.runtime.client_port import READY, ClientPort, Result, Waiter
+from consensus.runtime.cluster_config import ClusterConfig
+from consensus.runtime.framing import frames_by_peer
+from consensus.runtime.members import address_text, known_members
+from consensus.runtime.node_events import (
+    Event,
+    Inbox,
+    PeerMessages,
+    PeerSnapshot,
+    Propose,
+    Read,
+    StaleRead,
+)
+from consensus.runtime.node_stats import BusyClock, NodeStats
+from consensus.runtime.peer_intake import PeerIntake
+from consensus.runtime.snapshot_pipeline import SnapshotPipeline, worker_result
+from consensus.runtime.transport import PeerTransport
+from consensus.sessions import LOG_TIME_STAGGERS, SESSION_EXPIRED, SessionTable, log_time_command
+from consensus.statemachine import DefersQueries, StateMachine, batch_applier
+from consensus.storage.identity import MemberIdentity, mark_removed
+from consensus.storage.wal import WriteAheadLog
+
+__all__ = [
+    "APPLY_CHECK_EVERY",
+    "APPLY_SLICE_S",
+    "LAG_PROBE_S",
+    "LOG_TIME_RETRY_S",
+    "TurnLoop",
+    "sdpaxos_of",
+]
+
+#: applying a turn's commands yields to the loop every this many seconds (checked every
+#: APPLY_CHECK_EVERY commands)
+APPLY_SLICE_S = 0.01
+APPLY_CHECK_EVERY = 256
+#: the event-loop lag probe's period (``NodeStats.longest_stall_s``)
+LAG_PROBE_S = 0.02
+#: a replica proposes a log-time command at most this often (seconds)
+LOG_TIME_RETRY_S = 1
+
+log = logging.getLogger("sdpaxos.node")
+
+
+class TurnLoop:
+    """Drives one replica's core turn by turn (see the module documentation)."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        me: int,
+        core: DrivenCore,
+        *,
+        machine: StateMachine,
+        authz: AuthorizingMachine | None,
+        sessions: SessionTable | None,
+        wal: WriteAheadLog,
+        fsync: bool,
+        tick_us: int,
+        identity: MemberIdentity,
+        inbox: Inbox,
+        intake: PeerIntake,
+        transport: PeerTransport,
+        clients: ClientPort,
+        snapshots: SnapshotPipeline,
+        stats: NodeStats,
+        busy: BusyClock,
+    ) -> None:
+        self.config = config
+        self.me = me
+        self.core = core
+        self.machine = machine
+        self._apply_batch = batch_applier(machine)  # runs of a slot at once (_apply)
+        #: TLS: the state machine behind the principals' check
+        self.authz = authz
+        #: the state machine's session table, if it keeps one: this replica proposes the
+        #: log-time commands it needs
+        self.sessions = sessions
+        self._log_time_proposed = 0  # the clock reading of our last log-time command
+        self.wal = wal
+        self.fsync = fsync
+        self.tick_us = tick_us
+        #: this replica's data-directory identity (marked once a change removes it)
+        self.identity = identity
+        self.inbox = inbox
+        self.intake = intake
+        self.transport = transport
+        self.clients = clients
+        self.snapshots = snapshots
+        self.stats = stats
+        self.busy = busy
+        #: called with (position, command, result) after each command applies (watchers)
+        self.on_apply: list[Callable[[int, Command, bytes], None]] = []
+        #: one past the last slot applied to the state machine: the core's ``exec_slot`` once
+        #: the turn that executed it is done (applying yields to the loop, so the core's runs
+        #: ahead while a turn applies thousands of commands)
+        self.executed_slot = 0
+        self.stopping = False
+        self._last_seen_view: tuple[int, object] = (-1, None)
+        #: the membership configuration the transport was last told of
+        self._known_config: object = None
+        self._counted_view = core.view  # the view changes counted in NodeStats
+        if isinstance(core, MemberReplica):  # the log's members, not only the file's
+            self._members_changed(core)
+
+    def stop(self) -> None:
+        """End the loop after its turn under way (``run`` returns)."""
+        self.stopping = True
+        self.inbox.wake()
+
+    async def replay(self) -> None:
+        """Apply what a restarted core executes again from its records (its first ``Ready``)
+        before anything is served: one long step at start, instead of a first loop turn that
+        peers and clients would wait behind."""
+        started = self.busy.since = time.perf_counter()
+        latest = self.snapshots.latest
+        first_slot = latest[1].slot if latest is not None else 0
+        await self._carry_out(self.core.ready(), _now_us())
+        self.busy.until_now()
+        self.stats.replay_seconds = time.perf_counter() - started
+        self.stats.replayed_slots = self.core.exec_slot - first_slot
+        if self.stats.commands_applied:
+            log.info("replica %d: executed %d commands again from its records in %.2f s",
+                     self.me, self.stats.commands_applied, self.stats.replay_seconds)
+
+    async def probe_lag(self) -> None:
+        """Measure how late a short timer fires: the longest stretch anything held the loop."""
+        while not self.stopping:
+            due = time.perf_counter() + LAG_PROBE_S
+            await asyncio.sleep(LAG_PROBE_S)
+            stall = time.perf_counter() - due
+            if stall > self.stats.longest_stall_s:
+                self.stats.longest_stall_s = stall
+
+    async def run(self) -> None:
+        """The loop, until stopped (or a peer refuses this replica, or a change removes it:
+        ``MemberRefused``, ``MemberRemoved``)."""
+        try:
+            await self._loop()
+        except (MemberRefused, MemberRemoved):
+            raise  # not a bug: ``serve`` says why and exits
+        except Exception:
+            log.exception("replica %d: event loop failed", self.me)
+            raise
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        inbox, wakeup, busy, snapshots = self.inbox, self.inbox.wakeup, self.busy, self.snapshots
+        next_tick = 0
+        while not self.stopping:
+            if self.intake.refusal is not None:
+                raise self.intake.refusal
+            if inbox.idle:
+                # whole milliseconds, rounded up: the loop's timers are millisecond-grained
+                # and fire at once for less, which spun the loop until the tick was due
+                timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
+                timer = loop.call_later(timeout, wakeup.set)
+                await wakeup.wait()
+                timer.cancel()
+            else:
+                await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
+            wakeup.clear()
+            started = busy.since = time.perf_counter()
+            if snapshots.install_ready and await snapshots.install():
+                self.executed_slot = self.core.exec_slot
+            now = _now_us()
+            self._feed(inbox.take(), now)
+            if now >= next_tick:
+                self.core.tick(now)
+                self._propose_log_time(now)
+                next_tick = now + self.tick_us
+            await self._carry_out(self.core.ready(), now)
+            busy.until_now()
+            turn = time.perf_counter() - started
+            self.stats.turn_latency.observe(turn)
+            if turn > self.stats.longest_turn_s:
+                self.stats.longest_turn_s = turn
+            core = self.core
+            if core.view != self._counted_view:
+                self._counted_view = core.view
+                self.stats.view_changes += 1
+            inner = sdpaxos_of(core)
+            if inner is not None and (core.view, inner.role) != self._last_seen_view:
+                self._last_seen_view = (core.view, inner.role)
+                log.info(
+                    "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
+                    self.me, view_text(core.view), inner.role.value,
+                    getattr(core, "sequencer", 0), core.executed_through(),
+                )
+            if isinstance(core, MemberReplica):
+                if core.config is not self._known_config:
+                    self._members_changed(core)
+                if core.removed:  # (a restart finds it so if it stopped before it said so)
+                    raise self._removed(core)
+
+    def _feed(self, events: list[Event], now: int) -> None:
+        core, clients = self.core, self.clients
+        for event in events:
+            match event:
+                case PeerMessages(messages):
+                    for message in messages:
+                        core.step(message, now)
+                case PeerSnapshot(data):
+                    self.snapshots.receive(data)
+                case Propose(command):
+                    key = (command.client_id, command.seq)
+                    clients.proposed(key, now)
+                    try:
+                        core.propose(command, now)
+                    except LocalProtocolError as exc:
+                        clients.fail(key, DefiniteFailure(str(exc)), reads=False)
+                case Read(command) | StaleRead(command):
+                    try:
+                        if isinstance(event, Read):
+                            core.read(command, now)
+                        else:
+                            core.read_stale(command, now)
+                    except LocalProtocolError as exc:
+                        clients.fail((command.client_id, command.seq),
+                                     DefiniteFailure(str(exc)), reads=True)
+                case _:
+                    assert_never(event)
+
+    async def _carry_out(self, ready: Ready, now: int) -> None:
+        self.stats.turns += 1
+        self._send(ready.send)
+        self.snapshots.append(itertools.chain(ready.persist, ready.log))
+        if ready.persist:
+            # fsync on the loop itself: handing it to a thread let the loop read sockets
+            # meanwhile, but waking an idle worker thread and then the loop cost more (about
+            # 0.5 ms a turn on an idle replica) than the fsync; the next turn waits anyway.
+            self.wal.sync(fsync=self.fsync)
+            self.stats.fsyncs += 1
+            self.stats.fsync_seconds += self.wal.last_sync_seconds
+            self.stats.fsync_latency.observe(self.wal.last_sync_seconds)
+        elif ready.log:
+            self.wal.sync(fsync=False)  # written; the next fsync makes it durable
+        clients = self.clients
+        ready_latency = self.stats.ready_latency
+        for command in ready.ready:
+            if command.blind:
+                clients.complete((command.client_id, command.seq), READY, now, ready_latency)
+        clients.answer()  # ready writes wait for neither the acks nor the state machine
+        self._send(ready.send_after_persist)
+        if ready.apply:
+            await self._apply(ready.apply, now)
+        self.executed_slot = self.core.exec_slot  # applied, every command of it
+        for command in ready.reads:
+            waiters, backup = clients.take_read((command.client_id, command.seq))
+            if backup:
+                if waiters:
+                    self._take_backup(waiters)
+            elif waiters:
+                self._answer_read(command.op, waiters)
+        for failure in ready.failed:
+            key = (failure.command.client_id, failure.command.seq)
+            error = DefiniteFailure if failure.definite else IndefiniteFailure
+            clients.fail(key, error(failure.reason), reads=False)
+        for command, answer in ready.results:  # membership changes: the core answered
+            clients.complete((command.client_id, command.seq), Result(answer, -1), now,
+                             self.stats.executed_latency)
+        for peer in sorted(set(ready.snapshot_requests)):
+            for frame in self.snapshots.offer(peer):
+                self.transport.send(peer, frame)
+        self.core.advance(ready)
+        self.snapshots.turn_end(len(ready.apply), ready.snapshot_now)
+        clients.answer()
+
+    async def _apply(self, executions: Sequence[Execution], now: int) -> None:
+        """Apply a turn's executions in order, answering the clients of those led here.
+
+        Runs of one slot's consecutive commands go to the state machine at once
+        (``_apply_run``), unless commands are authorized one by one or hooks watch each of
+        them (``_apply_each``: they may read the state each command left). Either way the
+        results are those of ``apply`` command by command."""
+        one_by_one = self.authz is not None or bool(self.on_apply)
+        slices = _ApplySlices(self.busy, self.stats)
+        start, total = 0, len(executions)
+        while start < total:
+            if start:
+                await slices.pause_if_due()
+            if one_by_one:
+                stop = min(total, start + APPLY_CHECK_EVERY)
+                self._apply_each(executions[start:stop], now)
+            else:
+                stop = _run_end(executions, start)
+                self._apply_run(executions[start:stop], now)
+            start = stop
+        slices.done()
+
+    def _apply_run(self, run: Sequence[Execution], now: int) -> None:
+        """Consecutive commands of one slot, to the state machine at once (``batch_applier``:
+        its ``apply_batch``, or ``apply`` in a loop)."""
+        slot, first = run[0][0], run[0][1]
+        position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
+        results = self._apply_batch(position, [execution[2] for execution in run])
+        self.stats.commands_applied += len(run)
+        complete, executed_latency = self.clients.complete, self.stats.executed_latency
+        for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
+            command = execution[2]
+            if execution[3] and not command.blind:  # led here, answered after it ran
+                if result is SESSION_EXPIRED:
+                    self._session_expired(command)
+                    continue
+                complete((command.client_id, command.seq),
+                         Result(result, position + offset), now, executed_latency)
+
+    def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
+        """Commands one at a time: each authorized, each seen by the hooks."""
+        apply = self.machine.apply
+        stats, authz, hooks, clients = self.stats, self.authz, self.on_apply, self.clients
+        executed_latency = stats.executed_latency
+        for slot, offset, command, led_here in executions:
+            position = slot * SLOT_STRIDE + offset  # Execution.position
+            if authz is not None:
+                outcome = authz.run(position, command)
+                if isinstance(outcome, Denied):  # nothing changed: no hooks
+                    stats.commands_applied += 1
+                    if led_here:
+                        key = (command.client_id, command.seq)
+                        clients.fail(key, PermissionDenied(outcome.reason), reads=False)
+                    continue
+                result = outcome
+            else:
+                result = apply(position, command)
+            stats.commands_applied += 1
+            for hook in hooks:
+                hook(position, command, result)
+            if led_here and not command.blind:
+                if result is SESSION_EXPIRED:
+                    self._session_expired(command)
+                    continue
+                key = (command.client_id, command.seq)
+                clients.complete(key, Result(result, position), now, executed_latency)
+
+    def _answer_read(self, op: bytes, waiters: list[Waiter]) -> None:
+        """Answer a read now (every command of the turn applied), or, for one the state
+        machine answers off the loop (``DefersQueries``), from what it reads now, once the
+        worker made the answer."""
+        machine, authz, clients = self.machine, self.authz, self.clients
+        if authz is not None:
+            later = authz.ask_later(op)
+        else:
+            later = machine.defer_query(op) if isinstance(machine, DefersQueries) else None
+        if later is None:
+            answered = machine.query(op) if authz is None else authz.ask(op)
+            clients.answered(waiters, answered)
+        elif isinstance(later, Denied):
+            clients.answered(waiters, later)
+        else:
+            def made(work: Future[bytes]) -> None:
+                answer = worker_result(work, "a read", self.me)
+                if authz is not None and isinstance(answer, bytes):
+                    answer = authz.filtered(op, answer)
+                clients.answered(waiters, answer, now=False)
+
+            self.snapshots.run_off_loop(later, made)
+
+    def _take_backup(self, waiters: list[Waiter]) -> None:
+        """A backup as of now for a barrier's waiters (``SnapshotPipeline.take_backup``)."""
+        clients = self.clients
+        self.snapshots.take_backup(lambda answer: clients.answered(waiters, answer, now=False))
+
+    def _session_expired(self, command: Command) -> None:
+        """``command``, led here, was not applied: its session is gone (``SessionExpired``,
+        with the log time, from which its client opens the next one)."""
+        self.stats.sessions_expired += 1
+        log_time = self.sessions.now if self.sessions is not None else 0
+        self.clients.fail((command.client_id, command.seq), SessionExpired(
+            f"session expired: request ({command.client_id}, {command.seq}) was not applied "
+            f"(its session was evicted, closed, or opened too late; log time {log_time})",
+            log_time), reads=False)
+
+    def _propose_log_time(self, now: int) -> None:
+        """Propose a log-time command if the session table needs the log time to move
+        (``SessionTable.time_due``; replicas take turns: ``LOG_TIME_STAGGERS``)."""
+        table = self.sessions
+        if table is None:
+            return
+        clock = int(time.time())
+        if clock < self._log_time_proposed + LOG_TIME_RETRY_S:
+            return  # ours is on its way (or was refused: a learner)
+        if not table.time_due(clock - self.me % LOG_TIME_STAGGERS):
+            return
+        self._log_time_proposed = clock
+        self.stats.log_times_proposed += 1
+        with contextlib.suppress(LocalProtocolError):
+            self.core.propose(log_time_command(clock), now)
+
+    def _send(self, outgoing: list[Outgoing]) -> None:
+        sent = self.stats.messages_sent
+        for out in outgoing:
+            kind = type(out.message)
+            sent[kind] = sent.get(kind, 0) + 1
+        for peer, frames in frames_by_peer(outgoing, self.transport.max_frame).items():
+            for frame in frames:
+                self.transport.send(peer, frame)
+
+    # ------------------------------------------------------------------ members
+    def _members_changed(self, core: MemberReplica) -> None:
+        """Follow the log's member set (``consensus.runtime.members``): connect to members
+        that joined or published another peer address, forget the ones that left (ids below
+        ``next_id`` that are no member: a removed one never comes back)."""
+        config = self._known_config = core.config
+        transport, files = self.transport, {r.id: r for r in self.config.replicas}
+        delays = self.config.delays_from(self.me)
+        for member in known_members(config, files):
+            info = member.info
+            if member.id == self.me or info is None:
+                continue
+            if transport.addresses.get(member.id) != info.address:
+                log.info("replica %d: member %d runs at %s", self.me, member.id,
+                         address_text(info.address))
+                transport.add_peer(member.id, info.address, delays.get(member.id, 0))
+        for peer in sorted(transport.addresses):
+            if peer != self.me and peer < config.next_id and config.member(peer) is None:
+                log.info("replica %d: member %d left the cluster (epoch %d); no longer "
+                         "connecting to it", self.me, peer, config.epoch)
+                transport.remove_peer(peer)
+
+    def _removed(self, core: MemberReplica) -> MemberRemoved:
+        """A change removed this replica: say so, and mark its directory so that it never
+        serves again (``consensus.storage.identity``); the loop stops with the error."""
+        error = MemberRemoved(self.me, self.config.cluster_id, core.config.epoch)
+        log.warning("replica %d: removed from the cluster at epoch %d (the members are now %s): "
+                    "it stops serving and will not start again with this data directory",
+                    self.me, core.config.epoch, [m.id for m in core.config.members])
+        self.identity = mark_removed(self.config.replica_dir(self.me), self.identity,
+                                     core.config.epoch)
+        return error
+
+
+def sdpaxos_of(core: DrivenCore) -> SDPaxosReplica | None:
+    """The SDPaxos core of the current epoch (None for a baseline core, or while this
+    member learns)."""
+    if isinstance(core, MemberReplica):
+        return core.core
+    return core if isinstance(core, SDPaxosReplica) else None
+
+
+def _run_end(executions: Sequence[Execution], start: int) -> int:
+    """Where the run of one slot's consecutive commands from ``start`` ends (at most
+    ``APPLY_CHECK_EVERY`` commands: a slice's check comes between runs)."""
+    slot, first = executions[start][0], executions[start][1]
+    stop, limit = start + 1, min(len(executions), start + APPLY_CHECK_EVERY)
+    while (stop < limit and executions[stop][0] == slot
+           and executions[stop][1] == first + stop - start):
+        stop += 1
+    return stop
+
+
+class _ApplySlices:
+    """A turn's applying, in slices of about ``APPLY_SLICE_S``: a catch-up (or a restart's
+    replay) hands over thousands of commands at once, so the loop reads sockets and answers
+    /metrics between slices and no callback holds it for long (what arrives waits for the
+    next turn anyway). The time spent applying, yields excluded, goes to
+    ``NodeStats.apply_latency``."""
+
+    __slots__ = ("_applying", "_busy", "_end", "_start", "_stats")
+
+    def __init__(self, busy: BusyClock, stats: NodeStats) -> None:
+        self._busy = busy
+        self._stats = stats
+        self._start = time.perf_counter()
+        self._end = self._start + APPLY_SLICE_S
+        self._applying = 0.0
+
+    async def pause_if_due(self) -> None:
+        """Let the loop run if this slice is over."""
+        if time.perf_counter() <= self._end:
+            return
+        busy = self._busy
+        busy.until_now()
+        self._applying += time.perf_counter() - self._start
+        await asyncio.sleep(0)
+        busy.since = self._start = time.perf_counter()
+        self._end = self._start + APPLY_SLICE_S
+
+    def done(self) -> None:
+        self._stats.apply_latency.observe(self._applying + time.perf_counter() - self._start)
+
+
+def _now_us() -> int:
+    return time.monotonic_ns() // 1000
