@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from typing import Any
 
 import pytest
 import sim_util
 
 from consensus.protocol.sdpaxos.recovery import CRecovery
 from consensus.sim.cli import add_arguments, options_from, parse_faults, replay_command, run, sweep
-from consensus.sim.simulator import FAULT_CLASSES, SimOptions, Simulation
+from consensus.sim.simulator import FAULT_CLASSES, RunResult, SimOptions, Simulation
 
 BOUNDS_MS = {
     3: {"CA": 20, "OR": 20, "OH": 52},
@@ -299,19 +300,29 @@ def test_a_snapshot_installed_during_a_candidacy_keeps_the_hole_filling_exact() 
     assert Simulation(broken, 1245).run().violation is not None
 
 
+#: every fault class, on the LAN with a snapshot every 10 commands (where the sweeps found
+#: the runs below)
+LAN_SNAPSHOTS: dict[str, Any] = {"network": "lan", "reads": "mixed", "snapshot_every": 10}
+
+
+def _fixed_and_broken(seed: int, unsafe: str, replicas: int,
+                      **options: Any) -> tuple[RunResult, RunResult]:
+    """Seed ``seed`` with every fault class, as built and with the broken variant ``unsafe``."""
+    def outcome(broken: frozenset[str]) -> RunResult:
+        return Simulation(SimOptions(replicas=replicas, faults=parse_faults("all"),
+                                     unsafe=broken, **options), seed).run()
+    return outcome(frozenset()), outcome(frozenset({unsafe}))
+
+
 def test_a_sequencer_succeeded_while_cut_off_stops_at_a_later_snapshot() -> None:
     # (found by the CI sweep with snapshots, once the log owners checked their invariants)
     # replica 0, sequencer of view 5, was cut off while the others went on under a later
     # sequencer (and a member change); healed, it installed their snapshot at slot 72 while
     # its next slot was 50, still serving: its next order took slot 50, which its log had
     # executed. A snapshot past what it assigned stops it serving.
-    options = SimOptions(replicas=5, faults=parse_faults("all"), network="lan", reads="mixed",
-                         snapshot_every=10)
-    assert Simulation(options, 26).run().ok
-    broken = SimOptions(replicas=5, faults=parse_faults("all"), network="lan", reads="mixed",
-                        snapshot_every=10, unsafe=frozenset({"stale_sequencer_orders"}))
-    violation = Simulation(broken, 26).run().violation
-    assert violation is not None and "accepted after it executed" in violation
+    fixed, broken = _fixed_and_broken(26, "stale_sequencer_orders", 5, **LAN_SNAPSHOTS)
+    assert fixed.ok
+    assert "accepted after it executed" in (broken.violation or "")
 
 
 def test_a_probe_answered_after_a_snapshot_moved_the_member_on_keeps_its_core() -> None:
@@ -320,12 +331,9 @@ def test_a_probe_answered_after_a_snapshot_moved_the_member_on_keeps_its_core() 
     # answer held the SEAL at slot 85, the one that began epoch 3, and replica 1 retired the
     # core of the epoch it was to lead: with replica 3 doing the same, epoch 3 never had a
     # quorum again (six client operations open for good)
-    options = SimOptions(replicas=3, faults=parse_faults("all"))
-    assert Simulation(options, 82).run().ok
-    broken = SimOptions(replicas=3, faults=parse_faults("all"),
-                        unsafe=frozenset({"probe_any_seal"}))
-    result = Simulation(broken, 82).run()
-    assert result.violation is None and "still open" in (result.liveness or "")
+    fixed, broken = _fixed_and_broken(82, "probe_any_seal", 3)
+    assert fixed.ok
+    assert broken.violation is None and "still open" in (broken.liveness or "")
 
 
 def test_a_voter_never_takes_a_learners_counts_past_the_epochs_base() -> None:
@@ -333,13 +341,9 @@ def test_a_voter_never_takes_a_learners_counts_past_the_epochs_base() -> None:
     # a voter of epoch 1 at slot 101, installed learner 4's snapshot at slot 107, whose
     # per-owner counts were zeros (a learner does not know the owners of what it applied):
     # its core kept its own counts, and executed an older instance of an owner at slot 107
-    options = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
-                         snapshot_every=10)
-    assert Simulation(options, 41).run().ok
-    broken = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
-                        snapshot_every=10, unsafe=frozenset({"learner_counts_zero"}))
-    violation = Simulation(broken, 41).run().violation
-    assert violation is not None and "executed" in violation
+    fixed, broken = _fixed_and_broken(41, "learner_counts_zero", 3, **LAN_SNAPSHOTS)
+    assert fixed.ok
+    assert "executed" in (broken.violation or "")
 
 
 def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> None:
@@ -348,10 +352,6 @@ def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> N
     # start its core; a peer's snapshot of epoch 1 started it first. Still waiting, the next
     # snapshot it took started its epoch-2 core again from nothing: it forgot what it had
     # accepted and executed, and executed slot 98 a second time, with another command
-    options = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
-                         snapshot_every=10)
-    assert Simulation(options, 809).run().ok
-    broken = SimOptions(replicas=3, faults=parse_faults("all"), network="lan", reads="mixed",
-                        snapshot_every=10, unsafe=frozenset({"stale_awaiting_core"}))
-    violation = Simulation(broken, 809).run().violation
-    assert violation is not None and "executed" in violation
+    fixed, broken = _fixed_and_broken(809, "stale_awaiting_core", 3, **LAN_SNAPSHOTS)
+    assert fixed.ok
+    assert "executed" in (broken.violation or "")
