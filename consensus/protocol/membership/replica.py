@@ -760,7 +760,8 @@ class MemberReplica:
         self.core = self._core_for(config, recovered=(), snapshot=inner)
         if "stale_awaiting_core" not in self.protocol.unsafe:
             # the snapshot is what a promoted voter's core was waiting for: started now, it
-            # must not be started again (``durable_records``) from nothing, its votes lost
+            # must not be started again (``durable_records``) from nothing, its votes lost;
+            # so no core exists while one is awaited
             self._awaiting_snapshot = False
         records: list[Record] = [record_of(config)]
         if self.core is not None:
@@ -800,8 +801,7 @@ class MemberReplica:
     def durable_records(self) -> list[Record]:
         """What a rewritten log holds: after a snapshot (the node rewrites its log then), a
         promoted learner's core starts from it."""
-        if self._awaiting_snapshot and (self.core is None
-                                        or "stale_awaiting_core" in self.protocol.unsafe):
+        if self._awaiting_snapshot:  # (never with a core: installing a snapshot ends it)
             self._awaiting_snapshot = False
             inner = SnapshotMeta(self.learned - self.config.base, (0,) * len(self.config.voters))
             self.core = self._core_for(self.config, recovered=(), snapshot=inner)
