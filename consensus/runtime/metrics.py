@@ -304,6 +304,10 @@ def _histogram_families(node: ReplicaNode) -> Iterator[Metric]:
         ("sdpaxos_loop_turn_duration_seconds",
          "Seconds per turn of the replica's event loop (yields included).",
          stats.turn_latency),
+        ("sdpaxos_loop_stall_seconds",
+         "How late the event loop ran a 20 ms timer, measured at every one: how long anything "
+         "held the loop (the rate of the buckets above 0.05 counts stalls over 50 ms).",
+         stats.stall_latency),
     ):
         family = HistogramMetricFamily(name, help_text)
         _histogram(family, [], histogram)

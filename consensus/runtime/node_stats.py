@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 
 from consensus.runtime.histogram import Histogram
 
-__all__ = ["BusyClock", "NodeStats"]
+__all__ = ["STALL_BUCKETS_S", "BusyClock", "NodeStats"]
+
+#: upper bounds (seconds) of the loop-stall histogram's buckets: 50 ms among them, the bound a
+#: replica's stalls are held to at 100k GPUs (issue 38)
+STALL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 @dataclass(slots=True)
@@ -43,6 +47,10 @@ class NodeStats:
     #: the longest the event loop was held by anything (seconds, ``LAG_PROBE_S`` resolution):
     #: how long a peer's frame, a client or /metrics waited at most to be read
     longest_stall_s: float = 0.0
+    #: ... and every such measure (the lag probe's lateness, every ``LAG_PROBE_S``): unlike
+    #: the longest since start (a start-up's replay, forever after), its buckets' counts over
+    #: a window say how long the loop stalled in that window
+    stall_latency: Histogram = field(default_factory=lambda: Histogram(STALL_BUCKETS_S))
     #: slots executed again from the records at start, and how long that took (seconds)
     replayed_slots: int = 0
     replay_seconds: float = 0.0

@@ -173,6 +173,7 @@ class TurnLoop:
             due = time.perf_counter() + LAG_PROBE_S
             await asyncio.sleep(LAG_PROBE_S)
             stall = time.perf_counter() - due
+            self.stats.stall_latency.observe(stall)
             if stall > self.stats.longest_stall_s:
                 self.stats.longest_stall_s = stall
 

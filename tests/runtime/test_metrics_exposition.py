@@ -18,6 +18,7 @@ from consensus.runtime.histogram import DURATION_BUCKETS_S, Histogram
 from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.metrics import render, serve_metrics
 from consensus.runtime.node import ReplicaNode
+from consensus.runtime.node_stats import STALL_BUCKETS_S
 from consensus.statemachine import KVStore, kv_put
 
 from .polling import wait_until
@@ -39,11 +40,12 @@ def value(family: Metric, suffix: str = "", **labels: str) -> float:
     return float(found)
 
 
-def histogram_count(family: Metric, **labels: str) -> float:
+def histogram_count(family: Metric, bounds: tuple[float, ...] = DURATION_BUCKETS_S,
+                    **labels: str) -> float:
     """The +Inf bucket, checked against ``_count`` and for cumulative buckets."""
     buckets = [(s.labels["le"], s.value) for s in family.samples if s.name.endswith("_bucket")
                and {k: v for k, v in s.labels.items() if k != "le"} == labels]
-    assert len(buckets) == len(DURATION_BUCKETS_S) + 1
+    assert [le for le, _ in buckets] == [*map(repr, bounds), "+Inf"]
     assert buckets[-1][0] == "+Inf"
     counts = [count for _, count in buckets]
     assert counts == sorted(counts), "buckets are cumulative"
@@ -138,6 +140,11 @@ async def traffic(tmp_path: Path) -> None:
     assert histogram_count(got["sdpaxos_fsync_duration_seconds"]) == fsyncs > 0
     assert 0 < histogram_count(got["sdpaxos_apply_duration_seconds"]) <= turns
     assert 0 < histogram_count(got["sdpaxos_loop_turn_duration_seconds"]) <= turns
+    # the lag probe's every measure, the longest since start among them
+    stalls = got["sdpaxos_loop_stall_seconds"]
+    assert histogram_count(stalls, STALL_BUCKETS_S) > 0
+    assert value(stalls, "_sum") <= histogram_count(stalls, STALL_BUCKETS_S) * value(
+        got["sdpaxos_loop_stall_longest_seconds"])
     # ... and the rest: the view, no view change, the kind's own gauge
     assert value(got["sdpaxos_view"]) == 0
     assert value(got["sdpaxos_view_changes"], "_total") == 0
