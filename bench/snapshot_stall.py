@@ -25,9 +25,11 @@ collector runs as ``sdpaxos serve`` runs it (thresholds, everything built before
 frozen). The three replicas share one loop, so the probe sees every replica's stalls and the
 load's own turns as well.
 
-Then one phase per operation of ``--operations`` (default all three), each ``--seconds``
+Then one phase per operation of ``--operations`` (default all four), each ``--seconds``
 under the same load, the replicas' own snapshots falling due as in ``off_loop``:
 
+* ``load``: nothing more (the stalls the load and the replicas' own snapshots make, which
+  the others are compared with);
 * ``install``: replica 2 cut off from its peers (the transport's test-only ``drop_from``
   and ``drop_to``) until their logs no longer hold what it missed (compacted past it), then
   let back: it is sent replica 0's (or 1's) snapshot and installs it
@@ -39,12 +41,13 @@ under the same load, the replicas' own snapshots falling due as in ``off_loop``:
 Reported per operation: how many ran and how long each took (wall, p50/max), the longest
 stall of the event loop by the replicas' own probe (``NodeStats.longest_stall_s``, the
 ``sdpaxos_loop_stall_longest_seconds`` metric: the most of any replica, over the phase; 20 ms
-resolution), the bench probe's lateness as above, and ``on_loop_ms``: what the same work
+resolution), the longest loop turn and snapshot hold of any replica, the bench probe's
+lateness as above, and ``on_loop_ms``: what the same work
 costs when run whole at once (timed here on replica 0's store, as the loop ran it before:
 ``restore``, ``snapshot`` with encoding and sha256, ``query(get_digest())``).
 
     python -m bench.snapshot_stall [--nodes 12288 --vcs 64 --seconds 10 --phases 6]
-    python -m bench.snapshot_stall --phases 0 --operations install,backup,digest
+    python -m bench.snapshot_stall --phases 0 --operations load,install,backup,digest
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ LAST_VARIANT = "none"
 #: a snapshot never falls due in the ``none`` phases (commands)
 NEVER = 10**12
 #: the operations measured after the snapshot phases (``--operations``)
-OPERATIONS = ("install", "backup", "digest")
+OPERATIONS = ("load", "install", "backup", "digest")
 #: the replica cut off (until its peers compacted their logs past it) and then sent a
 #: snapshot to install
 LAGGING = 2
@@ -235,7 +238,8 @@ async def _measure(nodes: int, vcs: int, seconds: float, phases: int, every: int
             for name in chosen
         ]
         for done in operations:  # (after them all: each holds the loop seconds at 98k GPUs)
-            done["on_loop_ms"] = _on_loop_ms(done["operation"], replicas[0])
+            if done["operation"] != "load":
+                done["on_loop_ms"] = _on_loop_ms(done["operation"], replicas[0])
         snapshot_bytes = len(stores[0].snapshot())
     finally:
         for replica in replicas:
@@ -317,10 +321,14 @@ async def _operation_phase(name: str, replicas: list[ReplicaNode], load: _Load,
     await asyncio.sleep(2 * LAG_PROBE_S)
     for replica in replicas:
         replica.stats.longest_stall_s = 0.0
+        replica.stats.longest_turn_s = 0.0
+        replica.stats.longest_snapshot_hold_s = 0.0
     home = replicas[0]
     durations: list[float] = []
 
     async def drive() -> None:
+        if name == "load":  # the load alone: what the others are compared with
+            return
         if name == "install":
             durations.append(await _install_once(replicas))
             return
@@ -353,6 +361,9 @@ async def _operation_phase(name: str, replicas: list[ReplicaNode], load: _Load,
         "took_max_ms": round(max(durations, default=0.0) * 1e3, 1),
         "loop_stall_longest_ms": round(
             max(r.stats.longest_stall_s for r in replicas) * 1e3, 1),
+        "longest_turn_ms": round(max(r.stats.longest_turn_s for r in replicas) * 1e3, 1),
+        "longest_snapshot_hold_ms": round(
+            max(r.stats.longest_snapshot_hold_s for r in replicas) * 1e3, 1),
         "stall_p99_ms": round(_percentile(lateness, 0.99) * 1e3, 1),
         "stall_max_ms": round(max(lateness, default=0.0) * 1e3, 1),
     }

@@ -2,7 +2,9 @@
 
 Sampling (``sample_replica``): a replica process's resident memory and open files from
 ``/proc/PID``, its data directory's write-ahead log and snapshot bytes, and from its metrics
-endpoint the longest loop stall since it started (``sdpaxos_loop_stall_longest_seconds``), its
+endpoint the longest loop stall since it started (``sdpaxos_loop_stall_longest_seconds``) and
+the buckets of every stall measured (``sdpaxos_loop_stall_seconds``: between two samples of one
+process, how long its loop stalled at most in that interval, ``interval_stall``), its
 executed slot and, where the build exposes it, the size of the replicated session table
 (``sdpaxos_sessions``, summed over its states).
 
@@ -41,6 +43,8 @@ __all__ = [
     "cluster_series",
     "directory_bytes",
     "growth",
+    "interval_stall",
+    "interval_stalls",
     "latency_ratio",
     "percentile",
     "process_fds",
@@ -62,7 +66,9 @@ WINDOW_PART = 6
 SCRAPE_TIMEOUT_S = 3.0
 #: the metric families a sample keeps
 _METRICS = frozenset({"sdpaxos_loop_stall_longest_seconds", "sdpaxos_executed_slots",
-                      "sdpaxos_sessions"})
+                      "sdpaxos_sessions", "sdpaxos_loop_stall_seconds"})
+#: the histogram among them (its buckets are kept, by ``le``)
+_STALL_HISTOGRAM = "sdpaxos_loop_stall_seconds"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +88,8 @@ class ReplicaSample:
     #: state (open, closed, pinned, tombstones: ``sdpaxos_sessions{state}``)
     sessions: int | None
     sessions_by_state: dict[str, int] | None = None
+    #: the loop-stall histogram's cumulative bucket counts by ``le`` (None: not exposed)
+    loop_stall_buckets: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -130,7 +138,10 @@ def scrape(address: tuple[str, int]) -> dict[str, dict[str, float]]:
         return {}
     found: dict[str, dict[str, float]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name in _METRICS:
+        if family.name == _STALL_HISTOGRAM:
+            found[family.name] = {sample.labels["le"]: sample.value for sample in family.samples
+                                  if sample.name.endswith("_bucket")}
+        elif family.name in _METRICS:
             found[family.name] = {",".join(sample.labels.values()): sample.value
                                   for sample in family.samples}
     return found
@@ -146,7 +157,7 @@ def sample_replica(cluster: str, replica: int, pid: int, data_dir: Path,
         return None if values is None else sum(values.values())
 
     executed, sessions = metric("sdpaxos_executed_slots"), metric("sdpaxos_sessions")
-    by_state = metrics.get("sdpaxos_sessions")
+    by_state, buckets = metrics.get("sdpaxos_sessions"), metrics.get(_STALL_HISTOGRAM)
     return ReplicaSample(
         cluster=cluster, replica=replica, pid=pid, rss_bytes=process_rss(pid),
         open_files=process_fds(pid), wal_bytes=directory_bytes(data_dir, "wal-*.log"),
@@ -155,7 +166,21 @@ def sample_replica(cluster: str, replica: int, pid: int, data_dir: Path,
         executed=None if executed is None else int(executed),
         sessions=None if sessions is None else int(sessions),
         sessions_by_state=None if by_state is None else {k: int(v) for k, v in by_state.items()},
+        loop_stall_buckets=buckets,
     )
+
+
+def interval_stall(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """How long a loop stalled at most between two scrapes of one process's stall histogram
+    (cumulative counts by ``le``): the lowest bound under which every stall measured in
+    between fell (``inf``: one beyond the last bound); None if none was measured."""
+    added = after.get("+Inf", 0.0) - before.get("+Inf", 0.0)
+    if added <= 0:
+        return None
+    for le in sorted((le for le in after if le != "+Inf"), key=float):
+        if after[le] - before.get(le, 0.0) >= added:
+            return float(le)
+    return float("inf")
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -261,6 +286,27 @@ def stalls(samples: Samples, cluster: str) -> tuple[float | None, float | None]:
     return longest, after
 
 
+def interval_stalls(samples: Samples, cluster: str) -> float | None:
+    """The longest loop stall of a member of ``cluster`` between two consecutive samples of
+    one process (``interval_stall``): a start-up's stalls, before a process's first sample,
+    never count, and a later stall shorter than them does. None: no histogram exposed."""
+    longest: float | None = None
+    previous: dict[int, dict[str, float]] = {}
+    for sample in samples:
+        for s in sample["replicas"]:
+            buckets = s.get("loop_stall_buckets")
+            if s["cluster"] != cluster or buckets is None:
+                continue
+            before = previous.get(s["pid"])
+            previous[s["pid"]] = buckets
+            if before is None:
+                continue
+            stall = interval_stall(before, buckets)
+            if stall is not None:
+                longest = stall if longest is None else max(longest, stall)
+    return longest
+
+
 def _target(name: str, value: float | None, bound: float | None, unit: str,
             ends: tuple[float, float] | None = None) -> dict[str, Any]:
     """A target's row; ``ends``: a growth's values at the end of the warm-up and the end."""
@@ -293,6 +339,9 @@ def targets(samples: Samples, latencies: Iterable[tuple[float, float]],
         rows.append(_target(f"{cluster}: longest loop stall (start-ups included)", longest,
                             None, "seconds"))
         rows.append(_target(f"{cluster}: longest loop stall after start-up", after, None,
+                            "seconds"))
+        rows.append(_target(f"{cluster}: longest loop stall between two samples after "
+                            "start-up (at most)", interval_stalls(samples, cluster), None,
                             "seconds"))
     rows.append(_target("scheduler p99, last window / first",
                         latency_ratio(latencies, windows), LATENCY_TARGET, "ratio"))

@@ -24,6 +24,8 @@ from bench.soak_samples import (
     Windows,
     directory_bytes,
     growth,
+    interval_stall,
+    interval_stalls,
     latency_ratio,
     process_fds,
     process_rss,
@@ -71,6 +73,7 @@ def test_a_two_minute_soak_passes_every_check(tmp_path: Path) -> None:
     scraped = {(s["cluster"], s["replica"]) for sample in report["samples"]
                for s in sample["replicas"] if s["loop_stall_s"] is not None}
     assert {(s["cluster"], s["replica"]) for s in last} <= scraped
+    assert all(s["loop_stall_buckets"]["+Inf"] > 0 for s in last)  # the stall histogram too
     assert any(s["wal_bytes"] > 0 for s in last)
     # the load really ran: gangs placed and released, one-shot writes, kv operations
     assert report["schedulers"]["placed"] > 20 and report["schedulers"]["released"] > 0
@@ -80,6 +83,7 @@ def test_a_two_minute_soak_passes_every_check(tmp_path: Path) -> None:
     names = {t["name"] for t in report["targets"]}
     assert "scheduler p99, last window / first" in names
     assert "gpu: resident memory (bytes) growth" in names and "kv: open files growth" in names
+    assert "gpu: longest loop stall between two samples after start-up (at most)" in names
     assert all(s["sessions"] is not None for s in report["sessions_at_end"].values())
     # the history re-checks with sdpaxos lincheck; the table and the figure were made
     history = workdir / "history.jsonl"
@@ -127,6 +131,30 @@ def test_stalls_after_start_up_leave_the_start_up_out() -> None:
     stalled = [*quiet, sample(15, 2, 0.6)]  # pid 2 stalled 0.6 s after its first sample
     assert stalls(stalled, "gpu") == (0.6, 0.6)
     assert stalls(stalled, "kv") == (None, None)
+
+
+def test_interval_stalls_see_a_later_stall_shorter_than_the_start_up() -> None:
+    """From the histogram's buckets: a 0.08 s stall after a 1.5 s start-up, which the running
+    maximum (``stalls``) cannot see."""
+    def buckets(under_005: float, under_01: float, under_25: float) -> dict[str, float]:
+        return {"0.05": under_005, "0.1": under_01, "2.5": under_25, "+Inf": under_25}
+
+    def sample(t: float, pid: int, counts: dict[str, float]) -> dict[str, Any]:
+        return {"t": t, "replicas": [{"cluster": "gpu", "pid": pid, "loop_stall_s": 1.5,
+                                      "loop_stall_buckets": counts}]}
+
+    assert interval_stall(buckets(10, 10, 11), buckets(60, 60, 61)) == 0.05
+    assert interval_stall(buckets(10, 10, 11), buckets(60, 61, 62)) == 0.1
+    assert interval_stall(buckets(10, 10, 11), buckets(10, 10, 11)) is None
+    assert interval_stall({"0.05": 1, "+Inf": 1}, {"0.05": 1, "+Inf": 2}) == float("inf")
+    started = [sample(0, 1, buckets(10, 10, 11)),  # the 1.5 s start-up: before this sample
+               sample(5, 1, buckets(60, 60, 61))]
+    assert interval_stalls(started, "gpu") == 0.05
+    later = [*started, sample(10, 1, buckets(100, 101, 102)),
+             sample(15, 2, buckets(5, 5, 6))]  # a restart: its start-up is left out again
+    assert interval_stalls(later, "gpu") == 0.1
+    assert stalls(later, "gpu")[1] == 0.0  # (the running maximum never moved: 1.5 s)
+    assert interval_stalls(later, "kv") is None
 
 
 def test_the_samplers_read_a_real_process_and_directory(tmp_path: Path) -> None:
