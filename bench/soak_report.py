@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.harness import print_table
+from bench.soak_samples import interval_stall
 
 __all__ = ["print_report", "soak_figure"]
 
@@ -86,11 +87,25 @@ def _bound(target: dict[str, Any]) -> str:
 
 def _series(report: dict[str, Any], field: str, scale: float = 1.0
             ) -> dict[str, tuple[list[float], list[float]]]:
-    """Per replica process (cluster, replica, pid): its samples of ``field`` over time."""
+    """Per replica process (cluster, replica, pid): its samples of ``field`` over time
+    (``disk``: WAL and snapshot bytes; ``interval_stall``: the longest loop stall since the
+    process's previous sample, at most, from its stall histogram)."""
     lines: dict[str, tuple[list[float], list[float]]] = {}
+    previous: dict[int, dict[str, float]] = {}
     for sample in report["samples"]:
         for s in sample["replicas"]:
-            value = (s["wal_bytes"] + s["snapshot_bytes"]) if field == "disk" else s[field]
+            if field == "interval_stall":
+                buckets, before = s.get("loop_stall_buckets"), previous.get(s["pid"])
+                if buckets is not None:
+                    previous[s["pid"]] = buckets
+                value = (None if buckets is None or before is None
+                         else interval_stall(before, buckets))
+                if value == float("inf"):
+                    value = max(float(le) for le in buckets or () if le != "+Inf")
+            elif field == "disk":
+                value = s["wal_bytes"] + s["snapshot_bytes"]
+            else:
+                value = s[field]
             if value is None:
                 continue
             label = f"{s['cluster']} r{s['replica']}"
@@ -109,6 +124,9 @@ def soak_figure(report: dict[str, Any], path: str) -> None:
         (axes[0][0], "rss_bytes", MB, "resident memory (MiB)"),
         (axes[0][1], "open_files", 1.0, "open files"),
         (axes[1][0], "disk", MB, "WAL + snapshots (MiB)"),
+        (axes[1][1], "interval_stall", 1e-3,
+         "longest loop stall since the previous sample, at most (ms)")
+        if _series(report, "interval_stall") else  # (a build without the stall histogram)
         (axes[1][1], "loop_stall_s", 1e-3, "longest loop stall since start (ms)"),
     ]
     for ax, field, scale, title in panels:
