@@ -20,6 +20,7 @@ from pathlib import Path
 from consensus.auth import ADMIN, ROLES, Principal
 from consensus.config import SITES
 from consensus.errors import ConfigError, DataDirInUse, MemberRemoved, SDPaxosError
+from consensus.gc_freeze import freeze
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.exit_codes import REFUSED, REMOVED, USAGE
 from consensus.runtime.logs import add_log_level_argument, configure_logging
@@ -216,7 +217,7 @@ async def _serve(
             tls=tls.server(me) if tls is not None and tls.metrics else None,
         )
     await node.start()
-    gc.freeze()
+    freeze()  # (remembered: a snapshot's restore later freezes what it built, never asking)
     gc.enable()
     # what the state machine serves beside the replica (a gRPC service, say)
     service = await state_machine_kind(config.state_machine).serve(node, config, me)
