@@ -30,7 +30,7 @@ def _count_asks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         asked.append(1)
         return real()
 
-    monkeypatch.setattr(gc_freeze.gc, "get_freeze_count", counted)
+    monkeypatch.setattr(gc, "get_freeze_count", counted)
     return asked
 
 
