@@ -118,6 +118,7 @@ from cluster_state.ops import (
 )
 from cluster_state.placement import NodeFilter, Picker
 from cluster_state.snapshot_encoding import packed_array_header
+from consensus.loop_share import give_way
 
 __all__ = ["Allocator", "Group", "placed_data"]
 
@@ -1127,12 +1128,14 @@ class Allocator:
         groups_raw, bindings, bad_nodes, revs = state
         topo, cells, buddy = self.topo, self.cells, self.buddy
         cells.bulk = True  # the indexes are rebuilt once at the end
-        for item, cell in bindings:
+        for item, cell in bindings:  # (here and below: in a replica's worker, giving way)
+            give_way()
             buddy.bind(int(item), int(cell))
         for node in bad_nodes:
             self.set_node_health(str(node), False, -1)
         held: list[tuple[Group, list[int]]] = []
         for record in groups_raw:
+            give_way()
             spec_raw, chain, preempting, _, pods = record[:5]
             name, vc, priority, members, leaf_type, pinned, lazy = spec_raw
             spec = GroupSpec(
@@ -1169,6 +1172,7 @@ class Allocator:
         # C_LOOP_ITEMS at once)
         per_item: Counter[int] = Counter()
         for start in range(0, len(guaranteed), C_LOOP_ITEMS):
+            give_way()
             per_item.update(map(cells.item_of.__getitem__,
                                 guaranteed[start : start + C_LOOP_ITEMS]))
         for item, used in per_item.items():
@@ -1179,6 +1183,7 @@ class Allocator:
         prio_of[None] = FREE  # no owner / no reserver
         effs: list[int] = []
         for start in range(0, len(every_leaf), C_LOOP_ITEMS):
+            give_way()
             leaves = every_leaf[start : start + C_LOOP_ITEMS]
             effs += map(max, map(prio_of.__getitem__, map(cells.owner.__getitem__, leaves)),
                         map(prio_of.__getitem__, map(cells.reserver.__getitem__, leaves)))

@@ -33,6 +33,7 @@ from itertools import compress
 from operator import attrgetter
 
 from cluster_state.cells import Topology
+from consensus.loop_share import give_way
 
 __all__ = ["FREE", "CellState", "SortedIds"]
 
@@ -254,6 +255,7 @@ class CellState:
 
     def _fill(self, buckets: list[SortedIds], cells: Sequence[int]) -> None:
         """Put ``cells`` (ascending) into the buckets of their free counts (none: left out)."""
+        give_way()  # (a restore's: in a worker)
         count_of = self.free_n.__getitem__
         ordered = sorted(cells, key=count_of)  # stable: ids still ascend within a count
         counts = list(map(count_of, ordered))
@@ -381,13 +383,16 @@ class CellState:
         kind of change (``(old, new)`` pair: one for a placement or a release)."""
         eff, bad, ancestors, stamp = self.eff, self.bad, self.topo.ancestors, self.rev
         moves: dict[tuple[int, int], list[int]] = {}  # (old, new) -> healthy leaves
-        for leaf, new in zip(leaves, effs, strict=True):
-            stamp[leaf] = rev
-            old = eff[leaf]
-            if old != new:
-                eff[leaf] = new
-                if not bad[leaf]:  # a bad leaf counts only in bad_n, whatever its priority
-                    moves.setdefault((old, new), []).append(leaf)
+        for start in range(0, len(leaves), C_LOOP_ITEMS):  # (a restore's: in a worker)
+            give_way()
+            for leaf, new in zip(leaves[start : start + C_LOOP_ITEMS],
+                                 effs[start : start + C_LOOP_ITEMS], strict=True):
+                stamp[leaf] = rev
+                old = eff[leaf]
+                if old != new:
+                    eff[leaf] = new
+                    if not bad[leaf]:  # a bad leaf counts only in bad_n, whatever its priority
+                        moves.setdefault((old, new), []).append(leaf)
         if not moves:
             return
         if self.bulk:
@@ -450,10 +455,14 @@ class CellState:
         for (old, new), moved in moves.items():
             under: Counter[int] = Counter()
             for start in range(0, len(moved), C_LOOP_ITEMS):  # (see C_LOOP_ITEMS)
+                give_way()
                 under.update(_concat(map(ancestors.__getitem__,
                                          moved[start : start + C_LOOP_ITEMS])))
+            give_way()
             if old == FREE and new != FREE:  # a restore's every move: one loop
-                for a, n in under.items():
+                for k, (a, n) in enumerate(under.items()):
+                    if not k % C_LOOP_ITEMS:
+                        give_way()
                     free_n[a] -= n
                     h = hist[a]
                     h[new] = h.get(new, 0) + n

@@ -20,6 +20,8 @@ from typing import Any, Final
 
 import msgpack
 
+from consensus.loop_share import give_way
+
 __all__ = ["PackedEvents", "Pieces", "packed_array_header", "unpack_snapshot"]
 
 #: the fields of a snapshot up to its sessions, of its allocation state and of its event log
@@ -81,6 +83,7 @@ class PackedEvents:
         else:
             kept.clear()
         for k in range(len(kept), len(events)):
+            give_way()  # (a snapshot's, a backup's, a digest's: in a replica's worker)
             event = events[k]
             kept.append((event, msgpack.packb(event.to_wire())))
         return packed_array_header(len(kept)) + b"".join([packed for _, packed in kept])
@@ -124,6 +127,7 @@ def _items(unpacker: msgpack.Unpacker, data: bytes) -> tuple[list[Any], list[byt
     """The items of the array ``unpacker`` is at, and the bytes each took in ``data``."""
     items, pieces = [], []
     for _ in range(unpacker.read_array_header()):
+        give_way()  # (a peer's snapshot is read in a replica's worker)
         start = unpacker.tell()
         items.append(unpacker.unpack())
         pieces.append(data[start : unpacker.tell()])

@@ -38,6 +38,12 @@ another and never compete with each other for the machine's CPUs):
 * **a deferred query** (``consensus.statemachine.DefersQueries``: the store's digest):
   captured on the loop, answered by the worker.
 
+How the worker does not slow the loop down: it gives way (``consensus.loop_share``). Long work
+calls ``give_way()`` often (a store's restore between the groups and cells it builds,
+``release_gradually`` between chunks), and in this worker each call after a millisecond of work
+hands the interpreter lock to the loop's thread; without it, both threads took the lock in
+5 ms turns and every loop turn ran twice as long while the worker worked.
+
 How the worker never reads a state machine while the loop changes it: it reads only a
 *capture* (the captured pieces are immutable or copies) or builds a state beside the live one
 (reading only immutable objects), which the loop adopts in one step.
@@ -55,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
+from consensus.loop_share import give_way, shares_with_loop
 from consensus.protocol.types import SnapshotMeta
 from consensus.statemachine import StateMachine
 from consensus.storage.snapshot import encode_snapshot, write_snapshot
@@ -135,6 +142,7 @@ def release_gradually(garbage: list[object]) -> None:
     touched."""
     stack = garbage
     while stack:
+        give_way()
         item = stack.pop()
         # ``item`` and the call's argument: anything more is someone else's reference
         if sys.getrefcount(item) > 2:
@@ -148,6 +156,7 @@ def release_gradually(garbage: list[object]) -> None:
                 _emptied(item) if isinstance(item, list | dict | set | collections.deque)
                 else iter([list(item)]))
             for part in parts:
+                give_way()
                 if not _ATOMS.issuperset(map(type, part)):  # (most often: all atoms, in C)
                     stack += [x for x in part if isinstance(x, _CONTAINERS) and len(x) > FEW]
                 del part  # the rest is freed here (the bigger ones once popped)
@@ -212,7 +221,8 @@ class SnapshotWriter:
     def submit(self, work: Callable[[], _T]) -> Future[_T]:
         """Run ``work()`` in the worker, after what it was given before."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name,
+                                            initializer=shares_with_loop)
         return self._pool.submit(work)
 
     def _write(self, meta: SnapshotMeta, state: Callable[[], bytes], records: list[bytes],
