@@ -19,7 +19,8 @@ operation, each ``--seconds`` of that load with the operation run meanwhile:
 
 Per phase and replica: the longest loop stall in the phase, from the replica's own lag probe
 (``sdpaxos_loop_stall_seconds``, scraped before and after: the lowest bucket bound under
-which every stall of the phase fell, ``soak_samples.interval_stall``; 50 ms is a bound), and
+which every stall of the phase fell, ``soak_samples.interval_stall``; 50 ms is a bound), the
+longest garbage-collector pass likewise (``sdpaxos_gc_pause_seconds``, any generation), and
 how long the operations took. Prints one JSON object.
 
     python -m bench.stall_processes [--nodes 12288 --vcs 64 --seconds 10 --outstanding 32]
@@ -69,11 +70,14 @@ def _metrics(address: tuple[str, int]) -> dict[str, Any]:
     url = f"http://{address[0]}:{address[1]}/metrics"
     with urllib.request.urlopen(url, timeout=5) as answer:
         text = answer.read().decode()
-    found: dict[str, Any] = {"buckets": {}}
+    found: dict[str, Any] = {"buckets": {}, "gc": {}}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "sdpaxos_loop_stall_seconds_bucket":
                 found["buckets"][sample.labels["le"]] = sample.value
+            elif sample.name == "sdpaxos_gc_pause_seconds_bucket":
+                found["gc"].setdefault(sample.labels["generation"], {})[
+                    sample.labels["le"]] = sample.value
             elif sample.name in ("sdpaxos_snapshots_taken_total",
                                  "sdpaxos_snapshots_installed_total"):
                 found[sample.name] = sample.value
@@ -199,13 +203,17 @@ async def _phase(name: str, cluster: LocalCluster, load: _Load, seconds: float,
     await operation
     elapsed = time.monotonic() - began
     after = await asyncio.gather(*(asyncio.to_thread(_metrics, m) for m in targets))
-    stalls = [interval_stall(b["buckets"], a["buckets"]) for b, a in zip(before, after,
-                                                                           strict=True)]
+    pairs = list(zip(before, after, strict=True))
+    stalls = [interval_stall(b["buckets"], a["buckets"]) for b, a in pairs]
+    pauses = [max((p for g in a["gc"] if (p := interval_stall(b["gc"].get(g, {}), a["gc"][g]))
+                   is not None), default=None) for b, a in pairs]
     return {
         "operation": name,
         "count": len(durations),
         "took_ms": [round(d * 1e3, 1) for d in durations],
         "longest_stall_at_most_ms": [None if s is None else round(s * 1e3, 1) for s in stalls],
+        "longest_gc_pause_at_most_ms": [None if p is None else round(p * 1e3, 2)
+                                        for p in pauses],
         "scheduler_ops_per_s": round((load.done - done_before) / elapsed),
     }
 

@@ -294,6 +294,15 @@ def _histogram_families(node: ReplicaNode) -> Iterator[Metric]:
     _histogram(commit, ["ready"], stats.ready_latency)
     _histogram(commit, ["executed"], stats.executed_latency)
     yield commit
+    pauses = HistogramMetricFamily(
+        "sdpaxos_gc_pause_seconds",
+        "Seconds per pass of Python's cyclic garbage collector, by generation (2: the "
+        "oldest, a walk of every tracked object not frozen); each holds the event loop.",
+        labels=["generation"],
+    )
+    for generation, histogram in enumerate(stats.gc_pauses.by_generation):
+        _histogram(pauses, [str(generation)], histogram)
+    yield pauses
     for name, help_text, histogram in (
         ("sdpaxos_fsync_duration_seconds", "Seconds per fsync of the write-ahead log.",
          stats.fsync_latency),

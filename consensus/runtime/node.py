@@ -193,6 +193,7 @@ class ReplicaNode:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self.stats.gc_pauses.install()
         await self.turns.replay()
         self._lag_task = asyncio.create_task(self.turns.probe_lag(), name=f"lag-{self.me}")
         await self.transport.start()
@@ -208,6 +209,7 @@ class ReplicaNode:
         await self.stop()
 
     async def stop(self) -> None:
+        self.stats.gc_pauses.remove()
         self.turns.stop()
         self.clients.stop_accepting()
         if self._loop_task is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from consensus.runtime.gc_pauses import GcPauses
 from consensus.runtime.histogram import Histogram
 
 __all__ = ["STALL_BUCKETS_S", "BusyClock", "NodeStats"]
@@ -51,6 +52,8 @@ class NodeStats:
     #: the longest since start (a start-up's replay, forever after), its buckets' counts over
     #: a window say how long the loop stalled in that window
     stall_latency: Histogram = field(default_factory=lambda: Histogram(STALL_BUCKETS_S))
+    #: the garbage collector's pauses, per generation (timed while the node runs)
+    gc_pauses: GcPauses = field(default_factory=GcPauses)
     #: slots executed again from the records at start, and how long that took (seconds)
     replayed_slots: int = 0
     replay_seconds: float = 0.0

@@ -140,6 +140,10 @@ async def traffic(tmp_path: Path) -> None:
     assert histogram_count(got["sdpaxos_fsync_duration_seconds"]) == fsyncs > 0
     assert 0 < histogram_count(got["sdpaxos_apply_duration_seconds"]) <= turns
     assert 0 < histogram_count(got["sdpaxos_loop_turn_duration_seconds"]) <= turns
+    # the collector's passes, per generation (the node timed them while it ran)
+    passes = got["sdpaxos_gc_pause_seconds"]
+    assert {s.labels["generation"] for s in passes.samples} == {"0", "1", "2"}
+    assert sum(histogram_count(passes, generation=g) for g in "012") > 0
     # the lag probe's every measure, the longest since start among them
     stalls = got["sdpaxos_loop_stall_seconds"]
     assert histogram_count(stalls, STALL_BUCKETS_S) > 0
