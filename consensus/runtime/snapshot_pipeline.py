@@ -237,8 +237,9 @@ class SnapshotPipeline:
         started = _clocks()
         meta = self.core.snapshot_meta()
         state = capture_state(self.machine)
-        # what the log must hold beyond the snapshot, as of now (the core compacts here)
-        records = [encode_record(record) for record in self._log_after(self.latest)]
+        # what the log must hold beyond the snapshot, as of now (the core compacts here;
+        # the records are encoded by the worker)
+        records = self._log_after(self.latest)
         # room in the log's new segment for what it takes in while this is written: as much
         # as the whole interval took (the writing takes a fraction of one)
         room = self._logged_since
