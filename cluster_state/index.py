@@ -370,65 +370,37 @@ class CellState:
                 by_count[now].add(c)
 
     # ------------------------------------------------------------------ updates
-    def _shift_free(self, free_delta: dict[int, int]) -> None:
-        """Add ``free_delta[c]`` to ``free_n[c]`` of every cell, noting each changed
+    def _shift_free(self, free_delta: dict[int, int], sign: int = 1,
+                    used: int | None = None) -> None:
+        """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, noting each changed
         cell as stale wherever it is listed: in its chain's index and, inside the free
         region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
-        and an item's own cell)."""
-        free_n = self.free_n
+        and an item's own cell). ``used``: the leaves taken (``sign`` -1) are now used at
+        that effective priority, or those given back (``sign`` 1) were (``hist`` counts them
+        in the same loop). One loop, no call per cell: a placement or a release changes a
+        dozen cells in up to three indexes each."""
+        free_n, hist = self.free_n, self.hist
         if self.bulk:
             for c, d in free_delta.items():
-                free_n[c] += d
+                free_n[c] += sign * d
+            if used is not None:
+                (_count if sign < 0 else _uncount)(hist, free_delta, used)
             return
         chain_stale, region_stale = self._chain_stale_of, self._region_stale_of
         key_stale, in_region = self._key_stale_of, self.in_region
         for c, d in free_delta.items():
             if not d:
                 continue
+            if used is not None:
+                h = hist[c]
+                if sign < 0:
+                    h[used] = h.get(used, 0) + d
+                elif left := h[used] - d:
+                    h[used] = left
+                else:
+                    del h[used]
             old = free_n[c]
-            free_n[c] = old + d
-            if (stale := chain_stale[c]) is not None:
-                stale.setdefault(c, old)
-                if in_region[c]:
-                    region_stale[c].setdefault(c, old)  # type: ignore[union-attr]
-            if (stale := key_stale[c]) is not None:
-                stale.setdefault(c, old)
-
-    def _take_free(self, under: dict[int, int], used: int) -> None:
-        """``set_leaves``' placement: ``under[c]`` free leaves of each cell ``c`` (above the
-        leaf level) are now used at effective priority ``used``. ``_shift_free`` and the
-        histograms in one loop, no call per cell: a placement changes a dozen cells in up
-        to three indexes each."""
-        free_n, hist = self.free_n, self.hist
-        chain_stale, region_stale = self._chain_stale_of, self._region_stale_of
-        key_stale, in_region = self._key_stale_of, self.in_region
-        for c, d in under.items():
-            h = hist[c]
-            h[used] = h.get(used, 0) + d
-            old = free_n[c]
-            free_n[c] = old - d
-            if (stale := chain_stale[c]) is not None:
-                stale.setdefault(c, old)
-                if in_region[c]:
-                    region_stale[c].setdefault(c, old)  # type: ignore[union-attr]
-            if (stale := key_stale[c]) is not None:
-                stale.setdefault(c, old)
-
-    def _give_free(self, under: dict[int, int], used: int) -> None:
-        """``set_leaves``' release: ``under[c]`` leaves of each cell ``c`` used at
-        ``used`` are free again (``_take_free`` undone)."""
-        free_n, hist = self.free_n, self.hist
-        chain_stale, region_stale = self._chain_stale_of, self._region_stale_of
-        key_stale, in_region = self._key_stale_of, self.in_region
-        for c, d in under.items():
-            h = hist[c]
-            left = h[used] - d
-            if left:
-                h[used] = left
-            else:
-                del h[used]
-            old = free_n[c]
-            free_n[c] = old + d
+            free_n[c] = old + sign * d
             if (stale := chain_stale[c]) is not None:
                 stale.setdefault(c, old)
                 if in_region[c]:
@@ -501,9 +473,9 @@ class CellState:
             if under is None:
                 continue
             if old == FREE:
-                self._take_free(under, new)
+                self._shift_free(under, -1, new)
             elif new == FREE:
-                self._give_free(under, old)
+                self._shift_free(under, 1, old)
             else:
                 _uncount(hist, under, old)
                 _count(hist, under, new)
