@@ -529,8 +529,6 @@ class Allocator:
         top = info.node_level if len(sizes) == 1 else info.top_level
         low = next((i.level for i in info.levels if i.leaf_number >= total), top + 1)
         index = self.cells.n_chains + key
-        # one pod, free leaves, any node: the first candidate holds it (it has the leaves,
-        # and at or below the node level it is the pod's only node)
         alone = threshold is None and only is None and len(sizes) == 1
         # Cells the VC already holds come first (packing), lowest level first (affinity) ...
         for level in range(low, top + 1):
@@ -541,8 +539,7 @@ class Allocator:
             )
             for c in candidates:
                 if alone and level <= info.node_level:
-                    return _Plan(chain, [Picker(topo, self.cells, None).pick(
-                        c, total, remember=False)])
+                    return _Plan(chain, [self._one_pod(c, total)])
                 if only is not None and not only.holds(c):
                     continue
                 picker = Picker(topo, self.cells, threshold, only)
@@ -565,6 +562,12 @@ class Allocator:
         if len(sizes) > 1:
             return self._spread(key, vc, chain, sizes, order, threshold, only)
         return None
+
+    def _one_pod(self, c: int, need: int) -> tuple[int, ...]:
+        """The leaves a first pass of one pod on any node takes in ``c``, a cell at or below
+        the node level with at least ``need`` free leaves: ``Picker.pack``'s answer (``c``
+        is the pod's only node, and it holds the pod), without working out the nodes."""
+        return Picker(self.topo, self.cells, None).pick(c, need, remember=False)
 
     def _cells_to_bind(self, chain: int, level: int, mode: int,
                        only: NodeFilter | None) -> Iterator[int]:
@@ -613,6 +616,7 @@ class Allocator:
         total = sum(sizes)
         node_level = topo.chains[chain].node_level
         mode = CLEAN if threshold is None else HEALTHY
+        alone = threshold is None and only is None and len(sizes) == 1 and level <= node_level
         for c in self._cells_to_bind(chain, item_level, mode, only):
             self.buddy.bind(item, c)
             inner = [
@@ -621,6 +625,8 @@ class Allocator:
                 if (a := cells.avail(d, threshold)) >= total
             ]
             for _, _, d in sorted(inner):
+                if alone:
+                    return _Plan(chain, [self._one_pod(d, total)], [item])
                 picker = Picker(topo, cells, threshold, only)
                 pods = picker.pack(picker.nodes([d], node_level), sizes, order,
                                    final=True)

@@ -256,3 +256,22 @@ def test_the_chains_kept_per_kind_of_request_are_the_chains_worked_out(
         except RequestError as exc:
             kept = exc.reason
         assert kept == expected
+
+
+def test_one_pod_takes_the_leaves_a_pack_takes() -> None:
+    # the first pass of one pod in a cell at or below the node level that has the leaves
+    rng = random.Random(15)
+    compared = 0
+    for store in _workload(seed=16):
+        topo, allocator = store.topology, store.allocator
+        chain = topo.chains[0]
+        for _ in range(3):
+            c = rng.choice(topo.level_cells[0][rng.randint(1, chain.node_level) - 1])
+            if not allocator.cells.free_n[c]:
+                continue
+            need = rng.randint(1, allocator.cells.free_n[c])
+            picker = Picker(topo, allocator.cells, None)
+            packed = picker.pack(picker.nodes([c], chain.node_level), [need], [0], final=True)
+            assert packed == [allocator._one_pod(c, need)]
+            compared += 1
+    assert compared > STEPS
