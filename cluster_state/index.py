@@ -583,10 +583,13 @@ class CellState:
                 continue
             notes = region_stale[cells[0]]
             assert notes is not None
+            note = notes.setdefault
             if inside:  # listed under 0 (out of the region) until now
-                notes.update({c: 0 for c in cells if c not in notes})
+                for c in cells:
+                    note(c, 0)
             else:
-                notes.update({c: free_n[c] for c in cells if c not in notes})
+                for c in cells:
+                    note(c, free_n[c])
         in_region[start:stop] = [inside] * len(subtree)
 
     def mark_item(self, root: int, item: int) -> None:
@@ -604,8 +607,10 @@ class CellState:
             key_stale[root] = stale[0]
         for level, cells in enumerate(self.topo.desc[root][1:], start=2):
             notes = stale[level - 1]
-            _assign(key_stale, cells, notes)
-            notes.update({c: 0 for c in cells if c not in notes})
+            note = notes.setdefault
+            for c in cells:
+                key_stale[c] = notes
+                note(c, 0)
 
     def _mark_range(self, root: int, item: int) -> None:
         subtree = self.topo.subtree(root)
@@ -623,6 +628,7 @@ class CellState:
             stale[0].setdefault(root, free_n[root])
             key_stale[root] = None
         for level, cells in enumerate(self.topo.desc[root][1:], start=2):
-            notes = stale[level - 1]
-            _assign(key_stale, cells, None)
-            notes.update({c: free_n[c] for c in cells if c not in notes})
+            note = stale[level - 1].setdefault
+            for c in cells:
+                key_stale[c] = None
+                note(c, free_n[c])
