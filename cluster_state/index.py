@@ -376,29 +376,19 @@ class CellState:
         cell as stale wherever it is listed: in its chain's index and, inside the free
         region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
         and an item's own cell). ``used``: the leaves taken (``sign`` -1) are now used at
-        that effective priority, or those given back (``sign`` 1) were (``hist`` counts them
-        in the same loop). One loop, no call per cell: a placement or a release changes a
-        dozen cells in up to three indexes each."""
-        free_n, hist = self.free_n, self.hist
+        that effective priority, or those given back (``sign`` 1) were (``hist`` counts
+        them). No call per cell: a placement or a release changes a dozen cells in up to
+        three indexes each."""
+        free_n = self.free_n
+        if used is not None:
+            (_count if sign < 0 else _uncount)(self.hist, free_delta, used)
         if self.bulk:
             for c, d in free_delta.items():
                 free_n[c] += sign * d
-            if used is not None:
-                (_count if sign < 0 else _uncount)(hist, free_delta, used)
             return
         chain_stale, region_stale = self._chain_stale_of, self._region_stale_of
         key_stale, in_region = self._key_stale_of, self.in_region
         for c, d in free_delta.items():
-            if not d:
-                continue
-            if used is not None:
-                h = hist[c]
-                if sign < 0:
-                    h[used] = h.get(used, 0) + d
-                elif left := h[used] - d:
-                    h[used] = left
-                else:
-                    del h[used]
             old = free_n[c]
             free_n[c] = old + sign * d
             if (stale := chain_stale[c]) is not None:
