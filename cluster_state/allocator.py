@@ -117,7 +117,7 @@ from cluster_state.ops import (
     Waiting,
 )
 from cluster_state.placement import NodeFilter, Picker
-from cluster_state.snapshot_encoding import packed_array_header
+from cluster_state.snapshot_encoding import pack, packed_array_header
 from consensus.loop_share import give_way
 
 __all__ = ["Allocator", "Group", "placed_data"]
@@ -156,6 +156,25 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
     revs = array(_REV_TYPECODE, itemgetter(*leaf_ids)(rev) if len(leaf_ids) > 1
                  else [rev[c] for c in leaf_ids]).tobytes()
     return [bindings, sorted(bad_nodes), revs]
+
+
+_new_tuple = tuple.__new__
+
+
+def _order(sizes: list[int]) -> list[int]:
+    """The pods of ``sizes`` in the order they are packed: largest first, then as given."""
+    if len(sizes) == 1:
+        return [0]
+    return sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+
+
+def _per_item(item_of: list[int], leaves: list[int]) -> Iterable[tuple[int, int]]:
+    """(item, how many of ``leaves`` it holds) for each item holding some, in the order
+    first met (a group's leaves are mostly in one item: counted in C)."""
+    items = list(map(item_of.__getitem__, leaves))
+    if items and items.count(items[0]) == len(items):
+        return ((items[0], len(items)),)
+    return Counter(items).items()
 
 
 def placed_data(placed: Placed) -> list[Any]:
@@ -200,7 +219,8 @@ class Group:
     _spec_wire: tuple[GroupSpec, list[Any]] | None
     _packed: bytes | None
 
-    def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...], *,
+                 token: int = -1, created: int = -1) -> None:
         # set past ``__setattr__`` (nothing is packed yet): a restore makes thousands
         init = object.__setattr__
         init(self, "spec", spec)
@@ -210,10 +230,10 @@ class Group:
         init(self, "downgraded", False)
         init(self, "downgraded_at", -1)
         init(self, "downgraded_by", "")
-        init(self, "token", -1)
+        init(self, "token", token)
         init(self, "victims", frozenset())
         init(self, "preemptors", set())
-        init(self, "created", -1)
+        init(self, "created", created)
         init(self, "claims", MappingProxyType({}))
         init(self, "_spec_wire", None)
         init(self, "_packed", None)
@@ -270,7 +290,7 @@ class Group:
         groups that changed since the last one)."""
         packed = self._packed
         if packed is None:
-            packed = msgpack.packb(self.record())
+            packed = pack(self.record())
             object.__setattr__(self, "_packed", packed)
         return packed
 
@@ -325,10 +345,24 @@ class Allocator:
         self._maybe_free: set[int] = set()  # items whose usage dropped to 0
         self._dirty: set[int] = set()  # chains touched by the current operation
         self._downgrader = ""  # the preemptor ``_downgrade`` records
+        #: ``_chains_for``'s answers by kind of request (a few hundred kinds at most: VCs,
+        #: leaf types, pinned cells, biggest pods; refusals are not kept)
+        self._chains_kept: dict[tuple[str, str, str, bool, int, int], tuple[int, ...]] = {}
 
     # ================================================================== validation
     def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
-        """The chains ``spec`` may be placed in, in order (static checks raise)."""
+        """The chains ``spec`` may be placed in, in order (static checks raise). Kept per
+        kind of request (what the answer depends on: the topology's alone)."""
+        biggest = max([m.leaves for m in spec.members])
+        kind = (spec.vc, spec.leaf_type, spec.pinned, spec.priority == OPPORTUNISTIC, biggest,
+                sum([m.pods * m.leaves for m in spec.members]) if spec.pinned else 0)
+        chains = self._chains_kept.get(kind)
+        if chains is None:
+            chains = self._chains_kept[kind] = self._find_chains(spec)
+        return chains
+
+    def _find_chains(self, spec: GroupSpec) -> tuple[int, ...]:
+        """``_chains_for``, worked out."""
         topo = self.topo
         if spec.vc not in topo.vc_pinned:
             raise RequestError(f"unknown virtual cluster {spec.vc!r}")
@@ -457,15 +491,13 @@ class Allocator:
     def placed(self, group: Group) -> Placed:
         """``group``'s placement as a ``Placed`` answer (nodes and devices per pod)."""
         topo = self.topo
+        node_name, device = topo.node_name, topo.device.__getitem__
         # A pod whose node left the configuration has no leaves ("" node) until released.
-        pods = tuple(
-            Pod(
-                len(pod),
-                topo.node_name[pod[0]] if pod else "",
-                tuple(topo.device[leaf] for leaf in pod),
-            )
+        # (``Pod``s made as the tuples they are: ``Pod(...)`` is a call in Python)
+        pods = tuple([
+            _new_tuple(Pod, (len(pod), node_name[pod[0]] if pod else "", tuple(map(device, pod))))
             for pod in group.pods
-        )
+        ])
         return Placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
 
     # ------------------------------------------------------------------ planning
@@ -493,11 +525,12 @@ class Allocator:
         on the nodes ``only`` allows (None: any)."""
         topo, buddy = self.topo, self.buddy
         info = topo.chains[chain]
-        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        order = _order(sizes)
         total = sum(sizes)
         top = info.node_level if len(sizes) == 1 else info.top_level
         low = next((i.level for i in info.levels if i.leaf_number >= total), top + 1)
         index = self.cells.n_chains + key
+        alone = threshold is None and only is None and len(sizes) == 1
         # Cells the VC already holds come first (packing), lowest level first (affinity) ...
         for level in range(low, top + 1):
             candidates = (
@@ -506,6 +539,8 @@ class Allocator:
                 else self._scan(key, level, total, threshold)
             )
             for c in candidates:
+                if alone and level <= info.node_level:
+                    return _Plan(chain, [self._one_pod(c, total)])
                 if only is not None and not only.holds(c):
                     continue
                 picker = Picker(topo, self.cells, threshold, only)
@@ -528,6 +563,12 @@ class Allocator:
         if len(sizes) > 1:
             return self._spread(key, vc, chain, sizes, order, threshold, only)
         return None
+
+    def _one_pod(self, c: int, need: int) -> tuple[int, ...]:
+        """The leaves a first pass of one pod on any node takes in ``c``, a cell at or below
+        the node level with at least ``need`` free leaves: ``Picker.pack``'s answer (``c``
+        is the pod's only node, and it holds the pod), without working out the nodes."""
+        return Picker(self.topo, self.cells, None).pick(c, need, remember=False)
 
     def _cells_to_bind(self, chain: int, level: int, mode: int,
                        only: NodeFilter | None) -> Iterator[int]:
@@ -576,6 +617,7 @@ class Allocator:
         total = sum(sizes)
         node_level = topo.chains[chain].node_level
         mode = CLEAN if threshold is None else HEALTHY
+        alone = threshold is None and only is None and len(sizes) == 1 and level <= node_level
         for c in self._cells_to_bind(chain, item_level, mode, only):
             self.buddy.bind(item, c)
             inner = [
@@ -584,6 +626,8 @@ class Allocator:
                 if (a := cells.avail(d, threshold)) >= total
             ]
             for _, _, d in sorted(inner):
+                if alone:
+                    return _Plan(chain, [self._one_pod(d, total)], [item])
                 picker = Picker(topo, cells, threshold, only)
                 pods = picker.pack(picker.nodes([d], node_level), sizes, order,
                                    final=True)
@@ -642,7 +686,7 @@ class Allocator:
         holds are preferred so the group is less likely to be preempted (HiveD keeps
         opportunistic work away from guaranteed)."""
         topo, cells = self.topo, self.cells
-        order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], i))
+        order = _order(sizes)
         total = sum(sizes)
         for chain in chains:
             info = topo.chains[chain]
@@ -685,9 +729,7 @@ class Allocator:
 
     # ------------------------------------------------------------------ committing
     def _place(self, spec: GroupSpec, plan: _Plan, position: int) -> Placed:
-        group = Group(spec, plan.chain, tuple(plan.pods))
-        group.token = position
-        group.created = position
+        group = Group(spec, plan.chain, tuple(plan.pods), token=position, created=position)
         self.adopt(group, position)
         placed = self.placed(group)
         self.events.append(("placed", spec.name, placed_data(placed)))
@@ -707,24 +749,39 @@ class Allocator:
         """Count ``leaves`` as held by ``group`` (used or reserved) and update priorities."""
         self._dirty.add(group.chain)
         if group.guaranteed:
-            buddy, item_of = self.buddy, self.cells.item_of
-            for leaf in leaves:
-                item = item_of[leaf]
-                buddy.item_used[item] += 1
+            buddy, item_used = self.buddy, self.buddy.item_used
+            for item, n in _per_item(self.cells.item_of, leaves):
+                item_used[item] += n
                 buddy.mark_used(item)
-        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        self.cells.set_leaves(leaves, self._effs(leaves), position)
 
     def _unhold(self, group: Group, leaves: list[int], position: int) -> None:
         """Inverse of ``_hold`` after the caller cleared owner/reserver."""
         self._dirty.add(group.chain)
         if group.guaranteed:
-            buddy, item_of = self.buddy, self.cells.item_of
-            for leaf in leaves:
-                item = item_of[leaf]
-                buddy.item_used[item] -= 1
-                if not buddy.item_used[item]:
+            item_used = self.buddy.item_used
+            for item, n in _per_item(self.cells.item_of, leaves):
+                item_used[item] -= n
+                if not item_used[item]:
                     self._maybe_free.add(item)
-        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        self.cells.set_leaves(leaves, self._effs(leaves), position)
+
+    def _effs(self, leaves: list[int]) -> list[int]:
+        """``_eff`` of each of ``leaves``: of all at once when they have one owner and one
+        reserver (a group's own leaves, the commonest case)."""
+        if not leaves:
+            return []
+        owners, reservers = self.cells.owner, self.cells.reserver
+        owner, reserver = owners[leaves[0]], reservers[leaves[0]]
+        for leaf in leaves:
+            # (a group's name is one object on all its leaves; other names are compared
+            # leaf by leaf below)
+            if owners[leaf] is not owner or reservers[leaf] is not reserver:
+                return [self._eff(leaf) for leaf in leaves]
+        eff = FREE if owner is None else self.groups[owner].priority
+        if reserver is not None:
+            eff = max(eff, self.groups[reserver].priority)
+        return [eff] * len(leaves)
 
     def _eff(self, leaf: int) -> int:
         eff = FREE
@@ -787,7 +844,7 @@ class Allocator:
         group.downgraded = True
         group.downgraded_at = position
         group.downgraded_by = self._downgrader
-        self.cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        self.cells.set_leaves(leaves, self._effs(leaves), position)
         for item in sorted(items):
             if not buddy.item_used[item] and not self.topo.items[item].pinned_id:
                 buddy.unbind(item)
@@ -986,7 +1043,7 @@ class Allocator:
         for leaf in leaves:
             cells.reserver[leaf] = None
             cells.owner[leaf] = group.spec.name
-        cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+        cells.set_leaves(leaves, self._effs(leaves), position)
         group.preempting = False
         group.token = position
         self.events.append(("placed", group.spec.name, placed_data(self.placed(group))))

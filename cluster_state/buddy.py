@@ -132,13 +132,13 @@ class Buddy:
         # The split cells on the way (and partly filled ones above the root, which are
         # never listed) and everything under c leave the free region.
         self.cells.set_region(path[1:], False)
-        self.cells.set_region(self.topo.subtree(c), False)
+        self.cells.set_region_subtree(c, False)
 
     def _give(self, c: int) -> None:
         """Return ``c`` to the free region, merging buddies upward."""
         parent, children, listed = self.topo.parent, self.topo.children, self.listed
         complete = self.topo.complete
-        self.cells.set_region(self.topo.subtree(c), True)
+        self.cells.set_region_subtree(c, True)
         while True:
             p = parent[c]
             if p < 0 or not complete[p] or not all(listed[s] for s in children[p] if s != c):

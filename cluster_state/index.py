@@ -19,17 +19,18 @@ VC), including a bound item's own cell even at level 1; index ``region(chain)`` 
 cells of the chain's *free region* (no item bound in, under or above them), where opportunistic
 groups go first. Buckets are sorted, not insertion ordered, so the order is a function of
 the state alone and a store rebuilt from a snapshot makes the same choices as one that never
-restarted. They are kept lazily: a change notes the cells it moves, and an index level is
-brought up to date when it is read (``CellState._refresh``).
+restarted. They are kept lazily: a change notes the cells it moves (through each cell's
+references to the notes of the index levels that list it), and an index level is brought up
+to date when it is read (``CellState._refresh``).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain as iterate_all
-from itertools import compress
+from itertools import compress, repeat
 from operator import attrgetter
 
 from cluster_state.cells import Topology
@@ -45,6 +46,8 @@ C_LOOP_ITEMS = 4096
 
 #: The effective priority of a free leaf (HiveD's "free" priority).
 FREE = -2
+#: most entries ``CellState._under`` keeps (it starts again when full)
+UNDER_KEPT = 4096
 #: most ids in one chunk of a ``SortedIds``: an insert or delete moves at most this many
 _CHUNK = 512
 
@@ -136,6 +139,12 @@ class SortedIds:
 _chunks_of = attrgetter("_chunks")
 
 
+def _assign(refs: list[dict[int, int] | None], cells: Iterable[int],
+            value: dict[int, int] | None) -> None:
+    """``refs[c] = value`` for every cell ``c`` of ``cells`` (a loop in C)."""
+    deque(map(refs.__setitem__, cells, repeat(value)), maxlen=0)
+
+
 def _count(hist: list[dict[int, int]], under: dict[int, int], prio: int) -> None:
     """``under[c]`` more leaves of cell ``c`` are used at ``prio`` (``hist``)."""
     for c, n in under.items():
@@ -157,9 +166,13 @@ def _uncount(hist: list[dict[int, int]], under: dict[int, int], prio: int) -> No
 class CellState:
     __slots__ = (
         "_buckets",
+        "_chain_stale_of",
+        "_key_stale_of",
         "_leaf_items",
+        "_region_stale_of",
         "_stale",
         "_top_leaves",
+        "_under",
         "bad",
         "bad_n",
         "bulk",
@@ -212,6 +225,19 @@ class CellState:
         #: per index, the cells whose listing may be out of date -> the count they are listed
         #: under (0: not listed); see ``_refresh``
         self._stale: list[list[dict[int, int]]] = []
+        #: per cell, the stale notes (``_stale[index][level - 1]``) of the index levels that
+        #: list it: its chain's and its chain's free region's (None for a leaf: levels >= 2
+        #: only), and its bound item's key's (None outside a bound item, and for a leaf that
+        #: is not an item's own cell). A change notes a cell through these, without working
+        #: out its indexes (``_shift_free``); the key's is kept by ``mark_item`` and
+        #: ``unmark_item``, the others are fixed (set by ``rebuild_indexes``).
+        self._chain_stale_of: list[dict[int, int] | None] = []
+        self._region_stale_of: list[dict[int, int] | None] = []
+        self._key_stale_of: list[dict[int, int] | None] = [None] * n
+        #: moved leaves -> how many of them each of their ancestors above the leaf level
+        #: holds (``set_leaves``: a group's leaves move back as they came, and a cluster
+        #: that is mostly free packs gangs onto the same cells again and again)
+        self._under: dict[tuple[int, ...], dict[int, int]] = {}
         if not bulk:
             self.rebuild_indexes()
 
@@ -233,9 +259,17 @@ class CellState:
                                  for i in levels])
         in_region, fill = self.in_region, self._fill
         first_key, first_region = self.n_chains, self.n_chains + self.n_keys
+        chain_stale_of: list[dict[int, int] | None] = [None] * topo.size
+        region_stale_of: list[dict[int, int] | None] = [None] * topo.size
+        self._chain_stale_of, self._region_stale_of = chain_stale_of, region_stale_of
+        key_stale_of: list[dict[int, int] | None] = [None] * topo.size
+        self._key_stale_of = key_stale_of
         for info in topo.chains:
             for level in range(2, info.top_level + 1):
                 cells = topo.level_cells[info.index][level - 1]
+                _assign(chain_stale_of, cells, self._stale[info.index][level - 1])
+                _assign(region_stale_of, cells,
+                        self._stale[first_region + info.index][level - 1])
                 fill(self._buckets[info.index][level - 1], cells)
                 fill(self._buckets[first_region + info.index][level - 1],
                      list(compress(cells, map(in_region.__getitem__, cells))))
@@ -247,11 +281,16 @@ class CellState:
         for key, cells_of_key in roots.items():
             cells_of_key.sort()  # disjoint subtrees: their cells of a level then ascend
             index = self._buckets[first_key + key]
-            fill(index[0], [root for root in cells_of_key if levels[root] == 1])
+            stale = self._stale[first_key + key]
+            own_leaves = [root for root in cells_of_key if levels[root] == 1]
+            fill(index[0], own_leaves)
+            _assign(key_stale_of, own_leaves, stale[0])
             for lv in range(2, len(index) + 1):
-                fill(index[lv - 1], list(_concat(
+                listed = list(_concat(
                     desc[root][lv - 1] for root in cells_of_key if levels[root] >= lv
-                )))
+                ))
+                fill(index[lv - 1], listed)
+                _assign(key_stale_of, listed, stale[lv - 1])
 
     def _fill(self, buckets: list[SortedIds], cells: Sequence[int]) -> None:
         """Put ``cells`` (ascending) into the buckets of their free counts (none: left out)."""
@@ -316,16 +355,11 @@ class CellState:
         if index < first_key:  # a chain's index: its every cell of level >= 2
             moved = [(c, listed, now) for c, listed in stale.items()
                      if (now := free_n[c]) != listed]
-        elif index < first_region:  # a key's: the cells of its bound items
-            item_of, key_of_item, item_root = self.item_of, self.key_of_item, self.item_root
-            key = index - first_key
-            moved = []
-            for c, listed in stale.items():
-                item = item_of[c]
-                now = (free_n[c] if item >= 0 and key_of_item[item] == key
-                       and (level >= 2 or item_root[item] == c) else 0)
-                if now != listed:
-                    moved.append((c, listed, now))
+        elif index < first_region:  # a key's: the cells of its bound items (the cells
+            # whose key's notes are this level's, see ``_key_stale_of``)
+            key_stale = self._key_stale_of
+            moved = [(c, listed, now) for c, listed in stale.items()
+                     if (now := free_n[c] if key_stale[c] is stale else 0) != listed]
         else:  # a chain's free region
             in_region = self.in_region
             moved = [(c, listed, now) for c, listed in stale.items()
@@ -343,45 +377,58 @@ class CellState:
         """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, noting each changed
         cell as stale wherever it is listed: in its chain's index and, inside the free
         region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
-        and an item's own cell). ``used``: the leaves taken are now used at that effective
-        priority (``hist`` counts them too, in the same loop). One loop, no call per cell:
-        a placement or a release changes a dozen cells in up to three indexes each."""
-        free_n, hist = self.free_n, self.hist
+        and an item's own cell). ``used``: the leaves taken (``sign`` -1) are now used at
+        that effective priority, or those given back (``sign`` 1) were (``hist`` counts
+        them). No call per cell: a placement or a release changes a dozen cells in up to
+        three indexes each."""
+        free_n = self.free_n
+        if used is not None:
+            (_count if sign < 0 else _uncount)(self.hist, free_delta, used)
         if self.bulk:
             for c, d in free_delta.items():
                 free_n[c] += sign * d
-                if used is not None:
-                    h = hist[c]
-                    h[used] = h.get(used, 0) + d
             return
-        topo = self.topo
-        level_of, chain_of, parent = topo.level, topo.chain_of, topo.parent
-        stale, in_region, item_of = self._stale, self.in_region, self.item_of
-        key_of_item, first_key = self.key_of_item, self.n_chains
-        first_region = self.n_chains + self.n_keys
+        chain_stale, region_stale = self._chain_stale_of, self._region_stale_of
+        key_stale, in_region = self._key_stale_of, self.in_region
         for c, d in free_delta.items():
-            if not d:
-                continue
-            if used is not None:
-                h = hist[c]
-                h[used] = h.get(used, 0) + d
             old = free_n[c]
             free_n[c] = old + sign * d
-            level = level_of[c]
-            if level >= 2:
-                chain = chain_of[c]
-                stale[chain][level - 1].setdefault(c, old)
+            if (stale := chain_stale[c]) is not None:
+                stale.setdefault(c, old)
                 if in_region[c]:
-                    stale[first_region + chain][level - 1].setdefault(c, old)
-            item = item_of[c]
-            if item >= 0 and (level >= 2 or parent[c] < 0 or item_of[parent[c]] != item):
-                stale[first_key + key_of_item[item]][level - 1].setdefault(c, old)
+                    region_stale[c].setdefault(c, old)  # type: ignore[union-attr]
+            if (stale := key_stale[c]) is not None:
+                stale.setdefault(c, old)
+
+    def _ancestors_of(self, moved: list[int]) -> dict[int, int] | None:
+        """How many of the leaves ``moved`` each of their ancestors above the leaf level
+        holds (None: none, the leaves are top-level cells). Kept per ``moved``
+        (``_under``): the answer is the topology's alone."""
+        key = tuple(moved)
+        under = self._under.get(key)
+        if under is not None:
+            return under
+        parents = list(map(self.topo.parent.__getitem__, moved))
+        if self._top_leaves:
+            parents = [p for p in parents if p >= 0]
+            if not parents:
+                return None
+        # counted in C, not leaf by leaf; leaves of one parent, the commonest gang, need
+        # no count
+        ancestors = self.topo.ancestors
+        under = (dict.fromkeys(ancestors[parents[0]], len(parents))
+                 if parents.count(parents[0]) == len(parents)
+                 else Counter(_concat(map(ancestors.__getitem__, parents))))
+        if len(self._under) >= UNDER_KEPT:
+            self._under.clear()
+        self._under[key] = under
+        return under
 
     def set_leaves(self, leaves: Sequence[int], effs: Sequence[int], rev: int) -> None:
         """Give ``leaves[i]`` effective priority ``effs[i]`` (``FREE`` for free) and stamp
         them with ``rev``; counters and indexes of every ancestor follow, each moved once per
         kind of change (``(old, new)`` pair: one for a placement or a release)."""
-        eff, bad, ancestors, stamp = self.eff, self.bad, self.topo.ancestors, self.rev
+        eff, bad, stamp = self.eff, self.bad, self.rev
         moves: dict[tuple[int, int], list[int]] = {}  # (old, new) -> healthy leaves
         for start in range(0, len(leaves), C_LOOP_ITEMS):  # (a restore's: in a worker)
             give_way()
@@ -399,7 +446,6 @@ class CellState:
             self._count_moves(moves)
             return
         hist, free_n = self.hist, self.free_n
-        parent_of, ancestors = self.topo.parent, self.topo.ancestors
         for (old, new), moved in moves.items():
             # The leaves themselves (healthy: each holds itself, free or used at ``old``) ...
             if old == FREE:
@@ -416,36 +462,26 @@ class CellState:
                         h[new] = 1
             if self._leaf_items and (old == FREE or new == FREE):
                 self._note_leaf_items(moved, int(old == FREE))
-            # ... then their ancestors: how many moved leaves each holds (counted in C, not
-            # leaf by leaf; leaves of one parent, the commonest gang, need no count).
-            parents = list(map(parent_of.__getitem__, moved))
-            if self._top_leaves:
-                parents = [p for p in parents if p >= 0]
-                if not parents:
-                    continue
-            under = (dict.fromkeys(ancestors[parents[0]], len(parents))
-                     if parents.count(parents[0]) == len(parents)
-                     else Counter(_concat(map(ancestors.__getitem__, parents))))
-            # Free counts change by the whole group of moved leaves at once (old and new
-            # differ: at most one of them is FREE); each histogram changes in the same loop.
+            # ... then their ancestors, each by the whole group of moved leaves at once (old
+            # and new differ: at most one of them is FREE)
+            under = self._ancestors_of(moved)
+            if under is None:
+                continue
             if old == FREE:
                 self._shift_free(under, -1, new)
-                continue
-            _uncount(hist, under, old)
-            if new == FREE:
-                self._shift_free(under, 1)
+            elif new == FREE:
+                self._shift_free(under, 1, old)
             else:
+                _uncount(hist, under, old)
                 _count(hist, under, new)
 
     def _note_leaf_items(self, leaves: list[int], listed: int) -> None:
         """Note the leaves among ``leaves`` that are a bound item's own cell as stale in its
         key's index, where they were listed under ``listed`` free leaves."""
-        item_of, parent_of, stale = self.item_of, self.topo.parent, self._stale
-        key_of_item, first_key = self.key_of_item, self.n_chains
+        key_stale = self._key_stale_of
         for leaf in leaves:
-            item = item_of[leaf]
-            if item >= 0 and ((p := parent_of[leaf]) < 0 or item_of[p] != item):
-                stale[first_key + key_of_item[item]][0].setdefault(leaf, listed)
+            if (stale := key_stale[leaf]) is not None:
+                stale.setdefault(leaf, listed)
 
     def _count_moves(self, moves: dict[tuple[int, int], list[int]]) -> None:
         """``set_leaves``'s counting in bulk mode: no index to keep, so each ancestor's
@@ -514,12 +550,7 @@ class CellState:
 
     def set_region(self, cells: Sequence[int], inside: bool) -> None:
         """``cells`` enter (or leave) the free region."""
-        in_region, free_n, level, chain_of = (
-            self.in_region,
-            self.free_n,
-            self.topo.level,
-            self.topo.chain_of,
-        )
+        in_region = self.in_region
         if self.bulk:  # no index to keep
             if isinstance(cells, range) and cells.step == 1:  # a subtree: one slice
                 in_region[cells.start : cells.stop] = [inside] * len(cells)
@@ -527,31 +558,58 @@ class CellState:
             for c in cells:
                 in_region[c] = inside
             return
-        stale, first_region = self._stale, self.n_chains + self.n_keys
+        region_stale, free_n = self._region_stale_of, self.free_n
         for c in cells:
             if in_region[c] == inside:
                 continue
-            if level[c] >= 2:
-                stale[first_region + chain_of[c]][level[c] - 1].setdefault(
-                    c, free_n[c] if in_region[c] else 0)
+            if (stale := region_stale[c]) is not None:  # (levels >= 2)
+                stale.setdefault(c, free_n[c] if in_region[c] else 0)
             in_region[c] = inside
+
+    def set_region_subtree(self, root: int, inside: bool) -> None:
+        """Every cell under ``root`` (and ``root``) enters (or leaves) the free region: as
+        ``set_region`` of ``topo.subtree(root)``, a level at a time when they all move (a
+        cell bound or given back: the leaves, which no region index lists, need no look)."""
+        subtree = self.topo.subtree(root)
+        start, stop = subtree.start, subtree.stop
+        in_region = self.in_region
+        if self.bulk or in_region[start:stop].count(not inside) != len(subtree):
+            self.set_region(subtree, inside)
+            return
+        free_n, region_stale = self.free_n, self._region_stale_of
+        for cells in self.topo.desc[root][1:]:  # levels >= 2
+            if not cells:
+                continue
+            notes = region_stale[cells[0]]
+            assert notes is not None
+            note = notes.setdefault
+            if inside:  # listed under 0 (out of the region) until now
+                for c in cells:
+                    note(c, 0)
+            else:
+                for c in cells:
+                    note(c, free_n[c])
+        in_region[start:stop] = [inside] * len(subtree)
 
     def mark_item(self, root: int, item: int) -> None:
         """The cells under ``root`` now belong to bound item ``item``: list them in its key's
         index (a level-1 cell only when it is the item's own cell)."""
         self.item_root[item] = root
-        if self.bulk:  # no index to keep: the subtree is one range of ids (pre-order)
-            self._mark_range(root, item)
-            return
-        # (the cells were in no item: listed in no key's index)
-        stale = self._stale[self.n_chains + self.key_of_item[item]]
         self._mark_range(root, item)
+        if self.bulk:  # no index to keep: the subtree is one range of ids (pre-order)
+            return
+        # (the cells were in no item: listed in no key's index, under 0 free leaves)
+        stale = self._stale[self.n_chains + self.key_of_item[item]]
+        key_stale = self._key_stale_of
         if self.topo.level[root] == 1:
             stale[0].setdefault(root, 0)
+            key_stale[root] = stale[0]
         for level, cells in enumerate(self.topo.desc[root][1:], start=2):
-            setdefault = stale[level - 1].setdefault
+            notes = stale[level - 1]
+            note = notes.setdefault
             for c in cells:
-                setdefault(c, 0)
+                key_stale[c] = notes
+                note(c, 0)
 
     def _mark_range(self, root: int, item: int) -> None:
         subtree = self.topo.subtree(root)
@@ -560,15 +618,16 @@ class CellState:
     def unmark_item(self, root: int) -> None:
         item = self.item_of[root]
         del self.item_root[item]
+        self._mark_range(root, -1)
         if self.bulk:
-            self._mark_range(root, -1)
             return
         stale = self._stale[self.n_chains + self.key_of_item[item]]
-        free_n = self.free_n
-        self._mark_range(root, -1)
+        free_n, key_stale = self.free_n, self._key_stale_of
         if self.topo.level[root] == 1:
             stale[0].setdefault(root, free_n[root])
+            key_stale[root] = None
         for level, cells in enumerate(self.topo.desc[root][1:], start=2):
-            setdefault = stale[level - 1].setdefault
+            note = stale[level - 1].setdefault
             for c in cells:
-                setdefault(c, free_n[c])
+                key_stale[c] = None
+                note(c, free_n[c])

@@ -111,6 +111,7 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from cluster_state.errors import InvalidRequest, RequestError
+from cluster_state.snapshot_encoding import pack
 
 __all__ = [
     "FROM_FILE",
@@ -452,6 +453,9 @@ Result = (
 
 def encode_result(result: Result) -> bytes:
     wire: list[Any]
+    if type(result) is Placed:  # (the commonest answer first, without a match)
+        return _pack(["placed", result.group, result.chain,
+                      [[n, node, list(devs)] for n, node, devs in result.pods], result.token])
     match result:
         case Placed(group, chain, pods, token):
             placement = [[n, node, list(devs)] for n, node, devs in pods]
@@ -514,9 +518,7 @@ def decode_result(data: bytes) -> Result:
 # --------------------------------------------------------------------------- builders
 
 
-def _pack(value: object) -> bytes:
-    packed: bytes = msgpack.packb(value)
-    return packed
+_pack = pack
 
 
 def _spec(
@@ -730,8 +732,12 @@ def _decode_spec(raw: object) -> GroupSpec:
             "group must be [name, vc, priority, members, leaf_type, pinned, lazy]"
         )
     name_raw, vc_raw, priority, members_raw, leaf_raw, pinned_raw, lazy = raw
-    name = _text(name_raw, "group name")
-    vc = _text(vc_raw, "virtual cluster")
+    # (what msgpack decodes a good spec to is checked without a call; anything else is
+    # checked again by ``_text`` &c., which say what is wrong)
+    name = (name_raw if type(name_raw) is str and 0 < len(name_raw) <= MAX_NAME
+            else _text(name_raw, "group name"))
+    vc = (vc_raw if type(vc_raw) is str and 0 < len(vc_raw) <= MAX_NAME
+          else _text(vc_raw, "virtual cluster"))
     if not _is_int(priority) or not OPPORTUNISTIC <= priority <= MAX_PRIORITY:
         raise RequestError(
             f"priority must be an integer in [{OPPORTUNISTIC}, {MAX_PRIORITY}], not {priority!r}"
@@ -753,9 +759,11 @@ def _decode_spec(raw: object) -> GroupSpec:
     if pod_count > MAX_PODS:
         raise RequestError(f"a group may have at most {MAX_PODS} pods")
     members = tuple([Member(pods, leaves) for leaves, pods in merged.items()])
-    leaf_type = _text(leaf_raw, "leaf_type", empty=True)
-    pinned = _text(pinned_raw, "pinned cell id", empty=True)
-    if not isinstance(lazy, bool):
+    leaf_type = (leaf_raw if type(leaf_raw) is str and len(leaf_raw) <= MAX_NAME
+                 else _text(leaf_raw, "leaf_type", empty=True))
+    pinned = (pinned_raw if type(pinned_raw) is str and len(pinned_raw) <= MAX_NAME
+              else _text(pinned_raw, "pinned cell id", empty=True))
+    if type(lazy) is not bool:
         raise RequestError("lazy must be true or false")
     if pinned and priority == OPPORTUNISTIC:
         raise RequestError("an opportunistic group (priority -1) cannot use a pinned cell")

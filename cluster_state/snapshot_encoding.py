@@ -22,7 +22,7 @@ import msgpack
 
 from consensus.loop_share import give_way
 
-__all__ = ["PackedEvents", "Pieces", "packed_array_header", "unpack_snapshot"]
+__all__ = ["PackedEvents", "Pieces", "pack", "packed_array_header", "unpack_snapshot"]
 
 #: the fields of a snapshot up to its sessions, of its allocation state and of its event log
 _FIELDS: Final = 7
@@ -35,6 +35,21 @@ _FIXARRAY: Final = 0x90
 _ARRAY16_MAX: Final = 0xFFFF
 _ARRAY16: Final = b"\xdc"
 _ARRAY32: Final = b"\xdd"
+
+
+def pack(value: object) -> bytes:
+    """``msgpack.packb(value)``, by a packer kept per thread (``packb`` makes a packer, and
+    its buffer, for every call; the store packs every operation's answer and every changed
+    group's record)."""
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        packer = _packers.packer = msgpack.Packer()
+    packed: bytes = packer.pack(value)  # (a failed pack leaves the packer empty)
+    return packed
+
+
+#: each thread's ``msgpack.Packer`` (one packer is not meant to be shared by threads)
+_packers = threading.local()
 
 
 def packed_array_header(length: int) -> bytes:

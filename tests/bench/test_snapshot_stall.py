@@ -1,6 +1,6 @@
-"""``bench.snapshot_stall`` runs each of its operation phases (the load alone, a peer's snapshot
-installed, a backup, a digest) and reports them: a smoke run at a tiny size (what it measures is only
-meaningful at 98k GPUs on a quiet machine: the command is in its header)."""
+"""``bench.snapshot_stall`` runs each of its operation phases (the load alone, a peer's
+snapshot installed, a backup, a digest) and reports them: a smoke run at a tiny size (what it
+measures is only meaningful at 98k GPUs on a quiet machine: the command is in its header)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import msgpack
 
 from cluster_state import Allocator, ClusterStore, parse_config
 from cluster_state.config import RESERVE_UNTIL_CONFIRMED, ClusterConfig
-from cluster_state.index import FREE
+from cluster_state.index import FREE, CellState
 from consensus.messages import Command
 
 # Two chains, as in HiveD's design config: DGX-like 8-GPU V100 nodes (2 sockets x 2 PCIe
@@ -279,6 +279,29 @@ def check_invariants(alloc: Allocator) -> None:
                 key = cells.n_chains + topo.items[item].key
                 insort(expected_buckets[key][level - 1][cells.free_n[c]], c)
     assert expected_buckets == cells.buckets, "free-capacity indexes"
+    check_stale_notes(cells)
+
+
+def check_stale_notes(cells: CellState) -> None:
+    """The cells' references to the stale notes of the index levels listing them, and the
+    kept ancestor counts of moved leaves, are what their definitions say (``CellState``)."""
+    topo, stale = cells.topo, cells._stale
+    first_key, first_region = cells.n_chains, cells.n_chains + cells.n_keys
+    for c in range(topo.size):
+        level, chain, item = topo.level[c], topo.chain_of[c], cells.item_of[c]
+        chain_notes = stale[chain][level - 1] if level >= 2 else None
+        region_notes = stale[first_region + chain][level - 1] if level >= 2 else None
+        key_notes = (stale[first_key + cells.key_of_item[item]][level - 1]
+                     if item >= 0 and (level >= 2 or cells.item_root[item] == c) else None)
+        assert cells._chain_stale_of[c] is chain_notes, f"chain notes of {topo.address[c]}"
+        assert cells._region_stale_of[c] is region_notes, f"region notes of {topo.address[c]}"
+        assert cells._key_stale_of[c] is key_notes, f"key notes of {topo.address[c]}"
+    for moved, under in cells._under.items():
+        counted: dict[int, int] = {}
+        for leaf in moved:
+            for a in topo.ancestors[leaf][1:]:
+                counted[a] = counted.get(a, 0) + 1
+        assert dict(under) == counted, f"kept ancestor counts of {moved}"
 
 
 def allocation_state(store: ClusterStore) -> list[Any]:

@@ -11,11 +11,15 @@ from collections import deque
 from collections.abc import Iterator
 
 import msgpack
-from cs_helpers import check_invariants
+from cs_helpers import check_invariants, multi_chain_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster_state import ClusterStore, ops, synthetic_config
 from cluster_state.buddy import CLEAN, Buddy
+from cluster_state.errors import RequestError
 from cluster_state.index import CellState
+from cluster_state.ops import OPPORTUNISTIC, GroupSpec, Member
 from cluster_state.placement import Picker
 from cluster_state.workload import next_job
 from consensus.messages import Command
@@ -220,3 +224,54 @@ def test_the_lazy_indexes_read_as_the_state_says() -> None:
             compared += 1
     check_invariants(store.allocator)  # and every index, read at last, is exact
     assert compared == 3 * STEPS
+
+
+MEMBERS = st.lists(st.tuples(st.integers(1, 3), st.integers(1, 10)), min_size=1, max_size=3)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(vc=st.sampled_from(["VC1", "VC2", "VC3", "VC9"]),
+       leaf_type=st.sampled_from(["", "V100", "K80", "P100"]),
+       pinned=st.sampled_from(["", "VC1-PIN", "VC2-PIN"]),
+       priority=st.sampled_from([-1, 0, 100]), members=MEMBERS, more=st.integers(1, 4))
+def test_the_chains_kept_per_kind_of_request_are_the_chains_worked_out(
+        vc: str, leaf_type: str, pinned: str, priority: int, members: list[tuple[int, int]],
+        more: int) -> None:
+    # Requests after another, then with ``more`` times the pods (the same largest pod), then
+    # with pods ``more`` times as large: each is answered from what one before kept if they
+    # are of one kind, and must be what working it out says (or the same refusal).
+    if pinned and priority == OPPORTUNISTIC:
+        return  # the decoder refuses it before the allocator sees it
+    allocator = ClusterStore(multi_chain_config()).allocator
+    for i, wanted in enumerate((members, [(p * more, n) for p, n in members],
+                                [(p, n * more) for p, n in members])):
+        spec = GroupSpec(name=f"g{i}", vc=vc, priority=priority, leaf_type=leaf_type,
+                         pinned=pinned, members=tuple(Member(p, n) for p, n in wanted))
+        try:
+            expected: tuple[int, ...] | str = allocator._find_chains(spec)
+        except RequestError as exc:
+            expected = exc.reason
+        try:
+            kept: tuple[int, ...] | str = allocator._chains_for(spec)
+        except RequestError as exc:
+            kept = exc.reason
+        assert kept == expected
+
+
+def test_one_pod_takes_the_leaves_a_pack_takes() -> None:
+    # the first pass of one pod in a cell at or below the node level that has the leaves
+    rng = random.Random(15)
+    compared = 0
+    for store in _workload(seed=16):
+        topo, allocator = store.topology, store.allocator
+        chain = topo.chains[0]
+        for _ in range(3):
+            c = rng.choice(topo.level_cells[0][rng.randint(1, chain.node_level) - 1])
+            if not allocator.cells.free_n[c]:
+                continue
+            need = rng.randint(1, allocator.cells.free_n[c])
+            picker = Picker(topo, allocator.cells, None)
+            packed = picker.pack(picker.nodes([c], chain.node_level), [need], [0], final=True)
+            assert packed == [allocator._one_pod(c, need)]
+            compared += 1
+    assert compared > STEPS

@@ -1,5 +1,7 @@
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster_state import (
     Bind,
@@ -34,7 +36,8 @@ from cluster_state import (
     set_node_health,
     submit,
 )
-from cluster_state.ops import MAX_PODS
+from cluster_state.ops import MAX_NAME, MAX_PODS
+from cluster_state.snapshot_encoding import pack
 
 
 def test_builders_decode_to_typed_ops() -> None:
@@ -124,3 +127,44 @@ def test_expired_session_answer_decodes_as_an_error() -> None:
     assert isinstance(decode_result(msgpack.packb(["expired"])), Error)
     with pytest.raises(ValueError):
         decode_result(msgpack.packb(["what"]))
+
+
+def test_the_kept_packer_packs_what_packb_packs() -> None:
+    # the thread's packer is kept: after a value it could not pack it still packs what
+    # msgpack.packb packs
+    values: list[object] = [["placed", "g", "V100", [[1, "n0", [0, 1]]], 7], {"a": None},
+                            b"\x00" * 300, 1.5, -(2**40), "é" * 70]
+    assert [pack(value) for value in values] == [msgpack.packb(value) for value in values]
+    for value in values:
+        with pytest.raises(TypeError):
+            pack([value, object()])
+        assert pack(value) == msgpack.packb(value)
+
+
+TEXT = st.one_of(st.text(max_size=3), st.sampled_from(["", "x" * MAX_NAME, "y" * (MAX_NAME + 1)]),
+                 st.integers(-3, 3), st.binary(max_size=2), st.none(), st.booleans())
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(field=st.sampled_from(["name", "vc", "leaf_type", "pinned", "lazy"]),
+       value=st.one_of(TEXT, st.integers(0, 1)))
+def test_a_spec_decodes_when_its_fields_are_what_the_format_says(field: str,
+                                                                  value: object) -> None:
+    # one field of a good spec set to ``value``: the group's names are strings of
+    # 1..MAX_NAME characters, leaf_type and pinned of 0..MAX_NAME, lazy a boolean (the
+    # decoder's quick checks say what the rule says)
+    fields: dict[str, object] = {"name": "g", "vc": "VC1", "leaf_type": "", "pinned": "",
+                                 "lazy": False, field: value}
+    if field == "lazy":
+        valid = isinstance(value, bool)
+    else:
+        valid = (isinstance(value, str) and len(value) <= MAX_NAME
+                 and (bool(value) or field in ("leaf_type", "pinned")))
+    op = msgpack.packb(["submit", [fields["name"], fields["vc"], 5, [[1, 1]],
+                                   fields["leaf_type"], fields["pinned"], fields["lazy"]]])
+    try:
+        spec = decode_op(op).spec  # type: ignore[union-attr]
+    except RequestError:
+        assert not valid
+    else:
+        assert valid and getattr(spec, field) == value
