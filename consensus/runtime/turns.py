@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import assert_never
+from typing import assert_never, cast
 
 from consensus.auth import AuthorizingMachine, Denied, PermissionDenied
 from consensus.errors import (
@@ -41,7 +41,7 @@ from consensus.errors import (
 from consensus.messages import Command
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import MemberReplica, view_text
-from consensus.protocol.ready import SLOT_STRIDE, Execution, Outgoing, Ready
+from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready, SlotBatch
 from consensus.protocol.sdpaxos import SDPaxosReplica
 from consensus.runtime.client_port import READY, ClientPort, Result, Waiter
 from consensus.runtime.cluster_config import ClusterConfig
@@ -70,6 +70,7 @@ __all__ = [
     "APPLY_SLICE_S",
     "LAG_PROBE_S",
     "LOG_TIME_RETRY_S",
+    "ApplyHook",
     "TurnLoop",
     "sdpaxos_of",
 ]
@@ -84,6 +85,10 @@ LAG_PROBE_S = 0.02
 LOG_TIME_RETRY_S = 1
 
 log = logging.getLogger("sdpaxos.node")
+
+#: an ``on_apply`` hook: ``hook(position, commands, results)`` after ``commands`` applied,
+#: ``commands[i]`` at global-log position ``position + i`` with result ``results[i]``
+ApplyHook = Callable[[int, Sequence[Command], Sequence[bytes]], None]
 
 
 class TurnLoop:
@@ -133,8 +138,9 @@ class TurnLoop:
         self.snapshots = snapshots
         self.stats = stats
         self.busy = busy
-        #: called with (position, command, result) after each command applies (watchers)
-        self.on_apply: list[Callable[[int, Command, bytes], None]] = []
+        #: called after each run of applied commands (watchers): ``hook(position, commands,
+        #: results)``, ``commands[i]`` applied at ``position + i`` with ``results[i]``
+        self.on_apply: list[ApplyHook] = []
         #: one past the last slot applied to the state machine: the core's ``exec_slot`` once
         #: the turn that executed it is done (applying yields to the loop, so the core's runs
         #: ahead while a turn applies thousands of commands)
@@ -307,75 +313,85 @@ class TurnLoop:
             for frame in self.snapshots.offer(peer):
                 self.transport.send(peer, frame)
         self.core.advance(ready)
-        self.snapshots.turn_end(len(ready.apply), ready.snapshot_now)
+        self.snapshots.turn_end(ready.applied_count(), ready.snapshot_now)
         clients.answer()
 
-    async def _apply(self, executions: Sequence[Execution], now: int) -> None:
-        """Apply a turn's executions in order, answering the clients of those led here.
+    async def _apply(self, batches: Sequence[SlotBatch], now: int) -> None:
+        """Apply a turn's slot batches in order, answering the clients of those led here.
 
-        Runs of one slot's consecutive commands go to the state machine at once
-        (``_apply_run``), unless commands are authorized one by one or hooks watch each of
-        them (``_apply_each``: they may read the state each command left). Either way the
-        results are those of ``apply`` command by command."""
-        one_by_one = self.authz is not None or bool(self.on_apply)
+        Each batch goes to the state machine whole (``batch_applier``: its ``apply_batch``,
+        or ``apply`` in a loop; the authorization check's ``run_batch`` on a TLS cluster),
+        in pieces of at most ``APPLY_CHECK_EVERY`` commands, a slice's check between them;
+        the ``on_apply`` hooks see each piece once it applied. The results are those of
+        ``apply`` command by command."""
         slices = _ApplySlices(self.busy, self.stats)
-        start, total = 0, len(executions)
-        while start < total:
-            if start:
+        unchecked = 0  # commands applied since the last slice check
+        for slot, offset, commands, led_here in batches:
+            position = slot * SLOT_STRIDE + offset  # SlotBatch.position
+            count = len(commands)
+            if count <= APPLY_CHECK_EVERY:
+                if unchecked >= APPLY_CHECK_EVERY:
+                    await slices.pause_if_due()
+                    unchecked = 0
+                unchecked += count
+                self._apply_piece(position, commands, led_here, now)
+                continue
+            for start in range(0, count, APPLY_CHECK_EVERY):
                 await slices.pause_if_due()
-            if one_by_one:
-                stop = min(total, start + APPLY_CHECK_EVERY)
-                self._apply_each(executions[start:stop], now)
-            else:
-                stop = _run_end(executions, start)
-                self._apply_run(executions[start:stop], now)
-            start = stop
+                self._apply_piece(position + start, commands[start:start + APPLY_CHECK_EVERY],
+                                  led_here, now)
         slices.done()
 
-    def _apply_run(self, run: Sequence[Execution], now: int) -> None:
-        """Consecutive commands of one slot, to the state machine at once (``batch_applier``:
-        its ``apply_batch``, or ``apply`` in a loop)."""
-        slot, first = run[0][0], run[0][1]
-        position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
-        results = self._apply_batch(position, [execution[2] for execution in run])
-        self.stats.commands_applied += len(run)
-        complete, executed_latency = self.clients.complete, self.stats.executed_latency
-        for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
-            command = execution[2]
-            if execution[3] and not command.blind:  # led here, answered after it ran
-                if result is SESSION_EXPIRED:
-                    self._session_expired(command)
-                    continue
-                complete((command.client_id, command.seq),
-                         Result(result, position + offset), now, executed_latency)
-
-    def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
-        """Commands one at a time: each authorized, each seen by the hooks."""
-        apply = self.machine.apply
-        stats, authz, hooks, clients = self.stats, self.authz, self.on_apply, self.clients
-        executed_latency = stats.executed_latency
-        for slot, offset, command, led_here in executions:
-            position = slot * SLOT_STRIDE + offset  # Execution.position
-            if authz is not None:
-                outcome = authz.run(position, command)
-                if isinstance(outcome, Denied):  # nothing changed: no hooks
-                    stats.commands_applied += 1
-                    if led_here:
-                        key = (command.client_id, command.seq)
-                        clients.fail(key, PermissionDenied(outcome.reason), reads=False)
-                    continue
-                result = outcome
+    def _apply_piece(self, position: int, commands: Sequence[Command], led_here: bool,
+                     now: int) -> None:
+        """Consecutive commands of one slot, from ``position`` on, to the state machine at
+        once; the hooks told; the clients of those led here answered."""
+        authz = self.authz
+        results: Sequence[bytes | Denied]
+        if authz is None:
+            results = applied = self._apply_batch(position, commands)
+            if self.on_apply:
+                self._tell_hooks(position, commands, applied)
+        else:
+            results = authz.run_batch(position, commands)
+            if self.on_apply:
+                self._tell_hooks_allowed(position, commands, results)
+        self.stats.commands_applied += len(commands)
+        if not led_here:
+            return
+        clients = self.clients
+        complete, executed_latency = clients.complete, self.stats.executed_latency
+        for offset, (command, result) in enumerate(zip(commands, results, strict=True)):
+            if isinstance(result, Denied):  # refused as it applied: nothing changed
+                clients.fail((command.client_id, command.seq), PermissionDenied(result.reason),
+                             reads=False)
+            elif command.blind:
+                continue  # acknowledged once ready
+            elif result is SESSION_EXPIRED:
+                self._session_expired(command)
             else:
-                result = apply(position, command)
-            stats.commands_applied += 1
-            for hook in hooks:
-                hook(position, command, result)
-            if led_here and not command.blind:
-                if result is SESSION_EXPIRED:
-                    self._session_expired(command)
-                    continue
-                key = (command.client_id, command.seq)
-                clients.complete(key, Result(result, position), now, executed_latency)
+                complete((command.client_id, command.seq), Result(result, position + offset),
+                         now, executed_latency)
+
+    def _tell_hooks(self, position: int, commands: Sequence[Command],
+                    results: Sequence[bytes]) -> None:
+        for hook in self.on_apply:
+            hook(position, commands, results)
+
+    def _tell_hooks_allowed(self, position: int, commands: Sequence[Command],
+                            results: Sequence[bytes | Denied]) -> None:
+        """The hooks, told of the runs of commands the authorization check let apply (a
+        refused one changed nothing: no hook hears of it)."""
+        start = 0
+        for index, result in enumerate(results):
+            if type(result) is Denied:
+                if index > start:
+                    self._tell_hooks(position + start, commands[start:index],
+                                     cast(Sequence[bytes], results[start:index]))
+                start = index + 1
+        if start < len(results):
+            self._tell_hooks(position + start, commands[start:],
+                             cast(Sequence[bytes], results[start:]))
 
     def _answer_read(self, op: bytes, waiters: list[Waiter]) -> None:
         """Answer a read now (every command of the turn applied), or, for one the state
@@ -480,17 +496,6 @@ def sdpaxos_of(core: DrivenCore) -> SDPaxosReplica | None:
     if isinstance(core, MemberReplica):
         return core.core
     return core if isinstance(core, SDPaxosReplica) else None
-
-
-def _run_end(executions: Sequence[Execution], start: int) -> int:
-    """Where the run of one slot's consecutive commands from ``start`` ends (at most
-    ``APPLY_CHECK_EVERY`` commands: a slice's check comes between runs)."""
-    slot, first = executions[start][0], executions[start][1]
-    stop, limit = start + 1, min(len(executions), start + APPLY_CHECK_EVERY)
-    while (stop < limit and executions[stop][0] == slot
-           and executions[stop][1] == first + stop - start):
-        stop += 1
-    return stop
 
 
 class _ApplySlices:
