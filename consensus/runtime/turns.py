@@ -83,6 +83,8 @@ APPLY_CHECK_EVERY = 256
 LAG_PROBE_S = 0.02
 #: a replica proposes a log-time command at most this often (seconds)
 LOG_TIME_RETRY_S = 1
+#: ``_loop``'s tick timer: none armed
+_NO_TIMER = -1
 
 log = logging.getLogger("sdpaxos.node")
 
@@ -196,52 +198,79 @@ class TurnLoop:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         inbox, wakeup, busy, snapshots = self.inbox, self.inbox.wakeup, self.busy, self.snapshots
+        stats, core = self.stats, self.core
+        turn_latency = stats.turn_latency
+        members = core if isinstance(core, MemberReplica) else None
         next_tick = 0
-        while not self.stopping:
-            if self.intake.refusal is not None:
-                raise self.intake.refusal
-            if inbox.idle:
-                # whole milliseconds, rounded up: the loop's timers are millisecond-grained
-                # and fire at once for less, which spun the loop until the tick was due
-                timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
-                timer = loop.call_later(timeout, wakeup.set)
-                await wakeup.wait()
+        #: the tick the wake-up timer is armed for (NO_TIMER: none armed, or it fired): one
+        #: timer per tick, not one per idle wait (each was a handle built, pushed on the
+        #: loop's heap and cancelled, every turn of an idle replica)
+        armed_for = _NO_TIMER
+        timer: asyncio.TimerHandle | None = None
+
+        def tick_due() -> None:
+            nonlocal armed_for
+            armed_for = _NO_TIMER
+            wakeup.set()
+
+        try:
+            while not self.stopping:
+                if self.intake.refusal is not None:
+                    raise self.intake.refusal
+                if inbox.idle:
+                    if armed_for != next_tick:
+                        if timer is not None:
+                            timer.cancel()
+                        # whole milliseconds, rounded up: the loop's timers are
+                        # millisecond-grained and fire at once for less, which spun the loop
+                        # until the tick was due
+                        timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
+                        timer = loop.call_later(timeout, tick_due)
+                        armed_for = next_tick
+                    await wakeup.wait()
+                else:
+                    await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
+                wakeup.clear()
+                started = busy.since = time.perf_counter()
+                if snapshots.install_ready and await snapshots.install():
+                    self.executed_slot = core.exec_slot
+                now = _now_us()
+                self._feed(inbox.take(), now)
+                if now >= next_tick:
+                    core.tick(now)
+                    self._propose_log_time(now)
+                    next_tick = now + self.tick_us
+                await self._carry_out(core.ready(), now)
+                busy.until_now()
+                turn = time.perf_counter() - started
+                turn_latency.observe(turn)
+                if turn > stats.longest_turn_s:
+                    stats.longest_turn_s = turn
+                self._after_turn(core, members)
+        finally:
+            if timer is not None:
                 timer.cancel()
-            else:
-                await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
-            wakeup.clear()
-            started = busy.since = time.perf_counter()
-            if snapshots.install_ready and await snapshots.install():
-                self.executed_slot = self.core.exec_slot
-            now = _now_us()
-            self._feed(inbox.take(), now)
-            if now >= next_tick:
-                self.core.tick(now)
-                self._propose_log_time(now)
-                next_tick = now + self.tick_us
-            await self._carry_out(self.core.ready(), now)
-            busy.until_now()
-            turn = time.perf_counter() - started
-            self.stats.turn_latency.observe(turn)
-            if turn > self.stats.longest_turn_s:
-                self.stats.longest_turn_s = turn
-            core = self.core
-            if core.view != self._counted_view:
-                self._counted_view = core.view
-                self.stats.view_changes += 1
-            inner = sdpaxos_of(core)
-            if inner is not None and (core.view, inner.role) != self._last_seen_view:
-                self._last_seen_view = (core.view, inner.role)
-                log.info(
-                    "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
-                    self.me, view_text(core.view), inner.role.value,
-                    getattr(core, "sequencer", 0), core.executed_through(),
-                )
-            if isinstance(core, MemberReplica):
-                if core.config is not self._known_config:
-                    self._members_changed(core)
-                if core.removed:  # (a restart finds it so if it stopped before it said so)
-                    raise self._removed(core)
+
+    def _after_turn(self, core: DrivenCore, members: MemberReplica | None) -> None:
+        """What a turn changed of the view, the role and the members: counted, logged and
+        followed."""
+        view = core.view
+        if view != self._counted_view:
+            self._counted_view = view
+            self.stats.view_changes += 1
+        inner = members.core if members is not None else core
+        if isinstance(inner, SDPaxosReplica) and (view, inner.role) != self._last_seen_view:
+            self._last_seen_view = (view, inner.role)
+            log.info(
+                "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
+                self.me, view_text(view), inner.role.value,
+                getattr(core, "sequencer", 0), core.executed_through(),
+            )
+        if members is not None:
+            if members.config is not self._known_config:
+                self._members_changed(members)
+            if members.removed:  # (a restart finds it so if it stopped before it said so)
+                raise self._removed(members)
 
     def _feed(self, events: list[Event], now: int) -> None:
         core, clients = self.core, self.clients
@@ -273,8 +302,10 @@ class TurnLoop:
 
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
-        self._send(ready.send)
-        self.snapshots.append(itertools.chain(ready.persist, ready.log))
+        if ready.send:
+            self._send(ready.send)
+        if ready.persist or ready.log:
+            self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
             # fsync on the loop itself: handing it to a thread let the loop read sockets
             # meanwhile, but waking an idle worker thread and then the loop cost more (about
@@ -286,12 +317,15 @@ class TurnLoop:
         elif ready.log:
             self.wal.sync(fsync=False)  # written; the next fsync makes it durable
         clients = self.clients
-        ready_latency = self.stats.ready_latency
-        for command in ready.ready:
-            if command.blind:
-                clients.complete((command.client_id, command.seq), READY, now, ready_latency)
-        clients.answer()  # ready writes wait for neither the acks nor the state machine
-        self._send(ready.send_after_persist)
+        if ready.ready:
+            ready_latency = self.stats.ready_latency
+            for command in ready.ready:
+                if command.blind:
+                    clients.complete((command.client_id, command.seq), READY, now,
+                                     ready_latency)
+            clients.answer()  # ready writes wait for neither the acks nor the state machine
+        if ready.send_after_persist:
+            self._send(ready.send_after_persist)
         if ready.apply:
             await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
