@@ -43,7 +43,7 @@ from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import MemberReplica, view_text
 from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready, SlotBatch
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.runtime.client_port import READY, ClientPort, Result, Waiter
+from consensus.runtime.client_port import ClientPort, Result, Waiter
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.members import address_text, known_members
@@ -318,11 +318,7 @@ class TurnLoop:
             self.wal.sync(fsync=False)  # written; the next fsync makes it durable
         clients = self.clients
         if ready.ready:
-            ready_latency = self.stats.ready_latency
-            for command in ready.ready:
-                if command.blind:
-                    clients.complete((command.client_id, command.seq), READY, now,
-                                     ready_latency)
+            clients.acknowledge(ready.ready, now, self.stats.ready_latency)
             clients.answer()  # ready writes wait for neither the acks nor the state machine
         if ready.send_after_persist:
             self._send(ready.send_after_persist)
