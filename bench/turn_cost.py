@@ -1,7 +1,8 @@
 """CPU per loop turn and per write of three replica nodes in one process (issue 37 point 5).
 
 Three ``ReplicaNode``s with the key-value store on loopback, one client of the sequencer's
-replica, 16-byte blind writes (as ``bench runtime`` and ``bench throughput`` send):
+replica, 16-byte blind writes numbered as ``bench runtime`` and ``bench throughput`` number
+theirs (a pinned session: acknowledged when ready):
 ``--outstanding 1`` is the low-load case (one write at a time: every turn carries at most a
 command or a few messages), a large ``--outstanding`` the loaded one. Reported:
 
@@ -111,7 +112,7 @@ async def measure(writes: int, outstanding: int, *, fsync: bool, warmup: int,
                 async def one_by_one() -> None:
                     for n in queue:
                         await client.execute(kv_put(f"k{n % 1000}", "v" * 16), [f"k{n % 1000}"],
-                                             blind=True)
+                                             blind=True, seq=n + 1)
 
                 await asyncio.gather(*(one_by_one() for _ in range(outstanding)))
 

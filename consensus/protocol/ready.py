@@ -49,9 +49,10 @@ class SlotBatch(NamedTuple):
     acknowledged. A core whose batches mix commands led here and elsewhere hands over a
     run for each stretch of one kind.
 
-    One per slot, not one per command: the driver hands ``commands`` to the state machine
-    as they are (``consensus.statemachine.batch_applier``), so a replica builds nothing per
-    command it executes (a restart executes a million at once).
+    One per slot, not one per command (EPaxos, which numbers each command a slot of its own,
+    hands one per command): the driver hands ``commands`` to the state machine as they are
+    (``consensus.statemachine.batch_applier``), so neither the core nor the driver builds
+    anything per command it executes (a restart executes a million at once).
     """
 
     slot: int

@@ -395,9 +395,9 @@ class SlotLogCore(ABC):
             self._executed_slot(slot, inst)
 
     def _execute(self, slot: int, batch: Batch) -> None:
-        """Hand ``batch``, executed at ``slot``, to the driver: whole (``SlotBatch``) where
-        no command of it was led or read here (a follower's every slot), else in runs of
-        commands led here and not, its reads served after it applies."""
+        """Hand ``batch``, executed at ``slot``, to the driver: whole (``SlotBatch``) while
+        nothing is led or read here at all (a replica without clients of its own), else in
+        runs of commands led here and not, its reads served after it applies."""
         mine, reads, out = self._mine, self._reads, self._out
         if not mine and not reads:
             out.apply.append(SlotBatch(slot, 0, batch, False))
