@@ -326,20 +326,20 @@ class MemberReplica:
     def check_frame(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
         """Admission (``consensus.protocol.admission``) of a frame from member ``sender``:
         each message against the core of its epoch, with the sender's index there."""
-        if not isinstance(messages, Sequence):
+        if type(messages) is not list and not isinstance(messages, Sequence):
             messages = tuple(messages)
         core, config = self.core, self.config
         index = config.index_of(sender)
-        if core is not None and index is not None and all(
-            not isinstance(message, _BY_MEMBER_ID) and epoch_of(message.view) == config.epoch
-            for message in messages
-        ):
-            # the common case, every message of our epoch: the whole frame at once, which
-            # is what the loop below does message by message (the receiver's bounds taken
-            # once per frame instead of once per message)
-            return check_frame(messages, core, len(config.voters), sender=index,
-                               protocol=PROTOCOL)
-        return self._check_each(messages, sender)
+        if core is None or index is None:
+            return self._check_each(messages, sender)
+        epoch = config.epoch
+        for message in messages:
+            if isinstance(message, _BY_MEMBER_ID) or message.view >> EPOCH_SHIFT != epoch:
+                return self._check_each(messages, sender)
+        # the common case, every message of our epoch: the whole frame at once, which is
+        # what ``_check_each`` does message by message (the receiver's bounds taken once per
+        # frame instead of once per message)
+        return check_frame(messages, core, len(config.voters), sender=index, protocol=PROTOCOL)
 
     def _check_each(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
         """``check_frame`` message by message, each against the core of its epoch."""
