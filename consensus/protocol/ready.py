@@ -19,7 +19,7 @@ The driver's loop, for every batch (etcd-raft's contract):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from consensus.messages import Command, PeerMessage, Record
@@ -114,29 +114,46 @@ class Failure:
     reason: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Ready:
-    persist: list[Record] = field(default_factory=list)
+    """What one turn of a core asks its driver to do (the module doc). Built empty, by an
+    ``__init__`` of its own: a core builds one a turn, and the dataclass's, calling a
+    factory per list, cost three times as much."""
+
+    persist: list[Record]
     #: records written after ``persist`` without an fsync of their own (see the module doc)
-    log: list[Record] = field(default_factory=list)
-    send_after_persist: list[Outgoing] = field(default_factory=list)
-    send: list[Outgoing] = field(default_factory=list)
+    log: list[Record]
+    send_after_persist: list[Outgoing]
+    send: list[Outgoing]
     #: what executed, in global-log order: each slot's batch (see ``SlotBatch``)
-    apply: list[SlotBatch] = field(default_factory=list)
+    apply: list[SlotBatch]
     #: commands led here that became ready (durably placed in the global order) this turn
-    ready: list[Command] = field(default_factory=list)
+    ready: list[Command]
     #: read requests (``core.read``) that may now be served from the state machine
-    reads: list[Command] = field(default_factory=list)
+    reads: list[Command]
     #: commands led here that failed
-    failed: list[Failure] = field(default_factory=list)
+    failed: list[Failure]
     #: peers that need our latest snapshot (they are behind our compaction point)
-    snapshot_requests: list[int] = field(default_factory=list)
+    snapshot_requests: list[int]
     #: membership changes led here that executed, with the result their client gets (the
     #: core answers them itself: they never reach the state machine)
-    results: list[tuple[Command, bytes]] = field(default_factory=list)
+    results: list[tuple[Command, bytes]]
     #: snapshot the state machine once ``apply`` is applied, before anything else (a learner
     #: that becomes a voter: its core starts from that snapshot, ``core.durable_records``)
-    snapshot_now: bool = False
+    snapshot_now: bool
+
+    def __init__(self) -> None:
+        self.persist = []
+        self.log = []
+        self.send_after_persist = []
+        self.send = []
+        self.apply = []
+        self.ready = []
+        self.reads = []
+        self.failed = []
+        self.snapshot_requests = []
+        self.results = []
+        self.snapshot_now = False
 
     def executions(self) -> list[Execution]:
         """``apply`` command by command (``executions``)."""

@@ -48,6 +48,7 @@ advance``, snapshots, records); what this layer adds, and where:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
@@ -138,6 +139,13 @@ def _may_change_members(batch: SlotBatch) -> bool:
     if type(commands) is PackedBatch:
         return MEMBER_OP in commands.packed
     return MEMBER_OP in b"".join(map(_OP_OF, commands))
+
+
+@functools.lru_cache(maxsize=64)
+def _ids_are_indexes(voters: tuple[int, ...]) -> bool:
+    """Whether the voters' member ids are their indexes (nothing to translate: every turn
+    asks, and a configuration's voters rarely change)."""
+    return voters == tuple(range(len(voters)))
 
 
 def epoch_of(view: int) -> int:
@@ -415,7 +423,7 @@ class MemberReplica:
         """Core indexes to member ids, epoch slots to global slots (nothing in an unchanged
         epoch 0: ids are indexes and slots are global there)."""
         voters, base = config.voters, config.base
-        if voters != tuple(range(len(voters))):
+        if not _ids_are_indexes(voters):
             ready.send = [Outgoing(voters[o.to], o.message) for o in ready.send]
             ready.send_after_persist = [
                 Outgoing(voters[o.to], o.message) for o in ready.send_after_persist
