@@ -57,8 +57,8 @@ def measure(
                 for to, msgs in frames.items():
                     inbox.append((to, encode_frame(msgs) if use_codec else msgs))
                 apply_batch = appliers[r]
-                for batch in ready.apply:
-                    apply_batch(batch.position, batch.commands)
+                for slot_batch in ready.apply:
+                    apply_batch(slot_batch.position, slot_batch.commands)
                 executed += ready.applied_count()
                 cores[r].advance(ready)
             touched_set: set[int] = set()
