@@ -11,6 +11,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "bench.core_throughput",
         "protocol-core throughput, all replicas in one process, no I/O",
     ),
+    "turn-cost": ("bench.turn_cost", "CPU per loop turn and per write, three replicas in one "
+                  "process: one write at a time or many"),
     "wan": ("bench.wan_accuracy", "accuracy of the transport's emulated WAN delays"),
     "runtime": ("bench.runtime_bench", "replicas as processes with fsync: throughput, latency"),
     "sim-failover": ("bench.sim_failover", "sequencer failover time in the simulator"),

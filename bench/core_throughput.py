@@ -20,7 +20,7 @@ from collections import deque
 from consensus.config import ProtocolConfig
 from consensus.messages import Command, PeerMessage
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.statemachine import KVStore, kv_put
+from consensus.statemachine import KVStore, batch_applier, kv_put
 
 __all__ = ["add_arguments", "measure", "run"]
 
@@ -30,7 +30,7 @@ def measure(
 ) -> dict[str, float]:
     config = ProtocolConfig(replicas=replicas, max_batch=max(batch, 1))
     cores = [SDPaxosReplica(config, r, rng=random.Random(r)) for r in range(replicas)]
-    stores = [KVStore() for _ in range(replicas)]
+    appliers = [batch_applier(KVStore()) for _ in range(replicas)]
     inbox: deque[tuple[int, object]] = deque()
     if use_codec:
         from consensus.codec import decode_frame, encode_frame
@@ -56,10 +56,10 @@ def measure(
                     frames.setdefault(out.to, []).append(out.message)
                 for to, msgs in frames.items():
                     inbox.append((to, encode_frame(msgs) if use_codec else msgs))
-                store = stores[r]
-                for execution in ready.apply:
-                    store.apply(execution.position, execution.command)
-                executed += len(ready.apply)
+                apply_batch = appliers[r]
+                for slot_batch in ready.apply:
+                    apply_batch(slot_batch.position, slot_batch.commands)
+                executed += ready.applied_count()
                 cores[r].advance(ready)
             touched_set: set[int] = set()
             while inbox:

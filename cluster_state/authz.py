@@ -28,6 +28,7 @@ snapshot) is not shown to a scheduler: filtering fails closed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -71,17 +72,19 @@ class AuthorizedStore(ClusterStore):
         self._seen_vcs: dict[str, str] = {}
 
     # ------------------------------------------------------------------ bookkeeping
-    def apply(self, position: int, command: Command) -> bytes:
-        # only submits and binds name a group's VC: the others are not decoded twice
-        data = command.op
-        if data[1:8] == _SUBMIT or data[1:6] == _BIND:
-            try:
-                op = ops.decode_op(data)
-            except RequestError:
-                op = None
-            if isinstance(op, ops.Submit | ops.Bind):
-                self._seen_vcs[op.spec.name] = op.spec.vc
-        return super().apply(position, command)
+    def apply_batch(self, position: int, commands: Sequence[Command]) -> list[bytes]:
+        # (``apply`` comes here too) only submits and binds name a group's VC: the others
+        # are not decoded twice
+        for command in commands:
+            data = command.op
+            if data[1:8] == _SUBMIT or data[1:6] == _BIND:
+                try:
+                    op = ops.decode_op(data)
+                except RequestError:
+                    op = None
+                if isinstance(op, ops.Submit | ops.Bind):
+                    self._seen_vcs[op.spec.name] = op.spec.vc
+        return super().apply_batch(position, commands)
 
     def vc_of(self, group: str) -> str | None:
         """The VC of ``group`` if the store holds it: replicated state only, what the

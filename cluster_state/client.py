@@ -92,6 +92,7 @@ if TYPE_CHECKING:
 
     from consensus.auth import Principal
     from consensus.runtime.node import ReplicaNode
+    from consensus.runtime.turns import ApplyHook
 
 __all__ = [
     "ACK_WINDOW",
@@ -206,7 +207,7 @@ class _Embedded:
         self.principal = principal
         self._numbers = SessionNumbers()
         #: the apply hooks of this store's open watches, each with the event that wakes it
-        self._watches: dict[Callable[[int, Command, bytes], None], asyncio.Event] = {}
+        self._watches: dict[ApplyHook, asyncio.Event] = {}
         self._closed = False
 
     def _command(self, op: bytes, seq: int | None = None) -> Command:
@@ -285,7 +286,7 @@ class _Embedded:
         # a set flag is all a waiting watcher needs, and it reads the events locally.
         changed = asyncio.Event()
 
-        def wake(position: int, command: Command, result: bytes) -> None:
+        def wake(position: int, commands: Sequence[Command], results: Sequence[bytes]) -> None:
             changed.set()
 
         if self._closed:
@@ -309,7 +310,7 @@ class _Embedded:
         finally:
             self._unhook(wake)
 
-    def _unhook(self, wake: Callable[[int, Command, bytes], None]) -> None:
+    def _unhook(self, wake: ApplyHook) -> None:
         if self._watches.pop(wake, None) is not None:
             with contextlib.suppress(ValueError):
                 self.node.on_apply.remove(wake)

@@ -31,7 +31,7 @@ family                                      meaning
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from cluster_state.ops import Waiting, encode_result
@@ -68,15 +68,18 @@ class StoreMetrics:
         self._quota: dict[str, int] = {}
         self._quota_of: Topology | None = None  # the configuration _quota was computed for
 
-    def applied(self, position: int, command: Command, result: bytes) -> None:
-        """Count what the command at ``position`` did: its events (at the event log's tail,
-        tagged with ``position``) and a "waiting" answer."""
-        if result[1 : 1 + len(_WAITING_KIND)] == _WAITING_KIND:
-            self.waiting += 1
+    def applied(self, position: int, commands: Sequence[Command],
+                results: Sequence[bytes]) -> None:
+        """Count what the commands from ``position`` on did (a ``TurnLoop.on_apply`` hook):
+        their events (at the event log's tail, tagged with their positions) and their
+        "waiting" answers."""
+        for result in results:
+            if result[1 : 1 + len(_WAITING_KIND)] == _WAITING_KIND:
+                self.waiting += 1
         events = self.store.events.events
         for index in range(len(events) - 1, -1, -1):
             event = events[index]
-            if event.revision != position:
+            if event.revision < position:
                 break
             if event.kind == "preempting":
                 self.preemptions += 1

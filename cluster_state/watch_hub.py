@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import math
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from cluster_state.errors import EventsCompacted
@@ -207,8 +207,9 @@ class WatchHub:
             self._idle = None
 
     # ------------------------------------------------------------------ fan-out
-    def _applied(self, position: int, command: Command, result: bytes) -> None:
-        # Called right after each command applies, on the node's loop: just arm the timer.
+    def _applied(self, position: int, commands: Sequence[Command],
+                 results: Sequence[bytes]) -> None:
+        # Called right after commands apply, on the node's loop: just arm the timer.
         self._arm()
 
     def _arm(self) -> None:

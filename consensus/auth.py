@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -48,7 +48,7 @@ import msgpack
 from consensus.errors import DecodeError, DefiniteFailure
 from consensus.messages import Command
 from consensus.sessions import CANCEL_OP, SessionTable, denied_result
-from consensus.statemachine import DefersQueries, StateMachine
+from consensus.statemachine import DefersQueries, StateMachine, batch_applier
 
 __all__ = [
     "ADMIN",
@@ -254,6 +254,7 @@ class AuthorizingMachine:
         self._sessions = sessions if isinstance(sessions, SessionTable) else None
         self._authorizer = inner if isinstance(inner, Authorizer) else None
         self._filter = inner if isinstance(inner, AnswerFilter) else None
+        self._inner_batch = batch_applier(inner)
 
     def _check(
         self, op: bytes, *, read: bool
@@ -305,6 +306,23 @@ class AuthorizingMachine:
             return self.inner.apply(position, inner)
         finally:
             sessions.principal = ""
+
+    def run_batch(self, position: int, commands: Sequence[Command]) -> list[bytes | Denied]:
+        """``run`` of each command in turn, at ``position``, ``position + 1``, ...: the runs
+        of bare commands (an admin's, the replica's own) go to the inner machine at once
+        (``batch_applier``), each enveloped one is judged (``run``)."""
+        results: list[bytes | Denied] = []
+        start = 0  # the first command of the run of bare ones not yet applied
+        for index, command in enumerate(commands):
+            if command.op.startswith(ENVELOPE_MAGIC):
+                if index > start:
+                    results += self._inner_batch(position + start, commands[start:index])
+                start = index + 1
+                results.append(self.run(position + index, command))
+        if start < len(commands):
+            results += self._inner_batch(position + start,
+                                         commands[start:] if start else commands)
+        return results
 
     def ask(self, op: bytes) -> bytes | Denied:
         _, inner_op, denied = self._check(op, read=True)

@@ -418,10 +418,13 @@ class SessionTable:
         recorded: what ``admit``/``record`` around each command give, for less."""
         results: list[bytes] = []
         append = results.append
-        pinned = self._pinned
+        pinned, sessions = self._pinned, self._sessions
         for command in commands:
             client_id, seq, op, _keys, _blind = command
-            if not seq >> OPEN_BY_SHIFT and client_id != LOG_TIME_CLIENT:
+            open_by = seq >> OPEN_BY_SHIFT
+            if client_id == LOG_TIME_CLIENT:
+                pass  # (the log time's own, or a request of client 0: ``admit`` below)
+            elif not open_by:
                 # a pinned session: the old table's path, kept as short
                 session = pinned.get(client_id)
                 if session is None:
@@ -435,6 +438,29 @@ class SessionTable:
                         _remember(session, seq, result)
                 append(result)
                 continue
+            else:
+                # an open session's request: ``lookup`` and ``record`` inline (a session
+                # not open yet, and a cancel, take ``admit`` below)
+                key = client_id << _KEY_SHIFT | open_by
+                session = sessions.get(key)
+                if session is not None and op != CANCEL_OP:
+                    result = session.results.get(seq)
+                    if result is None:
+                        if seq <= session.floor:
+                            result = EXPIRED
+                        elif session.closed:
+                            result = SESSION_EXPIRED
+                        else:
+                            result = execute(op)
+                            if session.last_active < self.now:
+                                self._touch(key, session)
+                            _remember(session, seq, result)
+                            self._active = True
+                            if seq & LAST:
+                                session.closed = True
+                                heapq.heappush(self._closed, (open_by, key))
+                    append(result)
+                    continue
             answer = self.admit(command)
             if answer is None:
                 answer = execute(op)

@@ -101,3 +101,23 @@ def test_anyone_may_settle_a_request() -> None:
     assert machine.run(0, Command(client_id=1, seq=0, op=seal(reader, CANCEL_OP))) == CANCELLED
     late = machine.run(1, Command(client_id=1, seq=0, op=seal(SCHED, kv_put("k", "v"))))
     assert late == CANCELLED and kv.data == {}
+
+
+def test_run_batch_gives_what_run_gives_one_by_one() -> None:
+    # bare commands (runs of them go to the inner machine at once), allowed, refused and
+    # malformed envelopes, a retry of each kind and a settled request, in one batch
+    admin, reader = Principal("root", ADMIN), Principal("ro", READER)
+    ops = [kv_put("a", "1"), seal(admin, kv_put("b", "2")), seal(reader, kv_put("c", "3")),
+           seal(reader, kv_get("a")), ENVELOPE_MAGIC + b"\x00", kv_put("a", "4"),
+           seal(reader, CANCEL_OP), kv_get("a")]
+    commands = [Command(client_id=1 + i % 3, seq=i, op=op) for i, op in enumerate(ops)]
+    commands += commands[1:4]  # retries: their first outcome again
+    one_by_one, batched = AuthorizingMachine(KVStore()), AuthorizingMachine(KVStore())
+    expected = [one_by_one.run(10 + i, command) for i, command in enumerate(commands)]
+    assert any(isinstance(r, Denied) for r in expected)
+    assert any(isinstance(r, bytes) and denied_reason(r) for r in expected)  # a retry's
+    results: list[bytes | Denied] = []
+    for start, stop in ((0, 1), (1, 6), (6, 6), (6, len(commands))):
+        results += batched.run_batch(10 + start, commands[start:stop])
+    assert results == expected
+    assert batched.snapshot() == one_by_one.snapshot()

@@ -7,6 +7,8 @@ request runs twice, and a request answered ``SESSION_EXPIRED`` never runs. The b
 
 from __future__ import annotations
 
+import itertools
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -27,7 +29,7 @@ from consensus.sessions import (
     open_by_of,
     session_seq,
 )
-from consensus.statemachine import KVStore, kv_put
+from consensus.statemachine import CANCEL_OP, KVStore, kv_put
 
 T0 = 1_000_000  # a log time (Unix seconds) to start from
 LIMITS = SessionLimits(max_sessions=3, max_per_principal=2, idle_ttl_s=100, time_step_s=10,
@@ -344,3 +346,41 @@ def test_taking_a_loaded_table_keeps_this_tables_settings() -> None:
     loaded.load_state(SessionTable(LIMITS).to_state())
     table.take(loaded)
     assert table.limits == LIMITS and table._forget
+
+
+batch_steps = st.lists(st.one_of(
+    st.tuples(st.just("req"), st.integers(0, 4), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("cancel"), st.integers(1, 4), st.integers(0, 2), st.integers(0, 3)),
+    st.tuples(st.just("pinned"), st.integers(1, 4), st.just(0), st.integers(0, 3)),
+    st.tuples(st.just("time"), st.just(0), st.just(0), st.integers(0, 150)),
+    st.tuples(st.just("cut"), st.just(0), st.just(0), st.just(0)),
+), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch_steps)
+def test_run_gives_what_admit_and_record_give_one_by_one(script: list[Step]) -> None:
+    # ``SessionTable.run`` (a batch, its open sessions' requests inline) against ``apply``
+    # command by command: the same answers and the same table, however the log is cut
+    commands = [log_time_command(T0)]
+    cuts = [0]
+    now = T0
+    for kind, client, session, counter in script:
+        if kind == "time":
+            now += counter
+            commands.append(log_time_command(now))
+        elif kind == "cut":
+            cuts.append(len(commands))
+        else:
+            number = (counter if kind == "pinned"
+                      else seq(T0 + 50 + 100 * session, counter, last=counter == 3))
+            op = CANCEL_OP if kind == "cancel" else kv_put("k", f"{client}.{number}")
+            commands.append(Command(client_id=client, seq=number, op=op, keys=("k",)))
+    cuts.append(len(commands))
+    one_by_one = KVStore(SessionTable(LIMITS))
+    batched = KVStore(SessionTable(LIMITS))
+    expected = [one_by_one.apply(k, command) for k, command in enumerate(commands)]
+    results = [result for start, stop in itertools.pairwise(cuts)
+               for result in batched.apply_batch(start, commands[start:stop])]
+    assert results == expected
+    assert batched.snapshot() == one_by_one.snapshot()

@@ -7,7 +7,9 @@ The driver's loop, for every batch (etcd-raft's contract):
    in a crash costs time, never safety): the next fsync makes them durable;
 2. only then send ``send_after_persist`` (acknowledgements that promise what was persisted);
    ``send`` needs no durability and may leave at once;
-3. apply ``apply`` to the state machine in order (global-log order, no gaps);
+3. apply ``apply`` to the state machine in order (global-log order, no gaps): each entry is
+   one executed slot's batch (or a run of it), handed over as the core holds it (a
+   ``PackedBatch`` too), never one object per command;
 4. answer ``ready`` blind commands at once, and every other command led here after it applies;
    serve ``reads`` from the state machine *after* applying this batch's ``apply``; answer
    ``failed`` commands with their error;
@@ -16,13 +18,13 @@ The driver's loop, for every batch (etcd-raft's contract):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from consensus.messages import Command, PeerMessage, Record
 
-__all__ = ["SLOT_STRIDE", "Execution", "Failure", "Outgoing", "Ready", "executions"]
+__all__ = ["SLOT_STRIDE", "Execution", "Failure", "Outgoing", "Ready", "SlotBatch", "executions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,15 +39,36 @@ class Outgoing:
 SLOT_STRIDE = 1 << 16
 
 
-class Execution(NamedTuple):
-    """Apply ``command``, the ``offset``-th command of global slot ``slot``.
+class SlotBatch(NamedTuple):
+    """What to apply of global slot ``slot``: ``commands``, the ``offset``-th command of the
+    slot first, then the next ones in order (the whole batch of the slot, ``offset`` 0, but
+    for a run a core or the membership layer cut out of it).
 
-    ``led_here`` is true on the replica that proposed it: that replica answers the client
-    (with the state machine's result) unless the command was blind and already acknowledged.
+    ``led_here`` is true on the replica that proposed them: that replica answers their
+    clients (with the state machine's results) unless a command was blind and already
+    acknowledged. A core whose batches mix commands led here and elsewhere hands over a
+    run for each stretch of one kind.
 
-    A named tuple, not a frozen dataclass: one is built per command executed (a restart
-    builds a million at once), and a frozen dataclass's ``__init__`` costs twice as much.
+    One per slot, not one per command (EPaxos, which numbers each command a slot of its own,
+    hands one per command): the driver hands ``commands`` to the state machine as they are
+    (``consensus.statemachine.batch_applier``), so neither the core nor the driver builds
+    anything per command it executes (a restart executes a million at once).
     """
+
+    slot: int
+    offset: int
+    commands: Sequence[Command]
+    led_here: bool
+
+    @property
+    def position(self) -> int:
+        """The global-log position of the first command (``Execution.position``)."""
+        return self.slot * SLOT_STRIDE + self.offset
+
+
+class Execution(NamedTuple):
+    """One command of a ``SlotBatch``: ``command``, the ``offset``-th of global slot
+    ``slot``, for whoever looks at commands one at a time (the simulator, tests)."""
 
     slot: int
     offset: int
@@ -59,16 +82,11 @@ class Execution(NamedTuple):
         return self.slot * SLOT_STRIDE + self.offset
 
 
-_tuple_new = tuple.__new__
-
-
-def executions(slot: int, batch: Iterable[Command], led_here: bool) -> list[Execution]:
-    """An ``Execution`` for each command of the batch in ``slot``, in order: built as tuples
-    (one C call each; the named tuple's own constructor is a Python function, and every
-    replica builds one per command it executes)."""
-    new = _tuple_new
-    return [new(Execution, (slot, offset, command, led_here))
-            for offset, command in enumerate(batch)]
+def executions(batches: Iterable[SlotBatch]) -> list[Execution]:
+    """The commands of ``batches``, one ``Execution`` each, in order."""
+    return [Execution(slot, offset + index, command, led_here)
+            for slot, offset, commands, led_here in batches
+            for index, command in enumerate(commands)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,28 +114,54 @@ class Failure:
     reason: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Ready:
-    persist: list[Record] = field(default_factory=list)
+    """What one turn of a core asks its driver to do (the module doc). Built empty, by an
+    ``__init__`` of its own: a core builds one a turn, and the dataclass's, calling a
+    factory per list, cost three times as much."""
+
+    persist: list[Record]
     #: records written after ``persist`` without an fsync of their own (see the module doc)
-    log: list[Record] = field(default_factory=list)
-    send_after_persist: list[Outgoing] = field(default_factory=list)
-    send: list[Outgoing] = field(default_factory=list)
-    apply: list[Execution] = field(default_factory=list)
+    log: list[Record]
+    send_after_persist: list[Outgoing]
+    send: list[Outgoing]
+    #: what executed, in global-log order: each slot's batch (see ``SlotBatch``)
+    apply: list[SlotBatch]
     #: commands led here that became ready (durably placed in the global order) this turn
-    ready: list[Command] = field(default_factory=list)
+    ready: list[Command]
     #: read requests (``core.read``) that may now be served from the state machine
-    reads: list[Command] = field(default_factory=list)
+    reads: list[Command]
     #: commands led here that failed
-    failed: list[Failure] = field(default_factory=list)
+    failed: list[Failure]
     #: peers that need our latest snapshot (they are behind our compaction point)
-    snapshot_requests: list[int] = field(default_factory=list)
+    snapshot_requests: list[int]
     #: membership changes led here that executed, with the result their client gets (the
     #: core answers them itself: they never reach the state machine)
-    results: list[tuple[Command, bytes]] = field(default_factory=list)
+    results: list[tuple[Command, bytes]]
     #: snapshot the state machine once ``apply`` is applied, before anything else (a learner
     #: that becomes a voter: its core starts from that snapshot, ``core.durable_records``)
-    snapshot_now: bool = False
+    snapshot_now: bool
+
+    def __init__(self) -> None:
+        self.persist = []
+        self.log = []
+        self.send_after_persist = []
+        self.send = []
+        self.apply = []
+        self.ready = []
+        self.reads = []
+        self.failed = []
+        self.snapshot_requests = []
+        self.results = []
+        self.snapshot_now = False
+
+    def executions(self) -> list[Execution]:
+        """``apply`` command by command (``executions``)."""
+        return executions(self.apply)
+
+    def applied_count(self) -> int:
+        """How many commands ``apply`` holds."""
+        return sum(len(batch.commands) for batch in self.apply)
 
     def is_empty(self) -> bool:
         return not (

@@ -60,7 +60,7 @@ from consensus.messages import (
     check_command,
 )
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
-from consensus.protocol.ready import Execution, Outgoing, Ready
+from consensus.protocol.ready import Outgoing, Ready, SlotBatch
 from consensus.protocol.status import CoreStatus
 from consensus.protocol.types import NEVER, Role, SnapshotMeta
 
@@ -87,7 +87,6 @@ BASELINE_UNSAFE_VARIANTS: Final = frozenset(
 )
 
 Batch = messages.Batch  # the commands, or the bytes they came in (PackedBatch)
-_tuple_new = tuple.__new__
 #: a client request's identity: (client id, sequence number)
 Key = tuple[int, int]
 
@@ -390,17 +389,34 @@ class SlotLogCore(ABC):
             # executed implies chosen and ordered for good: whatever the subclass's ready
             # rule still waits for, the command is ready now
             self._report_ready(inst.batch)
-            for offset, command in enumerate(inst.batch):
-                key = key_of(command)
-                led_here = self._mine.pop(key, None) is not None
-                if key in self._reads:
-                    self._reads.discard(key)
-                    self._out.reads.append(command)  # served after this batch applies
-                # one C call (see ready.executions)
-                self._out.apply.append(_tuple_new(Execution, (slot, offset, command, led_here)))
+            self._execute(slot, inst.batch)
             self.exec_slot = slot + 1
             self._exec_progress_at = self.now
             self._executed_slot(slot, inst)
+
+    def _execute(self, slot: int, batch: Batch) -> None:
+        """Hand ``batch``, executed at ``slot``, to the driver: whole (``SlotBatch``) while
+        nothing is led or read here at all (a replica without clients of its own), else in
+        runs of commands led here and not, its reads served after it applies."""
+        mine, reads, out = self._mine, self._reads, self._out
+        if not mine and not reads:
+            out.apply.append(SlotBatch(slot, 0, batch, False))
+            return
+        start, led = 0, False
+        for offset, command in enumerate(batch):
+            key = key_of(command)
+            led_here = mine.pop(key, None) is not None
+            if key in reads:
+                reads.discard(key)
+                out.reads.append(command)  # served after this batch applies
+            if led_here != led and offset:
+                out.apply.append(SlotBatch(slot, start, batch[start:offset], led))
+                start = offset
+            led = led_here
+        if start:
+            out.apply.append(SlotBatch(slot, start, batch[start:], led))
+        elif batch:
+            out.apply.append(SlotBatch(slot, 0, batch, led))
 
     # ------------------------------------------------------------------ catch-up
     def _maybe_catch_up(self) -> None:

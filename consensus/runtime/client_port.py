@@ -25,7 +25,7 @@ import logging
 import ssl
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -253,6 +253,20 @@ class ClientPort:
             latency.observe((now - started) / 1e6)
         for waiter in self._commands.pop(key, ()):
             self.resolve(waiter, result)
+
+    def acknowledge(self, commands: Iterable[Command], now: int, latency: Histogram) -> None:
+        """The blind writes among ``commands`` became ready: each answered ``READY``
+        (``complete`` of each, in one call for a turn's)."""
+        proposed_at, waiting, observe, resolve = (
+            self._proposed_at.pop, self._commands.pop, latency.observe, self.resolve)
+        for command in commands:
+            if command.blind:
+                key = (command.client_id, command.seq)
+                started = proposed_at(key, None)
+                if started is not None:
+                    observe((now - started) / 1e6)
+                for waiter in waiting(key, ()):
+                    resolve(waiter, READY)
 
     def fail(self, key: tuple[int, int], error: SDPaxosError, *, reads: bool) -> None:
         self._proposed_at.pop(key, None)

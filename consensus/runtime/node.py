@@ -31,7 +31,6 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -56,7 +55,7 @@ from consensus.runtime.snapshot_pipeline import SnapshotPipeline
 from consensus.runtime.status import membership_status, replica_status
 from consensus.runtime.tls import Revocations
 from consensus.runtime.transport import PeerTransport
-from consensus.runtime.turns import TurnLoop, sdpaxos_of
+from consensus.runtime.turns import ApplyHook, TurnLoop, sdpaxos_of
 from consensus.sessions import SessionTable
 from consensus.statemachine import StateMachine
 from consensus.storage.identity import KnownMembers, MemberIdentity, open_identity
@@ -284,8 +283,9 @@ class ReplicaNode:
         return self.turns.executed_slot
 
     @property
-    def on_apply(self) -> list[Callable[[int, Command, bytes], None]]:
-        """Called with (position, command, result) after each command applies (watchers)."""
+    def on_apply(self) -> list[ApplyHook]:
+        """Called after each run of one slot's commands applies (watchers):
+        ``hook(position, commands, results)`` (``consensus.runtime.turns.ApplyHook``)."""
         return self.turns.on_apply
 
     @property

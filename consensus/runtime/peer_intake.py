@@ -90,14 +90,17 @@ class PeerIntake:
                             peer, rejection)
             return
         received = self.stats.messages_received
+        chunks = False
         for message in messages:
             kind = type(message)
             received[kind] = received.get(kind, 0) + 1
-        chunks = [m for m in messages if isinstance(m, SnapshotChunk)]
-        for chunk in chunks:
-            self._on_snapshot_chunk(chunk)
-        if chunks:
-            messages = [m for m in messages if not isinstance(m, SnapshotChunk)]
+            if kind is SnapshotChunk:
+                chunks = True
+        if chunks:  # (rare: the rest of the frame goes to the core as usual)
+            for message in messages:
+                if type(message) is SnapshotChunk:
+                    self._on_snapshot_chunk(message)
+            messages = [m for m in messages if type(m) is not SnapshotChunk]
         if messages:
             self.inbox.post(PeerMessages(messages))
 

@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import assert_never
+from typing import assert_never, cast
 
 from consensus.auth import AuthorizingMachine, Denied, PermissionDenied
 from consensus.errors import (
@@ -41,9 +41,9 @@ from consensus.errors import (
 from consensus.messages import Command
 from consensus.protocol.base import DrivenCore
 from consensus.protocol.membership import MemberReplica, view_text
-from consensus.protocol.ready import SLOT_STRIDE, Execution, Outgoing, Ready
+from consensus.protocol.ready import SLOT_STRIDE, Outgoing, Ready, SlotBatch
 from consensus.protocol.sdpaxos import SDPaxosReplica
-from consensus.runtime.client_port import READY, ClientPort, Result, Waiter
+from consensus.runtime.client_port import ClientPort, Result, Waiter
 from consensus.runtime.cluster_config import ClusterConfig
 from consensus.runtime.framing import frames_by_peer
 from consensus.runtime.members import address_text, known_members
@@ -70,6 +70,7 @@ __all__ = [
     "APPLY_SLICE_S",
     "LAG_PROBE_S",
     "LOG_TIME_RETRY_S",
+    "ApplyHook",
     "TurnLoop",
     "sdpaxos_of",
 ]
@@ -82,8 +83,14 @@ APPLY_CHECK_EVERY = 256
 LAG_PROBE_S = 0.02
 #: a replica proposes a log-time command at most this often (seconds)
 LOG_TIME_RETRY_S = 1
+#: ``_loop``'s tick timer: none armed
+_NO_TIMER = -1
 
 log = logging.getLogger("sdpaxos.node")
+
+#: an ``on_apply`` hook: ``hook(position, commands, results)`` after ``commands`` applied,
+#: ``commands[i]`` at global-log position ``position + i`` with result ``results[i]``
+ApplyHook = Callable[[int, Sequence[Command], Sequence[bytes]], None]
 
 
 class TurnLoop:
@@ -133,8 +140,9 @@ class TurnLoop:
         self.snapshots = snapshots
         self.stats = stats
         self.busy = busy
-        #: called with (position, command, result) after each command applies (watchers)
-        self.on_apply: list[Callable[[int, Command, bytes], None]] = []
+        #: called after each run of applied commands (watchers): ``hook(position, commands,
+        #: results)``, ``commands[i]`` applied at ``position + i`` with ``results[i]``
+        self.on_apply: list[ApplyHook] = []
         #: one past the last slot applied to the state machine: the core's ``exec_slot`` once
         #: the turn that executed it is done (applying yields to the loop, so the core's runs
         #: ahead while a turn applies thousands of commands)
@@ -191,52 +199,79 @@ class TurnLoop:
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         inbox, wakeup, busy, snapshots = self.inbox, self.inbox.wakeup, self.busy, self.snapshots
+        stats, core = self.stats, self.core
+        turn_latency = stats.turn_latency
+        members = core if isinstance(core, MemberReplica) else None
         next_tick = 0
-        while not self.stopping:
-            if self.intake.refusal is not None:
-                raise self.intake.refusal
-            if inbox.idle:
-                # whole milliseconds, rounded up: the loop's timers are millisecond-grained
-                # and fire at once for less, which spun the loop until the tick was due
-                timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
-                timer = loop.call_later(timeout, wakeup.set)
-                await wakeup.wait()
+        #: the tick the wake-up timer is armed for (NO_TIMER: none armed, or it fired): one
+        #: timer per tick, not one per idle wait (each was a handle built, pushed on the
+        #: loop's heap and cancelled, every turn of an idle replica)
+        armed_for = _NO_TIMER
+        timer: asyncio.TimerHandle | None = None
+
+        def tick_due() -> None:
+            nonlocal armed_for
+            armed_for = _NO_TIMER
+            wakeup.set()
+
+        try:
+            while not self.stopping:
+                if self.intake.refusal is not None:
+                    raise self.intake.refusal
+                if inbox.idle:
+                    if armed_for != next_tick:
+                        if timer is not None:
+                            timer.cancel()
+                        # whole milliseconds, rounded up: the loop's timers are
+                        # millisecond-grained and fire at once for less, which spun the loop
+                        # until the tick was due
+                        timeout = math.ceil(max(0, next_tick - _now_us()) / 1000) / 1000
+                        timer = loop.call_later(timeout, tick_due)
+                        armed_for = next_tick
+                    await wakeup.wait()
+                else:
+                    await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
+                wakeup.clear()
+                started = busy.since = time.perf_counter()
+                if snapshots.install_ready and await snapshots.install():
+                    self.executed_slot = core.exec_slot
+                now = _now_us()
+                self._feed(inbox.take(), now)
+                if now >= next_tick:
+                    core.tick(now)
+                    self._propose_log_time(now)
+                    next_tick = now + self.tick_us
+                await self._carry_out(core.ready(), now)
+                busy.until_now()
+                turn = time.perf_counter() - started
+                turn_latency.observe(turn)
+                if turn > stats.longest_turn_s:
+                    stats.longest_turn_s = turn
+                self._after_turn(core, members)
+        finally:
+            if timer is not None:
                 timer.cancel()
-            else:
-                await asyncio.sleep(0)  # a turn never yields: let the sockets be read first
-            wakeup.clear()
-            started = busy.since = time.perf_counter()
-            if snapshots.install_ready and await snapshots.install():
-                self.executed_slot = self.core.exec_slot
-            now = _now_us()
-            self._feed(inbox.take(), now)
-            if now >= next_tick:
-                self.core.tick(now)
-                self._propose_log_time(now)
-                next_tick = now + self.tick_us
-            await self._carry_out(self.core.ready(), now)
-            busy.until_now()
-            turn = time.perf_counter() - started
-            self.stats.turn_latency.observe(turn)
-            if turn > self.stats.longest_turn_s:
-                self.stats.longest_turn_s = turn
-            core = self.core
-            if core.view != self._counted_view:
-                self._counted_view = core.view
-                self.stats.view_changes += 1
-            inner = sdpaxos_of(core)
-            if inner is not None and (core.view, inner.role) != self._last_seen_view:
-                self._last_seen_view = (core.view, inner.role)
-                log.info(
-                    "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
-                    self.me, view_text(core.view), inner.role.value,
-                    getattr(core, "sequencer", 0), core.executed_through(),
-                )
-            if isinstance(core, MemberReplica):
-                if core.config is not self._known_config:
-                    self._members_changed(core)
-                if core.removed:  # (a restart finds it so if it stopped before it said so)
-                    raise self._removed(core)
+
+    def _after_turn(self, core: DrivenCore, members: MemberReplica | None) -> None:
+        """What a turn changed of the view, the role and the members: counted, logged and
+        followed."""
+        view = core.view
+        if view != self._counted_view:
+            self._counted_view = view
+            self.stats.view_changes += 1
+        inner = members.core if members is not None else core
+        if isinstance(inner, SDPaxosReplica) and (view, inner.role) != self._last_seen_view:
+            self._last_seen_view = (view, inner.role)
+            log.info(
+                "replica %d: view %s, role %s, sequencer %d, executed through slot %d",
+                self.me, view_text(view), inner.role.value,
+                getattr(core, "sequencer", 0), core.executed_through(),
+            )
+        if members is not None:
+            if members.config is not self._known_config:
+                self._members_changed(members)
+            if members.removed:  # (a restart finds it so if it stopped before it said so)
+                raise self._removed(members)
 
     def _feed(self, events: list[Event], now: int) -> None:
         core, clients = self.core, self.clients
@@ -268,8 +303,10 @@ class TurnLoop:
 
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
-        self._send(ready.send)
-        self.snapshots.append(itertools.chain(ready.persist, ready.log))
+        if ready.send:
+            self._send(ready.send)
+        if ready.persist or ready.log:
+            self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
             # fsync on the loop itself: handing it to a thread let the loop read sockets
             # meanwhile, but waking an idle worker thread and then the loop cost more (about
@@ -281,12 +318,11 @@ class TurnLoop:
         elif ready.log:
             self.wal.sync(fsync=False)  # written; the next fsync makes it durable
         clients = self.clients
-        ready_latency = self.stats.ready_latency
-        for command in ready.ready:
-            if command.blind:
-                clients.complete((command.client_id, command.seq), READY, now, ready_latency)
-        clients.answer()  # ready writes wait for neither the acks nor the state machine
-        self._send(ready.send_after_persist)
+        if ready.ready:
+            clients.acknowledge(ready.ready, now, self.stats.ready_latency)
+            clients.answer()  # ready writes wait for neither the acks nor the state machine
+        if ready.send_after_persist:
+            self._send(ready.send_after_persist)
         if ready.apply:
             await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
@@ -308,75 +344,85 @@ class TurnLoop:
             for frame in self.snapshots.offer(peer):
                 self.transport.send(peer, frame)
         self.core.advance(ready)
-        self.snapshots.turn_end(len(ready.apply), ready.snapshot_now)
+        self.snapshots.turn_end(ready.applied_count(), ready.snapshot_now)
         clients.answer()
 
-    async def _apply(self, executions: Sequence[Execution], now: int) -> None:
-        """Apply a turn's executions in order, answering the clients of those led here.
+    async def _apply(self, batches: Sequence[SlotBatch], now: int) -> None:
+        """Apply a turn's slot batches in order, answering the clients of those led here.
 
-        Runs of one slot's consecutive commands go to the state machine at once
-        (``_apply_run``), unless commands are authorized one by one or hooks watch each of
-        them (``_apply_each``: they may read the state each command left). Either way the
-        results are those of ``apply`` command by command."""
-        one_by_one = self.authz is not None or bool(self.on_apply)
+        Each batch goes to the state machine whole (``batch_applier``: its ``apply_batch``,
+        or ``apply`` in a loop; the authorization check's ``run_batch`` on a TLS cluster),
+        in pieces of at most ``APPLY_CHECK_EVERY`` commands, a slice's check between them;
+        the ``on_apply`` hooks see each piece once it applied. The results are those of
+        ``apply`` command by command."""
         slices = _ApplySlices(self.busy, self.stats)
-        start, total = 0, len(executions)
-        while start < total:
-            if start:
+        unchecked = 0  # commands applied since the last slice check
+        for slot, offset, commands, led_here in batches:
+            position = slot * SLOT_STRIDE + offset  # SlotBatch.position
+            count = len(commands)
+            if count <= APPLY_CHECK_EVERY:
+                if unchecked >= APPLY_CHECK_EVERY:
+                    await slices.pause_if_due()
+                    unchecked = 0
+                unchecked += count
+                self._apply_piece(position, commands, led_here, now)
+                continue
+            for start in range(0, count, APPLY_CHECK_EVERY):
                 await slices.pause_if_due()
-            if one_by_one:
-                stop = min(total, start + APPLY_CHECK_EVERY)
-                self._apply_each(executions[start:stop], now)
-            else:
-                stop = _run_end(executions, start)
-                self._apply_run(executions[start:stop], now)
-            start = stop
+                self._apply_piece(position + start, commands[start:start + APPLY_CHECK_EVERY],
+                                  led_here, now)
         slices.done()
 
-    def _apply_run(self, run: Sequence[Execution], now: int) -> None:
-        """Consecutive commands of one slot, to the state machine at once (``batch_applier``:
-        its ``apply_batch``, or ``apply`` in a loop)."""
-        slot, first = run[0][0], run[0][1]
-        position = slot * SLOT_STRIDE + first  # Execution.position of the run's first
-        results = self._apply_batch(position, [execution[2] for execution in run])
-        self.stats.commands_applied += len(run)
-        complete, executed_latency = self.clients.complete, self.stats.executed_latency
-        for offset, (execution, result) in enumerate(zip(run, results, strict=True)):
-            command = execution[2]
-            if execution[3] and not command.blind:  # led here, answered after it ran
-                if result is SESSION_EXPIRED:
-                    self._session_expired(command)
-                    continue
-                complete((command.client_id, command.seq),
-                         Result(result, position + offset), now, executed_latency)
-
-    def _apply_each(self, executions: Sequence[Execution], now: int) -> None:
-        """Commands one at a time: each authorized, each seen by the hooks."""
-        apply = self.machine.apply
-        stats, authz, hooks, clients = self.stats, self.authz, self.on_apply, self.clients
-        executed_latency = stats.executed_latency
-        for slot, offset, command, led_here in executions:
-            position = slot * SLOT_STRIDE + offset  # Execution.position
-            if authz is not None:
-                outcome = authz.run(position, command)
-                if isinstance(outcome, Denied):  # nothing changed: no hooks
-                    stats.commands_applied += 1
-                    if led_here:
-                        key = (command.client_id, command.seq)
-                        clients.fail(key, PermissionDenied(outcome.reason), reads=False)
-                    continue
-                result = outcome
+    def _apply_piece(self, position: int, commands: Sequence[Command], led_here: bool,
+                     now: int) -> None:
+        """Consecutive commands of one slot, from ``position`` on, to the state machine at
+        once; the hooks told; the clients of those led here answered."""
+        authz = self.authz
+        results: Sequence[bytes | Denied]
+        if authz is None:
+            results = applied = self._apply_batch(position, commands)
+            if self.on_apply:
+                self._tell_hooks(position, commands, applied)
+        else:
+            results = authz.run_batch(position, commands)
+            if self.on_apply:
+                self._tell_hooks_allowed(position, commands, results)
+        self.stats.commands_applied += len(commands)
+        if not led_here:
+            return
+        clients = self.clients
+        complete, executed_latency = clients.complete, self.stats.executed_latency
+        for offset, (command, result) in enumerate(zip(commands, results, strict=True)):
+            if isinstance(result, Denied):  # refused as it applied: nothing changed
+                clients.fail((command.client_id, command.seq), PermissionDenied(result.reason),
+                             reads=False)
+            elif command.blind:
+                continue  # acknowledged once ready
+            elif result is SESSION_EXPIRED:
+                self._session_expired(command)
             else:
-                result = apply(position, command)
-            stats.commands_applied += 1
-            for hook in hooks:
-                hook(position, command, result)
-            if led_here and not command.blind:
-                if result is SESSION_EXPIRED:
-                    self._session_expired(command)
-                    continue
-                key = (command.client_id, command.seq)
-                clients.complete(key, Result(result, position), now, executed_latency)
+                complete((command.client_id, command.seq), Result(result, position + offset),
+                         now, executed_latency)
+
+    def _tell_hooks(self, position: int, commands: Sequence[Command],
+                    results: Sequence[bytes]) -> None:
+        for hook in self.on_apply:
+            hook(position, commands, results)
+
+    def _tell_hooks_allowed(self, position: int, commands: Sequence[Command],
+                            results: Sequence[bytes | Denied]) -> None:
+        """The hooks, told of the runs of commands the authorization check let apply (a
+        refused one changed nothing: no hook hears of it)."""
+        start = 0
+        for index, result in enumerate(results):
+            if type(result) is Denied:
+                if index > start:
+                    self._tell_hooks(position + start, commands[start:index],
+                                     cast(Sequence[bytes], results[start:index]))
+                start = index + 1
+        if start < len(results):
+            self._tell_hooks(position + start, commands[start:],
+                             cast(Sequence[bytes], results[start:]))
 
     def _answer_read(self, op: bytes, waiters: list[Waiter]) -> None:
         """Answer a read now (every command of the turn applied), or, for one the state
@@ -481,17 +527,6 @@ def sdpaxos_of(core: DrivenCore) -> SDPaxosReplica | None:
     if isinstance(core, MemberReplica):
         return core.core
     return core if isinstance(core, SDPaxosReplica) else None
-
-
-def _run_end(executions: Sequence[Execution], start: int) -> int:
-    """Where the run of one slot's consecutive commands from ``start`` ends (at most
-    ``APPLY_CHECK_EVERY`` commands: a slice's check comes between runs)."""
-    slot, first = executions[start][0], executions[start][1]
-    stop, limit = start + 1, min(len(executions), start + APPLY_CHECK_EVERY)
-    while (stop < limit and executions[stop][0] == slot
-           and executions[stop][1] == first + stop - start):
-        stop += 1
-    return stop
 
 
 class _ApplySlices:

@@ -789,7 +789,7 @@ class Simulation:
 
     def _after_persist(self, rep: _Replica, ready: Ready) -> None:
         self._send(rep, ready.send_after_persist)
-        for execution in ready.apply:
+        for execution in ready.executions():
             if self.partial_order:
                 self._check_conflict_order(rep, execution.command)
                 result = rep.store.apply(execution.position, execution.command)
@@ -824,7 +824,7 @@ class Simulation:
         for peer in sorted(set(ready.snapshot_requests)):
             self._send_snapshot(rep, peer)
         rep.core.advance(ready)
-        rep.applied_since_snapshot += len(ready.apply)
+        rep.applied_since_snapshot += ready.applied_count()
         every = self.options.snapshot_every
         if ready.snapshot_now or (every and rep.applied_since_snapshot >= every):
             self._take_snapshot(rep)

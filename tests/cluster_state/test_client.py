@@ -259,7 +259,7 @@ def test_an_embedded_watch_cancelled_as_an_apply_wakes_it_is_cancelled(tmp_path:
             while len(nodes[2].on_apply) == hooks:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)  # past the events already there, waiting for the next
-            nodes[2].on_apply[-1](0, Command(client_id=1, seq=0, op=b""), b"")
+            nodes[2].on_apply[-1](0, [Command(client_id=1, seq=0, op=b"")], [b""])
             watching.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(watching, 5)

@@ -160,7 +160,7 @@ def test_a_cycle_runs_as_one_component_in_seq_order() -> None:
                      deps=(-1, -1, 0)))
     ready = turn(r0, ECommit(src=2, view=0, owner=2, index=0, ballot=2, batch=(b,), seq=4,
                              deps=(-1, 0, -1)))
-    assert [e.command.client_id for e in ready.apply] == [2, 1]
+    assert [e.command.client_id for e in ready.executions()] == [2, 1]
     assert r0.snapshot_meta() == SnapshotMeta(2, (0, 1, 1))
 
 
@@ -169,10 +169,10 @@ def test_execution_waits_for_an_uncommitted_dependency() -> None:
     turn(r0, pre_accept(2, 0, key_cmd(1, "k", client=2)))
     ready = turn(r0, ECommit(src=1, view=0, owner=1, index=0, ballot=1,
                              batch=(key_cmd(1, "k", client=1),), seq=2, deps=(-1, -1, 0)))
-    assert ready.apply == []
+    assert ready.executions() == []
     ready = turn(r0, ECommit(src=2, view=0, owner=2, index=0, ballot=2,
                              batch=(key_cmd(1, "k", client=2),), seq=1, deps=(-1, -1, -1)))
-    assert [e.command.client_id for e in ready.apply] == [2, 1]
+    assert [e.command.client_id for e in ready.executions()] == [2, 1]
 
 
 def test_unsafe_variant_executes_before_the_dependency_commits() -> None:
@@ -180,7 +180,7 @@ def test_unsafe_variant_executes_before_the_dependency_commits() -> None:
     turn(r0, pre_accept(2, 0, key_cmd(1, "k", client=2)))
     ready = turn(r0, ECommit(src=1, view=0, owner=1, index=0, ballot=1,
                              batch=(key_cmd(1, "k", client=1),), seq=2, deps=(-1, -1, 0)))
-    assert [e.command.client_id for e in ready.apply] == [1]
+    assert [e.command.client_id for e in ready.executions()] == [1]
 
 
 def test_a_long_dependency_chain_executes_without_recursion() -> None:
@@ -190,8 +190,8 @@ def test_a_long_dependency_chain_executes_without_recursion() -> None:
         ready = turn(r0, ECommit(src=1, view=0, owner=1, index=index, ballot=1,
                                  batch=(key_cmd(index, "k", client=2),), seq=index + 1,
                                  deps=(-1, index - 1, -1)))
-    assert len(ready.apply) == length
-    assert [e.command.seq for e in ready.apply[:3]] == [0, 1, 2]
+    assert len(ready.executions()) == length
+    assert [e.command.seq for e in ready.executions()[:3]] == [0, 1, 2]
 
 
 def test_reads_are_commands_served_after_they_execute() -> None:

@@ -70,10 +70,10 @@ def test_owner_commits_on_a_majority_but_is_ready_only_once_lower_slots_are_know
     commits = dict(msgs(ready.send_after_persist, PaxosCommit))
     assert commits[1].batch is None and commits[0].batch is None  # both had the Accept
     # slot 2 is chosen, but replica 0 may still put a later command in slot 0
-    assert ready.ready == [] and ready.apply == []
+    assert ready.ready == [] and ready.executions() == []
     ready = turn(r2, MenciusSkip(src=0, view=0, skip_start=0, skip_stop=3))
     assert ready.ready == [cmd(1, 1)]
-    assert [(e.slot, e.led_here) for e in ready.apply] == [(2, True)]
+    assert [(e.slot, e.led_here) for e in ready.executions()] == [(2, True)]
     assert r2.committed_log() == {0: (), 1: (), 2: (cmd(1, 1),)}
 
 
@@ -183,7 +183,7 @@ def test_lost_accept_is_retransmitted_to_the_replica_that_did_not_ack() -> None:
     resent = msgs(tick(r1, 100_000).send_after_persist, MenciusAccept)
     assert [(to, m.slot) for to, m in resent] == [(0, 1)]
     late = turn(r1, MenciusAck(src=0, view=0, ballot=1, slots=(1,), skip_start=0, skip_stop=3))
-    assert [e.slot for e in late.apply] == [1] and late.ready == [cmd(1, 1)]
+    assert [e.slot for e in late.executions()] == [1] and late.ready == [cmd(1, 1)]
     assert msgs(tick(r1, 300_000).send_after_persist, MenciusAccept) == []
 
 

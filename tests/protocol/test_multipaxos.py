@@ -19,6 +19,7 @@ from consensus.messages import (
     SlotAcceptedRecord,
 )
 from consensus.protocol.multipaxos import MultiPaxosReplica
+from consensus.protocol.ready import Execution, SlotBatch
 from consensus.protocol.slotlog import CATCHUP_BYTES
 
 
@@ -43,9 +44,38 @@ def test_leader_batches_a_turn_into_one_slot_and_persists_before_its_accepts_lea
     accepts = msgs(ready.send_after_persist, PaxosAccept)
     assert [to for to, _ in accepts] == [1, 2]
     assert {m.slot for _, m in accepts} == {0} and len(accepts[0][1].batch) == 3
-    assert ready.send == [] and ready.ready == [] and ready.apply == []
+    assert ready.send == [] and ready.ready == [] and ready.executions() == []
     # the next turn takes the next slot: slots pipeline without waiting for a commit
     assert msgs(turn(leader, cmd(1, 4)).send_after_persist, PaxosAccept)[0][1].slot == 1
+
+
+def test_a_slot_executes_as_runs_of_commands_led_here_and_not() -> None:
+    # the leader's slot mixes its own clients' commands and ones forwarded to it: the
+    # driver gets one SlotBatch per run of one kind, the offsets of the slot kept
+    leader = replica(0)
+    forwarded = (cmd(2, 1), cmd(2, 2))
+    ready = turn(leader, cmd(1, 1), PaxosForward(src=2, view=0, commands=forwarded),
+                 cmd(1, 2))
+    [(_, sent)] = msgs(ready.send_after_persist, PaxosAccept)[:1]
+    batch = sent.batch
+    led = [command.client_id == 1 for command in batch]
+    assert led.count(True) == 2 and led.count(False) == 2
+    ready = turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,)))
+    runs = [(offset, len(commands), led_here) for _, offset, commands, led_here in ready.apply]
+    expected: list[tuple[int, int, bool]] = []
+    for offset, led_here in enumerate(led):
+        if expected and expected[-1][2] == led_here:
+            expected[-1] = (expected[-1][0], expected[-1][1] + 1, led_here)
+        else:
+            expected.append((offset, 1, led_here))
+    assert runs == expected
+    assert ready.executions() == [Execution(0, offset, command, led[offset])
+                                  for offset, command in enumerate(batch)]
+    # a follower's slot: the batch itself, whole
+    follower = replica(1)
+    ready = turn(follower, PaxosAccept(src=0, view=0, slot=0, ballot=0, batch=batch),
+                 PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=None))
+    assert ready.apply == [SlotBatch(0, 0, batch, False)]
 
 
 def test_max_batch_splits_a_turn_into_several_slots() -> None:
@@ -89,7 +119,7 @@ def test_leader_commits_on_a_majority_and_tells_everyone() -> None:
     # every follower was sent the Accept first on the same connection: no value again
     assert commits[1].batch is None and commits[2].batch is None
     assert ready.ready == [cmd(1, 1)]  # arrived here from a client, chosen: ready
-    assert [(e.slot, e.command, e.led_here) for e in ready.apply] == [(0, cmd(1, 1), True)]
+    assert [(e.slot, e.command, e.led_here) for e in ready.executions()] == [(0, cmd(1, 1), True)]
     # a late acknowledgement changes nothing
     late = turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,)))
     assert late.send_after_persist == [] and late.ready == []
@@ -113,7 +143,8 @@ def test_a_retried_command_that_already_executed_is_proposed_again() -> None:
     # (the state machine's session table answers it with the first result)
     leader = replica(0)
     turn(leader, cmd(1, 1))
-    assert [e.slot for e in turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,))).apply]
+    acked = turn(leader, PaxosAck(src=1, view=0, ballot=0, slots=(0,)))
+    assert [e.slot for e in acked.executions()]
     retry = turn(leader, PaxosForward(src=2, view=0, commands=(cmd(1, 1),)))
     assert {m.slot for _, m in msgs(retry.send_after_persist, PaxosAccept)} == {1}
 
@@ -133,7 +164,7 @@ def test_leader_retransmits_unacknowledged_accepts_to_whoever_did_not_ack() -> N
 def test_a_cluster_of_one_commits_at_once() -> None:
     alone = replica(0, n=1)
     ready = turn(alone, cmd(1, 1))
-    assert ready.ready == [cmd(1, 1)] and [e.slot for e in ready.apply] == [0]
+    assert ready.ready == [cmd(1, 1)] and [e.slot for e in ready.executions()] == [0]
 
 
 # --------------------------------------------------------------------------- followers
@@ -220,16 +251,17 @@ def test_reads_go_through_the_log_and_are_served_after_their_slot_executes() -> 
 def test_execution_is_in_slot_order() -> None:
     follower = replica(2)
     ready = turn(follower, PaxosCommit(src=0, view=0, slot=1, ballot=0, batch=(cmd(1, 2),)))
-    assert ready.apply == []  # slot 0 unknown yet
+    assert ready.executions() == []  # slot 0 unknown yet
     ready = turn(follower, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=(cmd(1, 1),)))
-    assert [(e.slot, e.command.seq) for e in ready.apply] == [(0, 1), (1, 2)]
+    assert [(e.slot, e.command.seq) for e in ready.executions()] == [(0, 1), (1, 2)]
     assert follower.executed_through() == 1
     assert follower.committed_log() == {0: (cmd(1, 1),), 1: (cmd(1, 2),)}
 
 
 def test_a_commit_without_the_value_waits_for_catch_up() -> None:
     follower = replica(2)
-    assert turn(follower, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=None)).apply == []
+    committed = turn(follower, PaxosCommit(src=0, view=0, slot=0, ballot=0, batch=None))
+    assert committed.executions() == []
     assert follower.committed_log() == {}
 
 
@@ -346,7 +378,7 @@ def test_compaction_and_snapshot_install() -> None:
     assert fresh.install_snapshot(meta) == []
     assert fresh.executed_through() == 4
     ready = turn(fresh, PaxosCommit(src=0, view=0, slot=5, ballot=0, batch=(cmd(1, 9),)))
-    assert [e.slot for e in ready.apply] == [5]
+    assert [e.slot for e in ready.executions()] == [5]
     # the leader goes on after the compaction point
     assert msgs(turn(leader, cmd(1, 10)).send_after_persist, PaxosAccept)[0][1].slot == 5
 

@@ -282,7 +282,7 @@ class Net:
             if self.trace:
                 self.sent.append(f"{r}->{out.to} {type(out.message).__name__}")
         self.ready_cmds[r].extend(ready.ready)
-        self.executed[r].extend(ready.apply)
+        self.executed[r].extend(ready.executions())
         self.reads[r].extend(ready.reads)
         if self.on_ready is not None:
             self.on_ready(r, ready)

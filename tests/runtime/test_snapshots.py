@@ -35,7 +35,7 @@ def three_replicas(tmp_path: Path) -> ClusterConfig:
 def drain_replay(node: ReplicaNode) -> None:
     """Apply what a restarted core hands out first (its replay), as the loop's first turn."""
     ready = node.core.ready()
-    for execution in ready.apply:
+    for execution in ready.executions():
         node.state_machine.apply(execution.position, execution.command)
     node.core.advance(ready)
 

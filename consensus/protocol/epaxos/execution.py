@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from consensus.messages import Command
 from consensus.protocol.epaxos.state import COMMITTED, Instance, InstanceId
-from consensus.protocol.ready import Execution, Ready
+from consensus.protocol.ready import Ready, SlotBatch
 from consensus.protocol.slotlog import Key, key_of
 
 __all__ = ["ExecutionMixin"]
@@ -135,7 +135,7 @@ class ExecutionMixin:
                 if key in self._unready and led_here:
                     self._unready.discard(key)
                     self._out.ready.append(command)
-                self._out.apply.append(Execution(self.exec_slot, 0, command, led_here))
+                self._out.apply.append(SlotBatch(self.exec_slot, 0, (command,), led_here))
                 self.exec_slot += 1
         for owner in sorted({iid[0] for iid in component}):
             while True:

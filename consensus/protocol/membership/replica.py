@@ -48,6 +48,7 @@ advance``, snapshots, records); what this layer adds, and where:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from operator import attrgetter
@@ -70,6 +71,7 @@ from consensus.messages import (
     Record,
     SnapshotChunk,
 )
+from consensus.packed_batch import PackedBatch
 from consensus.protocol.admission import Rejection, check_frame
 from consensus.protocol.batch import CATCHUP_BYTES, batch_size
 from consensus.protocol.membership.config import (
@@ -86,7 +88,7 @@ from consensus.protocol.membership.config import (
     encode_change,
     next_epoch,
 )
-from consensus.protocol.ready import Execution, Failure, Outgoing, Ready
+from consensus.protocol.ready import Failure, Outgoing, Ready, SlotBatch
 from consensus.protocol.sdpaxos.instances import NEVER, NO_SLOT
 from consensus.protocol.sdpaxos.replica import SDPaxosReplica
 from consensus.protocol.status import CoreStatus
@@ -125,8 +127,25 @@ def config_of(record: ConfigRecord) -> Configuration:
 #: messages between members by id, whatever their epochs (see ``check_frame``)
 _BY_MEMBER_ID = (LearnRequest, LearnReply, SnapshotChunk)
 
-#: an execution's op (what ``_applied`` looks for membership changes in)
-_OP_OF = attrgetter("command.op")
+#: a command's op (what ``_applied`` looks for membership changes in)
+_OP_OF = attrgetter("op")
+
+
+def _may_change_members(batch: SlotBatch) -> bool:
+    """Whether a command of ``batch`` may be a membership change (``MEMBER_OP``): one C pass
+    over its bytes as they came in (a packed batch's ops are in them verbatim), or over its
+    ops (this runs for every slot executed). False for certain; true may be a false alarm."""
+    commands = batch.commands
+    if type(commands) is PackedBatch:
+        return MEMBER_OP in commands.packed
+    return MEMBER_OP in b"".join(map(_OP_OF, commands))
+
+
+@functools.lru_cache(maxsize=64)
+def _ids_are_indexes(voters: tuple[int, ...]) -> bool:
+    """Whether the voters' member ids are their indexes (nothing to translate: every turn
+    asks, and a configuration's voters rarely change)."""
+    return voters == tuple(range(len(voters)))
 
 
 def epoch_of(view: int) -> int:
@@ -315,20 +334,20 @@ class MemberReplica:
     def check_frame(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
         """Admission (``consensus.protocol.admission``) of a frame from member ``sender``:
         each message against the core of its epoch, with the sender's index there."""
-        if not isinstance(messages, Sequence):
+        if type(messages) is not list and not isinstance(messages, Sequence):
             messages = tuple(messages)
         core, config = self.core, self.config
         index = config.index_of(sender)
-        if core is not None and index is not None and all(
-            not isinstance(message, _BY_MEMBER_ID) and epoch_of(message.view) == config.epoch
-            for message in messages
-        ):
-            # the common case, every message of our epoch: the whole frame at once, which
-            # is what the loop below does message by message (the receiver's bounds taken
-            # once per frame instead of once per message)
-            return check_frame(messages, core, len(config.voters), sender=index,
-                               protocol=PROTOCOL)
-        return self._check_each(messages, sender)
+        if core is None or index is None:
+            return self._check_each(messages, sender)
+        epoch = config.epoch
+        for message in messages:
+            if isinstance(message, _BY_MEMBER_ID) or message.view >> EPOCH_SHIFT != epoch:
+                return self._check_each(messages, sender)
+        # the common case, every message of our epoch: the whole frame at once, which is
+        # what ``_check_each`` does message by message (the receiver's bounds taken once per
+        # frame instead of once per message)
+        return check_frame(messages, core, len(config.voters), sender=index, protocol=PROTOCOL)
 
     def _check_each(self, messages: Iterable[PeerMessage], sender: int) -> Rejection | None:
         """``check_frame`` message by message, each against the core of its epoch."""
@@ -404,15 +423,15 @@ class MemberReplica:
         """Core indexes to member ids, epoch slots to global slots (nothing in an unchanged
         epoch 0: ids are indexes and slots are global there)."""
         voters, base = config.voters, config.base
-        if voters != tuple(range(len(voters))):
+        if not _ids_are_indexes(voters):
             ready.send = [Outgoing(voters[o.to], o.message) for o in ready.send]
             ready.send_after_persist = [
                 Outgoing(voters[o.to], o.message) for o in ready.send_after_persist
             ]
             ready.snapshot_requests = [voters[i] for i in ready.snapshot_requests]
         if base:
-            ready.apply = [Execution(e.slot + base, e.offset, e.command, e.led_here)
-                           for e in ready.apply]
+            ready.apply = [SlotBatch(slot + base, offset, commands, led_here)
+                           for slot, offset, commands, led_here in ready.apply]
 
     def _merge_own(self, ready: Ready) -> None:
         """What this layer produced since the last turn goes out with the core's, first."""
@@ -432,25 +451,37 @@ class MemberReplica:
         core.advance(ready)
 
     # ------------------------------------------------------------------ membership changes
-    def _applied(self, executions: list[Execution], ready: Ready) -> list[Execution]:
-        """Take the membership changes out of what executes, applying each in order."""
-        if MEMBER_OP not in b"".join(map(_OP_OF, executions)):
-            return executions  # none (one C pass: this runs for every command executed)
-        kept: list[Execution] = []
-        for execution in executions:
-            change = decode_change(execution.command.op)
-            if change is None:
-                kept.append(execution)
+    def _applied(self, batches: list[SlotBatch], ready: Ready) -> list[SlotBatch]:
+        """Take the membership changes out of what executes, applying each in order (a
+        batch that holds one goes on as the runs of commands around it)."""
+        if not any(map(_may_change_members, batches)):
+            return batches  # none (the common case: nothing built)
+        kept: list[SlotBatch] = []
+        for batch in batches:
+            slot, offset, commands, led_here = batch
+            if not _may_change_members(batch):
+                kept.append(batch)
                 continue
-            self.config, result = apply_change(self.config, change)
-            if execution.led_here:
-                ready.results.append((execution.command, result.encode()))
-            if self.config.closing and self.core is not None:
-                self.core.close_epoch()
-                if "epoch_at_change" in self.protocol.unsafe:
-                    # broken on purpose: the epoch ends here, whatever was ordered after it
-                    self._cut_at = execution.slot - self.config.base
-                    break
+            start = 0  # the first command of the run not yet kept
+            for index, command in enumerate(commands):
+                change = decode_change(command.op)
+                if change is None:
+                    continue
+                if index > start:
+                    kept.append(SlotBatch(slot, offset + start, commands[start:index], led_here))
+                start = index + 1
+                self.config, result = apply_change(self.config, change)
+                if led_here:
+                    ready.results.append((command, result.encode()))
+                if self.config.closing and self.core is not None:
+                    self.core.close_epoch()
+                    if "epoch_at_change" in self.protocol.unsafe:
+                        # broken on purpose: the epoch ends here, whatever was ordered after it
+                        self._cut_at = slot - self.config.base
+                        return kept
+            if start < len(commands):
+                kept.append(batch if not start else
+                            SlotBatch(slot, offset + start, commands[start:], led_here))
         return kept
 
     def _maybe_switch(self, ready: Ready) -> None:
@@ -663,9 +694,8 @@ class MemberReplica:
                 if self.core is not None or self._awaiting_snapshot:
                     return taken, True  # a voter now: its core takes it from here
                 continue
-            executions = [Execution(slot, offset, command, False)
-                          for offset, command in enumerate(learned.batch)]
-            self.out.apply += self._applied(executions, self.out)
+            self.out.apply += self._applied([SlotBatch(slot, 0, learned.batch, False)],
+                                            self.out)
         return len(slots), False
 
     def _replay_learned(self, records: Sequence[Record]) -> None:
@@ -776,11 +806,12 @@ class MemberReplica:
         own clients' commands among it fail (not known here: a retry gets the first result
         from the session table), like the core's own (``Snapshots._drop_below``)."""
         why = "decided while this replica caught up from a snapshot: retry it"
-        covered = [e for e in self.out.apply if e.slot < slot]
+        covered = [batch for batch in self.out.apply if batch.slot < slot]
         if covered:
-            self.out.apply = [e for e in self.out.apply if e.slot >= slot]
-            self.out.failed += [Failure(e.command, False, why) for e in covered
-                                if e.led_here and not e.command.blind]
+            self.out.apply = [batch for batch in self.out.apply if batch.slot >= slot]
+            self.out.failed += [Failure(command, False, why) for batch in covered
+                                if batch.led_here for command in batch.commands
+                                if not command.blind]
 
     def _closing_known(self) -> None:
         """A configuration taken from a snapshot may hold a voter change we never executed

@@ -33,7 +33,7 @@ from consensus.messages import (
     CAcceptedRecord,
     ExecutedRecord,
 )
-from consensus.protocol.ready import executions
+from consensus.protocol.ready import SlotBatch
 from consensus.protocol.sdpaxos.instances import NO_INDEX, PLACES_NOTHING
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class Executor:
                     r.proposals.executed(index, inst.batch)
                 if r.ordering.history.unknown:
                     r.ordering.learn_keys(owner, index, inst.batch)
-                r.out.apply.extend(executions(slot, inst.batch, led_here))
+                r.out.apply.append(SlotBatch(slot, 0, inst.batch, led_here))
             o_log.execute(slot, owner, index, r.view)
             self.progress_at = r.now
             if owner == SEAL:
@@ -148,7 +148,7 @@ class Executor:
                     break
                 r.c_store.choose(owner, index, inst)
                 led_here = owner == r.me
-                r.out.apply.extend(executions(slot, inst.batch, led_here))
+                r.out.apply.append(SlotBatch(slot, 0, inst.batch, led_here))
             o_log.execute(slot, owner, index, r.view)
         self.logged = o_log.exec_slot
         r.c_store.used(o_log.exec_count[r.me])

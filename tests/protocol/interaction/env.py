@@ -477,7 +477,7 @@ class InteractionEnv:
                     lines.append(f"{rid}{arrow}{out.to} {self.fmt_item(out.message)}")
         for command in ready.ready:
             lines.append(f"ready {self.fmt_command(command)}")
-        for ex in ready.apply:
+        for ex in ready.executions():
             self._note_execution(rid, ex.slot, ex.command, node.store)
             node.store.apply(ex.position, ex.command)
             where = f"{ex.slot}" if ex.offset == 0 else f"{ex.slot}.{ex.offset}"

@@ -23,6 +23,7 @@ from consensus.messages import (
 )
 from consensus.protocol.membership import MemberReplica
 from consensus.protocol.membership.config import ADD, PROMOTE, REMOVE, Change, encode_change
+from consensus.protocol.ready import SlotBatch
 from consensus.protocol.types import SnapshotMeta
 
 CONFIG = ProtocolConfig(replicas=3)
@@ -57,7 +58,7 @@ def turn(member: MemberReplica, *messages: LearnReply, now: int = 0
     ready = member.ready()
     member.advance(ready)
     asked = [o.message for o in ready.send if isinstance(o.message, LearnRequest)]
-    return [e.command for e in ready.apply], list(ready.persist) + list(ready.log), asked
+    return [e.command for e in ready.executions()], list(ready.persist) + list(ready.log), asked
 
 
 def test_a_restarted_learner_applies_its_records_and_asks_for_what_follows() -> None:
@@ -148,6 +149,21 @@ def test_a_learner_killed_after_learning_its_promotion_resumes_as_the_new_voter(
     ready = again.ready()
     again.advance(ready)
     assert ready.snapshot_now and again.exec_slot == 8 and not again.voting
-    assert [e.command for e in ready.apply] == [put(k) for k in (0, 1, 2, 4, 5)]
+    assert [e.command for e in ready.executions()] == [put(k) for k in (0, 1, 2, 4, 5)]
     assert again.durable_records()  # the snapshot taken: its core starts
     assert again.voting and again.config.voters == (0, 1, 2, LEARNER)
+
+
+def test_a_change_inside_a_batch_leaves_the_runs_around_it_at_their_offsets() -> None:
+    # the state machine gets the commands before and after the change (never the change
+    # itself), each at its place in the slot
+    [changed] = change(ADD, LEARNER).batch
+    mixed = LearnedSlot(seal=False, batch=(put(0), put(1), changed, put(3)))
+    member = learner()
+    turn(member, now=1)
+    member.step(reply(0, [mixed, *plain(1, 1)], 10), 2)
+    ready = member.ready()
+    member.advance(ready)
+    assert ready.apply == [SlotBatch(0, 0, (put(0), put(1)), False),
+                           SlotBatch(0, 3, (put(3),), False), SlotBatch(1, 0, (put(1),), False)]
+    assert member.config.learners == (LEARNER,)

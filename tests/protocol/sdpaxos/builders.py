@@ -102,7 +102,7 @@ def compacted_at(me: int, owner: int) -> SDPaxosReplica:
     r.step(caccept(owner, owner, 0, (A,)), 0)
     r.step(ccommit(owner, owner, 0, (A,)), 0)
     r.step(ocommit(0, (0, owner)), 0)
-    assert [e.command for e in drain(r).apply] == [A]
+    assert [e.command for e in drain(r).executions()] == [A]
     r.compact(r.snapshot_meta())
     drain(r)
     return r

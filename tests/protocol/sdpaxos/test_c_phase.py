@@ -54,7 +54,7 @@ def test_proposal_at_non_sequencer_persists_then_sends_caccepts() -> None:
     accept = caccept(1, 1, 0, (A,))
     assert msgs(ready.send_after_persist) == [(0, accept), (2, accept)]
     assert ready.send == []  # the sequencer gets the CAccept: no CRequest (line 4)
-    assert ready.ready == ready.apply == ready.failed == []
+    assert ready.ready == ready.executions() == ready.failed == []
 
 
 def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
@@ -233,12 +233,12 @@ def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_accept_itself(
     r2.step(caccept(1, 1, 0, (A,)), 1)  # 1 accepted it before sending: with us, a majority
     r2.step(oaccept((0, 1)), 1)  # the sequencer and we: slot 0 is chosen too
     ready = drain(r2)
-    assert [e.command for e in ready.apply] == [A]  # no CCommit, no OCommit needed
+    assert [e.command for e in ready.executions()] == [A]  # no CCommit, no OCommit needed
     assert (0, OAck(src=2, view=0, slots=(0,))) in msgs(ready.send_after_persist)
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
     r2.step(oaccept((0, 1)), 1)
-    assert list(drain(r2).apply) == []  # two of five: not yet
+    assert list(drain(r2).executions()) == []  # two of five: not yet
 
 
 def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() -> None:
@@ -246,11 +246,11 @@ def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() 
     r2.step(caccept(1, 1, 0, (A,)), 1)  # proposer 1 and we accepted: two of five
     r2.step(ocommit(0, (0, 1)), 1)
     ready = drain(r2)
-    assert list(ready.apply) == []
+    assert list(ready.executions()) == []
     ack = cack(2, 1, 0)
     assert msgs(ready.send_after_persist, CAck) == [(0, ack), (1, ack), (3, ack), (4, ack)]
     r2.step(cack(3, 1, 0), 2)  # a third acceptance of ballot 1: chosen, no CCommit needed
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
 
 
 def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
@@ -258,9 +258,9 @@ def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
     r2.step(ocommit(0, (0, 1)), 1)
     r2.step(cack(3, 1, 0), 1)  # from acceptors nearer than the proposer
     r2.step(cack(4, 1, 0), 1)
-    assert list(drain(r2).apply) == []  # we lack the value
+    assert list(drain(r2).executions()) == []  # we lack the value
     r2.step(caccept(1, 1, 0, (A,)), 2)
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
 
 
 def test_acks_kept_for_an_instance_are_dropped_once_it_is_decided() -> None:
@@ -282,9 +282,9 @@ def test_acks_of_another_ballot_do_not_choose_what_we_accepted() -> None:
     r2.step(cack(3, 1, 0, ballot=high), 2)  # 3 and 4 accepted a recoverer's value instead
     r2.step(cack(4, 1, 0, ballot=high), 2)
     r2.step(cack(4, 1, 0), 2)  # an older acknowledgement arriving late counts no more
-    assert list(drain(r2).apply) == []
+    assert list(drain(r2).executions()) == []
     r2.step(caccept(0, 1, 0, (B,), ballot=high), 3)  # now we accept it too: 0, 2, 3, 4
-    assert [e.command for e in drain(r2).apply] == [B]
+    assert [e.command for e in drain(r2).executions()] == [B]
 
 
 def test_an_overtaken_proposer_counts_acks_only_for_its_own_ballot() -> None:
@@ -298,10 +298,10 @@ def test_an_overtaken_proposer_counts_acks_only_for_its_own_ballot() -> None:
     drain(r1)
     r1.step(ocommit(0, (0, 1)), 2)
     r1.step(cack(3, 1, 0), 2)  # an acknowledgement of our own ballot: A is not chosen
-    assert list(drain(r1).apply) == []
+    assert list(drain(r1).executions()) == []
     r1.step(cack(4, 1, 0, ballot=high), 3)  # recoverer 0, we and 4 accepted B: chosen
     ready = drain(r1)
-    assert [e.command for e in ready.apply] == [B]
+    assert [e.command for e in ready.executions()] == [B]
     # failed, not definitely: a client retry may carry A in another replica's instance
     assert [(f.command, f.definite) for f in ready.failed] == [(A, False)]
 
@@ -320,28 +320,28 @@ def test_ccommit_without_batch_needs_matching_ballot() -> None:
     r2.step(caccept(1, 1, 0, (A,)), 1)  # accepted at ballot (0, 1)
     drain(r2)
     r2.step(ocommit(1, (0, 1)), 2)
-    assert drain(r2).apply == []
+    assert drain(r2).executions() == []
     other = ballot_of(1, 0)  # chosen at a recoverer's ballot, perhaps with another value
     r2.step(ccommit(0, 1, 0, None, ballot=other), 3)
-    assert drain(r2).apply == []  # not applied: our value may not be the chosen one
+    assert drain(r2).executions() == []  # not applied: our value may not be the chosen one
     r2.step(ccommit(0, 1, 0, (B,), ballot=other), 4)
-    assert drain(r2).apply == [Execution(0, 0, B, False)]
+    assert drain(r2).executions() == [Execution(0, 0, B, False)]
 
 
 def test_ccommit_without_batch_at_matching_ballot_applies() -> None:
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
     r2.step(ocommit(1, (0, 1)), 2)
-    assert drain(r2).apply == []
+    assert drain(r2).executions() == []
     r2.step(ccommit(1, 1, 0, None), 3)
-    assert drain(r2).apply == [Execution(0, 0, A, False)]
+    assert drain(r2).executions() == [Execution(0, 0, A, False)]
 
 
 def test_ccommit_without_batch_for_unknown_instance_is_ignored() -> None:
     r2 = core(3, 2)
     r2.step(ccommit(1, 1, 0, None), 1)
     r2.step(ocommit(1, (0, 1)), 2)
-    assert drain(r2).apply == []
+    assert drain(r2).executions() == []
 
 
 # ============================================ views (C-instances are ordered by ballots, not views)
@@ -366,7 +366,7 @@ def test_older_view_ccommit_is_still_a_fact() -> None:
     r2.step(ccommit(0, 0, 0, (A,), view=0), 1)  # a chosen value is a fact in any view
     assert drain(r2).is_empty()
     r2.step(ocommit(1, (0, 0), view=1), 2)  # slot 0 => 0 committed in view 1
-    assert drain(r2).apply == [Execution(0, 0, A, False)]
+    assert drain(r2).executions() == [Execution(0, 0, A, False)]
 
 
 def test_n5_acceptor_ignores_c_accepts_from_an_older_view() -> None:

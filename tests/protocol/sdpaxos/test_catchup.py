@@ -32,10 +32,10 @@ def _executed_sequencer() -> SDPaxosReplica:
     r0.step(ocommit(1, (0, 1)), 0)
     r0.propose(B, 0)
     r0.propose(C, 0)
-    applied = list(drain(r0).apply)
+    applied = list(drain(r0).executions())
     r0.step(cack(2, 0, 0), 1)
     r0.step(oack(2, 1), 1)
-    applied += drain(r0).apply
+    applied += drain(r0).executions()
     assert [(e.slot, e.command) for e in applied] == [(0, A), (1, B), (1, C)]
     return r0
 
@@ -53,7 +53,7 @@ def test_catchup_answer_carries_ocommit_and_ccommits_with_batches() -> None:
     r2 = core(3, 2)
     for _, message in out:
         r2.step(message, 3)
-    assert [(e.slot, e.offset, e.command, e.led_here) for e in drain(r2).apply] == [
+    assert [(e.slot, e.offset, e.command, e.led_here) for e in drain(r2).executions()] == [
         (0, 0, A, False),
         (1, 0, B, False),
         (1, 1, C, False),
@@ -103,13 +103,13 @@ def test_stuck_replica_asks_for_markers_then_for_the_values_it_lacks() -> None:
     assert (2, ccommit(0, 1, 0, None)) in answer  # no value: r2 may hold it
     for _, message in answer:
         r2.step(message, 300_001)
-    assert list(drain(r2).apply) == []  # it did not
+    assert list(drain(r2).executions()) == []  # it did not
     r2.tick(300_002)  # the marker it could not use: values at once, not a timeout later
     assert msgs(drain(r2).send) == [(1, Catchup(src=2, view=0, slot=0))]
     r0.step(Catchup(src=2, view=0, slot=0), 2)
     for _, message in all_out(drain(r0)):
         r2.step(message, 300_003)
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
 
 
 def test_markers_alone_unblock_a_replica_that_holds_the_values() -> None:
@@ -119,7 +119,7 @@ def test_markers_alone_unblock_a_replica_that_holds_the_values() -> None:
     r0.step(caccept(1, 1, 0, (A,)), 0)  # the sequencer orders it: slot 0
     r0.step(ccommit(1, 1, 0, None), 0)
     r0.step(ocommit(1, (0, 1)), 0)
-    assert [e.command for e in drain(r0).apply] == [A]
+    assert [e.command for e in drain(r0).executions()] == [A]
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 0)
     r2.step(oaccept((0, 1)), 0)
@@ -132,7 +132,7 @@ def test_markers_alone_unblock_a_replica_that_holds_the_values() -> None:
     assert (2, ccommit(0, 1, 0, None)) in answer
     for _, message in answer:
         r2.step(message, 300_001)
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
     r2.tick(600_001)
     assert msgs(drain(r2).send, Catchup) == []  # no values were ever needed
 
@@ -149,7 +149,7 @@ def _execute_slot(r: SDPaxosReplica, slot: int, now: int) -> None:
     r.step(caccept(0, 0, slot, (command,)), now)
     r.step(ccommit(0, 0, slot, (command,)), now)
     r.step(ocommit(0, (slot, 0)), now)
-    assert [e.command for e in drain(r).apply] == [command]
+    assert [e.command for e in drain(r).executions()] == [command]
 
 
 def _catchups(r: SDPaxosReplica, now: int) -> list[tuple[int, PeerMessage]]:

@@ -18,7 +18,7 @@ def test_with_three_replicas_the_sequencer_learns_a_slot_from_one_acceptor() -> 
     r0.step(caccept(1, 1, 0, (A,)), 1)  # orders it: slot 0 => 1, and knows C[1][0] chosen
     drain(r0)
     r0.step(OAck(src=2, view=0, slots=(0,)), 2)  # 2 accepted slot 0: with us, a majority
-    assert [e.command for e in drain(r0).apply] == [A]  # before the learner's OCommit
+    assert [e.command for e in drain(r0).executions()] == [A]  # before the learner's OCommit
 
 
 def test_with_five_replicas_a_replica_learns_a_slot_from_the_acceptors_oacks() -> None:
@@ -26,16 +26,16 @@ def test_with_five_replicas_a_replica_learns_a_slot_from_the_acceptors_oacks() -
     r2.step(caccept(1, 1, 0, (A,)), 1)
     r2.step(cack(3, 1, 0), 1)  # C[1][0] chosen: 1, 2 and 3 accepted it
     r2.step(oack(3, 0), 1)  # an OAck overtaking the sequencer's OAccept: kept
-    assert list(drain(r2).apply) == []
+    assert list(drain(r2).executions()) == []
     r2.step(oaccept((0, 1)), 2)  # the sequencer, we and 3 accepted slot 0: chosen
-    assert [e.command for e in drain(r2).apply] == [A]  # no OCommit from replica 1 needed
+    assert [e.command for e in drain(r2).executions()] == [A]  # no OCommit from replica 1 needed
     r3 = core(5, 3)
     r3.step(caccept(1, 1, 0, (A,)), 1)
     r3.step(cack(2, 1, 0), 1)
     r3.step(oaccept((0, 1)), 2)
-    assert list(drain(r3).apply) == []  # the sequencer and we: two of five
+    assert list(drain(r3).executions()) == []  # the sequencer and we: two of five
     r3.step(oack(4, 0), 3)
-    assert [e.command for e in drain(r3).apply] == [A]
+    assert [e.command for e in drain(r3).executions()] == [A]
 
 
 # =========================================================================== views

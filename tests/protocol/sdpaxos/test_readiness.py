@@ -41,7 +41,7 @@ def test_ready_n3_needs_commit_and_oaccept_cack_first() -> None:
         (0, ocommit(1, (0, 1))),
         (2, ocommit(1, (0, 1))),
     ]
-    assert ready.apply == [Execution(0, 0, A, True)]
+    assert ready.executions() == [Execution(0, 0, A, True)]
 
 
 def test_ready_n3_needs_commit_and_oaccept_oaccept_first() -> None:
@@ -55,11 +55,11 @@ def test_ready_n3_needs_commit_and_oaccept_oaccept_first() -> None:
         (0, ocommit(1, (0, 1))),
         (2, ocommit(1, (0, 1))),
     ]
-    assert ready.apply == []
+    assert ready.executions() == []
     r1.step(cack(0, 1, 0), 2)
     ready = drain(r1)
     assert ready.ready == [A]
-    assert ready.apply == [Execution(0, 0, A, True)]
+    assert ready.executions() == [Execution(0, 0, A, True)]
 
 
 def test_ready_n3_needs_i_plus_1_o_instances() -> None:
@@ -95,7 +95,7 @@ def test_ready_n5_non_sequencer_waits_for_gap_free_prefix() -> None:
     r1.step(oaccept((0, 2)), 3)
     ready = drain(r1)
     assert ready.ready == [A]
-    assert ready.apply == []  # slot 0's C-instance (replica 2's) is unknown here
+    assert ready.executions() == []  # slot 0's C-instance (replica 2's) is unknown here
 
 
 def test_ready_n5_prefix_from_an_older_view_proves_nothing_after_joining_a_newer() -> None:
@@ -260,7 +260,7 @@ def test_n3_sequencer_resends_unchosen_own_oaccept() -> None:
     ready = drain(r0)
     # Figure 5 line 21 counts O-instances: one is chosen (slot 1), so C[0][0] is ready
     assert ready.ready == [A]
-    assert ready.apply == []  # slot 0 is not chosen: nothing can execute anywhere
+    assert ready.executions() == []  # slot 0 is not chosen: nothing can execute anywhere
     r0.tick(200_000)
     ready = drain(r0)
     resent = {

@@ -33,7 +33,7 @@ def test_one_turns_reads_ask_the_sequencer_once_for_the_union_of_their_keys() ->
     r1.step(ccommit(2, 2, 0, (A,)), 20)
     r1.step(ocommit(0, (0, 2)), 20)
     ready = drain(r1)
-    assert [e.command for e in ready.apply] == [A]
+    assert [e.command for e in ready.executions()] == [A]
     assert ready.reads == [first, second]
 
 
@@ -114,5 +114,5 @@ def test_the_sequencers_own_reads_wait_for_a_lease_then_share_one_slot_per_turn(
     assert drain(r0).reads == []  # C[1][0] chosen, but r0 has not learnt that O[0] is
     r0.step(ocommit(1, (0, 1)), 70)
     ready = drain(r0)
-    assert [e.command for e in ready.apply] == [A]
+    assert [e.command for e in ready.executions()] == [A]
     assert sorted(c.client_id for c in ready.reads) == [20, 21, 22]

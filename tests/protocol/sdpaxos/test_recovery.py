@@ -99,7 +99,7 @@ def test_a_recovery_asks_again_from_where_execution_got_to() -> None:
     r2.step(ccommit(1, 1, 0, (A,)), 10)
     r2.step(oaccept((0, 1)), 10)
     r2.step(ocommit(0, (0, 1)), 10)
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
     r2.tick(r2.config.election_timeout_us + 20)
     again = {m for _, m in all_out(drain(r2)) if isinstance(m, CPrepare)}
     assert again == {dataclasses.replace(prepare, from_index=1)}
@@ -149,7 +149,7 @@ def test_an_owner_overtaken_by_a_recoverer_takes_back_what_it_proposed_after() -
         slot += 1
         r1.tick(now)
         ready = drain(r1)
-        assert ready.apply
+        assert ready.executions()
         found = msgs(ready.send_after_persist + ready.send, CPrepare)
         prepare = found[0][1] if found else None  # type: ignore[assignment]
     assert (prepare.owner, prepare.from_index) == (1, accept.index)
@@ -197,7 +197,7 @@ def test_a_recovery_never_re_proposes_an_instance_executed_meanwhile() -> None:
     # meanwhile C[1][0] is decided and executed here, and compacted away
     r2.step(ccommit(1, 1, 0, (A,)), 1)
     r2.step(ocommit(0, (0, 1)), 1)
-    assert [e.command for e in drain(r2).apply] == [A]
+    assert [e.command for e in drain(r2).executions()] == [A]
     r2.compact(r2.snapshot_meta())
     drain(r2)
     ballot = r2.recovery.recoveries[1].ballot

@@ -30,11 +30,11 @@ def test_replay_stops_where_the_records_lack_the_chosen_value() -> None:
     ]
     without_b = [x for x in accepted if not (isinstance(x, CAcceptedRecord) and x.owner == 0)]
     again, first = restarted(r, [*without_b, *executed])
-    assert [e.command for e in first.apply] == [A] and again.executed_through() == 0
+    assert [e.command for e in first.executions()] == [A] and again.executed_through() == 0
     # a value accepted at a lower ballot than the chosen one proves nothing either
     chosen_higher = ExecutedRecord(start=0, owners=(1, 0), ballots=(1, ballot_of(1, 2)))
     again, first = restarted(r, [*accepted, chosen_higher])
-    assert [e.command for e in first.apply] == [A] and again.executed_through() == 0
+    assert [e.command for e in first.executions()] == [A] and again.executed_through() == 0
 
 
 def test_a_restarted_replica_votes_from_where_it_executed_not_from_its_snapshot() -> None:

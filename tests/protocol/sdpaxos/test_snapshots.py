@@ -26,7 +26,7 @@ def test_compacting_to_an_older_snapshot_keeps_executed_instances_for_peers_not_
     r.step(ccommit(1, 1, 0, (A,)), 0)
     r.step(ocommit(0, (0, 1)), 0)
     r.step(caccept(0, 0, 0, (C,)), 0)  # chosen, not yet ordered: the log must keep it
-    assert [e.command for e in drain(r).apply] == [A]
+    assert [e.command for e in drain(r).executions()] == [A]
     records = r.compact(older)
     assert [(x.owner, x.index) for x in records if isinstance(x, CAcceptedRecord)] == [(0, 0)]
     r.step(Catchup(src=0, view=0, slot=0), 1)
@@ -59,4 +59,4 @@ def test_own_proposals_a_peers_snapshot_covers_fail_indefinitely_instead_of_cras
     r1.step(ccommit(0, 0, 1, (theirs,)), 10)
     r1.step(ocommit(0, (2, 0)), 10)
     r1.tick(10_000_000)
-    assert [e.command for e in drain(r1).apply] == [theirs]
+    assert [e.command for e in drain(r1).executions()] == [theirs]

@@ -100,7 +100,7 @@ def _n5_candidate_that_executed_two_slots(*, compact: bool) -> SDPaxosReplica:
         r1.step(caccept(owner, owner, 0, (command,)), 0)
         r1.step(ccommit(owner, owner, 0, (command,)), 0)
         r1.step(ocommit(0, (slot, owner)), 0)
-    assert [e.command for e in drain(r1).apply] == [A, C]
+    assert [e.command for e in drain(r1).executions()] == [A, C]
     if compact:
         r1.compact(r1.snapshot_meta())
         drain(r1)
