@@ -85,6 +85,10 @@ UNSAFE_VARIANTS: Final = frozenset(
         # still waits for its own snapshot, and then starts its core again from nothing (it
         # forgets what it accepted and executed in the epoch)
         "stale_awaiting_core",
+        # membership: a sealed sequencer ignores a CRequest for an instance it can no longer
+        # order, though the owner's lower instances' OAccepts may be what it lost (the slot
+        # before the SEAL stays unchosen, the epoch never ends)
+        "sealed_ignores_crequest",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

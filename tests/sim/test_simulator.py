@@ -355,3 +355,14 @@ def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> N
     fixed, broken = _fixed_and_broken(809, "stale_awaiting_core", 3, **LAN_SNAPSHOTS)
     assert fixed.ok
     assert "executed" in (broken.violation or "")
+
+
+def test_a_sealed_sequencer_resends_what_an_owner_lost_on_its_request() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, WAN) replica 1 was lost with its
+    # disk and replica 3 added in its place; the sequencer ordered replica 2's instance in
+    # slot 41, the SEAL in 42, and its OAccept of 41 was lost to replica 2, the only other
+    # live voter. Replica 2's CRequests named its latest instance, which a sealed sequencer
+    # no longer orders, so it re-sent nothing: slot 41 never chosen, the epoch never ended
+    fixed, broken = _fixed_and_broken(815, "sealed_ignores_crequest", 3)
+    assert fixed.ok
+    assert broken.violation is None and "still open" in (broken.liveness or "")
