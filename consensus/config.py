@@ -85,6 +85,10 @@ UNSAFE_VARIANTS: Final = frozenset(
         # still waits for its own snapshot, and then starts its core again from nothing (it
         # forgets what it accepted and executed in the epoch)
         "stale_awaiting_core",
+        # membership: the records a same-epoch snapshot installation rewrites the log with
+        # lack the epoch's configuration: a restart reads them as epoch 0's and starts the
+        # voter's core of the epoch from nothing (its promises and accepted NewView lost)
+        "snapshot_log_unmarked",
         # membership: a sealed sequencer ignores a CRequest for an instance it can no longer
         # order, though the owner's lower instances' OAccepts may be what it lost (the slot
         # before the SEAL stays unchosen, the epoch never ends)

@@ -366,3 +366,15 @@ def test_a_sealed_sequencer_resends_what_an_owner_lost_on_its_request() -> None:
     fixed, broken = _fixed_and_broken(815, "sealed_ignores_crequest", 3)
     assert fixed.ok
     assert broken.violation is None and "still open" in (broken.liveness or "")
+
+
+def test_a_voters_log_rewritten_by_a_snapshot_of_its_epoch_starts_with_the_epoch() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, LAN, snapshots every 10) replica
+    # 0, a voter of epoch 1, accepted view 7's NewView, installed a peer's snapshot of epoch
+    # 1, and crashed: its rewritten log lacked the epoch's configuration, the restart took
+    # it for epoch 0's records and skipped it, and a later snapshot started its core from
+    # nothing. It joined view 7 again, but the sequencer had its acceptance and never sent
+    # the NewView again: replica 0 never executed again (70 slots behind after the heal)
+    fixed, broken = _fixed_and_broken(192, "snapshot_log_unmarked", 3, **LAN_SNAPSHOTS)
+    assert fixed.ok
+    assert broken.violation is None and "did not converge" in (broken.liveness or "")
