@@ -74,10 +74,11 @@ UNSAFE_VARIANTS: Final = frozenset(
         # a serving sequencer that installed a snapshot past the slots it assigned (it was
         # succeeded while cut off) keeps serving: it assigns slots the log already executed
         "stale_sequencer_orders",
-        # membership: a probe's answer ends our epoch on any SEAL it holds, the one that
-        # began our epoch too (asked before a snapshot moved us into it: a voter retires
-        # the core of the epoch it serves, and the epoch may never have a quorum again)
-        "probe_any_seal",
+        # membership: installing a snapshot of a later epoch keeps the probe for the end of
+        # the epoch before: its answer holds the SEAL that began the new one, taken for
+        # the new one's end (a voter retires the core of the epoch it serves, and the epoch
+        # may never have a quorum again)
+        "probe_survives_snapshot",
         # membership: a learner's snapshot past its epoch's base claims zero C-instances per
         # owner, and a voter of that epoch installs it (executing older instances again)
         "learner_counts_zero",
@@ -85,6 +86,14 @@ UNSAFE_VARIANTS: Final = frozenset(
         # still waits for its own snapshot, and then starts its core again from nothing (it
         # forgets what it accepted and executed in the epoch)
         "stale_awaiting_core",
+        # membership: the records a same-epoch snapshot installation rewrites the log with
+        # lack the epoch's configuration: a restart reads them as epoch 0's and starts the
+        # voter's core of the epoch from nothing (its promises and accepted NewView lost)
+        "snapshot_log_unmarked",
+        # membership: a sealed sequencer ignores a CRequest for an instance it can no longer
+        # order, though the owner's lower instances' OAccepts may be what it lost (the slot
+        # before the SEAL stays unchosen, the epoch never ends)
+        "sealed_ignores_crequest",
         # sessions (``consensus.sessions``): an evicted session is forgotten (no tombstone, no
         # open-by rule), so a late copy of a request it ran runs again
         "sessions_forget_evicted",

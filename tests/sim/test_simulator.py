@@ -330,8 +330,9 @@ def test_a_probe_answered_after_a_snapshot_moved_the_member_on_keeps_its_core() 
     # of epoch 2 from slot 85, then installed a peer's snapshot of epoch 3 (base 86); the
     # answer held the SEAL at slot 85, the one that began epoch 3, and replica 1 retired the
     # core of the epoch it was to lead: with replica 3 doing the same, epoch 3 never had a
-    # quorum again (six client operations open for good)
-    fixed, broken = _fixed_and_broken(82, "probe_any_seal", 3)
+    # quorum again (six client operations open for good). Installing the snapshot of a
+    # later epoch ends the probe
+    fixed, broken = _fixed_and_broken(82, "probe_survives_snapshot", 3)
     assert fixed.ok
     assert broken.violation is None and "still open" in (broken.liveness or "")
 
@@ -355,3 +356,26 @@ def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> N
     fixed, broken = _fixed_and_broken(809, "stale_awaiting_core", 3, **LAN_SNAPSHOTS)
     assert fixed.ok
     assert "executed" in (broken.violation or "")
+
+
+def test_a_sealed_sequencer_resends_what_an_owner_lost_on_its_request() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, WAN) replica 1 was lost with its
+    # disk and replica 3 added in its place; the sequencer ordered replica 2's instance in
+    # slot 41, the SEAL in 42, and its OAccept of 41 was lost to replica 2, the only other
+    # live voter. Replica 2's CRequests named its latest instance, which a sealed sequencer
+    # no longer orders, so it re-sent nothing: slot 41 never chosen, the epoch never ended
+    fixed, broken = _fixed_and_broken(815, "sealed_ignores_crequest", 3)
+    assert fixed.ok
+    assert broken.violation is None and "still open" in (broken.liveness or "")
+
+
+def test_a_voters_log_rewritten_by_a_snapshot_of_its_epoch_starts_with_the_epoch() -> None:
+    # (the 1,000-seed sweep at three replicas, every fault, LAN, snapshots every 10) replica
+    # 0, a voter of epoch 1, accepted view 7's NewView, installed a peer's snapshot of epoch
+    # 1, and crashed: its rewritten log lacked the epoch's configuration, the restart took
+    # it for epoch 0's records and skipped it, and a later snapshot started its core from
+    # nothing. It joined view 7 again, but the sequencer had its acceptance and never sent
+    # the NewView again: replica 0 never executed again (70 slots behind after the heal)
+    fixed, broken = _fixed_and_broken(192, "snapshot_log_unmarked", 3, **LAN_SNAPSHOTS)
+    assert fixed.ok
+    assert broken.violation is None and "did not converge" in (broken.liveness or "")

@@ -38,6 +38,8 @@ advance``, snapshots, records); what this layer adds, and where:
   far-future epoch therefore costs a round of requests, no longer a voter (it made one drop
   its core and learn, as a learner, until the next epoch: one authenticated peer could take
   the quorum away). A snapshot of a later epoch is the other proof (the log up to it).
+  Moving into another epoch, by either proof, ends a probe under way: its answer, the log
+  from a slot of the epoch before, holds the SEAL that began ours, not the one ending it.
 * **Where a member runs** (``info``: opaque here, the runtime's addresses) is published
   through the log: a voter whose configuration entry says otherwise than its own ``info``
   proposes a ``publish`` change (``_maybe_publish``, at most once a catch-up period), so the
@@ -730,12 +732,8 @@ class MemberReplica:
         log says so, not a claim): learn the rest of it; if it shows the log going on past
         them, look on from there (asking its sender)."""
         if self._probe_slot == NO_SLOT or msg.start != self._probe_slot:
-            return  # not what we asked for (or the core moved on by itself)
-        # only a SEAL at or past our epoch's base ends it: one below is the SEAL that began
-        # it (we asked before a peer's snapshot moved us into this epoch)
-        first = (0 if "probe_any_seal" in self.protocol.unsafe
-                 else max(0, self.config.base - msg.start))
-        if any(learned.seal for learned in msg.slots[first:]):
+            return  # not what we asked for (or we moved on since: a new epoch ends a probe)
+        if any(learned.seal for learned in msg.slots):
             self._probe_slot = NO_SLOT
             self._behind()
             if self.core is None and msg.start == self.learned:
@@ -782,9 +780,21 @@ class MemberReplica:
             self.config = config
             installed = self.core.install_snapshot(inner)
             self._closing_known()
-            return installed
+            if "snapshot_log_unmarked" in self.protocol.unsafe:
+                return installed  # broken on purpose: read back as epoch 0's records
+            # the records rewrite the log: like every rewritten log (``durable_records``)
+            # they start with the epoch's configuration, or a restart takes them for epoch
+            # 0's, skips them, and our core of this epoch comes back from nothing (its
+            # promises and the NewView it accepted lost: a sequencer that counted that
+            # acceptance never sends it again, and we wait for it in its view for good)
+            return [*self._epoch_marker(), *installed]
         if self.core is not None:
             self.retired.append((self.config, self.core))
+        if "probe_survives_snapshot" not in self.protocol.unsafe:
+            # a probe looks for the end of the epoch it was asked in (``_probe``): in a later
+            # one its answer, the log from a slot before our new base, holds the SEAL that
+            # began it, and taken for the end of ours it retired the core we vote with
+            self._probe_slot = NO_SLOT
         self.config = config
         self.learned = meta.slot
         self.core = self._core_for(config, recovered=(), snapshot=inner)

@@ -16,7 +16,9 @@ Rules:
   (``start_serving``) and knows no history: every earlier slot counts as a write to every key.
 * A ``CRequest`` for an instance already ordered is a retransmission: the requester lost
   OAccepts, so they are re-sent from its gap-free prefix (``on_crequest``), at most a catch-up
-  batch at a time.
+  batch at a time. So is one a sealed sequencer can no longer order (the next epoch orders
+  it): it names the requester's latest late instance only, and a lower one ordered here may
+  be what it lost, so the OAccepts go again from its prefix through the SEAL.
 * A serving sequencer that installs a snapshot past the slots it assigned (a peer's, taken
   while it was cut off) was succeeded: a later view's sequencer chose those slots. It stops
   serving (``on_compacted``: a follower of its view until it hears of the later one), since
@@ -112,10 +114,17 @@ class Sequencer:
         # OAccept broadcast that ordering it produces.
         already = slots.base <= msg.index < len(slots)
         self.order(msg.owner, msg.index, msg.keys)
-        if r.role is not Role.SEQUENCER or not already:
+        if r.role is not Role.SEQUENCER:
             return
-        # Re-send everything from the requester's gap-free prefix through its instance's slot.
-        self.resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
+        if already:
+            # Re-send everything from the requester's gap-free prefix through its instance's
+            # slot.
+            self.resend_oaccepts(msg.src, msg.o_prefix, slots[msg.index] + 1)
+        elif self.sealed_at != NO_SLOT and "sealed_ignores_crequest" not in r.unsafe:
+            # Sealed (see the rules above): only we re-send an owner its O-instances, so an
+            # OAccept it lost, with it the only other live voter, left its slot unchosen for
+            # good, and the SEAL after it never executed (the epoch never ended).
+            self.resend_oaccepts(msg.src, msg.o_prefix, self.sealed_at + 1)
 
     def order(self, owner: int, index: int, keys: tuple[str, ...] | None = None) -> None:
         """Propose ``owner`` in new O-instances until it owns ``index + 1`` of them. ``keys``:

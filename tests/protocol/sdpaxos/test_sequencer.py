@@ -9,7 +9,7 @@ import pytest
 from util import core, drain, msgs
 
 from consensus.errors import InvariantViolation
-from consensus.messages import CAcceptedRecord, OAccept, OAcceptedRecord, OEntry, VRequest
+from consensus.messages import SEAL, CAcceptedRecord, OAccept, OAcceptedRecord, OEntry, VRequest
 from consensus.protocol.sdpaxos import Role
 from consensus.protocol.types import SnapshotMeta
 
@@ -98,6 +98,24 @@ def test_fresh_crequest_sends_one_oaccept() -> None:
     assert msgs(ready.send_after_persist, OAccept) == [
         (p, oaccept((0, 1))) for p in (1, 2, 3, 4)
     ]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_sealed_sequencer_resends_through_the_seal_on_a_request_it_cannot_order(
+    broken: bool,
+) -> None:
+    r0 = core(3, 0, unsafe=frozenset({"sealed_ignores_crequest"} if broken else ()))
+    r0.step(caccept(2, 2, 0, (A,)), 1)  # slot 0 => 2
+    r0.close_epoch()  # slot 1: SEAL
+    ready = drain(r0)
+    assert o_entries(ready) == [(0, 2), (1, SEAL)]
+    # replica 2 lost that OAccept; its request names its latest instance, index 1, which a
+    # sealed sequencer does not order (the next epoch does): what it lacks goes again
+    r0.step(crequest(2, 1, o_prefix=0), 2)
+    ready = drain(r0)
+    assert o_entries(ready) == []
+    resent = [] if broken else [(2, oaccept((0, 2), (1, SEAL)))]
+    assert msgs(ready.send_after_persist) == resent
 
 
 # =========================================================================== who orders
