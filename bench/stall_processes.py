@@ -20,7 +20,7 @@ operation, each ``--seconds`` of that load with the operation run meanwhile:
 Per phase and replica: the longest loop stall in the phase, from the replica's own lag probe
 (``sdpaxos_loop_stall_seconds``, scraped before and after: the lowest bucket bound under
 which every stall of the phase fell, ``soak_samples.interval_stall``; 50 ms is a bound), the
-longest garbage-collector pass likewise (``sdpaxos_gc_pause_seconds``, any generation), and
+longest garbage-collector pass likewise, per generation (``sdpaxos_gc_pause_seconds``), and
 how long the operations took. Prints one JSON object.
 
     python -m bench.stall_processes [--nodes 12288 --vcs 64 --seconds 10 --outstanding 32]
@@ -205,15 +205,16 @@ async def _phase(name: str, cluster: LocalCluster, load: _Load, seconds: float,
     after = await asyncio.gather(*(asyncio.to_thread(_metrics, m) for m in targets))
     pairs = list(zip(before, after, strict=True))
     stalls = [interval_stall(b["buckets"], a["buckets"]) for b, a in pairs]
-    pauses = [max((p for g in a["gc"] if (p := interval_stall(b["gc"].get(g, {}), a["gc"][g]))
-                   is not None), default=None) for b, a in pairs]
+    pauses = [{g: p for g in sorted(a["gc"])
+               if (p := interval_stall(b["gc"].get(g, {}), a["gc"][g])) is not None}
+              for b, a in pairs]
     return {
         "operation": name,
         "count": len(durations),
         "took_ms": [round(d * 1e3, 1) for d in durations],
         "longest_stall_at_most_ms": [None if s is None else round(s * 1e3, 1) for s in stalls],
-        "longest_gc_pause_at_most_ms": [None if p is None else round(p * 1e3, 2)
-                                        for p in pauses],
+        "longest_gc_pause_at_most_ms": [{g: round(p * 1e3, 2) for g, p in by_gen.items()}
+                                        for by_gen in pauses],
         "scheduler_ops_per_s": round((load.done - done_before) / elapsed),
     }
 
