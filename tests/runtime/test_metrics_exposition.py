@@ -5,6 +5,7 @@ and a scrape that stays cheap however many commands ran."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -81,6 +82,7 @@ async def traffic(tmp_path: Path) -> None:
         assert b"text/plain; version=0.0.4" in head
         scraped = families(body.decode())
         stats, transport = leader.stats, leader.transport.stats
+        gc.collect()  # one full pass at least, whatever thresholds other tests left behind
         text = render(leader)
         # what the text says, before the traffic below moves the counters on
         totals = {"sdpaxos_frames_sent": transport.frames_sent,
@@ -143,7 +145,7 @@ async def traffic(tmp_path: Path) -> None:
     # the collector's passes, per generation (the node timed them while it ran)
     passes = got["sdpaxos_gc_pause_seconds"]
     assert {s.labels["generation"] for s in passes.samples} == {"0", "1", "2"}
-    assert sum(histogram_count(passes, generation=g) for g in "012") > 0
+    assert histogram_count(passes, generation="2") >= 1
     # the lag probe's every measure, the longest since start among them
     stalls = got["sdpaxos_loop_stall_seconds"]
     assert histogram_count(stalls, STALL_BUCKETS_S) > 0
