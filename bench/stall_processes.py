@@ -41,6 +41,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.snapshot_stall import FILL, SHAPES  # the same fill and gang shapes
 from bench.soak_samples import interval_stall
 from cluster_state.client import AllocationStore
 from cluster_state.config import synthetic_config
@@ -53,10 +54,6 @@ from consensus.runtime.local_cluster import LocalCluster
 __all__ = ["OPERATIONS", "measure"]
 
 OPERATIONS = ("load", "install", "backup", "digest")
-#: the cluster is filled to this part of its GPUs first (as in ``bench.snapshot_stall``)
-FILL = 0.8
-#: gang shapes (pods x GPUs each), as in ``bench.snapshot_stall``
-SHAPES = [[(1, 1)], [(1, 2)], [(1, 4)], [(1, 8)], [(2, 8)], [(4, 8)]]
 #: the replica cut off and made to install a snapshot
 LAGGING = 2
 #: how long the start, an operation, or a wait for snapshots may take at most
