@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from test_watch_pushed import _until
 
 from cluster_state.config import load_config, synthetic_config
 from cluster_state.ops import Placed, Preempting, Waiting, decode_result, submit
@@ -70,12 +71,16 @@ async def scenario(tmp_path: Path) -> None:
         # ... at a higher one: it preempts "a" and reserves all those nodes meanwhile
         assert isinstance(await run(submit("p", "vc00", 20, [(whole, GPUS_PER_NODE)])),
                           Preempting)
+        # the other replicas apply the same commands and count the same: once each has
+        # applied as far as replica 0, all three are read in one turn (a log-time command
+        # applied between two reads would move the revision of one of them only)
+        stores = [node.state_machine for node in nodes]
+        await _until(lambda: len({s.applied_position for s in stores}) == 1)  # type: ignore[attr-defined]
         got = samples(render(nodes[0]))
+        peers = [samples(render(node)) for node in nodes[1:]]
         documented = helps(render(nodes[0]))
         every_name = {name for family in text_string_to_metric_families(render(nodes[0]))
                       for name in (family.name, *(s.name for s in family.samples))}
-        # the other replicas applied the same commands and count the same
-        peers = [samples(render(node)) for node in nodes[1:]]
     finally:
         for node in nodes:
             await node.stop()
