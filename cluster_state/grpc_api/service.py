@@ -608,7 +608,6 @@ class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # (unty
     def __init__(self, node: ReplicaNode) -> None:
         super().__init__()
         self._node = node
-        self._following: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
         from consensus.runtime.health import readiness
@@ -625,14 +624,14 @@ class ReadinessHealth(health.aio.HealthServicer):  # type: ignore[misc]  # (unty
         return await super().Check(request, context)
 
     def follow(self) -> None:
-        """Refresh every ``HEALTH_REFRESH_S`` until the node stops."""
+        """Refresh every ``HEALTH_REFRESH_S`` until the node stops (its ``stop`` ends it)."""
 
         async def loop() -> None:
-            while not self._node.stopping:
+            while True:
                 await asyncio.sleep(HEALTH_REFRESH_S)
                 await self.refresh()
 
-        self._following = asyncio.create_task(loop(), name="grpc-health")
+        self._node.run_beside(loop(), "grpc-health")
 
 
 def _visibility(node: ReplicaNode) -> Callable[[Principal, str, str], bool]:

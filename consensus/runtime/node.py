@@ -31,6 +31,7 @@ import asyncio
 import logging
 import random
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import msgpack
@@ -189,6 +190,8 @@ class ReplicaNode:
         )
         self._loop_task: asyncio.Task[None] | None = None
         self._lag_task: asyncio.Task[None] | None = None
+        #: what runs as long as the replica serves (``run_beside``): ``stop`` cancels them
+        self._beside: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -213,14 +216,23 @@ class ReplicaNode:
         self.clients.stop_accepting()
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        if self._lag_task is not None:
-            self._lag_task.cancel()
-            await asyncio.gather(self._lag_task, return_exceptions=True)
+        beside = [*self._beside, *([self._lag_task] if self._lag_task is not None else [])]
+        for task in beside:
+            task.cancel()
+        await asyncio.gather(*beside, return_exceptions=True)
         await self.transport.close()
         self.snapshots.close(snapshot=self.snapshot_on_stop)
         self.wal.close()
         self.clients.fail_all(IndefiniteFailure("replica shutting down"))
         await self.clients.close()
+
+    def run_beside(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` as long as the replica serves: ``stop`` cancels it and waits for it
+        (a task left pending would outlive the replica's loop)."""
+        task = asyncio.create_task(work, name=name)
+        self._beside.add(task)
+        task.add_done_callback(self._beside.discard)
+        return task
 
     async def wait_failed(self) -> None:
         """Returns (raising its error) only if the replica's loop died: the caller must stop

@@ -288,7 +288,12 @@ def test_grpc_health_follows_readiness(tmp_path: Path) -> None:
                 watch.cancel()
             finally:
                 await channel.close()
+        following = [t for t in asyncio.all_tasks() if t.get_name() == "grpc-health"]
+        assert len(following) == 1
         await nodes[0].stop()
+        # the refresher ends with the replica (before, a loop closed within a refresh period
+        # of the stop destroyed it pending)
+        assert following[0].done()
 
     asyncio.run(asyncio.wait_for(run(), 30))
 
