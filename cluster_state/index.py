@@ -460,20 +460,64 @@ class CellState:
                         free_n[leaf] = 1
                     else:
                         h[new] = 1
-            if self._leaf_items and (old == FREE or new == FREE):
-                self._note_leaf_items(moved, int(old == FREE))
-            # ... then their ancestors, each by the whole group of moved leaves at once (old
-            # and new differ: at most one of them is FREE)
-            under = self._ancestors_of(moved)
-            if under is None:
-                continue
-            if old == FREE:
-                self._shift_free(under, -1, new)
-            elif new == FREE:
-                self._shift_free(under, 1, old)
-            else:
-                _uncount(hist, under, old)
-                _count(hist, under, new)
+            # ... then their ancestors
+            self._move_ancestors(moved, old, new)
+
+    def set_leaves_to(self, leaves: list[int], new: int, rev: int) -> None:
+        """``set_leaves(leaves, [new] * len(leaves), rev)``: what a group's leaves do (placed,
+        released, promoted, downgraded). When they all move from one priority and none is
+        bad (looked at in C), each leaf is moved in one short loop, without sorting the
+        leaves by kind of change."""
+        eff = self.eff
+        olds = set(map(eff.__getitem__, leaves))
+        if (len(olds) != 1 or self.bulk
+                or (any(self.chain_bad) and any(map(self.bad.__getitem__, leaves)))):
+            self.set_leaves(leaves, [new] * len(leaves), rev)
+            return
+        old = olds.pop()
+        stamp = self.rev
+        if old == new:
+            for leaf in leaves:
+                stamp[leaf] = rev
+            return
+        hist, free_n = self.hist, self.free_n
+        if old == FREE:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                free_n[leaf] = 0
+                hist[leaf][new] = 1
+        elif new == FREE:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                free_n[leaf] = 1
+                hist[leaf].clear()
+        else:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                h = hist[leaf]
+                h.clear()
+                h[new] = 1
+        self._move_ancestors(leaves, old, new)
+
+    def _move_ancestors(self, moved: list[int], old: int, new: int) -> None:
+        """The leaves ``moved`` (healthy) went from effective priority ``old`` to ``new``
+        (they differ): their ancestors' counters and indexes follow, each by the whole group
+        at once (at most one of ``old`` and ``new`` is FREE)."""
+        if self._leaf_items and (old == FREE or new == FREE):
+            self._note_leaf_items(moved, int(old == FREE))
+        under = self._ancestors_of(moved)
+        if under is None:
+            return
+        if old == FREE:
+            self._shift_free(under, -1, new)
+        elif new == FREE:
+            self._shift_free(under, 1, old)
+        else:
+            _uncount(self.hist, under, old)
+            _count(self.hist, under, new)
 
     def _note_leaf_items(self, leaves: list[int], listed: int) -> None:
         """Note the leaves among ``leaves`` that are a bound item's own cell as stale in its
