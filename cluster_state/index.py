@@ -6,7 +6,8 @@ reserving preemptor's priority; -1 for opportunistic use). Every cell keeps, ove
 
 * ``free_n[c]``  — free leaves (what a request that preempts nothing may take);
 * ``hist[c]``    — effective priority -> count of used healthy leaves (what a request at
-  priority p may take on top: counts with key < p);
+  priority p may take on top: counts with key < p; above the leaf level brought up to date
+  when read, see ``CellState.hist``);
 * ``bad_n[c]``   — bad leaves (a cell is bad iff this is non-zero).
 
 The **indexes** answer "which cells at level l have at least n free leaves, fewest first, then
