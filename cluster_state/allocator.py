@@ -741,8 +741,9 @@ class Allocator:
         name = group.spec.name
         self.groups[name] = group
         leaves = group.leaves()
+        owner = self.cells.owner
         for leaf in leaves:
-            self.cells.owner[leaf] = name
+            owner[leaf] = name
         self._hold(group, leaves, position)
 
     def _hold(self, group: Group, leaves: list[int], position: int) -> None:
@@ -753,7 +754,7 @@ class Allocator:
             for item, n in _per_item(self.cells.item_of, leaves):
                 item_used[item] += n
                 buddy.mark_used(item)
-        self.cells.set_leaves(leaves, self._effs(leaves), position)
+        self._reprioritize(leaves, position)
 
     def _unhold(self, group: Group, leaves: list[int], position: int) -> None:
         """Inverse of ``_hold`` after the caller cleared owner/reserver."""
@@ -764,24 +765,23 @@ class Allocator:
                 item_used[item] -= n
                 if not item_used[item]:
                     self._maybe_free.add(item)
-        self.cells.set_leaves(leaves, self._effs(leaves), position)
+        self._reprioritize(leaves, position)
 
-    def _effs(self, leaves: list[int]) -> list[int]:
-        """``_eff`` of each of ``leaves``: of all at once when they have one owner and one
-        reserver (a group's own leaves, the commonest case)."""
-        if not leaves:
-            return []
-        owners, reservers = self.cells.owner, self.cells.reserver
-        owner, reserver = owners[leaves[0]], reservers[leaves[0]]
-        for leaf in leaves:
-            # (a group's name is one object on all its leaves; other names are compared
-            # leaf by leaf below)
-            if owners[leaf] is not owner or reservers[leaf] is not reserver:
-                return [self._eff(leaf) for leaf in leaves]
+    def _reprioritize(self, leaves: list[int], position: int) -> None:
+        """Give ``leaves`` the effective priority their owner and reserver give them now
+        (``_eff``), stamped ``position``: all at once when they have one owner and one
+        reserver (a group's own leaves, the commonest case: looked at in C)."""
+        cells = self.cells
+        owners = set(map(cells.owner.__getitem__, leaves))
+        reservers = set(map(cells.reserver.__getitem__, leaves))
+        if len(owners) != 1 or len(reservers) != 1:
+            cells.set_leaves(leaves, [self._eff(leaf) for leaf in leaves], position)
+            return
+        owner, reserver = owners.pop(), reservers.pop()
         eff = FREE if owner is None else self.groups[owner].priority
         if reserver is not None:
             eff = max(eff, self.groups[reserver].priority)
-        return [eff] * len(leaves)
+        cells.set_leaves_to(leaves, eff, position)
 
     def _eff(self, leaf: int) -> int:
         eff = FREE
@@ -844,7 +844,7 @@ class Allocator:
         group.downgraded = True
         group.downgraded_at = position
         group.downgraded_by = self._downgrader
-        self.cells.set_leaves(leaves, self._effs(leaves), position)
+        self._reprioritize(leaves, position)
         for item in sorted(items):
             if not buddy.item_used[item] and not self.topo.items[item].pinned_id:
                 buddy.unbind(item)
@@ -1043,7 +1043,7 @@ class Allocator:
         for leaf in leaves:
             cells.reserver[leaf] = None
             cells.owner[leaf] = group.spec.name
-        cells.set_leaves(leaves, self._effs(leaves), position)
+        self._reprioritize(leaves, position)
         group.preempting = False
         group.token = position
         self.events.append(("placed", group.spec.name, placed_data(self.placed(group))))

@@ -6,7 +6,8 @@ reserving preemptor's priority; -1 for opportunistic use). Every cell keeps, ove
 
 * ``free_n[c]``  — free leaves (what a request that preempts nothing may take);
 * ``hist[c]``    — effective priority -> count of used healthy leaves (what a request at
-  priority p may take on top: counts with key < p);
+  priority p may take on top: counts with key < p; above the leaf level brought up to date
+  when read, see ``CellState.hist``);
 * ``bad_n[c]``   — bad leaves (a cell is bad iff this is non-zero).
 
 The **indexes** answer "which cells at level l have at least n free leaves, fewest first, then
@@ -32,6 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain as iterate_all
 from itertools import compress, repeat
 from operator import attrgetter
+from typing import Any
 
 from cluster_state.cells import Topology
 from consensus.loop_share import give_way
@@ -48,6 +50,9 @@ C_LOOP_ITEMS = 4096
 FREE = -2
 #: most entries ``CellState._under`` keeps (it starts again when full)
 UNDER_KEPT = 4096
+#: most histogram changes ``CellState`` keeps due (it makes them all when there are more):
+#: a read after many changes costs at most this many ancestor counts' additions
+HIST_DUE_KEPT = 512
 #: most ids in one chunk of a ``SortedIds``: an insert or delete moves at most this many
 _CHUNK = 512
 
@@ -167,6 +172,8 @@ class CellState:
     __slots__ = (
         "_buckets",
         "_chain_stale_of",
+        "_hist",
+        "_hist_due",
         "_key_stale_of",
         "_leaf_items",
         "_region_stale_of",
@@ -179,7 +186,6 @@ class CellState:
         "chain_bad",
         "eff",
         "free_n",
-        "hist",
         "in_region",
         "item_of",
         "item_root",
@@ -198,7 +204,11 @@ class CellState:
         self.topo = topo
         n = topo.size
         self.free_n: list[int] = list(map(len, topo.leaves))
-        self.hist: list[dict[int, int]] = [{} for _ in range(n)]
+        self._hist: list[dict[int, int]] = [{} for _ in range(n)]
+        #: the histogram changes of ancestors not yet made (see ``hist``): (id of an
+        #: ``_under`` answer, priority) -> [that answer, the priority, how many times its
+        #: counts are to be added (negative: taken away)]
+        self._hist_due: dict[tuple[int, int], list[Any]] = {}
         self.bad_n: list[int] = [0] * n
         self.item_of: list[int] = [-1] * n  # the bound item whose cell holds c, or -1
         self.item_root: dict[int, int] = {}  # bound item -> its cell (``mark_item``'s root)
@@ -309,12 +319,65 @@ class CellState:
         """The index of ``chain``'s free region."""
         return self.n_chains + self.n_keys + chain
 
+    @property
+    def hist(self) -> list[dict[int, int]]:
+        """``hist[c]`` of every cell, up to date.
+
+        Above the leaf level the histograms are kept lazily: a group's leaves moving from
+        or to a priority note, per kept ancestor count (``_ancestors_of``) and priority,
+        how many times the count is due to be added or taken away (``_hist_due``), and the
+        histograms are brought up to date when read. A group placed and released before
+        then costs a note and its undoing: only a plan that may preempt reads a
+        histogram (``avail`` with a threshold), and most submits are placed by the
+        first pass."""
+        if self._hist_due:
+            self._settle_hist()
+        return self._hist
+
+    def _owe_hist(self, under: dict[int, int], prio: int, times: int) -> None:
+        """Each ``under[c]`` is to be added ``times`` times to ``hist[c][prio]`` (taken away:
+        negative), when ``hist`` is read next."""
+        due = self._hist_due
+        key = (id(under), prio)  # (``under`` is held by the entry: its id is not reused)
+        entry = due.get(key)
+        if entry is None:
+            due[key] = [under, prio, times]
+            if len(due) > HIST_DUE_KEPT:
+                self._settle_hist()
+            return
+        entry[2] += times
+        if not entry[2]:
+            del due[key]
+
+    def _settle_hist(self) -> None:
+        """Make every due histogram change (``hist``): the additions first, so no count
+        goes below its final value, which is not negative."""
+        hist = self._hist
+        due = list(self._hist_due.values())
+        self._hist_due.clear()
+        for under, prio, times in due:
+            if times > 0:
+                for c, n in under.items():
+                    h = hist[c]
+                    h[prio] = h.get(prio, 0) + n * times
+        for under, prio, times in due:
+            if times < 0:
+                for c, n in under.items():
+                    h = hist[c]
+                    left = h[prio] + n * times
+                    if left:
+                        h[prio] = left
+                    else:
+                        del h[prio]
+
     def avail(self, c: int, threshold: int | None) -> int:
         """Leaves of ``c`` a request may take: free ones, plus (``threshold`` = its priority)
         healthy ones whose effective priority is strictly lower."""
         n = self.free_n[c]
         if threshold is not None:
-            for prio, count in self.hist[c].items():
+            if self._hist_due:
+                self._settle_hist()
+            for prio, count in self._hist[c].items():
                 if prio < threshold:
                     n += count
         return n
@@ -372,18 +435,13 @@ class CellState:
                 by_count[now].add(c)
 
     # ------------------------------------------------------------------ updates
-    def _shift_free(self, free_delta: dict[int, int], sign: int = 1,
-                    used: int | None = None) -> None:
+    def _shift_free(self, free_delta: dict[int, int], sign: int = 1) -> None:
         """Add ``sign * free_delta[c]`` to ``free_n[c]`` of every cell, noting each changed
         cell as stale wherever it is listed: in its chain's index and, inside the free
         region, the region's (levels >= 2); in its bound item's key's index (levels >= 2,
-        and an item's own cell). ``used``: the leaves taken (``sign`` -1) are now used at
-        that effective priority, or those given back (``sign`` 1) were (``hist`` counts
-        them). No call per cell: a placement or a release changes a dozen cells in up to
-        three indexes each."""
+        and an item's own cell). No call per cell: a placement or a release changes a dozen
+        cells in up to three indexes each."""
         free_n = self.free_n
-        if used is not None:
-            (_count if sign < 0 else _uncount)(self.hist, free_delta, used)
         if self.bulk:
             for c, d in free_delta.items():
                 free_n[c] += sign * d
@@ -445,7 +503,7 @@ class CellState:
         if self.bulk:
             self._count_moves(moves)
             return
-        hist, free_n = self.hist, self.free_n
+        hist, free_n = self._hist, self.free_n
         for (old, new), moved in moves.items():
             # The leaves themselves (healthy: each holds itself, free or used at ``old``) ...
             if old == FREE:
@@ -460,20 +518,65 @@ class CellState:
                         free_n[leaf] = 1
                     else:
                         h[new] = 1
-            if self._leaf_items and (old == FREE or new == FREE):
-                self._note_leaf_items(moved, int(old == FREE))
-            # ... then their ancestors, each by the whole group of moved leaves at once (old
-            # and new differ: at most one of them is FREE)
-            under = self._ancestors_of(moved)
-            if under is None:
-                continue
-            if old == FREE:
-                self._shift_free(under, -1, new)
-            elif new == FREE:
-                self._shift_free(under, 1, old)
-            else:
-                _uncount(hist, under, old)
-                _count(hist, under, new)
+            # ... then their ancestors
+            self._move_ancestors(moved, old, new)
+
+    def set_leaves_to(self, leaves: list[int], new: int, rev: int) -> None:
+        """``set_leaves(leaves, [new] * len(leaves), rev)``: what a group's leaves do (placed,
+        released, promoted, downgraded). When they all move from one priority and none is
+        bad (looked at in C), each leaf is moved in one short loop, without sorting the
+        leaves by kind of change."""
+        eff = self.eff
+        olds = set(map(eff.__getitem__, leaves))
+        if (len(olds) != 1 or self.bulk
+                or (any(self.chain_bad) and any(map(self.bad.__getitem__, leaves)))):
+            self.set_leaves(leaves, [new] * len(leaves), rev)
+            return
+        old = olds.pop()
+        stamp = self.rev
+        if old == new:
+            for leaf in leaves:
+                stamp[leaf] = rev
+            return
+        hist, free_n = self._hist, self.free_n
+        if old == FREE:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                free_n[leaf] = 0
+                hist[leaf][new] = 1
+        elif new == FREE:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                free_n[leaf] = 1
+                hist[leaf].clear()
+        else:
+            for leaf in leaves:
+                stamp[leaf] = rev
+                eff[leaf] = new
+                h = hist[leaf]
+                h.clear()
+                h[new] = 1
+        self._move_ancestors(leaves, old, new)
+
+    def _move_ancestors(self, moved: list[int], old: int, new: int) -> None:
+        """The leaves ``moved`` (healthy) went from effective priority ``old`` to ``new``
+        (they differ): their ancestors' counters and indexes follow, each by the whole group
+        at once (at most one of ``old`` and ``new`` is FREE)."""
+        if self._leaf_items and (old == FREE or new == FREE):
+            self._note_leaf_items(moved, int(old == FREE))
+        under = self._ancestors_of(moved)
+        if under is None:
+            return
+        if old == FREE:
+            self._shift_free(under, -1)
+        else:
+            self._owe_hist(under, old, -1)
+        if new == FREE:
+            self._shift_free(under, 1)
+        else:
+            self._owe_hist(under, new, 1)
 
     def _note_leaf_items(self, leaves: list[int], listed: int) -> None:
         """Note the leaves among ``leaves`` that are a bound item's own cell as stale in its
@@ -487,7 +590,7 @@ class CellState:
         """``set_leaves``'s counting in bulk mode: no index to keep, so each ancestor's
         counters change in place, one tight loop per kind of change (a restore moves every
         used leaf of a 100k-GPU cluster at once)."""
-        ancestors, free_n, hist = self.topo.ancestors, self.free_n, self.hist
+        ancestors, free_n, hist = self.topo.ancestors, self.free_n, self.hist  # (settled)
         for (old, new), moved in moves.items():
             under: Counter[int] = Counter()
             for start in range(0, len(moved), C_LOOP_ITEMS):  # (see C_LOOP_ITEMS)
@@ -537,7 +640,7 @@ class CellState:
 
     def _apply(self, free_delta: dict[int, int], hist_delta: dict[int, dict[int, int]]) -> None:
         self._shift_free(free_delta)
-        hist = self.hist
+        hist = self.hist  # (settled: the changes below are made to the counts as they are)
         for c, changes in hist_delta.items():
             h = hist[c]
             for prio, d in changes.items():

@@ -253,7 +253,9 @@ def check_invariants(alloc: Allocator) -> None:
         bad = sum(1 for leaf in leaves_all if topo.chain_of[leaf] == info.index and cells.bad[leaf])
         assert cells.chain_bad[info.index] == bad, "bad leaf count"
 
-    # -- counters and indexes
+    # -- counters and indexes (the histograms as kept, their due changes made on a copy:
+    # nothing settled, so what is due stays due from step to step as it does in a store)
+    kept_hist = hist_with_due_changes(cells)
     for c in range(n):
         fr = sum(1 for x in topo.leaves[c] if not cells.bad[x] and cells.eff[x] == FREE)
         bad = sum(1 for x in topo.leaves[c] if cells.bad[x])
@@ -261,7 +263,7 @@ def check_invariants(alloc: Allocator) -> None:
         for x in topo.leaves[c]:
             if not cells.bad[x] and cells.eff[x] != FREE:
                 hist[cells.eff[x]] = hist.get(cells.eff[x], 0) + 1
-        assert (cells.free_n[c], cells.bad_n[c], cells.hist[c]) == (fr, bad, hist), "counters"
+        assert (cells.free_n[c], cells.bad_n[c], kept_hist[c]) == (fr, bad, hist), "counters"
     expected_buckets: list[list[list[list[int]]]] = [
         [[[] for _ in b] for b in index] for index in cells.buckets
     ]
@@ -280,6 +282,21 @@ def check_invariants(alloc: Allocator) -> None:
                 insort(expected_buckets[key][level - 1][cells.free_n[c]], c)
     assert expected_buckets == cells.buckets, "free-capacity indexes"
     check_stale_notes(cells)
+
+
+def hist_with_due_changes(cells: CellState) -> list[dict[int, int]]:
+    """Every cell's histogram as ``cells`` keeps it with its due changes made, on copies
+    (``CellState.hist`` would make them in place)."""
+    hist = [dict(h) for h in cells._hist]
+    for key, (under, prio, times) in cells._hist_due.items():
+        assert key == (id(under), prio) and times, f"due histogram change {key}"
+        for c, n in under.items():
+            left = hist[c].get(prio, 0) + n * times
+            if left:
+                hist[c][prio] = left
+            else:
+                del hist[c][prio]
+    return hist
 
 
 def check_stale_notes(cells: CellState) -> None:

@@ -1,4 +1,5 @@
 import random
+from collections.abc import Callable
 
 from cs_helpers import multi_chain_config
 
@@ -48,22 +49,50 @@ def _rebuilt(topo: Topology, cells: CellState, roots: dict[int, int]) -> CellSta
     return fresh
 
 
-def test_mixed_changes_in_one_call_match_a_state_rebuilt_from_the_leaves() -> None:
-    # set_leaves moves the counters and buckets once per kind of change ((old, new) pair,
-    # several per call here: placements, releases, priority changes), some leaves bad
+PRIORITIES = [FREE, FREE, -1, 5, 100]
+
+
+def _changed_at_random(seed: int, change: Callable[[CellState, random.Random, list[int], int],
+                                                   None]) -> None:
+    """``change(cells, rng, leaves, rev)`` for 300 revisions of a state with two bound items,
+    some leaves turned bad or healthy every 25; then the state is the one rebuilt from its
+    leaves."""
     topo = Topology(multi_chain_config())
     cells = CellState(topo)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     leaves = [c for c in range(topo.size) if topo.level[c] == 1]
     roots = {0: topo.nodes["dgx-a1"][0], 1: topo.parent[topo.nodes["dgx-b0"][0]]}
     for item, root in roots.items():
         cells.mark_item(root, item)
-    priorities = [FREE, FREE, -1, 5, 100]
     for rev in range(300):
-        chosen = rng.sample(leaves, rng.randint(1, 12))
-        cells.set_leaves(chosen, [rng.choice(priorities) for _ in chosen], rev)
+        change(cells, rng, leaves, rev)
         if rev % 25 == 0:
             cells.set_bad(rng.sample(leaves, 3), rng.random() < 0.6, rev)
     fresh = _rebuilt(topo, cells, roots)
-    assert (cells.free_n, cells.bad_n, cells.hist) == (fresh.free_n, fresh.bad_n, fresh.hist)
+    assert (cells.eff, cells.free_n, cells.bad_n, cells.hist) == (
+        fresh.eff, fresh.free_n, fresh.bad_n, fresh.hist)
     assert cells.buckets == fresh.buckets
+
+
+def test_mixed_changes_in_one_call_match_a_state_rebuilt_from_the_leaves() -> None:
+    # set_leaves moves the counters and buckets once per kind of change ((old, new) pair,
+    # several per call here: placements, releases, priority changes), some leaves bad
+    def change(cells: CellState, rng: random.Random, leaves: list[int], rev: int) -> None:
+        chosen = rng.sample(leaves, rng.randint(1, 12))
+        cells.set_leaves(chosen, [rng.choice(PRIORITIES) for _ in chosen], rev)
+
+    _changed_at_random(7, change)
+
+
+def test_leaves_moved_to_one_priority_match_a_state_rebuilt_from_the_leaves() -> None:
+    # set_leaves_to: one loop per leaf when the leaves move from one priority and none is
+    # bad, set_leaves otherwise (mixed priorities, some bad); the same state either way
+    def change(cells: CellState, rng: random.Random, leaves: list[int], rev: int) -> None:
+        start = rng.randrange(len(leaves))
+        chosen = leaves[start : start + rng.randint(1, 12)]
+        if rng.random() < 0.7:  # a group's leaves: one priority before
+            cells.set_leaves(chosen, [cells.eff[chosen[0]]] * len(chosen), rev)
+        cells.set_leaves_to(chosen, rng.choice(PRIORITIES), rev)
+        assert all(cells.rev[c] == rev for c in chosen)
+
+    _changed_at_random(11, change)
