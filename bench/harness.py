@@ -109,7 +109,8 @@ def parse_protocols(text: str) -> list[str]:
 class BenchSession:
     """Everything one bench run started; ``with BenchSession(...) as session:``."""
 
-    def __init__(self, name: str, workdir: str | None, *, fsync: bool = True) -> None:
+    def __init__(self, name: str, workdir: str | None, *, fsync: bool = True,
+                 emulate_fsync_ms: float = 0.0) -> None:
         self.keep = workdir is not None
         if workdir is not None:
             self.root = Path(workdir)
@@ -117,6 +118,8 @@ class BenchSession:
         else:
             self.root = Path(tempfile.mkdtemp(prefix=f"sdpaxos-bench-{name}-"))
         self.fsync = fsync
+        #: the replicas' emulated slower disk (``sdpaxos serve --emulate-fsync-ms``)
+        self.emulate_fsync_ms = emulate_fsync_ms
         self.limiter = CpuLimiter.detect()
         self.clusters: list[LocalCluster] = []
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -178,6 +181,8 @@ class BenchSession:
         """Start ``replicas`` processes running ``protocol``, wait until every one answers a
         read, then apply the CPU limits (``cpus[i]`` CPUs for replica i; 0: unlimited)."""
         extra = () if self.fsync else ("--no-fsync",)
+        if self.emulate_fsync_ms:
+            extra += ("--emulate-fsync-ms", str(self.emulate_fsync_ms))
         cluster = LocalCluster(
             self.next_dir(label), replicas, protocol=f'name = "{protocol}"', wan=wan,
             extra_args=extra, tls=tls,

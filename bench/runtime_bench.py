@@ -32,6 +32,7 @@ from bench.harness import (
     scrape_metrics,
 )
 from consensus.codec import FrameReader, frame_to_wire
+from consensus.runtime.cli import milliseconds_arg
 from consensus.runtime.local_cluster import LocalCluster
 from consensus.statemachine import kv_put
 
@@ -399,6 +400,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=1.0,
                         help="seconds of load before measuring")
     parser.add_argument("--no-fsync", action="store_true", help="unsafe: the replicas skip fsync")
+    parser.add_argument(
+        "--emulate-fsync-ms", type=milliseconds_arg, default=0.0, metavar="MS",
+        help="each replica's log fsync takes this much longer: a slower disk (a cloud volume's "
+        "milliseconds) than this machine's",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
         "--workdir", metavar="DIR",
@@ -408,7 +414,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     with interrupts_to_exit_code("runtime") as code:
-        with BenchSession("runtime", args.workdir, fsync=not args.no_fsync) as session:
+        with BenchSession("runtime", args.workdir, fsync=not args.no_fsync,
+                          emulate_fsync_ms=args.emulate_fsync_ms) as session:
             cluster = session.start_cluster("kv", args.replicas, "sdpaxos")
             if args.mode == "restart":
                 result = run_interruptible(restart(args, session, cluster))
@@ -417,6 +424,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 result = run_interruptible(drive(args, cluster.client_addresses))
         result["fsync"] = not args.no_fsync
+        if args.emulate_fsync_ms:
+            result["emulated_fsync_ms"] = args.emulate_fsync_ms
         if args.json:
             print(json.dumps(result))
         elif args.mode == "join":
@@ -437,6 +446,8 @@ def run(args: argparse.Namespace) -> int:
                 f"{result['mode']}: {result['completed']} writes, "
                 f"{result['throughput_per_s']:,}/s, p50 {result['p50_ms']} ms, "
                 f"p99 {result['p99_ms']} ms ({result['replicas']} replicas as processes, "
-                f"fsync {'on' if result['fsync'] else 'off'})"
+                f"fsync {'on' if result['fsync'] else 'off'}"
+                + (f", {args.emulate_fsync_ms} ms more per fsync)" if args.emulate_fsync_ms
+                   else ")")
             )
     return code[0]

@@ -29,6 +29,7 @@ from consensus.runtime.state_machines import InitChoice, kinds, state_machine_ki
 from consensus.runtime.tls import TlsConfig
 from consensus.statemachine import StateMachine
 from consensus.storage.identity import open_identity
+from consensus.storage.wal import emulate_slow_disk
 
 __all__ = [
     "CONFIG_NAME",
@@ -41,6 +42,7 @@ __all__ = [
     "init_cluster",
     "init_identities",
     "make_certificates",
+    "milliseconds_arg",
     "run_cert",
     "run_cluster",
     "run_serve",
@@ -84,6 +86,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="test only: accept partition requests on the client port",
     )
     parser.add_argument(
+        "--emulate-fsync-ms", type=milliseconds_arg, default=0.0, metavar="MS",
+        help="benchmarks only: every log fsync takes this much longer (a slower disk than "
+        "this machine's, as [wan] emulates a slower network)",
+    )  # fmt: skip
+    parser.add_argument(
         "--snapshot-every", type=_positive_int, default=None, metavar="COMMANDS",
         help="snapshot once this many commands were applied since the last snapshot "
         "(default: the node's own)",
@@ -106,6 +113,16 @@ def _positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def milliseconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 1000), got {text!r}")
     return value
 
 
@@ -154,6 +171,8 @@ def _serve_locked(args: argparse.Namespace, config: ClusterConfig, machine: Stat
 
         uvloop.install()
     gc.set_threshold(*SERVE_GC_THRESHOLDS)
+    if args.emulate_fsync_ms:
+        emulate_slow_disk(args.emulate_fsync_ms / 1000)
     try:
         asyncio.run(
             _serve(config, args.id, machine, fsync=not args.no_fsync, faults=args.fault_injection,

@@ -683,3 +683,19 @@ def test_operations_match_a_model(
         assert len(wal) == len(durable)
     wal.close()
     assert reopen(path, segment_bytes) == durable
+
+
+def test_an_emulated_slow_disk_holds_every_sync_and_is_undone(tmp_path: Path) -> None:
+    """``sdpaxos serve --emulate-fsync-ms``: each fdatasync takes that much longer (after the
+    real one: the records are as durable), and 0 gives the real one back."""
+    wal = WriteAheadLog(tmp_path)
+    try:
+        wal_module.emulate_slow_disk(0.03)
+        wal.append(b"slow")
+        wal.sync()
+        assert wal.last_sync_seconds >= 0.03
+    finally:
+        wal_module.emulate_slow_disk(0)
+    assert wal_module._datasync is wal_module._REAL_DATASYNC
+    wal.close()
+    assert reopen(tmp_path) == [b"slow"]
