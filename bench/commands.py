@@ -13,6 +13,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "turn-cost": ("bench.turn_cost", "CPU per loop turn and per write, three replicas in one "
                   "process: one write at a time or many"),
+    "command-cost": ("bench.command_cost", "CPU per command of a replica's per-command parts "
+                     "(intake, feed, acknowledge, apply, snapshot), each alone, in one process"),
     "wan": ("bench.wan_accuracy", "accuracy of the transport's emulated WAN delays"),
     "runtime": ("bench.runtime_bench", "replicas as processes with fsync: throughput, latency"),
     "sim-failover": ("bench.sim_failover", "sequencer failover time in the simulator"),

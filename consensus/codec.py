@@ -1581,23 +1581,37 @@ class FrameReader:
         if self._error is not None:
             raise DecodeError(f"stream already failed: {self._error}")
         buffer = self._buffer
-        buffer += data
-        end = len(buffer)
+        if buffer:
+            buffer += data
+            held = len(buffer)
+            if held < 4:
+                return []
+            (length,) = _LENGTH.unpack_from(buffer)
+            if length <= self.max_frame and held - 4 < length:
+                return []  # the frame held is still partial: nothing copied until it is whole
+            data = bytes(buffer)
+            buffer.clear()
+        elif type(data) is not bytes:
+            data = bytes(data)
+        # the payloads are sliced out of the bytes read (most reads end on a frame's end, so
+        # nothing is held between them): one copy each, no bytearray or memoryview between
+        end = len(data)
         out: list[bytes] = []
+        append, unpack_from, max_frame = out.append, _LENGTH.unpack_from, self.max_frame
         pos = 0
-        with memoryview(buffer) as view:
-            while end - pos >= 4:
-                (length,) = _LENGTH.unpack_from(view, pos)
-                if length > self.max_frame:
-                    self._error = f"frame length {length} is over the limit {self.max_frame}"
-                    break
-                if end - pos - 4 < length:
-                    break
-                out.append(bytes(view[pos + 4 : pos + 4 + length]))
-                pos += 4 + length
+        while end - pos >= 4:
+            (length,) = unpack_from(data, pos)
+            if length > max_frame:
+                self._error = f"frame length {length} is over the limit {max_frame}"
+                break
+            start = pos + 4
+            if end - start < length:
+                break
+            pos = start + length
+            append(data[start:pos])
         if self._error is not None:
             self._buffer = bytearray()
             raise DecodeError(self._error)
-        if pos:
-            del buffer[:pos]
+        if pos < end:
+            buffer += memoryview(data)[pos:]
         return out

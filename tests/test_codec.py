@@ -1057,6 +1057,39 @@ def test_frame_reader_reassembles_any_chunking(payloads: list[bytes], cuts: list
     assert all(type(p) is bytes for p in got)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=60), max_size=6),
+    cuts=st.lists(st.integers(0, 500), max_size=12),
+    max_frame=st.integers(0, 64),
+    kind=st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_frame_reader_holds_exactly_the_partial_frame_and_refuses_at_the_header(
+        payloads: list[bytes], cuts: list[int], max_frame: int, kind: type) -> None:
+    # after every read: the payloads completed so far came out (as bytes, whatever the read
+    # was), the rest of the stream is held; an over-limit length raises once its whole header
+    # arrived (the frames before it returned by earlier reads only), and poisons the reader
+    stream = wire(*payloads)
+    ends = list(itertools.accumulate(len(p) + 4 for p in payloads))
+    over = next((i for i, p in enumerate(payloads) if len(p) > max_frame), None)
+    refused_at = None if over is None else (ends[over - 1] if over else 0) + 4
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    reader = FrameReader(max_frame=max_frame)
+    got: list[bytes] = []
+    for start, end in itertools.pairwise(points):
+        if refused_at is not None and end >= refused_at:
+            with pytest.raises(DecodeError, match="over the limit"):
+                reader.feed(kind(stream[start:end]))
+            assert reader.poisoned and reader.buffered == 0
+            assert got == [p for p, e in zip(payloads, ends, strict=True) if e <= start]
+            return
+        got += reader.feed(kind(stream[start:end]))
+        done = [p for p, e in zip(payloads, ends, strict=True) if e <= end]
+        assert got == done and all(type(p) is bytes for p in got)
+        assert reader.buffered == end - (ends[len(done) - 1] if done else 0)
+    assert got == payloads and refused_at is None
+
+
 def test_frame_reader_byte_by_byte_and_merged() -> None:
     payloads = [encode_frame([Catchup(src=0, view=0, slot=i)]) for i in range(3)]
     stream = wire(*payloads)

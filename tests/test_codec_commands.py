@@ -133,3 +133,11 @@ def test_packed_batches_kept_stay_bounded_and_name_their_batch() -> None:
     assert len(kept) <= codec.PACKED_BATCHES_KEPT
     assert all(id(batch) == key for key, (batch, _) in kept.items())
     assert codec._packed_bytes[0] == sum(len(packed) for _, packed in kept.values())
+
+
+@pytest.mark.parametrize("keys", [(), ("k",), ("kä", "", "ключ"),
+                                  tuple(f"key{i}" for i in range(64)), ("x" * 300,)])
+def test_a_command_weighs_its_op_its_keys_characters_and_sixteen(keys: tuple[str, ...]) -> None:
+    # what a batch's byte bound counts (consensus.protocol.batch): characters, not UTF-8 bytes
+    command = Command(client_id=1, seq=2, op=b"o" * 37, keys=keys)
+    assert command.size() == 37 + sum(len(key) for key in keys) + 16

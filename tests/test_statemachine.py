@@ -85,6 +85,23 @@ def test_snapshot_restore_is_byte_identical() -> None:
     assert c.data == a.data
 
 
+def test_snapshot_lists_the_pairs_in_key_order_whatever_the_insertion_order() -> None:
+    # the snapshot's bytes are a format: the pairs sorted as pairs, keys unique, whatever
+    # order the puts came in and whatever was deleted
+    keys = [f"k{(i * 7919) % 1000:04d}" for i in range(1000)]  # every key once, shuffled
+    kv = KVStore()
+    for position, key in enumerate(keys):
+        kv.apply(position, cmd(1, position, op=kv_put(key, key[::-1])))
+    kv.apply(1000, cmd(1, 1000, op=kv_delete("k0500")))
+    kv.apply(1001, cmd(1, 1001, op=kv_put("a", "")))
+    position, pairs, _sessions = msgpack.unpackb(kv.snapshot())
+    assert pairs == sorted([key, value] for key, value in kv.data.items())
+    assert [key for key, _ in pairs][:3] == ["a", "k0000", "k0001"]
+    assert "k0500" not in [key for key, _ in pairs]
+    assert kv.snapshot() == msgpack.packb(
+        [position, sorted(kv.data.items()), kv.sessions.to_state()])
+
+
 def test_query_reads_without_changing_state() -> None:
     kv = KVStore()
     kv.apply(0, cmd(1, 0, op=kv_put("k", "v")))

@@ -46,9 +46,10 @@ client raises ``TlsRefused``).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import msgpack
 
@@ -70,7 +71,9 @@ __all__ = [
     "Cut",
     "decode_partition",
     "decode_request",
+    "decode_request_parts",
     "decode_response",
+    "empty_ok_response_wire",
     "encode_partition",
     "ok_response_wire",
 ]
@@ -174,6 +177,17 @@ def _undecodable(payload: bytes, error: Exception) -> BadRequest:
 
 def decode_request(payload: bytes) -> ClientRequest:
     """The request in ``payload``; ``BadRequest`` (a ``DecodeError``) naming what is wrong."""
+    req_id, kind, command = decode_request_parts(payload)
+    request: ClientRequest = _new(ClientRequest)  # checked: no __init__ to run
+    _set_req_id(request, req_id)
+    _set_kind(request, kind)
+    _set_command(request, command)
+    return request
+
+
+def decode_request_parts(payload: bytes) -> tuple[int, Kind, Command]:
+    """``decode_request``'s request as its three fields, without the object: the client port
+    reads them once each for every request it takes (refused alike, with the same error)."""
     try:
         fields = msgpack.unpackb(payload, **_REQUEST_LIMITS)
     except Exception as exc:
@@ -198,11 +212,7 @@ def decode_request(payload: bytes) -> ClientRequest:
             raise BadRequest("keys must be a list of strings", req_id)
     if type(blind) is not bool:
         raise BadRequest("blind must be a boolean", req_id)
-    request: ClientRequest = _new(ClientRequest)  # checked above: no __init__ to run
-    _set_req_id(request, req_id)
-    _set_kind(request, kind)
-    _set_command(request, checked_command(client_id, seq, op, keys, blind))
-    return request
+    return req_id, kind, checked_command(client_id, seq, op, keys, blind)
 
 
 _packer = msgpack.Packer()
@@ -212,6 +222,23 @@ def ok_response_wire(req_id: int, payload: bytes, position: int) -> bytes:
     """``ClientResponse(req_id, "ok", payload, position)`` encoded and framed: the answer to
     every read and write, built without the intermediate object."""
     return frame_to_wire(_packer.pack((req_id, "ok", payload, position)))
+
+
+#: ``ok_response_wire``'s response array around the request id, for an empty payload at no
+#: position (a blind write acknowledged once ready): the array header, then "ok", b"", -1
+_EMPTY_OK_HEAD: Final = b"\x94"
+_EMPTY_OK_TAIL: Final = _packer.pack("ok") + _packer.pack(b"") + _packer.pack(-1)
+_EMPTY_OK_AROUND: Final = len(_EMPTY_OK_HEAD) + len(_EMPTY_OK_TAIL)
+_pack_int: Final = _packer.pack
+_frame_length: Final = struct.Struct(">I").pack  # frame_to_wire's length prefix
+
+
+def empty_ok_response_wire(req_id: int) -> bytes:
+    """``ok_response_wire(req_id, b"", -1)`` (the same bytes): only the request id is packed,
+    once per blind write a loaded replica answers (0.42 -> 0.24 us)."""
+    packed_id = _pack_int(req_id)
+    return b"".join((_frame_length(len(packed_id) + _EMPTY_OK_AROUND), _EMPTY_OK_HEAD,
+                     packed_id, _EMPTY_OK_TAIL))
 
 
 def decode_response(payload: bytes) -> ClientResponse:

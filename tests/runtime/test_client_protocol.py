@@ -17,7 +17,10 @@ from consensus.runtime.client_protocol import (
     Cut,
     decode_partition,
     decode_request,
+    decode_response,
+    empty_ok_response_wire,
     encode_partition,
+    ok_response_wire,
 )
 
 
@@ -89,3 +92,14 @@ def test_a_refused_request_is_answered_under_its_own_id_naming_the_limit(
     with pytest.raises(BadRequest) as refused:
         decode_request(msgpack.packb(fields, use_bin_type=True))
     assert refused.value.req_id == req_id and reason in str(refused.value)
+
+
+@pytest.mark.parametrize("req_id", [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
+                                    2**63 - 1, 123_456_789])
+def test_the_empty_ok_answer_is_the_ok_answer_of_an_empty_payload(req_id: int) -> None:
+    wire = empty_ok_response_wire(req_id)
+    assert wire == ok_response_wire(req_id, b"", -1)
+    assert int.from_bytes(wire[:4], "big") == len(wire) - 4
+    response = decode_response(wire[4:])
+    assert (response.req_id, response.status, response.payload, response.position) == (
+        req_id, "ok", b"", -1)

@@ -203,6 +203,17 @@ def test_histogram_buckets_and_quantiles() -> None:
         raise AssertionError(f"bounds {bad} accepted")
 
 
+def test_observing_a_value_many_times_at_once_counts_as_observing_it_each_time() -> None:
+    at_once, one_by_one = Histogram((0.001, 0.01, 0.1)), Histogram((0.001, 0.01, 0.1))
+    for sample, times in ((0.0005, 3), (0.001, 1), (0.05, 40), (5.0, 2), (0.05, 1)):
+        at_once.observe_many(sample, times)
+        for _ in range(times):
+            one_by_one.observe(sample)
+    assert at_once.cumulative() == one_by_one.cumulative()
+    assert at_once.count == one_by_one.count == 47
+    assert abs(at_once.sum - one_by_one.sum) < 1e-12
+
+
 async def test_the_metrics_port_answers_exact_paths_with_head_404_and_405(
     tmp_path: Path,
 ) -> None:

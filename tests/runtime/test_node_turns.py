@@ -78,3 +78,39 @@ def test_reads_over_many_turns_see_the_writes_acknowledged_before_them(tmp_path:
 
     values = asyncio.run(asyncio.wait_for(run(), 60))
     assert values == [["value", f"v{i}"] for i in range(count)]
+
+
+def test_blind_writes_in_flight_together_are_each_answered_ready_and_timed(
+        tmp_path: Path) -> None:
+    # many writes proposed in one turn become ready together: each client request gets its
+    # own READY answer (its req_id, no payload, no position) and the ready histogram counts
+    # every write, however many shared a proposal time
+    config = _config(tmp_path)
+    count = 300
+
+    async def run() -> None:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        for node in nodes:
+            await node.start()
+        home = nodes[0]
+        client = Client(7, [spec.client_address for spec in config.replicas], home=0,
+                        timeout_s=10.0)
+        try:
+            before = home.stats.ready_latency.count
+            replies = await asyncio.gather(*[
+                client.execute(kv_put(f"k{i}", f"v{i}"), [f"k{i}"], blind=True, seq=i + 1)
+                for i in range(count)])
+            assert [(r.status, r.payload, r.position) for r in replies] == [
+                ("ok", b"", -1)] * count
+            assert len({r.req_id for r in replies}) == count
+            assert home.stats.ready_latency.count - before == count
+            assert home.clients.limits._connections  # the client's connection ...
+            assert all(t.outstanding == 0 for t in home.clients.limits._connections)  # idle
+            reply = await client.read(kv_get(f"k{count - 1}"), [f"k{count - 1}"])
+            assert msgpack.unpackb(reply.payload) == ["value", f"v{count - 1}"]
+        finally:
+            await client.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(run(), 60))
