@@ -161,6 +161,7 @@ from consensus.messages import (
     PreVote,
     PreVoteReply,
     Record,
+    ReserveRecord,
     RReply,
     RRequest,
     SkipRecord,
@@ -200,11 +201,15 @@ __all__ = [
 ]
 
 #: Version of the encoding; every frame, message and record carries it. 3: ``CPromise``
-#: gained ``through`` (paged promises).
-FORMAT_VERSION: Final = 3
-#: Versions whose records this build reads (its records are what version 2 wrote, so a data
-#: directory written by the previous build restarts). Peers speak ``FORMAT_VERSION`` only.
-RECORD_VERSIONS_READ: Final = frozenset({2, FORMAT_VERSION})
+#: gained ``through`` (paged promises). 4: no layout changed, but a proposer's ``CAccept``
+#: and a sequencer's ``OAccept`` may leave before the sender's own acceptance is durable,
+#: which the sender then reports with its own ``CAck``/``OAck``: a version-3 acceptor would
+#: count the sender's acceptance from the Accept itself (peers of 3 and 4 must not mix).
+FORMAT_VERSION: Final = 4
+#: Versions whose records this build reads (its records are what versions 2 and 3 wrote, plus
+#: ``ReserveRecord``, so a data directory written by an earlier build restarts). Peers speak
+#: ``FORMAT_VERSION`` only.
+RECORD_VERSIONS_READ: Final = frozenset({2, 3, FORMAT_VERSION})
 _SAME_VERSION: Final = frozenset({FORMAT_VERSION})
 
 # --------------------------------------------------------------------------- limits
@@ -285,6 +290,7 @@ TAGS: Final[Mapping[type, int]] = MappingProxyType(
         ExecutedRecord: 69,
         ConfigRecord: 70,
         LearnedRecord: 71,
+        ReserveRecord: 72,
         # durable records of the baselines
         SlotAcceptedRecord: 80,
         SkipRecord: 81,
@@ -689,6 +695,7 @@ _LAYOUT: Final[dict[type, tuple[tuple[str, _FieldType], ...]]] = {
     ViewRecord: (("view", _UINT),),
     NewViewRecord: (("view", _UINT), ("start", _UINT), ("owners", _Array(_NO_CL, MAX_SLOTS))),
     CPromiseRecord: (("owner", _UINT), ("from_index", _UINT), ("ballot", _UINT)),
+    ReserveRecord: (("below", _UINT),),
     ExecutedRecord: (
         ("start", _UINT),
         ("owners", _Array(_NO_CL, MAX_SLOTS)),

@@ -100,6 +100,12 @@ UNSAFE_VARIANTS: Final = frozenset(
         # membership: a member sets its own published info (addresses) in its own
         # configuration instead of proposing it through the log (the members disagree)
         "publish_local",
+        # a restart ignores its reservation (``ReserveRecord``): it proposes again at an index
+        # whose CAccept left before the previous incarnation's record of it was durable
+        "reuse_index",
+        # a replica counts a proposer's (or sequencer's) acceptance from its Accept, which may
+        # have left before that acceptance was durable (the rule before Accepts left early)
+        "learn_from_accept",
     }
 )
 

@@ -112,6 +112,7 @@ __all__ = [
     "RReply",
     "RRequest",
     "Record",
+    "ReserveRecord",
     "SkipRecord",
     "SlotAcceptedRecord",
     "SnapshotChunk",
@@ -992,6 +993,15 @@ class CPromiseRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReserveRecord:
+    """This replica's own C-instance indexes below ``below`` may have been used: a
+    ``CAccept`` for one may have left before its ``CAcceptedRecord`` was durable. A restart
+    never proposes at an index below it (``CStore``: reservations)."""
+
+    below: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberEntry:
     """One member of a ``ConfigRecord`` (``consensus.protocol.membership.Member``)."""
 
@@ -1063,6 +1073,7 @@ Record = (
     | ViewRecord
     | NewViewRecord
     | CPromiseRecord
+    | ReserveRecord
     | ExecutedRecord
     | ConfigRecord
     | LearnedRecord

@@ -282,6 +282,7 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "ExecutedRecord": 69,
         "ConfigRecord": 70,
         "LearnedRecord": 71,
+        "ReserveRecord": 72,
         "SlotAcceptedRecord": 80,
         "SkipRecord": 81,
         "PaxosPromiseRecord": 82,
@@ -295,8 +296,9 @@ def test_every_message_class_has_a_pinned_tag() -> None:
         "MemberEntry": 101,
     }
     assert {cls.__name__: tag for cls, tag in TAGS.items()} == pinned
-    assert FORMAT_VERSION == 3
-    assert {2, 3} == codec.RECORD_VERSIONS_READ  # the records have not changed since 2
+    assert FORMAT_VERSION == 4
+    # the records have not changed since 2 (4 added ReserveRecord)
+    assert {2, 3, 4} == codec.RECORD_VERSIONS_READ
 
 
 def test_the_batches_kept_packed_are_the_fields_typed_batch() -> None:
@@ -322,23 +324,28 @@ def test_the_batches_kept_packed_are_the_fields_typed_batch() -> None:
 
 
 def test_golden_encodings() -> None:
-    # pins the byte format of version 3 (2: Vote.accepted_from; 3: CPromise.through)
+    # pins the byte format of version 4 (2: Vote.accepted_from; 3: CPromise.through; 4: an
+    # Accept may leave before its sender's acceptance is durable, which its own ack reports)
     ack = CAck(src=1, view=2, owner=3, index=4, ballot=5)
-    assert encode_message(ack).hex() == "920396020102030405"
-    assert encode_frame([ack]).hex() == "92039196020102030405"
+    assert encode_message(ack).hex() == "920496020102030405"
+    assert encode_frame([ack]).hex() == "92049196020102030405"
     accept = CAccept(src=0, view=0, owner=0, index=1, ballot=0, batch=(CMD,))
     assert encode_frame([accept]) == pack(
-        [3, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
+        [4, [[1, 0, 0, 0, 1, 0, [[7, 8, b"0123456789abcdef", ["k1"], True]]]]]
     )
     promise = messages.CPromise(src=1, view=0, owner=2, from_index=3, ballot=4, accepted=(),
                                 high=5, through=messages.EVERY_INDEX)
-    assert encode_message(promise) == pack([3, [16, 1, 0, 2, 3, 4, [], 5, (1 << 63) - 1]])
+    assert encode_message(promise) == pack([4, [16, 1, 0, 2, 3, 4, [], 5, (1 << 63) - 1]])
     rec = OAcceptedRecord(view=3, entries=(OEntry(slot=9, owner=NO_CL),))
-    assert encode_record(rec) == pack([3, [65, 3, [[9, -1]]]])
-    # records did not change in version 3: a log written by version 2 is read as it is
+    assert encode_record(rec) == pack([4, [65, 3, [[9, -1]]]])
+    assert encode_record(messages.ReserveRecord(below=7)) == pack([4, [72, 7]])
+    # records did not change in versions 3 and 4 (one was added): a log written by version 2
+    # or 3 is read as it is
     assert decode_record(pack([2, [65, 3, [[9, -1]]]])) == rec
-    with pytest.raises(UnsupportedVersion):
-        decode_message(pack([2, [2, 1, 2, 3, 4, 5]]))  # peers speak one version
+    assert decode_record(pack([3, [65, 3, [[9, -1]]]])) == rec
+    for old in (2, 3):
+        with pytest.raises(UnsupportedVersion):
+            decode_message(pack([old, [2, 1, 2, 3, 4, 5]]))  # peers speak one version
 
 
 # --------------------------------------------------------------------------- round trips
@@ -428,12 +435,12 @@ def test_baseline_golden_encodings() -> None:
     accept = messages.MenciusAccept(
         src=1, view=0, slot=4, ballot=1, batch=(CMD,), skip_start=1, skip_stop=4
     )
-    assert encode_message(accept) == pack([3, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
+    assert encode_message(accept) == pack([4, [40, 1, 0, 4, 1, [RAW_CMD], 1, 4]])
     commit = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=None)
-    assert encode_message(commit) == pack([3, [35, 0, 0, 7, 0, None]])
+    assert encode_message(commit) == pack([4, [35, 0, 0, 7, 0, None]])
     noop = messages.PaxosCommit(src=0, view=0, slot=7, ballot=0, batch=())
     assert decode_message(encode_message(noop)) == noop
-    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([3, [81, 2, 11]])
+    assert encode_record(messages.SkipRecord(start=2, stop=11)) == pack([4, [81, 2, 11]])
     reject(raw_frame([TAGS[messages.MenciusSkip], 0, 0, 3, -1]), "MenciusSkip.skip_stop")
 
 
@@ -788,7 +795,7 @@ def test_unknown_tags_are_rejected() -> None:
     reject(raw_frame([True, 0, 0, 0]), r"expected \[tag")
 
 
-@pytest.mark.parametrize("version", [0, 1, 2, 4, 255, -1, 2**63])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 5, 255, -1, 2**63])
 def test_unknown_versions_raise_unsupported_version(version: int) -> None:
     cases = [
         (decode_frame, pack([version, []])),

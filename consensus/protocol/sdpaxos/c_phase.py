@@ -16,13 +16,23 @@ Rules:
 * An acceptor accepts a ballot at least as high as its promise and what it accepted
   (``on_caccept``; otherwise ``CNack`` with the higher ballot); an owner never reuses an
   index someone else used or decided (``CStore.used`` moves ``next_index`` past it).
-* Learning without the leader: the proposer accepted its value before sending it, so with
-  three replicas an acceptor's own acceptance completes a majority and it learns the choice
-  from the Accept itself; with five or more (``ReadinessRule.acks_to_all``), acceptors send
-  their ``CAck`` to every replica and a replica learns once the proposer, itself and the
-  acknowledgements make a majority of one ballot (``_learn_from_acks``; ``acks_any_ballot``
-  is the broken variant a teeth test catches). Replicas then execute others' commands
-  without waiting for a far CCommit.
+* Our ``CAccept`` leaves in the same turn as our own ``CAcceptedRecord``, in parallel with
+  its fsync (Raft thesis §10.2.1), when the index is below a durable reservation
+  (``CStore.sendable_early``; otherwise after the fsync; a turn that took indexes reserves
+  the next ones, ``reserve_ahead``): one fsync on a write's path instead of two in series.
+* A proposer counts its own acceptance only once it is durable: it adds itself to the
+  acknowledgements at once, and no acknowledgement can complete a majority with it before
+  the turn's records are durable, since the driver steps no input between ``ready`` and
+  ``advance`` (``SDPaxosReplica.step`` refuses it); whatever a choice sets off (``CCommit``,
+  ready replies, execution) leaves after that turn's fsync anyway.
+* Nobody else counts a proposer's acceptance from its ``CAccept`` (it may not be durable):
+  the proposer sends its own ``CAck`` after its fsync, to the peers it sent the Accept.
+* Learning without the leader: an acceptor learns a choice once its own acceptance and the
+  ``CAck`` s it saw of one ballot make a majority (``_learn_from_acks``): with three
+  replicas, the proposer's own ``CAck``; with five or more (``ReadinessRule.acks_to_all``),
+  acceptors send their ``CAck`` to every replica too (``acks_any_ballot`` and
+  ``learn_from_accept`` are broken variants teeth tests catch). Replicas then execute
+  others' commands without waiting for a far CCommit.
 * With five replicas a ``CAccept`` from an older view is dropped
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
@@ -41,9 +51,9 @@ bookkeeping on each instance (``leading``, ``acks``, ``sent_at``, ``sent_to``,
 ``overtaken_at``), the open batch, the acknowledgements seen ahead of their Accept, and the
 retransmission timer.
 
-Entry points: ``propose``, ``flush_batch``, ``on_caccept``, ``on_cack``, ``on_ccommit``,
-``on_cnack``, ``propose_recovered``, ``send_crequest``, ``resend_accept``, ``retransmit``;
-the hooks ``on_view_accepted``, ``on_compacted``.
+Entry points: ``propose``, ``flush_batch``, ``reserve_ahead``, ``on_caccept``, ``on_cack``,
+``on_ccommit``, ``on_cnack``, ``propose_recovered``, ``send_crequest``, ``resend_accept``,
+``retransmit``; the hooks ``on_view_accepted``, ``on_compacted``.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from consensus.messages import (
     CNack,
     Command,
     CRequest,
+    ReserveRecord,
 )
 from consensus.protocol.ballot import BALLOT_STRIDE
 from consensus.protocol.batch import CommandBatch
@@ -109,9 +120,10 @@ class CPhase:
         if store.promised_ballot(r.me, index) > ballot:
             self._hold_for_recovery(index, batch)
             return
+        early = store.sendable_early(index)
         inst = store.accept(r.me, index, ballot, batch)
         inst.leading = True
-        inst.acks.add(r.me)
+        inst.acks.add(r.me)  # durable before any acknowledgement is stepped (see the rules)
         inst.sent_at = r.now
         r.proposals.propose(index, batch)
         r.straggler.note_proposed()
@@ -121,8 +133,13 @@ class CPhase:
         accept = CAccept(
             src=r.me, view=r.view, owner=r.me, index=index, ballot=ballot, batch=batch
         )
+        own_ack = CAck(src=r.me, view=r.view, owner=r.me, index=index, ballot=ballot)
         for peer in self._thrifty_targets:
-            r.send(peer, accept)
+            if early:
+                r.request(peer, accept)  # in parallel with our own fsync
+            else:
+                r.send(peer, accept)
+            r.send(peer, own_ack)
         inst.sent_to = frozenset(self._thrifty_targets)
         self.rtt_probes[index] = r.now
         if r.is_sequencer:
@@ -131,6 +148,12 @@ class CPhase:
             self.send_crequest(index)
         if r.readiness.chosen_alone:
             self._commit_leading(r.me, index, inst)
+
+    def reserve_ahead(self) -> None:
+        """The turn ends: reserve our next indexes durably if it took some (``CStore``)."""
+        reservation = self.r.c_store.reserve()
+        if reservation is not None:
+            self.r.out.persist.append(ReserveRecord(below=reservation))
 
     def _hold_for_recovery(self, index: int, batch: Batch) -> None:
         """We promised a recoverer of our instances a higher ballot for ``index`` and on:
@@ -199,7 +222,7 @@ class CPhase:
                 if len(inst.acks) >= r.q:
                     self._commit_leading(msg.owner, msg.index, inst)
             return
-        if not r.readiness.acks_to_all or msg.index < r.o_log.exec_count[msg.owner]:
+        if msg.index < r.o_log.exec_count[msg.owner]:
             return
         if inst is not None and inst.committed:
             return
@@ -217,13 +240,18 @@ class CPhase:
 
     def _learn_from_acks(self, key: tuple[int, int], inst: CInstance) -> None:
         """``C[owner][index]`` is chosen once a majority accepted one ballot: what ``inst``
-        holds is what we accepted, at ``inst.ballot``; so did that ballot's proposer (a
-        CAccept leaves only once its sender's acceptance is durable; the proposer is packed
-        in the ballot) and every acceptor that acknowledged it. With three replicas the first
-        two are a majority: an acceptor learns the choice from the Accept itself, rather than
-        a one-way delay later from the proposer's CCommit. With five, acknowledgements from
-        the acceptors next to us complete it, instead of a round trip to a far proposer and
-        its CCommit's way back, which held up executing every slot ordered after it."""
+        holds is what we accepted, at ``inst.ballot``, and every replica whose ``CAck`` of
+        that ballot we saw accepted it too — the proposer included, which acknowledges its
+        own proposal once its acceptance is durable. Its ``CAccept`` says nothing of that: it
+        may leave before the proposer's own record is durable, and a proposer that crashes
+        then forgets it accepted (a recovery without it may choose a no-op there). With three
+        replicas the proposer's ``CAck`` and our acceptance are a majority: we learn the
+        choice a one-way delay plus the proposer's fsync after its Accept, rather than a round
+        trip later from its CCommit. With five, acknowledgements from the acceptors next to
+        us complete it, instead of a round trip to a far proposer and its CCommit's way back,
+        which held up executing every slot ordered after it. (``learn_from_accept`` is the
+        broken variant that counts the proposer from its Accept, as before its Accept left
+        ahead of its fsync; ``acks_any_ballot`` the one that counts any ballot's acks.)"""
         r = self.r
         if inst.committed or inst.batch is None:
             return
@@ -231,7 +259,10 @@ class CPhase:
         acked: set[int] = set()
         if seen is not None and (seen[0] == inst.ballot or "acks_any_ballot" in r.unsafe):
             acked = seen[1]
-        if len(acked | {r.me, inst.ballot % BALLOT_STRIDE}) >= r.q:
+        counted = acked | {r.me}
+        if "learn_from_accept" in r.unsafe:
+            counted.add(inst.ballot % BALLOT_STRIDE)
+        if len(counted) >= r.q:
             self._learn_c_chosen(key[0], key[1], inst)
 
     def _commit_leading(self, owner: int, index: int, inst: CInstance) -> None:
@@ -369,9 +400,12 @@ class CPhase:
             ballot=inst.ballot,
             batch=inst.batch or (),
         )
+        # (our acceptance is durable by now: our CAck again, lost with the Accept perhaps)
+        own_ack = CAck(src=r.me, view=r.view, owner=owner, index=index, ballot=inst.ballot)
         targets = [peer for peer in r.peers if peer not in inst.acks]
         for peer in targets:
             r.send(peer, accept)
+            r.send(peer, own_ack)
         inst.sent_to |= frozenset(targets)
 
     def retransmit(self) -> None:
@@ -420,6 +454,7 @@ class CPhase:
             src=r.me, view=r.view, owner=owner, index=index, ballot=ballot, batch=batch
         )
         r.broadcast(accept)
+        r.broadcast(CAck(src=r.me, view=r.view, owner=owner, index=index, ballot=ballot))
         if r.is_sequencer:
             r.ordering.order(owner, index)
 

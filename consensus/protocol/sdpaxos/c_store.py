@@ -14,7 +14,31 @@ C-instances, and the indexes of its own.
 * ``ballot_seen`` (the highest ballot seen: a recovery's ballot goes above it,
   ``new_ballot``), ``own_ballot`` (the ballot our new instances are proposed at);
 * ``next_index``: our next own index (``take_index``), and ``values_to_log``: chosen values
-  learned from a commit, never accepted here, that the execution record must carry.
+  learned from a commit, never accepted here, that the execution record must carry;
+* ``reserved`` and ``reserved_durable``: our own indexes below them may have been used.
+
+Reservations (the rules that let our ``CAccept`` leave before our own record is durable,
+Raft thesis §10.2.1; c_phase.py sends it):
+
+* A restart must never propose at an index a ``CAccept`` of the previous incarnation named:
+  its value may be accepted somewhere, or the sequencer may have ordered the index (commands
+  proposed after the restart would run in a slot given out before them). Our own
+  ``CAcceptedRecord`` says so only once durable, so an early ``CAccept`` relies on a
+  ``ReserveRecord`` instead: "indexes below R may have been used".
+* A turn that took indexes reserves ahead (``reserve``, called as the turn ends; the caller
+  persists the ``ReserveRecord`` in it) once less than that many are reserved past the next
+  index: twice as many, so a steady load writes one every other turn. ``advance``
+  (``synced``) makes what the turn wrote durable.
+* ``sendable_early``: only an index below the *durable* reservation may be named before its
+  own record is durable; the first index past it waits for the turn's fsync, as before.
+* A restart (``restore_reservation``) starts ``next_index`` at the reservation (at most two
+  turns' worth of indexes past its last record): the indexes between our last record and it
+  may be ordered and block execution until a recovery
+  decides them (a no-op where nobody accepted a value; recovery.py), which our own recovery
+  does as soon as we are caught up (``gap``, ``OwnProposals.resume_after_restart``).
+* Compaction and snapshots keep it: ``durable_records`` writes the reservation again, and a
+  membership epoch's core keeps its own (its records follow the epoch's ``ConfigRecord``;
+  a new epoch's indexes start again at 0, in another instance space).
 
 Invariants (verified as they change when ``consensus.protocol.checks`` are on):
 
@@ -32,6 +56,7 @@ Invariants (verified as they change when ``consensus.protocol.checks`` are on):
 5. ``high[owner]`` is at least the index of every instance accepted here since the store
    began (``accept`` and ``restore`` raise it).
 6. Every key in ``values_to_log`` holds a value.
+7. ``reserved_durable <= reserved``, and neither decreases.
 """
 
 from __future__ import annotations
@@ -61,8 +86,9 @@ class CStore:
     """Every C-instance this replica knows, with its promises and its own indexes."""
 
     __slots__ = (
-        "_checking", "_instances", "_me", "ballot_seen", "high", "instances", "next_index",
-        "own_ballot", "promised", "values_to_log",
+        "_checking", "_instances", "_me", "_syncing", "_taken", "ballot_seen", "gap", "high",
+        "instances", "next_index", "own_ballot", "promised", "reserved", "reserved_durable",
+        "values_to_log",
     )
 
     def __init__(self, replicas: int, me: int, *, checking: bool = False) -> None:
@@ -83,6 +109,15 @@ class CStore:
         # chosen values we hold but never accepted (learned from a commit): written to our
         # records when executed, so that a restart can execute them again from the records
         self.values_to_log: set[Key] = set()
+        #: our indexes below this may have been used (the reservation written, perhaps not
+        #: durable yet) / below this one, durably so / what the turn handed out writes
+        self.reserved = 0
+        self.reserved_durable = 0
+        self._syncing = 0
+        self._taken = 0  # indexes taken this turn
+        #: a restart's own indexes ``[start, end)`` that an earlier incarnation may have used
+        #: without a durable record of its own: our recovery decides them (see above)
+        self.gap: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ reading
     def get(self, key: Key) -> CInstance | None:
@@ -116,6 +151,7 @@ class CStore:
         """A fresh own index (never used, by us or anyone)."""
         index = self.next_index
         self.next_index = index + 1
+        self._taken += 1
         if self._checking and (self._me, index) in self._instances:
             raise violated(_OWNER, f"own index {index} handed out while held")
         return index
@@ -125,6 +161,44 @@ class CStore:
         somewhere): never propose at one of them again."""
         if end > self.next_index:
             self.next_index = end
+
+    def reserve(self) -> int | None:
+        """The turn ends: if it took indexes and fewer than that many are reserved past the
+        next one, the new reservation (twice as many), which the caller persists
+        (``ReserveRecord``) in this turn."""
+        taken, self._taken = self._taken, 0
+        if not taken or self.reserved >= self.next_index + taken:
+            return None
+        self.reserved = self.next_index + 2 * taken
+        return self.reserved
+
+    def sendable_early(self, index: int) -> bool:
+        """Whether our ``index`` may be named before its own record is durable: it is below a
+        durable reservation."""
+        return index < self.reserved_durable
+
+    def handed_out(self) -> None:
+        """The turn's records were handed to the driver (``ready``)."""
+        self._syncing = self.reserved
+
+    def synced(self) -> None:
+        """The driver made the handed-out turn's records durable (``advance``)."""
+        if self._syncing > self.reserved_durable:
+            self.reserved_durable = self._syncing
+
+    def restore_reservation(self, below: int) -> None:
+        """A restart replays a ``ReserveRecord``: indexes below ``below`` may have been used."""
+        if below > self.reserved:
+            self.reserved = self.reserved_durable = self._syncing = below
+        self.used(below)
+
+    def note_gap(self, start: int) -> None:
+        """A restart's records hold none of our indexes from ``start`` to the reservation."""
+        self.gap = (start, self.reserved) if start < self.reserved else None
+
+    def end_gap(self) -> None:
+        """The restart's gap is decided (or executed): our recovery need not cover it."""
+        self.gap = None
 
     # ------------------------------------------------------------------ values
     def accept(self, owner: int, index: int, ballot: int, batch: Batch) -> CInstance:
@@ -259,6 +333,9 @@ class CStore:
                 raise violated(_OWNER, f"{(owner, index)} chosen without a value")
         if self.own_ballot % BALLOT_STRIDE != me:
             raise violated(_OWNER, f"own ballot {self.own_ballot} is not replica {me}'s")
+        if self.reserved_durable > self.reserved:
+            raise violated(_OWNER, f"durable reservation {self.reserved_durable} past the "
+                                   f"reservation {self.reserved}")
         for key in self.values_to_log:
             held = self._instances.get(key)
             if held is None or held.batch is None:

@@ -6,7 +6,9 @@ to whoever learns from it (``OAck``, addressed by ``ReadinessRule.oack_targets``
 O-instance is chosen once a majority accepted it at the view's ballot: the sequencer (it
 proposed it), us, and the acknowledgements collected (``learn_chosen``). The learner of its
 own O-instance broadcasts ``OCommit`` (``commit_o``); others may learn from commits
-(``on_ocommit``: learned, not accepted, so never reported in a vote).
+(``on_ocommit``: learned, not accepted, so never reported in a vote). A sequencer whose
+OAccept leaves before its own acceptance is durable (``ReadinessRule.oaccepts_early``)
+acknowledges its own proposals too, after its fsync, and only that acknowledgement counts it.
 
 Rules (what this replica accepted and learned lives in the O-log, ``OLog``, which keeps
 them):
@@ -98,9 +100,10 @@ class OAcceptor:
             r.straggler.note_ordered()
             r.readiness.learn_own(slot)
         else:
-            # the sequencer and we accepted it: with three replicas it is chosen, and its
-            # learner's OCommit would take a one-way delay longer to tell us; with five, the
-            # acknowledgements that came before the OAccept may complete a majority
+            # with the sequencer's acceptance (its OAck, or its OAccept where that says it)
+            # and ours it is chosen with three replicas, and its learner's OCommit would take
+            # a one-way delay longer to tell us; with five, the acknowledgements that came
+            # before the OAccept may complete a majority
             self.learn_chosen(slot)
         r.o_log.advance_prefix(r.view)
         r.readiness.after_accept()
@@ -127,13 +130,18 @@ class OAcceptor:
                 self._oack_out.setdefault(dest, []).append(entry.slot)
 
     def learn_chosen(self, slot: int) -> None:
-        """O[slot] is chosen once a majority accepted it at this view's ballot: the
-        sequencer (it proposed it), us, and the acknowledgements we collected."""
+        """O[slot] is chosen once a majority accepted it at this view's ballot: us, and the
+        acknowledgements we collected — the sequencer's own among them when its OAccept
+        leaves before its acceptance is durable (``ReadinessRule.oaccepts_early``); else its
+        OAccept says it accepted. (``learn_from_accept``: the broken variant that counts the
+        sequencer from an early OAccept.)"""
         r = self.r
         o_log = r.o_log
         if o_log.ballot.get(slot) != r.view or slot in o_log.committed:
             return
-        acks = o_log.acks.get(slot, set()) | {r.me, r.sequencer}
+        acks = o_log.acks.get(slot, set()) | {r.me}
+        if not r.readiness.oaccepts_early or "learn_from_accept" in r.unsafe:
+            acks = acks | {r.sequencer}
         if len(acks) >= r.q:
             self.commit_o(slot)
 

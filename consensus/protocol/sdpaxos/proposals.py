@@ -158,7 +158,7 @@ class OwnProposals:
         """Once caught up after a restart, drive our instances found in the records that
         nothing decided yet (most of them are decided by then)."""
         r = self.r
-        if not self._found or not r.view_ready:
+        if not (self._found or r.c_store.gap) or not r.view_ready:
             return
         if max(r.catchup.peer_executed.values()) > r.o_log.exec_slot:
             return  # still catching up: most of them are probably decided
@@ -170,3 +170,19 @@ class OwnProposals:
                 self._pending[index] = inst.batch
                 self._found_batches.pop(index, None)  # reported from pending now
         self._found = []
+        self._decide_gap()
+
+    def _decide_gap(self) -> None:
+        """Our indexes an earlier incarnation may have named without a durable record of its
+        own (``CStore.gap``) are ordered as soon as we propose past them: our recovery
+        decides them now (their values where a majority reports one, a no-op elsewhere),
+        rather than execution waiting for it to notice."""
+        r = self.r
+        gap = r.c_store.gap
+        if gap is None:
+            return
+        start = max(gap[0], r.o_log.exec_count[r.me])
+        if start >= gap[1]:
+            r.c_store.end_gap()
+        elif r.me not in r.recovery.recoveries:
+            r.recovery.start_recovery(r.me, start)

@@ -36,8 +36,14 @@ them the same way:
 * ``chosen_alone``: with one replica, a proposer's own acceptance is a majority: its
   proposal is chosen as it is made.
 
-Why the N = 3 shortcut is safe: the sequencer's OAccept plus the owner's own acceptance are a
-majority of three, so "accepted here" is "chosen" and the order costs half a round trip. With
+* ``oaccepts_early``: the sequencer's OAccept leaves in parallel with its own fsync, and its
+  own ``OAck`` after it (sequencer.py), unless a replica commits on the OAccept alone
+  (``commits_on_sequencer_accept``, five replicas: that commit needs the sequencer's
+  acceptance durable, so there the OAccept waits for the fsync and says it accepted).
+
+Why the N = 3 shortcut is safe: the sequencer's acceptance (its own OAck, sent once durable)
+plus the owner's own acceptance are a majority of three, so the owner learns the slot is
+chosen from the sequencer's messages alone and the order costs half a round trip. With
 five replicas the paper's rule lets a non-sequencer count its own O-instance as committed on
 the sequencer's OAccept alone, and be ready once it accepted *every* O-instance up to the one
 placing its command (no gap). Because such a commit may be known to two replicas only
@@ -75,6 +81,8 @@ class ReadinessRule:
         self.acks_to_all = r.q >= 3 and not r.config.thrifty
         #: our own acceptance is a majority (see above)
         self.chosen_alone = r.q == 1
+        #: the sequencer's OAccept may leave before its own acceptance is durable (see above)
+        self.oaccepts_early = not self.commits_on_sequencer_accept
 
     def ordered_own(self) -> int:
         """How many of my C-instances the ready rule considers durably ordered."""

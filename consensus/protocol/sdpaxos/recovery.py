@@ -19,6 +19,10 @@ Rules:
 * Promises are paged (``PROMISE_PAGE_BYTES``, ``PROMISE_PAGE_VOTES``, ``CPromise.through``):
   beyond the shortest page a value some acceptor accepted may be unknown, so no no-op goes
   there; the next page is asked at the same ballot.
+* An index its owner reserved but never used (``CStore``: reservations) is untouched unless
+  an O-instance references it or a promise reports it; then it gets a no-op like any index
+  nobody accepted a value at. The owner's own recovery after a restart covers its whole
+  restart gap (``CStore.gap``), since proposing past it orders every index of it.
 * Never re-proposed: an instance executed here meanwhile (chosen, perhaps compacted). A
   Prepare reaching below our compaction point gets our snapshot instead of a promise that
   would report nothing.
@@ -194,6 +198,9 @@ class CRecovery:
         # (those held for this recovery too), a no-op fills the rest.
         ours = r.proposals.pending if msg.owner == r.me else {}
         high = max(high, max(ours, default=NO_INDEX))
+        gap = r.c_store.gap if msg.owner == r.me else None
+        if gap is not None and recovery.from_index <= gap[0]:
+            high = max(high, gap[1] - 1)  # our restart's gap: every index of it decided
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, r.o_log.exec_count[msg.owner])
         # A paged promise reports on its page only: beyond the shortest page a value some
@@ -206,6 +213,8 @@ class CRecovery:
             found = best.get(index)
             batch: Batch = found.batch if found is not None else ours.get(index, ())
             r.c_phase.propose_recovered(msg.owner, index, recovery.ballot, batch)
+        if gap is not None and recovery.from_index <= gap[0] and last >= gap[1] - 1:
+            r.c_store.end_gap()
         if last < high:
             # the next page, at the same ballot: the promises already cover every index from
             # the first page's start, so this only fetches what the acceptors accepted there

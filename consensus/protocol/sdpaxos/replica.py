@@ -18,7 +18,10 @@ Inputs and what they run:
   retries.
 * ``ready`` flushes the turn (the open batch, read requests, order messages), executes what
   became executable, records it, serves reads, and hands the ``Ready`` out; ``advance``
-  takes it back. ``ready`` twice without ``advance`` is local misuse (``LocalProtocolError``).
+  takes it back, its records durable. ``ready`` twice without ``advance``, and any input
+  between them, is local misuse (``LocalProtocolError``): a replica counts its own
+  acceptances at once, which is sound because every message that could complete a majority
+  with one is stepped after the turn that made it is durable.
 
 Routing rules (``step``), in order:
 
@@ -329,6 +332,7 @@ class SDPaxosReplica:
         if self.handed_out is not None:
             raise LocalProtocolError("ready() called again before advance()")
         self.c_phase.flush_batch()
+        self.c_phase.reserve_ahead()
         self.reads.flush_read_requests()
         self.ordering.flush_oaccepts()
         self.o_acceptor.flush_acks()
@@ -337,13 +341,16 @@ class SDPaxosReplica:
         self.reads.serve_reads()
         out, self.out = self.out, Ready()
         self.handed_out = out
+        self.c_store.handed_out()
         return out
 
     def advance(self, ready: Ready) -> None:
-        """The driver carried out ``ready`` (the one ``ready()`` handed out last)."""
+        """The driver carried out ``ready`` (the one ``ready()`` handed out last): its
+        records are durable."""
         if ready is not self.handed_out:
             raise LocalProtocolError("advance() with a Ready this core did not hand out")
         self.handed_out = None
+        self.c_store.synced()
 
     def send(self, to: int, message: PeerMessage) -> None:
         """Queue a message that may report state persisted in this turn."""
@@ -538,6 +545,10 @@ class SDPaxosReplica:
         return self.election.lease_valid()
 
     def _enter(self, now: int) -> None:
+        if self.handed_out is not None:
+            # Our own acceptances count at once (c_phase.py, o_acceptor.py) because nothing
+            # that could complete a majority with them is stepped before they are durable.
+            raise LocalProtocolError("an input between ready() and advance()")
         self.now = now
         if not self.started:
             # the clocks of this incarnation start at its first input

@@ -4,7 +4,9 @@
 O-instances, NewViews, the view, promises, and which slots ran — then executes again what
 they say ran (``Executor.replay_executed``) and starts as a follower
 (``SDPaxosReplica.restarted``). A restarted replica votes for nobody for one lease period
-(``Leases.start``) and never reuses an index it named. Its own proposals found in the
+(``Leases.start``) and never reuses an index it named: it starts past its reservation
+(``ReserveRecord``, ``CStore``), and its own recovery decides the indexes below it that its
+records do not hold (``CStore.gap``). Its own proposals found in the
 records are handed to ``OwnProposals.found_at_restart``, which drives them again once caught
 up with the peers (most of them are decided by then; those decided without their commands
 are reported failed, those executed as proposed are reported ready).
@@ -24,6 +26,7 @@ from consensus.messages import (
     NewViewRecord,
     OAcceptedRecord,
     Record,
+    ReserveRecord,
     ViewRecord,
 )
 
@@ -64,5 +67,20 @@ class Restart:
                 case ExecutedRecord():
                     for k, owner in enumerate(record.owners):
                         executed[record.start + k] = (owner, record.ballots[k])
+                case ReserveRecord():
+                    if "reuse_index" not in r.unsafe:
+                        r.c_store.restore_reservation(record.below)
         r.executor.replay_executed(executed)
+        self._note_gap(own)
         r.restarted(own)
+
+    def _note_gap(self, own: set[int]) -> None:
+        """Our indexes below the reservation that our records do not hold may have been
+        named by a ``CAccept`` that left before its record was durable: our own recovery
+        decides them once we are caught up (``CStore.gap``)."""
+        r = self.r
+        store = r.c_store
+        start = r.o_log.exec_count[r.me]
+        while start < store.reserved and start in own:
+            start += 1
+        store.note_gap(start)

@@ -5,7 +5,8 @@ NewView (``Role.SEQUENCER``, see view_change.py). On seeing ``CAccept(n, i)`` or
 ``CRequest(n, i)`` it proposes ``n`` in the next O-instances until ``n`` owns ``i + 1`` of
 them (``order``): the ``k``-th O-instance naming ``n`` places ``C[n][k]``, so a duplicated or
 reordered request never places anything twice. It accepts its own proposals at once (with the
-view as ballot) and broadcasts them, one ``OAccept`` per turn (``flush_oaccepts``).
+view as ballot) and broadcasts them, one ``OAccept`` per turn (``flush_oaccepts``): in
+parallel with its own fsync where the readiness rule allows it, its own ``OAck`` after it.
 
 Rules:
 
@@ -49,6 +50,7 @@ from consensus.messages import (
     CRequest,
     OAccept,
     OAcceptedRecord,
+    OAck,
     OEntry,
 )
 from consensus.protocol.sdpaxos.catchup import CATCHUP_BATCH
@@ -180,14 +182,32 @@ class Sequencer:
         )
         if entries:
             r.send(to, OAccept(src=r.me, view=r.view, entries=entries))
+            if r.readiness.oaccepts_early:
+                # our acceptance, which the OAccept does not carry (see flush_oaccepts)
+                r.send(to, OAck(src=r.me, view=r.view, slots=tuple(e.slot for e in entries)))
 
     def flush_oaccepts(self) -> None:
-        """Persist and broadcast this turn's O-instances (one OAccept per page)."""
+        """Persist and broadcast this turn's O-instances (one OAccept per page).
+
+        Where the readiness rule allows it (``oaccepts_early``: no replica commits an
+        O-instance on the OAccept alone), the OAccept leaves in parallel with our fsync, and
+        our own ``OAck`` after it: nobody counts our acceptance before it is durable (a
+        sequencer that crashes before then forgets it, and a view change without it may
+        give the slot to another). Otherwise the OAccept waits for our fsync, and says we
+        accepted."""
         r = self.r
         if self._oaccept_out:
+            early = r.readiness.oaccepts_early
             for entries in pages(self._oaccept_out, MAX_ENTRIES):
                 r.out.persist.append(OAcceptedRecord(view=r.view, entries=entries))
-                r.broadcast(OAccept(src=r.me, view=r.view, entries=entries))
+                accept = OAccept(src=r.me, view=r.view, entries=entries)
+                if not early:
+                    r.broadcast(accept)
+                    continue
+                own_ack = OAck(src=r.me, view=r.view, slots=tuple(e.slot for e in entries))
+                for peer in r.peers:
+                    r.request(peer, accept)
+                    r.send(peer, own_ack)
             self._oaccept_out.clear()
             r.readiness.after_oaccepts()
 

@@ -27,6 +27,7 @@ from consensus.messages import (
     OAcceptedRecord,
     OEntry,
     Record,
+    ReserveRecord,
     ViewRecord,
 )
 from consensus.protocol.sdpaxos.instances import NO_BALLOT
@@ -95,4 +96,7 @@ class Snapshots:
                 )
         for owner, (ballot, from_index) in sorted(r.c_store.promised.items()):
             records.append(CPromiseRecord(owner=owner, from_index=from_index, ballot=ballot))
+        if r.c_store.reserved:
+            # our indexes below it may have been named before their records were durable
+            records.append(ReserveRecord(below=r.c_store.reserved))
         return records

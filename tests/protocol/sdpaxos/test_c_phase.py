@@ -5,9 +5,11 @@ C-phase messages across views; held proposals; retransmission and its adaptive t
 
 from __future__ import annotations
 
-from util import Net, cmd, core, drain, msgs
+import pytest
+from util import Net, cmd, core, drain, msgs, records_of
 
 from consensus.config import ProtocolConfig
+from consensus.errors import LocalProtocolError
 from consensus.messages import (
     EVERY_INDEX,
     CAccept,
@@ -22,6 +24,7 @@ from consensus.messages import (
     OAcceptedRecord,
     OAck,
     OEntry,
+    ReserveRecord,
     VRequest,
 )
 from consensus.protocol.ballot import ballot_of
@@ -40,6 +43,7 @@ from .builders import (
     in_view_1,
     o_entries,
     oaccept,
+    oack,
     ocommit,
 )
 
@@ -47,14 +51,47 @@ from .builders import (
 
 
 def test_proposal_at_non_sequencer_persists_then_sends_caccepts() -> None:
+    # the first index is reserved by nothing durable yet: its CAccept waits for the fsync
+    # that makes our record and the reservation of the next indexes durable
     r1 = core(3, 1)
     r1.propose(A, 0)
     ready = drain(r1)
-    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,))]
-    accept = caccept(1, 1, 0, (A,))
-    assert msgs(ready.send_after_persist) == [(0, accept), (2, accept)]
+    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,)),
+                             ReserveRecord(below=3)]
+    accept, ack = caccept(1, 1, 0, (A,)), cack(1, 1, 0)
+    assert msgs(ready.send_after_persist) == [(0, accept), (0, ack), (2, accept), (2, ack)]
     assert ready.send == []  # the sequencer gets the CAccept: no CRequest (line 4)
     assert ready.ready == ready.executions() == ready.failed == []
+
+
+def test_a_reserved_index_is_accepted_in_parallel_with_the_proposers_fsync() -> None:
+    """Raft thesis §10.2.1: below a durable reservation the CAccept leaves before our own
+    record is durable (``send``), and our own CAck once it is (``send_after_persist``): the
+    acceptors count our acceptance from that only."""
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    drain(r1)  # advanced: the reservation below 3 is durable
+    r1.propose(B, 1)
+    ready = drain(r1)
+    assert ready.persist == [CAcceptedRecord(owner=1, index=1, ballot=1, batch=(B,))]
+    accept = caccept(1, 1, 1, (B,))
+    assert msgs(ready.send) == [(0, accept), (2, accept)]
+    assert msgs(ready.send_after_persist) == [(0, cack(1, 1, 1)), (2, cack(1, 1, 1))]
+    r1.propose(C, 2)
+    ready = drain(r1)  # index 2 is the last reserved: the turn reserves ahead again
+    assert ready.persist == [CAcceptedRecord(owner=1, index=2, ballot=1, batch=(C,)),
+                             ReserveRecord(below=5)]
+    assert msgs(ready.send, CAccept) == [(0, caccept(1, 1, 2, (C,))), (2, caccept(1, 1, 2, (C,)))]
+
+
+def test_a_reservation_not_yet_durable_does_not_let_an_accept_leave_early() -> None:
+    r1 = core(3, 1)
+    r1.propose(A, 0)
+    ready = r1.ready()  # handed out, not advanced: the reservation is not durable
+    with pytest.raises(LocalProtocolError, match="between ready"):
+        r1.propose(B, 0)  # (and no input may come before advance)
+    r1.advance(ready)
+    assert r1.c_store.reserved_durable == 3
 
 
 def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
@@ -63,12 +100,16 @@ def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
     ready = drain(r0)
     assert ready.persist == [
         CAcceptedRecord(owner=0, index=0, ballot=0, batch=(A,)),
+        ReserveRecord(below=3),
         OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=0),)),
     ]
-    accept = caccept(0, 0, 0, (A,))
-    order = oaccept((0, 0))
-    assert msgs(ready.send_after_persist) == [(1, accept), (2, accept), (1, order), (2, order)]
-    assert ready.send == []
+    accept, ack = caccept(0, 0, 0, (A,)), cack(0, 0, 0)
+    order, own_oack = oaccept((0, 0)), oack(0, 0)
+    assert msgs(ready.send_after_persist) == [
+        (1, accept), (1, ack), (2, accept), (2, ack), (1, own_oack), (2, own_oack)
+    ]
+    # the OAccept leaves in parallel with our fsync (three replicas: ``oaccepts_early``)
+    assert msgs(ready.send) == [(1, order), (2, order)]
 
 
 def test_proposals_in_one_turn_form_one_c_instance() -> None:
@@ -76,7 +117,9 @@ def test_proposals_in_one_turn_form_one_c_instance() -> None:
     for command in (A, B, C):
         r1.propose(command, 0)
     ready = drain(r1)
-    assert ready.persist == [CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A, B, C))]
+    assert records_of(ready, CAcceptedRecord) == [
+        CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A, B, C))
+    ]
     sent = [m for _, m in msgs(ready.send_after_persist) if isinstance(m, CAccept)]
     assert [m.index for m in sent] == [0, 0]
     r1.propose(D, 1)
@@ -94,6 +137,7 @@ def test_max_batch_splits_a_turn_into_several_instances() -> None:
         CAcceptedRecord(owner=1, index=0, ballot=1, batch=tuple(commands[0:2])),
         CAcceptedRecord(owner=1, index=1, ballot=1, batch=tuple(commands[2:4])),
         CAcceptedRecord(owner=1, index=2, ballot=1, batch=tuple(commands[4:5])),
+        ReserveRecord(below=9),  # twice the turn's three indexes past the next one
     ]
     assert len(msgs(ready.send_after_persist, CAccept)) == 3 * 2
 
@@ -113,7 +157,8 @@ def test_thrifty_sends_caccept_to_q_minus_1_and_crequest_when_sequencer_missed()
     r1 = core(3, 1, thrifty=True)
     r1.propose(A, 0)
     ready = drain(r1)
-    assert msgs(ready.send_after_persist) == [(2, caccept(1, 1, 0, (A,)))]
+    assert msgs(ready.send_after_persist, CAccept) == [(2, caccept(1, 1, 0, (A,)))]
+    assert msgs(ready.send_after_persist, CAck) == [(2, cack(1, 1, 0))]  # the same peers
     # a CRequest promises nothing: it is in ``send``
     assert msgs(ready.send) == [(0, crequest(1, 0))]
     # N=5, replica 1: nearest are 2 and 3
@@ -121,7 +166,7 @@ def test_thrifty_sends_caccept_to_q_minus_1_and_crequest_when_sequencer_missed()
     r1.propose(A, 0)
     ready = drain(r1)
     accept = caccept(1, 1, 0, (A,))
-    assert msgs(ready.send_after_persist) == [(2, accept), (3, accept)]
+    assert msgs(ready.send_after_persist, CAccept) == [(2, accept), (3, accept)]
     assert msgs(ready.send) == [(0, crequest(1, 0))]
 
 
@@ -129,12 +174,12 @@ def test_thrifty_sends_no_crequest_when_sequencer_is_in_quorum() -> None:
     r2 = core(3, 2, thrifty=True)  # nearest of 2 by id distance: 0, the sequencer
     r2.propose(A, 0)
     ready = drain(r2)
-    assert msgs(ready.send_after_persist) == [(0, caccept(2, 2, 0, (A,)))]
+    assert msgs(ready.send_after_persist, CAccept) == [(0, caccept(2, 2, 0, (A,)))]
     assert ready.send == []
     r4 = core(5, 4, thrifty=True)  # nearest of 4: 0 and 1
     r4.propose(A, 0)
     ready = drain(r4)
-    assert [to for to, _ in msgs(ready.send_after_persist)] == [0, 1]
+    assert [to for to, _ in msgs(ready.send_after_persist, CAccept)] == [0, 1]
     assert ready.send == []
 
 
@@ -143,7 +188,7 @@ def test_thrifty_follows_configured_preference() -> None:
                                               (0, 1, 2, 4), (0, 1, 2, 3)))
     r1.propose(A, 0)
     ready = drain(r1)
-    assert [to for to, _ in msgs(ready.send_after_persist)] == [4, 0]
+    assert [to for to, _ in msgs(ready.send_after_persist, CAccept)] == [4, 0]
     assert ready.send == []
 
 
@@ -228,16 +273,20 @@ def test_acceptor_higher_ballot_replaces_value() -> None:
     assert msgs(ready.send_after_persist) == [(0, ack), (1, ack), (3, ack), (4, ack)]
 
 
-def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_accept_itself() -> None:
+def test_with_three_replicas_an_acceptor_learns_a_choice_from_the_proposers_own_ack() -> None:
     r2 = core(3, 2)
-    r2.step(caccept(1, 1, 0, (A,)), 1)  # 1 accepted it before sending: with us, a majority
-    r2.step(oaccept((0, 1)), 1)  # the sequencer and we: slot 0 is chosen too
+    r2.step(caccept(1, 1, 0, (A,)), 1)  # it may have left before 1's acceptance was durable
+    r2.step(oaccept((0, 1)), 1)  # so may this one, before the sequencer's
     ready = drain(r2)
-    assert [e.command for e in ready.executions()] == [A]  # no CCommit, no OCommit needed
+    assert list(ready.executions()) == []  # neither counts from its Accept
     assert (0, OAck(src=2, view=0, slots=(0,))) in msgs(ready.send_after_persist)
+    r2.step(cack(1, 1, 0), 2)  # 1's acceptance is durable: with ours, a majority
+    r2.step(oack(0, 0), 2)  # the sequencer's is: slot 0 is chosen too
+    assert [e.command for e in drain(r2).executions()] == [A]  # no CCommit, no OCommit needed
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
     r2.step(oaccept((0, 1)), 1)
+    r2.step(cack(1, 1, 0), 2)
     assert list(drain(r2).executions()) == []  # two of five: not yet
 
 
@@ -245,6 +294,7 @@ def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() 
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)  # proposer 1 and we accepted: two of five
     r2.step(ocommit(0, (0, 1)), 1)
+    r2.step(cack(1, 1, 0), 1)  # the proposer's acceptance is durable
     ready = drain(r2)
     assert list(ready.executions()) == []
     ack = cack(2, 1, 0)
@@ -299,7 +349,9 @@ def test_an_overtaken_proposer_counts_acks_only_for_its_own_ballot() -> None:
     r1.step(ocommit(0, (0, 1)), 2)
     r1.step(cack(3, 1, 0), 2)  # an acknowledgement of our own ballot: A is not chosen
     assert list(drain(r1).executions()) == []
-    r1.step(cack(4, 1, 0, ballot=high), 3)  # recoverer 0, we and 4 accepted B: chosen
+    r1.step(cack(4, 1, 0, ballot=high), 3)
+    assert list(drain(r1).executions()) == []  # B's proposer may not have it durably yet
+    r1.step(cack(0, 1, 0, ballot=high), 3)  # recoverer 0, we and 4 accepted B: chosen
     ready = drain(r1)
     assert [e.command for e in ready.executions()] == [B]
     # failed, not definitely: a client retry may carry A in another replica's instance
@@ -540,6 +592,7 @@ def test_ready_instance_is_not_retransmitted() -> None:
     drain(r1)
     r1.step(cack(2, 1, 0), 1)
     r1.step(oaccept((0, 1)), 1)
+    r1.step(oack(0, 0), 1)
     assert drain(r1).ready == [A]
     r1.tick(500_000)
     ready = drain(r1)

@@ -11,7 +11,7 @@ from consensus.messages import NO_CL, CAcceptedRecord, CCommit, ExecutedRecord, 
 from consensus.packed_batch import PackedBatch
 from consensus.protocol.ready import Execution, SlotBatch
 
-from .builders import A, B, C, caccept, cack, ccommit, oaccept, ocommit, restarted
+from .builders import A, B, C, caccept, cack, ccommit, oaccept, oack, ocommit, restarted
 
 # =========================================================================== global-log order
 
@@ -22,6 +22,7 @@ def test_execution_follows_global_log_order() -> None:
     drain(r1)
     r1.step(cack(2, 1, 0), 1)
     r1.step(oaccept((0, 0), (1, 1)), 1)  # slot 0 => sequencer, slot 1 => us
+    r1.step(oack(0, 0, 1), 1)  # the sequencer's acceptance, once durable
     ready = drain(r1)
     assert ready.ready == [A]  # C chosen and one O-instance for us chosen
     assert ready.executions() == []  # but slot 0 is not committed here

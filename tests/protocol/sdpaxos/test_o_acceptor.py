@@ -15,7 +15,8 @@ from .builders import A, B, caccept, cack, crequest, in_view_1, o_entries, oacce
 
 def test_with_three_replicas_the_sequencer_learns_a_slot_from_one_acceptor() -> None:
     r0 = core(3, 0)
-    r0.step(caccept(1, 1, 0, (A,)), 1)  # orders it: slot 0 => 1, and knows C[1][0] chosen
+    r0.step(caccept(1, 1, 0, (A,)), 1)  # orders it: slot 0 => 1
+    r0.step(cack(1, 1, 0), 1)  # 1's acceptance is durable: C[1][0] is chosen
     drain(r0)
     r0.step(OAck(src=2, view=0, slots=(0,)), 2)  # 2 accepted slot 0: with us, a majority
     assert [e.command for e in drain(r0).executions()] == [A]  # before the learner's OCommit
@@ -24,6 +25,7 @@ def test_with_three_replicas_the_sequencer_learns_a_slot_from_one_acceptor() -> 
 def test_with_five_replicas_a_replica_learns_a_slot_from_the_acceptors_oacks() -> None:
     r2 = core(5, 2)
     r2.step(caccept(1, 1, 0, (A,)), 1)
+    r2.step(cack(1, 1, 0), 1)
     r2.step(cack(3, 1, 0), 1)  # C[1][0] chosen: 1, 2 and 3 accepted it
     r2.step(oack(3, 0), 1)  # an OAck overtaking the sequencer's OAccept: kept
     assert list(drain(r2).executions()) == []
@@ -31,6 +33,7 @@ def test_with_five_replicas_a_replica_learns_a_slot_from_the_acceptors_oacks() -
     assert [e.command for e in drain(r2).executions()] == [A]  # no OCommit from replica 1 needed
     r3 = core(5, 3)
     r3.step(caccept(1, 1, 0, (A,)), 1)
+    r3.step(cack(1, 1, 0), 1)
     r3.step(cack(2, 1, 0), 1)
     r3.step(oaccept((0, 1)), 2)
     assert list(drain(r3).executions()) == []  # the sequencer and we: two of five

@@ -35,6 +35,8 @@ def test_ready_n3_needs_commit_and_oaccept_cack_first() -> None:
     ready = drain(r1)
     assert ready.ready == []  # C chosen, not ordered
     r1.step(oaccept((0, 1)), 2)
+    assert drain(r1).ready == []  # the sequencer's acceptance counts from its own OAck
+    r1.step(oack(0, 0), 2)
     ready = drain(r1)
     assert ready.ready == [A]
     assert msgs(ready.send_after_persist, OCommit) == [
@@ -49,6 +51,7 @@ def test_ready_n3_needs_commit_and_oaccept_oaccept_first() -> None:
     r1.propose(A, 0)
     drain(r1)
     r1.step(oaccept((0, 1)), 1)
+    r1.step(oack(0, 0), 1)
     ready = drain(r1)
     assert ready.ready == []  # ordered (O chosen: sequencer + us), C not chosen yet
     assert msgs(ready.send_after_persist, OCommit) == [
@@ -71,8 +74,10 @@ def test_ready_n3_needs_i_plus_1_o_instances() -> None:
     r1.step(cack(2, 1, 0), 1)
     r1.step(cack(2, 1, 1), 1)
     r1.step(oaccept((0, 1)), 1)  # one O-instance for 1: only C[1][0] is placed
+    r1.step(oack(0, 0), 1)
     assert drain(r1).ready == [A]
     r1.step(oaccept((1, 1)), 2)
+    r1.step(oack(0, 1), 2)
     assert drain(r1).ready == [B]
 
 
@@ -183,6 +188,7 @@ def test_ready_n7_non_sequencer_needs_oacks_from_a_majority() -> None:
         r1.step(cack(src, 1, 0), 1)
     assert drain(r1).ready == []  # C chosen (4 of 7)
     r1.step(oaccept((0, 1)), 2)
+    r1.step(oack(0, 0), 2)
     ready = drain(r1)
     assert ready.ready == []  # the sequencer and us: 2 of 7
     assert msgs(ready.send_after_persist, OCommit) == []
@@ -202,6 +208,7 @@ def test_ready_n7_oacks_before_oaccept_count() -> None:
         r1.step(cack(src, 1, 0), 1)
     r1.step(oack(5, 0), 2)
     r1.step(oack(6, 0), 2)
+    r1.step(oack(0, 0), 2)
     assert drain(r1).ready == []  # slot 0's value is not known here yet
     r1.step(oaccept((0, 1)), 3)
     assert drain(r1).ready == [A]

@@ -24,7 +24,18 @@ from consensus.protocol.ballot import ballot_of
 from consensus.protocol.batch import batch_size
 from consensus.protocol.sdpaxos import recovery as recovery_module
 
-from .builders import A, C, all_out, caccept, cack, ccommit, compacted_at, oaccept, ocommit
+from .builders import (
+    A,
+    C,
+    all_out,
+    caccept,
+    cack,
+    ccommit,
+    compacted_at,
+    oaccept,
+    oack,
+    ocommit,
+)
 
 # =========================================================================== recovering
 
@@ -35,6 +46,7 @@ def test_owner_recovers_an_instance_execution_waits_for_and_retransmits_the_noop
     # the index itself, and keep re-sending the no-op it proposes until a majority has it
     r1 = core(3, 1)
     r1.step(oaccept((0, 1)), 1)
+    r1.step(oack(0, 0), 1)
     drain(r1)
     prepare: CPrepare | None = None
     now = 0

@@ -8,7 +8,7 @@ import pytest
 from util import core, drain
 
 from consensus.errors import LocalProtocolError
-from consensus.messages import NO_LEASE_REQUEST, Heartbeat, OAccept, OEntry, ViewRecord
+from consensus.messages import NO_LEASE_REQUEST, Heartbeat, OAccept, OAck, OEntry, ViewRecord
 from consensus.protocol.ready import Ready
 from consensus.protocol.types import Role
 
@@ -25,6 +25,12 @@ def test_ready_twice_without_advance_raises() -> None:
         r1.ready()
     with pytest.raises(LocalProtocolError):
         r1.advance(Ready())
+    # no input between them: a replica counts its own acceptances at once because nothing
+    # that could complete a majority with one is stepped before the turn is durable
+    with pytest.raises(LocalProtocolError, match="between ready"):
+        r1.step(OAck(src=0, view=0, slots=(0,)), 1)
+    with pytest.raises(LocalProtocolError, match="between ready"):
+        r1.tick(1)
     r1.advance(first)
     with pytest.raises(LocalProtocolError):
         r1.advance(first)
@@ -55,8 +61,10 @@ def test_a_higher_view_is_announced_once_and_every_part_resets_its_own_state() -
     r1.propose(A, 0)
     drain(r1)
     r1.step(OAccept(src=0, view=0, entries=(OEntry(slot=0, owner=1),)), 0)
+    r1.step(OAck(src=0, view=0, slots=(0,)), 0)
     drain(r1)
-    assert r1.o_log.committed == {0}  # three replicas: the OAccept completes a majority
+    # three replicas: the sequencer's acceptance (its own OAck) and ours are a majority
+    assert r1.o_log.committed == {0}
     r1.step(Heartbeat(src=0, view=3, executed=0, lease_request=NO_LEASE_REQUEST), 5)
     ready = drain(r1)
     assert ready.persist[0] == ViewRecord(view=3)

@@ -9,11 +9,19 @@ import pytest
 from util import core, drain, msgs
 
 from consensus.errors import InvariantViolation
-from consensus.messages import SEAL, CAcceptedRecord, OAccept, OAcceptedRecord, OEntry, VRequest
+from consensus.messages import (
+    SEAL,
+    CAcceptedRecord,
+    OAccept,
+    OAcceptedRecord,
+    OAck,
+    OEntry,
+    VRequest,
+)
 from consensus.protocol.sdpaxos import Role
 from consensus.protocol.types import SnapshotMeta
 
-from .builders import A, B, C, D, caccept, cack, crequest, in_view_1, o_entries, oaccept
+from .builders import A, B, C, D, caccept, cack, crequest, in_view_1, o_entries, oaccept, oack
 
 # =========================================================================== ordering
 
@@ -26,11 +34,15 @@ def test_sequencer_orders_on_caccept() -> None:
         CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,)),
         OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=1),)),
     ]
-    assert msgs(ready.send_after_persist) == [
-        (1, cack(0, 1, 0)),
-        (1, oaccept((0, 1))),
-        (2, oaccept((0, 1))),
-    ]
+    # three replicas: the OAccept leaves in parallel with our fsync, our own OAck after it
+    assert msgs(ready.send) == [(1, oaccept((0, 1))), (2, oaccept((0, 1)))]
+    assert msgs(ready.send_after_persist) == [(1, cack(0, 1, 0)), (1, oack(0, 0)), (2, oack(0, 0))]
+    r0 = core(5, 0)  # five: an owner commits on the OAccept alone, so it waits for the fsync
+    r0.step(caccept(1, 1, 0, (A,)), 1)
+    ready = drain(r0)
+    assert msgs(ready.send) == []
+    assert msgs(ready.send_after_persist, OAccept) == [(p, oaccept((0, 1))) for p in (1, 2, 3, 4)]
+    assert msgs(ready.send_after_persist, OAck) == []
 
 
 def test_sequencer_orders_on_crequest() -> None:
@@ -38,8 +50,7 @@ def test_sequencer_orders_on_crequest() -> None:
     r0.step(crequest(2, 0), 1)
     ready = drain(r0)
     assert o_entries(ready) == [(0, 2)]
-    assert (1, oaccept((0, 2))) in msgs(ready.send_after_persist)
-    assert (2, oaccept((0, 2))) in msgs(ready.send_after_persist)
+    assert msgs(ready.send) == [(1, oaccept((0, 2))), (2, oaccept((0, 2)))]
 
 
 def test_sequencer_turn_batches_entries_into_one_oaccept_per_peer() -> None:
@@ -50,7 +61,7 @@ def test_sequencer_turn_batches_entries_into_one_oaccept_per_peer() -> None:
     ready = drain(r0)
     # the own proposal is flushed at ready(): its slot comes last
     assert o_entries(ready) == [(0, 1), (1, 2), (2, 0)]
-    assert msgs(ready.send_after_persist, OAccept) == [
+    assert msgs(ready.send, OAccept) == [
         (1, oaccept((0, 1), (1, 2), (2, 0))),
         (2, oaccept((0, 1), (1, 2), (2, 0))),
     ]
@@ -82,11 +93,13 @@ def test_crequest_for_ordered_instance_resends_from_requester_prefix() -> None:
     r0.step(crequest(1, 0, o_prefix=1), 2)
     ready = drain(r0)
     assert o_entries(ready) == []
-    assert msgs(ready.send_after_persist) == [(1, oaccept((1, 1)))]
+    # (with our acceptance, which the OAccept does not carry)
+    assert msgs(ready.send_after_persist) == [(1, oaccept((1, 1))), (1, oack(0, 1))]
     # with a gap from slot 0 and a request for index 1 (slot 2): slots 0..2
     r0.step(crequest(1, 1, o_prefix=0), 3)
     ready = drain(r0)
-    assert msgs(ready.send_after_persist) == [(1, oaccept((0, 2), (1, 1), (2, 1)))]
+    assert msgs(ready.send_after_persist) == [(1, oaccept((0, 2), (1, 1), (2, 1))),
+                                              (1, oack(0, 0, 1, 2))]
 
 
 def test_fresh_crequest_sends_one_oaccept() -> None:
@@ -114,7 +127,7 @@ def test_a_sealed_sequencer_resends_through_the_seal_on_a_request_it_cannot_orde
     r0.step(crequest(2, 1, o_prefix=0), 2)
     ready = drain(r0)
     assert o_entries(ready) == []
-    resent = [] if broken else [(2, oaccept((0, 2), (1, SEAL)))]
+    resent = [] if broken else [(2, oaccept((0, 2), (1, SEAL))), (2, oack(0, 0, 1))]
     assert msgs(ready.send_after_persist) == resent
 
 

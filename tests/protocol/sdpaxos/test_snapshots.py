@@ -10,7 +10,7 @@ from util import cmd, core, drain
 from consensus.messages import CAcceptedRecord, Catchup, CCommit
 from consensus.protocol.sdpaxos import SDPaxosReplica, SnapshotMeta
 
-from .builders import A, C, all_out, caccept, ccommit, ocommit
+from .builders import A, C, all_out, caccept, cack, ccommit, ocommit
 
 # =========================================================================== compaction
 
@@ -25,7 +25,8 @@ def test_compacting_to_an_older_snapshot_keeps_executed_instances_for_peers_not_
     r.step(caccept(1, 1, 0, (A,)), 0)
     r.step(ccommit(1, 1, 0, (A,)), 0)
     r.step(ocommit(0, (0, 1)), 0)
-    r.step(caccept(0, 0, 0, (C,)), 0)  # chosen, not yet ordered: the log must keep it
+    r.step(caccept(0, 0, 0, (C,)), 0)
+    r.step(cack(0, 0, 0), 0)  # chosen (0 and we), not yet ordered: the log must keep it
     assert [e.command for e in drain(r).executions()] == [A]
     records = r.compact(older)
     assert [(x.owner, x.index) for x in records if isinstance(x, CAcceptedRecord)] == [(0, 0)]

@@ -11,7 +11,7 @@ from consensus.messages import Heartbeat, LeaseGrant, PeerMessage, PreVote, Susp
 from consensus.protocol.sdpaxos import Role, SDPaxosReplica
 from consensus.protocol.sdpaxos.straggler import ORDER_LAG_FACTOR, WAIT_SAMPLES, OrderingWindow
 
-from .builders import cack, oaccept
+from .builders import cack, oaccept, oack
 
 # ====================================================================== a replica under steady load
 
@@ -33,8 +33,9 @@ def _steady_load(c_wait_ms: int, o_wait_ms: int, *, seconds: float = 3.0,
             r1.propose(cmd(7, index), now)
             due.setdefault(ms + c_wait_ms, []).append(cack(2, 1, index))
             healed = healed_at_ms is not None and ms >= healed_at_ms
-            due.setdefault(ms + (c_wait_ms if healed else o_wait_ms), []).append(
-                oaccept((index, 1))
+            # the sequencer's OAccept and its own OAck, sent once its acceptance is durable
+            due.setdefault(ms + (c_wait_ms if healed else o_wait_ms), []).extend(
+                (oaccept((index, 1)), oack(0, index))
             )
             index += 1
         for message in due.pop(ms, []):
