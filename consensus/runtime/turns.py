@@ -311,6 +311,11 @@ class TurnLoop:
         self.stats.turns += 1
         if ready.send:
             self._send(ready.send)
+            if ready.persist:
+                # The peer links write on the loop: let them write what needs no durability
+                # (a CAccept or OAccept reserved ahead) before the fsync below holds the
+                # loop, so that it travels and the peers' fsyncs run in parallel with ours.
+                await asyncio.sleep(0)
         if ready.persist or ready.log:
             self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
