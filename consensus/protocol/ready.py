@@ -6,14 +6,17 @@ The driver's loop, for every batch (etcd-raft's contract):
    append the records in ``log`` after them, which need no fsync of their own (losing them
    in a crash costs time, never safety): the next fsync makes them durable;
 2. only then send ``send_after_persist`` (acknowledgements that promise what was persisted);
-   ``send`` needs no durability and may leave at once;
+   ``send`` needs no durability and may leave at once — the sooner the better: a proposer's
+   Accept there travels, and its acceptors' fsyncs run, in parallel with its own fsync;
 3. apply ``apply`` to the state machine in order (global-log order, no gaps): each entry is
    one executed slot's batch (or a run of it), handed over as the core holds it (a
    ``PackedBatch`` too), never one object per command;
 4. answer ``ready`` blind commands at once, and every other command led here after it applies;
    serve ``reads`` from the state machine *after* applying this batch's ``apply``; answer
    ``failed`` commands with their error;
-5. call ``core.advance(ready)``.
+5. call ``core.advance(ready)``: the records are durable. No input reaches the core
+   between ``ready()`` and ``advance`` (a core may count its own acceptance at once because
+   nothing that completes a majority with it is stepped before it is durable).
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ The core is a pure state machine (etcd-raft's ``Step``/``Ready``): feed it ``pro
 ``read``, ``step`` (a peer's message) and ``tick``; drain ``ready()`` — records to persist,
 then messages to send, then commands to apply and client outcomes — and call ``advance``.
 Anything that reports an acceptance, a promise, a vote or a lease leaves through
-``Ready.send_after_persist``: the driver makes the turn's records durable first.
+``Ready.send_after_persist``: the driver makes the turn's records durable first. A proposer's
+own ``CAccept`` (below a durable index reservation) and a three-replica sequencer's
+``OAccept`` leave through ``Ready.send``, in parallel with its own fsync (Raft thesis
+§10.2.1): they report nothing, and the proposer's acceptance counts elsewhere only through
+its own ``CAck``/``OAck``, sent after the fsync (c_phase.py, sequencer.py, c_store.py's
+reservations). No input is stepped between ``ready`` and ``advance``.
 
 The state has owners. Two log objects hold what the protocol agreed on, state their
 invariants in their headers and check them as they change (in the simulator and the tests:
@@ -35,7 +40,8 @@ test_ownership.py). Each part's rules are in its own header; where each starts:
                    ``request``, ``broadcast``). ``step`` routes a message by type and view
                    (the routing rules are in its header).
 ``c_store``        The C-instance store: ``CStore.accept``, ``learn``, ``choose``,
-                   ``take_index``, ``used`` ("never reuse an index"), ``promise``.
+                   ``take_index``, ``used`` ("never reuse an index"), ``reserve``
+                   (durable index reservations), ``promise``.
 ``o_log``          The O-log: ``OLog.accept``, ``commit``, ``learn_commit``,
                    ``install_new_view``, ``execute``, ``compact``.
 ``proposals``      Our own proposals from proposed to told (ready, failed, carried over):

@@ -52,6 +52,56 @@ def test_an_index_handed_out_while_held_is_a_violation() -> None:
         s.take_index()
 
 
+def test_a_turn_that_took_indexes_reserves_twice_as_many_ahead() -> None:
+    s = store()
+    assert s.reserve() is None  # took nothing: no record
+    s.take_index()
+    assert s.reserve() == 3  # next index 1, plus twice the one taken
+    assert not s.sendable_early(0) and not s.sendable_early(1)  # not durable yet
+    s.handed_out()
+    s.synced()
+    assert s.reserved_durable == 3 and s.sendable_early(2) and not s.sendable_early(3)
+    s.take_index()
+    assert s.reserve() is None  # 1 taken, 3 > next index 2 + 1: enough left
+    s.take_index()
+    assert s.reserve() == 5  # next index 3, nothing spare: a record again
+    for _ in range(3):
+        s.take_index()
+    assert s.reserve() == 12  # three in one turn: six ahead of the next index 6
+    s.check()
+
+
+def test_a_reservation_is_durable_only_once_the_turn_that_wrote_it_is() -> None:
+    s = store()
+    s.take_index()
+    s.reserve()
+    s.handed_out()  # the turn with the record was handed out ...
+    s.take_index()
+    s.reserve()  # ... (the next one writes another, not handed out yet)
+    s.synced()  # ... and made durable: only the first reservation is
+    assert (s.reserved_durable, s.reserved) == (3, 3)
+
+
+def test_a_restart_starts_past_its_reservation_and_notes_the_gap() -> None:
+    s = store()
+    s.restore(CAcceptedRecord(owner=ME, index=0, ballot=ME, batch=(A,)))
+    s.restore_reservation(5)
+    assert s.next_index == 5 and s.reserved_durable == 5 and s.sendable_early(4)
+    s.note_gap(1)  # the records hold index 0 only: 1..4 may have been named
+    assert s.gap == (1, 5)
+    s.end_gap()
+    s.note_gap(5)
+    assert s.gap is None
+    s.check()
+
+
+def test_a_durable_reservation_past_the_reservation_is_a_violation() -> None:
+    s = store()
+    s.reserved_durable = 4  # (white box: a broken writer)
+    with pytest.raises(InvariantViolation, match="durable reservation 4 past"):
+        s.check()
+
+
 # =========================================================================== values
 
 

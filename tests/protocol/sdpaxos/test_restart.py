@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from util import cmd, core, drain
 
-from consensus.messages import CAcceptedRecord, ExecutedRecord, Record, Vote, VRequest
+from consensus.messages import (
+    EVERY_INDEX,
+    CAccept,
+    CAcceptedRecord,
+    CPrepare,
+    CPromise,
+    CVote,
+    ExecutedRecord,
+    Record,
+    ReserveRecord,
+    Vote,
+    VRequest,
+)
 from consensus.protocol.ballot import ballot_of
 
-from .builders import A, B, all_out, caccept, ccommit, ocommit, restarted
+from .builders import A, B, C, all_out, caccept, ccommit, ocommit, restarted
 
 # =========================================================================== replay
 
@@ -56,3 +68,38 @@ def test_a_restarted_replica_votes_from_where_it_executed_not_from_its_snapshot(
     again.step(VRequest(src=1, view=1, from_slot=50), later)
     (vote,) = [m for _, m in all_out(drain(again)) if isinstance(m, Vote)]
     assert vote.executed == 50 and vote.entries == ()
+
+
+# =========================================================================== reservations
+
+
+def test_a_restart_never_proposes_at_an_index_its_early_accept_may_have_named() -> None:
+    """Replica 1's CAccept for index 1 left before its record of it was durable (reserved
+    ahead), and it crashed before the fsync: restarted from what was durable, it proposes past
+    the reservation, and its own recovery decides the indexes its records lack — with the
+    value the accept left where an acceptor reports it, a no-op where nobody does."""
+    r = core(3, 1)
+    r.propose(A, 0)
+    first = drain(r)  # index 0, after its fsync; reserves below 3
+    assert ReserveRecord(below=3) in first.persist
+    r.propose(B, 0)
+    second = drain(r)  # index 1: its CAccept leaves at once ...
+    early = [m for _, m in all_out(second) if isinstance(m, CAccept)]
+    assert {(m.index, m.batch) for m in early} == {(1, (B,))}
+    assert [o.message for o in second.send if isinstance(o.message, CAccept)] == early[:2]
+    # ... and the crash loses the turn's record of it
+    again, _ = restarted(r, list(first.persist))
+    assert again.c_store.next_index == 3 and again.c_store.gap == (1, 3)
+    again.propose(C, 1)
+    proposed = [x for x in drain(again).persist if isinstance(x, CAcceptedRecord)]
+    assert [(x.index, x.batch) for x in proposed] == [(3, (C,))]  # never 1 or 2
+    # caught up: our own recovery covers the gap (and what we proposed since)
+    again.tick(2)
+    (prepare,) = {m for _, m in all_out(drain(again)) if isinstance(m, CPrepare)}
+    assert (prepare.owner, prepare.from_index) == (1, 1)
+    again.step(CPromise(src=0, view=0, owner=1, from_index=1, ballot=prepare.ballot,
+                        accepted=(CVote(index=1, ballot=1, batch=(B,)),), high=1,
+                        through=EVERY_INDEX), 3)
+    recovered = {(m.index, m.batch) for _, m in all_out(drain(again)) if isinstance(m, CAccept)}
+    assert recovered == {(1, (B,)), (2, ()), (3, (C,))}
+    assert again.c_store.gap is None
