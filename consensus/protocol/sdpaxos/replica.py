@@ -61,7 +61,9 @@ a snapshot installed   ``snapshot_installed`` (a peer's, or the   the O-log's fr
                                                                   executor's progress clock
 a restart              ``restarted`` (after ``Restart.recover``   a follower; the O-log
                        replayed the records)                      recounts; own proposals
-                                                                  found in the records
+                                                                  found in the records; the
+                                                                  sequencer knows a crash
+                                                                  restarts it as a follower
 =====================  =========================================  =========================
 
 Roles change only through ``become``, by this table (any other change is a bug:
@@ -351,6 +353,8 @@ class SDPaxosReplica:
             raise LocalProtocolError("advance() with a Ready this core did not hand out")
         self.handed_out = None
         self.c_store.synced()
+        if ready.persist:
+            self.ordering.records_durable()
 
     def send(self, to: int, message: PeerMessage) -> None:
         """Queue a message that may report state persisted in this turn."""
@@ -429,6 +433,7 @@ class SDPaxosReplica:
         self.view_ready = self.o_log.accepted_view >= self.view
         self.o_log.recount(self.view)
         self.proposals.found_at_restart(own)
+        self.ordering.records_durable()
         self._verify()
 
     def restore_view(self, view: int) -> None:

@@ -89,6 +89,15 @@ class Sequencer:
         self._oaccept_out: list[OEntry] = []
         #: the slot of the SEAL in the log we serve (nothing is assigned after it)
         self.sealed_at = NO_SLOT
+        # A core restarted from records starts as a follower and serves no view it served
+        # before; one started from nothing starts as the sequencer of its start view. Until
+        # a record of ours is durable a crash is such a start: our OAccepts wait for the fsync.
+        self._restarts_as_follower = False
+
+    def records_durable(self) -> None:
+        """A record of ours is durable (or we restarted from records): a crash now restarts
+        us as a follower (see ``flush_oaccepts``)."""
+        self._restarts_as_follower = True
 
     def on_view_joined(self) -> None:
         """We joined a higher view: what we deferred as an elected sequencer of an older one
@@ -194,19 +203,26 @@ class Sequencer:
         our own ``OAck`` after it: nobody counts our acceptance before it is durable (a
         sequencer that crashes before then forgets it, and a view change without it may
         give the slot to another). Otherwise the OAccept waits for our fsync, and says we
-        accepted."""
+        accepted. Nor does it leave early before a record of ours is durable
+        (``records_durable``): restarted from nothing, we would serve the same view again
+        and could propose another owner at the same slot and ballot (our own OAck goes
+        anyway: the acceptors count us from nothing else)."""
         r = self.r
         if self._oaccept_out:
-            early = r.readiness.oaccepts_early
+            own_acks = r.readiness.oaccepts_early
+            early = own_acks and self._restarts_as_follower
             for entries in pages(self._oaccept_out, MAX_ENTRIES):
                 r.out.persist.append(OAcceptedRecord(view=r.view, entries=entries))
                 accept = OAccept(src=r.me, view=r.view, entries=entries)
-                if not early:
+                if not own_acks:
                     r.broadcast(accept)
                     continue
                 own_ack = OAck(src=r.me, view=r.view, slots=tuple(e.slot for e in entries))
                 for peer in r.peers:
-                    r.request(peer, accept)
+                    if early:
+                        r.request(peer, accept)
+                    else:
+                        r.send(peer, accept)
                     r.send(peer, own_ack)
             self._oaccept_out.clear()
             r.readiness.after_oaccepts()

@@ -106,10 +106,16 @@ def test_proposal_at_sequencer_starts_c_and_o_instance_together() -> None:
     accept, ack = caccept(0, 0, 0, (A,)), cack(0, 0, 0)
     order, own_oack = oaccept((0, 0)), oack(0, 0)
     assert msgs(ready.send_after_persist) == [
-        (1, accept), (1, ack), (2, accept), (2, ack), (1, own_oack), (2, own_oack)
+        (1, accept), (1, ack), (2, accept), (2, ack), (1, order), (1, own_oack), (2, order),
+        (2, own_oack),
     ]
-    # the OAccept leaves in parallel with our fsync (three replicas: ``oaccepts_early``)
-    assert msgs(ready.send) == [(1, order), (2, order)]
+    assert ready.send == []  # nothing of ours was durable before this turn
+    r0.propose(B, 1)
+    ready = drain(r0)  # now both Accepts leave in parallel with our fsync, our acks after it
+    assert msgs(ready.send) == [(1, caccept(0, 0, 1, (B,))), (2, caccept(0, 0, 1, (B,))),
+                                (1, oaccept((1, 0))), (2, oaccept((1, 0)))]
+    assert msgs(ready.send_after_persist) == [(1, cack(0, 0, 1)), (2, cack(0, 0, 1)),
+                                              (1, oack(0, 1)), (2, oack(0, 1))]
 
 
 def test_proposals_in_one_turn_form_one_c_instance() -> None:

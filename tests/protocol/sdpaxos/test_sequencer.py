@@ -34,9 +34,18 @@ def test_sequencer_orders_on_caccept() -> None:
         CAcceptedRecord(owner=1, index=0, ballot=1, batch=(A,)),
         OAcceptedRecord(view=0, entries=(OEntry(slot=0, owner=1),)),
     ]
-    # three replicas: the OAccept leaves in parallel with our fsync, our own OAck after it
-    assert msgs(ready.send) == [(1, oaccept((0, 1))), (2, oaccept((0, 1)))]
-    assert msgs(ready.send_after_persist) == [(1, cack(0, 1, 0)), (1, oack(0, 0)), (2, oack(0, 0))]
+    # three replicas: our own OAck says we accepted (an OAccept may leave before we did);
+    # the first OAccept waits for our fsync all the same: restarted from nothing, we would
+    # serve view 0 again, and could propose another owner at slot 0 and ballot 0
+    assert msgs(ready.send_after_persist) == [
+        (1, cack(0, 1, 0)), (1, oaccept((0, 1))), (1, oack(0, 0)), (2, oaccept((0, 1))),
+        (2, oack(0, 0)),
+    ]
+    assert msgs(ready.send) == []
+    r0.step(caccept(2, 2, 0, (B,)), 2)
+    ready = drain(r0)  # a record of ours is durable: the OAccept leaves with our fsync
+    assert msgs(ready.send) == [(1, oaccept((1, 2))), (2, oaccept((1, 2)))]
+    assert msgs(ready.send_after_persist) == [(2, cack(0, 2, 0)), (1, oack(0, 1)), (2, oack(0, 1))]
     r0 = core(5, 0)  # five: an owner commits on the OAccept alone, so it waits for the fsync
     r0.step(caccept(1, 1, 0, (A,)), 1)
     ready = drain(r0)
@@ -50,7 +59,9 @@ def test_sequencer_orders_on_crequest() -> None:
     r0.step(crequest(2, 0), 1)
     ready = drain(r0)
     assert o_entries(ready) == [(0, 2)]
-    assert msgs(ready.send) == [(1, oaccept((0, 2))), (2, oaccept((0, 2)))]
+    assert msgs(ready.send_after_persist, OAccept) == [(1, oaccept((0, 2))), (2, oaccept((0, 2)))]
+    r0.step(crequest(1, 0), 2)
+    assert msgs(drain(r0).send) == [(1, oaccept((1, 1))), (2, oaccept((1, 1)))]
 
 
 def test_sequencer_turn_batches_entries_into_one_oaccept_per_peer() -> None:
@@ -61,7 +72,7 @@ def test_sequencer_turn_batches_entries_into_one_oaccept_per_peer() -> None:
     ready = drain(r0)
     # the own proposal is flushed at ready(): its slot comes last
     assert o_entries(ready) == [(0, 1), (1, 2), (2, 0)]
-    assert msgs(ready.send, OAccept) == [
+    assert msgs(ready.send_after_persist, OAccept) == [
         (1, oaccept((0, 1), (1, 2), (2, 0))),
         (2, oaccept((0, 1), (1, 2), (2, 0))),
     ]
