@@ -7,9 +7,14 @@ container. The same seed and options therefore replay the same run exactly — a
 prints the command line that replays it.
 
 A replica's loop turn mirrors the asyncio driver: everything that arrived at one instant is
-fed to the core, then its ``Ready`` is carried out — records persisted, then (after
-``fsync_us``) the acknowledgements sent, commands applied to a ``KVStore`` and clients
-answered; events arriving while the "fsync" runs wait for the next turn (group commit).
+fed to the core, then its ``Ready`` is carried out — what needs no durability (``send``: a
+proposer's Accept that leaves in parallel with its own fsync, requests) sent at once, records
+persisted, then (after ``fsync_us``) the acknowledgements sent, commands applied to a
+``KVStore`` and clients answered; events arriving while the "fsync" runs wait for the next
+turn (group commit). A crash during the fsync keeps a random prefix of its records while what
+the turn sent at once is still delivered (the window the index reservations and the rule that
+an Accept proves nothing of its sender's acceptance are there for: ``reuse_index`` and
+``learn_from_accept`` are the broken variants a pinned seed catches).
 
 Faults: message loss, duplication and reordering; crash (the records not yet durable are lost,
 except a random prefix: a torn tail) and restart from the durable records; symmetric,
