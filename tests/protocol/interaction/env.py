@@ -58,6 +58,10 @@ Commands (``<rs>`` is one or more replica ids, or ``all``: every live replica):
     forget replica ``r``'s core (what it had not yet processed is lost) and the messages
     queued for it (messages sent to it while it is down are lost too); its durable records
     and its latest snapshot stay.
+``crash-mid-turn <r>``
+    replica ``r`` takes its ``ready()`` and crashes during its fsync: what needs no
+    durability (``send``: a proposer's early Accept) left and is queued, printed with
+    ``~>``; nothing else of the turn happens (no record of it is durable). Then as ``crash``.
 ``restart <r>``
     a new core built from the durable records and the latest snapshot
     (``SDPaxosReplica(config, r, recovered=records, snapshot=meta, rng=...)``), its state
@@ -699,6 +703,18 @@ class InteractionEnv:
         lost = self._take(rid, None, None)
         return [f"{rid} crashed ({len(self.nodes[rid].records)} durable records; "
                 f"{len(lost)} messages to it lost)"]
+
+    def cmd_crash_mid_turn(self, block: Block) -> list[str]:
+        rid = self._replica(block.args[0])
+        ready = self._core(rid).ready()
+        lines = [f"> {rid} crashing during its fsync"]
+        for record in ready.persist:
+            lines.append(f"  lost {self.fmt_record(record)}")
+        for out in ready.send:
+            self._queue(rid, out.to, out.message)
+            if type(out.message).__name__ not in self.hidden:
+                lines.append(f"  {rid}~>{out.to} {self.fmt_item(out.message)}")
+        return [*lines, *self.cmd_crash(block)]
 
     def cmd_restart(self, block: Block) -> list[str]:
         rid = self._replica(block.args[0])

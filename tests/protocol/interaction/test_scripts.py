@@ -34,6 +34,21 @@ def test_script(path: Path, pytestconfig: pytest.Config) -> None:
     assert actual == expected, "script output differs:\n" + diff(expected, actual, path.name)
 
 
+def test_an_acceptor_that_learns_from_an_early_accept_diverges() -> None:
+    # teeth of early_accept_crash_3: counting the proposer's acceptance from its Accept
+    # (which left before that acceptance was durable, and was lost with the crash), replica 2
+    # learns b=2 chosen and executes it where the others execute the recovery's no-op
+    _, fixed = run_script(TESTDATA / "early_accept_crash_3.txt", InteractionEnv().handle)
+    broken_env = InteractionEnv(unsafe=frozenset({"learn_from_accept"}))
+    _, broken = run_script(TESTDATA / "early_accept_crash_3.txt", broken_env.handle)
+    def logs(output: str) -> list[str]:
+        final = output.split("dump all")[-1]
+        return [line.strip() for line in final.splitlines() if line.strip().startswith("log:")]
+
+    assert logs(fixed) == ["log: 0:[a=1] 1:[] 2:[] 3:[c=3]"] * 3
+    assert logs(broken) == ["log: 0:[a=1] 1:[] 2:[] 3:[c=3]"] * 2 + ["log: 0:[a=1] 1:[b=2]"]
+
+
 def test_every_story_has_a_script() -> None:
     # the stories the scripts tell (issue 19, point 5; the golden scripts folded in and the
     # failure scripts of issue 35, point 5): a missing file would pass silently

@@ -84,12 +84,13 @@ def test_a_reserved_index_is_accepted_in_parallel_with_the_proposers_fsync() -> 
     assert msgs(ready.send, CAccept) == [(0, caccept(1, 1, 2, (C,))), (2, caccept(1, 1, 2, (C,)))]
 
 
-def test_a_reservation_not_yet_durable_does_not_let_an_accept_leave_early() -> None:
+def test_a_reservation_counts_once_the_turn_that_wrote_it_is_advanced() -> None:
     r1 = core(3, 1)
     r1.propose(A, 0)
-    ready = r1.ready()  # handed out, not advanced: the reservation is not durable
+    ready = r1.ready()  # handed out, not advanced: the reservation is not durable yet
+    assert ReserveRecord(below=3) in ready.persist and r1.c_store.reserved_durable == 0
     with pytest.raises(LocalProtocolError, match="between ready"):
-        r1.propose(B, 0)  # (and no input may come before advance)
+        r1.propose(B, 0)  # no input before advance
     r1.advance(ready)
     assert r1.c_store.reserved_durable == 3
 
