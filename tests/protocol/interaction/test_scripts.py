@@ -49,6 +49,17 @@ def test_an_acceptor_that_learns_from_an_early_accept_diverges() -> None:
     assert logs(broken) == ["log: 0:[a=1] 1:[] 2:[] 3:[c=3]"] * 2 + ["log: 0:[a=1] 1:[b=2]"]
 
 
+def test_a_restart_that_ignores_its_reservation_reuses_an_index_it_sent() -> None:
+    # teeth of early_accept_crash_3: without its reservation, restarted replica 1 proposes
+    # c=3 at index 1, at the ballot its lost CAccept of b=2 had there (replica 2 holds b=2)
+    reused = "persist CAcceptedRecord owner=1 index=1 ballot=1 batch=[c=3]"
+    _, fixed = run_script(TESTDATA / "early_accept_crash_3.txt", InteractionEnv().handle)
+    broken_env = InteractionEnv(unsafe=frozenset({"reuse_index"}))
+    _, broken = run_script(TESTDATA / "early_accept_crash_3.txt", broken_env.handle)
+    assert reused not in fixed
+    assert reused in broken
+
+
 def test_every_story_has_a_script() -> None:
     # the stories the scripts tell (issue 19, point 5; the golden scripts folded in and the
     # failure scripts of issue 35, point 5): a missing file would pass silently
