@@ -20,19 +20,19 @@ Rules:
   its fsync (Raft thesis §10.2.1), when the index is below a durable reservation
   (``CStore.sendable_early``; otherwise after the fsync; a turn that took indexes reserves
   the next ones, ``reserve_ahead``): one fsync on a write's path instead of two in series.
-* A proposer counts its own acceptance only once it is durable: it adds itself to the
-  acknowledgements at once, and no acknowledgement can complete a majority with it before
-  the turn's records are durable, since the driver steps no input between ``ready`` and
-  ``advance`` (``SDPaxosReplica.step`` refuses it); whatever a choice sets off (``CCommit``,
-  ready replies, execution) leaves after that turn's fsync anyway.
+* A proposer's own acceptance counts toward its majority only once it is durable. It is in
+  ``acks`` from the start, but no acknowledgement that could complete a majority with it is
+  stepped before the turn's records are durable: the driver feeds no input between
+  ``ready`` and ``advance`` (``SDPaxosReplica`` refuses one); and whatever a choice sets off
+  (``CCommit``, ready replies, execution) leaves after that turn's fsync anyway.
 * Nobody else counts a proposer's acceptance from its ``CAccept`` (it may not be durable):
   the proposer sends its own ``CAck`` after its fsync, to the peers it sent the Accept.
 * Learning without the leader: an acceptor learns a choice once its own acceptance and the
-  ``CAck`` s it saw of one ballot make a majority (``_learn_from_acks``): with three
-  replicas, the proposer's own ``CAck``; with five or more (``ReadinessRule.acks_to_all``),
-  acceptors send their ``CAck`` to every replica too (``acks_any_ballot`` and
-  ``learn_from_accept`` are broken variants teeth tests catch). Replicas then execute
-  others' commands without waiting for a far CCommit.
+  acknowledgements (``CAck``) it saw of one ballot make a majority (``_learn_from_acks``):
+  with three replicas, the proposer's own; with five or more
+  (``ReadinessRule.acks_to_all``), acceptors send theirs to every replica too
+  (``acks_any_ballot`` and ``learn_from_accept`` are broken variants teeth tests catch).
+  Replicas then execute others' commands without waiting for a far CCommit.
 * With five replicas a ``CAccept`` from an older view is dropped
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot

@@ -31,11 +31,12 @@ Raft thesis §10.2.1; c_phase.py sends it):
   (``synced``) makes what the turn wrote durable.
 * ``sendable_early``: only an index below the *durable* reservation may be named before its
   own record is durable; the first index past it waits for the turn's fsync, as before.
-* A restart (``restore_reservation``) starts ``next_index`` at the reservation (at most two
-  turns' worth of indexes past its last record): the indexes between our last record and it
-  may be ordered and block execution until a recovery
-  decides them (a no-op where nobody accepted a value; recovery.py), which our own recovery
-  does as soon as we are caught up (``gap``, ``OwnProposals.resume_after_restart``).
+* A restart (``restore_reservation``) starts ``next_index`` at the reservation (at most
+  twice a turn's indexes past its last record). The indexes between its last record and the
+  reservation (``gap``) get ordered as soon as it proposes past them, and execution waits
+  until a recovery decides them (the value a majority's promises report, a no-op where none
+  does; recovery.py): our own recovery does so once we are caught up
+  (``OwnProposals.resume_after_restart``).
 * Compaction and snapshots keep it: ``durable_records`` writes the reservation again, and a
   membership epoch's core keeps its own (its records follow the epoch's ``ConfigRecord``;
   a new epoch's indexes start again at 0, in another instance space).
