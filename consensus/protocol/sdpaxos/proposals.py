@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 from consensus.messages import Command
 from consensus.protocol.ready import Failure
 from consensus.protocol.sdpaxos.instances import Batch, CInstance
+from consensus.protocol.types import NEVER
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -70,6 +71,8 @@ class OwnProposals:
         # if something decided them before this incarnation drove them (then they are not
         # pending): the new incarnation reports them like the old one would have
         self._found_batches: dict[int, Batch] = {}
+        #: when our recovery of a restart's gap last started (``NEVER``: not yet)
+        self._gap_recovered_at = NEVER
 
     def propose(self, index: int, batch: Batch) -> None:
         """We proposed ``batch`` at our ``index`` (or hold it there for our recovery)."""
@@ -184,5 +187,9 @@ class OwnProposals:
         start = max(gap[0], r.o_log.exec_count[r.me])
         if start >= gap[1]:
             r.c_store.end_gap()
-        elif r.me not in r.recovery.recoveries:
+        elif (r.me not in r.recovery.recoveries
+              and r.now - self._gap_recovered_at > r.election.election_timeout):
+            # (again only after an election timeout: a recovery that a higher one ended,
+            # each tick, would duel with it)
+            self._gap_recovered_at = r.now
             r.recovery.start_recovery(r.me, start)
