@@ -7,7 +7,7 @@ import random
 
 from util import cmd, core, drain
 
-from consensus.messages import CAcceptedRecord, Catchup, CCommit
+from consensus.messages import CAcceptedRecord, Catchup, CCommit, ReserveRecord
 from consensus.protocol.sdpaxos import SDPaxosReplica, SnapshotMeta
 
 from .builders import A, C, all_out, caccept, cack, ccommit, ocommit
@@ -61,3 +61,18 @@ def test_own_proposals_a_peers_snapshot_covers_fail_indefinitely_instead_of_cras
     r1.step(ocommit(0, (2, 0)), 10)
     r1.tick(10_000_000)
     assert [e.command for e in drain(r1).executions()] == [theirs]
+
+
+def test_a_rewritten_log_keeps_the_index_reservation() -> None:
+    # the log a snapshot rewrites still says which of our indexes may have been named: a
+    # restart from the snapshot and those records proposes past them
+    r = core(3, 1)
+    for command in (A, C):
+        r.propose(command, 0)
+        drain(r)
+    assert r.c_store.reserved == 3 and r.c_store.next_index == 2
+    records = r.durable_records()
+    assert ReserveRecord(below=3) in records
+    again = SDPaxosReplica(r.config, 1, recovered=records, snapshot=r.snapshot_meta(),
+                           rng=random.Random(0))
+    assert again.c_store.next_index == 3 and again.c_store.reserved_durable == 3
