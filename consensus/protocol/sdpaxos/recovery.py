@@ -199,7 +199,9 @@ class CRecovery:
         ours = r.proposals.pending if msg.owner == r.me else {}
         high = max(high, max(ours, default=NO_INDEX))
         gap = r.c_store.gap if msg.owner == r.me else None
-        if gap is not None and recovery.from_index <= gap[0]:
+        if gap is not None and recovery.from_index >= gap[1]:
+            gap = None  # (a recovery of ours past the gap: not this one's to decide)
+        if gap is not None:
             high = max(high, gap[1] - 1)  # our restart's gap: every index of it decided
         # executed here meanwhile means chosen, and perhaps compacted away: never re-proposed
         first = max(recovery.from_index, r.o_log.exec_count[msg.owner])
@@ -213,7 +215,7 @@ class CRecovery:
             found = best.get(index)
             batch: Batch = found.batch if found is not None else ours.get(index, ())
             r.c_phase.propose_recovered(msg.owner, index, recovery.ballot, batch)
-        if gap is not None and recovery.from_index <= gap[0] and last >= gap[1] - 1:
+        if gap is not None and last >= gap[1] - 1:
             r.c_store.end_gap()
         if last < high:
             # the next page, at the same ballot: the promises already cover every index from
