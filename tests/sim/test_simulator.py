@@ -123,7 +123,7 @@ def test_cli_exits_1_and_prints_the_replay_command_on_a_violation(
         (3, "no_lease_check", "partition", "lan", 2, 21),
         (3, "ack_before_persist", "crash", "lan", 2, 42),
         (3, "replay_accepted", "crash", "lan", 2, 6),
-        (5, "ack_before_persist", "crash", "lan", 2, 1),
+        (5, "ack_before_persist", "crash", "lan", 2, 207),
         (5, "no_hole_filling", "crash,partition,pause", "wan", 6, 289),
         (5, "go_ready_rule", "crash,partition", "lan", 2, 553),
         # (every fault class but membership, "all" when the seed was found)
