@@ -7,7 +7,8 @@ from pathlib import Path
 
 import msgpack
 
-from consensus.messages import Command
+from consensus.messages import CAccept, Command, OAccept
+from consensus.protocol.ready import Ready
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client
 from consensus.runtime.cluster_config import ClusterConfig, load_cluster_config
@@ -114,3 +115,49 @@ def test_blind_writes_in_flight_together_are_each_answered_ready_and_timed(
                 await node.stop()
 
     asyncio.run(asyncio.wait_for(run(), 60))
+
+
+def test_an_accept_reserved_ahead_is_written_before_the_leaders_fsync(tmp_path: Path) -> None:
+    """The transport writes on the loop: a turn's early messages (a CAccept below a durable
+    index reservation, a sequencer's OAccept) must be on the sockets before the turn's fsync
+    holds the loop, or they leave after it anyway."""
+    config = _config(tmp_path)
+
+    async def run() -> list[tuple[int, int]]:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        leader = nodes[0]  # the sequencer of view 0: both its Accepts may leave early
+        transport, wal = leader.transport, leader.wal
+        sent_early = 0
+        at_sync: list[tuple[int, int]] = []  # (early messages so far, frames still queued)
+        carry_out = leader.turns._carry_out
+
+        async def counting_carry_out(ready: Ready, now: int) -> None:
+            nonlocal sent_early
+            sent_early += sum(isinstance(o.message, CAccept | OAccept) for o in ready.send)
+            await carry_out(ready, now)
+
+        sync = wal.sync
+
+        def watching_sync(*, fsync: bool = True) -> None:
+            queued = sum(len(link.queue) for link in transport._links.values())
+            at_sync.append((sent_early, queued))
+            sync(fsync=fsync)
+
+        leader.turns._carry_out = counting_carry_out  # type: ignore[method-assign]
+        wal.sync = watching_sync  # type: ignore[method-assign]
+        for node in nodes:
+            await node.start()
+        client = Client(7, [spec.client_address for spec in config.replicas], home=0,
+                        timeout_s=10.0)
+        try:
+            for i in range(20):  # one write at a time
+                await client.execute(kv_put(f"k{i}", f"v{i}"), [f"k{i}"], blind=True)
+            return at_sync
+        finally:
+            await client.close()
+            for node in nodes:
+                await node.stop()
+
+    at_sync = asyncio.run(asyncio.wait_for(run(), 60))
+    assert at_sync[-1][0] >= 2 * 15  # most writes sent their CAccept and OAccept early
+    assert all(queued == 0 for _, queued in at_sync), at_sync
