@@ -418,9 +418,13 @@ class PeerTransport:
             dialer.cancel()
 
     # ------------------------------------------------------------------ sending
-    def send(self, peer: int, payload: bytes) -> None:
+    def send(self, peer: int, payload: bytes, *, at_once: bool = False) -> None:
         """Queue one frame for ``peer``; it is written on this loop turn's end. With WAN
-        emulation it carries the time of this call and the receiver holds it for the delay."""
+        emulation it carries the time of this call and the receiver holds it for the delay.
+
+        ``at_once``: hand it to the connection now when nothing is queued before it (the
+        order stays the queue's), rather than when the link's writer next runs: the caller
+        is about to hold the loop (a turn's fsync) and the frame must travel meanwhile."""
         link = self._links.get(peer)
         if link is None:
             return
@@ -440,6 +444,17 @@ class PeerTransport:
             wire = _STAMPED_HEADER.pack(len(payload) + _STAMP.size, _now_us()) + payload
         else:
             wire = frame_to_wire(payload, max_frame=self.max_frame)
+        writer = link.writer
+        if at_once and not link.queue and writer is not None and not writer.is_closing():
+            # what the link's writer would do with it, without a loop turn to wake it: the
+            # writer waits for the buffer to drain before it writes again (``_pump``)
+            writer.write(wire)
+            self.stats.bytes_sent += len(wire)
+            self.stats.frames_sent += 1
+            traffic = self.stats.peer(peer)
+            traffic.bytes_sent += len(wire)
+            traffic.frames_sent += 1
+            return
         link.queue.append(wire)
         link.bytes_queued += len(wire)
         link.wakeup.set()

@@ -310,12 +310,10 @@ class TurnLoop:
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
         if ready.send:
-            self._send(ready.send)
-            if ready.persist:
-                # The peer links write on the loop: let them write what needs no durability
-                # (a CAccept or OAccept reserved ahead) before the fsync below holds the
-                # loop, so that it travels and the peers' fsyncs run in parallel with ours.
-                await asyncio.sleep(0)
+            # What needs no durability (a CAccept or OAccept reserved ahead) is written now
+            # when an fsync follows, not by the peer links' writers once the fsync released
+            # the loop: it travels, and the peers' fsyncs run, in parallel with ours.
+            self._send(ready.send, at_once=bool(ready.persist))
         if ready.persist or ready.log:
             self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
@@ -489,14 +487,14 @@ class TurnLoop:
         with contextlib.suppress(LocalProtocolError):
             self.core.propose(log_time_command(clock), now)
 
-    def _send(self, outgoing: list[Outgoing]) -> None:
+    def _send(self, outgoing: list[Outgoing], *, at_once: bool = False) -> None:
         sent = self.stats.messages_sent
         for out in outgoing:
             kind = type(out.message)
             sent[kind] = sent.get(kind, 0) + 1
         for peer, frames in frames_by_peer(outgoing, self.transport.max_frame).items():
             for frame in frames:
-                self.transport.send(peer, frame)
+                self.transport.send(peer, frame, at_once=at_once)
 
     # ------------------------------------------------------------------ members
     def _members_changed(self, core: MemberReplica) -> None:

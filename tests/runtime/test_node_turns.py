@@ -118,9 +118,10 @@ def test_blind_writes_in_flight_together_are_each_answered_ready_and_timed(
 
 
 def test_an_accept_reserved_ahead_is_written_before_the_leaders_fsync(tmp_path: Path) -> None:
-    """The transport writes on the loop: a turn's early messages (a CAccept below a durable
-    index reservation, a sequencer's OAccept) must be on the sockets before the turn's fsync
-    holds the loop, or they leave after it anyway."""
+    """The peer links' writers run on the loop: a turn's early messages (a CAccept below a
+    durable index reservation, a sequencer's OAccept) must be handed to the sockets at once
+    (``PeerTransport.send(at_once=True)``) before the turn's fsync holds the loop, or they
+    leave after it anyway."""
     config = _config(tmp_path)
 
     async def run() -> list[tuple[int, int]]:
