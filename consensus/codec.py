@@ -1,6 +1,6 @@
 """Wire and write-ahead-log encoding of every message and record: msgpack, never pickle.
 
-Format (``FORMAT_VERSION`` 3)
+Format (``FORMAT_VERSION`` 4)
 -----------------------------
 Everything is msgpack. A dataclass instance is an array of its fields in declaration order
 (see ``consensus.messages``), preceded by its type tag from ``TAGS`` wherever the type is not
@@ -35,8 +35,9 @@ A bump that leaves every record's layout as it was adds the old version to
 version (the handshake checks).
 
 A frame is the unit of per-peer message merging: the transport sends one frame per peer per
-loop turn. On TCP each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length,
-then the payload) and ``FrameReader`` splits the byte stream back into payloads.
+loop turn (two when a turn's early messages leave before its fsync, ``Ready.send``). On TCP
+each frame travels as ``frame_to_wire(payload)`` (a 4-byte big-endian length, then the
+payload) and ``FrameReader`` splits the byte stream back into payloads.
 
 Trust
 -----
