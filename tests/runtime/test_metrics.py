@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from consensus.messages import OAccept, OEntry
+from consensus.messages import OAccept, OAck, OEntry
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.cluster_config import load_cluster_config
 from consensus.runtime.local_cluster import free_base_port
@@ -28,6 +28,7 @@ def test_c_instance_recoveries_are_counted(tmp_path: Path) -> None:
     core = node.core
     core.info = ""  # (it publishes no addresses: its own first C-instance would be that)
     core.step(OAccept(src=0, view=0, entries=(OEntry(slot=0, owner=1),)), 1)
+    core.step(OAck(src=0, view=0, slots=(0,)), 1)  # the sequencer's, once durable: chosen
     now = 0
     while _metric(render(node), "sdpaxos_c_recoveries_total") == 0:
         now += 50_000
