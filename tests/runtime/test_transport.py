@@ -363,7 +363,10 @@ async def listen_as(port: int) -> tuple[asyncio.Server, asyncio.Queue[asyncio.St
     return await asyncio.start_server(on_connect, "127.0.0.1", port), accepted
 
 
-async def test_without_delays_the_wire_carries_no_stamp() -> None:
+@asynccontextmanager
+async def unstamped_link() -> AsyncIterator[tuple[PeerTransport, asyncio.StreamReader]]:
+    """Replica 0's transport without delays, connected to a bare listener as replica 1: the
+    reader sees the wire past the handshake."""
     addresses = two_addresses()
     server, accepted = await listen_as(addresses[1][1])
     try:
@@ -373,10 +376,15 @@ async def test_without_delays_the_wire_carries_no_stamp() -> None:
                 hello = frame_to_wire(msgpack.packb([CLUSTER, 0, FORMAT_VERSION]))
                 assert await reader.readexactly(len(hello)) == hello
                 await until(lambda: sender._links[1].connected)
-                sender.send(1, b"hello")
-                assert await reader.readexactly(9) == frame_to_wire(b"hello")
+                yield sender, reader
     finally:
         server.close()
+
+
+async def test_without_delays_the_wire_carries_no_stamp() -> None:
+    async with unstamped_link() as (sender, reader):
+        sender.send(1, b"hello")
+        assert await reader.readexactly(9) == frame_to_wire(b"hello")
     assert not sender.stats.delay_samples
     assert sender.stats.bytes_sent == 9  # what went on the wire, length prefix included
 
@@ -386,26 +394,16 @@ async def test_a_frame_sent_at_once_is_written_before_the_loop_turns_and_keeps_i
     """``at_once`` (a turn's early Accepts before its fsync holds the loop): the frame is
     handed to the connection in the call, not when the link's writer runs; behind a queued
     frame it is queued too, so frames still arrive in the order they were sent."""
-    addresses = two_addresses()
-    server, accepted = await listen_as(addresses[1][1])
-    try:
-        async with transport(0, addresses, 0, Inbox()) as sender:
-            async with asyncio.timeout(10):
-                reader = await accepted.get()
-                hello = frame_to_wire(msgpack.packb([CLUSTER, 0, FORMAT_VERSION]))
-                assert await reader.readexactly(len(hello)) == hello
-                await until(lambda: sender._links[1].connected)
-                link = sender._links[1]
-                sender.send(1, b"early", at_once=True)
-                assert not link.queue and sender.stats.frames_sent == 1  # no loop turn yet
-                sender.send(1, b"queued")
-                sender.send(1, b"behind", at_once=True)  # not ahead of "queued"
-                assert len(link.queue) == 2 and sender.stats.frames_sent == 1
-                wire = b"".join(frame_to_wire(p) for p in (b"early", b"queued", b"behind"))
-                assert await reader.readexactly(len(wire)) == wire
-                assert sender.stats.frames_sent == 3 and sender.stats.bytes_sent == len(wire)
-    finally:
-        server.close()
+    async with unstamped_link() as (sender, reader):
+        link = sender._links[1]
+        sender.send(1, b"early", at_once=True)
+        assert not link.queue and sender.stats.frames_sent == 1  # no loop turn yet
+        sender.send(1, b"queued")
+        sender.send(1, b"behind", at_once=True)  # not ahead of "queued"
+        assert len(link.queue) == 2 and sender.stats.frames_sent == 1
+        wire = b"".join(frame_to_wire(p) for p in (b"early", b"queued", b"behind"))
+        assert await reader.readexactly(len(wire)) == wire
+        assert sender.stats.frames_sent == 3 and sender.stats.bytes_sent == len(wire)
 
 
 async def test_with_delays_each_frame_carries_its_send_time_and_leaves_at_once() -> None:
