@@ -9,7 +9,9 @@ paper compares that 2 with the C-phase of a write committed through Paxos,
 2(Q - 1) + (N - 1) = 2Q + N - 3 with a thrifty accept; we also report the whole cost of a
 write (C-phase to all peers, and the O-phase). With five replicas acceptors acknowledge to
 every replica, so that each learns choices without a commit from a far proposer: (N - 1)^2
-acknowledgements instead of N - 1, C- and O-phase alike.
+acknowledgements instead of N - 1, C- and O-phase alike. A proposer (and a three-replica
+sequencer) also acknowledges its own proposal to every peer, once durable: its Accept leaves
+before its fsync and proves nothing of its own acceptance (N - 1 more per phase).
 """
 
 from __future__ import annotations
