@@ -299,18 +299,17 @@ def test_cli_takes_a_keyless_share_between_0_and_1_and_replays_it() -> None:
             parser.parse_args(["--keyless", bad])
 
 
-def test_a_snapshot_installed_during_a_candidacy_keeps_the_hole_filling_exact() -> None:
-    # (found by a 600-seed sweep, five replicas, every fault, snapshots every 10) replica 3
-    # stood for view 8 from slot 100, installed a peer's snapshot at slot 113 before the
-    # votes came, and its NewView gave two chosen slots of the untraced replica 4 away:
-    # two values for slot 111. The unit test is test_view_change's; this is the run, which
-    # membership faults' changes may move off this seed.
-    options = SimOptions(replicas=5, faults=parse_faults("all"), network="lan", reads="mixed",
-                         snapshot_every=10)
-    assert Simulation(options, 1245).run().ok
-    broken = SimOptions(replicas=5, faults=parse_faults("all"), network="lan", reads="mixed",
-                        snapshot_every=10, unsafe=frozenset({"candidacy_counts_now"}))
-    assert Simulation(broken, 1245).run().violation is not None
+# candidacy_counts_now (N=5: the hole filling counts the untraced replica's slots as of the
+# votes, not the candidacy's start) was caught by seed 1245 (five replicas, every fault, LAN,
+# snapshots every 10, mixed reads: replica 3 stood for view 8 from slot 100, installed a
+# peer's snapshot at slot 113 before the votes came, and its NewView gave two chosen slots of
+# the untraced replica 4 away). Since a proposer's Accept leaves before its fsync no seed
+# found catches it: 1-4,500 in that configuration, 1-1,500 on the WAN, 1-1,000 with
+# snapshots every 5 (every fault; crash, partition and pause only; six clients a site),
+# 1-400 with 600 operations a run. The variant still breaks the rule on this core: its teeth
+# are the deterministic unit test that replays that candidacy,
+# tests/protocol/sdpaxos/test_view_change.py::
+# test_n5_a_snapshot_installed_during_the_candidacy_does_not_move_the_hole_filling.
 
 
 #: every fault class, on the LAN with a snapshot every 10 commands (where the sweeps found
