@@ -309,11 +309,13 @@ class TurnLoop:
 
     async def _carry_out(self, ready: Ready, now: int) -> None:
         self.stats.turns += 1
+        # Every message of a turn is handed to the peer connections as soon as it may leave
+        # (``at_once``), not when the links' writers next run: what needs no durability (a
+        # CAccept or OAccept reserved ahead) travels, and the peers' fsyncs run, in parallel
+        # with ours; what waited for our fsync (an acknowledgement) does not also wait for
+        # the commands this turn applies, nor for the loop to turn once more.
         if ready.send:
-            # What needs no durability (a CAccept or OAccept reserved ahead) is written now
-            # when an fsync follows, not by the peer links' writers once the fsync released
-            # the loop: it travels, and the peers' fsyncs run, in parallel with ours.
-            self._send(ready.send, at_once=bool(ready.persist))
+            self._send(ready.send, at_once=True)
         if ready.persist or ready.log:
             self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
@@ -331,7 +333,7 @@ class TurnLoop:
             clients.acknowledge(ready.ready, now, self.stats.ready_latency)
             clients.answer()  # ready writes wait for neither the acks nor the state machine
         if ready.send_after_persist:
-            self._send(ready.send_after_persist)
+            self._send(ready.send_after_persist, at_once=True)
         if ready.apply:
             await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import msgpack
 
-from consensus.messages import CAccept, Command, OAccept
+from consensus.messages import CAccept, CAck, Command, OAccept, OAck
 from consensus.protocol.ready import Ready
 from consensus.runtime.cli import cluster_toml
 from consensus.runtime.client import Client
@@ -162,3 +163,56 @@ def test_an_accept_reserved_ahead_is_written_before_the_leaders_fsync(tmp_path: 
     at_sync = asyncio.run(asyncio.wait_for(run(), 60))
     assert at_sync[-1][0] >= 2 * 15  # most writes sent their CAccept and OAccept early
     assert all(queued == 0 for _, queued in at_sync), at_sync
+
+
+def test_acknowledgements_leave_before_the_turn_applies_its_commands(tmp_path: Path) -> None:
+    """What waited for a turn's fsync (a follower's CAck and OAck) is handed to the sockets
+    at once too: it does not wait for the commands the turn applies next (a loaded turn
+    applies hundreds) nor for the links' writers to run on a later loop turn."""
+    config = _config(tmp_path)
+
+    async def run() -> list[tuple[int, int]]:
+        nodes = [ReplicaNode(config, i, KVStore(), fsync=False) for i in range(3)]
+        seen: list[tuple[int, int]] = []  # per follower turn that acks and applies: (acks, queued)
+
+        def watch(follower: ReplicaNode) -> None:
+            turns, transport = follower.turns, follower.transport
+            carry_out, apply = turns._carry_out, turns._apply
+            acks = 0
+
+            async def counting_carry_out(ready: Ready, now: int) -> None:
+                nonlocal acks
+                acks = sum(isinstance(o.message, CAck | OAck) for o in ready.send_after_persist)
+                await carry_out(ready, now)
+                acks = 0
+
+            async def watching_apply(batches: Any, now: int) -> None:
+                if acks:
+                    queued = sum(len(link.queue) for link in transport._links.values())
+                    seen.append((acks, queued))
+                await apply(batches, now)
+
+            turns._carry_out = counting_carry_out  # type: ignore[method-assign]
+            turns._apply = watching_apply  # type: ignore[method-assign]
+
+        for follower in nodes[1:]:
+            watch(follower)
+        for node in nodes:
+            await node.start()
+        addresses = [spec.client_address for spec in config.replicas]
+        clients = [Client(7 + k, addresses, home=0, timeout_s=10.0) for k in range(8)]
+        try:
+            for round_ in range(30):  # eight writes in flight: turns that ack and apply
+                await asyncio.gather(*(
+                    client.execute(kv_put(f"k{k}", f"v{round_}"), [f"k{k}"], blind=True)
+                    for k, client in enumerate(clients)))
+            return seen
+        finally:
+            for client in clients:
+                await client.close()
+            for node in nodes:
+                await node.stop()
+
+    seen = asyncio.run(asyncio.wait_for(run(), 60))
+    assert len(seen) >= 10, seen  # followers' turns that acknowledged and then applied
+    assert all(queued == 0 for _, queued in seen), seen
