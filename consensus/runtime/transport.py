@@ -423,8 +423,9 @@ class PeerTransport:
         emulation it carries the time of this call and the receiver holds it for the delay.
 
         ``at_once``: hand it to the connection now when nothing is queued before it (the
-        order stays the queue's), rather than when the link's writer next runs: the caller
-        is about to hold the loop (a turn's fsync) and the frame must travel meanwhile."""
+        order stays the queue's), rather than when the link's writer next runs: the turn
+        loop's frames, which must travel while the turn goes on to hold the loop (its fsync,
+        the commands it applies)."""
         link = self._links.get(peer)
         if link is None:
             return
