@@ -189,15 +189,15 @@ class ReplicaNode:
             clients=self.clients, snapshots=self.snapshots, stats=self.stats, busy=busy,
         )
         self._loop_task: asyncio.Task[None] | None = None
-        self._lag_task: asyncio.Task[None] | None = None
-        #: what runs as long as the replica serves (``run_beside``): ``stop`` cancels them
+        #: what runs as long as the replica serves (``run_beside``: the lag probe, the gRPC
+        #: health refresher): ``stop`` cancels them
         self._beside: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         self.stats.gc_pauses.install()
         await self.turns.replay()
-        self._lag_task = asyncio.create_task(self.turns.probe_lag(), name=f"lag-{self.me}")
+        self.run_beside(self.turns.probe_lag(), f"lag-{self.me}")
         await self.transport.start()
         await self.clients.start()
         self._loop_task = asyncio.create_task(self.turns.run(), name=f"replica-{self.me}")
@@ -216,7 +216,7 @@ class ReplicaNode:
         self.clients.stop_accepting()
         if self._loop_task is not None:
             await asyncio.gather(self._loop_task, return_exceptions=True)
-        beside = [*self._beside, *([self._lag_task] if self._lag_task is not None else [])]
+        beside = list(self._beside)
         for task in beside:
             task.cancel()
         await asyncio.gather(*beside, return_exceptions=True)
