@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from bench.harness import print_table
-from bench.soak_samples import interval_stall
+from bench.soak_samples import stalls_between_samples
 
 __all__ = ["print_report", "soak_figure"]
 
@@ -91,27 +92,26 @@ def _series(report: dict[str, Any], field: str, scale: float = 1.0
     (``disk``: WAL and snapshot bytes; ``interval_stall``: the longest loop stall since the
     process's previous sample, at most, from its stall histogram)."""
     lines: dict[str, tuple[list[float], list[float]]] = {}
-    previous: dict[int, dict[str, float]] = {}
-    for sample in report["samples"]:
-        for s in sample["replicas"]:
-            if field == "interval_stall":
-                buckets, before = s.get("loop_stall_buckets"), previous.get(s["pid"])
-                if buckets is not None:
-                    previous[s["pid"]] = buckets
-                value = (None if buckets is None or before is None
-                         else interval_stall(before, buckets))
-                if value == float("inf"):
-                    value = max(float(le) for le in buckets or () if le != "+Inf")
-            elif field == "disk":
-                value = s["wal_bytes"] + s["snapshot_bytes"]
-            else:
-                value = s[field]
-            if value is None:
-                continue
-            label = f"{s['cluster']} r{s['replica']}"
-            xs, ys = lines.setdefault(label, ([], []))
-            xs.append(sample["t"] / 60)
-            ys.append(value / scale)
+
+    def values() -> Iterator[tuple[dict[str, Any], dict[str, Any], float | None]]:
+        if field == "interval_stall":
+            for sample, s, stall in stalls_between_samples(report["samples"]):
+                if stall == float("inf"):  # past the last bucket: drawn at its bound
+                    stall = max(float(le) for le in s["loop_stall_buckets"] if le != "+Inf")
+                yield sample, s, stall
+            return
+        for sample in report["samples"]:
+            for s in sample["replicas"]:
+                yield sample, s, (s["wal_bytes"] + s["snapshot_bytes"] if field == "disk"
+                                  else s[field])
+
+    for sample, s, value in values():
+        if value is None:
+            continue
+        label = f"{s['cluster']} r{s['replica']}"
+        xs, ys = lines.setdefault(label, ([], []))
+        xs.append(sample["t"] / 60)
+        ys.append(value / scale)
     return lines
 
 

@@ -28,7 +28,7 @@ import os
 import statistics
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,25 +286,30 @@ def stalls(samples: Samples, cluster: str) -> tuple[float | None, float | None]:
     return longest, after
 
 
-def interval_stalls(samples: Samples, cluster: str) -> float | None:
-    """The longest loop stall of a member of ``cluster`` between two consecutive samples of
-    one process (``interval_stall``): a start-up's stalls, before a process's first sample,
-    never count, and a later stall shorter than them does. None: no histogram exposed."""
-    longest: float | None = None
+def stalls_between_samples(
+    samples: Samples,
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], float | None]]:
+    """``(sample, replica's sample, interval_stall)`` for every replica process's sample that
+    has a stall histogram: the longest stall since that process's previous sample (None for
+    its first, whose stalls are a start-up's)."""
     previous: dict[int, dict[str, float]] = {}
     for sample in samples:
         for s in sample["replicas"]:
             buckets = s.get("loop_stall_buckets")
-            if s["cluster"] != cluster or buckets is None:
+            if buckets is None:
                 continue
             before = previous.get(s["pid"])
             previous[s["pid"]] = buckets
-            if before is None:
-                continue
-            stall = interval_stall(before, buckets)
-            if stall is not None:
-                longest = stall if longest is None else max(longest, stall)
-    return longest
+            yield sample, s, None if before is None else interval_stall(before, buckets)
+
+
+def interval_stalls(samples: Samples, cluster: str) -> float | None:
+    """The longest loop stall of a member of ``cluster`` between two consecutive samples of
+    one process (``interval_stall``): a start-up's stalls, before a process's first sample,
+    never count, and a later stall shorter than them does. None: no histogram exposed."""
+    stalls = [stall for _, s, stall in stalls_between_samples(samples)
+              if s["cluster"] == cluster and stall is not None]
+    return max(stalls, default=None)
 
 
 def _target(name: str, value: float | None, bound: float | None, unit: str,

@@ -450,11 +450,7 @@ class PeerTransport:
             # what the link's writer would do with it, without a loop turn to wake it: the
             # writer waits for the buffer to drain before it writes again (``_pump``)
             writer.write(wire)
-            self.stats.bytes_sent += len(wire)
-            self.stats.frames_sent += 1
-            traffic = self.stats.peer(peer)
-            traffic.bytes_sent += len(wire)
-            traffic.frames_sent += 1
+            self._count_sent(self.stats.peer(peer), len(wire), 1)
             return
         link.queue.append(wire)
         link.bytes_queued += len(wire)
@@ -576,13 +572,17 @@ class PeerTransport:
                 continue
             chunks = list(link.queue)
             link.queue.clear()
-            self.stats.bytes_sent += link.bytes_queued
-            traffic.bytes_sent += link.bytes_queued
+            self._count_sent(traffic, link.bytes_queued, len(chunks))
             link.bytes_queued = 0
             writer.write(b"".join(chunks))
-            self.stats.frames_sent += len(chunks)
-            traffic.frames_sent += len(chunks)
             await writer.drain()
+
+    def _count_sent(self, traffic: PeerTraffic, nbytes: int, frames: int) -> None:
+        """What was handed to a peer's connection, in the transport's and the peer's counts."""
+        self.stats.bytes_sent += nbytes
+        self.stats.frames_sent += frames
+        traffic.bytes_sent += nbytes
+        traffic.frames_sent += frames
 
     # ------------------------------------------------------------------ receiving
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -315,7 +315,7 @@ class TurnLoop:
         # with ours; what waited for our fsync (an acknowledgement) does not also wait for
         # the commands this turn applies, nor for the loop to turn once more.
         if ready.send:
-            self._send(ready.send, at_once=True)
+            self._send(ready.send)
         if ready.persist or ready.log:
             self.snapshots.append(itertools.chain(ready.persist, ready.log))
         if ready.persist:
@@ -333,7 +333,7 @@ class TurnLoop:
             clients.acknowledge(ready.ready, now, self.stats.ready_latency)
             clients.answer()  # ready writes wait for neither the acks nor the state machine
         if ready.send_after_persist:
-            self._send(ready.send_after_persist, at_once=True)
+            self._send(ready.send_after_persist)
         if ready.apply:
             await self._apply(ready.apply, now)
         self.executed_slot = self.core.exec_slot  # applied, every command of it
@@ -489,14 +489,15 @@ class TurnLoop:
         with contextlib.suppress(LocalProtocolError):
             self.core.propose(log_time_command(clock), now)
 
-    def _send(self, outgoing: list[Outgoing], *, at_once: bool = False) -> None:
+    def _send(self, outgoing: list[Outgoing]) -> None:
+        """A turn's messages, framed per peer and handed over at once (``_carry_out``)."""
         sent = self.stats.messages_sent
         for out in outgoing:
             kind = type(out.message)
             sent[kind] = sent.get(kind, 0) + 1
         for peer, frames in frames_by_peer(outgoing, self.transport.max_frame).items():
             for frame in frames:
-                self.transport.send(peer, frame, at_once=at_once)
+                self.transport.send(peer, frame, at_once=True)
 
     # ------------------------------------------------------------------ members
     def _members_changed(self, core: MemberReplica) -> None:
