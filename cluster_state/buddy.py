@@ -215,14 +215,25 @@ class Buddy:
     def safe_take(self, chain: int, level: int, from_level: int) -> bool:
         """Would binding a level-``level`` item to a cell split off a free cell of
         ``from_level`` keep the surplus non-negative?"""
-        free = [len(fl) for fl in self.free[chain]]
+        # ``_surplus`` of the free lists and demand after the split, top level down, without
+        # copying them: every submit that binds an item asks this of each level it tries
+        free, demand = self.free[chain], self.demand[chain]
         levels = self.topo.chains[chain].levels
-        free[from_level - 1] -= 1
-        for lv in range(level, from_level):
-            free[lv - 1] += levels[lv].child_number - 1
-        demand = list(self.demand[chain])
-        demand[level - 1] -= 1
-        return min(self._surplus(chain, free, demand)) >= 0
+        carry = 0
+        child_number = 0
+        for lv in range(len(levels), 0, -1):
+            left = len(free[lv - 1]) - demand[lv - 1]
+            if lv == from_level:
+                left -= 1
+            elif level <= lv < from_level:
+                left += levels[lv].child_number - 1
+            if lv == level:
+                left += 1
+            carry = left + carry * child_number
+            if carry < 0:
+                return False
+            child_number = levels[lv - 1].child_number
+        return True
 
     def find_cell(self, chain: int, level: int, mode: int) -> int:
         """A free cell of ``level`` to bind an item to, taken from the lowest non-empty free
