@@ -100,6 +100,7 @@ from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
 from cluster_state.config import RESERVE_PLACE_AT_ONCE
 from cluster_state.errors import RequestError
+from cluster_state.frozen import slot_setters
 from cluster_state.index import C_LOOP_ITEMS, FREE, CellState
 from cluster_state.ops import (
     OPPORTUNISTIC,
@@ -159,6 +160,10 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
 
 
 _new_tuple = tuple.__new__
+# (every placement answers a ``Placed``: made without ``__init__``, see ``cluster_state.frozen``)
+_new = object.__new__
+_set_group, _set_chain, _set_pods, _set_token = slot_setters(
+    Placed, "group", "chain", "pods", "token")
 
 
 def _order(sizes: list[int]) -> list[int]:
@@ -498,7 +503,12 @@ class Allocator:
             _new_tuple(Pod, (len(pod), node_name[pod[0]] if pod else "", tuple(map(device, pod))))
             for pod in group.pods
         ])
-        return Placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
+        placed = _new(Placed)
+        _set_group(placed, group.spec.name)
+        _set_chain(placed, topo.chains[group.chain].name)
+        _set_pods(placed, pods)
+        _set_token(placed, group.token)
+        return placed
 
     # ------------------------------------------------------------------ planning
     def _plan_guaranteed(

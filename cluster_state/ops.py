@@ -111,6 +111,7 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from cluster_state.errors import InvalidRequest, RequestError
+from cluster_state.frozen import slot_setters
 from cluster_state.snapshot_encoding import pack
 
 __all__ = [
@@ -738,7 +739,10 @@ def _decode_spec(raw: object) -> GroupSpec:
             else _text(name_raw, "group name"))
     vc = (vc_raw if type(vc_raw) is str and 0 < len(vc_raw) <= MAX_NAME
           else _text(vc_raw, "virtual cluster"))
-    if not _is_int(priority) or not OPPORTUNISTIC <= priority <= MAX_PRIORITY:
+    # (``type(v) is int or _is_int(v)`` is ``_is_int(v)``, without a call for what msgpack
+    # decodes an integer to)
+    if (not (type(priority) is int or _is_int(priority))
+            or not OPPORTUNISTIC <= priority <= MAX_PRIORITY):
         raise RequestError(
             f"priority must be an integer in [{OPPORTUNISTIC}, {MAX_PRIORITY}], not {priority!r}"
         )
@@ -751,14 +755,15 @@ def _decode_spec(raw: object) -> GroupSpec:
         if not isinstance(m, list) or len(m) != 2:
             raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
         pods, leaves = m
-        if not (_is_int(pods) and pods >= 1 and _is_int(leaves) and leaves >= 1):
+        if not ((type(pods) is int or _is_int(pods)) and pods >= 1
+                and (type(leaves) is int or _is_int(leaves)) and leaves >= 1):
             raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
         # HiveD merges members that ask for the same number of leaf cells per pod.
         merged[leaves] = merged.get(leaves, 0) + pods
         pod_count += pods
     if pod_count > MAX_PODS:
         raise RequestError(f"a group may have at most {MAX_PODS} pods")
-    members = tuple([Member(pods, leaves) for leaves, pods in merged.items()])
+    members = tuple([_member(pods, leaves) for leaves, pods in merged.items()])
     leaf_type = (leaf_raw if type(leaf_raw) is str and len(leaf_raw) <= MAX_NAME
                  else _text(leaf_raw, "leaf_type", empty=True))
     pinned = (pinned_raw if type(pinned_raw) is str and len(pinned_raw) <= MAX_NAME
@@ -767,15 +772,30 @@ def _decode_spec(raw: object) -> GroupSpec:
         raise RequestError("lazy must be true or false")
     if pinned and priority == OPPORTUNISTIC:
         raise RequestError("an opportunistic group (priority -1) cannot use a pinned cell")
-    return GroupSpec(
-        name=name,
-        vc=vc,
-        priority=priority,
-        members=members,
-        leaf_type=leaf_type,
-        pinned=pinned,
-        lazy=lazy,
-    )
+    spec = _new(GroupSpec)
+    _set_name(spec, name)
+    _set_vc(spec, vc)
+    _set_priority(spec, priority)
+    _set_members(spec, members)
+    _set_leaf_type(spec, leaf_type)
+    _set_pinned(spec, pinned)
+    _set_lazy(spec, lazy)
+    return spec
+
+
+# (every submit decodes a spec: made without ``__init__``, see ``cluster_state.frozen``)
+_new = object.__new__
+_set_name, _set_vc, _set_priority, _set_members, _set_leaf_type, _set_pinned, _set_lazy = (
+    slot_setters(GroupSpec, "name", "vc", "priority", "members", "leaf_type", "pinned", "lazy"))
+_set_pods, _set_leaves = slot_setters(Member, "pods", "leaves")
+
+
+def _member(pods: int, leaves: int) -> Member:
+    """``Member(pods, leaves)``, made without ``__init__``."""
+    member = _new(Member)
+    _set_pods(member, pods)
+    _set_leaves(member, leaves)
+    return member
 
 
 def _decode_suggested(raw: object) -> frozenset[str]:
