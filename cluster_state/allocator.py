@@ -117,7 +117,7 @@ from cluster_state.ops import (
     Result,
     Waiting,
 )
-from cluster_state.placement import NodeFilter, Picker
+from cluster_state.placement import NodeFilter, Picker, pick_free
 from cluster_state.snapshot_encoding import pack, packed_array_header
 from consensus.loop_share import give_way
 
@@ -226,22 +226,25 @@ class Group:
 
     def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...], *,
                  token: int = -1, created: int = -1) -> None:
-        # set past ``__setattr__`` (nothing is packed yet): a restore makes thousands
-        init = object.__setattr__
-        init(self, "spec", spec)
-        init(self, "chain", chain)
-        init(self, "pods", pods)
-        init(self, "preempting", False)
-        init(self, "downgraded", False)
-        init(self, "downgraded_at", -1)
-        init(self, "downgraded_by", "")
-        init(self, "token", token)
-        init(self, "victims", frozenset())
-        init(self, "preemptors", set())
-        init(self, "created", created)
-        init(self, "claims", MappingProxyType({}))
-        init(self, "_spec_wire", None)
-        init(self, "_packed", None)
+        # set past ``__setattr__`` (nothing is packed yet), through the slots' descriptors
+        # (``_group_setters``): a restore makes thousands, every placement one
+        (set_spec, set_chain, set_pods, set_preempting, set_downgraded, set_downgraded_at,
+         set_downgraded_by, set_token, set_victims, set_preemptors, set_created, set_claims,
+         set_spec_wire, set_packed) = _group_setters
+        set_spec(self, spec)
+        set_chain(self, chain)
+        set_pods(self, pods)
+        set_preempting(self, False)
+        set_downgraded(self, False)
+        set_downgraded_at(self, -1)
+        set_downgraded_by(self, "")
+        set_token(self, token)
+        set_victims(self, _NO_VICTIMS)
+        set_preemptors(self, set())
+        set_created(self, created)
+        set_claims(self, _NO_CLAIMS)
+        set_spec_wire(self, None)
+        set_packed(self, None)
 
     def load(self, record: list[Any]) -> None:
         """Take the facts of a snapshot's ``record()`` of the group after its spec, chain
@@ -325,6 +328,18 @@ class Group:
 
     def leaves(self) -> list[int]:
         return [leaf for pod in self.pods for leaf in pod]
+
+
+#: every slot of a ``Group`` in the order ``Group.__init__`` sets them, and their setters
+_GROUP_FIELDS = ("spec", "chain", "pods", "preempting", "downgraded", "downgraded_at",
+                 "downgraded_by", "token", "victims", "preemptors", "created", "claims",
+                 "_spec_wire", "_packed")
+if sorted(_GROUP_FIELDS) != sorted(Group.__slots__):
+    raise TypeError("Group.__init__ must set every slot of a Group")
+_group_setters = tuple(vars(Group)[name].__set__ for name in _GROUP_FIELDS)
+#: (immutable: a group's are replaced, never changed in place)
+_NO_VICTIMS: frozenset[str] = frozenset()
+_NO_CLAIMS: Mapping[int, ClaimHolder] = MappingProxyType({})
 
 
 @dataclass(slots=True)
@@ -578,7 +593,7 @@ class Allocator:
         """The leaves a first pass of one pod on any node takes in ``c``, a cell at or below
         the node level with at least ``need`` free leaves: ``Picker.pack``'s answer (``c``
         is the pod's only node, and it holds the pod), without working out the nodes."""
-        return Picker(self.topo, self.cells, None).pick(c, need, remember=False)
+        return pick_free(self.topo, self.cells, c, need)
 
     def _cells_to_bind(self, chain: int, level: int, mode: int,
                        only: NodeFilter | None) -> Iterator[int]:
@@ -630,11 +645,15 @@ class Allocator:
         alone = threshold is None and only is None and len(sizes) == 1 and level <= node_level
         for c in self._cells_to_bind(chain, item_level, mode, only):
             self.buddy.bind(item, c)
-            inner = [
-                (max(0, total - cells.free_n[d]) if threshold is not None else 0, a, d)
-                for d in topo.desc[c][level - 1]
-                if (a := cells.avail(d, threshold)) >= total
-            ]
+            if threshold is None:  # (free leaves only: no call per cell)
+                free_n = cells.free_n
+                inner = [(0, a, d) for d in topo.desc[c][level - 1] if (a := free_n[d]) >= total]
+            else:
+                inner = [
+                    (max(0, total - cells.free_n[d]), a, d)
+                    for d in topo.desc[c][level - 1]
+                    if (a := cells.avail(d, threshold)) >= total
+                ]
             for _, _, d in sorted(inner):
                 if alone:
                     return _Plan(chain, [self._one_pod(d, total)], [item])
