@@ -160,10 +160,13 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
 
 
 _new_tuple = tuple.__new__
-# (every placement answers a ``Placed``: made without ``__init__``, see ``cluster_state.frozen``)
+# (every placement answers a ``Placed``, every release a ``Released``: made without
+# ``__init__``, see ``cluster_state.frozen``)
 _new = object.__new__
 _set_group, _set_chain, _set_pods, _set_token = slot_setters(
     Placed, "group", "chain", "pods", "token")
+_set_released_group, _set_promoted, _set_already_released = slot_setters(
+    Released, "group", "promoted", "already_released")
 
 
 def _order(sizes: list[int]) -> list[int]:
@@ -1019,7 +1022,11 @@ class Allocator:
                 promoted.append(preemptor_name)
             else:  # HiveD: Reserving -> Reserved; the scheduler confirms (submit or bind)
                 self.events.append(("reserved", preemptor_name, []))
-        return Released(name, tuple(promoted))
+        released = _new(Released)
+        _set_released_group(released, name)
+        _set_promoted(released, tuple(promoted))
+        _set_already_released(released, False)
+        return released
 
     def release_if(self, name: str, incarnation: int, position: int) -> Result:
         """``release`` provided ``name`` is still incarnation ``incarnation``."""

@@ -455,8 +455,8 @@ Result = (
 def encode_result(result: Result) -> bytes:
     wire: list[Any]
     if type(result) is Placed:  # (the commonest answer first, without a match)
-        return _pack(["placed", result.group, result.chain,
-                      [[n, node, list(devs)] for n, node, devs in result.pods], result.token])
+        # (msgpack packs a tuple, a ``Pod`` too, as the array its list would be)
+        return _pack(["placed", result.group, result.chain, result.pods, result.token])
     match result:
         case Placed(group, chain, pods, token):
             placement = [[n, node, list(devs)] for n, node, devs in pods]
@@ -788,6 +788,8 @@ _new = object.__new__
 _set_name, _set_vc, _set_priority, _set_members, _set_leaf_type, _set_pinned, _set_lazy = (
     slot_setters(GroupSpec, "name", "vc", "priority", "members", "leaf_type", "pinned", "lazy"))
 _set_pods, _set_leaves = slot_setters(Member, "pods", "leaves")
+_set_spec, _set_suggested = slot_setters(Submit, "spec", "suggested")
+(_set_group_name,) = slot_setters(Release, "name")
 
 
 def _member(pods: int, leaves: int) -> Member:
@@ -825,7 +827,10 @@ def decode_op(data: bytes) -> Op:
     op = _unpack(data)
     name = op[0]
     if name == "submit" and len(op) in (2, 3):
-        return Submit(_decode_spec(op[1]), _decode_suggested(op[2]) if len(op) == 3 else None)
+        submitting = _new(Submit)
+        _set_spec(submitting, _decode_spec(op[1]))
+        _set_suggested(submitting, _decode_suggested(op[2]) if len(op) == 3 else None)
+        return submitting
     if name == "bind" and len(op) == 4:
         spec = _decode_spec(op[1])
         if not isinstance(op[2], list) or not _is_int(op[3]):
@@ -842,7 +847,11 @@ def decode_op(data: bytes) -> Op:
             pods.append(PodPlacement(_text(p[0], "node"), tuple(p[1])))
         return Bind(spec, tuple(pods), op[3])
     if name == "release" and len(op) == 2:
-        return Release(_text(op[1], "group name"))
+        group = op[1]
+        releasing = _new(Release)
+        _set_group_name(releasing, group if type(group) is str and 0 < len(group) <= MAX_NAME
+                        else _text(group, "group name"))
+        return releasing
     if name == "release" and len(op) == 3:
         if not _is_int(op[2]) or op[2] < 0:
             raise RequestError("release must be [release, name, incarnation >= 0]")

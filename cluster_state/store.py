@@ -259,15 +259,17 @@ class ClusterStore:
             # refused too, and the client sends the operation again as a new request
             raise RequestError(NOT_CONFIGURED, static=False)
         allocator = self.allocator
+        # (the commonest two first, without a class pattern's look-ups)
+        if isinstance(op, Submit):
+            return allocator.submit(op.spec, position, op.suggested)
+        if isinstance(op, Release):
+            name = op.name
+            if name not in allocator.groups and self._ended(name):
+                return Released(name, (), already_released=True)
+            return allocator.release(name, position)
         match op:
-            case Submit(spec, suggested):
-                return allocator.submit(spec, position, suggested)
             case Bind(spec, pods, revision):
                 return allocator.bind(spec, pods, revision, position)
-            case Release(name):
-                if name not in allocator.groups and self._ended(name):
-                    return Released(name, (), already_released=True)
-                return allocator.release(name, position)
             case SetNodeHealth(node, healthy):
                 return allocator.set_node_health(node, healthy, position)
             case Reconfigure(text, from_file):

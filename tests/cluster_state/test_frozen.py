@@ -5,11 +5,21 @@ from dataclasses import dataclass
 
 import msgpack
 import pytest
+from cs_helpers import multi_chain_config
 
-from cluster_state import submit
+from cluster_state import ClusterStore, release, submit
 from cluster_state.events import ChangeEvent
 from cluster_state.frozen import slot_setters
-from cluster_state.ops import GroupSpec, Member, Placed, Pod, Submit, decode_op
+from cluster_state.ops import (
+    GroupSpec,
+    Member,
+    Placed,
+    Pod,
+    Release,
+    Released,
+    Submit,
+    decode_op,
+)
 
 
 def test_a_decoded_spec_is_the_spec_init_makes() -> None:
@@ -64,3 +74,14 @@ def test_setters_must_name_every_field_in_order() -> None:
 
     with pytest.raises(TypeError, match="__post_init__"):
         slot_setters(Checked, "a")
+
+
+def test_a_release_and_its_answer_are_what_init_makes() -> None:
+    store = ClusterStore(multi_chain_config())
+    assert isinstance(store.allocator.submit(
+        GroupSpec(name="g", vc="VC1", priority=1, members=(Member(1, 1),)), 1), Placed)
+    op = decode_op(release("g"))
+    assert op == Release("g") and hash(op) == hash(Release("g"))
+    assert isinstance(op, Release)
+    answer = store.allocator.release(op.name, 2)
+    assert answer == Released("g", ()) and hash(answer) == hash(Released("g", ()))

@@ -36,7 +36,7 @@ from cluster_state import (
     set_node_health,
     submit,
 )
-from cluster_state.ops import MAX_NAME, MAX_PODS
+from cluster_state.ops import MAX_NAME, MAX_PODS, Pod
 from cluster_state.snapshot_encoding import pack
 
 
@@ -121,6 +121,13 @@ def test_malformed_queries_are_request_errors() -> None:
 )
 def test_results_round_trip(result: object) -> None:
     assert decode_result(encode_result(result)) == result  # type: ignore[arg-type]
+
+
+def test_a_placed_answer_packs_its_pods_as_arrays() -> None:
+    # the bytes every build answered (pods as lists), from Pod tuples packed as they are
+    pods = (Pod(8, "n1", (0, 1, 2, 3, 4, 5, 6, 7)), Pod(0, "", ()))
+    assert encode_result(Placed("g", "V100-RACK", pods, 42)) == msgpack.packb(
+        ["placed", "g", "V100-RACK", [[8, "n1", [0, 1, 2, 3, 4, 5, 6, 7]], [0, "", []]], 42])
 
 
 def test_expired_session_answer_decodes_as_an_error() -> None:
