@@ -122,13 +122,22 @@ class Buddy:
         root = self.region_root(c)
         if root < 0:
             raise AssertionError(f"cell {self.topo.address[c]} is not free")
-        path = self.topo.ancestors[c]
+        topo, listed = self.topo, self.listed
+        path = topo.ancestors[c]
         below = path.index(root)
         self._unlist(root)
+        free, level = self.free[topo.chain_of[c]], topo.level
+        children, parent = topo.children, topo.parent
         for a in reversed(path[:below]):  # from below root down to c
-            for sibling in self.topo.children[self.topo.parent[a]]:
-                if sibling != a:
-                    self._list(sibling)
+            # a's siblings: no cell of their level under their parent was listed, so they
+            # go in side by side, in one insertion
+            siblings = [s for s in children[parent[a]] if s != a]
+            if siblings:
+                fl = free[level[a] - 1]
+                at = bisect_left(fl, siblings[0])
+                fl[at:at] = siblings
+                for sibling in siblings:
+                    listed[sibling] = True
         # The split cells on the way (and partly filled ones above the root, which are
         # never listed) and everything under c leave the free region.
         self.cells.set_region(path[1:], False)
@@ -145,9 +154,15 @@ class Buddy:
                 self._list(c)
                 self._refresh_partial(p)
                 return
-            for s in children[p]:
-                if s != c:
-                    self._unlist(s)
+            # c's siblings, all listed, are side by side in their free list (c is not
+            # listed, and nothing else of their level lies under p): one deletion
+            siblings = [s for s in children[p] if s != c]
+            if siblings:
+                fl = self.free[self.topo.chain_of[c]][self.topo.level[c] - 1]
+                at = bisect_left(fl, siblings[0])
+                del fl[at : at + len(siblings)]
+                for s in siblings:
+                    listed[s] = False
             self.cells.set_region([p], True)
             c = p
 
