@@ -150,13 +150,13 @@ class Buddy:
         self.cells.set_region_subtree(c, True)
         while True:
             p = parent[c]
-            if p < 0 or not complete[p] or not all(listed[s] for s in children[p] if s != c):
+            siblings = [s for s in children[p] if s != c] if p >= 0 and complete[p] else None
+            if siblings is None or not all(map(listed.__getitem__, siblings)):
                 self._list(c)
                 self._refresh_partial(p)
                 return
             # c's siblings, all listed, are side by side in their free list (c is not
             # listed, and nothing else of their level lies under p): one deletion
-            siblings = [s for s in children[p] if s != c]
             if siblings:
                 fl = self.free[self.topo.chain_of[c]][self.topo.level[c] - 1]
                 at = bisect_left(fl, siblings[0])
