@@ -160,6 +160,8 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
 
 
 _new_tuple = tuple.__new__
+#: most ``Pod``s an allocator keeps (``Allocator._pod``; it starts again when full)
+PODS_KEPT = 4096
 # (every placement answers a ``Placed``, every release a ``Released``: made without
 # ``__init__``, see ``cluster_state.frozen``)
 _new = object.__new__
@@ -371,6 +373,8 @@ class Allocator:
         #: ``_chains_for``'s answers by kind of request (a few hundred kinds at most: VCs,
         #: leaf types, pinned cells, biggest pods; refusals are not kept)
         self._chains_kept: dict[tuple[str, str, str, bool, int, int], tuple[int, ...]] = {}
+        #: ``placed``'s ``Pod`` per pod's leaves (``_pod``)
+        self._pods_kept: dict[tuple[int, ...], Pod] = {}
 
     # ================================================================== validation
     def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
@@ -514,19 +518,28 @@ class Allocator:
     def placed(self, group: Group) -> Placed:
         """``group``'s placement as a ``Placed`` answer (nodes and devices per pod)."""
         topo = self.topo
-        node_name, device = topo.node_name, topo.device.__getitem__
-        # A pod whose node left the configuration has no leaves ("" node) until released.
-        # (``Pod``s made as the tuples they are: ``Pod(...)`` is a call in Python)
-        pods = tuple([
-            _new_tuple(Pod, (len(pod), node_name[pod[0]] if pod else "", tuple(map(device, pod))))
-            for pod in group.pods
-        ])
+        kept = self._pods_kept
+        pods = tuple([kept.get(pod) or self._pod(pod) for pod in group.pods])
         placed = _new(Placed)
         _set_group(placed, group.spec.name)
         _set_chain(placed, topo.chains[group.chain].name)
         _set_pods(placed, pods)
         _set_token(placed, group.token)
         return placed
+
+    def _pod(self, leaves: tuple[int, ...]) -> Pod:
+        """The ``Pod`` of a pod on ``leaves`` (kept: its node and devices are the topology's
+        alone, and a mostly free cluster places pods on the same leaves again and again)."""
+        topo = self.topo
+        # A pod whose node left the configuration has no leaves ("" node) until released.
+        # (made as the tuple it is: ``Pod(...)`` is a call in Python)
+        pod = _new_tuple(Pod, (len(leaves), topo.node_name[leaves[0]] if leaves else "",
+                               tuple(map(topo.device.__getitem__, leaves))))
+        kept = self._pods_kept
+        if len(kept) >= PODS_KEPT:
+            kept.clear()
+        kept[leaves] = pod
+        return pod
 
     # ------------------------------------------------------------------ planning
     def _plan_guaranteed(
