@@ -133,18 +133,16 @@ def test_take_refuses_a_cell_that_is_not_free() -> None:
 # middle node's siblings lie on both sides of it)
 ONLY_CHILD = """
 physicalCluster:
-  cellTypes:
-    PAIR: {childCellType: G, childCellNumber: 2}
-    NODE: {childCellType: PAIR, childCellNumber: 1, isNodeLevel: true}
-    RACK: {childCellType: NODE, childCellNumber: 3}
+  cellTypes: {PAIR: {childCellType: G, childCellNumber: 2},
+              NODE: {childCellType: PAIR, childCellNumber: 1, isNodeLevel: true},
+              RACK: {childCellType: NODE, childCellNumber: 3}}
   physicalCells:
   - {cellType: RACK, cellAddress: r0,
      cellChildren: [{cellAddress: n0}, {cellAddress: n1}, {cellAddress: n2}]}
   - {cellType: RACK, cellAddress: r1,
      cellChildren: [{cellAddress: n3}, {cellAddress: n4}, {cellAddress: n5}]}
-virtualClusters:
-  P: {virtualCells: [{cellType: RACK.NODE.PAIR, cellNumber: 3}]}
-  R: {virtualCells: [{cellType: RACK, cellNumber: 1}]}
+virtualClusters: {P: {virtualCells: [{cellType: RACK.NODE.PAIR, cellNumber: 3}]},
+                  R: {virtualCells: [{cellType: RACK, cellNumber: 1}]}}
 """
 
 

@@ -1,25 +1,8 @@
 import pytest
 from cs_helpers import multi_chain_config
+from reconfig_helpers import variant
 
 from cluster_state import ClusterConfig, Topology, parse_config, synthetic_config
-
-#: a rack with two of its three nodes, one of them with one of its two switches
-_PARTLY_FILLED = """
-physicalCluster:
-  cellTypes:
-    K80-2GPU:   {childCellType: K80, childCellNumber: 2}
-    K80-NODE:   {childCellType: K80-2GPU, childCellNumber: 2, isNodeLevel: true}
-    3-K80-NODE: {childCellType: K80-NODE, childCellNumber: 3}
-  physicalCells:
-  - cellType: 3-K80-NODE
-    cellChildren:
-    - cellAddress: n0
-    - cellAddress: n1
-      cellChildren:
-      - cellChildren: [{cellAddress: 0}, {cellAddress: 1}]
-virtualClusters:
-  VC1: {virtualCells: [{cellType: 3-K80-NODE.K80-NODE, cellNumber: 1}]}
-"""
 
 
 def test_cells_are_numbered_depth_first_with_parallel_facts() -> None:
@@ -65,9 +48,10 @@ def test_items_slots_and_keys() -> None:
 
 @pytest.mark.parametrize("config", [
     multi_chain_config(),
-    parse_config(_PARTLY_FILLED),
+    parse_config(variant("without_a3")),  # a partly filled rack
+    parse_config(variant("k80_2_moves_chain")),  # ... and a cell of one child
     synthetic_config(nodes=24, gpus_per_node=8, nodes_per_rack=4, vcs=3, pinned=1),
-], ids=["multi-chain", "partly-filled", "synthetic"])
+], ids=["multi-chain", "partly-filled", "only-child", "synthetic"])
 def test_a_subtree_is_its_cells_counted_by_level(config: ClusterConfig) -> None:
     # ``subtree`` ends at the cell's last leaf (pre-order ids); what it stands for: the
     # cell and its descendants of every level, consecutive
