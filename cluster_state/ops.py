@@ -708,6 +708,8 @@ def name_problem(value: str, what: str = "a name", *, empty: bool = False) -> st
     if len(value) > MAX_NAME or (not value and not empty):
         return (f"{what} must be {0 if empty else 1}..{MAX_NAME} characters, not "
                 f"{len(value)}")
+    if value.isascii() and value.isprintable():  # (the ASCII controls are its unprintables)
+        return None
     for index, char in enumerate(value):
         if unicodedata.category(char) in _CONTROL:
             return (f"{what} must not hold control characters: U+{ord(char):04X} at "

@@ -1,3 +1,5 @@
+import unicodedata
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -36,7 +38,7 @@ from cluster_state import (
     set_node_health,
     submit,
 )
-from cluster_state.ops import MAX_NAME, MAX_PODS, Pod
+from cluster_state.ops import MAX_NAME, MAX_PODS, Pod, name_problem
 from cluster_state.snapshot_encoding import pack
 
 
@@ -175,3 +177,15 @@ def test_a_spec_decodes_when_its_fields_are_what_the_format_says(field: str,
         assert not valid
     else:
         assert valid and getattr(spec, field) == value
+
+
+@pytest.mark.parametrize("char", [chr(c) for c in range(0x100)] + ["\ud800", "\u2028", "é"])
+def test_a_name_is_refused_for_a_control_character_wherever_it_is(char: str) -> None:
+    # the ASCII names (the commonest) are let through at once when printable: the same
+    # verdict as looking at the category of each character
+    control = unicodedata.category(char) in {"Cc", "Cs"}
+    for name in (char, f"job{char}", f"{char}0001-x"):
+        problem = name_problem(name)
+        assert (problem is not None) == control, (name, problem)
+        if problem is not None:
+            assert f"U+{ord(char):04X} at {name.index(char)}" in problem
