@@ -100,7 +100,6 @@ from cluster_state.buddy import CLEAN, HEALTHY, Buddy
 from cluster_state.cells import Topology
 from cluster_state.config import RESERVE_PLACE_AT_ONCE
 from cluster_state.errors import RequestError
-from cluster_state.frozen import slot_setters
 from cluster_state.index import C_LOOP_ITEMS, FREE, CellState
 from cluster_state.ops import (
     OPPORTUNISTIC,
@@ -116,6 +115,8 @@ from cluster_state.ops import (
     Released,
     Result,
     Waiting,
+    new_placed,
+    new_released,
 )
 from cluster_state.placement import NodeFilter, Picker, pick_free
 from cluster_state.snapshot_encoding import pack, packed_array_header
@@ -162,13 +163,6 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
 _new_tuple = tuple.__new__
 #: most ``Pod``s an allocator keeps (``Allocator._pod``; it starts again when full)
 PODS_KEPT = 4096
-# (every placement answers a ``Placed``, every release a ``Released``: made without
-# ``__init__``, see ``cluster_state.frozen``)
-_new = object.__new__
-_set_group, _set_chain, _set_pods, _set_token = slot_setters(
-    Placed, "group", "chain", "pods", "token")
-_set_released_group, _set_promoted, _set_already_released = slot_setters(
-    Released, "group", "promoted", "already_released")
 
 
 def _order(sizes: list[int]) -> list[int]:
@@ -520,12 +514,7 @@ class Allocator:
         topo = self.topo
         kept = self._pods_kept
         pods = tuple([kept.get(pod) or self._pod(pod) for pod in group.pods])
-        placed = _new(Placed)
-        _set_group(placed, group.spec.name)
-        _set_chain(placed, topo.chains[group.chain].name)
-        _set_pods(placed, pods)
-        _set_token(placed, group.token)
-        return placed
+        return new_placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
 
     def _pod(self, leaves: tuple[int, ...]) -> Pod:
         """The ``Pod`` of a pod on ``leaves`` (kept: its node and devices are the topology's
@@ -1035,11 +1024,7 @@ class Allocator:
                 promoted.append(preemptor_name)
             else:  # HiveD: Reserving -> Reserved; the scheduler confirms (submit or bind)
                 self.events.append(("reserved", preemptor_name, []))
-        released = _new(Released)
-        _set_released_group(released, name)
-        _set_promoted(released, tuple(promoted))
-        _set_already_released(released, False)
-        return released
+        return new_released(name, tuple(promoted))
 
     def release_if(self, name: str, incarnation: int, position: int) -> Result:
         """``release`` provided ``name`` is still incarnation ``incarnation``."""

@@ -170,6 +170,8 @@ __all__ = [
     "inspect",
     "list_groups",
     "name_problem",
+    "new_placed",
+    "new_released",
     "plan_reconfigure",
     "plan_submit",
     "reconfigure",
@@ -482,9 +484,52 @@ def encode_result(result: Result) -> bytes:
     return _pack(wire)
 
 
+# The objects every operation makes, made without ``__init__`` (``cluster_state.frozen``).
+_new = object.__new__
+_new_tuple = tuple.__new__
+_set_name, _set_vc, _set_priority, _set_members, _set_leaf_type, _set_pinned, _set_lazy = (
+    slot_setters(GroupSpec, "name", "vc", "priority", "members", "leaf_type", "pinned", "lazy"))
+_set_pods, _set_leaves = slot_setters(Member, "pods", "leaves")
+_set_spec, _set_suggested = slot_setters(Submit, "spec", "suggested")
+(_set_group_name,) = slot_setters(Release, "name")
+(_set_placed_group, _set_placed_chain, _set_placed_pods,
+ _set_placed_token) = slot_setters(Placed, "group", "chain", "pods", "token")
+_set_released_group, _set_promoted, _set_already_released = slot_setters(
+    Released, "group", "promoted", "already_released")
+
+
+def new_placed(group: str, chain: str, pods: tuple[Pod, ...], token: int) -> Placed:
+    """``Placed(group, chain, pods, token)``, made without ``__init__``."""
+    placed = _new(Placed)
+    _set_placed_group(placed, group)
+    _set_placed_chain(placed, chain)
+    _set_placed_pods(placed, pods)
+    _set_placed_token(placed, token)
+    return placed
+
+
+def new_released(group: str, promoted: tuple[str, ...]) -> Released:
+    """``Released(group, promoted)``, made without ``__init__``."""
+    released = _new(Released)
+    _set_released_group(released, group)
+    _set_promoted(released, promoted)
+    _set_already_released(released, False)
+    return released
+
+
 def decode_result(data: bytes) -> Result:
     """The typed result of ``ClusterStore.apply`` bytes (for clients)."""
     r = msgpack.unpackb(data)
+    # (the commonest two answers first, without the patterns' look-ups: the same objects)
+    if type(r) is list and r:
+        kind = r[0]
+        if (kind == "placed" and len(r) == 5 and type(r[1]) is str and type(r[2]) is str
+                and type(r[3]) is list and type(r[4]) is int
+                and all(type(p) is list and len(p) == 3 for p in r[3])):
+            return new_placed(r[1], r[2], tuple([_new_tuple(Pod, (n, node, tuple(d)))
+                                                 for n, node, d in r[3]]), r[4])
+        if kind == "released" and len(r) == 3 and type(r[1]) is str and type(r[2]) is list:
+            return new_released(r[1], tuple(r[2]))
     match r:
         case ["placed", str(group), str(chain), list(pods), int(token)]:
             return Placed(group, chain, tuple(Pod(n, node, tuple(d)) for n, node, d in pods),
@@ -783,15 +828,6 @@ def _decode_spec(raw: object) -> GroupSpec:
     _set_pinned(spec, pinned)
     _set_lazy(spec, lazy)
     return spec
-
-
-# (every submit decodes a spec: made without ``__init__``, see ``cluster_state.frozen``)
-_new = object.__new__
-_set_name, _set_vc, _set_priority, _set_members, _set_leaf_type, _set_pinned, _set_lazy = (
-    slot_setters(GroupSpec, "name", "vc", "priority", "members", "leaf_type", "pinned", "lazy"))
-_set_pods, _set_leaves = slot_setters(Member, "pods", "leaves")
-_set_spec, _set_suggested = slot_setters(Submit, "spec", "suggested")
-(_set_group_name,) = slot_setters(Release, "name")
 
 
 def _member(pods: int, leaves: int) -> Member:

@@ -19,6 +19,8 @@ from cluster_state.ops import (
     Released,
     Submit,
     decode_op,
+    decode_result,
+    encode_result,
 )
 
 
@@ -85,3 +87,15 @@ def test_a_release_and_its_answer_are_what_init_makes() -> None:
     assert isinstance(op, Release)
     answer = store.allocator.release(op.name, 2)
     assert answer == Released("g", ()) and hash(answer) == hash(Released("g", ()))
+
+
+def test_a_decoded_answer_is_what_init_makes() -> None:
+    pods = (Pod(8, "n1", tuple(range(8))), Pod(0, "", ()))
+    for answer in (Placed("g", "c", pods, 5), Released("g", ("p", "q")),
+                   Released("g", (), already_released=True)):
+        decoded = decode_result(encode_result(answer))
+        assert decoded == answer and hash(decoded) == hash(answer)
+        assert repr(decoded) == repr(answer)
+    placed = decode_result(encode_result(Placed("g", "c", pods, 5)))
+    assert isinstance(placed, Placed)
+    assert all(type(pod) is Pod for pod in placed.pods) and placed.pods[0].node == "n1"
