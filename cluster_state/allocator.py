@@ -272,9 +272,11 @@ class Group:
 
     def spec_wire(self) -> list[Any]:
         """``spec.to_wire()``, kept (snapshots ask for it every time)."""
-        if self._spec_wire is None or self._spec_wire[0] is not self.spec:
-            self._spec_wire = (self.spec, self.spec.to_wire())
-        return self._spec_wire[1]
+        kept = self._spec_wire
+        if kept is None or kept[0] is not self.spec:
+            kept = (self.spec, self.spec.to_wire())
+            object.__setattr__(self, "_spec_wire", kept)  # (outside the record)
+        return kept[1]
 
     def record(self) -> list[Any]:
         """What a snapshot records of the group (``Allocator.export_state``)."""
@@ -285,11 +287,12 @@ class Group:
             self.downgraded,
             self.pods,
             self.token,
-            sorted(self.victims),
+            sorted(self.victims) if self.victims else [],
             self.downgraded_at,
             self.downgraded_by,
             self.created,
-            [[slot, uid, pod] for slot, (uid, pod) in sorted(self.claims.items())],
+            [[slot, uid, pod] for slot, (uid, pod) in sorted(self.claims.items())]
+            if self.claims else [],
         ]
 
     def packed(self) -> bytes:
