@@ -4,10 +4,11 @@ A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``
 ``__setattr__`` refuses), which looks the field up on the class every time: a spec of seven
 fields took 1.7-1.9 µs, and every submit decodes one, answers one and logs one event. Setting
 each slot through its own descriptor, found once, makes the same object in half the time:
-``made(GroupSpec, "name", ...)`` gives a function that takes every field positionally, in
-the order the class declares them (checked here, so a field added or moved is caught when
-the module is imported, not by a wrong object). Such a function has no defaults and runs no
-``__post_init__``: use it only for classes without one.
+``slot_setters(GroupSpec, "name", ...)`` gives those descriptors' setters, for every field in
+the order the class declares them (checked, so a field added or moved is caught when the
+module that asks is imported, not by a wrong object); ``object.__new__(GroupSpec)`` and a
+call of each setter is then ``GroupSpec(...)``. That runs no ``__post_init__`` and fills in
+no defaults: the caller gives every field, and a class with a ``__post_init__`` is refused.
 """
 
 from __future__ import annotations
