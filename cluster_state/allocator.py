@@ -377,7 +377,8 @@ class Allocator:
     def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
         """The chains ``spec`` may be placed in, in order (static checks raise). Kept per
         kind of request (what the answer depends on: the topology's alone)."""
-        biggest = max([m.leaves for m in spec.members])
+        members = spec.members
+        biggest = members[0].leaves if len(members) == 1 else max([m.leaves for m in members])
         kind = (spec.vc, spec.leaf_type, spec.pinned, spec.priority == OPPORTUNISTIC, biggest,
                 sum([m.pods * m.leaves for m in spec.members]) if spec.pinned else 0)
         chains = self._chains_kept.get(kind)

@@ -223,7 +223,10 @@ class GroupSpec:
     @property
     def pod_sizes(self) -> list[int]:
         """Leaf cells per pod, members in order, each repeated ``pods`` times."""
-        return [m.leaves for m in self.members for _ in range(m.pods)]
+        members = self.members
+        if len(members) == 1:  # (the commonest gang: made in C)
+            return [members[0].leaves] * members[0].pods
+        return [m.leaves for m in members for _ in range(m.pods)]
 
     def to_wire(self) -> list[Any]:
         return [

@@ -56,6 +56,7 @@ def test_builders_decode_to_typed_ops() -> None:
     assert msgpack.unpackb(op) == ["submit", ["g", "VC1", 7, [[2, 8], [1, 4]], "V100", "", True]]
     assert decode_op(op) == Submit(spec)
     assert spec.pod_sizes == [8, 8, 4]
+    assert GroupSpec(name="h", vc="VC1", priority=1, members=(Member(3, 2),)).pod_sizes == [2] * 3
     placement = [("n1", [0, 1]), ("n1", [2, 3]), ("n2", [0, 1, 2, 3])]
     assert decode_op(bind("g", "VC1", 7, [(2, 8), (1, 4)], placement, 12, lazy=True)) == Bind(
         GroupSpec(name="g", vc="VC1", priority=7, members=spec.members, lazy=True),
