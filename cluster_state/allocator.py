@@ -115,8 +115,10 @@ from cluster_state.ops import (
     Released,
     Result,
     Waiting,
+    new_placed,
+    new_released,
 )
-from cluster_state.placement import NodeFilter, Picker
+from cluster_state.placement import NodeFilter, Picker, pick_free
 from cluster_state.snapshot_encoding import pack, packed_array_header
 from consensus.loop_share import give_way
 
@@ -159,6 +161,8 @@ def _state_rest(topo: Topology, item_root: Mapping[int, int], doomed: Sequence[b
 
 
 _new_tuple = tuple.__new__
+#: most ``Pod``s an allocator keeps (``Allocator._pod``; it starts again when full)
+PODS_KEPT = 4096
 
 
 def _order(sizes: list[int]) -> list[int]:
@@ -221,22 +225,25 @@ class Group:
 
     def __init__(self, spec: GroupSpec, chain: int, pods: tuple[tuple[int, ...], ...], *,
                  token: int = -1, created: int = -1) -> None:
-        # set past ``__setattr__`` (nothing is packed yet): a restore makes thousands
-        init = object.__setattr__
-        init(self, "spec", spec)
-        init(self, "chain", chain)
-        init(self, "pods", pods)
-        init(self, "preempting", False)
-        init(self, "downgraded", False)
-        init(self, "downgraded_at", -1)
-        init(self, "downgraded_by", "")
-        init(self, "token", token)
-        init(self, "victims", frozenset())
-        init(self, "preemptors", set())
-        init(self, "created", created)
-        init(self, "claims", MappingProxyType({}))
-        init(self, "_spec_wire", None)
-        init(self, "_packed", None)
+        # set past ``__setattr__`` (nothing is packed yet), through the slots' descriptors
+        # (``_group_setters``): a restore makes thousands, every placement one
+        (set_spec, set_chain, set_pods, set_preempting, set_downgraded, set_downgraded_at,
+         set_downgraded_by, set_token, set_victims, set_preemptors, set_created, set_claims,
+         set_spec_wire, set_packed) = _group_setters
+        set_spec(self, spec)
+        set_chain(self, chain)
+        set_pods(self, pods)
+        set_preempting(self, False)
+        set_downgraded(self, False)
+        set_downgraded_at(self, -1)
+        set_downgraded_by(self, "")
+        set_token(self, token)
+        set_victims(self, _NO_VICTIMS)
+        set_preemptors(self, set())
+        set_created(self, created)
+        set_claims(self, _NO_CLAIMS)
+        set_spec_wire(self, None)
+        set_packed(self, None)
 
     def load(self, record: list[Any]) -> None:
         """Take the facts of a snapshot's ``record()`` of the group after its spec, chain
@@ -265,9 +272,11 @@ class Group:
 
     def spec_wire(self) -> list[Any]:
         """``spec.to_wire()``, kept (snapshots ask for it every time)."""
-        if self._spec_wire is None or self._spec_wire[0] is not self.spec:
-            self._spec_wire = (self.spec, self.spec.to_wire())
-        return self._spec_wire[1]
+        kept = self._spec_wire
+        if kept is None or kept[0] is not self.spec:
+            kept = (self.spec, self.spec.to_wire())
+            object.__setattr__(self, "_spec_wire", kept)  # (outside the record)
+        return kept[1]
 
     def record(self) -> list[Any]:
         """What a snapshot records of the group (``Allocator.export_state``)."""
@@ -278,11 +287,12 @@ class Group:
             self.downgraded,
             self.pods,
             self.token,
-            sorted(self.victims),
+            sorted(self.victims) if self.victims else [],
             self.downgraded_at,
             self.downgraded_by,
             self.created,
-            [[slot, uid, pod] for slot, (uid, pod) in sorted(self.claims.items())],
+            [[slot, uid, pod] for slot, (uid, pod) in sorted(self.claims.items())]
+            if self.claims else [],
         ]
 
     def packed(self) -> bytes:
@@ -322,6 +332,18 @@ class Group:
         return [leaf for pod in self.pods for leaf in pod]
 
 
+#: every slot of a ``Group`` in the order ``Group.__init__`` sets them, and their setters
+_GROUP_FIELDS = ("spec", "chain", "pods", "preempting", "downgraded", "downgraded_at",
+                 "downgraded_by", "token", "victims", "preemptors", "created", "claims",
+                 "_spec_wire", "_packed")
+if sorted(_GROUP_FIELDS) != sorted(Group.__slots__):
+    raise TypeError("Group.__init__ must set every slot of a Group")
+_group_setters = tuple(vars(Group)[name].__set__ for name in _GROUP_FIELDS)
+#: (immutable: a group's are replaced, never changed in place)
+_NO_VICTIMS: frozenset[str] = frozenset()
+_NO_CLAIMS: Mapping[int, ClaimHolder] = MappingProxyType({})
+
+
 @dataclass(slots=True)
 class _Plan:
     chain: int
@@ -348,12 +370,15 @@ class Allocator:
         #: ``_chains_for``'s answers by kind of request (a few hundred kinds at most: VCs,
         #: leaf types, pinned cells, biggest pods; refusals are not kept)
         self._chains_kept: dict[tuple[str, str, str, bool, int, int], tuple[int, ...]] = {}
+        #: ``placed``'s ``Pod`` per pod's leaves (``_pod``)
+        self._pods_kept: dict[tuple[int, ...], Pod] = {}
 
     # ================================================================== validation
     def _chains_for(self, spec: GroupSpec) -> tuple[int, ...]:
         """The chains ``spec`` may be placed in, in order (static checks raise). Kept per
         kind of request (what the answer depends on: the topology's alone)."""
-        biggest = max([m.leaves for m in spec.members])
+        members = spec.members
+        biggest = members[0].leaves if len(members) == 1 else max([m.leaves for m in members])
         kind = (spec.vc, spec.leaf_type, spec.pinned, spec.priority == OPPORTUNISTIC, biggest,
                 sum([m.pods * m.leaves for m in spec.members]) if spec.pinned else 0)
         chains = self._chains_kept.get(kind)
@@ -491,14 +516,23 @@ class Allocator:
     def placed(self, group: Group) -> Placed:
         """``group``'s placement as a ``Placed`` answer (nodes and devices per pod)."""
         topo = self.topo
-        node_name, device = topo.node_name, topo.device.__getitem__
+        kept = self._pods_kept
+        pods = tuple([kept.get(pod) or self._pod(pod) for pod in group.pods])
+        return new_placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
+
+    def _pod(self, leaves: tuple[int, ...]) -> Pod:
+        """The ``Pod`` of a pod on ``leaves`` (kept: its node and devices are the topology's
+        alone, and a mostly free cluster places pods on the same leaves again and again)."""
+        topo = self.topo
         # A pod whose node left the configuration has no leaves ("" node) until released.
-        # (``Pod``s made as the tuples they are: ``Pod(...)`` is a call in Python)
-        pods = tuple([
-            _new_tuple(Pod, (len(pod), node_name[pod[0]] if pod else "", tuple(map(device, pod))))
-            for pod in group.pods
-        ])
-        return Placed(group.spec.name, topo.chains[group.chain].name, pods, group.token)
+        # (made as the tuple it is: ``Pod(...)`` is a call in Python)
+        pod = _new_tuple(Pod, (len(leaves), topo.node_name[leaves[0]] if leaves else "",
+                               tuple(map(topo.device.__getitem__, leaves))))
+        kept = self._pods_kept
+        if len(kept) >= PODS_KEPT:
+            kept.clear()
+        kept[leaves] = pod
+        return pod
 
     # ------------------------------------------------------------------ planning
     def _plan_guaranteed(
@@ -568,7 +602,7 @@ class Allocator:
         """The leaves a first pass of one pod on any node takes in ``c``, a cell at or below
         the node level with at least ``need`` free leaves: ``Picker.pack``'s answer (``c``
         is the pod's only node, and it holds the pod), without working out the nodes."""
-        return Picker(self.topo, self.cells, None).pick(c, need, remember=False)
+        return pick_free(self.topo, self.cells, c, need)
 
     def _cells_to_bind(self, chain: int, level: int, mode: int,
                        only: NodeFilter | None) -> Iterator[int]:
@@ -620,11 +654,15 @@ class Allocator:
         alone = threshold is None and only is None and len(sizes) == 1 and level <= node_level
         for c in self._cells_to_bind(chain, item_level, mode, only):
             self.buddy.bind(item, c)
-            inner = [
-                (max(0, total - cells.free_n[d]) if threshold is not None else 0, a, d)
-                for d in topo.desc[c][level - 1]
-                if (a := cells.avail(d, threshold)) >= total
-            ]
+            if threshold is None:  # (free leaves only: no call per cell)
+                free_n = cells.free_n
+                inner = [(0, a, d) for d in topo.desc[c][level - 1] if (a := free_n[d]) >= total]
+            else:
+                inner = [
+                    (max(0, total - cells.free_n[d]), a, d)
+                    for d in topo.desc[c][level - 1]
+                    if (a := cells.avail(d, threshold)) >= total
+                ]
             for _, _, d in sorted(inner):
                 if alone:
                     return _Plan(chain, [self._one_pod(d, total)], [item])
@@ -990,7 +1028,7 @@ class Allocator:
                 promoted.append(preemptor_name)
             else:  # HiveD: Reserving -> Reserved; the scheduler confirms (submit or bind)
                 self.events.append(("reserved", preemptor_name, []))
-        return Released(name, tuple(promoted))
+        return new_released(name, tuple(promoted))
 
     def release_if(self, name: str, incarnation: int, position: int) -> Result:
         """``release`` provided ``name`` is still incarnation ``incarnation``."""

@@ -122,13 +122,22 @@ class Buddy:
         root = self.region_root(c)
         if root < 0:
             raise AssertionError(f"cell {self.topo.address[c]} is not free")
-        path = self.topo.ancestors[c]
+        topo, listed = self.topo, self.listed
+        path = topo.ancestors[c]
         below = path.index(root)
         self._unlist(root)
+        free, level = self.free[topo.chain_of[c]], topo.level
+        children, parent = topo.children, topo.parent
         for a in reversed(path[:below]):  # from below root down to c
-            for sibling in self.topo.children[self.topo.parent[a]]:
-                if sibling != a:
-                    self._list(sibling)
+            # a's siblings: no cell of their level under their parent was listed, so they
+            # go in side by side, in one insertion
+            siblings = [s for s in children[parent[a]] if s != a]
+            if siblings:
+                fl = free[level[a] - 1]
+                at = bisect_left(fl, siblings[0])
+                fl[at:at] = siblings
+                for sibling in siblings:
+                    listed[sibling] = True
         # The split cells on the way (and partly filled ones above the root, which are
         # never listed) and everything under c leave the free region.
         self.cells.set_region(path[1:], False)
@@ -141,13 +150,19 @@ class Buddy:
         self.cells.set_region_subtree(c, True)
         while True:
             p = parent[c]
-            if p < 0 or not complete[p] or not all(listed[s] for s in children[p] if s != c):
+            siblings = [s for s in children[p] if s != c] if p >= 0 and complete[p] else None
+            if siblings is None or not all(map(listed.__getitem__, siblings)):
                 self._list(c)
                 self._refresh_partial(p)
                 return
-            for s in children[p]:
-                if s != c:
-                    self._unlist(s)
+            # c's siblings, all listed, are side by side in their free list (c is not
+            # listed, and nothing else of their level lies under p): one deletion
+            if siblings:
+                fl = self.free[self.topo.chain_of[c]][self.topo.level[c] - 1]
+                at = bisect_left(fl, siblings[0])
+                del fl[at : at + len(siblings)]
+                for s in siblings:
+                    listed[s] = False
             self.cells.set_region([p], True)
             c = p
 
@@ -215,14 +230,25 @@ class Buddy:
     def safe_take(self, chain: int, level: int, from_level: int) -> bool:
         """Would binding a level-``level`` item to a cell split off a free cell of
         ``from_level`` keep the surplus non-negative?"""
-        free = [len(fl) for fl in self.free[chain]]
+        # ``_surplus`` of the free lists and demand after the split, top level down, without
+        # copying them: every submit that binds an item asks this of each level it tries
+        free, demand = self.free[chain], self.demand[chain]
         levels = self.topo.chains[chain].levels
-        free[from_level - 1] -= 1
-        for lv in range(level, from_level):
-            free[lv - 1] += levels[lv].child_number - 1
-        demand = list(self.demand[chain])
-        demand[level - 1] -= 1
-        return min(self._surplus(chain, free, demand)) >= 0
+        carry = 0
+        child_number = 0
+        for lv in range(len(levels), 0, -1):
+            left = len(free[lv - 1]) - demand[lv - 1]
+            if lv == from_level:
+                left -= 1
+            elif level <= lv < from_level:
+                left += levels[lv].child_number - 1
+            if lv == level:
+                left += 1
+            carry = left + carry * child_number
+            if carry < 0:
+                return False
+            child_number = levels[lv - 1].child_number
+        return True
 
     def find_cell(self, chain: int, level: int, mode: int) -> int:
         """A free cell of ``level`` to bind an item to, taken from the lowest non-empty free

@@ -360,8 +360,9 @@ class Topology:
         return len(self.leaves[c])
 
     def subtree(self, c: int) -> range:
-        """The ids of ``c`` and every cell under it (consecutive: ids are in pre-order)."""
-        return range(c, c + sum(map(len, self.desc[c])))
+        """The ids of ``c`` and every cell under it (consecutive: ids are in pre-order, so
+        the last is ``c``'s last leaf, which is ``c`` itself when it has no children)."""
+        return range(c, self.leaves[c][-1] + 1)
 
     def item_label(self, item: int) -> str:
         it = self.items[item]

@@ -111,6 +111,7 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from cluster_state.errors import InvalidRequest, RequestError
+from cluster_state.frozen import slot_setters
 from cluster_state.snapshot_encoding import pack
 
 __all__ = [
@@ -169,6 +170,8 @@ __all__ = [
     "inspect",
     "list_groups",
     "name_problem",
+    "new_placed",
+    "new_released",
     "plan_reconfigure",
     "plan_submit",
     "reconfigure",
@@ -220,7 +223,10 @@ class GroupSpec:
     @property
     def pod_sizes(self) -> list[int]:
         """Leaf cells per pod, members in order, each repeated ``pods`` times."""
-        return [m.leaves for m in self.members for _ in range(m.pods)]
+        members = self.members
+        if len(members) == 1:  # (the commonest gang: made in C)
+            return [members[0].leaves] * members[0].pods
+        return [m.leaves for m in members for _ in range(m.pods)]
 
     def to_wire(self) -> list[Any]:
         return [
@@ -454,8 +460,8 @@ Result = (
 def encode_result(result: Result) -> bytes:
     wire: list[Any]
     if type(result) is Placed:  # (the commonest answer first, without a match)
-        return _pack(["placed", result.group, result.chain,
-                      [[n, node, list(devs)] for n, node, devs in result.pods], result.token])
+        # (msgpack packs a tuple, a ``Pod`` too, as the array its list would be)
+        return _pack(["placed", result.group, result.chain, result.pods, result.token])
     match result:
         case Placed(group, chain, pods, token):
             placement = [[n, node, list(devs)] for n, node, devs in pods]
@@ -481,9 +487,52 @@ def encode_result(result: Result) -> bytes:
     return _pack(wire)
 
 
+# The objects every operation makes, made without ``__init__`` (``cluster_state.frozen``).
+_new = object.__new__
+_new_tuple = tuple.__new__
+_set_name, _set_vc, _set_priority, _set_members, _set_leaf_type, _set_pinned, _set_lazy = (
+    slot_setters(GroupSpec, "name", "vc", "priority", "members", "leaf_type", "pinned", "lazy"))
+_set_pods, _set_leaves = slot_setters(Member, "pods", "leaves")
+_set_spec, _set_suggested = slot_setters(Submit, "spec", "suggested")
+(_set_group_name,) = slot_setters(Release, "name")
+(_set_placed_group, _set_placed_chain, _set_placed_pods,
+ _set_placed_token) = slot_setters(Placed, "group", "chain", "pods", "token")
+_set_released_group, _set_promoted, _set_already_released = slot_setters(
+    Released, "group", "promoted", "already_released")
+
+
+def new_placed(group: str, chain: str, pods: tuple[Pod, ...], token: int) -> Placed:
+    """``Placed(group, chain, pods, token)``, made without ``__init__``."""
+    placed = _new(Placed)
+    _set_placed_group(placed, group)
+    _set_placed_chain(placed, chain)
+    _set_placed_pods(placed, pods)
+    _set_placed_token(placed, token)
+    return placed
+
+
+def new_released(group: str, promoted: tuple[str, ...]) -> Released:
+    """``Released(group, promoted)``, made without ``__init__``."""
+    released = _new(Released)
+    _set_released_group(released, group)
+    _set_promoted(released, promoted)
+    _set_already_released(released, False)
+    return released
+
+
 def decode_result(data: bytes) -> Result:
     """The typed result of ``ClusterStore.apply`` bytes (for clients)."""
     r = msgpack.unpackb(data)
+    # (the commonest two answers first, without the patterns' look-ups: the same objects)
+    if type(r) is list and r:
+        kind = r[0]
+        if (kind == "placed" and len(r) == 5 and type(r[1]) is str and type(r[2]) is str
+                and type(r[3]) is list and type(r[4]) is int
+                and all(type(p) is list and len(p) == 3 for p in r[3])):
+            return new_placed(r[1], r[2], tuple([_new_tuple(Pod, (n, node, tuple(d)))
+                                                 for n, node, d in r[3]]), r[4])
+        if kind == "released" and len(r) == 3 and type(r[1]) is str and type(r[2]) is list:
+            return new_released(r[1], tuple(r[2]))
     match r:
         case ["placed", str(group), str(chain), list(pods), int(token)]:
             return Placed(group, chain, tuple(Pod(n, node, tuple(d)) for n, node, d in pods),
@@ -707,6 +756,8 @@ def name_problem(value: str, what: str = "a name", *, empty: bool = False) -> st
     if len(value) > MAX_NAME or (not value and not empty):
         return (f"{what} must be {0 if empty else 1}..{MAX_NAME} characters, not "
                 f"{len(value)}")
+    if value.isascii() and value.isprintable():  # (the ASCII controls are its unprintables)
+        return None
     for index, char in enumerate(value):
         if unicodedata.category(char) in _CONTROL:
             return (f"{what} must not hold control characters: U+{ord(char):04X} at "
@@ -738,7 +789,10 @@ def _decode_spec(raw: object) -> GroupSpec:
             else _text(name_raw, "group name"))
     vc = (vc_raw if type(vc_raw) is str and 0 < len(vc_raw) <= MAX_NAME
           else _text(vc_raw, "virtual cluster"))
-    if not _is_int(priority) or not OPPORTUNISTIC <= priority <= MAX_PRIORITY:
+    # (``type(v) is int or _is_int(v)`` is ``_is_int(v)``, without a call for what msgpack
+    # decodes an integer to)
+    if (not (type(priority) is int or _is_int(priority))
+            or not OPPORTUNISTIC <= priority <= MAX_PRIORITY):
         raise RequestError(
             f"priority must be an integer in [{OPPORTUNISTIC}, {MAX_PRIORITY}], not {priority!r}"
         )
@@ -751,14 +805,15 @@ def _decode_spec(raw: object) -> GroupSpec:
         if not isinstance(m, list) or len(m) != 2:
             raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
         pods, leaves = m
-        if not (_is_int(pods) and pods >= 1 and _is_int(leaves) and leaves >= 1):
+        if not ((type(pods) is int or _is_int(pods)) and pods >= 1
+                and (type(leaves) is int or _is_int(leaves)) and leaves >= 1):
             raise RequestError(f"member {m!r} must be [pod_number >= 1, leaf_cell_number >= 1]")
         # HiveD merges members that ask for the same number of leaf cells per pod.
         merged[leaves] = merged.get(leaves, 0) + pods
         pod_count += pods
     if pod_count > MAX_PODS:
         raise RequestError(f"a group may have at most {MAX_PODS} pods")
-    members = tuple([Member(pods, leaves) for leaves, pods in merged.items()])
+    members = tuple([_member(pods, leaves) for leaves, pods in merged.items()])
     leaf_type = (leaf_raw if type(leaf_raw) is str and len(leaf_raw) <= MAX_NAME
                  else _text(leaf_raw, "leaf_type", empty=True))
     pinned = (pinned_raw if type(pinned_raw) is str and len(pinned_raw) <= MAX_NAME
@@ -767,15 +822,23 @@ def _decode_spec(raw: object) -> GroupSpec:
         raise RequestError("lazy must be true or false")
     if pinned and priority == OPPORTUNISTIC:
         raise RequestError("an opportunistic group (priority -1) cannot use a pinned cell")
-    return GroupSpec(
-        name=name,
-        vc=vc,
-        priority=priority,
-        members=members,
-        leaf_type=leaf_type,
-        pinned=pinned,
-        lazy=lazy,
-    )
+    spec = _new(GroupSpec)
+    _set_name(spec, name)
+    _set_vc(spec, vc)
+    _set_priority(spec, priority)
+    _set_members(spec, members)
+    _set_leaf_type(spec, leaf_type)
+    _set_pinned(spec, pinned)
+    _set_lazy(spec, lazy)
+    return spec
+
+
+def _member(pods: int, leaves: int) -> Member:
+    """``Member(pods, leaves)``, made without ``__init__``."""
+    member = _new(Member)
+    _set_pods(member, pods)
+    _set_leaves(member, leaves)
+    return member
 
 
 def _decode_suggested(raw: object) -> frozenset[str]:
@@ -805,7 +868,10 @@ def decode_op(data: bytes) -> Op:
     op = _unpack(data)
     name = op[0]
     if name == "submit" and len(op) in (2, 3):
-        return Submit(_decode_spec(op[1]), _decode_suggested(op[2]) if len(op) == 3 else None)
+        submitting = _new(Submit)
+        _set_spec(submitting, _decode_spec(op[1]))
+        _set_suggested(submitting, _decode_suggested(op[2]) if len(op) == 3 else None)
+        return submitting
     if name == "bind" and len(op) == 4:
         spec = _decode_spec(op[1])
         if not isinstance(op[2], list) or not _is_int(op[3]):
@@ -822,7 +888,11 @@ def decode_op(data: bytes) -> Op:
             pods.append(PodPlacement(_text(p[0], "node"), tuple(p[1])))
         return Bind(spec, tuple(pods), op[3])
     if name == "release" and len(op) == 2:
-        return Release(_text(op[1], "group name"))
+        group = op[1]
+        releasing = _new(Release)
+        _set_group_name(releasing, group if type(group) is str and 0 < len(group) <= MAX_NAME
+                        else _text(group, "group name"))
+        return releasing
     if name == "release" and len(op) == 3:
         if not _is_int(op[2]) or op[2] < 0:
             raise RequestError("release must be [release, name, incarnation >= 0]")

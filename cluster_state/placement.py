@@ -23,7 +23,7 @@ from collections.abc import Sequence, Set
 from cluster_state.cells import Topology
 from cluster_state.index import FREE, CellState
 
-__all__ = ["NodeFilter", "Picker"]
+__all__ = ["NodeFilter", "Picker", "pick_free"]
 
 
 class NodeFilter:
@@ -188,31 +188,51 @@ class Picker:
         raise AssertionError("pick: fewer leaves available than counted")
 
     def _descend_free(self, c: int, need: int, out: list[int]) -> None:
-        """``_descend`` of the first pass (free leaves only, so every cost is 0), without a
-        call or a key per child: the same choices, the commonest placement's hot loop."""
-        level, children, leaves = self.topo.level, self.topo.children, self.topo.leaves
-        free_n, taken = self.cells.free_n, self.taken
-        while True:
-            if level[c] == 1:
-                out.append(c)
-                return
-            if need == free_n[c] == len(leaves[c]) and c not in taken:
-                out.extend(leaves[c])  # every leaf, all free and none taken yet
-                return
-            best, best_a = -1, 0
-            for k in children[c]:
-                a = free_n[k] - taken.get(k, 0)
-                if a >= need and (best < 0 or a < best_a or (a == best_a and k < best)):
-                    best, best_a = k, a
-            if best < 0:
-                break
-            c = best
-        # no child holds the whole pod: c is its lowest common ancestor; fullest first
-        kids = sorted((-a, k) for k in children[c] if (a := free_n[k] - taken.get(k, 0)) > 0)
-        for minus_a, k in kids:
-            n = -minus_a if -minus_a < need else need
-            self._descend_free(k, n, out)
-            need -= n
-            if not need:
-                return
-        raise AssertionError("pick: fewer leaves available than counted")
+        """``_descend`` of the first pass (free leaves only, so every cost is 0)."""
+        _descend_free(self.topo, self.cells.free_n, self.taken, c, need, out)
+
+
+#: nothing taken (``pick_free``: one pod, no picker)
+_NOTHING_TAKEN: dict[int, int] = {}
+
+
+def pick_free(topo: Topology, cells: CellState, root: int, need: int) -> tuple[int, ...]:
+    """``Picker(topo, cells, None).pick(root, need, remember=False)``: a first pass's
+    ``need`` free leaves under ``root``, ascending, without making a picker (one pod, the
+    commonest placement)."""
+    chosen: list[int] = []
+    _descend_free(topo, cells.free_n, _NOTHING_TAKEN, root, need, chosen)
+    chosen.sort()
+    return tuple(chosen)
+
+
+def _descend_free(topo: Topology, free_n: list[int], taken: dict[int, int], c: int, need: int,
+                  out: list[int]) -> None:
+    """``Picker._descend`` of the first pass (free leaves only, so every cost is 0; ``taken``:
+    the picker's), without a call or a key per child: the same choices, the commonest
+    placement's hot loop."""
+    level, children, leaves = topo.level, topo.children, topo.leaves
+    while True:
+        if level[c] == 1:
+            out.append(c)
+            return
+        if need == free_n[c] == len(leaves[c]) and c not in taken:
+            out.extend(leaves[c])  # every leaf, all free and none taken yet
+            return
+        best, best_a = -1, 0
+        for k in children[c]:
+            a = free_n[k] - taken.get(k, 0)
+            if a >= need and (best < 0 or a < best_a or (a == best_a and k < best)):
+                best, best_a = k, a
+        if best < 0:
+            break
+        c = best
+    # no child holds the whole pod: c is its lowest common ancestor; fullest first
+    kids = sorted((-a, k) for k in children[c] if (a := free_n[k] - taken.get(k, 0)) > 0)
+    for minus_a, k in kids:
+        n = -minus_a if -minus_a < need else need
+        _descend_free(topo, free_n, taken, k, n, out)
+        need -= n
+        if not need:
+            return
+    raise AssertionError("pick: fewer leaves available than counted")

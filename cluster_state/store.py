@@ -71,6 +71,7 @@ from cluster_state.cells import Topology, topology_of
 from cluster_state.config import NODES_START_BAD, ClusterConfig, parse_config
 from cluster_state.errors import EventsCompacted, GpuConfigError, RequestError, SnapshotError
 from cluster_state.events import ChangeEvent, EventLog
+from cluster_state.frozen import slot_setters
 from cluster_state.gc_pause import freeze_if_frozen, gc_paused
 from cluster_state.hived_view import HivedView
 from cluster_state.ops import (
@@ -144,6 +145,12 @@ EVENTS_PAGE = 512
 _GROUP_EVENTS = frozenset({"placed", "preempting", "downgraded", "reserved", "cancelled",
                            "released", "trimmed", "claimed"})
 _GROUP_ENDS = frozenset({"released", "cancelled"})
+
+
+# (every change makes an event: made without ``__init__``, see ``cluster_state.frozen``)
+_new = object.__new__
+_set_revision, _set_kind, _set_subject, _set_data = slot_setters(
+    ChangeEvent, "revision", "kind", "subject", "data")
 
 
 def _page(events: list[ChangeEvent]) -> list[ChangeEvent]:
@@ -232,7 +239,12 @@ class ClusterStore:
             encoded = encode_result(result)
             # (the allocator of now: a reconfiguration replaces it)
             for kind, subject, data in self.allocator.finish():
-                append(ChangeEvent(at, kind, subject, tuple(data)))
+                event = _new(ChangeEvent)
+                _set_revision(event, at)
+                _set_kind(event, kind)
+                _set_subject(event, subject)
+                _set_data(event, tuple(data))
+                append(event)
             if remember:
                 record(command.client_id, command.seq, encoded)
                 self.revision = at
@@ -247,15 +259,17 @@ class ClusterStore:
             # refused too, and the client sends the operation again as a new request
             raise RequestError(NOT_CONFIGURED, static=False)
         allocator = self.allocator
+        # (the commonest two first, without a class pattern's look-ups)
+        if isinstance(op, Submit):
+            return allocator.submit(op.spec, position, op.suggested)
+        if isinstance(op, Release):
+            name = op.name
+            if name not in allocator.groups and self._ended(name):
+                return Released(name, (), already_released=True)
+            return allocator.release(name, position)
         match op:
-            case Submit(spec, suggested):
-                return allocator.submit(spec, position, suggested)
             case Bind(spec, pods, revision):
                 return allocator.bind(spec, pods, revision, position)
-            case Release(name):
-                if name not in allocator.groups and self._ended(name):
-                    return Released(name, (), already_released=True)
-                return allocator.release(name, position)
             case SetNodeHealth(node, healthy):
                 return allocator.set_node_health(node, healthy, position)
             case Reconfigure(text, from_file):

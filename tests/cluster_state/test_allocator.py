@@ -371,3 +371,17 @@ def test_resubmitting_a_group_answers_its_state(env: Env) -> None:
     other = env.apply(submit("g", "VC1", 11, [(1, 2)], leaf_type="V100"))
     assert other == ["error", "group 'g' already exists with a different spec"]
     assert env.apply(release("nope")) == ["error", "no group 'nope'"]
+
+
+def test_answers_are_the_same_when_the_kept_pods_are_dropped(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the Pods an answer names are kept per pod's leaves (Allocator._pod); with room for one,
+    # every other answer makes its Pods again: the answers are the same as when all are kept
+    ops = [submit("a", "VC1", 1, [(1, 8)]), submit("b", "VC1", 1, [(2, 2), (1, 1)]),
+           release("a"), submit("c", "VC1", 1, [(1, 8)]), submit("b", "VC1", 1, [(2, 2), (1, 1)])]
+    kept = [env.apply(op) for op in ops]
+    monkeypatch.setattr("cluster_state.allocator.PODS_KEPT", 1)
+    again = Env(ClusterStore(multi_chain_config()))
+    assert [again.apply(op) for op in ops] == kept
+    assert len(again.store.allocator._pods_kept) == 1
+    assert kept[3][3] == kept[0][3]  # c took a's leaves: the same Pod, from the kept ones

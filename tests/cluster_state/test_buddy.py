@@ -1,8 +1,9 @@
 import itertools
 
 import pytest
+from cs_helpers import check_invariants
 
-from cluster_state import Topology, parse_config
+from cluster_state import ClusterStore, GroupSpec, Member, Topology, parse_config
 from cluster_state.buddy import CLEAN, HEALTHY, SICK, Buddy
 from cluster_state.index import CellState
 
@@ -126,3 +127,42 @@ def test_take_refuses_a_cell_that_is_not_free() -> None:
     buddy.bind(a, node(topo, "n0"))
     with pytest.raises(AssertionError):
         buddy.bind(b, node(topo, "n0"))
+
+
+# A node of one pair (an only child: nothing to list beside it) in racks of three nodes (a
+# middle node's siblings lie on both sides of it)
+ONLY_CHILD = """
+physicalCluster:
+  cellTypes: {PAIR: {childCellType: G, childCellNumber: 2},
+              NODE: {childCellType: PAIR, childCellNumber: 1, isNodeLevel: true},
+              RACK: {childCellType: NODE, childCellNumber: 3}}
+  physicalCells:
+  - {cellType: RACK, cellAddress: r0,
+     cellChildren: [{cellAddress: n0}, {cellAddress: n1}, {cellAddress: n2}]}
+  - {cellType: RACK, cellAddress: r1,
+     cellChildren: [{cellAddress: n3}, {cellAddress: n4}, {cellAddress: n5}]}
+virtualClusters: {P: {virtualCells: [{cellType: RACK.NODE.PAIR, cellNumber: 3}]},
+                  R: {virtualCells: [{cellType: RACK, cellNumber: 1}]}}
+"""
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_splits_and_merges_past_only_children_and_middle_cells(order: tuple[int, ...]) -> None:
+    # every item bound by a placement (a rack split down to a pair, beside only children),
+    # then the placements released in every order (merging back past them): the free lists
+    # stay what their plain definition says (check_invariants) and come back as they began
+    store = ClusterStore(parse_config(ONLY_CHILD))
+    alloc = store.allocator
+    start = repr(alloc.buddy.free)
+    for i in range(3):
+        alloc.submit(GroupSpec(name=f"g{i}", vc="P", priority=1, members=(Member(1, 2),)), i)
+        alloc.finish()
+        check_invariants(alloc)
+    # (R's rack is kept whole: every pair comes from the first rack)
+    bound = sorted(alloc.buddy.item_cell[it] for it in items(alloc.topo, "P"))
+    assert bound == list(alloc.topo.desc[alloc.topo.chains[0].tops[0]][1])
+    for step, i in enumerate(order):
+        alloc.release(f"g{i}", 3 + step)
+        alloc.finish()
+        check_invariants(alloc)
+    assert repr(alloc.buddy.free) == start

@@ -1,6 +1,8 @@
+import pytest
 from cs_helpers import multi_chain_config
+from reconfig_helpers import variant
 
-from cluster_state import Topology
+from cluster_state import ClusterConfig, Topology, parse_config, synthetic_config
 
 
 def test_cells_are_numbered_depth_first_with_parallel_facts() -> None:
@@ -42,3 +44,18 @@ def test_items_slots_and_keys() -> None:
     slots = topo.vc_slots[("VC2", v100)]
     assert [topo.slots[s] for s in slots] == [("VC2", v100, 5)]
     assert topo.vc_chains["VC3"] == (v100,)
+
+
+@pytest.mark.parametrize("config", [
+    multi_chain_config(),
+    parse_config(variant("without_a3")),  # a partly filled rack
+    parse_config(variant("k80_2_moves_chain")),  # ... and a cell of one child
+    synthetic_config(nodes=24, gpus_per_node=8, nodes_per_rack=4, vcs=3, pinned=1),
+], ids=["multi-chain", "partly-filled", "only-child", "synthetic"])
+def test_a_subtree_is_its_cells_counted_by_level(config: ClusterConfig) -> None:
+    # ``subtree`` ends at the cell's last leaf (pre-order ids); what it stands for: the
+    # cell and its descendants of every level, consecutive
+    topo = Topology(config)
+    for c in range(topo.size):
+        assert topo.subtree(c) == range(c, c + sum(map(len, topo.desc[c])))
+        assert sorted(d for level in topo.desc[c] for d in level) == list(topo.subtree(c))

@@ -1,3 +1,5 @@
+import unicodedata
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -36,7 +38,7 @@ from cluster_state import (
     set_node_health,
     submit,
 )
-from cluster_state.ops import MAX_NAME, MAX_PODS
+from cluster_state.ops import MAX_NAME, MAX_PODS, Pod, name_problem
 from cluster_state.snapshot_encoding import pack
 
 
@@ -54,6 +56,7 @@ def test_builders_decode_to_typed_ops() -> None:
     assert msgpack.unpackb(op) == ["submit", ["g", "VC1", 7, [[2, 8], [1, 4]], "V100", "", True]]
     assert decode_op(op) == Submit(spec)
     assert spec.pod_sizes == [8, 8, 4]
+    assert GroupSpec(name="h", vc="VC1", priority=1, members=(Member(3, 2),)).pod_sizes == [2] * 3
     placement = [("n1", [0, 1]), ("n1", [2, 3]), ("n2", [0, 1, 2, 3])]
     assert decode_op(bind("g", "VC1", 7, [(2, 8), (1, 4)], placement, 12, lazy=True)) == Bind(
         GroupSpec(name="g", vc="VC1", priority=7, members=spec.members, lazy=True),
@@ -123,6 +126,13 @@ def test_results_round_trip(result: object) -> None:
     assert decode_result(encode_result(result)) == result  # type: ignore[arg-type]
 
 
+def test_a_placed_answer_packs_its_pods_as_arrays() -> None:
+    # the bytes every build answered (pods as lists), from Pod tuples packed as they are
+    pods = (Pod(8, "n1", (0, 1, 2, 3, 4, 5, 6, 7)), Pod(0, "", ()))
+    assert encode_result(Placed("g", "V100-RACK", pods, 42)) == msgpack.packb(
+        ["placed", "g", "V100-RACK", [[8, "n1", [0, 1, 2, 3, 4, 5, 6, 7]], [0, "", []]], 42])
+
+
 def test_expired_session_answer_decodes_as_an_error() -> None:
     assert isinstance(decode_result(msgpack.packb(["expired"])), Error)
     with pytest.raises(ValueError):
@@ -168,3 +178,15 @@ def test_a_spec_decodes_when_its_fields_are_what_the_format_says(field: str,
         assert not valid
     else:
         assert valid and getattr(spec, field) == value
+
+
+@pytest.mark.parametrize("char", [chr(c) for c in range(0x100)] + ["\ud800", "\u2028", "é"])
+def test_a_name_is_refused_for_a_control_character_wherever_it_is(char: str) -> None:
+    # the ASCII names (the commonest) are let through at once when printable: the same
+    # verdict as looking at the category of each character
+    control = unicodedata.category(char) in {"Cc", "Cs"}
+    for name in (char, f"job{char}", f"{char}0001-x"):
+        problem = name_problem(name)
+        assert (problem is not None) == control, (name, problem)
+        if problem is not None:
+            assert f"U+{ord(char):04X} at {name.index(char)}" in problem
