@@ -272,7 +272,10 @@ class KVStore:
         the store's by the function returned (which returns what it replaced)."""
         applied_position, items, sessions = msgpack.unpackb(data)
         loaded = dict(items)
-        table = SessionTable()
+        # under this table's caps: whether the loaded table is over one (its excess evicted
+        # at the next log-time command) is worked out from them, and must come out as on the
+        # replicas that never restarted
+        table = SessionTable(self.sessions.limits)
         table.load_state(sessions)
 
         def adopt() -> object:
