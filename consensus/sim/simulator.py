@@ -1571,8 +1571,10 @@ class Simulation:
                 self._push(self.now, Resume(rep.rid))
         for client in self.clients:  # waiting on a replica that was down: go again now
             if client.op is not None:
-                client.op["attempt"] += 1
-                self._submit(client)
+                # the attempt under way is left unanswered, as a timeout leaves it: its copy
+                # may still run, which the client's account must know (an EXPIRED answer to
+                # the next copy then does not make it send the operation as a new request)
+                self._next_attempt(client, client.op, Answer.UNKNOWN)
 
     # ------------------------------------------------------------------ the end
     def _finished(self) -> bool:

@@ -44,6 +44,26 @@ def test_a_table_that_forgets_evicted_sessions_is_caught() -> None:
     assert violation is not None and "ran at log position" in violation
 
 
+def test_a_client_sent_on_at_the_heal_knows_its_earlier_copy_may_run() -> None:
+    # The heal sends every waiting client's operation to the next replica, which leaves the
+    # attempt under way unanswered: its copy may still run. A client that did not count it
+    # took the next copy's SESSION_EXPIRED for "never ran" and sent the write again as a new
+    # request, after the first copy had run (``sdpaxos sim --sessions --snapshot-every 10
+    # --network lan`` seed 7045 at three replicas: a write that took effect twice).
+    sim = Simulation(SimOptions(replicas=3, faults=parse_faults("all"), sessions=True), 1)
+    sim.start()
+    assert sim.run_until(lambda: any(c.op is not None for c in sim.clients),
+                         deadline_us=1_000_000)
+    waiting = [c for c in sim.clients if c.op is not None]
+    before = {c.cid: (c.op["attempt"], c.op["attempts"].made) for c in waiting if c.op}
+    sim._heal()
+    for client in waiting:
+        assert client.op is not None
+        attempt, made = before[client.cid]
+        assert client.op["attempt"] == attempt + 1  # on to the next replica
+        assert client.op["attempts"].made == made + 1 and client.op["attempts"].uncertain
+
+
 def test_sessions_mode_needs_a_total_order() -> None:
     with pytest.raises(ConfigError, match="total order"):
         Simulation(SimOptions(protocol="epaxos", sessions=True), 1)

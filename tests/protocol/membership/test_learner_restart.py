@@ -23,6 +23,7 @@ from consensus.messages import (
 )
 from consensus.protocol.membership import MemberReplica
 from consensus.protocol.membership.config import ADD, PROMOTE, REMOVE, Change, encode_change
+from consensus.protocol.membership.replica import record_of
 from consensus.protocol.ready import SlotBatch
 from consensus.protocol.types import SnapshotMeta
 
@@ -167,3 +168,38 @@ def test_a_change_inside_a_batch_leaves_the_runs_around_it_at_their_offsets() ->
     assert ready.apply == [SlotBatch(0, 0, (put(0), put(1)), False),
                            SlotBatch(0, 3, (put(3),), False), SlotBatch(1, 0, (put(1),), False)]
     assert member.config.learners == (LEARNER,)
+
+
+def _promoted_awaiting_its_core(unsafe: frozenset[str] = frozenset()) -> MemberReplica:
+    """A learner that learned its own promotion and the SEAL: a voter of epoch 1 whose core
+    starts once a snapshot of the epoch's base is durable (none taken yet)."""
+    config = ProtocolConfig(replicas=3, unsafe=unsafe)
+    member = MemberReplica(config, LEARNER, recovered=(), rng=random.Random(7), contacts=(0,))
+    turn(member, now=1)
+    slots = [*plain(0, 3), change(ADD, LEARNER), *plain(4, 2), change(PROMOTE, LEARNER),
+             SEAL_SLOT, *plain(8, 4)]
+    member.step(reply(0, slots, 100), 2)
+    ready = member.ready()
+    member.advance(ready)
+    assert ready.snapshot_now and member.core is None  # awaiting its snapshot
+    return member
+
+
+def test_a_voters_core_started_from_a_peers_snapshot_is_not_started_again() -> None:
+    # A peer's snapshot of epoch 1 arrives before the member took its own: its core starts
+    # from it. The member's next snapshot must keep that core, with what it accepted since;
+    # started again from nothing it forgot its votes and executed a slot a second time, with
+    # another command (``stale_awaiting_core``, the broken variant: the simulator's sweeps
+    # found it, LAN with snapshots every 10, N=3 seed 809 and N=5 seed 399 then; no seed of
+    # 1-2,600 at three replicas or 1-800 at five catches it since a client sent on at the
+    # heal counts its unanswered attempt, so this is its test).
+    for unsafe, kept in ((frozenset(), True), (frozenset({"stale_awaiting_core"}), False)):
+        member = _promoted_awaiting_its_core(unsafe)
+        base = member.config.base
+        meta = SnapshotMeta(base + 3, (0,) * len(member.config.voters), record_of(member.config))
+        assert member.accepts_snapshot(meta)
+        member.install_snapshot(meta)
+        started = member.core
+        assert started is not None and member.exec_slot == base + 3
+        member.durable_records()  # the log rewritten at the member's own next snapshot
+        assert (member.core is started) is kept
