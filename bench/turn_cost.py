@@ -11,6 +11,8 @@ command or a few messages), a large ``--outstanding`` the loaded one. Reported:
   ``core.ready()`` and carrying the ``Ready`` out — averaged over every node's turns;
 * ``process_us_per_write``: the whole process's CPU (``time.process_time``: the three
   replicas, their sockets and the client) per write;
+* ``peer_frames_per_write``: frames the replicas handed their peer connections per write
+  (one per peer per turn that had messages for it);
 * with ``--profile FILE``: a cProfile of the measured part, written to FILE.
 
 The event loop is uvloop's and the collector's thresholds a serving replica's, as in
@@ -118,6 +120,7 @@ async def measure(writes: int, outstanding: int, *, fsync: bool, warmup: int,
 
             await write_all(warmup, 0)
             turns_before = sum(node.stats.turns for node in nodes)
+            frames_before = sum(node.transport.stats.frames_sent for node in nodes)
             cpu_before, wall_before = time.process_time(), time.perf_counter()
             profiler = cProfile.Profile() if profile else None
             clock.on = True
@@ -131,6 +134,7 @@ async def measure(writes: int, outstanding: int, *, fsync: bool, warmup: int,
             cpu = time.process_time() - cpu_before
             wall = time.perf_counter() - wall_before
             turns = sum(node.stats.turns for node in nodes) - turns_before
+            frames = sum(node.transport.stats.frames_sent for node in nodes) - frames_before
         finally:
             await client.close()
             for node in nodes:
@@ -139,6 +143,7 @@ async def measure(writes: int, outstanding: int, *, fsync: bool, warmup: int,
     return {
         "writes": writes, "outstanding": outstanding, "fsync": fsync,
         "turns": turns, "turns_per_write": round(turns / writes, 2),
+        "peer_frames_per_write": round(frames / writes, 2),
         "turn_us": round(clock.seconds / turns * 1e6, 1),
         "turn_parts_us": {part: round(seconds / turns * 1e6, 1)
                           for part, seconds in clock.parts.items()},

@@ -16,6 +16,8 @@ def test_turn_cost_counts_every_nodes_turns_and_restores_the_loop() -> None:
     # one write at a time: each takes turns at the three replicas (client request, C-phase,
     # O-phase), never fewer than one
     assert result["turns"] >= 40 and result["turns_per_write"] >= 1
+    # the sequencer's Accept to each peer, and each peer's acknowledgement back
+    assert result["peer_frames_per_write"] >= 4
     parts = result["turn_parts_us"]
     assert set(parts) == {"feed", "tick", "ready", "carry_out"}
     assert all(value >= 0 for value in parts.values()) and parts["carry_out"] > 0

@@ -55,7 +55,8 @@ test_ownership.py). Each part's rules are in its own header; where each starts:
                    ``on_oack``, ``on_ocommit``, ``commit_o``.
 ``readiness``      When a command is ready, and every other question whose answer depends
                    on the replica count (``CountRule`` for every N but 5, ``FiveRule`` for
-                   N = 5): ``rule_for``, ``check_ready``, ``acks_to_all``, ``chosen_alone``.
+                   N = 5): ``rule_for``, ``check_ready``, ``acks_to_all``, ``chosen_alone``,
+                   ``acceptors_learn_alone``.
 ``execution``      Executing chosen slots in order and recording them: ``Executor.try_execute``,
                    ``log_executed``, ``replay_executed``.
 ``election``       Heartbeats, suspicion, pre-vote (§3.3): ``Election.detect_failures``,

@@ -5,7 +5,8 @@ ballot ``(0, n)``, a batch of client commands goes straight to the Accept phase
 (``flush_batch``: ``CAccept`` to every peer, or to the nearest majority when thrifty) and is
 ordered at once (the sequencer orders its own; others send ``CRequest`` unless the sequencer
 gets the CAccept anyway). It is chosen when a majority, ``n`` included, accepted it
-(``on_cack``); ``n`` then broadcasts ``CCommit`` (without the batch to peers that have it).
+(``on_cack``); ``n`` then commits it (``CCommit``, without the batch to peers that have it) to
+the peers that do not learn the choice without one (``flush_commits``, below).
 
 Rules:
 
@@ -32,7 +33,12 @@ Rules:
   with three replicas, the proposer's own; with five or more
   (``ReadinessRule.acks_to_all``), acceptors send theirs to every replica too
   (``acks_any_ballot`` and ``learn_from_accept`` are broken variants teeth tests catch).
-  Replicas then execute others' commands without waiting for a far CCommit.
+  Replicas then execute others' commands without waiting for a far CCommit. With three,
+  the proposer sends no CCommit to an acceptor whose acknowledgement of the chosen ballot
+  it holds when its turn ends (``_learns_without_commit``): our own CAck went to it after
+  our Accept, on the same connection, before the commit would leave. One that lost our
+  CAck learns as when a commit is lost: its execution stops at the slot, and ``Catchup``
+  brings the commit from a peer.
 * With five replicas a ``CAccept`` from an older view is dropped
   (``ReadinessRule.commits_on_sequencer_accept``): a voter accepting it could let its owner
   finish a C-instance beyond the ``c_high`` the voter reported, then execute it in a slot
@@ -51,9 +57,10 @@ bookkeeping on each instance (``leading``, ``acks``, ``sent_at``, ``sent_to``,
 ``overtaken_at``), the open batch, the acknowledgements seen ahead of their Accept, and the
 retransmission timer.
 
-Entry points: ``propose``, ``flush_batch``, ``reserve_ahead``, ``on_caccept``, ``on_cack``,
-``on_ccommit``, ``on_cnack``, ``propose_recovered``, ``send_crequest``, ``resend_accept``,
-``retransmit``; the hooks ``on_view_accepted``, ``on_compacted``.
+Entry points: ``propose``, ``flush_batch``, ``flush_commits``, ``reserve_ahead``,
+``on_caccept``, ``on_cack``, ``on_ccommit``, ``on_cnack``, ``propose_recovered``,
+``send_crequest``, ``resend_accept``, ``retransmit``; the hooks ``on_view_accepted``,
+``on_compacted``.
 """
 
 from __future__ import annotations
@@ -102,6 +109,8 @@ class CPhase:
         self.rto = RtoEstimator(config.retransmit_us)
         #: instances we re-propose (a recovery's), retransmitted like our own client batches
         self.reproposing: set[tuple[int, int]] = set()
+        #: instances we led that were chosen this turn: their commits leave in ``ready``
+        self._commits_out: dict[tuple[int, int], CInstance] = {}
 
     def propose(self, command: Command) -> None:
         """A client command: into the open batch, proposed once the batch is full (or at the
@@ -222,9 +231,11 @@ class CPhase:
                 if len(inst.acks) >= r.q:
                     self._commit_leading(msg.owner, msg.index, inst)
             return
-        if msg.index < r.o_log.exec_count[msg.owner]:
-            return
         if inst is not None and inst.committed:
+            if key in self._commits_out and msg.ballot == inst.ballot:
+                inst.acks.add(msg.src)  # chosen this turn, its commits not sent yet
+            return
+        if msg.index < r.o_log.exec_count[msg.owner]:
             return
         # An acknowledgement may overtake the CAccept it answers (from a far proposer, the
         # acceptor next to us answers before the proposal reaches us): keep it until then.
@@ -273,23 +284,51 @@ class CPhase:
         if sent_at is not None:
             self.rto.sample(r.now - sent_at)
         self.reproposing.discard((owner, index))
-        for peer in r.peers:
-            # A peer we sent the CAccept to has it before this commit (connections are FIFO);
-            # repeating the batch doubled the bytes of a loaded cluster. If that CAccept was
-            # lost after all, the peer lacks the value and catches up when it stalls.
-            batch = None if peer in inst.acks or peer in inst.sent_to else inst.batch
-            commit = CCommit(
-                src=r.me,
-                view=r.view,
-                owner=owner,
-                index=index,
-                ballot=inst.ballot,
-                batch=batch,
-            )
-            r.send(peer, commit)
+        self._commits_out[(owner, index)] = inst
+        if not r.readiness.acceptors_learn_alone:
+            self.flush_commits()  # every peer gets one: no reason to wait for the turn's end
         if owner == r.me:
             self._own_decided(index, inst)
         r.readiness.check_ready()
+
+    def flush_commits(self) -> None:
+        """The turn ends: commit what we chose in it to the peers that need a commit. Who
+        does is decided now rather than at the choice, so an acknowledgement stepped later in
+        the same turn spares its sender the commit too (``_learns_without_commit``; with
+        three replicas both acceptors' usually arrive together). With more replicas every
+        peer needs one, and it leaves at the choice."""
+        r = self.r
+        for (owner, index), inst in self._commits_out.items():
+            for peer in r.peers:
+                if self._learns_without_commit(peer, inst):
+                    continue
+                # A peer we sent the CAccept to has it before this commit (connections are
+                # FIFO); repeating the batch doubled the bytes of a loaded cluster. If that
+                # CAccept was lost after all, the peer lacks the value and catches up when it
+                # stalls.
+                batch = None if peer in inst.acks or peer in inst.sent_to else inst.batch
+                commit = CCommit(
+                    src=r.me,
+                    view=r.view,
+                    owner=owner,
+                    index=index,
+                    ballot=inst.ballot,
+                    batch=batch,
+                )
+                r.send(peer, commit)
+        self._commits_out.clear()
+
+    def _learns_without_commit(self, peer: int, inst: CInstance) -> bool:
+        """With three replicas, ``peer`` learns the choice of ``inst`` we lead without our
+        ``CCommit`` (``ReadinessRule.acceptors_learn_alone``): it accepted the chosen ballot
+        (its ``CAck`` is among ``acks``), and our own ``CAck`` of that ballot went to it with
+        our Accept (``sent_to``: every Accept we send is followed by it), in an earlier turn
+        than this commit on the same FIFO connection; its acceptance and ours are a majority
+        (``_learn_from_acks``). If our acknowledgement was lost, or the peer restarted before
+        it arrived, the peer learns as it does when a commit is lost: its execution stops at
+        the instance's slot, and ``Catchup`` brings the commit."""
+        r = self.r
+        return r.readiness.acceptors_learn_alone and peer in inst.acks and peer in inst.sent_to
 
     def _own_decided(self, index: int, inst: CInstance) -> None:
         """Our instance was chosen: if not with what we proposed, its commands failed (not

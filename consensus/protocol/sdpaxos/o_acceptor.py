@@ -5,10 +5,12 @@ of its current view, and only once it accepted that view's NewView) and acknowle
 to whoever learns from it (``OAck``, addressed by ``ReadinessRule.oack_targets``). An
 O-instance is chosen once a majority accepted it at the view's ballot: the sequencer (it
 proposed it), us, and the acknowledgements collected (``learn_chosen``). The learner of its
-own O-instance broadcasts ``OCommit`` (``commit_o``); others may learn from commits
-(``on_ocommit``: learned, not accepted, so never reported in a vote). A sequencer whose
-OAccept leaves before its own acceptance is durable (``ReadinessRule.oaccepts_early``)
-acknowledges its own proposals too, after its fsync, and only that acknowledgement counts it.
+own O-instance sends ``OCommit`` to every peer (``commit_o``; with three replicas not to
+one that acknowledged a sequencer's own slot: it learns from the sequencer's own OAck);
+others may learn from commits (``on_ocommit``: learned, not accepted, so never reported in
+a vote). A sequencer whose OAccept leaves before its own acceptance is durable
+(``ReadinessRule.oaccepts_early``) acknowledges its own proposals too, after its fsync, and
+only that acknowledgement counts it.
 
 Rules (what this replica accepted and learned lives in the O-log, ``OLog``, which keeps
 them):
@@ -45,6 +47,7 @@ from consensus.messages import (
     OEntry,
 )
 from consensus.protocol.sdpaxos.instances import NO_BALLOT, pages
+from consensus.protocol.types import Role
 
 if TYPE_CHECKING:
     from consensus.protocol.sdpaxos.replica import SDPaxosReplica
@@ -58,7 +61,8 @@ class OAcceptor:
     def __init__(self, r: SDPaxosReplica) -> None:
         self.r = r
         self._oack_out: dict[int, list[int]] = {}
-        self._ocommit_out: list[OEntry] = []
+        #: this turn's commits, each with the peers that learn it without one (see commit_o)
+        self._ocommit_out: dict[int, tuple[OEntry, set[int]]] = {}
 
     def flush_acks(self) -> None:
         r = self.r
@@ -66,8 +70,17 @@ class OAcceptor:
             for slots in pages(self._oack_out[dest], MAX_SLOTS):
                 r.send(dest, OAck(src=r.me, view=r.view, slots=slots))
         self._oack_out.clear()
-        for entries in pages(self._ocommit_out, MAX_ENTRIES):
-            r.broadcast(OCommit(src=r.me, view=r.view, entries=entries))
+        if not self._ocommit_out:
+            return
+        if not r.readiness.acceptors_learn_alone:  # every peer gets every commit
+            every = [entry for entry, _ in self._ocommit_out.values()]
+            for entries in pages(every, MAX_ENTRIES):
+                r.broadcast(OCommit(src=r.me, view=r.view, entries=entries))
+        else:
+            for peer in r.peers:
+                wanted = [e for e, learned in self._ocommit_out.values() if peer not in learned]
+                for entries in pages(wanted, MAX_ENTRIES):
+                    r.send(peer, OCommit(src=r.me, view=r.view, entries=entries))
         self._ocommit_out.clear()
 
     def on_oaccept(self, msg: OAccept) -> None:
@@ -155,20 +168,47 @@ class OAcceptor:
         o_log = r.o_log
         for slot in msg.slots:
             if slot in o_log.committed or slot < o_log.exec_slot:
+                self._acked_before_commit(slot, msg.src)
                 continue
             o_log.add_ack(slot, msg.src)  # may precede our OAccept
             self.learn_chosen(slot)
 
     def commit_o(self, slot: int) -> None:
+        """O[slot] is chosen. Its learner (its owner; the sequencer for a SEAL) commits it to
+        the peers, but with three replicas a serving sequencer skips the peers that
+        acknowledged it (``ReadinessRule.acceptors_learn_alone``): our own ``OAck`` went to
+        each with our ``OAccept``, in an earlier turn on the same FIFO connection, and with
+        their acceptance it makes a majority (``learn_chosen``). One that lost our OAck, or
+        restarted before it came, stops executing at the slot and gets the commit from a
+        peer by ``Catchup``, as when the commit itself is lost."""
         r = self.r
+        acked = r.o_log.acks.get(slot, ())  # (forgotten once committed)
         if not r.o_log.commit(slot):
             return  # known chosen already, or executed
         owner = r.o_log.value[slot]
+        if owner != r.me and not (owner == SEAL and r.is_sequencer):
+            return
+        learned: set[int] = set()
+        if self._acceptors_learn_alone():
+            learned.update(acked)
+        self._ocommit_out[slot] = (OEntry(slot=slot, owner=owner), learned)
         if owner == r.me:
-            self._ocommit_out.append(OEntry(slot=slot, owner=owner))
             r.readiness.check_ready()
-        elif owner == SEAL and r.is_sequencer:
-            self._ocommit_out.append(OEntry(slot=slot, owner=owner))
+
+    def _acceptors_learn_alone(self) -> bool:
+        """Our commits may skip the peers that acknowledged (see ``commit_o``): three
+        replicas, and we serve as sequencer, whose own OAck goes with every OAccept
+        (``oaccepts_early``)."""
+        r = self.r
+        rule = r.readiness
+        return rule.acceptors_learn_alone and rule.oaccepts_early and r.role is Role.SEQUENCER
+
+    def _acked_before_commit(self, slot: int, src: int) -> None:
+        """``src`` acknowledged ``slot`` after we learned it chosen: if our commit of it
+        has not left (learned this turn), it need not go to ``src``."""
+        pending = self._ocommit_out.get(slot)
+        if pending is not None and self._acceptors_learn_alone():
+            pending[1].add(src)
 
     def on_ocommit(self, msg: OCommit) -> None:
         r = self.r

@@ -35,6 +35,16 @@ them the same way:
   make a majority, and the acknowledgement goes to the proposer only.
 * ``chosen_alone``: with one replica, a proposer's own acceptance is a majority: its
   proposal is chosen as it is made.
+* ``acceptors_learn_alone``: with three replicas (a majority of two) an acceptor learns a
+  choice from its own acceptance and the proposer's own acknowledgement, which leaves on the
+  same connection as the proposer's Accept (the sequencer's ``OAck`` with its ``OAccept``):
+  so the proposer sends no commit to an acceptor that acknowledged the chosen ballot, and
+  a serving sequencer no ``OCommit`` of its own slots to one that acknowledged them
+  (``CPhase._learns_without_commit``, ``OAcceptor.commit_o``). With five, an acceptor
+  learns from the acknowledgements of other acceptors, on links the proposer cannot see,
+  and the commit still goes. An acceptor that missed the acknowledgement (lost, or it
+  restarted) learns the choice as it learns one whose commit was lost: its execution stops
+  at the slot, and ``Catchup`` brings the commit from a peer.
 
 * ``oaccepts_early``: the sequencer's OAccept leaves in parallel with its own fsync, and its
   own ``OAck`` after it (sequencer.py), unless a replica commits on the OAccept alone
@@ -81,6 +91,8 @@ class ReadinessRule:
         self.acks_to_all = r.q >= 3 and not r.config.thrifty
         #: our own acceptance is a majority (see above)
         self.chosen_alone = r.q == 1
+        #: an acceptor's acceptance and the proposer's own acknowledgement are a majority
+        self.acceptors_learn_alone = r.q == 2
         #: the sequencer's OAccept may leave before its own acceptance is durable (see above)
         self.oaccepts_early = not self.commits_on_sequencer_accept
 

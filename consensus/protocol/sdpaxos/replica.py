@@ -16,12 +16,12 @@ Inputs and what they run:
 * ``tick`` runs the timers in a fixed order: heartbeats and silence windows, failure
   detection, retransmission, resuming after a restart, catch-up, straggler windows, read
   retries.
-* ``ready`` flushes the turn (the open batch, read requests, order messages), executes what
-  became executable, records it, serves reads, and hands the ``Ready`` out; ``advance``
-  takes it back, its records durable. ``ready`` twice without ``advance``, and any input
-  between them, is local misuse (``LocalProtocolError``): a replica counts its own
-  acceptances at once, which is sound because every message that could complete a majority
-  with one is stepped after the turn that made it is durable.
+* ``ready`` flushes the turn (the open batch, commits, read requests, order messages),
+  executes what became executable, records it, serves reads, and hands the ``Ready`` out;
+  ``advance`` takes it back, its records durable. ``ready`` twice without ``advance``, and
+  any input between them, is local misuse (``LocalProtocolError``): a replica counts its
+  own acceptances at once, which is sound because every message that could complete a
+  majority with one is stepped after the turn that made it is durable.
 
 Routing rules (``step``), in order:
 
@@ -334,6 +334,7 @@ class SDPaxosReplica:
         if self.handed_out is not None:
             raise LocalProtocolError("ready() called again before advance()")
         self.c_phase.flush_batch()
+        self.c_phase.flush_commits()
         self.c_phase.reserve_ahead()
         self.reads.flush_read_requests()
         self.ordering.flush_oaccepts()

@@ -310,6 +310,106 @@ def test_with_five_replicas_a_replica_learns_a_choice_from_the_acceptors_acks() 
     assert [e.command for e in drain(r2).executions()] == [A]
 
 
+# =========================================== commits an acceptor does not need (three replicas)
+
+
+def _commits(net: Net) -> list[str]:
+    return [m for m in net.sent if m.endswith((" CCommit", " OCommit"))]
+
+
+def _executed(net: Net, replica: int) -> list[Command]:
+    return [e.command for e in net.executed[replica]]
+
+
+@pytest.mark.parametrize("replicas", [3, 5])
+def test_with_three_replicas_no_commit_goes_to_an_acceptor_that_acknowledged(
+    replicas: int,
+) -> None:
+    net = Net(ProtocolConfig(replicas=replicas))
+    net.propose(0, A)  # at the sequencer: C[0][0] and slot 0 start together
+    net.run()  # both acknowledgements reach 0 in one turn
+    assert all(_executed(net, r) == [A] for r in range(replicas))
+    if replicas == 3:
+        # each acceptor learns both choices from 0's own CAck and OAck and its acceptances
+        assert _commits(net) == []
+    else:
+        # with five an acceptor learns from acknowledgements on links 0 does not see
+        assert _commits(net) == [f"0->{p} {kind}" for kind in ("CCommit", "OCommit")
+                                 for p in range(1, 5)]
+
+
+def test_commits_still_go_to_an_acceptor_whose_acks_came_after_the_choice() -> None:
+    net = Net(ProtocolConfig(replicas=3))
+    net.propose(0, A)  # at the sequencer: C[0][0] and slot 0
+    net.deliver_together(net.matching("0", "1", "*"))
+    net.deliver_together(net.matching("0", "2", "*"))
+    late = net.matching("2", "0", "*")
+    assert [type(f.message) for f in late] == [CAck, OAck]
+    for flight in late:
+        net.bag.remove(flight)  # 2's acknowledgements arrive after 1's chose both instances
+    net.deliver_together(net.matching("1", "0", "*"))
+    assert _commits(net) == ["0->2 CCommit", "0->2 OCommit"]
+    net.bag.extend(late)
+    net.run()
+    assert _commits(net) == ["0->2 CCommit", "0->2 OCommit"]  # no more once 2's arrive
+    assert all(_executed(net, r) == [A] for r in range(3))
+
+
+def test_thrifty_three_replicas_commit_the_batch_to_the_peer_left_out_of_the_accept() -> None:
+    r2 = core(3, 2, thrifty=True)
+    r2.propose(A, 0)
+    ready = drain(r2)
+    (near,) = [to for to, _ in msgs(ready.send + ready.send_after_persist, CAccept)]
+    (left_out,) = {0, 1} - {near}
+    r2.step(cack(near, 2, 0), 1)
+    # the acceptor learns from our own CAck; the other never heard of the instance
+    assert msgs(drain(r2).send_after_persist, CCommit) == [(left_out, ccommit(2, 2, 0, (A,)))]
+
+
+def test_a_learner_other_than_the_sequencer_commits_its_slot_to_everyone() -> None:
+    # 1 learns its slot from the sequencer's OAck; 0's knowledge of it comes from 2's OAck
+    # or 1's OCommit, on links 1 cannot tell apart: the OCommit goes to both
+    net = Net(ProtocolConfig(replicas=3))
+    net.propose(1, A)
+    net.run()
+    assert [m for m in _commits(net) if m.endswith("OCommit")] == [
+        "1->0 OCommit", "1->2 OCommit"
+    ]
+    assert all(_executed(net, r) == [A] for r in range(3))
+
+
+@pytest.mark.parametrize("how", ["lost", "restarted"])
+def test_an_acceptor_that_missed_the_proposers_own_ack_learns_the_choice_by_catchup(
+    how: str,
+) -> None:
+    # Liveness of the rule above: replica 1 accepted C[0][0] and slot 0 and acknowledged
+    # both, so 0 commits neither to it; but 0's own CAck and OAck never reached 1 (lost, or
+    # 1 restarted before they came, from its durable acceptances). 1 learns as when a commit
+    # is lost: its execution stopped at slot 0, so after catchup_us it asks a peer for the
+    # commit markers, and the answer (0's, or 2's: both executed slot 0) lets it execute.
+    net = Net(ProtocolConfig(replicas=3))
+    net.propose(0, A)
+    own_acks = [f for f in net.matching("0", "1", "*") if isinstance(f.message, CAck | OAck)]
+    assert len(own_acks) == 2
+    for flight in own_acks:
+        net.bag.remove(flight)
+    net.run()
+    assert _commits(net) == []
+    assert _executed(net, 0) == _executed(net, 2) == [A]
+    assert _executed(net, 1) == []  # it accepted both instances, and knows neither chosen
+    if how == "restarted":
+        net.restart(1)
+        net.flush(1)
+    asked = len(net.sent)
+    # (restarted, it counts its stall from the first tick after the restart)
+    periods = 2 if how == "restarted" else 1
+    for period in range(1, periods + 1):
+        net.tick_all(period * net.config.catchup_us)
+    # markers suffice: it holds both values
+    assert [m for m in net.sent[asked:] if "Catchup" in m] == ["1->0 CatchupMarkers"]
+    assert _executed(net, 1) == [A]
+
+
 def test_acks_that_overtake_the_accept_count_once_it_arrives() -> None:
     r2 = core(5, 2)
     r2.step(ocommit(0, (0, 1)), 1)
@@ -413,7 +513,8 @@ def test_c_phase_messages_count_in_any_view() -> None:
     r2.propose(B, 1)  # C[2][0]
     drain(r2)
     r2.step(CAck(src=0, view=0, owner=2, index=0, ballot=2), 2)
-    assert len(msgs(drain(r2).send_after_persist, CCommit)) == 2
+    # chosen; 0 acknowledged it and learns from our own CAck: the commit goes to 1 only
+    assert [to for to, _ in msgs(drain(r2).send_after_persist, CCommit)] == [1]
     r2.step(caccept(0, 0, 0, (A,), view=0), 3)
     assert msgs(drain(r2).send_after_persist, CAck) == [
         (0, CAck(src=2, view=1, owner=0, index=0, ballot=0))
