@@ -20,6 +20,7 @@ from consensus.runtime.local_cluster import free_base_port
 from consensus.runtime.node import ReplicaNode
 from consensus.runtime.transport import Handshake
 from consensus.statemachine import KVStore, kv_get, kv_put
+from tests.runtime.kv_state import applied_alike, requests_state
 
 
 def cluster(
@@ -85,9 +86,8 @@ async def scenario(tmp_path: Path) -> None:
         client = Client(7, clients, timeout_s=2.0)
         for i in range(20):
             await client.execute(kv_put(f"k{i % 5}", str(i)), [f"k{i % 5}"], blind=True)
-        await client.read(kv_get("k0"), ["k0"])  # everyone has executed what came before
-        await asyncio.sleep(0.3)
-        before = [node.state_machine.snapshot() for node in nodes]
+        await client.read(kv_get("k0"), ["k0"])
+        before = await applied_alike(nodes)  # everyone has executed what came before
         target = nodes[1]
         peer_address = target.config.replica(1).address
         rng = random.Random(2024)
@@ -109,7 +109,7 @@ async def scenario(tmp_path: Path) -> None:
             )
         await asyncio.sleep(0.3)
         assert all(node.serving for node in nodes)
-        assert [node.state_machine.snapshot() for node in nodes] == before
+        assert [requests_state(node.state_machine) for node in nodes] == before
         assert target.stats.bad_frames + target.transport.stats.bad_connections > 0
         # still serving
         reply = await client.execute(kv_put("after", "fuzz"), ["after"])
