@@ -1,8 +1,9 @@
 """What clients' requests made of a replica's key-value store, apart from the log time.
 
 A replica proposes a log-time command every ``SessionLimits.time_step_s`` while a session is
-active (``consensus.sessions``): applied during a test, it moves the store's applied position
-and the session table's log time, and nothing a client sent. A test that asserts "nothing
+active (``consensus.sessions``): applied during a test, it moves the store's applied position,
+the session table's log time and its sessions' last-active times (the first one stamps every
+session open so far), and nothing a client sent. A test that asserts "nothing
 changed" compares this instead of the whole snapshot."""
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from tests.runtime.polling import wait_until
 
 
 def requests_state(machine: StateMachine) -> tuple[Any, ...]:
-    """The store's items and its session table (sessions, their results, tombstones), without
-    the applied position and the log time."""
+    """The store's items and its session table (pinned sessions, sessions with their results,
+    tombstones), without the applied position, the log time and when each session was last
+    active (a log time, which also orders the sessions: here they go by client and open-by)."""
     _applied_position, items, sessions = msgpack.unpackb(machine.snapshot())
-    _format, _log_time, *tables = sessions
-    return items, tables
+    _format, _log_time, pinned, timed, tombstones = sessions
+    by_request = sorted([client, open_by, floor, results, principal, closed]
+                        for client, open_by, floor, results, _last_active, principal, closed
+                        in timed)
+    return items, [pinned, by_request, tombstones]
 
 
 async def applied_alike(nodes: Sequence[ReplicaNode]) -> list[tuple[Any, ...]]:
