@@ -106,6 +106,14 @@ UNSAFE_VARIANTS: Final = frozenset(
         # a replica counts a proposer's (or sequencer's) acceptance from its Accept, which may
         # have left before that acceptance was durable (the rule before Accepts left early)
         "learn_from_accept",
+        # a sequencer never re-sends an owner's unchosen O-instance to the owner itself: one
+        # whose OAccept the owner lost stays unchosen once later ones make the owner's
+        # instance ready (the count rule), with the third of three replicas down for good
+        "resend_skips_owner",
+        # membership: a snapshot installed in the turn that took an ended epoch's last slots
+        # from its core (or a learner's learned ones) leaves them to be applied on top of it
+        # (they ran twice)
+        "apply_covered",
     }
 )
 

@@ -775,7 +775,8 @@ class MemberReplica:
         config = config_of(meta.config) if meta.config is not None else (
             bootstrap(self.protocol.replicas))
         inner = SnapshotMeta(meta.slot - config.base, meta.exec_counts)
-        self._covered(meta.slot)
+        if "apply_covered" not in self.protocol.unsafe:
+            self._covered(meta.slot)
         if self.core is not None and config.epoch == self.config.epoch:
             self.config = config
             installed = self.core.install_snapshot(inner)

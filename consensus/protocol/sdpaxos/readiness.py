@@ -19,8 +19,8 @@ ordered own instances      own O-instances known chosen             non-sequence
 OAck goes to               the owner and the sequencer              the sequencer, and every
 (``oack_targets``)                                                  replica when acks go to all
 sequencer re-sends         unacknowledged own slots, and every      from each peer's acked
-(``resend_late_slot``,     unchosen slot once a period              prefix on
-``resend_unchosen``)
+(``resend_late_slot``,     unchosen slot once a period (to its      prefix on
+``resend_unchosen``)       owner too once unchosen a period)
 ``commits_on_sequencer_    False                                    True: see below
 accept``
 =========================  ======================================  ===========================
@@ -139,6 +139,9 @@ class CountRule(ReadinessRule):
         super().__init__(r)
         #: when the sequencer last checked its own O-instances for re-sending
         self._own_checked_at = 0
+        #: others' slots found unchosen at that check: still unchosen a period later, they
+        #: go to their owners too (``resend_unchosen``)
+        self._unchosen_at_check: frozenset[int] = frozenset()
 
     def ordered_own(self) -> int:
         return self.r.o_log.committed_mine
@@ -186,15 +189,24 @@ class CountRule(ReadinessRule):
         # acceptor besides the owner and us; or the owner is dead for good, a replica
         # removed or lost with its disk) stays unchosen if an acceptor lost our OAccept:
         # nobody else can tell it the value. The unchosen ones of the window after our
-        # execution go again to whoever did not acknowledge them.
+        # execution go again to whoever did not acknowledge them. The owner asks for its
+        # own again (``CRequest``) only while its instance is not ready, and the count rule
+        # makes it ready once enough *later* O-instances for it are chosen: one whose
+        # OAccept the owner lost, with the third replica down for good, would stop
+        # execution everywhere. So a slot still unchosen a period after a check found it
+        # goes to its owner too.
         stop = min(r.ordering.seq_next_slot, r.o_log.exec_slot + CATCHUP_BATCH)
+        unchosen = []
         for slot in range(r.o_log.exec_slot, stop):
             owner = r.o_log.value.get(slot, r.me)
             if slot in r.o_log.committed or owner == r.me:
                 continue
+            unchosen.append(slot)
+            aged = slot in self._unchosen_at_check and "resend_skips_owner" not in r.unsafe
             for peer in r.peers:
-                if peer != owner and peer not in r.o_log.acks.get(slot, ()):
+                if (peer != owner or aged) and peer not in r.o_log.acks.get(slot, ()):
                     r.ordering.resend_oaccepts(peer, slot, slot + 1)
+        self._unchosen_at_check = frozenset(unchosen)
 
 
 class FiveRule(ReadinessRule):

@@ -6,7 +6,7 @@ learns from an OAck, and the count rule's re-sending of the sequencer's own unch
 from __future__ import annotations
 
 import pytest
-from util import Net, core, drain, msgs
+from util import Net, cmd, core, drain, msgs
 
 from consensus.config import ProtocolConfig
 from consensus.messages import (
@@ -296,6 +296,48 @@ def test_n3_cluster_recovers_sequencer_slot_lost_to_every_peer() -> None:
         net.deliver_all()
     assert [[e.command for e in executed] for executed in net.executed] == [[A, B]] * 3
     assert net.ready_cmds[0] == [A, B]
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_n3_an_owners_slot_it_lost_is_resent_to_it_with_the_third_replica_gone(
+    broken: bool,
+) -> None:
+    """Replica 2 is gone for good (lost with its disk, its replacement not yet a voter), and
+    the sequencer's OAccept of replica 1's first slot is lost to replica 1. Replica 1 keeps
+    proposing (a replica with active sessions proposes a log-time command every step): each
+    new instance is ordered and chosen within a retransmission period, and by the count rule
+    makes the one before it ready, so replica 1 never has a late instance to ask for again.
+    Only the sequencer can get slot 0 chosen, by sending it to its owner: it does once the
+    slot stayed unchosen for a period (``sdpaxos sim --sessions --concurrency 6
+    --snapshot-every 10``, WAN, seed 9092: every client stuck for the last 30 s). The broken
+    variant sends it to the dead replica alone, and nothing executes anywhere."""
+    config = ProtocolConfig(replicas=3,
+                            unsafe=frozenset({"resend_skips_owner"} if broken else ()))
+    lost_first_oaccept: list[OAccept] = []
+
+    def lose(src: int, dst: int, message: object) -> bool:
+        if 2 in (src, dst):
+            return True
+        if (isinstance(message, OAccept) and dst == 1 and not lost_first_oaccept
+                and OEntry(slot=0, owner=1) in message.entries):
+            lost_first_oaccept.append(message)
+            return True
+        return False
+
+    net = Net(config, lose=lose)
+    first = cmd(9, 0)
+    for step in range(1, 41):  # two seconds, a command proposed at replica 1 every 50 ms
+        net.propose(1, first if step == 1 else cmd(9, step))
+        net.run()
+        net.tick_all(step * 50_000)
+    assert lost_first_oaccept
+    assert first in net.ready_cmds[1]  # ready by the count rule, its slot unchosen
+    executed = [[e.command for e in done] for done in net.executed[:2]]
+    if broken:
+        assert executed == [[], []]
+    else:
+        assert all(ran[:1] == [first] and len(ran) > 30 for ran in executed), executed
+        assert executed[0] == executed[1]
 
 
 # ================================================================ one rule per replica count
