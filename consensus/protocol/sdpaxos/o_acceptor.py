@@ -70,18 +70,12 @@ class OAcceptor:
             for slots in pages(self._oack_out[dest], MAX_SLOTS):
                 r.send(dest, OAck(src=r.me, view=r.view, slots=slots))
         self._oack_out.clear()
-        if not self._ocommit_out:
-            return
-        if not r.readiness.acceptors_learn_alone:  # every peer gets every commit
-            every = [entry for entry, _ in self._ocommit_out.values()]
-            for entries in pages(every, MAX_ENTRIES):
-                r.broadcast(OCommit(src=r.me, view=r.view, entries=entries))
-        else:
+        if self._ocommit_out:  # each peer what it does not learn without (see commit_o)
             for peer in r.peers:
                 wanted = [e for e, learned in self._ocommit_out.values() if peer not in learned]
                 for entries in pages(wanted, MAX_ENTRIES):
                     r.send(peer, OCommit(src=r.me, view=r.view, entries=entries))
-        self._ocommit_out.clear()
+            self._ocommit_out.clear()
 
     def on_oaccept(self, msg: OAccept) -> None:
         r = self.r
