@@ -463,9 +463,6 @@ def encode_result(result: Result) -> bytes:
         # (msgpack packs a tuple, a ``Pod`` too, as the array its list would be)
         return _pack(["placed", result.group, result.chain, result.pods, result.token])
     match result:
-        case Placed(group, chain, pods, token):
-            placement = [[n, node, list(devs)] for n, node, devs in pods]
-            wire = ["placed", group, chain, placement, token]
         case Preempting(group, victims):
             wire = ["preempting", group, list(victims)]
         case Waiting(group, reason):
